@@ -1,0 +1,284 @@
+//! # slinky-guest-sdk: write builder plugins for slinky-host
+//!
+//! A *builder* decides what child object should exist for a Slinky custom resource: the
+//! Controller's Service, or one pod of a NodeSet. slinky-host runs builders as WebAssembly
+//! components (`wasm32-wasip2`), calls them with **copies** of the objects, and owns everything
+//! else (caches, expectations, writes). This crate hides the WIT bindings: you implement one small
+//! trait per builder kind on typed inputs and export it with [`export_plugin!`].
+//!
+//! ```no_run
+//! use slinky_guest_sdk::{BuildContext, BuildError, NodeSetPodBuilder, PodIdentity, slinky};
+//! use slinky_guest_sdk::api::{Controller, NodeSet};
+//! use slinky_guest_sdk::k8s_openapi::api::core::v1::Pod;
+//!
+//! struct MyPods;
+//!
+//! impl NodeSetPodBuilder for MyPods {
+//!     fn build_pod(
+//!         ctx: &BuildContext,
+//!         nodeset: &NodeSet,
+//!         controller: &Controller,
+//!         identity: &PodIdentity,
+//!     ) -> Result<Pod, BuildError> {
+//!         // Start from Slinky's pod, then change what your site needs.
+//!         let mut pod = slinky::build_nodeset_pod(ctx, nodeset, controller, identity)?;
+//!         pod.metadata.labels.get_or_insert_default().insert("site".into(), "a".into());
+//!         Ok(pod)
+//!     }
+//! }
+//!
+//! slinky_guest_sdk::export_plugin!(MyPods, kinds = [nodeset_pod]);
+//! ```
+//!
+//! # The rules a builder follows
+//! * **Pure.** Same input, same output. The host may call a builder any number of times, in any
+//!   order, and cancel a call at its deadline; a call must leave nothing behind. The sandbox has no
+//!   file system, network or environment, and its clocks read a fixed instant.
+//! * **Output is checked.** The host parses the output as the expected kind and refuses another
+//!   apiVersion/kind, another namespace, a name other than the one asked for, or (for pods) missing
+//!   selector labels. It sets the owner reference and the builder annotations itself.
+//! * **Errors are values.** Return [`BuildError::InvalidInput`] for a bad parent object (say which
+//!   field and how to fix it): the host reports it on the parent's status and in an Event. A panic
+//!   becomes a trap, which the host also reports, with the panic message.
+//!
+//! # Testing natively
+//! `cargo test -p <your-plugin>` runs without wasm: the traits are plain Rust, and [`testing`]
+//! round-trips inputs and outputs through JSON exactly as the host does.
+
+// The generated bindings name this crate by its external name, inside and outside it.
+extern crate self as slinky_guest_sdk;
+
+pub mod helpers;
+pub mod merge;
+pub mod slinky;
+pub mod testing;
+
+#[cfg(target_arch = "wasm32")]
+#[doc(hidden)]
+pub mod wit;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+
+pub use k8s_openapi;
+/// The Slinky custom resource types (Controller, NodeSet, …).
+pub use slinky_api as api;
+use slinky_api::{Controller, NodeSet};
+
+/// The WIT contract version this SDK builds plugins against.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// Why a build failed; reported by the host on the parent's status and in an Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildError {
+    /// The parent object is invalid for this builder. Name the field and the fix.
+    InvalidInput(String),
+    /// The request asks for something this builder does not support.
+    Unsupported(String),
+    /// A failure of the builder itself.
+    Internal(String),
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::InvalidInput(m) => write!(f, "invalid input: {m}"),
+            BuildError::Unsupported(m) => write!(f, "unsupported: {m}"),
+            BuildError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+impl BuildError {
+    /// An [`BuildError::InvalidInput`] from anything displayable.
+    pub fn invalid(message: impl std::fmt::Display) -> Self {
+        BuildError::InvalidInput(message.to_string())
+    }
+}
+
+/// Cluster facts the sandbox cannot see, supplied by the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildContext {
+    /// The cluster DNS domain, e.g. `cluster.local`.
+    pub cluster_domain: String,
+}
+
+impl Default for BuildContext {
+    fn default() -> Self {
+        BuildContext { cluster_domain: "cluster.local".into() }
+    }
+}
+
+/// Which pod of a NodeSet to build; computed by the host so every builder agrees on names.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodIdentity {
+    /// The ordinal (0-based).
+    pub ordinal: u32,
+    /// The pod name, `<nodeset>-<ordinal>` zero-padded to `ordinalPadding`.
+    pub name: String,
+    /// The hostname (the Slurm node name).
+    pub hostname: String,
+    /// The pod revision hash for the `controller-revision-hash` label.
+    pub revision: String,
+}
+
+impl PodIdentity {
+    /// The identity of `ordinal` in `nodeset`, named the way the host names it.
+    pub fn for_ordinal(nodeset: &NodeSet, ordinal: u32, revision: impl Into<String>) -> Self {
+        PodIdentity {
+            ordinal,
+            name: nodeset.pod_name(ordinal),
+            hostname: nodeset.pod_hostname(ordinal),
+            revision: revision.into(),
+        }
+    }
+}
+
+/// Builds the Controller's slurmctld Service. Implement it and export with [`export_plugin!`].
+///
+/// # Guarantees and caveats
+/// The host calls this with a copy of the Controller, in a fresh sandbox per call; the call must
+/// be idempotent and safe to cancel (a deadline trap mid-call leaves no partial state).
+pub trait ControllerServiceBuilder {
+    /// Build the Service for `controller`.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid Controller or an unsupported request.
+    fn build_service(ctx: &BuildContext, controller: &Controller) -> Result<Service, BuildError>;
+}
+
+/// Builds one slurmd pod of a NodeSet. Implement it and export with [`export_plugin!`].
+///
+/// # Guarantees and caveats
+/// The host calls this with copies, in a fresh sandbox per call; the call must be idempotent and
+/// safe to cancel. The pod must be named `identity.name` and carry the NodeSet's selector labels.
+pub trait NodeSetPodBuilder {
+    /// Build pod `identity` of `nodeset`, whose Controller is `controller`.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid NodeSet/Controller or an unsupported request.
+    fn build_pod(
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+        identity: &PodIdentity,
+    ) -> Result<Pod, BuildError>;
+}
+
+/// Exports a type as a slinky-host builder plugin.
+///
+/// List the builder kinds the type implements: `controller_service` ([`ControllerServiceBuilder`])
+/// and/or `nodeset_pod` ([`NodeSetPodBuilder`]). The plugin's name and version are the crate's
+/// (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`); `describe()` reports them with the kinds and
+/// [`CONTRACT_VERSION`]. On native targets the macro expands to nothing, so `cargo test` works.
+///
+/// ```text
+/// slinky_guest_sdk::export_plugin!(MyPods, kinds = [nodeset_pod]);
+/// slinky_guest_sdk::export_plugin!(Both, kinds = [controller_service, nodeset_pod]);
+/// ```
+#[macro_export]
+macro_rules! export_plugin {
+    ($ty:ty, kinds = [controller_service $(,)?]) => {
+        $crate::__export_plugin!($ty, service = yes, pod = no);
+    };
+    ($ty:ty, kinds = [nodeset_pod $(,)?]) => {
+        $crate::__export_plugin!($ty, service = no, pod = yes);
+    };
+    ($ty:ty, kinds = [controller_service, nodeset_pod $(,)?]) => {
+        $crate::__export_plugin!($ty, service = yes, pod = yes);
+    };
+    ($ty:ty, kinds = [nodeset_pod, controller_service $(,)?]) => {
+        $crate::__export_plugin!($ty, service = yes, pod = yes);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_plugin {
+    ($ty:ty, service = $service:ident, pod = $pod:ident) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::wit::exports::slinky::builder as __exports;
+            use $crate::wit::slinky::builder::types as __types;
+
+            struct __SlinkyPlugin;
+
+            impl __exports::plugin::Guest for __SlinkyPlugin {
+                fn describe() -> __types::PluginInfo {
+                    $crate::wit::describe(
+                        env!("CARGO_PKG_NAME"),
+                        env!("CARGO_PKG_VERSION"),
+                        $crate::__kind_flag!($service),
+                        $crate::__kind_flag!($pod),
+                    )
+                }
+            }
+
+            impl __exports::controller_service::Guest for __SlinkyPlugin {
+                fn build_service(
+                    ctx: __types::BuildContext,
+                    controller: ::std::string::String,
+                ) -> ::std::result::Result<::std::string::String, __types::BuildError> {
+                    $crate::__dispatch_service!($service, $ty, ctx, controller)
+                }
+            }
+
+            impl __exports::nodeset_pod::Guest for __SlinkyPlugin {
+                fn build_pod(
+                    ctx: __types::BuildContext,
+                    nodeset: ::std::string::String,
+                    controller: ::std::string::String,
+                    identity: __types::PodIdentity,
+                ) -> ::std::result::Result<::std::string::String, __types::BuildError> {
+                    $crate::__dispatch_pod!($pod, $ty, ctx, nodeset, controller, identity)
+                }
+            }
+
+            $crate::wit::__export_full_builder!(__SlinkyPlugin with_types_in $crate::wit);
+        };
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __kind_flag {
+    (yes) => {
+        true
+    };
+    (no) => {
+        false
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __dispatch_service {
+    (yes, $ty:ty, $ctx:ident, $controller:ident) => {
+        $crate::wit::call_service::<$ty>($ctx, $controller)
+    };
+    (no, $ty:ty, $ctx:ident, $controller:ident) => {
+        $crate::wit::unsupported("controller-service")
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __dispatch_pod {
+    (yes, $ty:ty, $ctx:ident, $nodeset:ident, $controller:ident, $identity:ident) => {
+        $crate::wit::call_pod::<$ty>($ctx, $nodeset, $controller, $identity)
+    };
+    (no, $ty:ty, $ctx:ident, $nodeset:ident, $controller:ident, $identity:ident) => {
+        $crate::wit::unsupported("nodeset-pod")
+    };
+}
+
+/// Serialize a built object for the host, or an internal error.
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String, BuildError> {
+    serde_json::to_string(value).map_err(|e| BuildError::Internal(format!("cannot serialize output: {e}")))
+}
+
+/// Parse an input object sent by the host.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T, BuildError> {
+    serde_json::from_str(json).map_err(|e| BuildError::InvalidInput(format!("cannot parse the {what}: {e}")))
+}

@@ -1,0 +1,66 @@
+//! Native test helpers for plugin authors: example inputs (the repository's example cluster) and
+//! calls that round-trip through JSON exactly as the host's calls do.
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use slinky_api::{Controller, NodeSet};
+
+use crate::{BuildContext, BuildError, ControllerServiceBuilder, NodeSetPodBuilder, PodIdentity};
+
+const EXAMPLE_CONTROLLER: &str = include_str!("testing/controller.json");
+const EXAMPLE_NODESET: &str = include_str!("testing/nodeset.json");
+
+/// The example Controller (`slurm` in namespace `slurm`, as the Slinky Helm chart renders it).
+///
+/// # Errors
+/// Never in practice: the example is checked by this crate's tests.
+pub fn example_controller() -> Result<Controller, BuildError> {
+    crate::from_json("example Controller", EXAMPLE_CONTROLLER)
+}
+
+/// The example NodeSet (`slurm-worker-slinky`, 3 replicas).
+///
+/// # Errors
+/// Never in practice: the example is checked by this crate's tests.
+pub fn example_nodeset() -> Result<NodeSet, BuildError> {
+    crate::from_json("example NodeSet", EXAMPLE_NODESET)
+}
+
+fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(what: &str, v: &T) -> Result<T, BuildError> {
+    crate::from_json(what, &crate::to_json(v)?)
+}
+
+/// Call `B::build_service` as the host would: inputs and output through JSON.
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_service<B: ControllerServiceBuilder>(controller: &Controller) -> Result<Service, BuildError> {
+    let controller = round_trip("Controller", controller)?;
+    round_trip("Service", &B::build_service(&BuildContext::default(), &controller)?)
+}
+
+/// Call `B::build_pod` for `ordinal` as the host would (revision `test`).
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_pod<B: NodeSetPodBuilder>(
+    nodeset: &NodeSet,
+    controller: &Controller,
+    ordinal: u32,
+) -> Result<Pod, BuildError> {
+    let identity = PodIdentity::for_ordinal(nodeset, ordinal, "test");
+    let nodeset = round_trip("NodeSet", nodeset)?;
+    let controller = round_trip("Controller", controller)?;
+    round_trip("Pod", &B::build_pod(&BuildContext::default(), &nodeset, &controller, &identity)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_parse() -> Result<(), BuildError> {
+        assert_eq!(example_controller()?.metadata.name.as_deref(), Some("slurm"));
+        assert_eq!(example_nodeset()?.replicas(), 3);
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! The generated WIT bindings and the glue between them and the typed traits (wasm32 only).
+//! Plugin authors never touch this module: [`crate::export_plugin!`] wires it up.
+
+#![allow(missing_docs, reason = "generated bindings")]
+
+use crate::{BuildContext, BuildError, ControllerServiceBuilder, NodeSetPodBuilder, PodIdentity};
+
+#[doc(hidden)]
+pub use wit_bindgen::rt as __rt;
+
+wit_bindgen::generate!({
+    world: "full-builder",
+    path: "../wit",
+    pub_export_macro: true,
+    export_macro_name: "__export_full_builder",
+    default_bindings_module: "slinky_guest_sdk::wit",
+    runtime_path: "slinky_guest_sdk::wit::__rt",
+});
+
+use slinky::builder::types as w;
+
+fn error(e: BuildError) -> w::BuildError {
+    match e {
+        BuildError::InvalidInput(m) => w::BuildError::InvalidInput(m),
+        BuildError::Unsupported(m) => w::BuildError::Unsupported(m),
+        BuildError::Internal(m) => w::BuildError::Internal(m),
+    }
+}
+
+fn context(ctx: w::BuildContext) -> BuildContext {
+    BuildContext { cluster_domain: ctx.cluster_domain }
+}
+
+#[doc(hidden)]
+pub fn describe(name: &str, version: &str, service: bool, pod: bool) -> w::PluginInfo {
+    let mut kinds = Vec::new();
+    if service {
+        kinds.push(w::BuilderKind::ControllerService);
+    }
+    if pod {
+        kinds.push(w::BuilderKind::NodesetPod);
+    }
+    w::PluginInfo {
+        name: name.into(),
+        version: version.into(),
+        kinds,
+        contract_version: crate::CONTRACT_VERSION.into(),
+    }
+}
+
+#[doc(hidden)]
+pub fn call_service<T: ControllerServiceBuilder>(
+    ctx: w::BuildContext,
+    controller: String,
+) -> Result<String, w::BuildError> {
+    let run = || {
+        let controller = crate::from_json("Controller", &controller)?;
+        crate::to_json(&T::build_service(&context(ctx), &controller)?)
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn call_pod<T: NodeSetPodBuilder>(
+    ctx: w::BuildContext,
+    nodeset: String,
+    controller: String,
+    identity: w::PodIdentity,
+) -> Result<String, w::BuildError> {
+    let run = || {
+        let nodeset = crate::from_json("NodeSet", &nodeset)?;
+        let controller = crate::from_json("Controller", &controller)?;
+        let identity = PodIdentity {
+            ordinal: identity.ordinal,
+            name: identity.name,
+            hostname: identity.hostname,
+            revision: identity.revision,
+        };
+        crate::to_json(&T::build_pod(&context(ctx), &nodeset, &controller, &identity)?)
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn unsupported(kind: &str) -> Result<String, w::BuildError> {
+    Err(w::BuildError::Unsupported(format!("this plugin does not build {kind}")))
+}
