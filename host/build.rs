@@ -1,1 +1,18 @@
-fn main(){}
+//! Compiles the bundled plugins (`plugins/*`) for wasm32-wasip2 and hands their paths to the
+//! crate, which embeds them with `include_bytes!`.
+
+include!("wasm_build.rs");
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let workspace = manifest.parent().map(Path::to_path_buf).unwrap_or(manifest);
+    let out = build_wasm_plugins(&workspace, &["controller-service", "nodeset-pod"]);
+    for (var, file) in [
+        ("SLINKY_BUNDLED_CONTROLLER_SERVICE", "controller_service.wasm"),
+        ("SLINKY_BUNDLED_NODESET_POD", "nodeset_pod.wasm"),
+    ] {
+        println!("cargo:rustc-env={var}={}", out.join(file).display());
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=wasm_build.rs");
+}

@@ -41,6 +41,16 @@ pub const LOG_DIR: &str = "/var/log/slurm";
 pub const LOGFILE_SCRIPT: &str = "set -eu\nmkdir -p \"$(dirname \"$SOCKET\")\"\n\
     [ -e \"$SOCKET\" ] || touch \"$SOCKET\"\nexec tail -F \"$SOCKET\"\n";
 
+/// The annotation `kubectl apply` keeps the last applied object in: never copied to children.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// A parent's annotations to copy onto its children (all but kubectl's bookkeeping).
+pub fn inherited_annotations(meta: &ObjectMeta) -> Labels {
+    let mut annotations = meta.annotations.clone().unwrap_or_default();
+    annotations.remove(LAST_APPLIED);
+    annotations
+}
+
 fn name_of(meta: &ObjectMeta, what: &str) -> Result<String, BuildError> {
     meta.name
         .clone()
@@ -126,7 +136,7 @@ pub fn build_controller_service(_ctx: &BuildContext, controller: &Controller) ->
                 &CONTROLLER.labels(&name),
             ])),
             annotations: non_empty(merge_maps([
-                &meta.annotations.clone().unwrap_or_default(),
+                &inherited_annotations(meta),
                 &svc.metadata.annotations,
             ])),
             ..Default::default()
@@ -241,7 +251,7 @@ pub fn build_nodeset_pod(
         .map(|r| format!("{}/{}", r.name, r.key))
         .unwrap_or_default();
     let annotations = merge_maps([
-        &nodeset.metadata.annotations.clone().unwrap_or_default(),
+        &inherited_annotations(&nodeset.metadata),
         &spec.template.metadata.annotations,
         &Labels::from([
             (keys::ANNOTATION_SSHD_CONF_HASH.into(), helpers::sha256_hex(sshd_conf.as_bytes())),

@@ -1,0 +1,15 @@
+//! # slinky-host
+//!
+//! A WebAssembly-pluggable reconciliation host for the Slinky (Slurm on Kubernetes) operator.
+//! The host owns everything that must be correct under concurrency; *builders*, Wasm components
+//! compiled against `wit/builder.wit`, decide what child objects should exist, and only ever see
+//! copies of objects.
+
+pub mod cli;
+/// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.
+pub mod plugins;
+pub mod render;
+pub mod revision;
+pub mod telemetry;
+
+pub use plugins::{BuildContext, Plugin, PluginError, PluginRegistry, PodIdentity};

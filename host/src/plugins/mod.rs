@@ -1,0 +1,623 @@
+//! The plugin runtime: loading builder components, calling them in a fresh sandbox per call, and
+//! checking what they return.
+//!
+//! # Guarantees
+//! * A plugin serves only after it compiled, instantiated and described itself with a kind it
+//!   really exports and this host's contract version.
+//! * Every call gets a new `Store` (nothing survives between calls), a deadline (epoch
+//!   interruption), a memory cap, and a WASI context that grants nothing: no preopened
+//!   directories, no environment, no sockets, no stdin; clocks read a fixed instant and random
+//!   numbers are seeded, so a builder is a pure function of its input. Its stdout/stderr (bounded)
+//!   go to the host's log, and stderr is quoted in trap errors (a panic message shows there).
+//! * A trap, a deadline or the memory cap becomes a [`PluginError`] naming the plugin, the call
+//!   and the cause; the host never panics or hangs on a bad plugin.
+//! * Output is untrusted: see [`policy`].
+
+mod bindings;
+pub mod bundled;
+mod engine;
+pub mod policy;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use sha2::{Digest, Sha256};
+use slinky_api::{Controller, NodeSet};
+use wasmtime::{
+    ResourceLimiter, Store,
+    component::{InstancePre, Linker, ResourceTable},
+};
+use wasmtime_wasi::{Deterministic, WasiCtx, WasiCtxView, WasiView, p2::pipe::MemoryOutputPipe};
+
+pub use bindings::{BuilderKind, CONTRACT_VERSION, PluginInfo};
+pub use bundled::PluginRegistry;
+pub use engine::{Allocator, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
+
+/// What a build call may know about the cluster (the WIT `build-context`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildContext {
+    /// The cluster DNS domain.
+    pub cluster_domain: String,
+}
+
+impl Default for BuildContext {
+    fn default() -> Self {
+        BuildContext { cluster_domain: "cluster.local".into() }
+    }
+}
+
+/// Which pod of a NodeSet to build (the WIT `pod-identity`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// Ordinal.
+    pub ordinal: u32,
+    /// Pod name.
+    pub name: String,
+    /// Hostname.
+    pub hostname: String,
+    /// Revision hash.
+    pub revision: String,
+}
+
+impl PodIdentity {
+    /// The identity of `ordinal` in `nodeset` with revision `revision`.
+    pub fn for_ordinal(nodeset: &NodeSet, ordinal: u32, revision: &str) -> Self {
+        PodIdentity {
+            ordinal,
+            name: nodeset.pod_name(ordinal),
+            hostname: nodeset.pod_hostname(ordinal),
+            revision: revision.to_string(),
+        }
+    }
+}
+
+/// The error a builder returned (the WIT `build-error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuestError {
+    /// The parent object is invalid for this builder.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The request is not supported by this builder.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The builder failed internally.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Why a call was stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrapCause {
+    /// The call ran past its deadline.
+    Deadline(Duration),
+    /// The call tried to grow memory past the cap (bytes).
+    MemoryCap(usize),
+    /// Any other trap (a panic is `unreachable` with the message on stderr).
+    Trap(String),
+}
+
+impl std::fmt::Display for TrapCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrapCause::Deadline(d) => write!(f, "exceeded its deadline of {} ms", d.as_millis()),
+            TrapCause::MemoryCap(b) => write!(f, "exceeded its memory cap of {} MiB", b >> 20),
+            TrapCause::Trap(m) => write!(f, "trapped: {m}"),
+        }
+    }
+}
+
+/// Errors of the plugin runtime. Each names the plugin and, for calls, the call.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// wasmtime could not create an engine.
+    #[error("cannot create the wasm engine: {0}")]
+    Engine(String),
+    /// The plugin file could not be read.
+    #[error("cannot read plugin {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid component for this engine.
+    #[error("plugin {plugin} is not a loadable wasm component: {reason} (build it with `cargo build --target wasm32-wasip2`)")]
+    Compile {
+        /// The plugin.
+        plugin: String,
+        /// wasmtime's reason.
+        reason: String,
+    },
+    /// The plugin was refused at load time.
+    #[error("plugin {plugin} refused: {reason}")]
+    Refused {
+        /// The plugin.
+        plugin: String,
+        /// Why, and how to fix it.
+        reason: String,
+    },
+    /// The call was stopped.
+    #[error("plugin {plugin} {call} {cause}{}", stderr_suffix(.stderr))]
+    Trap {
+        /// The plugin.
+        plugin: String,
+        /// The call (`describe`, `build-service`, `build-pod`).
+        call: &'static str,
+        /// Why.
+        cause: TrapCause,
+        /// What the guest wrote to stderr (a panic message).
+        stderr: String,
+    },
+    /// The builder returned an error.
+    #[error("plugin {plugin} {call} failed: {error}")]
+    Build {
+        /// The plugin.
+        plugin: String,
+        /// The call.
+        call: &'static str,
+        /// The builder's error.
+        error: GuestError,
+    },
+    /// The plugin's output broke the output policy.
+    #[error("plugin {plugin} {call} output refused: {reason}")]
+    Rejected {
+        /// The plugin.
+        plugin: String,
+        /// The call.
+        call: &'static str,
+        /// Which rule, and what the output had.
+        reason: String,
+    },
+    /// The plugin does not build this kind.
+    #[error("plugin {plugin} does not build {kind}")]
+    NotAKind {
+        /// The plugin.
+        plugin: String,
+        /// The kind asked for.
+        kind: BuilderKind,
+    },
+}
+
+fn stderr_suffix(stderr: &str) -> String {
+    let s = stderr.trim();
+    if s.is_empty() { String::new() } else { format!("; guest stderr: {s}") }
+}
+
+impl PluginError {
+    /// A short, stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            PluginError::Engine(_) => "engine",
+            PluginError::Read { .. } => "read",
+            PluginError::Compile { .. } => "compile",
+            PluginError::Refused { .. } => "refused",
+            PluginError::Trap { cause: TrapCause::Deadline(_), .. } => "deadline",
+            PluginError::Trap { cause: TrapCause::MemoryCap(_), .. } => "memory_cap",
+            PluginError::Trap { .. } => "trap",
+            PluginError::Build { .. } => "build_error",
+            PluginError::Rejected { .. } => "rejected",
+            PluginError::NotAKind { .. } => "not_a_kind",
+        }
+    }
+}
+
+/// Where a plugin came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSource {
+    /// Embedded in the host binary.
+    Bundled,
+    /// A file.
+    File(PathBuf),
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginSource::Bundled => f.write_str("bundled"),
+            PluginSource::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+/// The data of one call's `Store`.
+struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limits: CallLimits,
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+/// Caps linear memory (and tables) and remembers whether the cap was hit.
+struct CallLimits {
+    memory: usize,
+    hit: bool,
+}
+
+impl ResourceLimiter for CallLimits {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        let ok = desired <= self.memory;
+        self.hit |= !ok;
+        Ok(ok)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
+}
+
+/// A fixed wall clock: the guest sees the Unix epoch.
+struct FrozenWallClock;
+impl wasmtime_wasi::HostWallClock for FrozenWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// A fixed monotonic clock.
+struct FrozenMonotonicClock;
+impl wasmtime_wasi::HostMonotonicClock for FrozenMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+/// Bytes of guest stdout and of stderr kept per call; a guest writing more traps.
+const OUTPUT_CAP: usize = 64 << 10;
+/// Largest accepted output object (JSON bytes), like the API server's request limit.
+const MAX_OUTPUT_BYTES: usize = 1 << 20;
+
+/// A loaded, validated plugin: ready to serve builds. Cheap to clone.
+#[derive(Clone)]
+pub struct Plugin {
+    inner: Arc<PluginInner>,
+}
+
+struct PluginInner {
+    info: PluginInfo,
+    digest: String,
+    source: PluginSource,
+    compiled_from: CompileSource,
+    engine: Arc<EngineHandle>,
+    pre: InstancePre<CallState>,
+    service: Option<bindings::controller_service::GuestIndices>,
+    pod: Option<bindings::nodeset_pod::GuestIndices>,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.inner.info.name)
+            .field("version", &self.inner.info.version)
+            .field("digest", &self.inner.digest)
+            .field("source", &self.inner.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The sha256 of a component, hex.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+impl Plugin {
+    /// Load a plugin from a file.
+    ///
+    /// # Errors
+    /// [`PluginError`] when the file can't be read, compiled, instantiated or described, or speaks
+    /// another contract version.
+    pub fn load_file(engine: &Arc<EngineHandle>, path: &std::path::Path) -> Result<Plugin, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        Self::load(engine, &bytes, PluginSource::File(path.to_path_buf()))
+    }
+
+    /// Load a plugin from bytes.
+    ///
+    /// # Errors
+    /// As [`Plugin::load_file`].
+    pub fn load(engine: &Arc<EngineHandle>, bytes: &[u8], source: PluginSource) -> Result<Plugin, PluginError> {
+        let label = source.to_string();
+        let digest = digest(bytes);
+        let refused = |reason: String| PluginError::Refused { plugin: label.clone(), reason };
+        if !bytes.starts_with(b"\0asm") {
+            return Err(refused("not a wasm file (no `\\0asm` header)".into()));
+        }
+        let (component, compiled_from) = engine.component(&label, &digest, bytes)?;
+        check_contract(&engine.engine, &component).map_err(&refused)?;
+
+        let mut linker: Linker<CallState> = Linker::new(&engine.engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Engine(format!("cannot link WASI: {e:#}")))?;
+        let pre = linker.instantiate_pre(&component).map_err(|e| {
+            refused(format!("it imports something this host does not provide: {e:#}"))
+        })?;
+        let plugin_idx = bindings::plugin::GuestIndices::new(&pre).map_err(|e| refused(format!("{e:#}")))?;
+
+        // Describe, in a sandbox like any call.
+        let (mut store, instance) = instantiate(engine, &pre, &label, "describe")?;
+        let info = plugin_idx
+            .load(&mut store, &instance)
+            .and_then(|guest| guest.call_describe(&mut store))
+            .map_err(|e| trap_error(&label, "describe", e, &store, engine))?;
+        log_output(&label, "describe", &store);
+
+        if info.contract_version != CONTRACT_VERSION {
+            return Err(refused(format!(
+                "it describes contract version {}, this host speaks {CONTRACT_VERSION}: rebuild it against \
+                 slinky-guest-sdk {CONTRACT_VERSION}",
+                info.contract_version
+            )));
+        }
+        if info.kinds.is_empty() {
+            return Err(refused("describe() lists no builder kinds".into()));
+        }
+        let mut service = None;
+        let mut pod = None;
+        for kind in &info.kinds {
+            let missing = |e: wasmtime::Error| {
+                refused(format!("describe() lists {kind} but the component does not export it: {e:#}"))
+            };
+            match kind {
+                BuilderKind::ControllerService => {
+                    service = Some(bindings::controller_service::GuestIndices::new(&pre).map_err(missing)?)
+                }
+                BuilderKind::NodesetPod => {
+                    pod = Some(bindings::nodeset_pod::GuestIndices::new(&pre).map_err(missing)?)
+                }
+            }
+        }
+        tracing::info!(plugin = %info.name, version = %info.version, digest = %&digest[..12], source = %label,
+            kinds = ?info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(), ?compiled_from, "plugin loaded");
+        Ok(Plugin {
+            inner: Arc::new(PluginInner {
+                info,
+                digest,
+                source,
+                compiled_from,
+                engine: engine.clone(),
+                pre,
+                service,
+                pod,
+            }),
+        })
+    }
+
+    /// What the plugin said about itself.
+    pub fn info(&self) -> &PluginInfo {
+        &self.inner.info
+    }
+
+    /// The sha256 of the component, hex.
+    pub fn digest(&self) -> &str {
+        &self.inner.digest
+    }
+
+    /// Where it came from.
+    pub fn source(&self) -> &PluginSource {
+        &self.inner.source
+    }
+
+    /// Whether it was compiled now, or came from a cache.
+    pub fn compiled_from(&self) -> CompileSource {
+        self.inner.compiled_from
+    }
+
+    /// Whether the plugin builds `kind`.
+    pub fn builds(&self, kind: BuilderKind) -> bool {
+        self.inner.info.kinds.contains(&kind)
+    }
+
+    /// `<name>@<version>`, the value of the builder annotation.
+    pub fn label(&self) -> String {
+        format!("{}@{}", self.inner.info.name, self.inner.info.version)
+    }
+
+    /// Call `build-service` and return the raw JSON text, with no output policy applied.
+    ///
+    /// # Errors
+    /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
+    #[allow(clippy::ptr_arg, reason = "the generated binding takes the WIT `json` (a String) by reference")]
+    pub fn build_service_raw(&self, ctx: &BuildContext, controller: &String) -> Result<String, PluginError> {
+        const CALL: &str = "build-service";
+        let idx = self.inner.service.as_ref().ok_or_else(|| self.not_a_kind(BuilderKind::ControllerService))?;
+        let wctx = bindings::BuildContext { cluster_domain: ctx.cluster_domain.clone() };
+        self.call(CALL, |store, instance| idx.load(&mut *store, instance)?.call_build_service(store, &wctx, controller))
+    }
+
+    /// Call `build-pod` and return the raw JSON text, with no output policy applied.
+    ///
+    /// # Errors
+    /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
+    #[allow(clippy::ptr_arg, reason = "the generated binding takes the WIT `json` (a String) by reference")]
+    pub fn build_pod_raw(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &String,
+        controller: &String,
+        identity: &PodIdentity,
+    ) -> Result<String, PluginError> {
+        const CALL: &str = "build-pod";
+        let idx = self.inner.pod.as_ref().ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
+        let wctx = bindings::BuildContext { cluster_domain: ctx.cluster_domain.clone() };
+        let wid = bindings::PodIdentity {
+            ordinal: identity.ordinal,
+            name: identity.name.clone(),
+            hostname: identity.hostname.clone(),
+            revision: identity.revision.clone(),
+        };
+        self.call(CALL, |store, instance| {
+            idx.load(&mut *store, instance)?.call_build_pod(store, &wctx, nodeset, controller, &wid)
+        })
+    }
+
+    /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when the output breaks the policy.
+    pub fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
+        let input = self.input("build-service", controller)?;
+        let raw = self.build_service_raw(ctx, &input)?;
+        policy::service(&raw, controller, self)
+            .map_err(|reason| PluginError::Rejected { plugin: self.label(), call: "build-service", reason })
+    }
+
+    /// Build one pod of a NodeSet: serialize copies, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when the output breaks the policy.
+    pub fn build_pod(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+        identity: &PodIdentity,
+    ) -> Result<Pod, PluginError> {
+        let ns_json = self.input("build-pod", nodeset)?;
+        let ctl_json = self.input("build-pod", controller)?;
+        let raw = self.build_pod_raw(ctx, &ns_json, &ctl_json, identity)?;
+        policy::pod(&raw, nodeset, identity, self)
+            .map_err(|reason| PluginError::Rejected { plugin: self.label(), call: "build-pod", reason })
+    }
+
+    fn input<T: serde::Serialize>(&self, call: &'static str, obj: &T) -> Result<String, PluginError> {
+        serde_json::to_string(obj).map_err(|e| PluginError::Build {
+            plugin: self.label(),
+            call,
+            error: GuestError::Internal(format!("cannot serialize the input: {e}")),
+        })
+    }
+
+    fn not_a_kind(&self, kind: BuilderKind) -> PluginError {
+        PluginError::NotAKind { plugin: self.label(), kind }
+    }
+
+    fn call<F>(&self, call: &'static str, f: F) -> Result<String, PluginError>
+    where
+        F: FnOnce(&mut Store<CallState>, &wasmtime::component::Instance) -> wasmtime::Result<Result<String, bindings::BuildError>>,
+    {
+        let label = self.label();
+        let engine = &self.inner.engine;
+        let (mut store, instance) = instantiate(engine, &self.inner.pre, &label, call)?;
+        let result = f(&mut store, &instance);
+        log_output(&label, call, &store);
+        let output = result.map_err(|e| trap_error(&label, call, e, &store, engine))?;
+        let json = output.map_err(|e| PluginError::Build {
+            plugin: label.clone(),
+            call,
+            error: match e {
+                bindings::BuildError::InvalidInput(m) => GuestError::InvalidInput(m),
+                bindings::BuildError::Unsupported(m) => GuestError::Unsupported(m),
+                bindings::BuildError::Internal(m) => GuestError::Internal(m),
+            },
+        })?;
+        if json.len() > MAX_OUTPUT_BYTES {
+            return Err(PluginError::Rejected {
+                plugin: label,
+                call,
+                reason: format!("the output is {} bytes, more than the {MAX_OUTPUT_BYTES} allowed", json.len()),
+            });
+        }
+        Ok(json)
+    }
+}
+
+/// A fresh store and instance, with the deadline and memory cap set before instantiation.
+fn instantiate(
+    engine: &Arc<EngineHandle>,
+    pre: &InstancePre<CallState>,
+    label: &str,
+    call: &'static str,
+) -> Result<(Store<CallState>, wasmtime::component::Instance), PluginError> {
+    let (stdout, stderr) = (MemoryOutputPipe::new(OUTPUT_CAP), MemoryOutputPipe::new(OUTPUT_CAP));
+    let wasi = WasiCtx::builder()
+        .stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .wall_clock(FrozenWallClock)
+        .monotonic_clock(FrozenMonotonicClock)
+        .secure_random(Deterministic::new(vec![0x5a; 32]))
+        .insecure_random(Deterministic::new(vec![0xa5; 32]))
+        .insecure_random_seed(0)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build();
+    let state = CallState {
+        wasi,
+        table: ResourceTable::new(),
+        limits: CallLimits { memory: engine.config.memory_limit, hit: false },
+        stdout,
+        stderr,
+    };
+    let mut store = Store::new(&engine.engine, state);
+    store.limiter(|s| &mut s.limits);
+    store.set_epoch_deadline(engine.deadline_ticks());
+    store.epoch_deadline_trap();
+    let instance = pre.instantiate(&mut store).map_err(|e| trap_error(label, call, e, &store, engine))?;
+    Ok((store, instance))
+}
+
+fn stdio(store: &Store<CallState>) -> (String, String) {
+    let read = |pipe: &MemoryOutputPipe| String::from_utf8_lossy(&pipe.contents()).into_owned();
+    (read(&store.data().stdout), read(&store.data().stderr))
+}
+
+fn log_output(label: &str, call: &str, store: &Store<CallState>) {
+    let (out, err) = stdio(store);
+    for line in out.lines().chain(err.lines()) {
+        tracing::info!(plugin = label, call, "guest: {line}");
+    }
+}
+
+fn trap_error(
+    label: &str,
+    call: &'static str,
+    error: wasmtime::Error,
+    store: &Store<CallState>,
+    engine: &EngineHandle,
+) -> PluginError {
+    let cause = if store.data().limits.hit {
+        TrapCause::MemoryCap(engine.config.memory_limit)
+    } else if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
+        TrapCause::Deadline(engine.config.call_deadline)
+    } else {
+        TrapCause::Trap(format!("{error:#}"))
+    };
+    PluginError::Trap { plugin: label.to_string(), call, cause, stderr: stdio(store).1 }
+}
+
+/// Refuse components that speak another contract version or none, before anything runs.
+fn check_contract(engine: &wasmtime::Engine, component: &wasmtime::component::Component) -> Result<(), String> {
+    let exports: Vec<String> =
+        component.component_type().exports(engine).map(|(name, _)| name.to_string()).collect();
+    let wanted = bindings::export_name("plugin");
+    if exports.iter().any(|e| *e == wanted) {
+        return Ok(());
+    }
+    let prefix = format!("{}/", bindings::PACKAGE);
+    let ours: Vec<&String> = exports.iter().filter(|e| e.starts_with(&prefix)).collect();
+    if let Some(other) = ours.iter().find_map(|e| e.split_once('@').map(|(_, v)| v)) {
+        return Err(format!(
+            "it was built against contract version {other}, this host speaks {CONTRACT_VERSION} \
+             (it exports {}): rebuild it against slinky-guest-sdk {CONTRACT_VERSION}",
+            ours.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    Err(format!(
+        "it does not export `{wanted}` (no describe()); it exports [{}]. Export your builder with \
+         `slinky_guest_sdk::export_plugin!`",
+        exports.join(", ")
+    ))
+}

@@ -1,0 +1,210 @@
+//! The output policy: plugin output is untrusted input.
+//!
+//! The host parses the output as the expected kind and refuses another apiVersion/kind, another
+//! namespace, a name other than expected (or an invalid one), missing selector labels, and
+//! server-owned metadata (`uid`, `resourceVersion`, `managedFields`, `deletionTimestamp`). It then
+//! makes the owner reference and builder annotations right itself: whatever the plugin set there
+//! is replaced. `status` is dropped (the host owns status).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    Resource,
+    api::core::v1::{Pod, Service},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
+};
+use kube::ResourceExt;
+use serde_json::Value;
+use slinky_api::{Controller, NodeSet, keys};
+
+use super::{Plugin, PodIdentity};
+
+/// The selector labels of a NodeSet's pods.
+pub fn nodeset_selector(nodeset: &NodeSet) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (keys::LABEL_NAME.to_string(), "slurmd".to_string()),
+        (keys::LABEL_INSTANCE.to_string(), nodeset.name_any()),
+    ])
+}
+
+/// The selector labels of a Controller's Service.
+pub fn controller_selector(controller: &Controller) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (keys::LABEL_NAME.to_string(), "slurmctld".to_string()),
+        (keys::LABEL_INSTANCE.to_string(), controller.name_any()),
+    ])
+}
+
+/// Check and finish a `build-service` output.
+///
+/// # Errors
+/// The rule the output broke, with what it had.
+pub fn service(raw: &str, controller: &Controller, plugin: &Plugin) -> Result<Service, String> {
+    let mut svc: Service = parse(raw)?;
+    finish_meta(&mut svc.metadata, controller, plugin)?;
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    if let Err(why) = dns1035_label(&name) {
+        return Err(format!("the Service name {name:?} is invalid: {why}"));
+    }
+    let selector = svc.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
+    require_labels("spec.selector", &selector, &controller_selector(controller))?;
+    svc.status = None;
+    Ok(svc)
+}
+
+/// Check and finish a `build-pod` output.
+///
+/// # Errors
+/// The rule the output broke, with what it had.
+pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin) -> Result<Pod, String> {
+    let mut pod: Pod = parse(raw)?;
+    finish_meta(&mut pod.metadata, nodeset, plugin)?;
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    if name != identity.name {
+        return Err(format!("the pod is named {name:?}, but pod {:?} was asked for", identity.name));
+    }
+    if pod.spec.as_ref().is_none_or(|s| s.containers.is_empty()) {
+        return Err("the pod has no containers".into());
+    }
+    let labels = pod.metadata.labels.get_or_insert_default();
+    require_labels("metadata.labels", labels, &nodeset_selector(nodeset))?;
+    labels.insert(keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone());
+    pod.status = None;
+    Ok(pod)
+}
+
+fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, String> {
+    let value: Value = serde_json::from_str(raw).map_err(|e| format!("the output is not JSON: {e}"))?;
+    let field = |f: &str| value.get(f).and_then(Value::as_str).unwrap_or("<missing>").to_string();
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    if api_version != K::API_VERSION || kind != K::KIND {
+        return Err(format!(
+            "expected apiVersion {} kind {}, got apiVersion {api_version} kind {kind}",
+            K::API_VERSION,
+            K::KIND
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| format!("the output is not a valid {}: {e}", K::KIND))
+}
+
+fn finish_meta<P>(meta: &mut ObjectMeta, parent: &P, plugin: &Plugin) -> Result<(), String>
+where
+    P: kube::Resource<DynamicType = ()>,
+{
+    let parent_ns = parent.meta().namespace.clone().unwrap_or_default();
+    match meta.namespace.as_deref() {
+        None | Some("") => meta.namespace = Some(parent_ns),
+        Some(ns) if ns == parent_ns => {}
+        Some(ns) => {
+            return Err(format!("the object is in namespace {ns:?}, but its parent is in {parent_ns:?}"));
+        }
+    }
+    let server_owned = [
+        ("metadata.uid", meta.uid.is_some()),
+        ("metadata.resourceVersion", meta.resource_version.is_some()),
+        ("metadata.managedFields", meta.managed_fields.is_some()),
+        ("metadata.deletionTimestamp", meta.deletion_timestamp.is_some()),
+    ];
+    if let Some((field, _)) = server_owned.iter().find(|(_, set)| *set) {
+        return Err(format!("{field} is set by the API server; a builder must not set it"));
+    }
+    let name = meta.name.clone().unwrap_or_default();
+    if let Err(why) = dns1123_subdomain(&name) {
+        return Err(format!("the name {name:?} is invalid: {why}"));
+    }
+    meta.owner_references = parent.meta().uid.as_ref().map(|uid| {
+        vec![OwnerReference {
+            api_version: P::api_version(&()).into_owned(),
+            kind: P::kind(&()).into_owned(),
+            name: parent.name_any(),
+            uid: uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]
+    });
+    let annotations = meta.annotations.get_or_insert_default();
+    annotations.insert(keys::ANNOTATION_BUILDER.to_string(), plugin.label());
+    annotations.insert(keys::ANNOTATION_BUILDER_DIGEST.to_string(), format!("sha256:{}", plugin.digest()));
+    Ok(())
+}
+
+fn require_labels(
+    field: &str,
+    have: &BTreeMap<String, String>,
+    want: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    for (k, v) in want {
+        match have.get(k) {
+            Some(h) if h == v => {}
+            Some(h) => return Err(format!("{field} has {k}={h}, it must be {k}={v}")),
+            None => return Err(format!("{field} is missing the selector label {k}={v}")),
+        }
+    }
+    Ok(())
+}
+
+/// A DNS-1123 subdomain (object names): at most 253 characters of `[a-z0-9.-]`, starting and
+/// ending alphanumeric.
+///
+/// # Errors
+/// What is wrong.
+pub fn dns1123_subdomain(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("it is empty".into());
+    }
+    if name.len() > 253 {
+        return Err(format!("it is {} characters long, at most 253 are allowed", name.len()));
+    }
+    for label in name.split('.') {
+        dns_label_chars(label)?;
+    }
+    Ok(())
+}
+
+/// A DNS-1035 label (Service names): at most 63 characters of `[a-z0-9-]`, starting with a
+/// letter and ending alphanumeric.
+///
+/// # Errors
+/// What is wrong.
+pub fn dns1035_label(name: &str) -> Result<(), String> {
+    if name.len() > 63 {
+        return Err(format!("it is {} characters long, at most 63 are allowed", name.len()));
+    }
+    dns_label_chars(name)?;
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        return Err("it must start with a lower-case letter".into());
+    }
+    Ok(())
+}
+
+fn dns_label_chars(label: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    let edge = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if label.is_empty() || label.len() > 63 {
+        return Err(format!("the part {label:?} must be 1 to 63 characters"));
+    }
+    if let Some(bad) = label.chars().find(|c| !ok_char(*c)) {
+        return Err(format!("it contains {bad:?}; only lower-case letters, digits and '-' are allowed"));
+    }
+    if !label.starts_with(edge) || !label.ends_with(edge) {
+        return Err("it must start and end with a lower-case letter or digit".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        assert!(dns1123_subdomain("slurm-worker-0").is_ok());
+        assert!(dns1123_subdomain("a.b").is_ok());
+        assert!(dns1123_subdomain("Bad").is_err());
+        assert!(dns1123_subdomain("-x").is_err());
+        assert!(dns1123_subdomain("").is_err());
+        assert!(dns1035_label("slurm-controller").is_ok());
+        assert!(dns1035_label("0slurm").is_err());
+        assert!(dns1035_label(&"a".repeat(64)).is_err());
+    }
+}

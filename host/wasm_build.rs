@@ -1,0 +1,71 @@
+// Shared by the build scripts of `slinky-host` (bundled plugins) and `slinky-tests` (hostile test
+// plugins): compile workspace plugin crates for wasm32-wasip2 with a nested cargo in its own
+// target directory, so the outer build's lock is never contended.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// Builds `packages` for wasm32-wasip2 (profile `wasm`) and returns the directory of the `.wasm`
+/// files. Exits the build with the exact fix when the target is missing.
+fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| PathBuf::from(s.trim()))
+        .unwrap_or_default();
+    if !sysroot.join("lib/rustlib/wasm32-wasip2").is_dir() {
+        eprintln!(
+            "error: the wasm32-wasip2 target is not installed for {}; the bundled builder plugins \
+             need it.\n  fix: rustup target add wasm32-wasip2",
+            sysroot.display()
+        );
+        std::process::exit(1);
+    }
+
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"))
+        .join("wasm-plugins");
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace)
+        .args(["build", "--target", "wasm32-wasip2", "--profile", "wasm", "--target-dir"])
+        .arg(&target_dir);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    // The outer build's settings are for the host, not the guests.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_PRIMARY_PACKAGE",
+    ] {
+        cmd.env_remove(var);
+    }
+    let status = cmd.status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            eprintln!("error: building the wasm plugins {packages:?} failed ({s}); see the cargo output above");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!("error: cannot run cargo to build the wasm plugins: {e}");
+            std::process::exit(1);
+        }
+    }
+    for dir in ["api", "guest-sdk", "wit", "plugins", "tests/plugins", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
+    }
+    target_dir.join("wasm32-wasip2").join("wasm")
+}
