@@ -65,6 +65,7 @@ fn is_empty(v: &Value) -> bool {
 /// Strategic-merge `patch` into `base` (both JSON), with list merge keys from [`patch_merge_key`].
 pub fn strategic_merge(base: &mut Value, patch: &Value, ctx: ListContext) {
     match (base, patch) {
+        (_, Value::Null) => {}
         (Value::Object(base), Value::Object(patch)) => merge_maps(base, patch, ctx),
         (base, patch) => *base = patch.clone(),
     }
@@ -225,5 +226,7 @@ mod tests {
         prune_empty(&mut patch);
         strategic_merge(&mut base, &patch, ListContext::Pod);
         assert_eq!(base, json!({"hostname": "a", "nodeSelector": {"k": "v"}}));
+        strategic_merge(&mut base, &Value::Null, ListContext::Pod);
+        assert_eq!(base, json!({"hostname": "a", "nodeSelector": {"k": "v"}}), "no patch, no change");
     }
 }

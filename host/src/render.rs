@@ -134,9 +134,10 @@ pub fn read_manifests(paths: &[PathBuf]) -> Result<Vec<Manifest>, RenderError> {
 pub fn parse_manifests(path: &Path, text: &str) -> Result<Vec<Manifest>, RenderError> {
     use serde::Deserialize;
     let mut out = Vec::new();
-    let docs: Vec<_> = serde_yaml::Deserializer::from_str(text).collect();
-    let many = docs.len() > 1;
-    for (i, doc) in docs.into_iter().enumerate() {
+    // Name documents by number when the file has separators. The iterator is consumed lazily:
+    // after a syntax error serde_yaml keeps yielding the same error.
+    let many = text.lines().any(|l| l.starts_with("---"));
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let at = if many {
             format!("{} (document {})", path.display(), i + 1)
         } else {

@@ -1,1 +1,87 @@
+//! Shared helpers of the end-to-end tests: the real `slinky-host` binary, real plugin files built
+//! by `tests/build.rs`, and one on-disk precompiled-plugin cache for the whole test run.
 
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::Arc,
+    time::Duration,
+};
+
+use slinky_host::plugins::{EngineHandle, RuntimeConfig};
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A file under `examples/`.
+pub fn example(name: &str) -> PathBuf {
+    workspace().join("examples").join(name)
+}
+
+/// A test plugin built by `tests/build.rs` (`hostile`, `raw`).
+pub fn test_plugin(name: &str) -> PathBuf {
+    PathBuf::from(env!("SLINKY_TEST_PLUGIN_DIR")).join(format!("{name}.wasm"))
+}
+
+/// A `.wat` guest under `tests/wat/`, assembled to a `.wasm` file (in the target directory).
+pub fn wat(name: &str) -> PathBuf {
+    let source = workspace().join("tests").join("wat").join(format!("{name}.wat"));
+    let bytes = wat::parse_file(&source).unwrap_or_else(|e| panic!("{}: {e}", source.display()));
+    let dir = target_dir().join("test-wat");
+    let out = dir.join(format!("{name}.wasm"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    // Write atomically: several test binaries may assemble the same file at once.
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &out)).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+    out
+}
+
+/// The precompiled-plugin cache shared by every test (so each component compiles once per run).
+pub fn cache_dir() -> PathBuf {
+    target_dir().join("test-plugin-cache")
+}
+
+fn target_dir() -> PathBuf {
+    // target/<profile>/deps/<test binary>
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(Path::to_path_buf))
+        .unwrap_or_else(|| workspace().join("target"))
+}
+
+/// The `slinky-host` binary of this build (built by cargo because `host/tests/cli.rs` exists).
+pub fn binary() -> PathBuf {
+    let exe = std::env::current_exe().ok();
+    let dir = exe.as_deref().and_then(|e| e.ancestors().nth(2)).map(Path::to_path_buf);
+    dir.unwrap_or_else(|| target_dir().join("debug")).join("slinky-host")
+}
+
+/// Run the binary with `args` (and the shared plugin cache).
+pub fn run(args: &[&str]) -> Output {
+    let bin = binary();
+    assert!(bin.is_file(), "{} is missing: run the tests with `cargo test --workspace`", bin.display());
+    Command::new(&bin)
+        .args(args)
+        .env("SLINKY_HOST_PLUGIN_CACHE", cache_dir())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
+}
+
+/// An engine with the given deadline and memory cap, sharing the test cache.
+pub fn engine(deadline: Duration, memory_mib: usize) -> Arc<EngineHandle> {
+    let config = RuntimeConfig {
+        call_deadline: deadline,
+        memory_limit: memory_mib << 20,
+        cache_dir: Some(cache_dir()),
+        ..RuntimeConfig::default()
+    };
+    EngineHandle::new(config).unwrap_or_else(|e| panic!("cannot create the engine: {e}"))
+}
+
+/// The default engine (1 s deadline, 64 MiB).
+pub fn default_engine() -> Arc<EngineHandle> {
+    engine(Duration::from_secs(1), 64)
+}

@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -201,16 +201,11 @@ impl EngineHandle {
         Some(dir.join(format!("{digest}-{}.cwasm", self.compat)))
     }
 
-    #[allow(unsafe_code, reason = "loading our own precompiled artifact; see the safety note")]
+    /// Load a cached artifact. It is read into memory rather than mapped: a file truncated under
+    /// a mapping would crash the process (SIGBUS), a read copy can only fail to deserialize.
     fn load_cached(&self, path: &Path) -> Option<Component> {
-        if !path.is_file() {
-            return None;
-        }
-        // SAFETY: the file was written by `precompile_component` of an engine with the same
-        // compatibility hash (it is in the name), atomically (temp file + rename), into the
-        // host's private cache directory. wasmtime also checks the header and refuses artifacts
-        // of another version or configuration; on any error the artifact is recompiled.
-        match unsafe { Component::deserialize_file(&self.engine, path) } {
+        let bytes = std::fs::read(path).ok()?;
+        match self.deserialize(&bytes, &path.display().to_string()) {
             Ok(c) => Some(c),
             Err(error) => {
                 tracing::warn!(path = %path.display(), %error, "discarding unusable precompiled component");
@@ -220,9 +215,12 @@ impl EngineHandle {
         }
     }
 
-    #[allow(unsafe_code, reason = "deserializing bytes this engine produced a moment ago")]
+    #[allow(unsafe_code, reason = "deserializing artifacts of our own engine; see the safety note")]
     fn deserialize(&self, precompiled: &[u8], name: &str) -> Result<Component, PluginError> {
-        // SAFETY: `precompiled` was produced by `self.engine.precompile_component` just now.
+        // SAFETY: `precompiled` was produced by `precompile_component` of this engine, or of an
+        // engine with the same compatibility hash (it is in the cache file's name), and stored
+        // atomically (unique temp file + rename) in the host's private cache directory. wasmtime
+        // checks the header and refuses artifacts of another version or configuration.
         unsafe { Component::deserialize(&self.engine, precompiled) }
             .map_err(|e| PluginError::Compile { plugin: name.to_string(), reason: format!("{e:#}") })
     }
@@ -244,7 +242,9 @@ fn store_cached(path: &Path, bytes: &[u8]) {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp.{}.{unique}", std::process::id()));
         std::fs::write(&tmp, bytes)?;
         std::fs::rename(&tmp, path)
     };

@@ -1,0 +1,267 @@
+//! Hostile guests against the real plugin runtime: every limit in its obeyed and violated case,
+//! typed errors, the output policy, load-time refusals, and purity (no state survives a call,
+//! the host's input is untouched).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use slinky_api::{Controller, NodeSet};
+use slinky_host::{
+    Plugin, PluginError,
+    plugins::{BuildContext, PluginSource, PodIdentity, TrapCause},
+    render,
+};
+use slinky_tests::{default_engine, engine, example, test_plugin, wat};
+
+fn example_objects() -> Result<(NodeSet, Controller)> {
+    let manifests = render::read_manifests(&[example("slurm-cluster.yaml")])?;
+    let mut nodeset = None;
+    let mut controller = None;
+    for m in manifests {
+        match m.parent {
+            render::Parent::Controller(c) => controller = Some(*c),
+            render::Parent::NodeSet(n) => nodeset = Some(*n),
+        }
+    }
+    let mut nodeset = nodeset.context("example NodeSet")?;
+    nodeset.metadata.uid = Some("0a1b2c3d-nodeset".into());
+    Ok((nodeset, controller.context("example Controller")?))
+}
+
+fn with_behaviour(mut nodeset: NodeSet, behaviour: &str) -> NodeSet {
+    nodeset
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("hostile.test/behaviour".into(), behaviour.into());
+    nodeset
+}
+
+fn with_raw_output(mut nodeset: NodeSet, output: &str) -> NodeSet {
+    nodeset.metadata.annotations.get_or_insert_default().insert("raw.test/output".into(), output.into());
+    nodeset
+}
+
+fn identity(nodeset: &NodeSet) -> PodIdentity {
+    PodIdentity::for_ordinal(nodeset, 0, "rev0000001")
+}
+
+fn build(plugin: &Plugin, nodeset: &NodeSet, controller: &Controller) -> Result<k8s_openapi::api::core::v1::Pod, PluginError> {
+    plugin.build_pod(&BuildContext::default(), nodeset, controller, &identity(nodeset))
+}
+
+fn load(engine: &std::sync::Arc<slinky_host::plugins::EngineHandle>, name: &str) -> Result<Plugin> {
+    Ok(Plugin::load_file(engine, &test_plugin(name))?)
+}
+
+#[test]
+fn an_infinite_loop_is_stopped_by_the_deadline_and_a_bounded_one_is_not() -> Result<()> {
+    let engine = engine(Duration::from_millis(300), 64);
+    let plugin = load(&engine, "hostile")?;
+    let (nodeset, controller) = example_objects()?;
+
+    let started = std::time::Instant::now();
+    match build(&plugin, &with_behaviour(nodeset.clone(), "loop"), &controller) {
+        Err(PluginError::Trap { cause: TrapCause::Deadline(d), plugin, call, .. }) => {
+            assert_eq!(d, Duration::from_millis(300));
+            assert_eq!((plugin.as_str(), call), ("hostile@0.1.0", "build-pod"));
+        }
+        other => bail!("expected a deadline trap, got {other:?}"),
+    }
+    // Stopped near the deadline (generous bound for a loaded CI machine; not a timing assertion
+    // on performance, only that the loop did not run forever).
+    ensure!(started.elapsed() < Duration::from_secs(30), "the loop ran for {:?}", started.elapsed());
+
+    // Obeyed: a few million iterations finish well within the deadline.
+    let pod = build(&plugin, &with_behaviour(nodeset.clone(), "spin:2"), &controller)?;
+    assert_eq!(pod.metadata.name.as_deref(), Some("slurm-worker-slinky-0"));
+
+    // The plugin keeps serving after a trap: nothing of the trapped call survives.
+    build(&plugin, &nodeset, &controller)?;
+    Ok(())
+}
+
+#[test]
+fn a_memory_bomb_is_stopped_by_the_cap_and_a_modest_allocation_is_not() -> Result<()> {
+    let engine = engine(Duration::from_secs(5), 32);
+    let plugin = load(&engine, "hostile")?;
+    let (nodeset, controller) = example_objects()?;
+    match build(&plugin, &with_behaviour(nodeset.clone(), "alloc:256"), &controller) {
+        Err(e @ PluginError::Trap { cause: TrapCause::MemoryCap(_), .. }) => {
+            assert_eq!(e.metric_label(), "memory_cap");
+            assert!(e.to_string().contains("memory cap of 32 MiB"), "{e}");
+        }
+        other => bail!("expected the memory cap, got {other:?}"),
+    }
+    let pod = build(&plugin, &with_behaviour(nodeset, "alloc:8"), &controller)?;
+    assert!(pod.spec.is_some());
+    Ok(())
+}
+
+#[test]
+fn a_panic_becomes_a_typed_error_with_the_panic_message() -> Result<()> {
+    let engine = default_engine();
+    let plugin = load(&engine, "hostile")?;
+    let (nodeset, controller) = example_objects()?;
+    match build(&plugin, &with_behaviour(nodeset, "panic"), &controller) {
+        Err(PluginError::Trap { cause: TrapCause::Trap(_), stderr, call, .. }) => {
+            assert_eq!(call, "build-pod");
+            assert!(stderr.contains("hostile plugin panicked on purpose"), "stderr: {stderr}");
+        }
+        other => bail!("expected a trap, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_builder_error_is_reported_as_the_builder_said_it() -> Result<()> {
+    let engine = default_engine();
+    let plugin = load(&engine, "hostile")?;
+    let (nodeset, controller) = example_objects()?;
+    match build(&plugin, &with_behaviour(nodeset, "error"), &controller) {
+        Err(PluginError::Build { error: slinky_host::plugins::GuestError::InvalidInput(m), .. }) => {
+            assert!(m.contains("spec.hostile"), "{m}");
+        }
+        other => bail!("expected the builder's error, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn output_that_breaks_the_policy_is_refused() -> Result<()> {
+    let engine = default_engine();
+    let hostile = load(&engine, "hostile")?;
+    let raw = load(&engine, "raw")?;
+    let (nodeset, controller) = example_objects()?;
+    let cases = [
+        (&hostile, with_behaviour(nodeset.clone(), "other-namespace"), "namespace \"kube-system\""),
+        (&hostile, with_behaviour(nodeset.clone(), "wrong-name"), "named \"impostor\""),
+        (&hostile, with_behaviour(nodeset.clone(), "no-selector"), "missing the selector label app.kubernetes.io/name=slurmd"),
+        (
+            &raw,
+            with_raw_output(nodeset.clone(), r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"slurm-worker-slinky-0"}}"#),
+            "expected apiVersion v1 kind Pod, got apiVersion v1 kind ConfigMap",
+        ),
+        (&raw, with_raw_output(nodeset.clone(), "this is not json"), "the output is not JSON"),
+        (
+            &raw,
+            with_raw_output(
+                nodeset.clone(),
+                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"slurm-worker-slinky-0","uid":"x"},"spec":{"containers":[{"name":"c"}]}}"#,
+            ),
+            "metadata.uid is set by the API server",
+        ),
+    ];
+    for (plugin, input, want) in cases {
+        match build(plugin, &input, &controller) {
+            Err(PluginError::Rejected { reason, .. }) => ensure!(reason.contains(want), "expected {want:?}, got {reason:?}"),
+            other => bail!("expected a refusal containing {want:?}, got {other:?}"),
+        }
+    }
+    // The obeyed case: a well-formed pod from the raw plugin passes, and the host sets the owner
+    // reference, builder annotations and revision label itself, whatever the plugin said.
+    let good = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"slurm-worker-slinky-0",
+        "labels":{"app.kubernetes.io/name":"slurmd","app.kubernetes.io/instance":"slurm-worker-slinky","controller-revision-hash":"forged"},
+        "annotations":{"slinky.slurm.net/builder":"forged"},
+        "ownerReferences":[{"apiVersion":"v1","kind":"Secret","name":"x","uid":"y"}]},
+        "spec":{"containers":[{"name":"slurmd","image":"img"}]}}"#;
+    let pod = build(&raw, &with_raw_output(nodeset.clone(), good), &controller)?;
+    let meta = &pod.metadata;
+    assert_eq!(meta.namespace.as_deref(), Some("slurm"), "namespace defaulted to the parent's");
+    let owners = meta.owner_references.clone().unwrap_or_default();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (owners[0].kind.as_str(), owners[0].name.as_str(), owners[0].uid.as_str(), owners[0].controller),
+        ("NodeSet", "slurm-worker-slinky", "0a1b2c3d-nodeset", Some(true))
+    );
+    assert_eq!(owners[0].api_version, "slinky.slurm.net/v1beta1");
+    let ann = meta.annotations.clone().unwrap_or_default();
+    assert_eq!(ann.get("slinky.slurm.net/builder").map(String::as_str), Some("raw@0.0.1"));
+    let labels = meta.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("controller-revision-hash").map(String::as_str), Some("rev0000001"));
+    Ok(())
+}
+
+#[test]
+fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
+    let engine = default_engine();
+    let dir = tempfile::tempdir()?;
+    let not_wasm = dir.path().join("notes.wasm");
+    std::fs::write(&not_wasm, "hello")?;
+    let half = dir.path().join("half.wasm");
+    let bytes = std::fs::read(test_plugin("hostile"))?;
+    std::fs::write(&half, &bytes[..bytes.len() / 2])?;
+
+    let cases = [
+        (not_wasm, "not a wasm file"),
+        (half, "not a loadable wasm component"),
+        (wat("no-describe"), "does not export `slinky:builder/plugin@0.1.0`"),
+        (wat("contract-0.2"), "built against contract version 0.2.0"),
+        (wat("trapping-describe"), "describe trapped"),
+    ];
+    for (path, want) in cases {
+        match Plugin::load_file(&engine, &path) {
+            Err(e) => ensure!(e.to_string().contains(want), "{}: expected {want:?}, got {e}", path.display()),
+            Ok(p) => bail!("{} loaded as {p:?}; it must be refused", path.display()),
+        }
+    }
+    // Obeyed: a good plugin from the same engine loads and describes itself.
+    let plugin = load(&engine, "hostile")?;
+    assert_eq!(plugin.info().name, "hostile");
+    assert_eq!(plugin.info().contract_version, "0.1.0");
+    assert_eq!(plugin.source(), &PluginSource::File(test_plugin("hostile")));
+    Ok(())
+}
+
+#[test]
+fn builders_are_pure_and_cannot_touch_the_hosts_objects() -> Result<()> {
+    let engine = default_engine();
+    let registry = slinky_host::PluginRegistry::new(&engine, &[])?;
+    let plugin = registry.active(slinky_host::plugins::BuilderKind::NodesetPod);
+    let (nodeset, controller) = example_objects()?;
+    let (before_ns, before_ctl) = (serde_json::to_string(&nodeset)?, serde_json::to_string(&controller)?);
+
+    let first = serde_json::to_string(&build(&plugin, &nodeset, &controller)?)?;
+    let second = serde_json::to_string(&build(&plugin, &nodeset, &controller)?)?;
+    assert_eq!(first, second, "the same input gives byte-identical output");
+    assert_eq!(serde_json::to_string(&nodeset)?, before_ns, "the host's NodeSet is unchanged");
+    assert_eq!(serde_json::to_string(&controller)?, before_ctl, "the host's Controller is unchanged");
+
+    // A guest writing to stdout/stderr does not disturb its output either.
+    let hostile = load(&engine, "hostile")?;
+    let printed = build(&hostile, &with_behaviour(nodeset.clone(), "print"), &controller)?;
+    assert_eq!(printed.metadata.name.as_deref(), Some("slurm-worker-slinky-0"));
+    Ok(())
+}
+
+#[test]
+fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = slinky_host::plugins::RuntimeConfig { cache_dir: Some(dir.path().to_path_buf()), ..Default::default() };
+    let bytes = std::fs::read(test_plugin("hostile"))?;
+    let first_engine = slinky_host::plugins::EngineHandle::new(config.clone())?;
+    let first = Plugin::load(&first_engine, &bytes, PluginSource::Bundled)?;
+    assert_eq!(first.compiled_from(), slinky_host::plugins::CompileSource::Compiled);
+    let again = Plugin::load(&first_engine, &bytes, PluginSource::Bundled)?;
+    assert_eq!(again.compiled_from(), slinky_host::plugins::CompileSource::Memory);
+    let second_engine = slinky_host::plugins::EngineHandle::new(config)?;
+    let second = Plugin::load(&second_engine, &bytes, PluginSource::Bundled)?;
+    assert_eq!(second.compiled_from(), slinky_host::plugins::CompileSource::Disk, "a new process loads the artifact");
+    let files: Vec<String> = std::fs::read_dir(dir.path())?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].starts_with(first.digest()) && files[0].ends_with(".cwasm"), "{files:?}");
+
+    // A corrupt artifact is discarded and recompiled, not trusted.
+    let garbage = dir.path().join("garbage.tmp");
+    std::fs::write(&garbage, b"garbage")?;
+    std::fs::rename(&garbage, dir.path().join(&files[0]))?;
+    let fourth_engine = slinky_host::plugins::EngineHandle::new(slinky_host::plugins::RuntimeConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    })?;
+    let fourth = Plugin::load(&fourth_engine, &bytes, PluginSource::Bundled)?;
+    assert_eq!(fourth.compiled_from(), slinky_host::plugins::CompileSource::Compiled);
+    Ok(())
+}
