@@ -17,20 +17,34 @@ fn render_json(files: &[&std::path::Path], extra: &[&str]) -> Result<Vec<Value>>
     }
     args.extend(extra);
     let out = run(&args);
-    ensure!(out.status.success(), "render failed: {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "render failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let list: Value = serde_json::from_slice(&out.stdout)?;
-    ensure!(list["apiVersion"] == "v1" && list["kind"] == "List", "not a v1 List: {list}");
+    ensure!(
+        list["apiVersion"] == "v1" && list["kind"] == "List",
+        "not a v1 List: {list}"
+    );
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 #[test]
 fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
     let items = render_json(&[&example("slurm-cluster.yaml")], &[])?;
-    ensure!(items.len() == 4, "expected a Service and 3 pods, got {} objects", items.len());
+    ensure!(
+        items.len() == 4,
+        "expected a Service and 3 pods, got {} objects",
+        items.len()
+    );
 
     // --- The Controller's Service (BuildControllerService) ---
     let svc: Service = serde_json::from_value(items[0].clone())?;
@@ -47,14 +61,27 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         ])
     );
     let ann = meta.annotations.clone().unwrap_or_default();
-    assert_eq!(ann.get("example.com/team").map(String::as_str), Some("hpc"), "service annotations kept");
-    assert_eq!(ann.get("slinky.slurm.net/builder").map(String::as_str), Some("controller-service@0.1.0"));
-    assert!(ann.get("slinky.slurm.net/builder-digest").is_some_and(|d| d.starts_with("sha256:") && d.len() == 71));
+    assert_eq!(
+        ann.get("example.com/team").map(String::as_str),
+        Some("hpc"),
+        "service annotations kept"
+    );
+    assert_eq!(
+        ann.get("slinky.slurm.net/builder").map(String::as_str),
+        Some("controller-service@0.1.0")
+    );
+    assert!(
+        ann.get("slinky.slurm.net/builder-digest")
+            .is_some_and(|d| d.starts_with("sha256:") && d.len() == 71)
+    );
     let spec = svc.spec.context("service spec")?;
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
     assert_eq!(
         spec.selector.unwrap_or_default(),
-        labels(&[("app.kubernetes.io/name", "slurmctld"), ("app.kubernetes.io/instance", "slurm")])
+        labels(&[
+            ("app.kubernetes.io/name", "slurmctld"),
+            ("app.kubernetes.io/instance", "slurm")
+        ])
     );
     let ports = spec.ports.unwrap_or_default();
     assert_eq!(ports.len(), 1);
@@ -93,26 +120,46 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
             ])
         );
         let ann = meta.annotations.clone().unwrap_or_default();
-        assert_eq!(ann.get("kubectl.kubernetes.io/default-container").map(String::as_str), Some("slurmd"));
+        assert_eq!(
+            ann.get("kubectl.kubernetes.io/default-container")
+                .map(String::as_str),
+            Some("slurmd")
+        );
         assert!(ann.contains_key("slinky.slurm.net/sshd-conf-hash"));
         assert!(ann.contains_key("slinky.slurm.net/sssd-conf-hash"));
-        assert_eq!(ann.get("slinky.slurm.net/builder").map(String::as_str), Some("nodeset-pod@0.1.0"));
+        assert_eq!(
+            ann.get("slinky.slurm.net/builder").map(String::as_str),
+            Some("nodeset-pod@0.1.0")
+        );
 
         let spec = pod.spec.context("pod spec")?;
-        assert_eq!(spec.hostname.as_deref(), Some(hostname.as_str()), "hostname from the template prefix");
+        assert_eq!(
+            spec.hostname.as_deref(),
+            Some(hostname.as_str()),
+            "hostname from the template prefix"
+        );
         assert_eq!(spec.subdomain.as_deref(), Some("slurm-workers-slurm"));
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.enable_service_links, Some(false));
         assert!(spec.node_name.is_none());
-        assert_eq!(spec.node_selector.clone().unwrap_or_default(), labels(&[("kubernetes.io/os", "linux")]));
         assert_eq!(
-            spec.dns_config.as_ref().and_then(|d| d.searches.clone()).unwrap_or_default(),
+            spec.node_selector.clone().unwrap_or_default(),
+            labels(&[("kubernetes.io/os", "linux")])
+        );
+        assert_eq!(
+            spec.dns_config
+                .as_ref()
+                .and_then(|d| d.searches.clone())
+                .unwrap_or_default(),
             vec!["slurm-workers-slurm.slurm.svc.cluster.local".to_string()]
         );
         let tol = spec.tolerations.clone().unwrap_or_default();
-        assert!(tol.iter().any(|t| t.key.as_deref() == Some("nodeset.slinky.slurm.net/worker")
-            && t.operator.as_deref() == Some("Exists")
-            && t.effect.as_deref() == Some("NoExecute")));
+        assert!(
+            tol.iter()
+                .any(|t| t.key.as_deref() == Some("nodeset.slinky.slurm.net/worker")
+                    && t.operator.as_deref() == Some("Exists")
+                    && t.effect.as_deref() == Some("NoExecute"))
+        );
         let anti = spec
             .affinity
             .as_ref()
@@ -122,7 +169,11 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         assert_eq!(anti.len(), 1);
         assert_eq!(anti[0].topology_key, "kubernetes.io/hostname");
         assert_eq!(
-            anti[0].label_selector.as_ref().and_then(|s| s.match_labels.clone()).unwrap_or_default(),
+            anti[0]
+                .label_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone())
+                .unwrap_or_default(),
             labels(&[("app.kubernetes.io/name", "slurmd")]),
             "anti-affinity against any slurmd pod"
         );
@@ -138,7 +189,10 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         let secret = sources[0].secret.as_ref().context("slurm key secret")?;
         assert_eq!(secret.name, "slurm-auth-slurm");
         let items = secret.items.clone().unwrap_or_default();
-        assert_eq!((items[0].key.as_str(), items[0].path.as_str()), ("slurm.key", "slurm.key"));
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("slurm.key", "slurm.key")
+        );
 
         // The logfile native sidecar.
         let init = spec.init_containers.clone().unwrap_or_default();
@@ -151,7 +205,10 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         assert_eq!(spec.containers.len(), 1);
         let c = &spec.containers[0];
         assert_eq!(c.name, "slurmd");
-        assert_eq!(c.image.as_deref(), Some("ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04"));
+        assert_eq!(
+            c.image.as_deref(),
+            Some("ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04")
+        );
         assert_eq!(
             c.args.clone().unwrap_or_default(),
             vec![
@@ -177,8 +234,15 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         assert_eq!(env["POD_MEMORY"]["value"], "8192");
         let ports = c.ports.clone().unwrap_or_default();
         assert_eq!(ports.len(), 1);
-        assert_eq!((ports[0].name.as_deref(), ports[0].container_port), (Some("slurmd"), 6818));
-        for (probe, path) in [(&c.startup_probe, "/livez"), (&c.liveness_probe, "/livez"), (&c.readiness_probe, "/readyz")] {
+        assert_eq!(
+            (ports[0].name.as_deref(), ports[0].container_port),
+            (Some("slurmd"), 6818)
+        );
+        for (probe, path) in [
+            (&c.startup_probe, "/livez"),
+            (&c.liveness_probe, "/livez"),
+            (&c.readiness_probe, "/readyz"),
+        ] {
             let p = probe.as_ref().context("probe")?;
             let get = p.http_get.as_ref().context("http probe")?;
             assert_eq!(get.path.as_deref(), Some(path));
@@ -189,12 +253,22 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         let sc = c.security_context.as_ref().context("security context")?;
         assert_eq!(sc.privileged, Some(true));
         assert_eq!(
-            sc.capabilities.as_ref().and_then(|c| c.add.clone()).unwrap_or_default(),
+            sc.capabilities
+                .as_ref()
+                .and_then(|c| c.add.clone())
+                .unwrap_or_default(),
             ["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_NICE"]
         );
-        let stop = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()).and_then(|p| p.exec.as_ref());
+        let stop = c
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pre_stop.as_ref())
+            .and_then(|p| p.exec.as_ref());
         let stop = stop.and_then(|e| e.command.clone()).unwrap_or_default().join(" ");
-        assert!(stop.contains(&format!("scontrol update nodename={hostname} state=down")), "{stop}");
+        assert!(
+            stop.contains(&format!("scontrol update nodename={hostname} state=down")),
+            "{stop}"
+        );
         assert!(stop.contains("slurm-operator: Pod is terminating"));
         let mounts: Vec<(String, bool)> = c
             .volume_mounts
@@ -203,20 +277,36 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
             .into_iter()
             .map(|m| (m.mount_path, m.read_only.unwrap_or(false)))
             .collect();
-        assert_eq!(mounts, [("/etc/slurm".to_string(), true), ("/var/log/slurm".to_string(), false)]);
+        assert_eq!(
+            mounts,
+            [
+                ("/etc/slurm".to_string(), true),
+                ("/var/log/slurm".to_string(), false)
+            ]
+        );
     }
     Ok(())
 }
 
 #[test]
 fn yaml_output_is_kubernetes_documents() -> Result<()> {
-    let out = run(&["render", "-f", &example("slurm-cluster.yaml").display().to_string()]);
+    let out = run(&[
+        "render",
+        "-f",
+        &example("slurm-cluster.yaml").display().to_string(),
+    ]);
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout)?;
-    let docs: Vec<Value> = text.split("---\n").map(serde_yaml::from_str).collect::<Result<_, _>>()?;
+    let docs: Vec<Value> = text
+        .split("---\n")
+        .map(serde_yaml::from_str)
+        .collect::<Result<_, _>>()?;
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     assert_eq!(kinds, ["Service", "Pod", "Pod", "Pod"]);
-    assert!(text.starts_with("apiVersion: v1\nkind: Service\n"), "apiVersion and kind come first");
+    assert!(
+        text.starts_with("apiVersion: v1\nkind: Service\n"),
+        "apiVersion and kind come first"
+    );
     Ok(())
 }
 
@@ -227,8 +317,14 @@ fn edge_cases_behave_as_a_user_expects() -> Result<()> {
     let out = run(&["render", "-f", &edge.display().to_string()]);
     assert!(!out.status.success(), "a missing Controller must fail the render");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("edge-cases.yaml (document 1)"), "names the document: {err}");
-    assert!(err.contains("slurm/orphan-workers") && err.contains("slurm/no-such-controller"), "{err}");
+    assert!(
+        err.contains("edge-cases.yaml (document 1)"),
+        "names the document: {err}"
+    );
+    assert!(
+        err.contains("slurm/orphan-workers") && err.contains("slurm/no-such-controller"),
+        "{err}"
+    );
 
     // Without the orphan, with the example Controller: zero replicas and padding behave.
     let text = std::fs::read_to_string(&edge)?;
@@ -243,18 +339,43 @@ fn edge_cases_behave_as_a_user_expects() -> Result<()> {
         .map(|i| serde_json::from_value(i.clone()))
         .collect::<Result<_, _>>()?;
     let names: Vec<String> = pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
-    assert!(!names.iter().any(|n| n.starts_with("idle-workers")), "replicas 0 builds no pod");
-    let padded: Vec<&Pod> = pods.iter().filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("padded-"))).collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with("idle-workers")),
+        "replicas 0 builds no pod"
+    );
+    let padded: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("padded-"))
+        })
+        .collect();
     assert_eq!(
-        padded.iter().filter_map(|p| p.metadata.name.as_deref()).collect::<Vec<_>>(),
+        padded
+            .iter()
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect::<Vec<_>>(),
         ["padded-000", "padded-001"],
         "ordinalPadding 3 zero-pads names"
     );
     let spec = padded[0].spec.as_ref().context("spec")?;
-    assert_eq!(spec.hostname.as_deref(), Some("padded-000"), "no template hostname: the pod name");
+    assert_eq!(
+        spec.hostname.as_deref(),
+        Some("padded-000"),
+        "no template hostname: the pod name"
+    );
     let args = spec.containers[0].args.clone().unwrap_or_default();
-    assert_eq!(args.last().map(String::as_str), Some("-vvv"), "user args come after the base args: {args:?}");
-    assert_eq!(&args[..4], ["-Z", "--conf-server", "slurm-controller.slurm:6817", "--conf"]);
+    assert_eq!(
+        args.last().map(String::as_str),
+        Some("-vvv"),
+        "user args come after the base args: {args:?}"
+    );
+    assert_eq!(
+        &args[..4],
+        ["-Z", "--conf-server", "slurm-controller.slurm:6817", "--conf"]
+    );
     assert_eq!(
         args[4], "'Features=padded Topology='\"$SLINKY_TOPOLOGY\"' Weight=5'",
         "the unparsable extraConf item is skipped, the valid one kept"
@@ -267,7 +388,11 @@ fn edge_cases_behave_as_a_user_expects() -> Result<()> {
 fn bad_input_fails_with_a_message_naming_it() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let cases = [
-        ("broken.yaml", "apiVersion: v1\nkind: [unclosed\n", "not valid YAML or JSON"),
+        (
+            "broken.yaml",
+            "apiVersion: v1\nkind: [unclosed\n",
+            "not valid YAML or JSON",
+        ),
         (
             "configmap.yaml",
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
@@ -290,7 +415,10 @@ fn bad_input_fails_with_a_message_naming_it() -> Result<()> {
         let out = run(&["render", "-f", &path.display().to_string()]);
         let err = String::from_utf8_lossy(&out.stderr);
         ensure!(!out.status.success(), "{file}: must fail");
-        ensure!(err.contains(file) && err.contains(want), "{file}: expected {want:?} naming the file, got: {err}");
+        ensure!(
+            err.contains(file) && err.contains(want),
+            "{file}: expected {want:?} naming the file, got: {err}"
+        );
     }
     let out = run(&["render", "-f", "/no/such/file.yaml"]);
     ensure!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("/no/such/file.yaml"));
@@ -301,15 +429,29 @@ fn bad_input_fails_with_a_message_naming_it() -> Result<()> {
 fn a_trapping_plugin_fails_the_render_with_a_typed_error() -> Result<()> {
     // The hostile plugin panics when the NodeSet asks it to.
     let dir = tempfile::tempdir()?;
-    let text = std::fs::read_to_string(example("slurm-cluster.yaml"))?
-        .replace("name: slurm-worker-slinky\n", "name: slurm-worker-slinky\n  annotations:\n    hostile.test/behaviour: panic\n");
+    let text = std::fs::read_to_string(example("slurm-cluster.yaml"))?.replace(
+        "name: slurm-worker-slinky\n",
+        "name: slurm-worker-slinky\n  annotations:\n    hostile.test/behaviour: panic\n",
+    );
     let file = dir.path().join("cluster.yaml");
     std::fs::write(&file, text)?;
     let plugin = test_plugin("hostile");
-    let out = run(&["render", "-f", &file.display().to_string(), "--plugin", &plugin.display().to_string()]);
+    let out = run(&[
+        "render",
+        "-f",
+        &file.display().to_string(),
+        "--plugin",
+        &plugin.display().to_string(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "must fail");
-    for want in ["NodeSet slurm/slurm-worker-slinky", "hostile@0.1.0", "build-pod", "trapped", "panicked on purpose"] {
+    for want in [
+        "NodeSet slurm/slurm-worker-slinky",
+        "hostile@0.1.0",
+        "build-pod",
+        "trapped",
+        "panicked on purpose",
+    ] {
         ensure!(err.contains(want), "expected {want:?} in: {err}");
     }
     Ok(())
@@ -318,11 +460,20 @@ fn a_trapping_plugin_fails_the_render_with_a_typed_error() -> Result<()> {
 #[test]
 fn a_plugin_override_replaces_the_bundled_builder_of_its_kind_only() -> Result<()> {
     let plugin = test_plugin("hostile");
-    let items = render_json(&[&example("slurm-cluster.yaml")], &["--plugin", &plugin.display().to_string()])?;
+    let items = render_json(
+        &[&example("slurm-cluster.yaml")],
+        &["--plugin", &plugin.display().to_string()],
+    )?;
     ensure!(items.len() == 4);
-    assert_eq!(items[0]["metadata"]["annotations"]["slinky.slurm.net/builder"], "controller-service@0.1.0");
+    assert_eq!(
+        items[0]["metadata"]["annotations"]["slinky.slurm.net/builder"],
+        "controller-service@0.1.0"
+    );
     for pod in &items[1..] {
-        assert_eq!(pod["metadata"]["annotations"]["slinky.slurm.net/builder"], "hostile@0.1.0");
+        assert_eq!(
+            pod["metadata"]["annotations"]["slinky.slurm.net/builder"],
+            "hostile@0.1.0"
+        );
     }
     Ok(())
 }
@@ -344,6 +495,9 @@ fn plugin_inspect_reports_describe_digest_and_contract() -> Result<()> {
     if out.status.success() {
         bail!("a 0.2.0 plugin must be refused");
     }
-    ensure!(err.contains("contract version 0.2.0") && err.contains("rebuild it"), "{err}");
+    ensure!(
+        err.contains("contract version 0.2.0") && err.contains("rebuild it"),
+        "{err}"
+    );
     Ok(())
 }

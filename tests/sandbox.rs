@@ -38,7 +38,11 @@ fn with_behaviour(mut nodeset: NodeSet, behaviour: &str) -> NodeSet {
 }
 
 fn with_raw_output(mut nodeset: NodeSet, output: &str) -> NodeSet {
-    nodeset.metadata.annotations.get_or_insert_default().insert("raw.test/output".into(), output.into());
+    nodeset
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("raw.test/output".into(), output.into());
     nodeset
 }
 
@@ -46,7 +50,11 @@ fn identity(nodeset: &NodeSet) -> PodIdentity {
     PodIdentity::for_ordinal(nodeset, 0, "rev0000001")
 }
 
-fn build(plugin: &Plugin, nodeset: &NodeSet, controller: &Controller) -> Result<k8s_openapi::api::core::v1::Pod, PluginError> {
+fn build(
+    plugin: &Plugin,
+    nodeset: &NodeSet,
+    controller: &Controller,
+) -> Result<k8s_openapi::api::core::v1::Pod, PluginError> {
     plugin.build_pod(&BuildContext::default(), nodeset, controller, &identity(nodeset))
 }
 
@@ -62,7 +70,12 @@ fn an_infinite_loop_is_stopped_by_the_deadline_and_a_bounded_one_is_not() -> Res
 
     let started = std::time::Instant::now();
     match build(&plugin, &with_behaviour(nodeset.clone(), "loop"), &controller) {
-        Err(PluginError::Trap { cause: TrapCause::Deadline(d), plugin, call, .. }) => {
+        Err(PluginError::Trap {
+            cause: TrapCause::Deadline(d),
+            plugin,
+            call,
+            ..
+        }) => {
             assert_eq!(d, Duration::from_millis(300));
             assert_eq!((plugin.as_str(), call), ("hostile@0.1.0", "build-pod"));
         }
@@ -70,7 +83,11 @@ fn an_infinite_loop_is_stopped_by_the_deadline_and_a_bounded_one_is_not() -> Res
     }
     // Stopped near the deadline (generous bound for a loaded CI machine; not a timing assertion
     // on performance, only that the loop did not run forever).
-    ensure!(started.elapsed() < Duration::from_secs(30), "the loop ran for {:?}", started.elapsed());
+    ensure!(
+        started.elapsed() < Duration::from_secs(30),
+        "the loop ran for {:?}",
+        started.elapsed()
+    );
 
     // Obeyed: a few million iterations finish well within the deadline.
     let pod = build(&plugin, &with_behaviour(nodeset.clone(), "spin:2"), &controller)?;
@@ -86,8 +103,17 @@ fn a_memory_bomb_is_stopped_by_the_cap_and_a_modest_allocation_is_not() -> Resul
     let engine = engine(Duration::from_secs(5), 32);
     let plugin = load(&engine, "hostile")?;
     let (nodeset, controller) = example_objects()?;
-    match build(&plugin, &with_behaviour(nodeset.clone(), "alloc:256"), &controller) {
-        Err(e @ PluginError::Trap { cause: TrapCause::MemoryCap(_), .. }) => {
+    match build(
+        &plugin,
+        &with_behaviour(nodeset.clone(), "alloc:256"),
+        &controller,
+    ) {
+        Err(
+            e @ PluginError::Trap {
+                cause: TrapCause::MemoryCap(_),
+                ..
+            },
+        ) => {
             assert_eq!(e.metric_label(), "memory_cap");
             assert!(e.to_string().contains("memory cap of 32 MiB"), "{e}");
         }
@@ -104,9 +130,17 @@ fn a_panic_becomes_a_typed_error_with_the_panic_message() -> Result<()> {
     let plugin = load(&engine, "hostile")?;
     let (nodeset, controller) = example_objects()?;
     match build(&plugin, &with_behaviour(nodeset, "panic"), &controller) {
-        Err(PluginError::Trap { cause: TrapCause::Trap(_), stderr, call, .. }) => {
+        Err(PluginError::Trap {
+            cause: TrapCause::Trap(_),
+            stderr,
+            call,
+            ..
+        }) => {
             assert_eq!(call, "build-pod");
-            assert!(stderr.contains("hostile plugin panicked on purpose"), "stderr: {stderr}");
+            assert!(
+                stderr.contains("hostile plugin panicked on purpose"),
+                "stderr: {stderr}"
+            );
         }
         other => bail!("expected a trap, got {other:?}"),
     }
@@ -119,7 +153,10 @@ fn a_builder_error_is_reported_as_the_builder_said_it() -> Result<()> {
     let plugin = load(&engine, "hostile")?;
     let (nodeset, controller) = example_objects()?;
     match build(&plugin, &with_behaviour(nodeset, "error"), &controller) {
-        Err(PluginError::Build { error: slinky_host::plugins::GuestError::InvalidInput(m), .. }) => {
+        Err(PluginError::Build {
+            error: slinky_host::plugins::GuestError::InvalidInput(m),
+            ..
+        }) => {
             assert!(m.contains("spec.hostile"), "{m}");
         }
         other => bail!("expected the builder's error, got {other:?}"),
@@ -134,15 +171,34 @@ fn output_that_breaks_the_policy_is_refused() -> Result<()> {
     let raw = load(&engine, "raw")?;
     let (nodeset, controller) = example_objects()?;
     let cases = [
-        (&hostile, with_behaviour(nodeset.clone(), "other-namespace"), "namespace \"kube-system\""),
-        (&hostile, with_behaviour(nodeset.clone(), "wrong-name"), "named \"impostor\""),
-        (&hostile, with_behaviour(nodeset.clone(), "no-selector"), "missing the selector label app.kubernetes.io/name=slurmd"),
+        (
+            &hostile,
+            with_behaviour(nodeset.clone(), "other-namespace"),
+            "namespace \"kube-system\"",
+        ),
+        (
+            &hostile,
+            with_behaviour(nodeset.clone(), "wrong-name"),
+            "named \"impostor\"",
+        ),
+        (
+            &hostile,
+            with_behaviour(nodeset.clone(), "no-selector"),
+            "missing the selector label app.kubernetes.io/name=slurmd",
+        ),
         (
             &raw,
-            with_raw_output(nodeset.clone(), r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"slurm-worker-slinky-0"}}"#),
+            with_raw_output(
+                nodeset.clone(),
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"slurm-worker-slinky-0"}}"#,
+            ),
             "expected apiVersion v1 kind Pod, got apiVersion v1 kind ConfigMap",
         ),
-        (&raw, with_raw_output(nodeset.clone(), "this is not json"), "the output is not JSON"),
+        (
+            &raw,
+            with_raw_output(nodeset.clone(), "this is not json"),
+            "the output is not JSON",
+        ),
         (
             &raw,
             with_raw_output(
@@ -154,7 +210,9 @@ fn output_that_breaks_the_policy_is_refused() -> Result<()> {
     ];
     for (plugin, input, want) in cases {
         match build(plugin, &input, &controller) {
-            Err(PluginError::Rejected { reason, .. }) => ensure!(reason.contains(want), "expected {want:?}, got {reason:?}"),
+            Err(PluginError::Rejected { reason, .. }) => {
+                ensure!(reason.contains(want), "expected {want:?}, got {reason:?}")
+            }
             other => bail!("expected a refusal containing {want:?}, got {other:?}"),
         }
     }
@@ -167,18 +225,33 @@ fn output_that_breaks_the_policy_is_refused() -> Result<()> {
         "spec":{"containers":[{"name":"slurmd","image":"img"}]}}"#;
     let pod = build(&raw, &with_raw_output(nodeset.clone(), good), &controller)?;
     let meta = &pod.metadata;
-    assert_eq!(meta.namespace.as_deref(), Some("slurm"), "namespace defaulted to the parent's");
+    assert_eq!(
+        meta.namespace.as_deref(),
+        Some("slurm"),
+        "namespace defaulted to the parent's"
+    );
     let owners = meta.owner_references.clone().unwrap_or_default();
     assert_eq!(owners.len(), 1);
     assert_eq!(
-        (owners[0].kind.as_str(), owners[0].name.as_str(), owners[0].uid.as_str(), owners[0].controller),
+        (
+            owners[0].kind.as_str(),
+            owners[0].name.as_str(),
+            owners[0].uid.as_str(),
+            owners[0].controller
+        ),
         ("NodeSet", "slurm-worker-slinky", "0a1b2c3d-nodeset", Some(true))
     );
     assert_eq!(owners[0].api_version, "slinky.slurm.net/v1beta1");
     let ann = meta.annotations.clone().unwrap_or_default();
-    assert_eq!(ann.get("slinky.slurm.net/builder").map(String::as_str), Some("raw@0.0.1"));
+    assert_eq!(
+        ann.get("slinky.slurm.net/builder").map(String::as_str),
+        Some("raw@0.0.1")
+    );
     let labels = meta.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get("controller-revision-hash").map(String::as_str), Some("rev0000001"));
+    assert_eq!(
+        labels.get("controller-revision-hash").map(String::as_str),
+        Some("rev0000001")
+    );
     Ok(())
 }
 
@@ -195,13 +268,20 @@ fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
     let cases = [
         (not_wasm, "not a wasm file"),
         (half, "not a loadable wasm component"),
-        (wat("no-describe"), "does not export `slinky:builder/plugin@0.1.0`"),
+        (
+            wat("no-describe"),
+            "does not export `slinky:builder/plugin@0.1.0`",
+        ),
         (wat("contract-0.2"), "built against contract version 0.2.0"),
         (wat("trapping-describe"), "describe trapped"),
     ];
     for (path, want) in cases {
         match Plugin::load_file(&engine, &path) {
-            Err(e) => ensure!(e.to_string().contains(want), "{}: expected {want:?}, got {e}", path.display()),
+            Err(e) => ensure!(
+                e.to_string().contains(want),
+                "{}: expected {want:?}, got {e}",
+                path.display()
+            ),
             Ok(p) => bail!("{} loaded as {p:?}; it must be refused", path.display()),
         }
     }
@@ -219,13 +299,24 @@ fn builders_are_pure_and_cannot_touch_the_hosts_objects() -> Result<()> {
     let registry = slinky_host::PluginRegistry::new(&engine, &[])?;
     let plugin = registry.active(slinky_host::plugins::BuilderKind::NodesetPod);
     let (nodeset, controller) = example_objects()?;
-    let (before_ns, before_ctl) = (serde_json::to_string(&nodeset)?, serde_json::to_string(&controller)?);
+    let (before_ns, before_ctl) = (
+        serde_json::to_string(&nodeset)?,
+        serde_json::to_string(&controller)?,
+    );
 
     let first = serde_json::to_string(&build(&plugin, &nodeset, &controller)?)?;
     let second = serde_json::to_string(&build(&plugin, &nodeset, &controller)?)?;
     assert_eq!(first, second, "the same input gives byte-identical output");
-    assert_eq!(serde_json::to_string(&nodeset)?, before_ns, "the host's NodeSet is unchanged");
-    assert_eq!(serde_json::to_string(&controller)?, before_ctl, "the host's Controller is unchanged");
+    assert_eq!(
+        serde_json::to_string(&nodeset)?,
+        before_ns,
+        "the host's NodeSet is unchanged"
+    );
+    assert_eq!(
+        serde_json::to_string(&controller)?,
+        before_ctl,
+        "the host's Controller is unchanged"
+    );
 
     // A guest writing to stdout/stderr does not disturb its output either.
     let hostile = load(&engine, "hostile")?;
@@ -237,21 +328,34 @@ fn builders_are_pure_and_cannot_touch_the_hosts_objects() -> Result<()> {
 #[test]
 fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let config = slinky_host::plugins::RuntimeConfig { cache_dir: Some(dir.path().to_path_buf()), ..Default::default() };
+    let config = slinky_host::plugins::RuntimeConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
     let bytes = std::fs::read(test_plugin("hostile"))?;
     let first_engine = slinky_host::plugins::EngineHandle::new(config.clone())?;
     let first = Plugin::load(&first_engine, &bytes, PluginSource::Bundled)?;
-    assert_eq!(first.compiled_from(), slinky_host::plugins::CompileSource::Compiled);
+    assert_eq!(
+        first.compiled_from(),
+        slinky_host::plugins::CompileSource::Compiled
+    );
     let again = Plugin::load(&first_engine, &bytes, PluginSource::Bundled)?;
     assert_eq!(again.compiled_from(), slinky_host::plugins::CompileSource::Memory);
     let second_engine = slinky_host::plugins::EngineHandle::new(config)?;
     let second = Plugin::load(&second_engine, &bytes, PluginSource::Bundled)?;
-    assert_eq!(second.compiled_from(), slinky_host::plugins::CompileSource::Disk, "a new process loads the artifact");
+    assert_eq!(
+        second.compiled_from(),
+        slinky_host::plugins::CompileSource::Disk,
+        "a new process loads the artifact"
+    );
     let files: Vec<String> = std::fs::read_dir(dir.path())?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
-    assert!(files[0].starts_with(first.digest()) && files[0].ends_with(".cwasm"), "{files:?}");
+    assert!(
+        files[0].starts_with(first.digest()) && files[0].ends_with(".cwasm"),
+        "{files:?}"
+    );
 
     // A corrupt artifact is discarded and recompiled, not trusted.
     let garbage = dir.path().join("garbage.tmp");
@@ -262,6 +366,9 @@ fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
         ..Default::default()
     })?;
     let fourth = Plugin::load(&fourth_engine, &bytes, PluginSource::Bundled)?;
-    assert_eq!(fourth.compiled_from(), slinky_host::plugins::CompileSource::Compiled);
+    assert_eq!(
+        fourth.compiled_from(),
+        slinky_host::plugins::CompileSource::Compiled
+    );
     Ok(())
 }

@@ -177,6 +177,10 @@ pub struct Persistence {
 }
 
 /// `spec` of a Slinky Controller (slurmctld).
+#[allow(
+    clippy::duplicated_attributes,
+    reason = "kube(...) repeats printcolumn/shortname/derive per item"
+)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "slinky.slurm.net",
@@ -256,8 +260,9 @@ pub struct ControllerSpec {
     /// EpilogSlurmctld scripts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub epilog_slurmctld_script_refs: Vec<LocalObjectReference>,
-    /// State-save persistence.
+    /// State-save persistence (inlines a PersistentVolumeClaimSpec, passed through).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "wrappers::preserve_unknown")]
     pub persistence: Option<Persistence>,
     /// The Service customisation.
     #[serde(default, skip_serializing_if = "is_default")]
@@ -389,6 +394,10 @@ pub struct RollingUpdate {
 }
 
 /// `spec` of a Slinky NodeSet (slurmd workers).
+#[allow(
+    clippy::duplicated_attributes,
+    reason = "kube(...) repeats printcolumn/shortname/derive per item"
+)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "slinky.slurm.net",
@@ -567,7 +576,10 @@ mod tests {
     use super::*;
 
     fn nodeset(padding: Option<u32>, hostname: Option<&str>) -> NodeSet {
-        let mut spec = NodeSetSpec { ordinal_padding: padding, ..Default::default() };
+        let mut spec = NodeSetSpec {
+            ordinal_padding: padding,
+            ..Default::default()
+        };
         if let Some(h) = hostname {
             spec.template.spec = PodSpecWrapper(serde_json::json!({ "hostname": h }));
         }

@@ -18,15 +18,30 @@ pub struct Component {
 }
 
 /// Controller (slurmctld).
-pub const CONTROLLER: Component = Component { name: "slurmctld", component: "controller" };
+pub const CONTROLLER: Component = Component {
+    name: "slurmctld",
+    component: "controller",
+};
 /// RestApi (slurmrestd).
-pub const RESTAPI: Component = Component { name: "slurmrestd", component: "restapi" };
+pub const RESTAPI: Component = Component {
+    name: "slurmrestd",
+    component: "restapi",
+};
 /// Accounting (slurmdbd).
-pub const ACCOUNTING: Component = Component { name: "slurmdbd", component: "accounting" };
+pub const ACCOUNTING: Component = Component {
+    name: "slurmdbd",
+    component: "accounting",
+};
 /// NodeSet (slurmd workers).
-pub const WORKER: Component = Component { name: "slurmd", component: "worker" };
+pub const WORKER: Component = Component {
+    name: "slurmd",
+    component: "worker",
+};
 /// LoginSet.
-pub const LOGIN: Component = Component { name: "login", component: "login" };
+pub const LOGIN: Component = Component {
+    name: "login",
+    component: "login",
+};
 
 /// A label or annotation map.
 pub type Labels = BTreeMap<String, String>;
@@ -138,13 +153,19 @@ pub fn quantity_value(q: &Quantity) -> Option<f64> {
 }
 
 fn is_exponent(s: &str, i: usize) -> bool {
-    s[i + 1..].chars().next().is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+')
+    s[i + 1..]
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+')
 }
 
 /// sha256 of `data` as lower-case hex (for `*-hash` annotations).
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -165,9 +186,18 @@ mod tests {
     #[test]
     fn labels_follow_slinky() {
         let l = worker_labels("w", "slurm");
-        assert_eq!(l.get("app.kubernetes.io/name").map(String::as_str), Some("slurmd"));
-        assert_eq!(l.get("app.kubernetes.io/component").map(String::as_str), Some("worker"));
-        assert_eq!(l.get("slinky.slurm.net/cluster").map(String::as_str), Some("slurm"));
+        assert_eq!(
+            l.get("app.kubernetes.io/name").map(String::as_str),
+            Some("slurmd")
+        );
+        assert_eq!(
+            l.get("app.kubernetes.io/component").map(String::as_str),
+            Some("worker")
+        );
+        assert_eq!(
+            l.get("slinky.slurm.net/cluster").map(String::as_str),
+            Some("slurm")
+        );
         assert_eq!(CONTROLLER.selector_labels("x").len(), 2);
     }
 }

@@ -106,7 +106,9 @@ pub struct BuildContext {
 
 impl Default for BuildContext {
     fn default() -> Self {
-        BuildContext { cluster_domain: "cluster.local".into() }
+        BuildContext {
+            cluster_domain: "cluster.local".into(),
+        }
     }
 }
 
@@ -235,7 +237,7 @@ macro_rules! __export_plugin {
                 }
             }
 
-            $crate::wit::__export_full_builder!(__SlinkyPlugin with_types_in $crate::wit);
+    $crate::wit::__export_full_builder!(__SlinkyPlugin with_types_in $crate::wit);
         };
     };
 }

@@ -120,7 +120,11 @@ pub fn merge_container(base: &Container, user: &Value) -> Result<Container, Buil
     let mut user = user.clone();
     prune_empty(&mut user);
     let Value::Object(user_map) = &mut user else {
-        return if user.is_null() { Ok(base.clone()) } else { Err(BuildError::invalid("a container must be an object")) };
+        return if user.is_null() {
+            Ok(base.clone())
+        } else {
+            Err(BuildError::invalid("a container must be an object"))
+        };
     };
     user_map.remove("name");
     let user_args = user_map.remove("args");
@@ -213,7 +217,10 @@ mod tests {
         assert_eq!(merged.image.as_deref(), Some("img"));
         assert_eq!(merged.args, Some(vec!["-Z".to_string(), "-vvv".to_string()]));
         let probe = merged.liveness_probe.ok_or(BuildError::invalid("probe lost"))?;
-        assert!(probe.http_get.is_none(), "the user's handler replaces the base handler");
+        assert!(
+            probe.http_get.is_none(),
+            "the user's handler replaces the base handler"
+        );
         assert!(probe.tcp_socket.is_some());
         assert_eq!(probe.failure_threshold, Some(6), "thresholds stay");
         Ok(())
@@ -227,6 +234,10 @@ mod tests {
         strategic_merge(&mut base, &patch, ListContext::Pod);
         assert_eq!(base, json!({"hostname": "a", "nodeSelector": {"k": "v"}}));
         strategic_merge(&mut base, &Value::Null, ListContext::Pod);
-        assert_eq!(base, json!({"hostname": "a", "nodeSelector": {"k": "v"}}), "no patch, no change");
+        assert_eq!(
+            base,
+            json!({"hostname": "a", "nodeSelector": {"k": "v"}}),
+            "no patch, no change"
+        );
     }
 }

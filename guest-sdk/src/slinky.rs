@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::core::v1::{
-        Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction,
-        KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodAffinityTerm, PodAntiAffinity,
+        Affinity, Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ExecAction, KeyToPath,
+        Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodAffinityTerm, PodAntiAffinity,
         PodDNSConfig, PodSpec, ProjectedVolumeSource, ResourceRequirements, SecretProjection,
         SecurityContext, Service, ServiceSpec, Toleration, Volume, VolumeMount, VolumeProjection,
     },
@@ -68,7 +68,9 @@ pub fn controller_service_name(controller: &str) -> String {
 pub fn conf_server(controller: &Controller) -> Result<String, BuildError> {
     if controller.spec.external {
         let ext = controller.spec.external_config.as_ref().ok_or_else(|| {
-            BuildError::invalid("spec.external is true but spec.externalConfig is missing: set its host and port")
+            BuildError::invalid(
+                "spec.external is true but spec.externalConfig is missing: set its host and port",
+            )
         })?;
         return Ok(format!("{}:{}", ext.host, ext.port));
     }
@@ -120,7 +122,10 @@ pub fn build_controller_service(_ctx: &BuildContext, controller: &Controller) ->
     ports.push(port);
 
     let spec = ServiceSpec {
-        selector: Some(merge_maps([&user_spec.selector.clone().unwrap_or_default(), &selector])),
+        selector: Some(merge_maps([
+            &user_spec.selector.clone().unwrap_or_default(),
+            &selector,
+        ])),
         ports: Some(ports),
         external_ips: None,
         ..user_spec
@@ -174,21 +179,31 @@ pub fn slurmd_conf(nodeset: &str, extra_conf: Option<&str>) -> String {
 /// `POD_CPUS` and `POD_MEMORY` (MiB) from the container's limits, else the pod-level limits.
 fn resource_env(container: &Container, pod: &PodSpec) -> Vec<EnvVar> {
     let limit = |res: Option<&ResourceRequirements>, key: &str| {
-        res.and_then(|r| r.limits.as_ref()).and_then(|l| l.get(key)).and_then(helpers::quantity_value)
+        res.and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get(key))
+            .and_then(helpers::quantity_value)
     };
-    let get = |key: &str| limit(container.resources.as_ref(), key).or_else(|| limit(pod.resources.as_ref(), key));
+    let get =
+        |key: &str| limit(container.resources.as_ref(), key).or_else(|| limit(pod.resources.as_ref(), key));
     let mut env = Vec::new();
     if let Some(cpus) = get("cpu") {
         env.push(plain_env("POD_CPUS", format!("{}", cpus.ceil() as i64)));
     }
     if let Some(bytes) = get("memory") {
-        env.push(plain_env("POD_MEMORY", format!("{}", (bytes / 1048576.0).floor() as i64)));
+        env.push(plain_env(
+            "POD_MEMORY",
+            format!("{}", (bytes / 1048576.0).floor() as i64),
+        ));
     }
     env
 }
 
 fn plain_env(name: &str, value: String) -> EnvVar {
-    EnvVar { name: name.into(), value: Some(value), ..Default::default() }
+    EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    }
 }
 
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
@@ -254,8 +269,14 @@ pub fn build_nodeset_pod(
         &inherited_annotations(&nodeset.metadata),
         &spec.template.metadata.annotations,
         &Labels::from([
-            (keys::ANNOTATION_SSHD_CONF_HASH.into(), helpers::sha256_hex(sshd_conf.as_bytes())),
-            (keys::ANNOTATION_SSSD_CONF_HASH.into(), helpers::sha256_hex(sssd_ref.as_bytes())),
+            (
+                keys::ANNOTATION_SSHD_CONF_HASH.into(),
+                helpers::sha256_hex(sshd_conf.as_bytes()),
+            ),
+            (
+                keys::ANNOTATION_SSSD_CONF_HASH.into(),
+                helpers::sha256_hex(sssd_ref.as_bytes()),
+            ),
             (keys::ANNOTATION_DEFAULT_CONTAINER.into(), "slurmd".into()),
         ]),
     ]);
@@ -270,7 +291,10 @@ pub fn build_nodeset_pod(
         slurmd_conf(&ns_name, spec.extra_conf.as_deref()),
     ];
     let mut ports = vec![helpers::container_port("slurmd", SLURMD_PORT)];
-    let mut mounts = vec![mount("slurm-etc", "/etc/slurm", true), mount("slurm-logfile", LOG_DIR, false)];
+    let mut mounts = vec![
+        mount("slurm-etc", "/etc/slurm", true),
+        mount("slurm-logfile", LOG_DIR, false),
+    ];
     if ssh.is_some() {
         ports.push(helpers::container_port("ssh", SSH_PORT));
         mounts.push(mount("ssh-config", "/etc/ssh/sshd_config.d", true));
@@ -297,7 +321,11 @@ pub fn build_nodeset_pod(
         security_context: Some(SecurityContext {
             privileged: Some(true),
             capabilities: Some(Capabilities {
-                add: Some(["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_NICE"].map(String::from).to_vec()),
+                add: Some(
+                    ["BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_NICE"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
                 ..Default::default()
             }),
             ..Default::default()
@@ -357,7 +385,10 @@ pub fn build_nodeset_pod(
         },
         Volume {
             name: "slurm-logfile".into(),
-            empty_dir: Some(EmptyDirVolumeSource { medium: Some("Memory".into()), ..Default::default() }),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                ..Default::default()
+            }),
             ..Default::default()
         },
     ];
@@ -388,7 +419,10 @@ pub fn build_nodeset_pod(
         enable_service_links: Some(false),
         subdomain: Some(subdomain.clone()),
         dns_config: Some(PodDNSConfig {
-            searches: Some(vec![format!("{subdomain}.{namespace}.svc.{}", ctx.cluster_domain)]),
+            searches: Some(vec![format!(
+                "{subdomain}.{namespace}.svc.{}",
+                ctx.cluster_domain
+            )]),
             ..Default::default()
         }),
         tolerations: Some(vec![Toleration {
@@ -414,14 +448,21 @@ pub fn build_nodeset_pod(
         let term = PodAffinityTerm {
             topology_key: "kubernetes.io/hostname".into(),
             label_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(keys::LABEL_NAME.into(), helpers::WORKER.name.into())])),
+                match_labels: Some(BTreeMap::from([(
+                    keys::LABEL_NAME.into(),
+                    helpers::WORKER.name.into(),
+                )])),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let affinity = pod_spec.affinity.get_or_insert_with(Affinity::default);
-        let anti = affinity.pod_anti_affinity.get_or_insert_with(PodAntiAffinity::default);
-        anti.required_during_scheduling_ignored_during_execution.get_or_insert_default().push(term);
+        let anti = affinity
+            .pod_anti_affinity
+            .get_or_insert_with(PodAntiAffinity::default);
+        anti.required_during_scheduling_ignored_during_execution
+            .get_or_insert_default()
+            .push(term);
     }
     pod_spec.hostname = Some(identity.hostname.clone());
     pod_spec.node_name = None;
@@ -431,7 +472,10 @@ pub fn build_nodeset_pod(
         (keys::LABEL_POD_INDEX.to_string(), identity.ordinal.to_string()),
         (keys::LABEL_POD_NAME.to_string(), identity.name.clone()),
         (keys::LABEL_POD_HOSTNAME.to_string(), identity.hostname.clone()),
-        (keys::LABEL_SCALING_MODE.to_string(), spec.scaling_mode.as_str().to_string()),
+        (
+            keys::LABEL_SCALING_MODE.to_string(),
+            spec.scaling_mode.as_str().to_string(),
+        ),
         (keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone()),
     ]);
     Ok(Pod {

@@ -35,7 +35,10 @@ fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(what: &str, v: 
 /// What the builder returns, or a serialization failure.
 pub fn call_service<B: ControllerServiceBuilder>(controller: &Controller) -> Result<Service, BuildError> {
     let controller = round_trip("Controller", controller)?;
-    round_trip("Service", &B::build_service(&BuildContext::default(), &controller)?)
+    round_trip(
+        "Service",
+        &B::build_service(&BuildContext::default(), &controller)?,
+    )
 }
 
 /// Call `B::build_pod` for `ordinal` as the host would (revision `test`).
@@ -50,7 +53,10 @@ pub fn call_pod<B: NodeSetPodBuilder>(
     let identity = PodIdentity::for_ordinal(nodeset, ordinal, "test");
     let nodeset = round_trip("NodeSet", nodeset)?;
     let controller = round_trip("Controller", controller)?;
-    round_trip("Pod", &B::build_pod(&BuildContext::default(), &nodeset, &controller, &identity)?)
+    round_trip(
+        "Pod",
+        &B::build_pod(&BuildContext::default(), &nodeset, &controller, &identity)?,
+    )
 }
 
 #[cfg(test)]

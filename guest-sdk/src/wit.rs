@@ -28,7 +28,9 @@ fn error(e: BuildError) -> w::BuildError {
 }
 
 fn context(ctx: w::BuildContext) -> BuildContext {
-    BuildContext { cluster_domain: ctx.cluster_domain }
+    BuildContext {
+        cluster_domain: ctx.cluster_domain,
+    }
 }
 
 #[doc(hidden)]
@@ -83,5 +85,7 @@ pub fn call_pod<T: NodeSetPodBuilder>(
 
 #[doc(hidden)]
 pub fn unsupported(kind: &str) -> Result<String, w::BuildError> {
-    Err(w::BuildError::Unsupported(format!("this plugin does not build {kind}")))
+    Err(w::BuildError::Unsupported(format!(
+        "this plugin does not build {kind}"
+    )))
 }

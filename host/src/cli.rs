@@ -30,13 +30,29 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "SLINKY_HOST_LOG_LEVEL", default_value = "warn")]
     pub log_level: String,
     /// Log format.
-    #[arg(long, global = true, env = "SLINKY_HOST_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "SLINKY_HOST_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
     /// Deadline of one plugin call, in milliseconds.
-    #[arg(long, global = true, env = "SLINKY_HOST_PLUGIN_DEADLINE_MS", default_value_t = 1000)]
+    #[arg(
+        long,
+        global = true,
+        env = "SLINKY_HOST_PLUGIN_DEADLINE_MS",
+        default_value_t = 1000
+    )]
     pub plugin_deadline_ms: u64,
     /// Memory cap of one plugin call, in MiB.
-    #[arg(long, global = true, env = "SLINKY_HOST_PLUGIN_MEMORY_MIB", default_value_t = 64)]
+    #[arg(
+        long,
+        global = true,
+        env = "SLINKY_HOST_PLUGIN_MEMORY_MIB",
+        default_value_t = 64
+    )]
     pub plugin_memory_mib: usize,
     /// Directory of precompiled plugins (default: $XDG_CACHE_HOME/slinky-host/components).
     #[arg(long, global = true, env = "SLINKY_HOST_PLUGIN_CACHE")]
@@ -71,6 +87,44 @@ pub enum Command {
     /// Work with plugin files.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Run the embedded Kubernetes API server alone (for kubectl and experiments).
+    Apiserver(ApiserverArgs),
+    /// Print the CustomResourceDefinitions of the Slinky kinds (YAML).
+    Crds,
+}
+
+/// `apiserver` options.
+#[derive(Debug, Args)]
+pub struct ApiserverArgs {
+    /// Port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, env = "SLINKY_HOST_APISERVER_PORT", default_value_t = 6443)]
+    pub port: u16,
+    /// Write a kubeconfig for the server here.
+    #[arg(
+        long,
+        env = "SLINKY_HOST_KUBECONFIG_OUT",
+        default_value = "embedded.kubeconfig"
+    )]
+    pub kubeconfig_out: PathBuf,
+    /// Events kept for watches; older resourceVersions get 410 Gone.
+    #[arg(long, env = "SLINKY_HOST_WATCH_WINDOW", default_value_t = 10_000)]
+    pub watch_window: usize,
+    /// Simulate pod scheduling and readiness on this many nodes (0: off).
+    #[arg(long, env = "SLINKY_HOST_SIMULATE_NODES", default_value_t = 3)]
+    pub simulate_nodes: usize,
+    /// Fault rules `verb:resource:error:times[:after]`, e.g. `create:pods:500:0.1`,
+    /// `update:nodesets/status:409:count=5`, `create:pods:timeout:count=2:after`.
+    #[arg(long = "fault", env = "SLINKY_HOST_FAULTS", value_delimiter = ',')]
+    pub faults: Vec<String>,
+    /// Seed of the fault RNG (replays the same faults for the same requests).
+    #[arg(long, env = "SLINKY_HOST_FAULT_SEED", default_value_t = 0)]
+    pub fault_seed: u64,
+    /// Latency added to every request, in milliseconds.
+    #[arg(long, env = "SLINKY_HOST_LATENCY_MS", default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Delay of every watch event, in milliseconds.
+    #[arg(long, env = "SLINKY_HOST_WATCH_DELAY_MS", default_value_t = 0)]
+    pub watch_delay_ms: u64,
 }
 
 /// Output formats of `render`.
@@ -114,28 +168,93 @@ pub enum PluginCommand {
 /// # Errors
 /// Whatever the command fails with, with context naming the input.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    let engine = EngineHandle::new(cli.global.runtime_config())?;
+    let engine = || EngineHandle::new(cli.global.runtime_config());
     match cli.command {
-        Command::Render(args) => render_cmd(&engine, args),
-        Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine, &path),
+        Command::Render(args) => render_cmd(&engine()?, args),
+        Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine()?, &path),
+        Command::Apiserver(args) => apiserver(args),
+        Command::Crds => {
+            let text = crate::crds::crds_yaml()?;
+            std::io::stdout()
+                .lock()
+                .write_all(text.as_bytes())
+                .context("cannot write to stdout")?;
+            Ok(())
+        }
     }
+}
+
+fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
+    use crate::embedded::{ApiServer, ApiServerConfig, FaultRule, LifecycleConfig};
+    let rules = args
+        .faults
+        .iter()
+        .map(|f| FaultRule::parse(f))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let config = ApiServerConfig {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], args.port)),
+            watch_window: args.watch_window,
+            fault_seed: args.fault_seed,
+            lifecycle: (args.simulate_nodes > 0).then(|| LifecycleConfig {
+                nodes: args.simulate_nodes,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let server = ApiServer::start(config)
+            .await
+            .with_context(|| format!("cannot listen on 127.0.0.1:{}", args.port))?;
+        for rule in rules {
+            server.faults().add(rule);
+        }
+        server
+            .faults()
+            .set_latency(Duration::from_millis(args.latency_ms));
+        server
+            .faults()
+            .set_watch_delay(Duration::from_millis(args.watch_delay_ms));
+        server
+            .write_kubeconfig(&args.kubeconfig_out)
+            .with_context(|| format!("cannot write the kubeconfig to {}", args.kubeconfig_out.display()))?;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "embedded API server at {}", server.url())?;
+        writeln!(out, "kubeconfig: {}", args.kubeconfig_out.display())?;
+        writeln!(
+            out,
+            "try: kubectl --kubeconfig {} get namespaces",
+            args.kubeconfig_out.display()
+        )?;
+        drop(out);
+        tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
+        server.shutdown().await;
+        Ok(())
+    })
 }
 
 fn render_cmd(engine: &Arc<EngineHandle>, args: RenderArgs) -> anyhow::Result<()> {
     let manifests = render::read_manifests(&args.files)?;
     let registry = PluginRegistry::new(engine, &args.plugins)?;
-    let ctx = crate::BuildContext { cluster_domain: args.cluster_domain };
+    let ctx = crate::BuildContext {
+        cluster_domain: args.cluster_domain,
+    };
     let children = render::render(&manifests, &registry, &ctx)?;
     let text = match args.output {
         OutputFormat::Yaml => render::to_yaml(&children)?,
         OutputFormat::Json => serde_json::to_string_pretty(&render::to_json_list(&children))? + "\n",
     };
-    std::io::stdout().lock().write_all(text.as_bytes()).context("cannot write to stdout")?;
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .context("cannot write to stdout")?;
     Ok(())
 }
 
 fn inspect(engine: &Arc<EngineHandle>, path: &std::path::Path) -> anyhow::Result<()> {
-    let plugin = Plugin::load_file(engine, path).with_context(|| format!("cannot load {}", path.display()))?;
+    let plugin =
+        Plugin::load_file(engine, path).with_context(|| format!("cannot load {}", path.display()))?;
     let info = plugin.info();
     let report = serde_json::json!({
         "name": info.name,
@@ -147,6 +266,9 @@ fn inspect(engine: &Arc<EngineHandle>, path: &std::path::Path) -> anyhow::Result
         "source": match plugin.source() { PluginSource::Bundled => "bundled".to_string(), PluginSource::File(p) => p.display().to_string() },
     });
     let text = serde_yaml::to_string(&report)?;
-    std::io::stdout().lock().write_all(text.as_bytes()).context("cannot write to stdout")?;
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .context("cannot write to stdout")?;
     Ok(())
 }

@@ -6,6 +6,8 @@
 //! copies of objects.
 
 pub mod cli;
+pub mod crds;
+pub mod embedded;
 /// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.
 pub mod plugins;
 pub mod render;

@@ -42,7 +42,9 @@ pub enum RenderError {
         reason: String,
     },
     /// A NodeSet's Controller is not among the inputs.
-    #[error("{at}: NodeSet {nodeset} references Controller {controller}, which is not in the input; add it (render needs the Controller to build pods)")]
+    #[error(
+        "{at}: NodeSet {nodeset} references Controller {controller}, which is not in the input; add it (render needs the Controller to build pods)"
+    )]
     MissingController {
         /// Where the NodeSet is.
         at: String,
@@ -60,7 +62,7 @@ pub enum RenderError {
         object: String,
         /// The plugin error.
         #[source]
-        source: PluginError,
+        source: Box<PluginError>,
     },
 }
 
@@ -121,7 +123,10 @@ impl Child {
 pub fn read_manifests(paths: &[PathBuf]) -> Result<Vec<Manifest>, RenderError> {
     let mut out = Vec::new();
     for path in paths {
-        let text = std::fs::read_to_string(path).map_err(|source| RenderError::Read { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| RenderError::Read {
+            path: path.clone(),
+            source,
+        })?;
         out.extend(parse_manifests(path, &text)?);
     }
     Ok(out)
@@ -143,7 +148,10 @@ pub fn parse_manifests(path: &Path, text: &str) -> Result<Vec<Manifest>, RenderE
         } else {
             path.display().to_string()
         };
-        let value = Value::deserialize(doc).map_err(|e| RenderError::Parse { at: at.clone(), reason: e.to_string() })?;
+        let value = Value::deserialize(doc).map_err(|e| RenderError::Parse {
+            at: at.clone(),
+            reason: e.to_string(),
+        })?;
         if value.is_null() {
             continue;
         }
@@ -153,12 +161,25 @@ pub fn parse_manifests(path: &Path, text: &str) -> Result<Vec<Manifest>, RenderE
 }
 
 fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), RenderError> {
-    let invalid = |reason: String| RenderError::Invalid { at: at.to_string(), reason };
-    let field = |f: &str| value.get(f).and_then(Value::as_str).unwrap_or_default().to_string();
+    let invalid = |reason: String| RenderError::Invalid {
+        at: at.to_string(),
+        reason,
+    };
+    let field = |f: &str| {
+        value
+            .get(f)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "List") => {
-            let items = value.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            let items = value
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             for (i, item) in items.into_iter().enumerate() {
                 push_object(&format!("{at} item {i}"), item, out)?;
             }
@@ -169,7 +190,10 @@ fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), Re
                 serde_json::from_value(value).map_err(|e| invalid(format!("invalid Controller: {e}")))?;
             default_namespace(&mut c.metadata);
             require_name(&c.metadata).map_err(invalid)?;
-            out.push(Manifest { at: at.to_string(), parent: Parent::Controller(Box::new(c)) });
+            out.push(Manifest {
+                at: at.to_string(),
+                parent: Parent::Controller(Box::new(c)),
+            });
             Ok(())
         }
         (API_VERSION, "NodeSet") => {
@@ -178,14 +202,20 @@ fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), Re
             default_namespace(&mut n.metadata);
             require_name(&n.metadata).map_err(invalid)?;
             if n.replicas() < 0 {
-                return Err(invalid(format!("NodeSet {}: spec.replicas is {}, it must be 0 or more", n.name_any(), n.replicas())));
+                return Err(invalid(format!(
+                    "NodeSet {}: spec.replicas is {}, it must be 0 or more",
+                    n.name_any(),
+                    n.replicas()
+                )));
             }
-            out.push(Manifest { at: at.to_string(), parent: Parent::NodeSet(Box::new(n)) });
+            out.push(Manifest {
+                at: at.to_string(),
+                parent: Parent::NodeSet(Box::new(n)),
+            });
             Ok(())
         }
         _ => Err(invalid(format!(
-            "unknown kind {:?} (apiVersion {:?}): render reads {API_VERSION} Controller and NodeSet objects",
-            kind, api_version
+            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller and NodeSet objects"
         ))),
     }
 }
@@ -212,7 +242,11 @@ fn key(ns: &str, name: &str) -> String {
 ///
 /// # Errors
 /// The first parent whose Controller is missing or whose builder fails.
-pub fn render(manifests: &[Manifest], plugins: &PluginRegistry, ctx: &BuildContext) -> Result<Vec<Child>, RenderError> {
+pub fn render(
+    manifests: &[Manifest],
+    plugins: &PluginRegistry,
+    ctx: &BuildContext,
+) -> Result<Vec<Child>, RenderError> {
     let controllers: Vec<&Controller> = manifests
         .iter()
         .filter_map(|m| match &m.parent {
@@ -229,11 +263,16 @@ pub fn render(manifests: &[Manifest], plugins: &PluginRegistry, ctx: &BuildConte
                     continue;
                 }
                 let plugin = plugins.active(BuilderKind::ControllerService);
-                let svc = plugin.build_service(ctx, c).map_err(|source| RenderError::Build {
-                    at: m.at.clone(),
-                    object: format!("Controller {}", key(&c.namespace().unwrap_or_default(), &c.name_any())),
-                    source,
-                })?;
+                let svc = plugin
+                    .build_service(ctx, c)
+                    .map_err(|source| RenderError::Build {
+                        at: m.at.clone(),
+                        object: format!(
+                            "Controller {}",
+                            key(&c.namespace().unwrap_or_default(), &c.name_any())
+                        ),
+                        source: Box::new(source),
+                    })?;
                 children.push(Child::Service(Box::new(svc)));
             }
             Parent::NodeSet(n) => {
@@ -251,11 +290,13 @@ pub fn render(manifests: &[Manifest], plugins: &PluginRegistry, ctx: &BuildConte
                 let revision = pod_revision(n, controller, plugin.digest());
                 for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
                     let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
-                    let pod = plugin.build_pod(ctx, n, controller, &identity).map_err(|source| RenderError::Build {
-                        at: m.at.clone(),
-                        object: format!("NodeSet {}", key(&ns, &n.name_any())),
-                        source,
-                    })?;
+                    let pod = plugin
+                        .build_pod(ctx, n, controller, &identity)
+                        .map_err(|source| RenderError::Build {
+                            at: m.at.clone(),
+                            object: format!("NodeSet {}", key(&ns, &n.name_any())),
+                            source: Box::new(source),
+                        })?;
                     children.push(Child::Pod(Box::new(pod)));
                 }
             }
@@ -269,7 +310,10 @@ pub fn render(manifests: &[Manifest], plugins: &PluginRegistry, ctx: &BuildConte
 /// # Errors
 /// A serializer failure.
 pub fn to_yaml(children: &[Child]) -> Result<String, serde_yaml::Error> {
-    let docs = children.iter().map(Child::to_yaml).collect::<Result<Vec<_>, _>>()?;
+    let docs = children
+        .iter()
+        .map(Child::to_yaml)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(docs.join("---\n"))
 }
 

@@ -61,13 +61,31 @@ mod tests {
     #[test]
     fn revision_follows_pod_inputs_only() {
         let controller = Controller::new("slurm", ControllerSpec::default());
-        let mut ns = NodeSet::new("w", NodeSetSpec { replicas: Some(1), ..Default::default() });
+        let mut ns = NodeSet::new(
+            "w",
+            NodeSetSpec {
+                replicas: Some(1),
+                ..Default::default()
+            },
+        );
         let base = pod_revision(&ns, &controller, "d1");
         assert_eq!(base.len(), 10);
         ns.spec.replicas = Some(5);
-        assert_eq!(pod_revision(&ns, &controller, "d1"), base, "scaling does not roll pods");
-        assert_ne!(pod_revision(&ns, &controller, "d2"), base, "a new builder rolls pods");
+        assert_eq!(
+            pod_revision(&ns, &controller, "d1"),
+            base,
+            "scaling does not roll pods"
+        );
+        assert_ne!(
+            pod_revision(&ns, &controller, "d2"),
+            base,
+            "a new builder rolls pods"
+        );
         ns.spec.extra_conf = Some("Weight=1".into());
-        assert_ne!(pod_revision(&ns, &controller, "d1"), base, "a pod field rolls pods");
+        assert_ne!(
+            pod_revision(&ns, &controller, "d1"),
+            base,
+            "a pod field rolls pods"
+        );
     }
 }

@@ -34,7 +34,9 @@ pub fn wat(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     // Write atomically: several test binaries may assemble the same file at once.
     let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &out)).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, &out))
+        .unwrap_or_else(|e| panic!("{}: {e}", out.display()));
     out
 }
 
@@ -54,14 +56,22 @@ fn target_dir() -> PathBuf {
 /// The `slinky-host` binary of this build (built by cargo because `host/tests/cli.rs` exists).
 pub fn binary() -> PathBuf {
     let exe = std::env::current_exe().ok();
-    let dir = exe.as_deref().and_then(|e| e.ancestors().nth(2)).map(Path::to_path_buf);
-    dir.unwrap_or_else(|| target_dir().join("debug")).join("slinky-host")
+    let dir = exe
+        .as_deref()
+        .and_then(|e| e.ancestors().nth(2))
+        .map(Path::to_path_buf);
+    dir.unwrap_or_else(|| target_dir().join("debug"))
+        .join("slinky-host")
 }
 
 /// Run the binary with `args` (and the shared plugin cache).
 pub fn run(args: &[&str]) -> Output {
     let bin = binary();
-    assert!(bin.is_file(), "{} is missing: run the tests with `cargo test --workspace`", bin.display());
+    assert!(
+        bin.is_file(),
+        "{} is missing: run the tests with `cargo test --workspace`",
+        bin.display()
+    );
     Command::new(&bin)
         .args(args)
         .env("SLINKY_HOST_PLUGIN_CACHE", cache_dir())

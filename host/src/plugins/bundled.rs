@@ -49,7 +49,10 @@ impl PluginRegistry {
                 if let Some(previous) = slot {
                     return Err(PluginError::Refused {
                         plugin: path.display().to_string(),
-                        reason: format!("{} also builds {kind}; give one plugin per builder kind", previous.source()),
+                        reason: format!(
+                            "{} also builds {kind}; give one plugin per builder kind",
+                            previous.source()
+                        ),
                     });
                 }
                 *slot = Some(plugin.clone());
@@ -93,7 +96,10 @@ impl PluginRegistry {
     /// [`PluginError::NotAKind`] when the plugin does not build `kind`.
     pub fn swap(&self, kind: BuilderKind, plugin: Plugin) -> Result<Plugin, PluginError> {
         if !plugin.builds(kind) {
-            return Err(PluginError::NotAKind { plugin: plugin.label(), kind });
+            return Err(PluginError::NotAKind {
+                plugin: plugin.label(),
+                kind,
+            });
         }
         let mut slot = match self.slot(kind).write() {
             Ok(s) => s,

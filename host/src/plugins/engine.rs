@@ -165,7 +165,11 @@ impl EngineHandle {
 
     /// Epoch ticks for the call deadline (rounded up, at least 1).
     pub(crate) fn deadline_ticks(&self) -> u64 {
-        let ticks = self.config.call_deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos());
+        let ticks = self
+            .config
+            .call_deadline
+            .as_nanos()
+            .div_ceil(EPOCH_TICK.as_nanos());
         u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
     }
 
@@ -174,7 +178,12 @@ impl EngineHandle {
     ///
     /// # Errors
     /// [`PluginError::Compile`] when the bytes are not a valid component.
-    pub fn component(&self, name: &str, digest: &str, bytes: &[u8]) -> Result<(Component, CompileSource), PluginError> {
+    pub fn component(
+        &self,
+        name: &str,
+        digest: &str,
+        bytes: &[u8],
+    ) -> Result<(Component, CompileSource), PluginError> {
         if let Some(c) = self.compiled.lock().map_err(poisoned)?.get(digest) {
             return Ok((c.clone(), CompileSource::Memory));
         }
@@ -182,17 +191,23 @@ impl EngineHandle {
         let (component, source) = match cached.as_deref().and_then(|p| self.load_cached(p)) {
             Some(c) => (c, CompileSource::Disk),
             None => {
-                let precompiled = self.engine.precompile_component(bytes).map_err(|e| PluginError::Compile {
-                    plugin: name.to_string(),
-                    reason: format!("{e:#}"),
-                })?;
+                let precompiled =
+                    self.engine
+                        .precompile_component(bytes)
+                        .map_err(|e| PluginError::Compile {
+                            plugin: name.to_string(),
+                            reason: format!("{e:#}"),
+                        })?;
                 if let Some(path) = &cached {
                     store_cached(path, &precompiled);
                 }
                 (self.deserialize(&precompiled, name)?, CompileSource::Compiled)
             }
         };
-        self.compiled.lock().map_err(poisoned)?.insert(digest.to_string(), component.clone());
+        self.compiled
+            .lock()
+            .map_err(poisoned)?
+            .insert(digest.to_string(), component.clone());
         Ok((component, source))
     }
 
@@ -215,14 +230,19 @@ impl EngineHandle {
         }
     }
 
-    #[allow(unsafe_code, reason = "deserializing artifacts of our own engine; see the safety note")]
+    #[allow(
+        unsafe_code,
+        reason = "deserializing artifacts of our own engine; see the safety note"
+    )]
     fn deserialize(&self, precompiled: &[u8], name: &str) -> Result<Component, PluginError> {
         // SAFETY: `precompiled` was produced by `precompile_component` of this engine, or of an
         // engine with the same compatibility hash (it is in the cache file's name), and stored
         // atomically (unique temp file + rename) in the host's private cache directory. wasmtime
         // checks the header and refuses artifacts of another version or configuration.
-        unsafe { Component::deserialize(&self.engine, precompiled) }
-            .map_err(|e| PluginError::Compile { plugin: name.to_string(), reason: format!("{e:#}") })
+        unsafe { Component::deserialize(&self.engine, precompiled) }.map_err(|e| PluginError::Compile {
+            plugin: name.to_string(),
+            reason: format!("{e:#}"),
+        })
     }
 }
 

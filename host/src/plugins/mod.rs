@@ -42,7 +42,9 @@ pub struct BuildContext {
 
 impl Default for BuildContext {
     fn default() -> Self {
-        BuildContext { cluster_domain: "cluster.local".into() }
+        BuildContext {
+            cluster_domain: "cluster.local".into(),
+        }
     }
 }
 
@@ -122,7 +124,9 @@ pub enum PluginError {
         source: std::io::Error,
     },
     /// The bytes are not a valid component for this engine.
-    #[error("plugin {plugin} is not a loadable wasm component: {reason} (build it with `cargo build --target wasm32-wasip2`)")]
+    #[error(
+        "plugin {plugin} is not a loadable wasm component: {reason} (build it with `cargo build --target wasm32-wasip2`)"
+    )]
     Compile {
         /// The plugin.
         plugin: String,
@@ -181,7 +185,11 @@ pub enum PluginError {
 
 fn stderr_suffix(stderr: &str) -> String {
     let s = stderr.trim();
-    if s.is_empty() { String::new() } else { format!("; guest stderr: {s}") }
+    if s.is_empty() {
+        String::new()
+    } else {
+        format!("; guest stderr: {s}")
+    }
 }
 
 impl PluginError {
@@ -192,8 +200,14 @@ impl PluginError {
             PluginError::Read { .. } => "read",
             PluginError::Compile { .. } => "compile",
             PluginError::Refused { .. } => "refused",
-            PluginError::Trap { cause: TrapCause::Deadline(_), .. } => "deadline",
-            PluginError::Trap { cause: TrapCause::MemoryCap(_), .. } => "memory_cap",
+            PluginError::Trap {
+                cause: TrapCause::Deadline(_),
+                ..
+            } => "deadline",
+            PluginError::Trap {
+                cause: TrapCause::MemoryCap(_),
+                ..
+            } => "memory_cap",
             PluginError::Trap { .. } => "trap",
             PluginError::Build { .. } => "build_error",
             PluginError::Rejected { .. } => "rejected",
@@ -231,7 +245,10 @@ struct CallState {
 
 impl WasiView for CallState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -242,13 +259,23 @@ struct CallLimits {
 }
 
 impl ResourceLimiter for CallLimits {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         let ok = desired <= self.memory;
         self.hit |= !ok;
         Ok(ok)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _max: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 20)
     }
 }
@@ -320,7 +347,10 @@ impl Plugin {
     /// [`PluginError`] when the file can't be read, compiled, instantiated or described, or speaks
     /// another contract version.
     pub fn load_file(engine: &Arc<EngineHandle>, path: &std::path::Path) -> Result<Plugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::load(engine, &bytes, PluginSource::File(path.to_path_buf()))
     }
 
@@ -328,10 +358,17 @@ impl Plugin {
     ///
     /// # Errors
     /// As [`Plugin::load_file`].
-    pub fn load(engine: &Arc<EngineHandle>, bytes: &[u8], source: PluginSource) -> Result<Plugin, PluginError> {
+    pub fn load(
+        engine: &Arc<EngineHandle>,
+        bytes: &[u8],
+        source: PluginSource,
+    ) -> Result<Plugin, PluginError> {
         let label = source.to_string();
         let digest = digest(bytes);
-        let refused = |reason: String| PluginError::Refused { plugin: label.clone(), reason };
+        let refused = |reason: String| PluginError::Refused {
+            plugin: label.clone(),
+            reason,
+        };
         if !bytes.starts_with(b"\0asm") {
             return Err(refused("not a wasm file (no `\\0asm` header)".into()));
         }
@@ -341,9 +378,9 @@ impl Plugin {
         let mut linker: Linker<CallState> = Linker::new(&engine.engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| PluginError::Engine(format!("cannot link WASI: {e:#}")))?;
-        let pre = linker.instantiate_pre(&component).map_err(|e| {
-            refused(format!("it imports something this host does not provide: {e:#}"))
-        })?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .map_err(|e| refused(format!("it imports something this host does not provide: {e:#}")))?;
         let plugin_idx = bindings::plugin::GuestIndices::new(&pre).map_err(|e| refused(format!("{e:#}")))?;
 
         // Describe, in a sandbox like any call.
@@ -368,7 +405,9 @@ impl Plugin {
         let mut pod = None;
         for kind in &info.kinds {
             let missing = |e: wasmtime::Error| {
-                refused(format!("describe() lists {kind} but the component does not export it: {e:#}"))
+                refused(format!(
+                    "describe() lists {kind} but the component does not export it: {e:#}"
+                ))
             };
             match kind {
                 BuilderKind::ControllerService => {
@@ -429,19 +468,34 @@ impl Plugin {
     ///
     /// # Errors
     /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
-    #[allow(clippy::ptr_arg, reason = "the generated binding takes the WIT `json` (a String) by reference")]
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
     pub fn build_service_raw(&self, ctx: &BuildContext, controller: &String) -> Result<String, PluginError> {
         const CALL: &str = "build-service";
-        let idx = self.inner.service.as_ref().ok_or_else(|| self.not_a_kind(BuilderKind::ControllerService))?;
-        let wctx = bindings::BuildContext { cluster_domain: ctx.cluster_domain.clone() };
-        self.call(CALL, |store, instance| idx.load(&mut *store, instance)?.call_build_service(store, &wctx, controller))
+        let idx = self
+            .inner
+            .service
+            .as_ref()
+            .ok_or_else(|| self.not_a_kind(BuilderKind::ControllerService))?;
+        let wctx = bindings::BuildContext {
+            cluster_domain: ctx.cluster_domain.clone(),
+        };
+        self.call(CALL, |store, instance| {
+            idx.load(&mut *store, instance)?
+                .call_build_service(store, &wctx, controller)
+        })
     }
 
     /// Call `build-pod` and return the raw JSON text, with no output policy applied.
     ///
     /// # Errors
     /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
-    #[allow(clippy::ptr_arg, reason = "the generated binding takes the WIT `json` (a String) by reference")]
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
     pub fn build_pod_raw(
         &self,
         ctx: &BuildContext,
@@ -450,8 +504,14 @@ impl Plugin {
         identity: &PodIdentity,
     ) -> Result<String, PluginError> {
         const CALL: &str = "build-pod";
-        let idx = self.inner.pod.as_ref().ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
-        let wctx = bindings::BuildContext { cluster_domain: ctx.cluster_domain.clone() };
+        let idx = self
+            .inner
+            .pod
+            .as_ref()
+            .ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
+        let wctx = bindings::BuildContext {
+            cluster_domain: ctx.cluster_domain.clone(),
+        };
         let wid = bindings::PodIdentity {
             ordinal: identity.ordinal,
             name: identity.name.clone(),
@@ -459,8 +519,18 @@ impl Plugin {
             revision: identity.revision.clone(),
         };
         self.call(CALL, |store, instance| {
-            idx.load(&mut *store, instance)?.call_build_pod(store, &wctx, nodeset, controller, &wid)
+            idx.load(&mut *store, instance)?
+                .call_build_pod(store, &wctx, nodeset, controller, &wid)
         })
+    }
+
+    /// Create a fresh store and instance and drop them (for benchmarks).
+    ///
+    /// # Errors
+    /// A [`PluginError::Trap`] when instantiation traps.
+    #[doc(hidden)]
+    pub fn instantiate_only(&self) -> Result<(), PluginError> {
+        instantiate(&self.inner.engine, &self.inner.pre, &self.label(), "instantiate").map(drop)
     }
 
     /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
@@ -470,8 +540,11 @@ impl Plugin {
     pub fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
         let input = self.input("build-service", controller)?;
         let raw = self.build_service_raw(ctx, &input)?;
-        policy::service(&raw, controller, self)
-            .map_err(|reason| PluginError::Rejected { plugin: self.label(), call: "build-service", reason })
+        policy::service(&raw, controller, self).map_err(|reason| PluginError::Rejected {
+            plugin: self.label(),
+            call: "build-service",
+            reason,
+        })
     }
 
     /// Build one pod of a NodeSet: serialize copies, call the plugin, apply the output policy.
@@ -488,8 +561,11 @@ impl Plugin {
         let ns_json = self.input("build-pod", nodeset)?;
         let ctl_json = self.input("build-pod", controller)?;
         let raw = self.build_pod_raw(ctx, &ns_json, &ctl_json, identity)?;
-        policy::pod(&raw, nodeset, identity, self)
-            .map_err(|reason| PluginError::Rejected { plugin: self.label(), call: "build-pod", reason })
+        policy::pod(&raw, nodeset, identity, self).map_err(|reason| PluginError::Rejected {
+            plugin: self.label(),
+            call: "build-pod",
+            reason,
+        })
     }
 
     fn input<T: serde::Serialize>(&self, call: &'static str, obj: &T) -> Result<String, PluginError> {
@@ -501,12 +577,18 @@ impl Plugin {
     }
 
     fn not_a_kind(&self, kind: BuilderKind) -> PluginError {
-        PluginError::NotAKind { plugin: self.label(), kind }
+        PluginError::NotAKind {
+            plugin: self.label(),
+            kind,
+        }
     }
 
     fn call<F>(&self, call: &'static str, f: F) -> Result<String, PluginError>
     where
-        F: FnOnce(&mut Store<CallState>, &wasmtime::component::Instance) -> wasmtime::Result<Result<String, bindings::BuildError>>,
+        F: FnOnce(
+            &mut Store<CallState>,
+            &wasmtime::component::Instance,
+        ) -> wasmtime::Result<Result<String, bindings::BuildError>>,
     {
         let label = self.label();
         let engine = &self.inner.engine;
@@ -527,7 +609,10 @@ impl Plugin {
             return Err(PluginError::Rejected {
                 plugin: label,
                 call,
-                reason: format!("the output is {} bytes, more than the {MAX_OUTPUT_BYTES} allowed", json.len()),
+                reason: format!(
+                    "the output is {} bytes, more than the {MAX_OUTPUT_BYTES} allowed",
+                    json.len()
+                ),
             });
         }
         Ok(json)
@@ -541,7 +626,10 @@ fn instantiate(
     label: &str,
     call: &'static str,
 ) -> Result<(Store<CallState>, wasmtime::component::Instance), PluginError> {
-    let (stdout, stderr) = (MemoryOutputPipe::new(OUTPUT_CAP), MemoryOutputPipe::new(OUTPUT_CAP));
+    let (stdout, stderr) = (
+        MemoryOutputPipe::new(OUTPUT_CAP),
+        MemoryOutputPipe::new(OUTPUT_CAP),
+    );
     let wasi = WasiCtx::builder()
         .stdout(stdout.clone())
         .stderr(stderr.clone())
@@ -557,7 +645,10 @@ fn instantiate(
     let state = CallState {
         wasi,
         table: ResourceTable::new(),
-        limits: CallLimits { memory: engine.config.memory_limit, hit: false },
+        limits: CallLimits {
+            memory: engine.config.memory_limit,
+            hit: false,
+        },
         stdout,
         stderr,
     };
@@ -565,7 +656,9 @@ fn instantiate(
     store.limiter(|s| &mut s.limits);
     store.set_epoch_deadline(engine.deadline_ticks());
     store.epoch_deadline_trap();
-    let instance = pre.instantiate(&mut store).map_err(|e| trap_error(label, call, e, &store, engine))?;
+    let instance = pre
+        .instantiate(&mut store)
+        .map_err(|e| trap_error(label, call, e, &store, engine))?;
     Ok((store, instance))
 }
 
@@ -590,20 +683,34 @@ fn trap_error(
 ) -> PluginError {
     let cause = if store.data().limits.hit {
         TrapCause::MemoryCap(engine.config.memory_limit)
-    } else if matches!(error.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
+    } else if matches!(
+        error.downcast_ref::<wasmtime::Trap>(),
+        Some(wasmtime::Trap::Interrupt)
+    ) {
         TrapCause::Deadline(engine.config.call_deadline)
     } else {
         TrapCause::Trap(format!("{error:#}"))
     };
-    PluginError::Trap { plugin: label.to_string(), call, cause, stderr: stdio(store).1 }
+    PluginError::Trap {
+        plugin: label.to_string(),
+        call,
+        cause,
+        stderr: stdio(store).1,
+    }
 }
 
 /// Refuse components that speak another contract version or none, before anything runs.
-fn check_contract(engine: &wasmtime::Engine, component: &wasmtime::component::Component) -> Result<(), String> {
-    let exports: Vec<String> =
-        component.component_type().exports(engine).map(|(name, _)| name.to_string()).collect();
+fn check_contract(
+    engine: &wasmtime::Engine,
+    component: &wasmtime::component::Component,
+) -> Result<(), String> {
+    let exports: Vec<String> = component
+        .component_type()
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
     let wanted = bindings::export_name("plugin");
-    if exports.iter().any(|e| *e == wanted) {
+    if exports.contains(&wanted) {
         return Ok(());
     }
     let prefix = format!("{}/", bindings::PACKAGE);

@@ -46,7 +46,11 @@ pub fn service(raw: &str, controller: &Controller, plugin: &Plugin) -> Result<Se
     if let Err(why) = dns1035_label(&name) {
         return Err(format!("the Service name {name:?} is invalid: {why}"));
     }
-    let selector = svc.spec.as_ref().and_then(|s| s.selector.clone()).unwrap_or_default();
+    let selector = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
     require_labels("spec.selector", &selector, &controller_selector(controller))?;
     svc.status = None;
     Ok(svc)
@@ -61,7 +65,10 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
     finish_meta(&mut pod.metadata, nodeset, plugin)?;
     let name = pod.metadata.name.clone().unwrap_or_default();
     if name != identity.name {
-        return Err(format!("the pod is named {name:?}, but pod {:?} was asked for", identity.name));
+        return Err(format!(
+            "the pod is named {name:?}, but pod {:?} was asked for",
+            identity.name
+        ));
     }
     if pod.spec.as_ref().is_none_or(|s| s.containers.is_empty()) {
         return Err("the pod has no containers".into());
@@ -75,7 +82,13 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
 
 fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, String> {
     let value: Value = serde_json::from_str(raw).map_err(|e| format!("the output is not JSON: {e}"))?;
-    let field = |f: &str| value.get(f).and_then(Value::as_str).unwrap_or("<missing>").to_string();
+    let field = |f: &str| {
+        value
+            .get(f)
+            .and_then(Value::as_str)
+            .unwrap_or("<missing>")
+            .to_string()
+    };
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     if api_version != K::API_VERSION || kind != K::KIND {
         return Err(format!(
@@ -96,7 +109,9 @@ where
         None | Some("") => meta.namespace = Some(parent_ns),
         Some(ns) if ns == parent_ns => {}
         Some(ns) => {
-            return Err(format!("the object is in namespace {ns:?}, but its parent is in {parent_ns:?}"));
+            return Err(format!(
+                "the object is in namespace {ns:?}, but its parent is in {parent_ns:?}"
+            ));
         }
     }
     let server_owned = [
@@ -106,7 +121,9 @@ where
         ("metadata.deletionTimestamp", meta.deletion_timestamp.is_some()),
     ];
     if let Some((field, _)) = server_owned.iter().find(|(_, set)| *set) {
-        return Err(format!("{field} is set by the API server; a builder must not set it"));
+        return Err(format!(
+            "{field} is set by the API server; a builder must not set it"
+        ));
     }
     let name = meta.name.clone().unwrap_or_default();
     if let Err(why) = dns1123_subdomain(&name) {
@@ -124,7 +141,10 @@ where
     });
     let annotations = meta.annotations.get_or_insert_default();
     annotations.insert(keys::ANNOTATION_BUILDER.to_string(), plugin.label());
-    annotations.insert(keys::ANNOTATION_BUILDER_DIGEST.to_string(), format!("sha256:{}", plugin.digest()));
+    annotations.insert(
+        keys::ANNOTATION_BUILDER_DIGEST.to_string(),
+        format!("sha256:{}", plugin.digest()),
+    );
     Ok(())
 }
 
@@ -153,7 +173,10 @@ pub fn dns1123_subdomain(name: &str) -> Result<(), String> {
         return Err("it is empty".into());
     }
     if name.len() > 253 {
-        return Err(format!("it is {} characters long, at most 253 are allowed", name.len()));
+        return Err(format!(
+            "it is {} characters long, at most 253 are allowed",
+            name.len()
+        ));
     }
     for label in name.split('.') {
         dns_label_chars(label)?;
@@ -168,7 +191,10 @@ pub fn dns1123_subdomain(name: &str) -> Result<(), String> {
 /// What is wrong.
 pub fn dns1035_label(name: &str) -> Result<(), String> {
     if name.len() > 63 {
-        return Err(format!("it is {} characters long, at most 63 are allowed", name.len()));
+        return Err(format!(
+            "it is {} characters long, at most 63 are allowed",
+            name.len()
+        ));
     }
     dns_label_chars(name)?;
     if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
@@ -184,7 +210,9 @@ fn dns_label_chars(label: &str) -> Result<(), String> {
         return Err(format!("the part {label:?} must be 1 to 63 characters"));
     }
     if let Some(bad) = label.chars().find(|c| !ok_char(*c)) {
-        return Err(format!("it contains {bad:?}; only lower-case letters, digits and '-' are allowed"));
+        return Err(format!(
+            "it contains {bad:?}; only lower-case letters, digits and '-' are allowed"
+        ));
     }
     if !label.starts_with(edge) || !label.ends_with(edge) {
         return Err("it must start and end with a lower-case letter or digit".into());

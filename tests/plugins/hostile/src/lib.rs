@@ -67,7 +67,11 @@ impl NodeSetPodBuilder for Hostile {
                 std::hint::black_box(&v);
             }
             "panic" => panic!("hostile plugin panicked on purpose"),
-            "error" => return Err(BuildError::invalid("spec.hostile: the hostile plugin refuses this NodeSet")),
+            "error" => {
+                return Err(BuildError::invalid(
+                    "spec.hostile: the hostile plugin refuses this NodeSet",
+                ));
+            }
             "print" => {
                 println!("hello from stdout");
                 eprintln!("hello from stderr");

@@ -1,0 +1,22 @@
+//! The CustomResourceDefinitions of the Slinky kinds, generated from the shared API types.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use slinky_api::{Controller, NodeSet};
+
+/// The CRDs, in install order.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    vec![Controller::crd(), NodeSet::crd()]
+}
+
+/// The CRDs as multi-document YAML.
+///
+/// # Errors
+/// A serializer failure.
+pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+    let docs = crds()
+        .iter()
+        .map(serde_yaml::to_string)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
+}

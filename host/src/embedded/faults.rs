@@ -1,0 +1,317 @@
+//! Fault injection: seeded, so a failing run can be replayed. Rules match a verb and a resource
+//! and fire with a probability or a fixed number of times; faults fire before the request is
+//! served (nothing changes), or after it (the change is made, the client sees an error, like a
+//! timed-out create). Plus added latency, delayed watch delivery, closing watch streams and a
+//! forced `410 Gone` on the next watches.
+
+use std::{
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::sync::watch;
+
+/// The error a rule injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultError {
+    /// 409 Conflict (as if the object changed meanwhile).
+    Conflict,
+    /// 500 Internal Server Error.
+    Internal,
+    /// 429 Too Many Requests with `Retry-After` seconds.
+    TooManyRequests(u64),
+    /// 504 Gateway Timeout ("the request timed out"): with `after`, the write still happened.
+    Timeout,
+}
+
+/// How often a rule fires.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Times {
+    /// With this probability (0..=1) per matching request.
+    Probability(f64),
+    /// The next N matching requests.
+    Count(u32),
+}
+
+/// One fault rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultRule {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, or `*`.
+    pub verb: String,
+    /// A resource plural (`pods`), `pods/status`, or `*`.
+    pub resource: String,
+    /// The error.
+    pub error: FaultError,
+    /// How often.
+    pub times: Times,
+    /// Serve the request first, then fail it.
+    pub after: bool,
+}
+
+impl FaultRule {
+    /// A rule failing `verb` on `resource` before it is served.
+    pub fn new(verb: &str, resource: &str, error: FaultError, times: Times) -> Self {
+        FaultRule {
+            verb: verb.into(),
+            resource: resource.into(),
+            error,
+            times,
+            after: false,
+        }
+    }
+
+    /// The same rule, failing after the request was served.
+    pub fn after(mut self) -> Self {
+        self.after = true;
+        self
+    }
+
+    /// Parse `verb:resource:error:times[:after]`, e.g. `create:pods:500:0.2` or
+    /// `update:nodesets/status:409:count=5` or `create:pods:timeout:count=3:after`.
+    ///
+    /// # Errors
+    /// What part is malformed.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        if !(4..=5).contains(&parts.len()) {
+            return Err(format!("fault {s:?}: expected verb:resource:error:times[:after]"));
+        }
+        let error = match parts[2] {
+            "409" => FaultError::Conflict,
+            "500" => FaultError::Internal,
+            "timeout" | "504" => FaultError::Timeout,
+            e if e.starts_with("429") => {
+                FaultError::TooManyRequests(e.strip_prefix("429/").and_then(|r| r.parse().ok()).unwrap_or(1))
+            }
+            e => {
+                return Err(format!(
+                    "fault {s:?}: unknown error {e:?} (409, 500, 429[/seconds], timeout)"
+                ));
+            }
+        };
+        let times = match parts[3].strip_prefix("count=") {
+            Some(n) => Times::Count(n.parse().map_err(|_| format!("fault {s:?}: bad count"))?),
+            None => Times::Probability(
+                parts[3]
+                    .parse()
+                    .map_err(|_| format!("fault {s:?}: bad probability"))?,
+            ),
+        };
+        let after = match parts.get(4) {
+            None => false,
+            Some(&"after") => true,
+            Some(x) => return Err(format!("fault {s:?}: unknown flag {x:?}")),
+        };
+        Ok(FaultRule {
+            verb: parts[0].into(),
+            resource: parts[1].into(),
+            error,
+            times,
+            after,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    rng: u64,
+    rules: Vec<FaultRule>,
+    latency: Duration,
+    watch_delay: Duration,
+    gone_next_watches: u32,
+    fired: Vec<(String, String, FaultError)>,
+}
+
+/// The fault-injection handle (shared by the server and tests).
+#[derive(Debug)]
+pub struct Faults {
+    state: Mutex<State>,
+    close_watches: watch::Sender<u64>,
+}
+
+/// A decision for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The error to return.
+    pub error: FaultError,
+    /// Whether to serve the request first.
+    pub after: bool,
+}
+
+impl Faults {
+    /// No faults, RNG seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Faults {
+            state: Mutex::new(State {
+                rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+                rules: Vec::new(),
+                latency: Duration::ZERO,
+                watch_delay: Duration::ZERO,
+                gone_next_watches: 0,
+                fired: Vec::new(),
+            }),
+            close_watches: watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Re-seed the RNG (replays the same decisions for the same request sequence).
+    pub fn reseed(&self, seed: u64) {
+        self.lock().rng = seed ^ 0x9E37_79B9_7F4A_7C15;
+    }
+
+    /// Add a rule.
+    pub fn add(&self, rule: FaultRule) {
+        self.lock().rules.push(rule);
+    }
+
+    /// Remove every rule and reset latency and delays.
+    pub fn clear(&self) {
+        let mut s = self.lock();
+        s.rules.clear();
+        s.latency = Duration::ZERO;
+        s.watch_delay = Duration::ZERO;
+        s.gone_next_watches = 0;
+    }
+
+    /// Add latency to every request.
+    pub fn set_latency(&self, latency: Duration) {
+        self.lock().latency = latency;
+    }
+
+    /// The added latency.
+    pub fn latency(&self) -> Duration {
+        self.lock().latency
+    }
+
+    /// Delay every watch event by this much (caches lag behind writes).
+    pub fn set_watch_delay(&self, delay: Duration) {
+        self.lock().watch_delay = delay;
+    }
+
+    /// The watch delivery delay.
+    pub fn watch_delay(&self) -> Duration {
+        self.lock().watch_delay
+    }
+
+    /// Close every open watch stream now.
+    pub fn close_watches(&self) {
+        self.close_watches.send_modify(|n| *n += 1);
+    }
+
+    /// A receiver that changes when watches must close.
+    pub fn watch_closer(&self) -> watch::Receiver<u64> {
+        self.close_watches.subscribe()
+    }
+
+    /// Answer the next `n` watch requests with `410 Gone`.
+    pub fn force_gone(&self, n: u32) {
+        self.lock().gone_next_watches = n;
+    }
+
+    /// Whether this watch must get 410 (consumes one).
+    pub fn take_gone(&self) -> bool {
+        let mut s = self.lock();
+        if s.gone_next_watches > 0 {
+            s.gone_next_watches -= 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// How many faults fired, and which (verb, resource, error), in order.
+    pub fn fired(&self) -> Vec<(String, String, FaultError)> {
+        self.lock().fired.clone()
+    }
+
+    fn next(state: &mut State) -> f64 {
+        // xorshift64*
+        let mut x = state.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        state.rng = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Decide for one request.
+    pub fn decide(&self, verb: &str, resource: &str) -> Option<Decision> {
+        let mut s = self.lock();
+        for i in 0..s.rules.len() {
+            let rule = s.rules[i].clone();
+            let verb_ok = rule.verb == "*" || rule.verb == verb;
+            let base = resource.split('/').next().unwrap_or(resource);
+            let res_ok = rule.resource == "*"
+                || rule.resource == resource
+                || (rule.resource == base && !resource.contains('/'));
+            if !verb_ok || !res_ok {
+                continue;
+            }
+            let fire = match rule.times {
+                Times::Count(0) => false,
+                Times::Count(n) => {
+                    s.rules[i].times = Times::Count(n - 1);
+                    true
+                }
+                Times::Probability(p) => Self::next(&mut s) < p,
+            };
+            if fire {
+                s.fired.push((verb.to_string(), resource.to_string(), rule.error));
+                return Some(Decision {
+                    error: rule.error,
+                    after: rule.after,
+                });
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_replay_from_the_seed() {
+        let run = |seed| {
+            let f = Faults::new(seed);
+            f.add(FaultRule::new(
+                "create",
+                "pods",
+                FaultError::Internal,
+                Times::Probability(0.3),
+            ));
+            (0..200)
+                .map(|_| f.decide("create", "pods").is_some())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+        let hits = run(7).iter().filter(|h| **h).count();
+        assert!((30..90).contains(&hits), "{hits} of 200 at p=0.3");
+    }
+
+    #[test]
+    fn counts_and_parsing() -> Result<(), String> {
+        let f = Faults::new(1);
+        f.add(FaultRule::parse("update:nodesets/status:409:count=2")?);
+        assert!(
+            f.decide("update", "nodesets").is_none(),
+            "the main resource is not the subresource"
+        );
+        assert!(f.decide("update", "nodesets/status").is_some());
+        assert!(f.decide("update", "nodesets/status").is_some());
+        assert!(f.decide("update", "nodesets/status").is_none());
+        let r = FaultRule::parse("create:pods:timeout:count=1:after")?;
+        assert!(r.after && r.error == FaultError::Timeout);
+        assert!(FaultRule::parse("create:pods:418:1").is_err());
+        Ok(())
+    }
+}

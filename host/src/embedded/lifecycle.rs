@@ -1,0 +1,269 @@
+//! Simulated pod lifecycle (like kwok): a few simulated nodes; pods get scheduled to one
+//! (`spec.nodeName`), then become `Running` and `Ready` after a delay. No containers run. Tests
+//! can make a pod fail, become unready, or stay pending.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tokio::{sync::watch, time::Instant};
+
+use super::{
+    ApiError, ResKey, Store,
+    store::{Op, Sub},
+};
+
+/// Lifecycle simulation settings.
+#[derive(Debug, Clone)]
+pub struct LifecycleConfig {
+    /// Simulated nodes (`sim-node-0` …).
+    pub nodes: usize,
+    /// From creation to scheduling.
+    pub schedule_delay: Duration,
+    /// From scheduling to Running and Ready.
+    pub ready_delay: Duration,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            nodes: 3,
+            schedule_delay: Duration::from_millis(100),
+            ready_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+const MANAGER: &str = "embedded-kubelet";
+
+/// The running simulation.
+#[derive(Debug)]
+pub struct Lifecycle {
+    store: Arc<Store>,
+    held: Arc<Mutex<HashSet<(String, String)>>>,
+    stop: watch::Sender<bool>,
+}
+
+fn pods() -> ResKey {
+    ResKey {
+        group: String::new(),
+        plural: "pods".into(),
+    }
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn condition(kind: &str, status: bool) -> Value {
+    json!({"type": kind, "status": if status { "True" } else { "False" }, "lastTransitionTime": now()})
+}
+
+fn running_status(pod: &Value, ready: bool, ip: &str) -> Value {
+    let statuses: Vec<Value> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            json!({"name": c["name"], "image": c["image"], "imageID": "", "ready": ready, "started": true, "restartCount": 0,
+                   "state": {"running": {"startedAt": now()}}})
+        })
+        .collect();
+    json!({
+        "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "10.0.0.1", "startTime": now(),
+        "qosClass": "BestEffort",
+        "conditions": [condition("PodScheduled", true), condition("Initialized", true),
+                       condition("ContainersReady", ready), condition("Ready", ready)],
+        "containerStatuses": statuses,
+    })
+}
+
+impl Lifecycle {
+    /// Create the nodes and start the simulation task.
+    pub fn start(store: Arc<Store>, config: LifecycleConfig) -> Self {
+        let nodes = ResKey {
+            group: String::new(),
+            plural: "nodes".into(),
+        };
+        for i in 0..config.nodes {
+            let node = json!({
+                "metadata": {"name": format!("sim-node-{i}"), "labels": {"kubernetes.io/hostname": format!("sim-node-{i}"), "kubernetes.io/os": "linux"}},
+                "spec": {},
+            });
+            if let Ok(created) = store.create(&nodes, "", node, MANAGER, false) {
+                let name = created["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let _ = store.modify(&nodes, "", &name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+                    let mut n = cur.clone();
+                    n["status"] = json!({"conditions": [condition("Ready", true)],
+                        "capacity": {"cpu": "64", "memory": "256Gi", "pods": "250"},
+                        "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "250"}});
+                    Ok(n)
+                });
+            }
+        }
+        let held = Arc::new(Mutex::new(HashSet::new()));
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(run(store.clone(), config, held.clone(), stop_rx));
+        Lifecycle { store, held, stop }
+    }
+
+    pub(crate) fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Keep a pod Pending (unscheduled) until released.
+    pub fn hold_pending(&self, ns: &str, name: &str) {
+        if let Ok(mut h) = self.held.lock() {
+            h.insert((ns.to_string(), name.to_string()));
+        }
+    }
+
+    /// Release a held pod.
+    pub fn release(&self, ns: &str, name: &str) {
+        if let Ok(mut h) = self.held.lock() {
+            h.remove(&(ns.to_string(), name.to_string()));
+        }
+    }
+
+    /// Make a pod fail (phase Failed, not ready).
+    ///
+    /// # Errors
+    /// 404 when the pod is absent.
+    pub fn fail(&self, ns: &str, name: &str) -> Result<(), ApiError> {
+        self.store
+            .modify(&pods(), ns, name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+                let mut p = cur.clone();
+                p["status"]["phase"] = "Failed".into();
+                p["status"]["conditions"] =
+                    json!([condition("Ready", false), condition("ContainersReady", false)]);
+                Ok(p)
+            })
+            .map(drop)
+    }
+
+    /// Make a running pod ready or unready.
+    ///
+    /// # Errors
+    /// 404 when the pod is absent.
+    pub fn set_ready(&self, ns: &str, name: &str, ready: bool) -> Result<(), ApiError> {
+        self.store
+            .modify(&pods(), ns, name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+                let mut p = cur.clone();
+                let ip = p
+                    .pointer("/status/podIP")
+                    .and_then(Value::as_str)
+                    .unwrap_or("10.244.0.1")
+                    .to_string();
+                p["status"] = running_status(cur, ready, &ip);
+                Ok(p)
+            })
+            .map(drop)
+    }
+}
+
+async fn run(
+    store: Arc<Store>,
+    config: LifecycleConfig,
+    held: Arc<Mutex<HashSet<(String, String)>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut seen: HashMap<String, Instant> = HashMap::new();
+    let mut scheduled: HashMap<String, Instant> = HashMap::new();
+    let mut next_node = 0usize;
+    let mut next_ip = 2u32;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(25)) => {}
+            _ = stop.changed() => return,
+        }
+        let Ok((items, _, _)) = store.list(&pods(), "", &|_| true, None, 0) else {
+            continue;
+        };
+        let now = Instant::now();
+        let live: HashSet<String> = items
+            .iter()
+            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+            .collect();
+        seen.retain(|uid, _| live.contains(uid));
+        scheduled.retain(|uid, _| live.contains(uid));
+        for pod in items {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+            let ns = pod["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            if pod.pointer("/metadata/deletionTimestamp").is_some()
+                || held
+                    .lock()
+                    .map(|h| h.contains(&(ns.clone(), name.clone())))
+                    .unwrap_or(false)
+            {
+                continue;
+            }
+            let first = *seen.entry(uid.clone()).or_insert(now);
+            let node = pod
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            match node {
+                None if now >= first + config.schedule_delay && config.nodes > 0 => {
+                    let target = format!("sim-node-{}", next_node % config.nodes);
+                    next_node += 1;
+                    let bound = store.modify(
+                        &pods(),
+                        &ns,
+                        &name,
+                        Sub::Main,
+                        "embedded-scheduler",
+                        Op::Update,
+                        |cur, _| {
+                            let mut p = cur.clone();
+                            p["spec"]["nodeName"] = target.clone().into();
+                            Ok(p)
+                        },
+                    );
+                    if bound.is_ok() {
+                        let _ = store.modify(
+                            &pods(),
+                            &ns,
+                            &name,
+                            Sub::Status,
+                            "embedded-scheduler",
+                            Op::Server,
+                            |cur, _| {
+                                let mut p = cur.clone();
+                                p["status"]["conditions"] = json!([condition("PodScheduled", true)]);
+                                Ok(p)
+                            },
+                        );
+                        scheduled.insert(uid, now);
+                    }
+                }
+                Some(_) if pod.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") => {
+                    let at = *scheduled.entry(uid).or_insert(now);
+                    if now >= at + config.ready_delay {
+                        let ip = format!("10.244.{}.{}", next_ip / 250, next_ip % 250 + 1);
+                        next_ip += 1;
+                        let _ =
+                            store.modify(&pods(), &ns, &name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+                                let mut p = cur.clone();
+                                p["status"] = running_status(cur, true, &ip);
+                                Ok(p)
+                            });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
