@@ -95,3 +95,120 @@ pub fn engine(deadline: Duration, memory_mib: usize) -> Arc<EngineHandle> {
 pub fn default_engine() -> Arc<EngineHandle> {
     engine(Duration::from_secs(1), 64)
 }
+
+/// A cluster for API-semantics tests: the embedded API server by default, or the cluster named
+/// by `SLINKY_TEST_KUBECONFIG` (then `server` is `None` and fault-injection tests skip).
+pub struct TestCluster {
+    /// A client for the cluster.
+    pub client: kube::Client,
+    /// The embedded server, when not testing a real cluster.
+    pub server: Option<slinky_host::embedded::ApiServer>,
+    /// A kubeconfig file for kubectl.
+    pub kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// Start (or connect to) the cluster.
+    pub async fn start() -> Self {
+        Self::start_with(slinky_host::embedded::ApiServerConfig::default()).await
+    }
+
+    /// Start with a given embedded-server configuration.
+    pub async fn start_with(config: slinky_host::embedded::ApiServerConfig) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        if let Some(path) = std::env::var_os("SLINKY_TEST_KUBECONFIG") {
+            let path = PathBuf::from(path);
+            let kc = kube::config::Kubeconfig::read_from(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let client = kube::Client::try_from(cfg).unwrap_or_else(|e| panic!("client: {e}"));
+            return TestCluster {
+                client,
+                server: None,
+                kubeconfig: path,
+                _dir: dir,
+            };
+        }
+        let server = slinky_host::embedded::ApiServer::start(config)
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}"));
+        let kubeconfig = dir.path().join("kubeconfig");
+        server
+            .write_kubeconfig(&kubeconfig)
+            .unwrap_or_else(|e| panic!("kubeconfig: {e}"));
+        let client = server.client().unwrap_or_else(|e| panic!("client: {e}"));
+        TestCluster {
+            client,
+            server: Some(server),
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    /// The embedded server, or `None` (with a message) on a real cluster: for tests that need
+    /// fault injection or server internals.
+    pub fn embedded(&self, test: &str) -> Option<&slinky_host::embedded::ApiServer> {
+        if self.server.is_none() {
+            eprintln!("{test}: skipped against a real cluster (needs the embedded server's fault injection)");
+        }
+        self.server.as_ref()
+    }
+
+    /// Create a fresh namespace `<prefix>-<random>` and return its name.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        use k8s_openapi::api::core::v1::Namespace;
+        let name = format!(
+            "{prefix}-{}",
+            &slinky_host::plugins::digest(format!("{:?}", std::time::Instant::now()).as_bytes())[..6]
+        );
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap_or_default();
+        kube::Api::<Namespace>::all(self.client.clone())
+            .create(&Default::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        name
+    }
+
+    /// Install the Slinky CRDs (idempotent) and wait until they are served.
+    pub async fn install_crds(&self) {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let api = kube::Api::<CustomResourceDefinition>::all(self.client.clone());
+        for crd in slinky_host::crds::crds() {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let pp = kube::api::PatchParams::apply("slinky-tests").force();
+            api.patch(&name, &pp, &kube::api::Patch::Apply(&crd))
+                .await
+                .unwrap_or_else(|e| panic!("CRD {name}: {e}"));
+        }
+        for _ in 0..100 {
+            let nss = kube::Api::<slinky_api::NodeSet>::all(self.client.clone());
+            if nss.list(&Default::default()).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the Slinky CRDs are not served after 10 s");
+    }
+}
+
+/// Poll `f` every 50 ms until it returns `Some`, for at most `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

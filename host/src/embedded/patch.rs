@@ -328,10 +328,8 @@ pub fn from_fields_v1(v: &Value) -> BTreeSet<FieldPath> {
     fn walk(v: &Value, path: &mut FieldPath, out: &mut BTreeSet<FieldPath>) {
         let Some(m) = v.as_object() else { return };
         let children: Vec<_> = m.iter().filter(|(k, _)| k.as_str() != ".").collect();
-        if m.contains_key(".") || children.is_empty() {
-            if !path.is_empty() {
-                out.insert(path.clone());
-            }
+        if (m.contains_key(".") || children.is_empty()) && !path.is_empty() {
+            out.insert(path.clone());
         }
         for (k, child) in children {
             path.push(k.clone());

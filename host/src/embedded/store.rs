@@ -340,6 +340,10 @@ impl Store {
     ///
     /// # Errors
     /// What `f` or the commit returns.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the parts of a write request, each distinct"
+    )]
     pub fn modify(
         &self,
         res: &ResKey,
@@ -364,6 +368,10 @@ impl Store {
     ///
     /// # Errors
     /// 409 Conflict listing the fields another manager owns (unless `force`), 422.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the parts of an apply request, each distinct"
+    )]
     pub fn apply(
         &self,
         res: &ResKey,
@@ -1065,19 +1073,19 @@ impl Inner {
         meta_mut(&mut last).insert("resourceVersion".into(), self.rev.to_string().into());
         let last = Arc::new(last);
         self.push_event(res, EventKind::Deleted, last.clone(), None);
-        if res.plural == "customresourcedefinitions" {
-            if let Ok(served) = resources::from_crd(&last) {
-                let k = served.key();
-                let names: Vec<ObjKey> = self
-                    .objects
-                    .get(&k)
-                    .map(|m| m.keys().cloned().collect())
-                    .unwrap_or_default();
-                for (ons, oname) in names {
-                    let _ = self.delete(&k, &ons, &oname, &DeleteOpts::default());
-                }
-                self.types.remove(&k);
+        if res.plural == "customresourcedefinitions"
+            && let Ok(served) = resources::from_crd(&last)
+        {
+            let k = served.key();
+            let names: Vec<ObjKey> = self
+                .objects
+                .get(&k)
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            for (ons, oname) in names {
+                let _ = self.delete(&k, &ons, &oname, &DeleteOpts::default());
             }
+            self.types.remove(&k);
         }
         if propagation != "Foreground" {
             self.collect_dependents(&uid, propagation);

@@ -1,0 +1,908 @@
+//! API-semantics conformance: run against the embedded API server, or against the cluster named by
+//! `SLINKY_TEST_KUBECONFIG` with the same assertions (tests that need fault injection skip
+//! themselves there). A real cluster is the judge: where they disagree, the embedded server is
+//! wrong.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{
+        DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+        WatchEvent, WatchParams,
+    },
+};
+use serde_json::json;
+use slinky_api::NodeSet;
+use slinky_tests::{TestCluster, eventually};
+
+fn cm(name: &str, data: &[(&str, &str)], labels: &[(&str, &str)]) -> ConfigMap {
+    let to_map = |kv: &[(&str, &str)]| {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let mut c = ConfigMap {
+        data: Some(to_map(data)),
+        ..Default::default()
+    };
+    c.metadata.name = Some(name.into());
+    c.metadata.labels = Some(to_map(labels));
+    c
+}
+
+fn api_error(e: &kube::Error) -> Option<(u16, String)> {
+    match e {
+        kube::Error::Api(s) => Some((s.code, s.reason.clone())),
+        _ => None,
+    }
+}
+
+fn nodeset(name: &str, replicas: i32) -> Result<NodeSet> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+        "metadata": {"name": name},
+        "spec": {"controllerRef": {"name": "slurm"}, "replicas": replicas, "slurmd": {"image": "slurmd:1"}}
+    }))?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_updates_conflict_and_unconditional_updates_win() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("conflict").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let created = api
+        .create(&PostParams::default(), &cm("a", &[("k", "1")], &[]))
+        .await?;
+    let mut first = created.clone();
+    first.data = Some(BTreeMap::from([("k".into(), "2".into())]));
+    let updated = api.replace("a", &PostParams::default(), &first).await?;
+    assert_ne!(updated.resource_version(), created.resource_version());
+    // The same (now stale) resourceVersion again: 409 Conflict with the standard Status.
+    let mut stale = created.clone();
+    stale.data = Some(BTreeMap::from([("k".into(), "3".into())]));
+    let err = api
+        .replace("a", &PostParams::default(), &stale)
+        .await
+        .err()
+        .context("a stale update must fail")?;
+    let kube::Error::Api(status) = &err else {
+        bail!("expected an API error, got {err}")
+    };
+    assert_eq!((status.code, status.reason.as_str()), (409, "Conflict"));
+    assert!(
+        status.message.contains("the object has been modified"),
+        "{}",
+        status.message
+    );
+    // No resourceVersion: last write wins.
+    let mut blind = created.clone();
+    blind.metadata.resource_version = None;
+    blind.data = Some(BTreeMap::from([("k".into(), "4".into())]));
+    let won = api.replace("a", &PostParams::default(), &blind).await?;
+    assert_eq!(won.data.and_then(|d| d.get("k").cloned()).as_deref(), Some("4"));
+    // Creating it again: 409 AlreadyExists. In a missing namespace: 404.
+    let again = api
+        .create(&PostParams::default(), &cm("a", &[], &[]))
+        .await
+        .err()
+        .context("duplicate")?;
+    assert_eq!(api_error(&again), Some((409, "AlreadyExists".into())));
+    let nowhere: Api<ConfigMap> = Api::namespaced(c.client.clone(), "no-such-namespace-xyz");
+    let missing = nowhere
+        .create(&PostParams::default(), &cm("a", &[], &[]))
+        .await
+        .err()
+        .context("missing ns")?;
+    assert_eq!(api_error(&missing).map(|(code, _)| code), Some(404));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_and_the_status_spec_split() -> Result<()> {
+    let c = TestCluster::start().await;
+    c.install_crds().await;
+    let ns = c.namespace("generation").await;
+    let api: Api<NodeSet> = Api::namespaced(c.client.clone(), &ns);
+    let created = api.create(&PostParams::default(), &nodeset("w", 1)?).await?;
+    assert_eq!(created.metadata.generation, Some(1));
+    assert!(created.status.is_none());
+
+    // A spec change bumps generation; a metadata-only change does not.
+    let p = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await?;
+    assert_eq!(p.metadata.generation, Some(2));
+    let p = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await?;
+    assert_eq!(p.metadata.generation, Some(2));
+
+    // A main-resource update ignores status.
+    let p = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 9}})),
+        )
+        .await?;
+    assert!(
+        p.status.as_ref().is_none_or(|s| s.replicas == 0),
+        "status must be ignored: {:?}",
+        p.status
+    );
+    // A status update ignores spec, and does not bump generation.
+    let s = api
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 7}, "status": {"replicas": 2}})),
+        )
+        .await?;
+    assert_eq!(s.status.as_ref().map(|s| s.replicas), Some(2));
+    assert_eq!(s.spec.replicas, Some(3));
+    assert_eq!(s.metadata.generation, Some(2));
+
+    // The scale subresource reads spec/status replicas and writes spec.replicas.
+    let scale = api.get_scale("w").await?;
+    assert_eq!(scale.spec.and_then(|s| s.replicas), Some(3));
+    assert_eq!(scale.status.map(|s| s.replicas), Some(2));
+    api.patch_scale(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 5}})),
+    )
+    .await?;
+    let after = api.get("w").await?;
+    assert_eq!(after.spec.replicas, Some(5));
+    assert_eq!(after.metadata.generation, Some(3));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<()> {
+    let c = TestCluster::start().await;
+    c.install_crds().await;
+    let ns = c.namespace("schema").await;
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &ns,
+        &kube::discovery::ApiResource::erase::<NodeSet>(&()),
+    );
+    let bad_type = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "metadata": {"name": "bad"},
+                          "spec": {"controllerRef": {"name": "slurm"}, "replicas": "three"}});
+    let err = api
+        .create(&PostParams::default(), &serde_json::from_value(bad_type)?)
+        .await
+        .err()
+        .context("wrong type")?;
+    assert_eq!(api_error(&err), Some((422, "Invalid".into())), "{err}");
+    let missing = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "metadata": {"name": "bad2"}, "spec": {}});
+    let err = api
+        .create(&PostParams::default(), &serde_json::from_value(missing)?)
+        .await
+        .err()
+        .context("missing required")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(422));
+    assert!(err.to_string().contains("controllerRef"), "{err}");
+    let bad_enum = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "metadata": {"name": "bad3"},
+                          "spec": {"controllerRef": {"name": "slurm"}, "scalingMode": "Sometimes"}});
+    let err = api
+        .create(&PostParams::default(), &serde_json::from_value(bad_enum)?)
+        .await
+        .err()
+        .context("enum")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(422));
+    // Unknown fields are pruned, like a structural schema does.
+    let extra = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet", "metadata": {"name": "ok"},
+                       "spec": {"controllerRef": {"name": "slurm"}, "noSuchField": 1}});
+    let created = api
+        .create(&PostParams::default(), &serde_json::from_value(extra)?)
+        .await?;
+    assert!(
+        created.data.pointer("/spec/noSuchField").is_none(),
+        "{:?}",
+        created.data
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_delivers_changes_in_order_and_410_past_the_window() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("watch").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let list = api.list(&ListParams::default()).await?;
+    let from = list.metadata.resource_version.unwrap_or_default();
+    api.create(&PostParams::default(), &cm("w", &[("v", "1")], &[]))
+        .await?;
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"v": "2"}})),
+    )
+    .await?;
+    api.delete("w", &DeleteParams::default()).await?;
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await?
+        .boxed();
+    let mut seen = Vec::new();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), stream.try_next()).await?? {
+        match ev {
+            WatchEvent::Added(o) => seen.push(("ADDED", o.data.and_then(|d| d.get("v").cloned()))),
+            WatchEvent::Modified(o) => seen.push(("MODIFIED", o.data.and_then(|d| d.get("v").cloned()))),
+            WatchEvent::Deleted(o) => seen.push(("DELETED", o.data.and_then(|d| d.get("v").cloned()))),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => bail!("watch error {e:?}"),
+        }
+        if seen.len() == 3 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![
+            ("ADDED", Some("1".into())),
+            ("MODIFIED", Some("2".into())),
+            ("DELETED", Some("2".into()))
+        ]
+    );
+
+    // 410 Gone past the retained window (the window is set small on the embedded server).
+    let Some(server) = c.embedded("watch 410") else {
+        return Ok(());
+    };
+    server.store().set_window(3);
+    for i in 0..10 {
+        api.create(&PostParams::default(), &cm(&format!("x{i}"), &[], &[]))
+            .await?;
+    }
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await?
+        .boxed();
+    match tokio::time::timeout(Duration::from_secs(10), stream.try_next()).await?? {
+        Some(WatchEvent::Error(e)) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => bail!("expected 410 Expired, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_bookmarks_and_label_filtered_watches() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("bookmarks").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let from = api
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    api.create(&PostParams::default(), &cm("in", &[], &[("sel", "yes")]))
+        .await?;
+    api.create(&PostParams::default(), &cm("out", &[], &[("sel", "no")]))
+        .await?;
+    // Moving out of the selection is a DELETED for a filtered watch.
+    api.patch(
+        "in",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"sel": "no"}}})),
+    )
+    .await?;
+    let mut wp = WatchParams::default().labels("sel=yes").timeout(8);
+    wp.bookmarks = true;
+    let mut stream = api.watch(&wp, &from).await?.boxed();
+    let mut kinds = Vec::new();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(15), stream.try_next()).await?? {
+        match ev {
+            WatchEvent::Added(o) => kinds.push(format!("ADDED {}", o.name_any())),
+            WatchEvent::Modified(o) => kinds.push(format!("MODIFIED {}", o.name_any())),
+            WatchEvent::Deleted(o) => kinds.push(format!("DELETED {}", o.name_any())),
+            WatchEvent::Bookmark(b) => {
+                ensure!(
+                    !b.metadata.resource_version.is_empty(),
+                    "a bookmark carries a resourceVersion"
+                );
+                kinds.push("BOOKMARK".into());
+                break;
+            }
+            WatchEvent::Error(e) => bail!("{e:?}"),
+        }
+    }
+    assert_eq!(
+        kinds[..2],
+        ["ADDED in".to_string(), "DELETED in".to_string()],
+        "{kinds:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_conflicts_between_managers_unless_forced() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("ssa").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let mine = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s", "labels": {"owner": "a"}}, "data": {"k": "a"}});
+    api.patch("s", &PatchParams::apply("manager-a"), &Patch::Apply(&mine))
+        .await?;
+    // Another manager setting the same field to another value conflicts…
+    let theirs =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}, "data": {"k": "b"}});
+    let err = api
+        .patch("s", &PatchParams::apply("manager-b"), &Patch::Apply(&theirs))
+        .await
+        .err()
+        .context("conflict")?;
+    assert_eq!(api_error(&err), Some((409, "Conflict".into())), "{err}");
+    assert!(
+        err.to_string().contains("manager-a") && err.to_string().contains(".data.k"),
+        "{err}"
+    );
+    // …adding a field nobody owns does not…
+    let label =
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s", "labels": {"extra": "b"}}});
+    let merged = api
+        .patch("s", &PatchParams::apply("manager-c"), &Patch::Apply(&label))
+        .await?;
+    assert_eq!(merged.labels().get("owner").map(String::as_str), Some("a"));
+    assert_eq!(merged.labels().get("extra").map(String::as_str), Some("b"));
+    // …and forcing takes the field over, so the first manager now conflicts.
+    let forced = api
+        .patch(
+            "s",
+            &PatchParams::apply("manager-b").force(),
+            &Patch::Apply(&theirs),
+        )
+        .await?;
+    assert_eq!(
+        forced.data.and_then(|d| d.get("k").cloned()).as_deref(),
+        Some("b")
+    );
+    let err = api
+        .patch("s", &PatchParams::apply("manager-a"), &Patch::Apply(&mine))
+        .await
+        .err()
+        .context("now a conflicts")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(409));
+    // A manager that stops applying a field it alone owned removes it.
+    let less = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}});
+    let after = api
+        .patch("s", &PatchParams::apply("manager-c"), &Patch::Apply(&less))
+        .await?;
+    assert!(!after.labels().contains_key("extra"), "{:?}", after.labels());
+    let managers: Vec<String> = after
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(
+        managers.contains(&"manager-a".to_string()) && managers.contains(&"manager-b".to_string()),
+        "{managers:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_follows_owner_references() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("gc").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let child_of = |owner: &ConfigMap, name: &str| {
+        let mut child = cm(name, &[], &[]);
+        child.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: owner.name_any(),
+                uid: owner.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        ]);
+        child
+    };
+    for (owner_name, policy) in [
+        ("bg", PropagationPolicy::Background),
+        ("fg", PropagationPolicy::Foreground),
+    ] {
+        let owner = api
+            .create(&PostParams::default(), &cm(owner_name, &[], &[]))
+            .await?;
+        api.create(
+            &PostParams::default(),
+            &child_of(&owner, &format!("{owner_name}-child")),
+        )
+        .await?;
+        api.delete(
+            owner_name,
+            &DeleteParams {
+                propagation_policy: Some(policy),
+                ..Default::default()
+            },
+        )
+        .await?;
+        let gone = eventually(20, || {
+            let api = api.clone();
+            let name = format!("{owner_name}-child");
+            async move { matches!(api.get_opt(&name).await, Ok(None)).then_some(()) }
+        })
+        .await;
+        ensure!(gone.is_some(), "{owner_name}: the dependent was not collected");
+    }
+    let owner = api
+        .create(&PostParams::default(), &cm("orphaner", &[], &[]))
+        .await?;
+    api.create(&PostParams::default(), &child_of(&owner, "orphan"))
+        .await?;
+    api.delete(
+        "orphaner",
+        &DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Orphan),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let orphaned = eventually(20, || {
+        let api = api.clone();
+        async move {
+            let o = api.get_opt("orphan").await.ok().flatten()?;
+            o.metadata
+                .owner_references
+                .as_ref()
+                .is_none_or(|r| r.is_empty())
+                .then_some(o)
+        }
+    })
+    .await;
+    ensure!(
+        orphaned.is_some(),
+        "the orphaned dependent must stay, without its owner reference"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizers_hold_deletion_and_preconditions_guard_it() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("finalizers").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let mut held = cm("held", &[], &[]);
+    held.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    let created = api.create(&PostParams::default(), &held).await?;
+    // A wrong UID precondition is a 409.
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("not-the-uid".into()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    let err = api.delete("held", &dp).await.err().context("precondition")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(409));
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: created.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    api.delete("held", &dp).await?;
+    let marked = api.get("held").await?;
+    assert!(
+        marked.metadata.deletion_timestamp.is_some(),
+        "kept with a deletionTimestamp"
+    );
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    let gone = eventually(10, || {
+        let api = api.clone();
+        async move { matches!(api.get_opt("held").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    ensure!(gone.is_some(), "removing the last finalizer deletes the object");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn selectors_and_pagination() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("select").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    for i in 0..7 {
+        let tier = if i % 2 == 0 { "even" } else { "odd" };
+        api.create(
+            &PostParams::default(),
+            &cm(&format!("c{i}"), &[], &[("tier", tier), ("app", "t")]),
+        )
+        .await?;
+    }
+    let names =
+        |l: kube::core::ObjectList<ConfigMap>| l.items.iter().map(ResourceExt::name_any).collect::<Vec<_>>();
+    assert_eq!(
+        names(api.list(&ListParams::default().labels("tier=odd")).await?),
+        ["c1", "c3", "c5"]
+    );
+    assert_eq!(
+        names(
+            api.list(&ListParams::default().labels("tier in (even),app"))
+                .await?
+        ),
+        ["c0", "c2", "c4", "c6"]
+    );
+    assert_eq!(
+        names(
+            api.list(&ListParams::default().labels("tier notin (even),!nope"))
+                .await?
+        ),
+        ["c1", "c3", "c5"]
+    );
+    assert_eq!(
+        names(
+            api.list(&ListParams::default().fields("metadata.name=c4"))
+                .await?
+        ),
+        ["c4"]
+    );
+    let err = api
+        .list(&ListParams::default().fields("data.x=1"))
+        .await
+        .err()
+        .context("unsupported field")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(400));
+
+    let mut all = Vec::new();
+    let mut lp = ListParams::default().labels("app=t").limit(3);
+    let mut pages = 0;
+    loop {
+        let page = api.list(&lp).await?;
+        pages += 1;
+        let token = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        all.extend(names(page));
+        match token {
+            Some(t) => lp = lp.continue_token(&t),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(all, ["c0", "c1", "c2", "c3", "c4", "c5", "c6"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_namespace_deletes_its_content() -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let c = TestCluster::start().await;
+    let ns = c.namespace("doomed").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    api.create(&PostParams::default(), &cm("inside", &[], &[]))
+        .await?;
+    Api::<Namespace>::all(c.client.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await?;
+    let gone = eventually(60, || {
+        let c = c.client.clone();
+        let ns = ns.clone();
+        async move { matches!(Api::<Namespace>::all(c).get_opt(&ns).await, Ok(None)).then_some(()) }
+    })
+    .await;
+    ensure!(gone.is_some(), "the namespace was not removed");
+    let err = api
+        .create(&PostParams::default(), &cm("late", &[], &[]))
+        .await
+        .err()
+        .context("no namespace")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(404));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strategic_merge_patches_merge_containers_by_name() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("smp").await;
+    let api: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [
+        {"name": "a", "image": "a:1", "ports": [{"containerPort": 80}]}, {"name": "b", "image": "b:1"}]}}))?;
+    api.create(&PostParams::default(), &pod).await?;
+    let patch = json!({"spec": {"containers": [{"name": "b", "image": "b:2"}]}});
+    let p = api
+        .patch("p", &PatchParams::default(), &Patch::Strategic(patch))
+        .await?;
+    let images: Vec<String> = p
+        .spec
+        .map(|s| s.containers.into_iter().filter_map(|c| c.image).collect())
+        .unwrap_or_default();
+    assert_eq!(images, ["a:1", "b:2"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_faults_reach_the_client_and_replay_from_the_seed() -> Result<()> {
+    use slinky_host::embedded::{ApiServerConfig, FaultError, FaultRule, Times};
+    let mut outcomes = Vec::new();
+    for _ in 0..2 {
+        let c = TestCluster::start_with(ApiServerConfig {
+            fault_seed: 42,
+            ..Default::default()
+        })
+        .await;
+        let Some(server) = c.embedded("fault replay") else {
+            return Ok(());
+        };
+        let ns = c.namespace("faults").await;
+        let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+        server.faults().add(FaultRule::new(
+            "create",
+            "configmaps",
+            FaultError::Internal,
+            Times::Probability(0.4),
+        ));
+        let mut run = Vec::new();
+        for i in 0..30 {
+            let r = api
+                .create(&PostParams::default(), &cm(&format!("f{i}"), &[], &[]))
+                .await;
+            run.push(r.err().and_then(|e| api_error(&e)).map(|e| e.0));
+        }
+        ensure!(
+            run.iter().any(Option::is_some) && run.iter().any(Option::is_none),
+            "{run:?}"
+        );
+        ensure!(run.iter().flatten().all(|code| *code == 500), "{run:?}");
+        // An "after" fault: the create happened, the client saw an error.
+        server.faults().clear();
+        server
+            .faults()
+            .add(FaultRule::new("create", "configmaps", FaultError::Internal, Times::Count(1)).after());
+        let err = api
+            .create(&PostParams::default(), &cm("late", &[], &[]))
+            .await
+            .err()
+            .context("after-fault")?;
+        assert_eq!(api_error(&err).map(|e| e.0), Some(500));
+        ensure!(
+            api.get_opt("late").await?.is_some(),
+            "an after-fault still writes"
+        );
+        // 429 carries Retry-After; kube's client retries it by itself, so the get succeeds.
+        server.faults().add(FaultRule::new(
+            "get",
+            "configmaps",
+            FaultError::TooManyRequests(1),
+            Times::Count(1),
+        ));
+        api.get("late").await?;
+        ensure!(
+            server
+                .faults()
+                .fired()
+                .iter()
+                .any(|(v, r, e)| v == "get" && r == "configmaps" && *e == FaultError::TooManyRequests(1)),
+            "the 429 fired"
+        );
+        outcomes.push(run);
+    }
+    assert_eq!(outcomes[0], outcomes[1], "the same seed gives the same faults");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_the_token_are_unauthorized() -> Result<()> {
+    let c = TestCluster::start().await;
+    let Some(server) = c.embedded("unauthorized") else {
+        return Ok(());
+    };
+    let mut config = kube::Config::new(server.url().parse()?);
+    config.root_cert = None;
+    config.accept_invalid_certs = true;
+    let anonymous = kube::Client::try_from(config)?;
+    let err = Api::<ConfigMap>::namespaced(anonymous, "default")
+        .list(&ListParams::default())
+        .await
+        .err()
+        .context("401")?;
+    assert_eq!(api_error(&err).map(|e| e.0), Some(401));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reflector_survives_410s_and_closed_streams() -> Result<()> {
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let c = TestCluster::start().await;
+    let Some(server) = c.embedded("reflector 410") else {
+        return Ok(());
+    };
+    let ns = c.namespace("reflector").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    for i in 0..20 {
+        api.create(&PostParams::default(), &cm(&format!("r{i}"), &[("v", "0")], &[]))
+            .await?;
+    }
+    let (reader, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api.clone(), watcher::Config::default())).applied_objects();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    reader.wait_until_ready().await?;
+    server.store().set_window(5);
+    for round in 0..5 {
+        for i in 5..20 {
+            api.patch(
+                &format!("r{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"v": round.to_string()}})),
+            )
+            .await?;
+        }
+        if round % 2 == 0 {
+            server.faults().force_gone(1);
+        }
+        server.faults().close_watches();
+        api.delete(&format!("r{round}"), &DeleteParams::default()).await?;
+        api.create(
+            &PostParams::default(),
+            &cm(&format!("new{round}"), &[("v", "x")], &[]),
+        )
+        .await?;
+    }
+    let converged = eventually(30, || {
+        let api = api.clone();
+        let reader = reader.clone();
+        async move {
+            let fresh = api.list(&ListParams::default()).await.ok()?;
+            let mut want: Vec<(String, Option<String>)> = fresh
+                .items
+                .iter()
+                .map(|o| (o.name_any(), o.data.as_ref().and_then(|d| d.get("v").cloned())))
+                .collect();
+            let mut have: Vec<(String, Option<String>)> = reader
+                .state()
+                .iter()
+                .map(|o| (o.name_any(), o.data.as_ref().and_then(|d| d.get("v").cloned())))
+                .collect();
+            want.sort();
+            have.sort();
+            (want == have).then_some(want.len())
+        }
+    })
+    .await;
+    task.abort();
+    assert_eq!(
+        converged,
+        Some(20),
+        "the reflector's store must equal a fresh list"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_works_against_the_embedded_server() -> Result<()> {
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("kubectl_works_against_the_embedded_server: skipped, kubectl is not on PATH");
+        return Ok(());
+    }
+    let c = TestCluster::start().await;
+    let kc = c.kubeconfig.display().to_string();
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(args)
+            .output();
+        let out = out.map_err(|e| anyhow::anyhow!("kubectl: {e}"))?;
+        ensure!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let dir = tempfile::tempdir()?;
+    let crds = dir.path().join("crds.yaml");
+    std::fs::write(&crds, slinky_host::crds::crds_yaml()?)?;
+    kubectl(&["apply", "-f", &crds.display().to_string()])?;
+    c.install_crds().await;
+    let ns = c.namespace("kubectl").await;
+    let example = slinky_tests::example("slurm-cluster.yaml").display().to_string();
+    let text = std::fs::read_to_string(&example)?.replace("namespace: slurm", &format!("namespace: {ns}"));
+    let file = dir.path().join("cluster.yaml");
+    std::fs::write(&file, text)?;
+    let applied = kubectl(&["apply", "-f", &file.display().to_string()])?;
+    assert!(
+        applied.contains("nodeset.slinky.slurm.net/slurm-worker-slinky created"),
+        "{applied}"
+    );
+    let again = kubectl(&["apply", "-f", &file.display().to_string()])?;
+    assert!(again.contains("unchanged"), "{again}");
+
+    // get -w sees a pod created through the API.
+    let watcher = std::process::Command::new("kubectl")
+        .args([
+            "--kubeconfig",
+            &kc,
+            "-n",
+            &ns,
+            "get",
+            "pods",
+            "-w",
+            "--request-timeout=8s",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "watched"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+
+    kubectl(&[
+        "-n",
+        &ns,
+        "scale",
+        "nodeset",
+        "slurm-worker-slinky",
+        "--replicas=5",
+    ])?;
+    let replicas = kubectl(&[
+        "-n",
+        &ns,
+        "get",
+        "nss",
+        "slurm-worker-slinky",
+        "-o",
+        "jsonpath={.spec.replicas}",
+    ])?;
+    assert_eq!(replicas, "5");
+    kubectl(&[
+        "-n",
+        &ns,
+        "patch",
+        "nodeset",
+        "slurm-worker-slinky",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"replicas":2}}"#,
+    ])?;
+    let table = kubectl(&["-n", &ns, "get", "nodesets"])?;
+    assert!(
+        table.contains("slurm-worker-slinky") && table.contains("REPLICAS"),
+        "{table}"
+    );
+    kubectl(&["-n", &ns, "delete", "nodeset", "slurm-worker-slinky"])?;
+    let none = kubectl(&["-n", &ns, "get", "nodesets", "-o", "name"])?;
+    assert_eq!(none.trim(), "");
+    kubectl(&["-n", &ns, "wait", "--for=delete", "pod/watched", "--timeout=1s"]).err();
+    pods.delete("watched", &DeleteParams::default()).await?;
+    let out = tokio::task::spawn_blocking(move || watcher.wait_with_output()).await??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("watched"),
+        "kubectl get -w did not show the pod: {text}"
+    );
+    Ok(())
+}
