@@ -91,6 +91,8 @@ pub enum Command {
     Apiserver(ApiserverArgs),
     /// Print the CustomResourceDefinitions of the Slinky kinds (YAML).
     Crds,
+    /// Reconcile Controllers and NodeSets on a cluster, or on the embedded API server.
+    Run(crate::run::RunArgs),
 }
 
 /// `apiserver` options.
@@ -173,6 +175,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Render(args) => render_cmd(&engine()?, args),
         Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine()?, &path),
         Command::Apiserver(args) => apiserver(args),
+        Command::Run(args) => {
+            let engine = engine()?;
+            let plugins = Arc::new(PluginRegistry::new(&engine, &args.plugins)?);
+            let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+            runtime.block_on(crate::run::run(args, plugins))
+        }
         Command::Crds => {
             let text = crate::crds::crds_yaml()?;
             std::io::stdout()

@@ -10,8 +10,11 @@ pub mod crds;
 pub mod embedded;
 /// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.
 pub mod plugins;
+pub mod reconcile;
 pub mod render;
 pub mod revision;
+pub mod run;
+pub mod serve;
 pub mod telemetry;
 
 pub use plugins::{BuildContext, Plugin, PluginError, PluginRegistry, PodIdentity};

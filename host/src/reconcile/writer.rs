@@ -1,0 +1,233 @@
+//! The writer: the only code that writes to the API server.
+//!
+//! * Children the host owns wholly (the Controller's Service) are server-side applied with the
+//!   host's field manager (`force`, so a user's edit of a host-owned field is taken back).
+//! * Pods are created, and deleted with a UID precondition (never a namesake).
+//! * Status is written only when it changed, as a merge patch carrying the resourceVersion it was
+//!   computed from; a 409 is retried from a fresh read of the API (not the cache) with jittered
+//!   backoff, a bounded number of times.
+//! * Every write is counted by verb and outcome.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Value, json};
+
+/// The host's field manager.
+pub const FIELD_MANAGER: &str = "slinky-host";
+/// Attempts of a conflict-retried status write.
+pub const STATUS_ATTEMPTS: u32 = 8;
+
+/// Write counters.
+#[derive(Debug, Default)]
+pub struct WriteMetrics {
+    counts: Mutex<BTreeMap<(String, String), u64>>,
+    /// 409s retried from a fresh read.
+    pub conflict_retries: AtomicU64,
+}
+
+impl WriteMetrics {
+    fn count(&self, verb: &str, outcome: &str) {
+        if let Ok(mut m) = self.counts.lock() {
+            *m.entry((verb.to_string(), outcome.to_string())).or_default() += 1;
+        }
+    }
+
+    /// All counts: ((verb, outcome), n).
+    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
+        self.counts.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Total successful writes of a verb.
+    pub fn ok(&self, verb: &str) -> u64 {
+        self.snapshot()
+            .get(&(verb.to_string(), "ok".to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Total writes (any outcome).
+    pub fn total(&self) -> u64 {
+        self.snapshot().values().sum()
+    }
+}
+
+fn outcome(r: &Result<impl Sized, kube::Error>) -> &'static str {
+    match r {
+        Ok(_) => "ok",
+        Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
+        Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+        Err(_) => "error",
+    }
+}
+
+/// Whether an error is a 404.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Whether an error is a 409.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn jitter(attempt: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(attempt);
+    let base = 10u64 << attempt.min(6);
+    Duration::from_millis(base / 2 + h.finish() % base)
+}
+
+/// The writer.
+#[derive(Clone)]
+pub struct Writer {
+    client: Client,
+    metrics: std::sync::Arc<WriteMetrics>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// A writer counting into `metrics`.
+    pub fn new(client: Client, metrics: std::sync::Arc<WriteMetrics>) -> Self {
+        Writer { client, metrics }
+    }
+
+    /// The counters.
+    pub fn metrics(&self) -> &WriteMetrics {
+        &self.metrics
+    }
+
+    /// Server-side apply a Service with the host's field manager (forced).
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn apply_service(&self, svc: &Service) -> Result<Service, kube::Error> {
+        let api: Api<Service> = Api::namespaced(self.client.clone(), &svc.namespace().unwrap_or_default());
+        let r = api
+            .patch(
+                &svc.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(svc),
+            )
+            .await;
+        self.metrics.count("apply", outcome(&r));
+        r
+    }
+
+    /// Create a pod.
+    ///
+    /// # Errors
+    /// The API error (409 AlreadyExists included).
+    pub async fn create_pod(&self, pod: &Pod) -> Result<Pod, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let r = api.create(&pp, pod).await;
+        self.metrics.count("create", outcome(&r));
+        r
+    }
+
+    /// Delete a pod, only if it still has `uid`. A pod already gone is not an error.
+    ///
+    /// # Errors
+    /// The API error (409 when the name now belongs to another pod).
+    pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let r = api.delete(name, &dp).await;
+        self.metrics.count("delete", outcome(&r));
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replace a pod's owner references (adoption, release), with a resourceVersion precondition.
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn set_pod_owners(&self, pod: &Pod, owners: Value) -> Result<Pod, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch =
+            json!({"metadata": {"resourceVersion": pod.resource_version(), "ownerReferences": owners}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let r = api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)).await;
+        self.metrics.count("patch", outcome(&r));
+        r
+    }
+
+    /// Write `status` computed by `compute` from an object, only when it changed: the first attempt
+    /// uses `cached`; after a 409 the object is re-read from the API. Returns the written object,
+    /// or `None` when nothing needed writing.
+    ///
+    /// # Errors
+    /// The API error, or the last 409 after [`STATUS_ATTEMPTS`] attempts.
+    pub async fn update_status<K, S>(
+        &self,
+        api: &Api<K>,
+        cached: &K,
+        compute: impl Fn(&K) -> S,
+        current: impl Fn(&K) -> Option<S>,
+    ) -> Result<Option<K>, kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+        S: Serialize + PartialEq,
+    {
+        let name = cached.name_any();
+        let mut obj = cached.clone();
+        let mut attempt = 0;
+        loop {
+            let status = compute(&obj);
+            if current(&obj).as_ref() == Some(&status) {
+                return Ok(None);
+            }
+            let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": status});
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            let r = api.patch_status(&name, &pp, &Patch::Merge(&patch)).await;
+            self.metrics.count("status", outcome(&r));
+            match r {
+                Ok(o) => return Ok(Some(o)),
+                Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {
+                    attempt += 1;
+                    self.metrics.conflict_retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(jitter(attempt)).await;
+                    obj = api.get(&name).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! `slinky-host run`: reconcile on a cluster (`--kubeconfig`, in-cluster config) or on the
+//! embedded API server (`--embedded`).
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use kube::{
+    Api, Client,
+    api::{DynamicObject, Patch, PatchParams},
+    discovery::Discovery,
+};
+use serde_json::Value;
+
+use crate::{
+    embedded::{ApiServer, ApiServerConfig, LifecycleConfig},
+    plugins::{BuildContext, PluginRegistry},
+    reconcile::{self, Handles, RunConfig},
+};
+
+/// Options of `run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the cluster (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "SLINKY_HOST_KUBECONFIG", conflicts_with = "embedded")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Start the embedded API server (with simulated pod lifecycle) and reconcile on it.
+    #[arg(long, env = "SLINKY_HOST_EMBEDDED")]
+    pub embedded: bool,
+    /// With --embedded: apply these manifests after installing the CRDs.
+    #[arg(long = "apply", requires = "embedded")]
+    pub apply: Vec<PathBuf>,
+    /// With --embedded: write the kubeconfig here (default: ./embedded.kubeconfig).
+    #[arg(
+        long,
+        env = "SLINKY_HOST_KUBECONFIG_OUT",
+        default_value = "embedded.kubeconfig"
+    )]
+    pub kubeconfig_out: PathBuf,
+    /// Watch only this namespace (default: all).
+    #[arg(long, env = "SLINKY_HOST_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: std::net::SocketAddr,
+    /// Plugin files overriding the bundled builders of their kinds.
+    #[arg(long = "plugin")]
+    pub plugins: Vec<PathBuf>,
+    /// The cluster DNS domain given to builders.
+    #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Resync period of healthy objects, in seconds.
+    #[arg(long, env = "SLINKY_HOST_RESYNC_SECONDS", default_value_t = 300)]
+    pub resync_seconds: u64,
+    /// Stop after this many seconds (for demos and smoke tests; default: run until signalled).
+    #[arg(long, env = "SLINKY_HOST_RUN_FOR_SECONDS")]
+    pub run_for_seconds: Option<u64>,
+}
+
+/// Server-side apply every object in `files` (YAML documents), creating missing namespaces.
+///
+/// # Errors
+/// A file that can't be read or parsed, an unknown kind, or an API error; each names the object.
+pub async fn apply_files(client: &Client, files: &[PathBuf]) -> anyhow::Result<usize> {
+    use serde::Deserialize;
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .context("API discovery failed")?;
+    let mut n = 0;
+    for file in files {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+            let at = format!("{} (document {})", file.display(), i + 1);
+            let value = Value::deserialize(doc).with_context(|| format!("{at}: not valid YAML"))?;
+            if value.is_null() {
+                continue;
+            }
+            let obj: DynamicObject =
+                serde_json::from_value(value).with_context(|| format!("{at}: not a Kubernetes object"))?;
+            let types = obj
+                .types
+                .clone()
+                .with_context(|| format!("{at}: apiVersion and kind are required"))?;
+            let gvk = kube::api::GroupVersionKind::try_from(&types)
+                .with_context(|| format!("{at}: bad apiVersion"))?;
+            let (ar, caps) = discovery.resolve_gvk(&gvk).with_context(|| {
+                format!(
+                    "{at}: the server does not serve {} {}",
+                    types.api_version, types.kind
+                )
+            })?;
+            let name = obj
+                .metadata
+                .name
+                .clone()
+                .with_context(|| format!("{at}: metadata.name is required"))?;
+            let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
+                let ns = obj.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+                ensure_namespace(client, &ns).await?;
+                Api::namespaced_with(client.clone(), &ns, &ar)
+            } else {
+                Api::all_with(client.clone(), &ar)
+            };
+            api.patch(
+                &name,
+                &PatchParams::apply("slinky-host-apply").force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .with_context(|| format!("{at}: cannot apply {} {name}", types.kind))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+async fn ensure_namespace(client: &Client, ns: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let api: Api<Namespace> = Api::all(client.clone());
+    if api.get_opt(ns).await?.is_none() {
+        let obj: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?;
+        match api.create(&Default::default(), &obj).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot create namespace {ns}")),
+        }
+    }
+    Ok(())
+}
+
+/// Install (server-side apply) the Slinky CRDs and wait until they are served.
+///
+/// # Errors
+/// API errors.
+pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crate::crds::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply("slinky-host").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("cannot install CRD {name}"))?;
+    }
+    Ok(())
+}
+
+fn summary(h: &Handles) -> String {
+    let pods = h.pods.state();
+    let ready = pods
+        .iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count();
+    let writes: Vec<String> = h
+        .writes
+        .snapshot()
+        .iter()
+        .map(|((v, o), n)| format!("{v}/{o}={n}"))
+        .collect();
+    format!(
+        "controllers={} nodesets={} pods={} ready={} writes[{}]",
+        h.controllers.state().len(),
+        h.nodesets.state().len(),
+        pods.len(),
+        ready,
+        writes.join(" ")
+    )
+}
+
+/// Run the host.
+///
+/// # Errors
+/// Setup failures (kubeconfig, embedded server, CRDs, manifests, plugins, HTTP address).
+pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
+    let mut server = None;
+    let client = if args.embedded {
+        let s = ApiServer::start(ApiServerConfig {
+            lifecycle: Some(LifecycleConfig::default()),
+            ..Default::default()
+        })
+        .await
+        .context("cannot start the embedded API server")?;
+        s.write_kubeconfig(&args.kubeconfig_out)
+            .with_context(|| format!("cannot write {}", args.kubeconfig_out.display()))?;
+        let client = s
+            .client()
+            .context("cannot build a client for the embedded API server")?;
+        install_crds(&client).await?;
+        let n = apply_files(&client, &args.apply).await?;
+        println!(
+            "embedded API server at {} (kubeconfig: {})",
+            s.url(),
+            args.kubeconfig_out.display()
+        );
+        println!(
+            "applied {n} objects; watch with: kubectl --kubeconfig {} get nodesets,pods -A -w",
+            args.kubeconfig_out.display()
+        );
+        server = Some(s);
+        client
+    } else {
+        let config = match &args.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+            }
+            None => kube::Config::infer()
+                .await
+                .context("no kubeconfig and not in a cluster: pass --kubeconfig or --embedded")?,
+        };
+        Client::try_from(config)?
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = {
+        let mut rx = stop_rx.clone();
+        Box::pin(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })
+    };
+    let config = RunConfig {
+        namespace: args.namespace.clone(),
+        build: BuildContext {
+            cluster_domain: args.cluster_domain.clone(),
+        },
+        resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
+    };
+    let (handles, host) = reconcile::start(client, plugins, config, "slinky-host", shutdown);
+    let http = crate::serve::serve(args.http_addr, handles.clone())
+        .await
+        .with_context(|| format!("cannot serve on {}", args.http_addr))?;
+    let host = tokio::spawn(host);
+
+    let summary_handles = handles.clone();
+    let summaries = tokio::spawn(async move {
+        let mut last = String::new();
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let s = summary(&summary_handles);
+            if s != last {
+                println!("{s}");
+                last = s;
+            }
+        }
+    });
+    let deadline = async {
+        match args.run_for_seconds {
+            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing in-flight writes"),
+        _ = sigterm.recv() => tracing::info!("terminated; finishing in-flight writes"),
+        _ = deadline => {}
+    }
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(30), host).await;
+    summaries.abort();
+    http.abort();
+    println!("{}", summary(&handles));
+    if let Some(s) = server {
+        s.shutdown().await;
+    }
+    Ok(())
+}
