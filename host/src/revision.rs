@@ -6,24 +6,17 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use slinky_api::{Controller, NodeSet};
 
-/// The annotation kubectl keeps the last applied object in (changes with every spec edit, so it
-/// is left out of the hash).
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
 /// The pod revision of `nodeset` built by the builder with digest `builder_digest`: 10 hex digits.
 ///
-/// Covered: the NodeSet's labels and annotations (they are copied onto pods), every spec field a
-/// builder reads for a pod (all but `replicas`, `updateStrategy`, `minReadySeconds`,
+/// Covered: every spec field a builder reads for a pod (all but `replicas`, `updateStrategy`, `minReadySeconds`,
 /// `revisionHistoryLimit`, `persistentVolumeClaimRetentionPolicy`, `workloadDisruptionProtection`
 /// and `pruneSlurmNodeRecords`), the Controller fields the bundled builder reads (name, namespace,
-/// `slurmKeyRef`, `external`, `externalConfig`), and the builder digest.
+/// `slurmKeyRef`, `external`, `externalConfig`), and the builder digest. The NodeSet's own labels
+/// and annotations are not covered, as in Slinky: `kubectl label nodeset …` must not restart a
+/// Slurm cluster's workers; new pods get them when they are built.
 pub fn pod_revision(nodeset: &NodeSet, controller: &Controller, builder_digest: &str) -> String {
-    let mut annotations = nodeset.metadata.annotations.clone().unwrap_or_default();
-    annotations.remove(LAST_APPLIED);
     let s = &nodeset.spec;
     let input = json!({
-        "labels": nodeset.metadata.labels,
-        "annotations": annotations,
         "spec": {
             "controllerRef": s.controller_ref,
             "scalingMode": s.scaling_mode,

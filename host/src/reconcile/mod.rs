@@ -220,14 +220,16 @@ fn observe(
     ev: &watcher::Event<Pod>,
 ) {
     let sighting = |pod: &Pod, seen: &mut HashMap<String, String>| {
-        let (Some(uid), Some(key)) = (pod.uid(), owner_key(pod)) else {
-            return;
-        };
-        if !seen.contains_key(&uid) {
-            expectations.creation_observed(&key);
-            seen.insert(uid.clone(), key.clone());
+        let Some(uid) = pod.uid() else { return };
+        let key = owner_key(pod).unwrap_or_default();
+        match seen.get(&uid) {
+            // A pod seen for the first time with an owner: the creation we expect. A pod seen
+            // before without one (an orphan being adopted) is no creation.
+            None if !key.is_empty() => expectations.creation_observed(&key),
+            _ => {}
         }
-        if pod.metadata.deletion_timestamp.is_some() {
+        seen.insert(uid.clone(), key.clone());
+        if pod.metadata.deletion_timestamp.is_some() && !key.is_empty() {
             expectations.deletion_observed(&key, &uid);
         }
     };
@@ -235,7 +237,10 @@ fn observe(
         watcher::Event::Apply(pod) => sighting(pod, seen),
         watcher::Event::Delete(pod) => {
             if let Some(uid) = pod.uid() {
-                let key = seen.remove(&uid).or_else(|| owner_key(pod));
+                let key = seen
+                    .remove(&uid)
+                    .filter(|k| !k.is_empty())
+                    .or_else(|| owner_key(pod));
                 if let Some(key) = key {
                     expectations.deletion_observed(&key, &uid);
                 }

@@ -382,6 +382,14 @@ async fn sync_pods(
         }
     }
 
+    tracing::debug!(
+        replicas,
+        live = live.len(),
+        creates = ?creates,
+        condemned = ?condemned.iter().map(|p| p.name_any()).collect::<Vec<_>>(),
+        nodeset_rv = ?ns.resource_version(),
+        "sync pods"
+    );
     if !condemned.is_empty() {
         let uids: Vec<String> = condemned.iter().filter_map(|p| p.uid()).collect();
         ctx.expectations.expect_deletions(key, uids);

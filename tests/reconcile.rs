@@ -1,0 +1,604 @@
+//! The reconciliation host end to end, on the embedded API server over HTTP: scaling, cache lag,
+//! failed and timed-out creates, conflict storms, restarts, steady state, rolling updates, and the
+//! Controller's Service.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use slinky_api::{Controller, NodeSet};
+use slinky_host::{
+    PluginRegistry,
+    embedded::{ApiServerConfig, FaultError, FaultRule, LifecycleConfig, Times},
+    reconcile::{self, Handles, RunConfig},
+};
+use slinky_tests::{TestCluster, default_engine, eventually};
+
+/// A running host on a test cluster.
+struct Host {
+    handles: Handles,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Host {
+    fn start(c: &TestCluster, ns: &str) -> Result<Self> {
+        let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let mut rx2 = rx.clone();
+        let shutdown = async move {
+            let _ = rx2.wait_for(|s| *s).await;
+        }
+        .boxed();
+        let config = RunConfig {
+            namespace: Some(ns.into()),
+            resync: Some(Duration::from_secs(1)),
+            ..Default::default()
+        };
+        let (handles, fut) =
+            reconcile::start(c.client.clone(), plugins, config, "slinky-host-test", shutdown);
+        Ok(Host {
+            handles,
+            stop,
+            task: tokio::spawn(fut),
+        })
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+    }
+}
+
+async fn cluster(lifecycle: bool) -> TestCluster {
+    let lc = lifecycle.then(|| LifecycleConfig {
+        nodes: 3,
+        schedule_delay: Duration::from_millis(20),
+        ready_delay: Duration::from_millis(50),
+    });
+    let c = TestCluster::start_with(ApiServerConfig {
+        lifecycle: lc,
+        ..Default::default()
+    })
+    .await;
+    c.install_crds().await;
+    c
+}
+
+async fn apply_example(c: &TestCluster, ns: &str, replicas: i32) -> Result<()> {
+    let text = std::fs::read_to_string(slinky_tests::example("slurm-cluster.yaml"))?;
+    for doc in text.split("\n---\n") {
+        let mut v: serde_json::Value = serde_yaml::from_str(doc)?;
+        v["metadata"]["namespace"] = ns.into();
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = replicas.into();
+        }
+        let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let pp = PatchParams::apply("test-user").force();
+        if v["kind"] == "Controller" {
+            Api::<Controller>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(&v))
+                .await?;
+        } else {
+            Api::<NodeSet>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(&v))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+const NS_NAME: &str = "slurm-worker-slinky";
+
+async fn scale(c: &TestCluster, ns: &str, replicas: i32) -> Result<i64> {
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), ns);
+    let r = api
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await?;
+    Ok(r.metadata.generation.unwrap_or_default())
+}
+
+async fn pod_names(c: &TestCluster, ns: &str) -> Result<BTreeSet<String>> {
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(ResourceExt::name_any)
+        .collect())
+}
+
+fn names(ordinals: &[u32]) -> BTreeSet<String> {
+    ordinals.iter().map(|o| format!("{NS_NAME}-{o}")).collect()
+}
+
+/// Wait until exactly `want` pods exist and the status says so for `generation`.
+async fn converge(
+    c: &TestCluster,
+    ns: &str,
+    want: &BTreeSet<String>,
+    generation: i64,
+    ready: bool,
+) -> Result<()> {
+    let n = want.len() as i32;
+    let done = eventually(60, || async {
+        let have = pod_names(c, ns).await.ok()?;
+        let obj = Api::<NodeSet>::namespaced(c.client.clone(), ns)
+            .get(NS_NAME)
+            .await
+            .ok()?;
+        let st = obj.status?;
+        let ok = have == *want
+            && st.replicas == n
+            && st.observed_generation == Some(generation)
+            && (!ready || (st.ready_replicas == n && st.available_replicas == n && st.updated_replicas == n));
+        ok.then_some(())
+    })
+    .await;
+    if done.is_none() {
+        let have = pod_names(c, ns).await?;
+        let st = Api::<NodeSet>::namespaced(c.client.clone(), ns)
+            .get(NS_NAME)
+            .await?
+            .status;
+        bail!("did not converge to {want:?} (generation {generation}): pods {have:?}, status {st:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scale_0_5_2_7_0_keeps_the_right_ordinals_and_status() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("scale").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    let g = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?
+        .metadata
+        .generation
+        .unwrap_or(1);
+    converge(&c, &ns, &names(&[]), g, true).await?;
+    for (replicas, ordinals) in [
+        (5, vec![0, 1, 2, 3, 4]),
+        (2, vec![0, 1]),
+        (7, vec![0, 1, 2, 3, 4, 5, 6]),
+        (0, vec![]),
+    ] {
+        let g = scale(&c, &ns, replicas).await?;
+        converge(&c, &ns, &names(&ordinals), g, true)
+            .await
+            .with_context(|| format!("scaling to {replicas}"))?;
+    }
+    let st = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?
+        .status
+        .context("status")?;
+    assert_eq!(
+        st.selector.as_deref(),
+        Some("app.kubernetes.io/instance=slurm-worker-slinky,app.kubernetes.io/name=slurmd")
+    );
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+    // The Controller's Service exists and the Controller is Ready.
+    let svc = Api::<Service>::namespaced(c.client.clone(), &ns)
+        .get("slurm-controller")
+        .await?;
+    assert_eq!(
+        svc.owner_references().first().map(|o| o.kind.as_str()),
+        Some("Controller")
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lagging_caches_never_cause_duplicate_or_extra_creates() -> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let c = cluster(false).await;
+    let server = c.server.as_ref().context("embedded")?;
+    let ns = c.namespace("lag").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.faults().set_watch_delay(Duration::from_millis(150));
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    scale(&c, &ns, 6).await?;
+    // A burst of reconciles while the caches lag.
+    for i in 0..30 {
+        api.patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": i.to_string()}}})),
+        )
+        .await?;
+    }
+    let ok = eventually(60, || async {
+        (pod_names(&c, &ns).await.ok()?.len() == 6).then_some(())
+    })
+    .await;
+    ensure!(ok.is_some(), "did not reach 6 pods");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(pod_names(&c, &ns).await?, names(&[0, 1, 2, 3, 4, 5]));
+    let creates = host.handles.writes.snapshot();
+    let attempted: u64 = creates
+        .iter()
+        .filter(|((v, _), _)| v == "create")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(attempted, 6, "every create attempt made a new pod: {creates:?}");
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_and_timed_out_creates_release_expectations_and_converge() -> Result<()> {
+    let c = cluster(true).await;
+    let server = c.server.as_ref().context("embedded")?;
+    let ns = c.namespace("failing").await;
+    apply_example(&c, &ns, 0).await?;
+    server.faults().add(FaultRule::new(
+        "create",
+        "pods",
+        FaultError::Internal,
+        Times::Probability(0.5),
+    ));
+    server
+        .faults()
+        .add(FaultRule::new("create", "pods", FaultError::Timeout, Times::Count(2)).after());
+    let host = Host::start(&c, &ns)?;
+    let g = scale(&c, &ns, 8).await?;
+    converge(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7]), g, true).await?;
+    let fired = server.faults().fired().len();
+    ensure!(fired >= 3, "faults fired: {fired}");
+    assert_eq!(
+        host.handles.expectations.total_pending(),
+        0,
+        "no expectation left raised"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<()> {
+    let c = cluster(true).await;
+    let server = c.server.as_ref().context("embedded")?;
+    let ns = c.namespace("storm").await;
+    apply_example(&c, &ns, 3).await?;
+    server.faults().add(FaultRule::new(
+        "patch",
+        "nodesets/status",
+        FaultError::Conflict,
+        Times::Probability(0.6),
+    ));
+    let host = Host::start(&c, &ns)?;
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    // Another writer keeps changing the NodeSet's labels (new resourceVersions).
+    let other = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            for i in 0..40 {
+                let _ = api
+                    .patch(
+                        NS_NAME,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"labels": {"other": i.to_string()}}})),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+    let g = api.get(NS_NAME).await?.metadata.generation.unwrap_or(1);
+    converge(&c, &ns, &names(&[0, 1, 2]), g, true).await?;
+    other.await?;
+    let final_obj = api.get(NS_NAME).await?;
+    assert_eq!(
+        final_obj.labels().get("other").map(String::as_str),
+        Some("39"),
+        "no status write overwrote a newer object"
+    );
+    ensure!(
+        host.handles
+            .writes
+            .conflict_retries
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "conflicts were retried"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn steady_state_makes_no_writes_and_a_restart_adopts_without_duplicates() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("steady").await;
+    apply_example(&c, &ns, 4).await?;
+    let host = Host::start(&c, &ns)?;
+    let g = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?
+        .metadata
+        .generation
+        .unwrap_or(1);
+    converge(&c, &ns, &names(&[0, 1, 2, 3]), g, true).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = host.handles.writes.total();
+    let reconciles = host.handles.metrics.count("NodeSet", "ok");
+    tokio::time::sleep(Duration::from_secs(4)).await; // several 1 s resyncs
+    ensure!(
+        host.handles.metrics.count("NodeSet", "ok") >= reconciles + 2,
+        "resyncs happened"
+    );
+    assert_eq!(
+        host.handles.writes.total(),
+        before,
+        "a steady state makes zero writes: {:?}",
+        host.handles.writes.snapshot()
+    );
+
+    // Kill mid-scale; a new host picks up the existing pods and creates only the missing ones.
+    scale(&c, &ns, 9).await?;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    host.stop().await;
+    let existing = pod_names(&c, &ns).await?;
+    let second = Host::start(&c, &ns)?;
+    let g = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?
+        .metadata
+        .generation
+        .unwrap_or(1);
+    converge(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7, 8]), g, true).await?;
+    let created = second.handles.writes.ok("create") as usize;
+    assert_eq!(
+        created,
+        9 - existing.len(),
+        "the new host created only the missing pods (had {existing:?})"
+    );
+    let conflicts = second
+        .handles
+        .writes
+        .snapshot()
+        .get(&("create".to_string(), "conflict".to_string()))
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(conflicts, 0, "no create collided with an existing pod");
+    second.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orphan_pods_are_adopted() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("adopt").await;
+    apply_example(&c, &ns, 2).await?;
+    // OnDelete: the adopted pod (built by someone else, so of another revision) is kept as it is.
+    Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"updateStrategy": {"type": "OnDelete"}}})),
+        )
+        .await?;
+    // A matching pod without owner (say, left by a previous operator that was uninstalled).
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": format!("{NS_NAME}-0"), "labels": {
+        "app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": NS_NAME}},
+        "spec": {"containers": [{"name": "slurmd", "image": "x"}]}}))?;
+    Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .create(&Default::default(), &pod)
+        .await?;
+    let host = Host::start(&c, &ns)?;
+    let adopted = eventually(30, || async {
+        let p = Api::<Pod>::namespaced(c.client.clone(), &ns)
+            .get(&format!("{NS_NAME}-0"))
+            .await
+            .ok()?;
+        p.owner_references()
+            .iter()
+            .any(|o| o.kind == "NodeSet" && o.controller == Some(true))
+            .then_some(())
+    })
+    .await;
+    ensure!(adopted.is_some(), "the orphan was not adopted");
+    let two = eventually(30, || async {
+        (pod_names(&c, &ns).await.ok()? == names(&[0, 1])).then_some(())
+    })
+    .await;
+    ensure!(two.is_some(), "expected pods 0 and 1");
+    assert_eq!(host.handles.writes.ok("create"), 1, "only ordinal 1 was created");
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_update_never_exceeds_max_unavailable() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("roll").await;
+    apply_example(&c, &ns, 8).await?; // maxUnavailable 25% of 8 = 2
+    let host = Host::start(&c, &ns)?;
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let g = api.get(NS_NAME).await?.metadata.generation.unwrap_or(1);
+    converge(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7]), g, true).await?;
+    let old_rev = api
+        .get(NS_NAME)
+        .await?
+        .status
+        .and_then(|s| s.node_set_hash)
+        .context("revision")?;
+    let patch = json!({"spec": {"template": {"metadata": {"labels": {"example.com/pool": "gpu"}}}}});
+    let g = api
+        .patch(NS_NAME, &PatchParams::default(), &Patch::Merge(patch))
+        .await?
+        .metadata
+        .generation
+        .unwrap_or(0);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let mut worst = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let list = pods.list(&ListParams::default()).await?;
+        let available = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .count();
+        worst = worst.max(8 - available.min(8));
+        let st = api.get(NS_NAME).await?.status.context("status")?;
+        let all_new = list.items.len() == 8
+            && list
+                .items
+                .iter()
+                .all(|p| p.labels().get("example.com/pool").map(String::as_str) == Some("gpu"));
+        if all_new
+            && st.observed_generation == Some(g)
+            && st.updated_replicas == 8
+            && st.available_replicas == 8
+        {
+            assert_ne!(
+                st.node_set_hash.as_deref(),
+                Some(old_rev.as_str()),
+                "a new revision"
+            );
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("the rolling update did not finish: {st:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    assert!(
+        worst <= 2,
+        "at most maxUnavailable (2) pods were unavailable at once, saw {worst}"
+    );
+    assert!(worst >= 1, "pods were replaced");
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_controller_service_is_applied_shared_and_restored() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("svc").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    let svcs = Api::<Service>::namespaced(c.client.clone(), &ns);
+    let applied = eventually(30, || async {
+        svcs.get_opt("slurm-controller").await.ok().flatten()
+    })
+    .await
+    .context("no Service")?;
+    let managers: Vec<String> = applied
+        .metadata
+        .managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(managers.contains(&"slinky-host".to_string()), "{managers:?}");
+    // Another field manager adds a label: it survives the host's re-applies.
+    let label = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "slurm-controller", "labels": {"team": "hpc"}}});
+    svcs.patch(
+        "slurm-controller",
+        &PatchParams::apply("someone-else"),
+        &Patch::Apply(&label),
+    )
+    .await?;
+    // Someone edits a field the host owns: it is restored.
+    svcs.patch(
+        "slurm-controller",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"selector": {"app.kubernetes.io/name": "hijacked"}}})),
+    )
+    .await?;
+    let restored = eventually(30, || async {
+        let s = svcs.get("slurm-controller").await.ok()?;
+        let sel = s.spec.as_ref()?.selector.clone()?;
+        (sel.get("app.kubernetes.io/name").map(String::as_str) == Some("slurmctld")).then_some(s)
+    })
+    .await
+    .context("the selector was not restored")?;
+    assert_eq!(
+        restored.labels().get("team").map(String::as_str),
+        Some("hpc"),
+        "the other manager's label survives"
+    );
+    let ctl = Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .get("slurm")
+        .await?;
+    let st = ctl.status.context("controller status")?;
+    assert_eq!(st.observed_generation, ctl.metadata.generation);
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{:?}",
+        st.conditions
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_controller_is_a_condition_not_a_crash() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("orphan").await;
+    let text = std::fs::read_to_string(slinky_tests::example("edge-cases.yaml"))?;
+    let first = text.split("\n---\n").next().context("first document")?;
+    let mut v: serde_json::Value = serde_yaml::from_str(first)?;
+    v["metadata"]["namespace"] = ns.clone().into();
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    api.patch(
+        "orphan-workers",
+        &PatchParams::apply("test-user"),
+        &Patch::Apply(&v),
+    )
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let cond = eventually(30, || async {
+        let st = api.get("orphan-workers").await.ok()?.status?;
+        st.conditions
+            .into_iter()
+            .find(|c| c.type_ == "ControllerNotFound" && c.status == "True")
+    })
+    .await
+    .context("no ControllerNotFound condition")?;
+    assert!(cond.message.contains("no-such-controller"), "{}", cond.message);
+    assert!(pod_names(&c, &ns).await?.is_empty());
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    ensure!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ControllerNotFound")),
+        "an Event was published"
+    );
+    host.stop().await;
+    Ok(())
+}
