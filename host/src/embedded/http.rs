@@ -1013,7 +1013,13 @@ fn watch(
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
-                    if tx.send(watch_line(kind, render(&e.obj))).await.is_err() {
+                    let line = if table {
+                        watch_line(kind, render(&e.obj))
+                    } else {
+                        let json = e.json.get_or_init(|| e.obj.to_string());
+                        Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":{json}}}\n"))
+                    };
+                    if tx.send(line).await.is_err() {
                         return;
                     }
                 }

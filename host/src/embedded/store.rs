@@ -62,6 +62,8 @@ pub struct Event {
     pub obj: Arc<Value>,
     /// The object before the change, for modifications.
     pub prev: Option<Arc<Value>>,
+    /// The object's JSON, serialized once for every watcher.
+    pub json: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Delete options (`DeleteOptions` body and query).
@@ -661,6 +663,7 @@ impl Inner {
             kind,
             obj,
             prev,
+            json: Arc::default(),
         });
         self.trim();
     }

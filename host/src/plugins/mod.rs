@@ -33,45 +33,9 @@ pub use bindings::{BuilderKind, CONTRACT_VERSION, PluginInfo};
 pub use bundled::PluginRegistry;
 pub use engine::{Allocator, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
 
-/// What a build call may know about the cluster (the WIT `build-context`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildContext {
-    /// The cluster DNS domain.
-    pub cluster_domain: String,
-}
-
-impl Default for BuildContext {
-    fn default() -> Self {
-        BuildContext {
-            cluster_domain: "cluster.local".into(),
-        }
-    }
-}
-
-/// Which pod of a NodeSet to build (the WIT `pod-identity`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodIdentity {
-    /// Ordinal.
-    pub ordinal: u32,
-    /// Pod name.
-    pub name: String,
-    /// Hostname.
-    pub hostname: String,
-    /// Revision hash.
-    pub revision: String,
-}
-
-impl PodIdentity {
-    /// The identity of `ordinal` in `nodeset` with revision `revision`.
-    pub fn for_ordinal(nodeset: &NodeSet, ordinal: u32, revision: &str) -> Self {
-        PodIdentity {
-            ordinal,
-            name: nodeset.pod_name(ordinal),
-            hostname: nodeset.pod_hostname(ordinal),
-            revision: revision.to_string(),
-        }
-    }
-}
+/// What a build call may know about the cluster (the WIT `build-context`), and which pod of a
+/// NodeSet to build (the WIT `pod-identity`): the same types plugin authors use.
+pub use slinky_guest_sdk::{BuildContext, PodIdentity};
 
 /// The error a builder returned (the WIT `build-error`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
