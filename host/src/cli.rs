@@ -127,6 +127,9 @@ pub struct ApiserverArgs {
     /// Delay of every watch event, in milliseconds.
     #[arg(long, env = "SLINKY_HOST_WATCH_DELAY_MS", default_value_t = 0)]
     pub watch_delay_ms: u64,
+    /// Keep the objects here across restarts (snapshot + write-ahead log); memory only by default.
+    #[arg(long, env = "SLINKY_HOST_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Output formats of `render`.

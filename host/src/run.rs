@@ -36,9 +36,9 @@ pub struct RunArgs {
         default_value = "embedded.kubeconfig"
     )]
     pub kubeconfig_out: PathBuf,
-    /// Watch only this namespace (default: all).
-    #[arg(long, env = "SLINKY_HOST_NAMESPACE")]
-    pub namespace: Option<String>,
+    /// Serve only this namespace; repeatable (default: all namespaces).
+    #[arg(long = "namespace", env = "SLINKY_HOST_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
     /// Serve /metrics, /healthz and /readyz here.
     #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: std::net::SocketAddr,
@@ -229,7 +229,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         })
     };
     let config = RunConfig {
-        namespace: args.namespace.clone(),
+        namespaces: args.namespaces.clone(),
         build: BuildContext {
             cluster_domain: args.cluster_domain.clone(),
         },

@@ -153,6 +153,8 @@ pub struct ApiServerConfig {
     /// Serve HTTPS (a CA generated at start; kubectl only sends tokens over TLS). Plain HTTP
     /// when false.
     pub tls: bool,
+    /// Persist the store here (snapshot + write-ahead log); memory only when `None`.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ApiServerConfig {
@@ -164,6 +166,7 @@ impl Default for ApiServerConfig {
             fault_seed: 0,
             lifecycle: None,
             tls: true,
+            state_dir: None,
         }
     }
 }
@@ -221,7 +224,7 @@ impl ApiServer {
             None
         };
         let shared = Arc::new(Shared {
-            store: Store::new(config.watch_window),
+            store: Store::open(config.watch_window, config.state_dir.as_deref())?,
             faults: Arc::new(Faults::new(config.fault_seed)),
             token: config.token.clone(),
             addr,

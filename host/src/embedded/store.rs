@@ -90,6 +90,8 @@ struct Inner {
     /// Events at or below this revision may have been dropped from the log.
     compacted: u64,
     next_ip: u32,
+    /// The write-ahead log, with `--state-dir`.
+    wal: Option<std::fs::File>,
 }
 
 /// The store. Cheap to share (`Arc`).
@@ -165,8 +167,22 @@ fn same_content(a: &Value, b: &Value) -> bool {
 impl Store {
     /// A store serving the built-in types, keeping `window` events for watches.
     pub fn new(window: usize) -> Arc<Self> {
+        match Self::open(window, None) {
+            Ok(s) => s,
+            Err(_) => unreachable!("a store without a state directory does no I/O"),
+        }
+    }
+
+    /// A store that persists to `state_dir` when given: a snapshot plus a write-ahead log of
+    /// JSON lines, one per change. On open the snapshot is loaded, the log replayed (a torn last
+    /// line, from a crash mid-write, is dropped), and both compacted into a new snapshot written
+    /// atomically (temp file + rename).
+    ///
+    /// # Errors
+    /// I/O errors of the state directory, or a snapshot that is not ours.
+    pub fn open(window: usize, state_dir: Option<&std::path::Path>) -> std::io::Result<Arc<Self>> {
         let types = resources::builtins().into_iter().map(|t| (t.key(), t)).collect();
-        let inner = Inner {
+        let mut inner = Inner {
             rev: 1,
             types,
             objects: HashMap::new(),
@@ -174,25 +190,27 @@ impl Store {
             window: window.max(1),
             compacted: 1,
             next_ip: 1,
+            wal: None,
         };
-        let (revision, _) = watch::channel(1);
+        if let Some(dir) = state_dir {
+            inner.load(dir)?;
+        }
+        let rev = inner.rev;
+        let (revision, _) = watch::channel(rev);
         let store = Arc::new(Store {
             inner: Mutex::new(inner),
             revision,
         });
+        let nskey = ResKey {
+            group: String::new(),
+            plural: "namespaces".into(),
+        };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-            let _ = store.create(
-                &ResKey {
-                    group: String::new(),
-                    plural: "namespaces".into(),
-                },
-                "",
-                json!({"metadata": {"name": ns}}),
-                "embedded",
-                false,
-            );
+            if store.get(&nskey, "", ns).is_err() {
+                let _ = store.create(&nskey, "", json!({"metadata": {"name": ns}}), "embedded", false);
+            }
         }
-        store
+        Ok(store)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -657,6 +675,22 @@ impl Inner {
     }
 
     fn push_event(&mut self, res: &ResKey, kind: EventKind, obj: Arc<Value>, prev: Option<Arc<Value>>) {
+        if let Some(wal) = self.wal.as_mut() {
+            use std::io::Write;
+            let op = if kind == EventKind::Deleted {
+                "delete"
+            } else {
+                "put"
+            };
+            let mut line =
+                json!({"rev": self.rev, "group": res.group, "plural": res.plural, "op": op, "obj": &*obj})
+                    .to_string();
+            line.push('\n');
+            if let Err(error) = wal.write_all(line.as_bytes()) {
+                tracing::error!(%error, "cannot append to the write-ahead log; persistence is off from now on");
+                self.wal = None;
+            }
+        }
         self.events.push_back(Event {
             rev: self.rev,
             res: res.clone(),
@@ -1173,6 +1207,112 @@ impl Inner {
                 let _ = self.remove(&res, ns, &name, last, "Background");
             }
         }
+    }
+}
+
+const SNAPSHOT: &str = "snapshot.json";
+const WAL: &str = "wal.jsonl";
+
+impl Inner {
+    /// Put or remove an object while loading state (no events, no checks).
+    fn restore(&mut self, res: ResKey, op: &str, obj: Value) {
+        let key = (
+            meta_str(&obj, "namespace").unwrap_or_default().to_string(),
+            meta_str(&obj, "name").unwrap_or_default().to_string(),
+        );
+        if res.plural == "customresourcedefinitions" && res.group == "apiextensions.k8s.io" {
+            if let Ok(served) = resources::from_crd(&obj) {
+                if op == "delete" {
+                    self.types.remove(&served.key());
+                    self.objects.remove(&served.key());
+                } else {
+                    self.types.insert(served.key(), served);
+                }
+            }
+        }
+        if op == "delete" {
+            if let Some(m) = self.objects.get_mut(&res) {
+                m.remove(&key);
+            }
+        } else {
+            self.objects.entry(res).or_default().insert(key, Arc::new(obj));
+        }
+    }
+
+    fn load(&mut self, dir: &std::path::Path) -> std::io::Result<()> {
+        use std::io::{BufRead, Write};
+        std::fs::create_dir_all(dir)?;
+        let snapshot = dir.join(SNAPSHOT);
+        if snapshot.is_file() {
+            let v: Value = serde_json::from_slice(&std::fs::read(&snapshot)?).map_err(|e| {
+                std::io::Error::other(format!("{}: not a state snapshot: {e}", snapshot.display()))
+            })?;
+            self.rev = v["rev"].as_u64().unwrap_or(1);
+            let mut items: Vec<&Value> = v["objects"]
+                .as_array()
+                .map(|a| a.iter().collect())
+                .unwrap_or_default();
+            // CRDs first, so their resources are served when their objects are restored.
+            items.sort_by_key(|i| i["plural"] != "customresourcedefinitions");
+            for item in items {
+                let res = ResKey {
+                    group: item["group"].as_str().unwrap_or_default().into(),
+                    plural: item["plural"].as_str().unwrap_or_default().into(),
+                };
+                self.restore(res, "put", item["obj"].clone());
+            }
+        }
+        let wal_path = dir.join(WAL);
+        if wal_path.is_file() {
+            let file = std::fs::File::open(&wal_path)?;
+            for line in std::io::BufReader::new(file).lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    tracing::warn!(path = %wal_path.display(), "dropping a torn record at the end of the write-ahead log");
+                    break;
+                };
+                let rev = v["rev"].as_u64().unwrap_or(0);
+                if rev <= self.rev && snapshot.is_file() {
+                    continue;
+                }
+                let res = ResKey {
+                    group: v["group"].as_str().unwrap_or_default().into(),
+                    plural: v["plural"].as_str().unwrap_or_default().into(),
+                };
+                self.restore(res, v["op"].as_str().unwrap_or("put"), v["obj"].clone());
+                self.rev = self.rev.max(rev);
+            }
+        }
+        self.compacted = self.rev;
+        self.next_ip = 1 + self.objects.values().map(|m| m.len() as u32).sum::<u32>();
+        // Compact: a new snapshot (atomically), then an empty log.
+        let objects: Vec<Value> = self
+            .objects
+            .iter()
+            .flat_map(|(res, m)| {
+                m.values()
+                    .map(move |o| json!({"group": res.group, "plural": res.plural, "obj": &**o}))
+            })
+            .collect();
+        let tmp = dir.join(format!("{SNAPSHOT}.tmp"));
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(
+                json!({"rev": self.rev, "objects": objects})
+                    .to_string()
+                    .as_bytes(),
+            )?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &snapshot)?;
+        let wal = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&wal_path)?;
+        wal.sync_all()?;
+        self.wal = Some(std::fs::OpenOptions::new().append(true).open(&wal_path)?);
+        Ok(())
     }
 }
 

@@ -98,7 +98,7 @@ pub async fn reconcile(c: Arc<Controller>, ctx: Arc<Context>, resync: Duration) 
 
 #[tracing::instrument(skip_all, fields(controller = %format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())))]
 async fn reconcile_inner(c: &Controller, ctx: &Context, resync: Duration) -> Result<Action, Error> {
-    if c.metadata.deletion_timestamp.is_some() {
+    if c.metadata.deletion_timestamp.is_some() || !ctx.serves(&c.namespace().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
     let generation = c.metadata.generation;

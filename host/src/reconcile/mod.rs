@@ -126,11 +126,18 @@ pub struct Context {
     pub recorder: Recorder,
     /// What builders may know of the cluster.
     pub build: BuildContext,
+    /// The namespaces served (all when empty).
+    pub namespaces: Arc<Vec<String>>,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
 }
 
 impl Context {
+    /// Whether this host serves objects of namespace `ns`.
+    pub fn serves(&self, ns: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == ns)
+    }
+
     /// Publish an Event on `obj` (failures are logged, never fatal).
     pub(crate) async fn event<K: kube::Resource<DynamicType = ()>>(
         &self,
@@ -165,8 +172,10 @@ impl Context {
 /// Settings of [`run`].
 #[derive(Debug, Clone, Default)]
 pub struct RunConfig {
-    /// Watch only this namespace (all when `None`).
-    pub namespace: Option<String>,
+    /// Watch only these namespaces (all when empty). One namespace narrows the watches
+    /// themselves; several watch cluster-wide and keep only these namespaces in the caches and
+    /// the reconcilers.
+    pub namespaces: Vec<String>,
     /// The build context for builders.
     pub build: BuildContext,
     /// The period of the resync requeue of healthy objects.
@@ -199,6 +208,19 @@ where
     match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
+    }
+}
+
+/// Whether a watch event concerns one of `allowed` namespaces (all when empty).
+fn in_namespaces<K: kube::Resource>(
+    ev: &Result<watcher::Event<K>, watcher::Error>,
+    allowed: &[String],
+) -> bool {
+    match ev {
+        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => {
+            allowed.is_empty() || o.meta().namespace.as_ref().is_some_and(|n| allowed.contains(n))
+        }
+        _ => true,
     }
 }
 
@@ -303,13 +325,19 @@ pub fn start(
     let writes = Arc::new(WriteMetrics::default());
     let metrics = Arc::new(Metrics::default());
     let expectations = Arc::new(Expectations::new());
-    let ns = config.namespace.clone();
+    let ns = match config.namespaces.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    };
+    let allowed = Arc::new(config.namespaces.clone());
     let wc = watcher::Config::default();
 
     // Pod cache, with expectation observations.
     let (pods, pod_writer) = reflector::store::<Pod>();
     let exp = expectations.clone();
+    let pod_allowed = allowed.clone();
     let pod_stream = watcher(api::<Pod>(&client, &ns), wc.clone())
+        .filter(move |ev| futures::future::ready(in_namespaces(ev, &pod_allowed)))
         .modify(|p| p.managed_fields_mut().clear())
         .default_backoff()
         .reflect(pod_writer);
@@ -325,7 +353,9 @@ pub fn start(
         }
     };
     let (services, svc_writer) = reflector::store::<Service>();
+    let svc_allowed = allowed.clone();
     let svc_stream = watcher(api::<Service>(&client, &ns), wc.clone())
+        .filter(move |ev| futures::future::ready(in_namespaces(ev, &svc_allowed)))
         .modify(|s| s.managed_fields_mut().clear())
         .default_backoff()
         .reflect(svc_writer)
@@ -366,6 +396,7 @@ pub fn start(
         nodesets: nodesets.clone(),
         recorder,
         build: config.build.clone(),
+        namespaces: allowed.clone(),
         metrics: metrics.clone(),
     });
     let ready = Arc::new(AtomicBool::new(false));

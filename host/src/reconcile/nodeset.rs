@@ -154,6 +154,9 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context, resync: Duration) -> Resul
     let namespace = ns.namespace().unwrap_or_default();
     let name = ns.name_any();
     let key = format!("{namespace}/{name}");
+    if !ctx.serves(&namespace) {
+        return Ok(Action::await_change());
+    }
     if ns.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(&key);
         return Ok(Action::await_change());
