@@ -37,7 +37,7 @@ impl Host {
         }
         .boxed();
         let config = RunConfig {
-            namespace: Some(ns.into()),
+            namespaces: vec![ns.into()],
             resync: Some(Duration::from_secs(1)),
             ..Default::default()
         };

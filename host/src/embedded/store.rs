@@ -1220,14 +1220,15 @@ impl Inner {
             meta_str(&obj, "namespace").unwrap_or_default().to_string(),
             meta_str(&obj, "name").unwrap_or_default().to_string(),
         );
-        if res.plural == "customresourcedefinitions" && res.group == "apiextensions.k8s.io" {
-            if let Ok(served) = resources::from_crd(&obj) {
-                if op == "delete" {
-                    self.types.remove(&served.key());
-                    self.objects.remove(&served.key());
-                } else {
-                    self.types.insert(served.key(), served);
-                }
+        if res.plural == "customresourcedefinitions"
+            && res.group == "apiextensions.k8s.io"
+            && let Ok(served) = resources::from_crd(&obj)
+        {
+            if op == "delete" {
+                self.types.remove(&served.key());
+                self.objects.remove(&served.key());
+            } else {
+                self.types.insert(served.key(), served);
             }
         }
         if op == "delete" {
