@@ -16,36 +16,15 @@ pub fn default_and_validate(
     obj: &mut Value,
 ) -> Result<(), ApiError> {
     let mut errors = Vec::new();
-    if let (Value::Object(m), Some(props)) = (&mut *obj, schema.get("properties").and_then(Value::as_object))
-    {
-        for (key, sub) in props {
-            if matches!(key.as_str(), "metadata" | "apiVersion" | "kind") {
-                continue;
-            }
-            if !m.contains_key(key)
-                && let Some(d) = sub.get("default")
-            {
-                m.insert(key.clone(), d.clone());
-            }
-            if let Some(v) = m.get_mut(key) {
-                walk(sub, v, key, &mut errors);
-            }
-        }
-        if schema.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true)) {
-            m.retain(|k, _| {
-                matches!(k.as_str(), "metadata" | "apiVersion" | "kind") || props.contains_key(k)
-            });
-        }
-        for req in schema
-            .get("required")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-        {
-            if !m.contains_key(req) {
-                errors.push((req.to_string(), "Required value".to_string()));
-            }
+    if let Value::Object(m) = obj {
+        // The schema covers the body; apiVersion, kind and metadata are the server's.
+        let kept: Vec<(String, Value)> = ["apiVersion", "kind", "metadata"]
+            .iter()
+            .filter_map(|k| m.remove(*k).map(|v| (k.to_string(), v)))
+            .collect();
+        walk(schema, obj, "", &mut errors);
+        if let Value::Object(m) = obj {
+            m.extend(kept);
         }
     }
     if errors.is_empty() {
@@ -53,6 +32,14 @@ pub fn default_and_validate(
     }
     let causes: Vec<(&str, String)> = errors.iter().map(|(p, m)| (p.as_str(), m.clone())).collect();
     Err(ApiError::invalid(rt, name, causes))
+}
+
+fn child(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -112,17 +99,17 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, Str
                     {
                         m.insert(key.clone(), d.clone());
                     }
-                    if let Some(child) = m.get_mut(key) {
-                        walk(sub, child, &format!("{path}.{key}"), errors);
+                    if let Some(value) = m.get_mut(key) {
+                        walk(sub, value, &child(path, key), errors);
                     }
                 }
             }
             match schema.get("additionalProperties") {
                 Some(Value::Object(_)) => {
                     let sub = &schema["additionalProperties"];
-                    for (key, child) in m.iter_mut() {
+                    for (key, value) in m.iter_mut() {
                         if props.is_none_or(|p| !p.contains_key(key)) {
-                            walk(sub, child, &format!("{path}.{key}"), errors);
+                            walk(sub, value, &child(path, key), errors);
                         }
                     }
                 }
@@ -138,7 +125,7 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, Str
                 .filter_map(Value::as_str)
             {
                 if !m.contains_key(req) {
-                    errors.push((format!("{path}.{req}"), "Required value".to_string()));
+                    errors.push((child(path, req), "Required value".to_string()));
                 }
             }
         }
