@@ -2,10 +2,9 @@
 //! failed and timed-out creates, conflict storms, restarts, steady state, rolling updates, and the
 //! Controller's Service.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
-use futures::FutureExt;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, ResourceExt,
@@ -13,100 +12,11 @@ use kube::{
 };
 use serde_json::json;
 use slinky_api::{Controller, NodeSet};
-use slinky_host::{
-    PluginRegistry,
-    embedded::{ApiServerConfig, FaultError, FaultRule, LifecycleConfig, Times},
-    reconcile::{self, Handles, RunConfig},
+use slinky_host::embedded::{FaultError, FaultRule, Times};
+use slinky_tests::{
+    TestCluster, eventually,
+    host::{Host, NS_NAME, apply_example, cluster, scale},
 };
-use slinky_tests::{TestCluster, default_engine, eventually};
-
-/// A running host on a test cluster.
-struct Host {
-    handles: Handles,
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Host {
-    fn start(c: &TestCluster, ns: &str) -> Result<Self> {
-        let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
-        let (stop, rx) = tokio::sync::watch::channel(false);
-        let mut rx2 = rx.clone();
-        let shutdown = async move {
-            let _ = rx2.wait_for(|s| *s).await;
-        }
-        .boxed();
-        let config = RunConfig {
-            namespaces: vec![ns.into()],
-            resync: Some(Duration::from_secs(1)),
-            ..Default::default()
-        };
-        let (handles, fut) =
-            reconcile::start(c.client.clone(), plugins, config, "slinky-host-test", shutdown);
-        Ok(Host {
-            handles,
-            stop,
-            task: tokio::spawn(fut),
-        })
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
-    }
-}
-
-async fn cluster(lifecycle: bool) -> TestCluster {
-    let lc = lifecycle.then(|| LifecycleConfig {
-        nodes: 3,
-        schedule_delay: Duration::from_millis(20),
-        ready_delay: Duration::from_millis(50),
-    });
-    let c = TestCluster::start_with(ApiServerConfig {
-        lifecycle: lc,
-        ..Default::default()
-    })
-    .await;
-    c.install_crds().await;
-    c
-}
-
-async fn apply_example(c: &TestCluster, ns: &str, replicas: i32) -> Result<()> {
-    let text = std::fs::read_to_string(slinky_tests::example("slurm-cluster.yaml"))?;
-    for doc in text.split("\n---\n") {
-        let mut v: serde_json::Value = serde_yaml::from_str(doc)?;
-        v["metadata"]["namespace"] = ns.into();
-        if v["kind"] == "NodeSet" {
-            v["spec"]["replicas"] = replicas.into();
-        }
-        let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let pp = PatchParams::apply("test-user").force();
-        if v["kind"] == "Controller" {
-            Api::<Controller>::namespaced(c.client.clone(), ns)
-                .patch(&name, &pp, &Patch::Apply(&v))
-                .await?;
-        } else {
-            Api::<NodeSet>::namespaced(c.client.clone(), ns)
-                .patch(&name, &pp, &Patch::Apply(&v))
-                .await?;
-        }
-    }
-    Ok(())
-}
-
-const NS_NAME: &str = "slurm-worker-slinky";
-
-async fn scale(c: &TestCluster, ns: &str, replicas: i32) -> Result<i64> {
-    let api = Api::<NodeSet>::namespaced(c.client.clone(), ns);
-    let r = api
-        .patch(
-            NS_NAME,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-        )
-        .await?;
-    Ok(r.metadata.generation.unwrap_or_default())
-}
 
 async fn pod_names(c: &TestCluster, ns: &str) -> Result<BTreeSet<String>> {
     let pods = Api::<Pod>::namespaced(c.client.clone(), ns)

@@ -166,6 +166,13 @@ pub enum PluginCommand {
         /// The plugin file (`.wasm` component).
         path: PathBuf,
     },
+    /// Ask a running `run --plugins-dir` host to rescan its plugins directory now (like SIGHUP)
+    /// and print what it swapped and refused; exits 1 when a version was refused.
+    Reload {
+        /// The host's HTTP address (its `run --http-addr`).
+        #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+        http_addr: std::net::SocketAddr,
+    },
 }
 
 /// Run a parsed command line.
@@ -177,6 +184,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Render(args) => render_cmd(&engine()?, args),
         Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine()?, &path),
+        Command::Plugin(PluginCommand::Reload { http_addr }) => reload(http_addr),
         Command::Apiserver(args) => apiserver(args),
         Command::Run(args) => {
             let engine = engine()?;
@@ -281,5 +289,55 @@ fn inspect(engine: &Arc<EngineHandle>, path: &std::path::Path) -> anyhow::Result
         .lock()
         .write_all(text.as_bytes())
         .context("cannot write to stdout")?;
+    Ok(())
+}
+
+/// `plugin reload`: `POST /plugins/reload` on the running host.
+fn reload(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    use std::io::Read;
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).with_context(|| {
+            format!("cannot reach the host at {addr}: is `slinky-host run` serving there (--http-addr)?")
+        })?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    write!(
+        stream,
+        "POST /plugins/reload HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .with_context(|| format!("no answer from {addr}"))?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("?");
+    if status != "200" {
+        anyhow::bail!("the host at {addr} answered {status}: {}", body.trim());
+    }
+    // The body may be chunked: take the JSON object inside.
+    let json = match (body.find('{'), body.rfind('}')) {
+        (Some(a), Some(b)) if b > a => &body[a..=b],
+        _ => body,
+    };
+    let report: crate::plugins::reload::ScanReport = serde_json::from_str(json)
+        .with_context(|| format!("the host at {addr} answered something else than a reload report"))?;
+    let mut out = std::io::stdout().lock();
+    for s in &report.swapped {
+        writeln!(out, "swapped: {s}")?;
+    }
+    for p in &report.pending {
+        writeln!(out, "pending: {p}")?;
+    }
+    if report.swapped.is_empty() && report.refused.is_empty() {
+        writeln!(out, "nothing changed")?;
+    }
+    drop(out);
+    if !report.refused.is_empty() {
+        let lines: Vec<String> = report
+            .refused
+            .iter()
+            .map(|r| format!("refused: {}: {}", r.source, r.reason))
+            .collect();
+        anyhow::bail!("{}\n(the previous versions keep serving)", lines.join("\n"));
+    }
     Ok(())
 }

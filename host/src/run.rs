@@ -13,7 +13,10 @@ use serde_json::Value;
 
 use crate::{
     embedded::{ApiServer, ApiServerConfig, LifecycleConfig},
-    plugins::{BuildContext, PluginRegistry},
+    plugins::{
+        BuildContext, PluginRegistry,
+        reload::{self, ReloadConfig, ReloadHandle},
+    },
     reconcile::{self, Handles, RunConfig},
 };
 
@@ -45,6 +48,15 @@ pub struct RunArgs {
     /// Plugin files overriding the bundled builders of their kinds.
     #[arg(long = "plugin")]
     pub plugins: Vec<PathBuf>,
+    /// Watch this directory for builder plugins (`*.wasm`) and hot-reload them: a file building a
+    /// kind overrides that kind's builder; removing it falls back (to the bundled builder, or a
+    /// `--plugin` file). May be a mounted ConfigMap.
+    #[arg(long, env = "SLINKY_HOST_PLUGINS_DIR")]
+    pub plugins_dir: Option<PathBuf>,
+    /// How often the plugins directory is scanned, in milliseconds (a file must be unchanged for
+    /// one period before it is read). `slinky-host plugin reload` or SIGHUP rescans at once.
+    #[arg(long, env = "SLINKY_HOST_PLUGINS_POLL_MS", default_value_t = 1000)]
+    pub plugins_poll_ms: u64,
     /// The cluster DNS domain given to builders.
     #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
@@ -221,6 +233,31 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         Client::try_from(config)?
     };
 
+    let build = BuildContext {
+        cluster_domain: args.cluster_domain.clone(),
+    };
+    let reloader = match &args.plugins_dir {
+        Some(dir) => {
+            let config = ReloadConfig {
+                dir: dir.clone(),
+                poll: Duration::from_millis(args.plugins_poll_ms.max(10)),
+                build: build.clone(),
+            };
+            let (handle, first, task) = reload::start(plugins.clone(), config)
+                .await
+                .with_context(|| format!("cannot watch the plugins directory {}", dir.display()))?;
+            for s in &first.swapped {
+                println!("plugin override: {s}");
+            }
+            for r in &first.refused {
+                println!("plugin refused: {}: {}", r.source, r.reason);
+            }
+            Some((handle, task))
+        }
+        None => None,
+    };
+    let reload_handle = reloader.as_ref().map(|(h, _)| h.clone());
+
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shutdown = {
         let mut rx = stop_rx.clone();
@@ -230,13 +267,16 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     };
     let config = RunConfig {
         namespaces: args.namespaces.clone(),
-        build: BuildContext {
-            cluster_domain: args.cluster_domain.clone(),
-        },
+        build,
         resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
     };
-    let (handles, host) = reconcile::start(client, plugins, config, "slinky-host", shutdown);
-    let http = crate::serve::serve(args.http_addr, handles.clone())
+    let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
+    let endpoints = crate::serve::Endpoints {
+        handles: handles.clone(),
+        plugins,
+        reload: reload_handle.clone(),
+    };
+    let http = crate::serve::serve(args.http_addr, endpoints)
         .await
         .with_context(|| format!("cannot serve on {}", args.http_addr))?;
     let host = tokio::spawn(host);
@@ -259,6 +299,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
             None => std::future::pending().await,
         }
     };
+    let hangups = tokio::spawn(rescan_on_sighup(reload_handle));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing in-flight writes"),
@@ -268,10 +309,31 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(30), host).await;
     summaries.abort();
+    hangups.abort();
+    if let Some((_, task)) = reloader {
+        task.abort();
+    }
     http.abort();
     println!("{}", summary(&handles));
     if let Some(s) = server {
         s.shutdown().await;
     }
     Ok(())
+}
+
+/// SIGHUP forces a rescan of the plugins directory (logged when nothing is watched).
+async fn rescan_on_sighup(reload: Option<ReloadHandle>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match &reload {
+            Some(r) => match r.rescan().await {
+                Some(report) => tracing::info!(swapped = ?report.swapped, refused = report.refused.len(),
+                    pending = ?report.pending, "SIGHUP: plugins directory rescanned"),
+                None => tracing::warn!("SIGHUP: the reloader has stopped"),
+            },
+            None => tracing::warn!("SIGHUP ignored: no --plugins-dir is watched"),
+        }
+    }
 }

@@ -10,6 +10,8 @@ use std::{
 
 use slinky_host::plugins::{EngineHandle, RuntimeConfig};
 
+pub mod host;
+
 /// The workspace root.
 pub fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

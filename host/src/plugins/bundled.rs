@@ -2,9 +2,12 @@
 //! binary, and the registry that picks one active plugin per builder kind.
 
 use std::{
+    collections::BTreeMap,
     path::PathBuf,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock},
 };
+
+use serde::Serialize;
 
 use super::{BuilderKind, EngineHandle, Plugin, PluginError, PluginSource};
 
@@ -24,13 +27,110 @@ pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
     }
 }
 
+fn index(kind: BuilderKind) -> usize {
+    match kind {
+        BuilderKind::ControllerService => 0,
+        BuilderKind::NodesetPod => 1,
+    }
+}
+
+/// Now, as RFC 3339 text.
+pub(crate) fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+/// A version that was refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Refusal {
+    /// The file.
+    pub source: String,
+    /// The sha256 of what was read, when it could be read.
+    pub digest: Option<String>,
+    /// Why, and how to fix it.
+    pub reason: String,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+/// The active plugin of a kind, as `/plugins` shows it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActiveInfo {
+    /// `describe().name`.
+    pub name: String,
+    /// `describe().version`.
+    pub version: String,
+    /// sha256 of the component.
+    pub digest: String,
+    /// The file, or `bundled`.
+    pub source: String,
+    /// When it became active (RFC 3339).
+    pub loaded_at: String,
+}
+
+struct Slot {
+    active: RwLock<(Plugin, String)>,
+    /// What serves when no override is present: the bundled plugin, or a `--plugin` file.
+    base: Plugin,
+    /// Bumped on every swap; reconcilers subscribe to re-reconcile the parents of this kind.
+    changes: tokio::sync::watch::Sender<u64>,
+    last_refused: Mutex<Option<Refusal>>,
+}
+
+/// Counters and stage timings of reloads.
+#[derive(Debug, Default)]
+pub struct ReloadMetrics {
+    /// result (`swapped`, `refused`, `unchanged`) → count.
+    pub results: Mutex<BTreeMap<&'static str, u64>>,
+    /// stage (`read`, `compile`, `validate`, `swap`) → (seconds, count).
+    pub stages: Mutex<BTreeMap<&'static str, (f64, u64)>>,
+}
+
+impl ReloadMetrics {
+    /// Count one reload attempt with `result`.
+    pub fn count(&self, result: &'static str) {
+        if let Ok(mut m) = self.results.lock() {
+            *m.entry(result).or_default() += 1;
+        }
+    }
+
+    /// Record the duration of one stage.
+    pub fn time(&self, stage: &'static str, d: std::time::Duration) {
+        if let Ok(mut m) = self.stages.lock() {
+            let e = m.entry(stage).or_default();
+            e.0 += d.as_secs_f64();
+            e.1 += 1;
+        }
+    }
+
+    /// The count of `result`.
+    pub fn results_of(&self, result: &str) -> u64 {
+        self.results
+            .lock()
+            .map(|m| m.get(result).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+}
+
 /// One active plugin per builder kind. Reads take a clone of the active [`Plugin`] (an `Arc`),
 /// so a call in flight keeps the version it started with even if another is swapped in.
-#[derive(Debug)]
 pub struct PluginRegistry {
     engine: Arc<EngineHandle>,
-    service: RwLock<Plugin>,
-    pod: RwLock<Plugin>,
+    slots: [Slot; 2],
+    /// Per-file state of the plugins directory, for `/plugins` (set by the reloader).
+    files: Mutex<Vec<serde_json::Value>>,
+    plugins_dir: Mutex<Option<PathBuf>>,
+    /// Reload counters.
+    pub reloads: ReloadMetrics,
+}
+
+impl std::fmt::Debug for PluginRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginRegistry")
+            .field("controller-service", &self.active(BuilderKind::ControllerService))
+            .field("nodeset-pod", &self.active(BuilderKind::NodesetPod))
+            .finish_non_exhaustive()
+    }
 }
 
 impl PluginRegistry {
@@ -59,14 +159,27 @@ impl PluginRegistry {
             }
         }
         let [service, pod] = chosen;
-        let bundled = |slot: Option<Plugin>, kind| match slot {
-            Some(p) => Ok(p),
-            None => Plugin::load(engine, bundled_bytes(kind), PluginSource::Bundled),
+        let slot = |chosen: Option<Plugin>, kind| -> Result<Slot, PluginError> {
+            let base = match chosen {
+                Some(p) => p,
+                None => Plugin::load(engine, bundled_bytes(kind), PluginSource::Bundled)?,
+            };
+            Ok(Slot {
+                active: RwLock::new((base.clone(), now_rfc3339())),
+                base,
+                changes: tokio::sync::watch::channel(0).0,
+                last_refused: Mutex::new(None),
+            })
         };
         Ok(PluginRegistry {
             engine: engine.clone(),
-            service: RwLock::new(bundled(service, BuilderKind::ControllerService)?),
-            pod: RwLock::new(bundled(pod, BuilderKind::NodesetPod)?),
+            slots: [
+                slot(service, BuilderKind::ControllerService)?,
+                slot(pod, BuilderKind::NodesetPod)?,
+            ],
+            files: Mutex::new(Vec::new()),
+            plugins_dir: Mutex::new(None),
+            reloads: ReloadMetrics::default(),
         })
     }
 
@@ -75,22 +188,25 @@ impl PluginRegistry {
         &self.engine
     }
 
-    fn slot(&self, kind: BuilderKind) -> &RwLock<Plugin> {
-        match kind {
-            BuilderKind::ControllerService => &self.service,
-            BuilderKind::NodesetPod => &self.pod,
-        }
+    fn slot(&self, kind: BuilderKind) -> &Slot {
+        &self.slots[index(kind)]
     }
 
     /// The active plugin for `kind`.
     pub fn active(&self, kind: BuilderKind) -> Plugin {
-        match self.slot(kind).read() {
-            Ok(p) => p.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+        match self.slot(kind).active.read() {
+            Ok(p) => p.0.clone(),
+            Err(poisoned) => poisoned.into_inner().0.clone(),
         }
     }
 
+    /// What serves `kind` when no override is present (bundled, or a `--plugin` file).
+    pub fn base(&self, kind: BuilderKind) -> Plugin {
+        self.slot(kind).base.clone()
+    }
+
     /// Make `plugin` the active plugin for `kind` (it must build that kind); returns the previous.
+    /// Subscribers of `kind` are told. Swapping in the plugin that is already active does nothing.
     ///
     /// # Errors
     /// [`PluginError::NotAKind`] when the plugin does not build `kind`.
@@ -101,10 +217,90 @@ impl PluginRegistry {
                 kind,
             });
         }
-        let mut slot = match self.slot(kind).write() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
+        let slot = self.slot(kind);
+        let previous = {
+            let mut active = match slot.active.write() {
+                Ok(s) => s,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if active.0.digest() == plugin.digest() && active.0.source() == plugin.source() {
+                return Ok(plugin);
+            }
+            std::mem::replace(&mut *active, (plugin, now_rfc3339())).0
         };
-        Ok(std::mem::replace(&mut *slot, plugin))
+        slot.changes.send_modify(|n| *n += 1);
+        Ok(previous)
+    }
+
+    /// A receiver that changes on every swap of `kind` (its value counts the swaps).
+    pub fn subscribe(&self, kind: BuilderKind) -> tokio::sync::watch::Receiver<u64> {
+        self.slot(kind).changes.subscribe()
+    }
+
+    /// How many times `kind` was swapped.
+    pub fn swaps(&self, kind: BuilderKind) -> u64 {
+        *self.slot(kind).changes.borrow()
+    }
+
+    /// Remember a refused version of `kind`.
+    pub fn refused(&self, kind: BuilderKind, refusal: Refusal) {
+        if let Ok(mut r) = self.slot(kind).last_refused.lock() {
+            *r = Some(refusal);
+        }
+    }
+
+    /// The last refused version of `kind`.
+    pub fn last_refused(&self, kind: BuilderKind) -> Option<Refusal> {
+        self.slot(kind).last_refused.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Publish the per-file state of the plugins directory (for `/plugins`).
+    pub(crate) fn set_files(&self, dir: &std::path::Path, files: Vec<serde_json::Value>) {
+        if let Ok(mut d) = self.plugins_dir.lock() {
+            *d = Some(dir.to_path_buf());
+        }
+        if let Ok(mut f) = self.files.lock() {
+            *f = files;
+        }
+    }
+
+    /// The active plugin of `kind` as `/plugins` shows it.
+    pub fn active_info(&self, kind: BuilderKind) -> ActiveInfo {
+        let (plugin, since) = match self.slot(kind).active.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        ActiveInfo {
+            name: plugin.info().name.clone(),
+            version: plugin.info().version.clone(),
+            digest: plugin.digest().to_string(),
+            source: plugin.source().to_string(),
+            loaded_at: since,
+        }
+    }
+
+    /// The `/plugins` document: per builder kind the active plugin and the last refused
+    /// version; the plugins directory and the state of each file in it; reload counters.
+    pub fn status_json(&self) -> serde_json::Value {
+        let builders: Vec<serde_json::Value> = KINDS
+            .iter()
+            .map(|&kind| {
+                let base = self.base(kind);
+                serde_json::json!({
+                    "kind": kind.as_str(),
+                    "active": self.active_info(kind),
+                    "fallback": format!("{} ({})", base.label(), base.source()),
+                    "swaps": self.swaps(kind),
+                    "lastRefused": self.last_refused(kind),
+                })
+            })
+            .collect();
+        let reloads = self.reloads.results.lock().map(|m| m.clone()).unwrap_or_default();
+        serde_json::json!({
+            "builders": builders,
+            "pluginsDir": self.plugins_dir.lock().ok().and_then(|d| d.clone()),
+            "files": self.files.lock().map(|f| f.clone()).unwrap_or_default(),
+            "reloads": reloads,
+        })
     }
 }

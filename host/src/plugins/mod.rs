@@ -17,6 +17,7 @@ mod bindings;
 pub mod bundled;
 mod engine;
 pub mod policy;
+pub mod reload;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -30,7 +31,7 @@ use wasmtime::{
 use wasmtime_wasi::{Deterministic, WasiCtx, WasiCtxView, WasiView, p2::pipe::MemoryOutputPipe};
 
 pub use bindings::{BuilderKind, CONTRACT_VERSION, PluginInfo};
-pub use bundled::PluginRegistry;
+pub use bundled::{PluginRegistry, Refusal};
 pub use engine::{Allocator, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
 
 /// What a build call may know about the cluster (the WIT `build-context`), and which pod of a
@@ -282,6 +283,7 @@ struct PluginInner {
     digest: String,
     source: PluginSource,
     compiled_from: CompileSource,
+    compile_time: Duration,
     engine: Arc<EngineHandle>,
     pre: InstancePre<CallState>,
     service: Option<bindings::controller_service::GuestIndices>,
@@ -336,7 +338,9 @@ impl Plugin {
         if !bytes.starts_with(b"\0asm") {
             return Err(refused("not a wasm file (no `\\0asm` header)".into()));
         }
+        let started = std::time::Instant::now();
         let (component, compiled_from) = engine.component(&label, &digest, bytes)?;
+        let compile_time = started.elapsed();
         check_contract(&engine.engine, &component).map_err(&refused)?;
 
         let mut linker: Linker<CallState> = Linker::new(&engine.engine);
@@ -390,6 +394,7 @@ impl Plugin {
                 digest,
                 source,
                 compiled_from,
+                compile_time,
                 engine: engine.clone(),
                 pre,
                 service,
@@ -416,6 +421,11 @@ impl Plugin {
     /// Whether it was compiled now, or came from a cache.
     pub fn compiled_from(&self) -> CompileSource {
         self.inner.compiled_from
+    }
+
+    /// How long compiling (or loading the precompiled artifact) took.
+    pub fn compile_time(&self) -> Duration {
+        self.inner.compile_time
     }
 
     /// Whether the plugin builds `kind`.

@@ -9,6 +9,7 @@
 mod controller;
 pub mod expectations;
 mod nodeset;
+pub mod rollout;
 pub mod writer;
 
 use std::{
@@ -33,7 +34,7 @@ use kube::{
 };
 use slinky_api::{Controller, NodeSet};
 
-use crate::plugins::{BuildContext, PluginError, PluginRegistry};
+use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
 pub use expectations::Expectations;
 pub use writer::{WriteMetrics, Writer};
 
@@ -361,12 +362,34 @@ pub fn start(
         .reflect(svc_writer)
         .for_each(|_| futures::future::ready(()));
 
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: recorder_name.into(),
+            instance: None,
+        },
+    );
     let controller_ctl = KubeController::new(api::<Controller>(&client, &ns), wc.clone())
         .owns(api::<Service>(&client, &ns), wc.clone());
     let controllers = controller_ctl.store();
+    // After a builder swap, every parent of that builder's kind is re-reconciled (rate-limited).
+    let controller_ctl = controller_ctl.reconcile_on(rollout::on_swap(
+        plugins.clone(),
+        BuilderKind::ControllerService,
+        controllers.clone(),
+        recorder.clone(),
+        allowed.clone(),
+    ));
     let nodeset_ctl = KubeController::new(api::<NodeSet>(&client, &ns), wc.clone())
         .owns(api::<Pod>(&client, &ns), wc.clone());
     let nodesets = nodeset_ctl.store();
+    let nodeset_ctl = nodeset_ctl.reconcile_on(rollout::on_swap(
+        plugins.clone(),
+        BuilderKind::NodesetPod,
+        nodesets.clone(),
+        recorder.clone(),
+        allowed.clone(),
+    ));
     let ns_store = nodesets.clone();
     let nodeset_ctl = nodeset_ctl.watches(api::<Controller>(&client, &ns), wc, move |c: Controller| {
         let (cns, cname) = (c.namespace().unwrap_or_default(), c.name_any());
@@ -378,13 +401,6 @@ pub fn start(
             .collect::<Vec<_>>()
     });
 
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: recorder_name.into(),
-            instance: None,
-        },
-    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         plugins,

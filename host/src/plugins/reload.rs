@@ -1,0 +1,457 @@
+//! Hot reload: builder plugins from a directory (`run --plugins-dir`), swapped into the
+//! [`PluginRegistry`] without a restart.
+//!
+//! Every non-hidden `*.wasm` entry of the directory is a plugin; one that builds a kind overrides
+//! the fallback of that kind (the bundled builder, or a `--plugin` file); removing it falls back.
+//!
+//! # Guarantees
+//! * **Nothing partial is loaded**: a file is read only after its size, modification time and
+//!   inode stayed the same across two scans, and the bytes read must have that size. Names that
+//!   are hidden (`.x.wasm.swp`, Kubernetes' `..data` and `..2026_…` directories) or do not end in
+//!   `.wasm` (`x.wasm.tmp`, `x.wasm~`) are ignored, so editors' temp files and the atomic symlink
+//!   swap of a mounted ConfigMap are seen once, as the change of the target.
+//! * **A version serves only after** it was read, hashed, compiled (the precompiled cache is
+//!   used), instantiated, described itself with this host's contract version, and built the
+//!   example inputs (`slinky-guest-sdk`'s `testing` examples) with outputs passing the output
+//!   policy. A version failing any step is refused with the reason (logged, kept for
+//!   `/plugins`, counted); the active version keeps serving. The same bytes are not retried
+//!   until the file changes.
+//! * **Atomic**: the swap replaces an `Arc`; calls in flight finish on the version they started
+//!   with, every call after it uses the new one. Reconcilers subscribe to swaps
+//!   ([`PluginRegistry::subscribe`]) and re-reconcile the parents of that kind.
+//! * **Conflicts**: two files building the same kind: the one serving (or loaded first) keeps
+//!   serving, the other is refused until one of them goes.
+//! * All compiling happens here, on a blocking thread, never on the reconcile path.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde::Serialize;
+use slinky_api::{Controller, NodeSet};
+
+use super::{
+    BuilderKind, Plugin, PluginError, PluginRegistry, PluginSource,
+    bundled::{KINDS, Refusal, now_rfc3339},
+};
+use crate::plugins::{BuildContext, PodIdentity};
+
+/// Settings of the reloader.
+#[derive(Debug, Clone)]
+pub struct ReloadConfig {
+    /// The plugins directory.
+    pub dir: PathBuf,
+    /// How often the directory is scanned.
+    pub poll: Duration,
+    /// The build context for smoke builds.
+    pub build: BuildContext,
+}
+
+/// What a scan did.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct ScanReport {
+    /// Swaps made, as `<kind>: <plugin> (<source>)`.
+    pub swapped: Vec<String>,
+    /// Versions refused by this scan.
+    pub refused: Vec<Refusal>,
+    /// Files still changing (read at a later scan).
+    pub pending: Vec<String>,
+}
+
+/// Size, modification time and inode of a file (following symlinks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    len: u64,
+    modified: Option<SystemTime>,
+    ino: u64,
+    dev: u64,
+}
+
+impl Fingerprint {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Fingerprint {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            ino: meta.ino(),
+            dev: meta.dev(),
+        }
+    }
+}
+
+/// What the reloader knows about one file.
+#[derive(Default)]
+struct FileState {
+    /// The fingerprint at the last scan.
+    seen: Option<Fingerprint>,
+    /// The fingerprint when it was last read.
+    read: Option<Fingerprint>,
+    /// The digest last read.
+    digest: Option<String>,
+    /// The last version of this file that passed every check.
+    loaded: Option<Plugin>,
+    /// Order of loading (older wins a conflict).
+    order: u64,
+    /// Why the last read version was refused (or conflicts).
+    refusal: Option<Refusal>,
+}
+
+/// Scans a plugins directory and swaps plugins into a registry.
+pub struct Reloader {
+    registry: Arc<PluginRegistry>,
+    config: ReloadConfig,
+    files: BTreeMap<PathBuf, FileState>,
+    next_order: u64,
+    examples: Result<(Controller, NodeSet), String>,
+}
+
+impl Reloader {
+    /// A reloader of `config.dir` into `registry`.
+    pub fn new(registry: Arc<PluginRegistry>, config: ReloadConfig) -> Self {
+        let examples = slinky_guest_sdk::testing::example_controller()
+            .and_then(|c| Ok((c, slinky_guest_sdk::testing::example_nodeset()?)))
+            .map_err(|e| format!("the example inputs do not parse: {e}"));
+        Reloader {
+            registry,
+            config,
+            files: BTreeMap::new(),
+            next_order: 0,
+            examples,
+        }
+    }
+
+    /// The plugins directory.
+    pub fn dir(&self) -> &Path {
+        &self.config.dir
+    }
+
+    /// Scan the directory once and swap what changed. With `force`, every file is read now
+    /// (`plugin reload`, SIGHUP, start-up), even one that changed since the last scan.
+    /// Blocking: compiles.
+    pub fn scan(&mut self, force: bool) -> ScanReport {
+        let mut report = ScanReport::default();
+        let present = self.list(&mut report);
+        self.files
+            .retain(|path, _| present.iter().any(|(p, _)| p == path));
+        for (path, fp) in present {
+            let state = self.files.entry(path.clone()).or_default();
+            let stable = state.seen == Some(fp);
+            state.seen = Some(fp);
+            if !force && !stable {
+                report.pending.push(path.display().to_string());
+                continue;
+            }
+            if !force && state.read == Some(fp) {
+                continue;
+            }
+            self.consider(&path, fp, &mut report);
+        }
+        self.settle(&mut report);
+        self.publish_files();
+        report
+    }
+
+    /// The `*.wasm` files in the directory with their fingerprints.
+    fn list(&self, report: &mut ScanReport) -> Vec<(PathBuf, Fingerprint)> {
+        let dir = &self.config.dir;
+        let entries = match std::fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(error) => {
+                // A missing directory is an empty one: every override falls back.
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %dir.display(), %error, "cannot list the plugins directory");
+                    report.pending.push(format!("{}: {error}", dir.display()));
+                }
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !name.ends_with(".wasm") {
+                continue;
+            }
+            let path = entry.path();
+            // Follows symlinks: a ConfigMap's `x.wasm -> ..data/x.wasm` changes inode on a swap.
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_file() => out.push((path, Fingerprint::of(&meta))),
+                Ok(_) => {}
+                // A dangling symlink mid-swap: look again at the next scan.
+                Err(_) => report.pending.push(path.display().to_string()),
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Read, hash, load and smoke-test one file.
+    fn consider(&mut self, path: &Path, fp: Fingerprint, report: &mut ScanReport) {
+        let metrics = &self.registry.reloads;
+        let started = Instant::now();
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(error) => {
+                report.pending.push(format!("{}: {error}", path.display()));
+                return;
+            }
+        };
+        if bytes.len() as u64 != fp.len {
+            // Still being written.
+            report.pending.push(path.display().to_string());
+            return;
+        }
+        metrics.time("read", started.elapsed());
+        let digest = super::digest(&bytes);
+        let Some(state) = self.files.get_mut(path) else {
+            return;
+        };
+        state.read = Some(fp);
+        if state.digest.as_deref() == Some(digest.as_str()) {
+            metrics.count("unchanged");
+            return;
+        }
+        state.digest = Some(digest.clone());
+        let engine = self.registry.engine().clone();
+        let load_started = Instant::now();
+        let outcome = match Plugin::load(&engine, &bytes, PluginSource::File(path.to_path_buf())) {
+            Err(e) => Err((e, Vec::new())),
+            Ok(plugin) => {
+                let describe = load_started.elapsed().saturating_sub(plugin.compile_time());
+                let smoke_started = Instant::now();
+                match self.smoke(&plugin) {
+                    Ok(()) => {
+                        metrics.time("compile", plugin.compile_time());
+                        metrics.time("validate", describe + smoke_started.elapsed());
+                        Ok(plugin)
+                    }
+                    Err(e) => Err((e, plugin.info().kinds.clone())),
+                }
+            }
+        };
+        let Some(state) = self.files.get_mut(path) else {
+            return;
+        };
+        match outcome {
+            Ok(plugin) => {
+                tracing::info!(file = %path.display(), plugin = %plugin.label(), digest = %&digest[..12],
+                    kinds = ?plugin.info().kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+                    "plugin version passed its checks");
+                state.loaded = Some(plugin);
+                state.refusal = None;
+                state.order = self.next_order;
+                self.next_order += 1;
+            }
+            Err((error, described)) => {
+                let refusal = Refusal {
+                    source: path.display().to_string(),
+                    digest: Some(digest),
+                    reason: error.to_string(),
+                    at: now_rfc3339(),
+                };
+                tracing::warn!(file = %path.display(), reason = %refusal.reason,
+                    "plugin version refused; the active version keeps serving");
+                metrics.count("refused");
+                // The kinds this refusal concerns: those it described, and those the previous
+                // version of the file built.
+                for kind in KINDS {
+                    if described.contains(&kind) || state.loaded.as_ref().is_some_and(|p| p.builds(kind)) {
+                        self.registry.refused(kind, refusal.clone());
+                    }
+                }
+                state.refusal = Some(refusal.clone());
+                report.refused.push(refusal);
+            }
+        }
+    }
+
+    /// Build the example inputs with every kind the plugin builds, through the output policy.
+    fn smoke(&self, plugin: &Plugin) -> Result<(), PluginError> {
+        let (controller, nodeset) = self.examples.as_ref().map_err(|e| PluginError::Refused {
+            plugin: plugin.label(),
+            reason: e.clone(),
+        })?;
+        let ctx = &self.config.build;
+        if plugin.builds(BuilderKind::ControllerService) {
+            plugin.build_service(ctx, controller)?;
+        }
+        if plugin.builds(BuilderKind::NodesetPod) {
+            let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
+            plugin.build_pod(ctx, nodeset, controller, &identity)?;
+        }
+        Ok(())
+    }
+
+    /// Pick the plugin of each kind and swap where it changed.
+    fn settle(&mut self, report: &mut ScanReport) {
+        for kind in KINDS {
+            let active = self.registry.active(kind);
+            let mut candidates: Vec<(&PathBuf, &Plugin, u64)> = self
+                .files
+                .iter()
+                .filter_map(|(path, s)| s.loaded.as_ref().map(|p| (path, p, s.order)))
+                .filter(|(_, p, _)| p.builds(kind))
+                .collect();
+            // The serving one first, then the oldest.
+            candidates.sort_by_key(|(_, p, order)| {
+                (
+                    !(p.digest() == active.digest() && p.source() == active.source()),
+                    *order,
+                )
+            });
+            let desired = candidates
+                .first()
+                .map(|(_, p, _)| (*p).clone())
+                .unwrap_or_else(|| self.registry.base(kind));
+            let losers: Vec<PathBuf> = candidates.iter().skip(1).map(|(p, _, _)| (*p).clone()).collect();
+            for path in losers {
+                let reason = format!(
+                    "{} also builds {kind} and serves it; keep one plugin file per builder kind (remove one)",
+                    desired.source()
+                );
+                let Some(state) = self.files.get_mut(&path) else {
+                    continue;
+                };
+                if state.refusal.as_ref().is_some_and(|r| r.reason == reason) {
+                    continue;
+                }
+                let refusal = Refusal {
+                    source: path.display().to_string(),
+                    digest: state.digest.clone(),
+                    reason,
+                    at: now_rfc3339(),
+                };
+                tracing::warn!(file = %path.display(), reason = %refusal.reason, "plugin refused");
+                self.registry.reloads.count("refused");
+                self.registry.refused(kind, refusal.clone());
+                state.refusal = Some(refusal.clone());
+                report.refused.push(refusal);
+            }
+            if desired.digest() == active.digest() && desired.source() == active.source() {
+                continue;
+            }
+            let started = Instant::now();
+            match self.registry.swap(kind, desired.clone()) {
+                Ok(previous) => {
+                    self.registry.reloads.time("swap", started.elapsed());
+                    self.registry.reloads.count("swapped");
+                    tracing::info!(%kind, plugin = %desired.label(), digest = %&desired.digest()[..12],
+                        source = %desired.source(), previous = %previous.label(),
+                        previous_source = %previous.source(), "builder swapped");
+                    report
+                        .swapped
+                        .push(format!("{kind}: {} ({})", desired.label(), desired.source()));
+                }
+                Err(error) => tracing::error!(%kind, %error, "swap refused"),
+            }
+        }
+    }
+
+    fn publish_files(&self) {
+        let files = self
+            .files
+            .iter()
+            .map(|(path, s)| {
+                let serving: Vec<&str> = KINDS
+                    .into_iter()
+                    .filter(|k| {
+                        s.loaded.as_ref().is_some_and(|p| {
+                            let a = self.registry.active(*k);
+                            a.digest() == p.digest() && a.source() == p.source()
+                        })
+                    })
+                    .map(BuilderKind::as_str)
+                    .collect();
+                // `refused` wins: the latest bytes were refused (`serving` still lists the kinds
+                // its previous version serves).
+                let state = if s.refusal.is_some() {
+                    "refused"
+                } else if !serving.is_empty() {
+                    "serving"
+                } else if s.read.is_none() {
+                    "pending"
+                } else {
+                    "standby"
+                };
+                serde_json::json!({
+                    "path": path.display().to_string(),
+                    "state": state,
+                    "serving": serving,
+                    "digest": s.digest,
+                    "plugin": s.loaded.as_ref().map(Plugin::label),
+                    "refusal": s.refusal,
+                })
+            })
+            .collect();
+        self.registry.set_files(&self.config.dir, files);
+    }
+}
+
+/// A request for a forced rescan; the report comes back on the channel.
+type Request = tokio::sync::oneshot::Sender<ScanReport>;
+
+/// Asks a running reloader for a forced rescan.
+#[derive(Debug, Clone)]
+pub struct ReloadHandle {
+    tx: tokio::sync::mpsc::Sender<Request>,
+}
+
+impl ReloadHandle {
+    /// Rescan now and return what changed (`None` when the reloader has stopped).
+    pub async fn rescan(&self) -> Option<ScanReport> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(tx).await.ok()?;
+        rx.await.ok()
+    }
+}
+
+/// Start a reloader: one forced scan now (so the first reconciles use the overrides), then a
+/// scan every `config.poll` and on every [`ReloadHandle::rescan`], until the handle and its
+/// clones are dropped or the task is aborted.
+///
+/// # Errors
+/// Only when the first scan cannot run (a blocking task failed).
+pub async fn start(
+    registry: Arc<PluginRegistry>,
+    config: ReloadConfig,
+) -> Result<(ReloadHandle, ScanReport, tokio::task::JoinHandle<()>), PluginError> {
+    let poll = config.poll.max(Duration::from_millis(10));
+    let mut reloader = Reloader::new(registry, config);
+    tracing::info!(dir = %reloader.dir().display(), poll_ms = poll.as_millis() as u64, "watching the plugins directory");
+    let (mut reloader, first) = tokio::task::spawn_blocking(move || {
+        let r = reloader.scan(true);
+        (reloader, r)
+    })
+    .await
+    .map_err(|e| PluginError::Engine(format!("the first plugin scan failed: {e}")))?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(8);
+    let task = tokio::spawn(async move {
+        loop {
+            let reply = tokio::select! {
+                _ = tokio::time::sleep(poll) => None,
+                req = rx.recv() => match req {
+                    Some(r) => Some(r),
+                    None => return,
+                },
+            };
+            let force = reply.is_some();
+            let Ok((back, report)) = tokio::task::spawn_blocking(move || {
+                let r = reloader.scan(force);
+                (reloader, r)
+            })
+            .await
+            else {
+                tracing::error!("a plugin scan panicked; hot reload stops");
+                return;
+            };
+            reloader = back;
+            if let Some(reply) = reply {
+                let _ = reply.send(report);
+            }
+        }
+    });
+    Ok((ReloadHandle { tx }, first, task))
+}

@@ -1,0 +1,89 @@
+//! After a builder swap: re-reconcile every parent whose children that builder makes, at a
+//! bounded rate, with an Event on each saying which builder version took over.
+
+use std::{collections::VecDeque, sync::Arc, time::Duration};
+
+use futures::Stream;
+use kube::{
+    Resource, ResourceExt,
+    runtime::{
+        events::{Event, EventType, Recorder},
+        reflector::{ObjectRef, Store},
+    },
+};
+
+use crate::plugins::{BuilderKind, PluginRegistry};
+
+/// Parents re-reconciled per second after a swap (each also gets an Event).
+pub const PER_SECOND: u64 = 50;
+
+struct State<K: Resource<DynamicType = ()> + Clone + 'static> {
+    changes: tokio::sync::watch::Receiver<u64>,
+    queue: VecDeque<Arc<K>>,
+    note: String,
+}
+
+/// A stream of the parents to re-reconcile: after each swap of `kind`, every cached parent (of
+/// the served namespaces), [`PER_SECOND`] at most. Ends when the registry is dropped.
+pub fn on_swap<K>(
+    registry: Arc<PluginRegistry>,
+    kind: BuilderKind,
+    store: Store<K>,
+    recorder: Recorder,
+    namespaces: Arc<Vec<String>>,
+) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + std::fmt::Debug + 'static,
+{
+    let state: State<K> = State {
+        changes: registry.subscribe(kind),
+        queue: VecDeque::new(),
+        note: String::new(),
+    };
+    futures::stream::unfold(state, move |mut st| {
+        let (registry, store, recorder, namespaces) = (
+            registry.clone(),
+            store.clone(),
+            recorder.clone(),
+            namespaces.clone(),
+        );
+        async move {
+            loop {
+                if let Some(obj) = st.queue.pop_front() {
+                    let ev = Event {
+                        type_: EventType::Normal,
+                        reason: "BuilderChanged".into(),
+                        note: Some(st.note.clone()),
+                        action: "Reconcile".into(),
+                        secondary: None,
+                    };
+                    if let Err(error) = recorder.publish(&ev, &obj.object_ref(&())).await {
+                        tracing::warn!(%error, "cannot publish the BuilderChanged Event");
+                    }
+                    tokio::time::sleep(Duration::from_millis(1000 / PER_SECOND)).await;
+                    return Some((ObjectRef::from_obj(obj.as_ref()), st));
+                }
+                st.changes.changed().await.ok()?;
+                let plugin = registry.active(kind);
+                let what = match kind {
+                    BuilderKind::ControllerService => "the Service is re-applied",
+                    BuilderKind::NodesetPod => "pods roll to the new revision within maxUnavailable",
+                };
+                st.note = format!(
+                    "{kind} builder is now {} (digest {}, from {}); {what}",
+                    plugin.label(),
+                    &plugin.digest()[..12],
+                    plugin.source()
+                );
+                st.queue = store
+                    .state()
+                    .into_iter()
+                    .filter(|o| {
+                        namespaces.is_empty() || o.namespace().is_some_and(|n| namespaces.contains(&n))
+                    })
+                    .collect();
+                tracing::info!(%kind, parents = st.queue.len(), "builder changed; re-reconciling its parents");
+            }
+        }
+    })
+}
