@@ -64,7 +64,15 @@ fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
             std::process::exit(1);
         }
     }
-    for dir in ["api", "guest-sdk", "wit", "plugins", "tests/plugins", "Cargo.lock"] {
+    for dir in [
+        "api",
+        "guest-sdk",
+        "wit",
+        "plugins",
+        "tests/plugins",
+        "examples/gpu-plugin",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
     target_dir.join("wasm32-wasip2").join("wasm")

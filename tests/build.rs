@@ -1,11 +1,12 @@
-//! Compiles the hostile test plugins (`tests/plugins/*`) for wasm32-wasip2.
+//! Compiles the test plugins (`tests/plugins/*`) and the example plugin (`examples/gpu-plugin`)
+//! for wasm32-wasip2.
 
 include!("../host/wasm_build.rs");
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let workspace = manifest.parent().map(Path::to_path_buf).unwrap_or(manifest);
-    let out = build_wasm_plugins(&workspace, &["hostile", "raw"]);
+    let out = build_wasm_plugins(&workspace, &["hostile", "raw", "gpu-nodeset-pod"]);
     println!("cargo:rustc-env=SLINKY_TEST_PLUGIN_DIR={}", out.display());
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -34,27 +34,7 @@ use slinky_tests::{
 
 /// `bytes` with a custom section appended: the same behaviour under another digest.
 fn variant(bytes: &[u8], tag: &str) -> Vec<u8> {
-    fn leb(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let byte = (n & 0x7f) as u8;
-            n >>= 7;
-            if n == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
-        }
-    }
-    let name = b"slinky-test-variant";
-    let mut payload = Vec::new();
-    leb(name.len(), &mut payload);
-    payload.extend_from_slice(name);
-    payload.extend_from_slice(tag.as_bytes());
-    let mut out = bytes.to_vec();
-    out.push(0);
-    leb(payload.len(), &mut out);
-    out.extend_from_slice(&payload);
-    out
+    slinky_host::plugins::with_custom_section(bytes, "slinky-test-variant", tag.as_bytes())
 }
 
 /// Write `bytes` to `dir/name` the way editors and `kubectl cp` do: a temp file, then a rename.

@@ -306,6 +306,32 @@ pub fn digest(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// `component` with a custom section `name` holding `data` appended: the same behaviour under
+/// another digest (custom sections are ignored when running). Stamps builds (a build id, a git
+/// commit) and gives tests and benchmarks distinct versions of one plugin.
+pub fn with_custom_section(component: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut payload = Vec::with_capacity(name.len() + data.len() + 5);
+    leb128(name.len(), &mut payload);
+    payload.extend_from_slice(name.as_bytes());
+    payload.extend_from_slice(data);
+    let mut out = component.to_vec();
+    out.push(0); // custom section id
+    leb128(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
+}
+
 impl Plugin {
     /// Load a plugin from a file.
     ///

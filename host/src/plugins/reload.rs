@@ -6,7 +6,8 @@
 //!
 //! # Guarantees
 //! * **Nothing partial is loaded**: a file is read only after its size, modification time and
-//!   inode stayed the same across two scans, and the bytes read must have that size. Names that
+//!   inode stayed the same across two scans (the scan after a change comes [`SETTLE`] later, not a
+//!   whole poll period), and the bytes read must have that size. Names that
 //!   are hidden (`.x.wasm.swp`, Kubernetes' `..data` and `..2026_…` directories) or do not end in
 //!   `.wasm` (`x.wasm.tmp`, `x.wasm~`) are ignored, so editors' temp files and the atomic symlink
 //!   swap of a mounted ConfigMap are seen once, as the change of the target.
@@ -390,6 +391,9 @@ impl Reloader {
     }
 }
 
+/// How long a changing file must stay unchanged before it is read (at most the poll period).
+pub const SETTLE: Duration = Duration::from_millis(200);
+
 /// A request for a forced rescan; the report comes back on the channel.
 type Request = tokio::sync::oneshot::Sender<ScanReport>;
 
@@ -428,10 +432,14 @@ pub async fn start(
     .await
     .map_err(|e| PluginError::Engine(format!("the first plugin scan failed: {e}")))?;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Request>(8);
+    // A file seen changing is looked at again soon (it must be unchanged for one short period),
+    // not a whole poll period later.
+    let settle = poll.min(SETTLE);
     let task = tokio::spawn(async move {
+        let mut delay = poll;
         loop {
             let reply = tokio::select! {
-                _ = tokio::time::sleep(poll) => None,
+                _ = tokio::time::sleep(delay) => None,
                 req = rx.recv() => match req {
                     Some(r) => Some(r),
                     None => return,
@@ -448,6 +456,7 @@ pub async fn start(
                 return;
             };
             reloader = back;
+            delay = if report.pending.is_empty() { poll } else { settle };
             if let Some(reply) = reply {
                 let _ = reply.send(report);
             }
