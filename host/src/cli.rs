@@ -166,6 +166,33 @@ pub enum PluginCommand {
         /// The plugin file (`.wasm` component).
         path: PathBuf,
     },
+    /// Create a new builder plugin crate that starts from the bundled builder's behaviour.
+    New {
+        /// The plugin (crate) name, e.g. `site-gpu-pods`.
+        name: String,
+        /// The builder kind it builds.
+        #[arg(long, value_enum)]
+        kind: KindArg,
+        /// Where to create it (default: ./NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The guest SDK to depend on (default: the `guest-sdk` of the source tree this binary
+        /// was built from).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
+    },
+    /// Load a plugin, print describe(), build inputs with it through the output policy, and show
+    /// how its outputs differ from the bundled builder's. Exits 1 when a build fails.
+    Check {
+        /// The plugin file (`.wasm` component).
+        path: PathBuf,
+        /// Manifests with Controllers/NodeSets to build (default: the example cluster).
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<PathBuf>,
+        /// The cluster DNS domain given to builders.
+        #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
+        cluster_domain: String,
+    },
     /// Ask a running `run --plugins-dir` host to rescan its plugins directory now (like SIGHUP)
     /// and print what it swapped and refused; exits 1 when a version was refused.
     Reload {
@@ -173,6 +200,24 @@ pub enum PluginCommand {
         #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
         http_addr: std::net::SocketAddr,
     },
+}
+
+/// A builder kind on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// The Controller's Service.
+    ControllerService,
+    /// A NodeSet's pods.
+    NodesetPod,
+}
+
+impl From<KindArg> for crate::plugins::BuilderKind {
+    fn from(k: KindArg) -> Self {
+        match k {
+            KindArg::ControllerService => crate::plugins::BuilderKind::ControllerService,
+            KindArg::NodesetPod => crate::plugins::BuilderKind::NodesetPod,
+        }
+    }
 }
 
 /// Run a parsed command line.
@@ -185,6 +230,39 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Render(args) => render_cmd(&engine()?, args),
         Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine()?, &path),
         Command::Plugin(PluginCommand::Reload { http_addr }) => reload(http_addr),
+        Command::Plugin(PluginCommand::New { name, kind, dir, sdk }) => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let made = crate::scaffold::new_plugin(&name, kind.into(), &dir, sdk.as_deref())?;
+            let d = made.dir.display();
+            let w = made.wasm.display();
+            let mut out = std::io::stdout().lock();
+            writeln!(
+                out,
+                "created {d}: a {} builder starting from the bundled one\n\nnext:\n  cd {d}\n  cargo test\n  \
+                 cargo build --target wasm32-wasip2 --release\n  slinky-host plugin check {w}\n  \
+                 slinky-host render -f cluster.yaml --plugin {w}\n  \
+                 cp {w} PLUGINS_DIR/   # a running `slinky-host run --plugins-dir PLUGINS_DIR` hot-reloads it",
+                crate::plugins::BuilderKind::from(kind)
+            )?;
+            Ok(())
+        }
+        Command::Plugin(PluginCommand::Check {
+            path,
+            files,
+            cluster_domain,
+        }) => {
+            let manifests = render::read_manifests(&files)?;
+            let ctx = crate::BuildContext { cluster_domain };
+            let report = crate::check::check(&engine()?, &path, &manifests, &ctx)?;
+            std::io::stdout()
+                .lock()
+                .write_all(report.text.as_bytes())
+                .context("cannot write to stdout")?;
+            if !report.ok {
+                anyhow::bail!("{} failed on some inputs (see FAIL above)", path.display());
+            }
+            Ok(())
+        }
         Command::Apiserver(args) => apiserver(args),
         Command::Run(args) => {
             let engine = engine()?;

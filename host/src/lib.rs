@@ -5,6 +5,7 @@
 //! compiled against `wit/builder.wit`, decide what child objects should exist, and only ever see
 //! copies of objects.
 
+pub mod check;
 pub mod cli;
 pub mod crds;
 pub mod embedded;
@@ -14,6 +15,7 @@ pub mod reconcile;
 pub mod render;
 pub mod revision;
 pub mod run;
+pub mod scaffold;
 pub mod serve;
 pub mod telemetry;
 

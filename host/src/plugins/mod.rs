@@ -66,9 +66,23 @@ pub enum TrapCause {
 impl std::fmt::Display for TrapCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TrapCause::Deadline(d) => write!(f, "exceeded its deadline of {} ms", d.as_millis()),
-            TrapCause::MemoryCap(b) => write!(f, "exceeded its memory cap of {} MiB", b >> 20),
-            TrapCause::Trap(m) => write!(f, "trapped: {m}"),
+            TrapCause::Deadline(d) => write!(
+                f,
+                "exceeded its deadline of {} ms and was stopped: a builder must return quickly (look for a \
+                 loop that never ends); the host's limit is --plugin-deadline-ms",
+                d.as_millis()
+            ),
+            TrapCause::MemoryCap(b) => write!(
+                f,
+                "exceeded its memory cap of {} MiB and was stopped: allocate less per call; the host's \
+                 limit is --plugin-memory-mib",
+                b >> 20
+            ),
+            TrapCause::Trap(m) => write!(
+                f,
+                "trapped: {m} (a panic or a wasm trap: return a BuildError for bad input instead of \
+                 panicking; a panic message shows as guest stderr)"
+            ),
         }
     }
 }
@@ -400,7 +414,8 @@ impl Plugin {
         for kind in &info.kinds {
             let missing = |e: wasmtime::Error| {
                 refused(format!(
-                    "describe() lists {kind} but the component does not export it: {e:#}"
+                    "describe() lists {kind} but the component does not export it ({e:#}): list only the \
+                     kinds you implement in `export_plugin!(…, kinds = [...])`"
                 ))
             };
             match kind {

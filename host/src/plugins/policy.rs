@@ -81,7 +81,12 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
 }
 
 fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, String> {
-    let value: Value = serde_json::from_str(raw).map_err(|e| format!("the output is not JSON: {e}"))?;
+    let value: Value = serde_json::from_str(raw).map_err(|e| {
+        format!(
+            "the output is not JSON ({e}): return the object serialized with serde_json \
+             (`slinky_guest_sdk::export_plugin!` does this for you)"
+        )
+    })?;
     let field = |f: &str| {
         value
             .get(f)
@@ -92,12 +97,20 @@ fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, Stri
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     if api_version != K::API_VERSION || kind != K::KIND {
         return Err(format!(
-            "expected apiVersion {} kind {}, got apiVersion {api_version} kind {kind}",
+            "expected apiVersion {} kind {}, got apiVersion {api_version} kind {kind}: this builder kind \
+             must return a {} {} (with apiVersion and kind set)",
+            K::API_VERSION,
+            K::KIND,
             K::API_VERSION,
             K::KIND
         ));
     }
-    serde_json::from_value(value).map_err(|e| format!("the output is not a valid {}: {e}", K::KIND))
+    serde_json::from_value(value).map_err(|e| {
+        format!(
+            "the output is not a valid {} ({e}): build it with the k8s-openapi types rather than by hand",
+            K::KIND
+        )
+    })
 }
 
 fn finish_meta<P>(meta: &mut ObjectMeta, parent: &P, plugin: &Plugin) -> Result<(), String>

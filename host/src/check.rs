@@ -1,0 +1,314 @@
+//! `slinky-host plugin check`: load a plugin, show what it says about itself, build inputs with
+//! it through the output policy, and diff its outputs against the bundled builder's, so an author
+//! sees exactly what they changed.
+
+use std::{fmt::Write as _, sync::Arc};
+
+use kube::ResourceExt;
+use serde_json::Value;
+
+use crate::{
+    plugins::{BuilderKind, EngineHandle, Plugin, PluginError, bundled},
+    render::{Manifest, Parent},
+    revision::pod_revision,
+};
+
+/// The result of a check: the report text and whether every build passed.
+#[derive(Debug)]
+pub struct CheckReport {
+    /// What to print.
+    pub text: String,
+    /// Every build passed the policy.
+    pub ok: bool,
+}
+
+/// The example Controller and NodeSet (the SDK's `testing` examples), as manifests.
+///
+/// # Errors
+/// Never in practice: the examples are tested.
+pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
+    let controller = slinky_guest_sdk::testing::example_controller().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let nodeset = slinky_guest_sdk::testing::example_nodeset().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(vec![
+        Manifest {
+            at: "example Controller".into(),
+            parent: Parent::Controller(Box::new(controller)),
+        },
+        Manifest {
+            at: "example NodeSet".into(),
+            parent: Parent::NodeSet(Box::new(nodeset)),
+        },
+    ])
+}
+
+/// Remove what always differs between two builders (their names, digests, and the revision
+/// derived from the digest), and server-irrelevant nulls.
+fn normalize(mut v: Value) -> Value {
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        for (field, key) in [
+            ("annotations", slinky_api::keys::ANNOTATION_BUILDER),
+            ("annotations", slinky_api::keys::ANNOTATION_BUILDER_DIGEST),
+            ("labels", slinky_api::keys::LABEL_REVISION_HASH),
+        ] {
+            if let Some(map) = meta.get_mut(field).and_then(Value::as_object_mut) {
+                map.remove(key);
+            }
+        }
+    }
+    v
+}
+
+/// A line diff of `a` → `b` with three lines of context, `-`/`+`/` ` prefixed; empty when equal.
+pub fn diff_lines(a: &str, b: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
+    // Longest common subsequence table (objects are a few hundred lines at most).
+    let mut lcs = vec![vec![0u32; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let mut ops: Vec<(char, &str)> = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            ops.push((' ', a[i]));
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            ops.push(('-', a[i]));
+            i += 1;
+        } else {
+            ops.push(('+', b[j]));
+            j += 1;
+        }
+    }
+    const CONTEXT: usize = 3;
+    let changed: Vec<usize> = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, (c, _))| *c != ' ')
+        .map(|(k, _)| k)
+        .collect();
+    let mut out = String::new();
+    let mut last_printed: Option<usize> = None;
+    for (k, (c, line)) in ops.iter().enumerate() {
+        let near = changed.iter().any(|&x| x.abs_diff(k) <= CONTEXT);
+        if !near {
+            continue;
+        }
+        if last_printed.is_some_and(|l| l + 1 != k) {
+            out.push_str("  ...\n");
+        }
+        let _ = writeln!(out, "{c} {line}");
+        last_printed = Some(k);
+    }
+    out
+}
+
+/// Counts of a check, and the per-object report.
+#[derive(Default)]
+struct Tally {
+    built: usize,
+    differ: usize,
+    failed: usize,
+}
+
+impl Tally {
+    fn report(
+        &mut self,
+        out: &mut String,
+        what: String,
+        ours: Result<Value, PluginError>,
+        theirs: Result<Value, PluginError>,
+    ) {
+        match ours {
+            Err(e) => {
+                self.failed += 1;
+                let _ = writeln!(out, "FAIL {what}\n  {e}\n");
+            }
+            Ok(ours) => {
+                self.built += 1;
+                let theirs = theirs.map(normalize).unwrap_or(Value::Null);
+                let d = diff_lines(&yaml(&theirs), &yaml(&normalize(ours)));
+                if d.is_empty() {
+                    let _ = writeln!(out, "ok   {what}: the same as the bundled builder's\n");
+                } else {
+                    self.differ += 1;
+                    let _ = writeln!(
+                        out,
+                        "ok   {what}: changes against the bundled builder (- bundled, + this plugin):\n{d}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn yaml(v: &Value) -> String {
+    serde_yaml::to_string(v).unwrap_or_default()
+}
+
+/// Check the plugin at `path` on `manifests` (the examples when empty).
+///
+/// # Errors
+/// The plugin does not load (the error names the cause and the fix), or the inputs don't parse.
+pub fn check(
+    engine: &Arc<EngineHandle>,
+    path: &std::path::Path,
+    manifests: &[Manifest],
+    ctx: &crate::BuildContext,
+) -> anyhow::Result<CheckReport> {
+    use anyhow::Context as _;
+    let plugin =
+        Plugin::load_file(engine, path).with_context(|| format!("{} does not load", path.display()))?;
+    let info = plugin.info();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "plugin: {}@{}\nkinds: {}\ncontract: {} (this host: {})\ndigest: sha256:{}\n",
+        info.name,
+        info.version,
+        info.kinds
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        info.contract_version,
+        crate::plugins::CONTRACT_VERSION,
+        plugin.digest()
+    );
+    let examples;
+    let manifests = if manifests.is_empty() {
+        examples = example_manifests()?;
+        &examples[..]
+    } else {
+        manifests
+    };
+    let bundled_plugin = |kind| {
+        Plugin::load(
+            engine,
+            bundled::bundled_bytes(kind),
+            crate::plugins::PluginSource::Bundled,
+        )
+    };
+    let controllers: Vec<&slinky_api::Controller> = manifests
+        .iter()
+        .filter_map(|m| match &m.parent {
+            Parent::Controller(c) => Some(c.as_ref()),
+            Parent::NodeSet(_) => None,
+        })
+        .collect();
+    let mut t = Tally::default();
+    for m in manifests {
+        match &m.parent {
+            Parent::Controller(c) if plugin.builds(BuilderKind::ControllerService) && !c.spec.external => {
+                let base = bundled_plugin(BuilderKind::ControllerService)?;
+                let what = format!(
+                    "Service of Controller {}/{} ({})",
+                    c.namespace().unwrap_or_default(),
+                    c.name_any(),
+                    m.at
+                );
+                let ours = plugin
+                    .build_service(ctx, c)
+                    .map(|s| serde_json::to_value(s).unwrap_or_default());
+                let theirs = base
+                    .build_service(ctx, c)
+                    .map(|s| serde_json::to_value(s).unwrap_or_default());
+                t.report(&mut out, what, ours, theirs);
+            }
+            Parent::NodeSet(n) if plugin.builds(BuilderKind::NodesetPod) => {
+                let base = bundled_plugin(BuilderKind::NodesetPod)?;
+                let Some(controller) = controllers.iter().find(|c| {
+                    c.namespace().as_deref() == Some(n.controller_namespace())
+                        && c.name_any() == n.spec.controller_ref.name
+                }) else {
+                    t.failed += 1;
+                    let _ = writeln!(
+                        out,
+                        "FAIL NodeSet {} ({}): its Controller {}/{} is not among the inputs: add it with -f\n",
+                        n.name_any(),
+                        m.at,
+                        n.controller_namespace(),
+                        n.spec.controller_ref.name
+                    );
+                    continue;
+                };
+                for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0).max(1) {
+                    let ours_id = crate::PodIdentity::for_ordinal(
+                        n,
+                        ordinal,
+                        pod_revision(n, controller, plugin.digest()),
+                    );
+                    let base_id = crate::PodIdentity::for_ordinal(
+                        n,
+                        ordinal,
+                        pod_revision(n, controller, base.digest()),
+                    );
+                    let what = format!(
+                        "Pod {} of NodeSet {}/{} ({})",
+                        ours_id.name,
+                        n.namespace().unwrap_or_default(),
+                        n.name_any(),
+                        m.at
+                    );
+                    let ours = plugin
+                        .build_pod(ctx, n, controller, &ours_id)
+                        .map(|p| serde_json::to_value(p).unwrap_or_default());
+                    let theirs = base
+                        .build_pod(ctx, n, controller, &base_id)
+                        .map(|p| serde_json::to_value(p).unwrap_or_default());
+                    t.report(&mut out, what, ours, theirs);
+                }
+            }
+            _ => {}
+        }
+    }
+    let Tally {
+        built,
+        differ,
+        failed,
+    } = t;
+    let _ = writeln!(
+        out,
+        "{}: {built} object(s) built and passing the output policy, {differ} differing from the bundled builder \
+         (builder annotations and the revision label always differ and are not shown), {failed} failed",
+        if failed == 0 { "OK" } else { "FAILED" }
+    );
+    if built + failed == 0 {
+        let _ = writeln!(
+            out,
+            "note: no input has a parent of the kinds this plugin builds ({}); pass -f with a Controller and/or NodeSet",
+            info.kinds
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(CheckReport {
+        text: out,
+        ok: failed == 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_shows_only_changes_with_context() {
+        let a = "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\n";
+        let b = "a\nb\nc\nd\ne\nX\nf\ng\nh\ni\nj\n";
+        let d = diff_lines(a, b);
+        assert_eq!(d, "  c\n  d\n  e\n+ X\n  f\n  g\n  h\n");
+        assert_eq!(diff_lines(a, a), "");
+        let d = diff_lines("a\nb\n", "a\nc\n");
+        assert_eq!(d, "  a\n- b\n+ c\n");
+    }
+}

@@ -1,0 +1,284 @@
+//! `slinky-host plugin new`: a new builder plugin crate that builds for `wasm32-wasip2` on the
+//! first try, starts from the bundled builder's behaviour, and has a native test and a README.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+
+use crate::plugins::BuilderKind;
+
+/// The guest SDK of the source tree this binary was built from (present for a user who cloned
+/// the repository and built it).
+const BUILT_FROM_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk");
+/// The lock file of the workspace this binary was built from: the versions the SDK is tested
+/// with, so the new crate resolves the same ones.
+const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
+
+/// What `plugin new` made.
+#[derive(Debug)]
+pub struct Scaffold {
+    /// The crate directory.
+    pub dir: PathBuf,
+    /// The component file `cargo build --target wasm32-wasip2 --release` makes (relative to `dir`).
+    pub wasm: PathBuf,
+}
+
+/// Check a crate name the way cargo does (so the error comes before any file is written).
+fn check_name(name: &str) -> anyhow::Result<()> {
+    let ok = name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+        && name.len() <= 64;
+    if !ok {
+        bail!(
+            "{name:?} is not a valid plugin name: use lower-case letters, digits, `-` and `_`, starting \
+             with a letter (for example `site-gpu-pods`)"
+        );
+    }
+    Ok(())
+}
+
+fn type_name(name: &str) -> String {
+    name.split(['-', '_'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut c = p.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The guest SDK to depend on: `sdk`, or the one this binary was built from.
+fn find_sdk(sdk: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let candidate = sdk.map_or_else(|| PathBuf::from(BUILT_FROM_SDK), Path::to_path_buf);
+    let manifest = candidate.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).with_context(|| match sdk {
+        Some(p) => format!(
+            "--sdk {}: no Cargo.toml there; point it at the repository's guest-sdk directory",
+            p.display()
+        ),
+        None => format!(
+            "this slinky-host was built from a source tree that is not here any more ({BUILT_FROM_SDK}); \
+             pass --sdk PATH/TO/slinky-host/guest-sdk (a clone of the repository)"
+        ),
+    })?;
+    if !text.contains("name = \"slinky-guest-sdk\"") {
+        bail!("{} is not the slinky-guest-sdk crate", manifest.display());
+    }
+    candidate
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", candidate.display()))
+}
+
+/// Write a new plugin crate `name` building `kind` into `dir` (which must not exist or be empty).
+///
+/// # Errors
+/// An invalid name, a non-empty directory, no guest SDK, or an I/O error; each says how to fix it.
+pub fn new_plugin(name: &str, kind: BuilderKind, dir: &Path, sdk: Option<&Path>) -> anyhow::Result<Scaffold> {
+    check_name(name)?;
+    let sdk = find_sdk(sdk)?;
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .next()
+            .is_none();
+        if !empty {
+            bail!(
+                "{} exists and is not empty: choose another --dir or remove it",
+                dir.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(dir.join("src")).with_context(|| format!("cannot create {}", dir.display()))?;
+    let ty = type_name(name);
+    let lib = match kind {
+        BuilderKind::NodesetPod => NODESET_POD_LIB,
+        BuilderKind::ControllerService => CONTROLLER_SERVICE_LIB,
+    };
+    let wasm = PathBuf::from(format!(
+        "target/wasm32-wasip2/release/{}.wasm",
+        name.replace('-', "_")
+    ));
+    let fill = |t: &str| {
+        t.replace("{name}", name)
+            .replace("{Type}", &ty)
+            .replace("{kind}", kind.as_str())
+            .replace("{sdk}", &sdk.display().to_string())
+            .replace("{wasm}", &wasm.display().to_string())
+    };
+    let files: [(&str, String); 6] = [
+        ("Cargo.toml", fill(CARGO_TOML)),
+        ("Cargo.lock", WORKSPACE_LOCK.to_string()),
+        ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
+        (".gitignore", "/target\n".to_string()),
+        ("README.md", fill(README)),
+        ("src/lib.rs", fill(lib)),
+    ];
+    for (file, text) in files {
+        let path = dir.join(file);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(Scaffold {
+        dir: dir.to_path_buf(),
+        wasm,
+    })
+}
+
+const CARGO_TOML: &str = r#"[package]
+name = "{name}"
+description = "A slinky-host {kind} builder plugin"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+# `cdylib` is the Wasm component; `rlib` lets `cargo test` run the builder natively.
+crate-type = ["cdylib", "rlib"]
+
+[dependencies]
+slinky-guest-sdk = { path = "{sdk}" }
+
+# Small components compile and load faster, and fit a ConfigMap when gzipped.
+[profile.release]
+opt-level = "s"
+lto = true
+codegen-units = 1
+strip = true
+
+# A workspace of its own, wherever this directory is.
+[workspace]
+"#;
+
+const RUST_TOOLCHAIN: &str = r#"[toolchain]
+channel = "1.95.0"
+targets = ["wasm32-wasip2"]
+"#;
+
+const README: &str = r#"# {name}
+
+A `{kind}` builder plugin for slinky-host, made by `slinky-host plugin new`. It starts from
+Slinky's own builder (`slinky_guest_sdk::slinky`); change `src/lib.rs`.
+
+```sh
+cargo test                                          # the builder, natively
+cargo build --target wasm32-wasip2 --release        # the component: {wasm}
+slinky-host plugin check {wasm}                     # describe, policy checks, diff vs the bundled builder
+slinky-host render -f cluster.yaml --plugin {wasm}  # what it builds for your manifests
+cp {wasm} PLUGINS_DIR/                              # hot-reload into `slinky-host run --plugins-dir PLUGINS_DIR`
+```
+
+Rules (see docs/writing-plugins.md in the slinky-host repository): a builder is a pure function of
+its input (no file system, network, environment or clock), runs under a deadline and a memory cap,
+and its output must be the object asked for (kind, namespace, name, selector labels). Return a
+`BuildError` naming the field and the fix for bad input; a panic becomes a trap the host reports.
+"#;
+
+const NODESET_POD_LIB: &str = r#"//! {name}: a slinky-host `nodeset-pod` builder.
+//!
+//! It starts from Slinky's pod (`slinky::build_nodeset_pod`); change it in `build_pod`.
+
+use slinky_guest_sdk::{
+    BuildContext, BuildError, NodeSetPodBuilder, PodIdentity,
+    api::{Controller, NodeSet},
+    k8s_openapi::api::core::v1::Pod,
+    slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl NodeSetPodBuilder for {Type} {
+    fn build_pod(
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+        identity: &PodIdentity,
+    ) -> Result<Pod, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut pod = slinky::build_nodeset_pod(ctx, nodeset, controller, identity)?;
+        // Change the pod here, for example:
+        // pod.metadata.labels.get_or_insert_default().insert("example.com/pool".into(), "a".into());
+        Ok(pod)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [nodeset_pod]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_pod() -> Result<(), BuildError> {
+        let (nodeset, controller) = (testing::example_nodeset()?, testing::example_controller()?);
+        let pod = testing::call_pod::<{Type}>(&nodeset, &controller, 0)?;
+        assert_eq!(pod.metadata.name.as_deref(), Some("slurm-worker-slinky-0"));
+        let spec = pod.spec.ok_or(BuildError::invalid("the pod has no spec"))?;
+        assert_eq!(spec.containers[0].name, "slurmd");
+        Ok(())
+    }
+}
+"#;
+
+const CONTROLLER_SERVICE_LIB: &str = r#"//! {name}: a slinky-host `controller-service` builder.
+//!
+//! It starts from Slinky's slurmctld Service (`slinky::build_controller_service`); change it in
+//! `build_service`.
+
+use slinky_guest_sdk::{
+    BuildContext, BuildError, ControllerServiceBuilder, api::Controller,
+    k8s_openapi::api::core::v1::Service, slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl ControllerServiceBuilder for {Type} {
+    fn build_service(ctx: &BuildContext, controller: &Controller) -> Result<Service, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut service = slinky::build_controller_service(ctx, controller)?;
+        // Change the Service here, for example:
+        // service.spec.get_or_insert_default().type_ = Some("LoadBalancer".into());
+        Ok(service)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [controller_service]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_service() -> Result<(), BuildError> {
+        let controller = testing::example_controller()?;
+        let service = testing::call_service::<{Type}>(&controller)?;
+        assert_eq!(service.metadata.name.as_deref(), Some("slurm-controller"));
+        let ports = service.spec.and_then(|s| s.ports).unwrap_or_default();
+        assert!(ports.iter().any(|p| p.port == 6817), "{ports:?}");
+        Ok(())
+    }
+}
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_and_typed() {
+        assert!(check_name("site-gpu-pods").is_ok());
+        for bad in ["", "Gpu", "1gpu", "gpu pods", "gpu/pods"] {
+            let err = check_name(bad).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("not a valid plugin name"), "{bad}: {err}");
+        }
+        assert_eq!(type_name("site-gpu_pods"), "SiteGpuPods");
+    }
+}
