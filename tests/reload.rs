@@ -562,7 +562,7 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
         "{stderr}"
     );
 
-    let body = http_get(addr, "/plugins").await?;
+    let body = slinky_tests::http_get(addr, "/plugins").await?;
     let v: serde_json::Value = serde_json::from_str(&body).with_context(|| body.clone())?;
     assert_eq!(v["builders"][1]["kind"], "nodeset-pod");
     assert_eq!(v["builders"][1]["active"]["name"], "hostile");
@@ -587,7 +587,7 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
         ["refused", "serving"],
         "{v}"
     );
-    let metrics = http_get(addr, "/metrics").await?;
+    let metrics = slinky_tests::http_get(addr, "/metrics").await?;
     assert!(
         metrics.contains("slinky_host_plugin_reloads_total{result=\"swapped\"} 1"),
         "{metrics}"
@@ -607,18 +607,6 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
     http.abort();
     s.stop().await;
     Ok(())
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
-    let (_, body) = text.split_once("\r\n\r\n").context("no HTTP body")?;
-    Ok(body.to_string())
 }
 
 /// The note of the `BuilderChanged` Event on the `kind` parent naming builder digest `digest`.

@@ -214,3 +214,21 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `GET path` on a plain-HTTP server (the host's endpoints); returns the body.
+///
+/// # Errors
+/// Connection errors, a timeout (10 s), or no HTTP body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut text)).await??;
+    let (_, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP body in {text:?}"))?;
+    Ok(body.to_string())
+}
