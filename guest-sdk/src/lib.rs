@@ -139,6 +139,32 @@ impl PodIdentity {
 
 /// Builds the Controller's slurmctld Service. Implement it and export with [`export_plugin!`].
 ///
+/// A Service of type LoadBalancer with a site annotation, starting from Slinky's, tested natively
+/// with [`testing::call_service`]:
+///
+/// ```
+/// use slinky_guest_sdk::{BuildContext, BuildError, ControllerServiceBuilder, api::Controller, slinky, testing};
+/// use slinky_guest_sdk::k8s_openapi::api::core::v1::Service;
+///
+/// struct LbService;
+///
+/// impl ControllerServiceBuilder for LbService {
+///     fn build_service(ctx: &BuildContext, controller: &Controller) -> Result<Service, BuildError> {
+///         let mut svc = slinky::build_controller_service(ctx, controller)?;
+///         svc.spec.get_or_insert_default().type_ = Some("LoadBalancer".into());
+///         svc.metadata
+///             .annotations
+///             .get_or_insert_default()
+///             .insert("lb.example.com/internal".into(), "true".into());
+///         Ok(svc)
+///     }
+/// }
+///
+/// let svc = testing::call_service::<LbService>(&testing::example_controller()?)?;
+/// assert_eq!(svc.spec.and_then(|s| s.type_).as_deref(), Some("LoadBalancer"));
+/// # Ok::<(), BuildError>(())
+/// ```
+///
 /// # Guarantees and caveats
 /// The host calls this with a copy of the Controller, in a fresh sandbox per call; the call must
 /// be idempotent and safe to cancel (a deadline trap mid-call leaves no partial state).
