@@ -92,7 +92,7 @@ pub enum Command {
     /// Print the CustomResourceDefinitions of the Slinky kinds (YAML).
     Crds,
     /// Reconcile Controllers and NodeSets on a cluster, or on the embedded API server.
-    Run(crate::run::RunArgs),
+    Run(Box<crate::run::RunArgs>),
 }
 
 /// `apiserver` options.
@@ -268,7 +268,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let engine = engine()?;
             let plugins = Arc::new(PluginRegistry::new(&engine, &args.plugins)?);
             let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            runtime.block_on(crate::run::run(args, plugins))
+            runtime.block_on(crate::run::run(*args, plugins))
         }
         Command::Crds => {
             let text = crate::crds::crds_yaml()?;

@@ -30,7 +30,12 @@ pub struct RunArgs {
     #[arg(long, env = "SLINKY_HOST_EMBEDDED")]
     pub embedded: bool,
     /// With --embedded: apply these manifests after installing the CRDs.
-    #[arg(long = "apply", requires = "embedded")]
+    #[arg(
+        long = "apply",
+        env = "SLINKY_HOST_APPLY",
+        value_delimiter = ',',
+        requires = "embedded"
+    )]
     pub apply: Vec<PathBuf>,
     /// With --embedded: write the kubeconfig here (default: ./embedded.kubeconfig).
     #[arg(
@@ -46,7 +51,7 @@ pub struct RunArgs {
     #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: std::net::SocketAddr,
     /// Plugin files overriding the bundled builders of their kinds.
-    #[arg(long = "plugin")]
+    #[arg(long = "plugin", env = "SLINKY_HOST_PLUGINS", value_delimiter = ',')]
     pub plugins: Vec<PathBuf>,
     /// Watch this directory for builder plugins (`*.wasm`) and hot-reload them: a file building a
     /// kind overrides that kind's builder; removing it falls back (to the bundled builder, or a
@@ -63,6 +68,29 @@ pub struct RunArgs {
     /// Resync period of healthy objects, in seconds.
     #[arg(long, env = "SLINKY_HOST_RESYNC_SECONDS", default_value_t = 300)]
     pub resync_seconds: u64,
+    /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
+    /// take over within the lease duration. On in the deployed manifests.
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The Lease's name.
+    #[arg(
+        long,
+        env = "SLINKY_HOST_LEADER_ELECTION_LEASE",
+        default_value = "slinky-host"
+    )]
+    pub leader_election_lease: String,
+    /// The Lease's namespace (default: $POD_NAMESPACE, else `default`).
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// This replica's identity in the Lease (default: $POD_NAME, else host name and pid).
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_IDENTITY")]
+    pub leader_election_identity: Option<String>,
+    /// Lease duration in seconds: a dead leader is replaced within it.
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
+    pub leader_election_lease_seconds: u64,
+    /// Renew this many seconds before expiry; half of it is the clock skew tolerated between nodes.
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_GRACE_SECONDS", default_value_t = 4)]
+    pub leader_election_grace_seconds: u64,
     /// Stop after this many seconds (for demos and smoke tests; default: run until signalled).
     #[arg(long, env = "SLINKY_HOST_RUN_FOR_SECONDS")]
     pub run_for_seconds: Option<u64>,
@@ -258,6 +286,34 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     };
     let reload_handle = reloader.as_ref().map(|(h, _)| h.clone());
 
+    let (leadership, election) = if args.leader_elect {
+        let config = reconcile::LeaderConfig {
+            lease_name: args.leader_election_lease.clone(),
+            namespace: args
+                .leader_election_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                .unwrap_or_else(|| "default".into()),
+            identity: args
+                .leader_election_identity
+                .clone()
+                .unwrap_or_else(reconcile::leader::default_identity),
+            duration: Duration::from_secs(args.leader_election_lease_seconds),
+            grace: Duration::from_secs(args.leader_election_grace_seconds),
+        };
+        let what = format!(
+            "{}/{} as {}",
+            config.namespace, config.lease_name, config.identity
+        );
+        let (l, task) = reconcile::leader::elect(client.clone(), config)
+            .await
+            .with_context(|| format!("cannot start leader election on the Lease {what}"))?;
+        tracing::info!(lease = %what, "leader election started");
+        (l, Some(task))
+    } else {
+        (reconcile::Leadership::always(), None)
+    };
+
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shutdown = {
         let mut rx = stop_rx.clone();
@@ -268,6 +324,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     let config = RunConfig {
         namespaces: args.namespaces.clone(),
         build,
+        leadership,
         resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
@@ -308,6 +365,11 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     }
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(30), host).await;
+    if let Some(task) = election {
+        // Stops the lease manager, which releases the Lease: a successor takes over at once.
+        task.abort();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     summaries.abort();
     hangups.abort();
     if let Some((_, task)) = reloader {

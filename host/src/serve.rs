@@ -107,6 +107,13 @@ pub fn metrics_text(h: &Handles) -> String {
     );
     family(
         &mut out,
+        "slinky_host_leader",
+        "gauge",
+        "1 while this replica leads (always 1 without leader election).",
+    );
+    let _ = writeln!(out, "slinky_host_leader {}", u8::from(h.leader.may_write()));
+    family(
+        &mut out,
         "slinky_host_reconciles_total",
         "counter",
         "Reconciles by kind and result (ok or an error label).",
@@ -193,6 +200,37 @@ pub fn metrics_text(h: &Handles) -> String {
         "slinky_host_plugin_failures_total {}",
         h.metrics.plugin_failures.load(Ordering::Relaxed)
     );
+    family(
+        &mut out,
+        "slinky_host_plugin_call_seconds",
+        "summary",
+        "Builder plugin calls by builder kind: time spent (sum) and calls (count).",
+    );
+    family(
+        &mut out,
+        "slinky_host_plugin_call_results_total",
+        "counter",
+        "Builder plugin calls by builder kind and result (ok, deadline, memory_cap, trap, rejected, build_error, ...).",
+    );
+    if let Ok(m) = h.metrics.plugin.lock() {
+        let mut per_kind: std::collections::BTreeMap<&str, (u64, f64)> = Default::default();
+        for ((kind, result), (n, secs)) in m.iter() {
+            let e = per_kind.entry(kind).or_default();
+            e.0 += n;
+            e.1 += secs;
+            let _ = writeln!(
+                out,
+                "slinky_host_plugin_call_results_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
+            );
+        }
+        for (kind, (n, secs)) in per_kind {
+            let _ = writeln!(
+                out,
+                "slinky_host_plugin_call_seconds_sum{{kind=\"{kind}\"}} {secs:.6}\n\
+                 slinky_host_plugin_call_seconds_count{{kind=\"{kind}\"}} {n}"
+            );
+        }
+    }
     out
 }
 

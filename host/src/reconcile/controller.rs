@@ -85,8 +85,18 @@ fn spec_problem(c: &Controller) -> Option<String> {
 /// # Errors
 /// API errors (retried with backoff by the error policy).
 pub async fn reconcile(c: Arc<Controller>, ctx: Arc<Context>, resync: Duration) -> Result<Action, Error> {
+    if !ctx.leader.may_write() {
+        // A follower: caches only. Becoming the leader re-reconciles everything.
+        return Ok(Action::await_change());
+    }
     let started = std::time::Instant::now();
-    let r = reconcile_inner(&c, &ctx, resync).await;
+    // Every log line of this reconcile carries the object's kind and key.
+    let span = tracing::info_span!(
+        "reconcile",
+        kind = "Controller",
+        key = %format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())
+    );
+    let r = tracing::Instrument::instrument(reconcile_inner(&c, &ctx, resync), span).await;
     let label = match &r {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
@@ -151,7 +161,13 @@ async fn reconcile_inner(c: &Controller, ctx: &Context, resync: Duration) -> Res
         ctx.metrics
             .plugin_calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match ctx.blocking(move || plugin.build_service(&build, &copy)).await? {
+        let metrics = ctx.metrics.clone();
+        let call = move || {
+            metrics.time_plugin_call(BuilderKind::ControllerService, || {
+                plugin.build_service(&build, &copy)
+            })
+        };
+        match ctx.blocking(call).await? {
             Ok(svc) => {
                 clear_condition(&mut conditions, "BuilderFailed");
                 let key = ObjectRef::new(&svc.name_any()).within(&svc.namespace().unwrap_or_default());

@@ -8,6 +8,7 @@
 
 mod controller;
 pub mod expectations;
+pub mod leader;
 mod nodeset;
 pub mod rollout;
 pub mod writer;
@@ -36,6 +37,7 @@ use slinky_api::{Controller, NodeSet};
 
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
 pub use expectations::Expectations;
+pub use leader::{LeaderConfig, Leadership};
 pub use writer::{WriteMetrics, Writer};
 
 /// Errors of a reconcile; each becomes a backoff, never a crash.
@@ -80,6 +82,8 @@ pub struct Metrics {
     pub plugin_calls: AtomicU64,
     /// Plugin calls that failed (trap, deadline, memory, policy, builder error).
     pub plugin_failures: AtomicU64,
+    /// (builder kind, result: `ok` or an error label) → (calls, seconds).
+    pub plugin: Mutex<std::collections::BTreeMap<(String, String), (u64, f64)>>,
 }
 
 impl Metrics {
@@ -90,6 +94,28 @@ impl Metrics {
         if let Ok(mut m) = self.seconds.lock() {
             *m.entry(kind.to_string()).or_default() += secs;
         }
+    }
+
+    /// Record one builder call of `kind` and time it.
+    pub fn time_plugin_call<T>(
+        &self,
+        kind: crate::plugins::BuilderKind,
+        call: impl FnOnce() -> Result<T, PluginError>,
+    ) -> Result<T, PluginError> {
+        let started = std::time::Instant::now();
+        let r = call();
+        let result = match &r {
+            Ok(_) => "ok",
+            Err(e) => e.metric_label(),
+        };
+        if let Ok(mut m) = self.plugin.lock() {
+            let e = m
+                .entry((kind.as_str().to_string(), result.to_string()))
+                .or_default();
+            e.0 += 1;
+            e.1 += started.elapsed().as_secs_f64();
+        }
+        r
     }
 
     /// Count of reconciles of `kind` with `result` (`ok` or an error label).
@@ -131,6 +157,8 @@ pub struct Context {
     pub namespaces: Arc<Vec<String>>,
     /// Reconcile metrics.
     pub metrics: Arc<Metrics>,
+    /// The write fence (leader election).
+    pub leader: Leadership,
 }
 
 impl Context {
@@ -181,6 +209,8 @@ pub struct RunConfig {
     pub build: BuildContext,
     /// The period of the resync requeue of healthy objects.
     pub resync: Option<Duration>,
+    /// Leader election (default: always the leader).
+    pub leadership: Leadership,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.
@@ -200,6 +230,8 @@ pub struct Handles {
     pub nodesets: Store<NodeSet>,
     /// Caches.
     pub controllers: Store<Controller>,
+    /// Leadership.
+    pub leader: Leadership,
 }
 
 fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
@@ -373,23 +405,35 @@ pub fn start(
         .owns(api::<Service>(&client, &ns), wc.clone());
     let controllers = controller_ctl.store();
     // After a builder swap, every parent of that builder's kind is re-reconciled (rate-limited).
-    let controller_ctl = controller_ctl.reconcile_on(rollout::on_swap(
-        plugins.clone(),
-        BuilderKind::ControllerService,
-        controllers.clone(),
-        recorder.clone(),
-        allowed.clone(),
-    ));
+    let controller_ctl = controller_ctl
+        .reconcile_on(rollout::on_swap(
+            plugins.clone(),
+            BuilderKind::ControllerService,
+            controllers.clone(),
+            recorder.clone(),
+            allowed.clone(),
+        ))
+        .reconcile_on(rollout::on_elected(
+            config.leadership.clone(),
+            controllers.clone(),
+            allowed.clone(),
+        ));
     let nodeset_ctl = KubeController::new(api::<NodeSet>(&client, &ns), wc.clone())
         .owns(api::<Pod>(&client, &ns), wc.clone());
     let nodesets = nodeset_ctl.store();
-    let nodeset_ctl = nodeset_ctl.reconcile_on(rollout::on_swap(
-        plugins.clone(),
-        BuilderKind::NodesetPod,
-        nodesets.clone(),
-        recorder.clone(),
-        allowed.clone(),
-    ));
+    let nodeset_ctl = nodeset_ctl
+        .reconcile_on(rollout::on_swap(
+            plugins.clone(),
+            BuilderKind::NodesetPod,
+            nodesets.clone(),
+            recorder.clone(),
+            allowed.clone(),
+        ))
+        .reconcile_on(rollout::on_elected(
+            config.leadership.clone(),
+            nodesets.clone(),
+            allowed.clone(),
+        ));
     let ns_store = nodesets.clone();
     let nodeset_ctl = nodeset_ctl.watches(api::<Controller>(&client, &ns), wc, move |c: Controller| {
         let (cns, cname) = (c.namespace().unwrap_or_default(), c.name_any());
@@ -404,7 +448,7 @@ pub fn start(
     let ctx = Arc::new(Context {
         client: client.clone(),
         plugins,
-        writer: Writer::new(client, writes.clone()),
+        writer: Writer::new(client, writes.clone(), config.leadership.clone()),
         expectations: expectations.clone(),
         pods: pods.clone(),
         services: services.clone(),
@@ -414,6 +458,7 @@ pub fn start(
         build: config.build.clone(),
         namespaces: allowed.clone(),
         metrics: metrics.clone(),
+        leader: config.leadership.clone(),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {
@@ -424,6 +469,7 @@ pub fn start(
         pods: pods.clone(),
         nodesets: nodesets.clone(),
         controllers: controllers.clone(),
+        leader: config.leadership.clone(),
     };
 
     let resync = config.resync.unwrap_or(Duration::from_secs(300));

@@ -133,8 +133,18 @@ fn owner_ref(ns: &NodeSet) -> OwnerReference {
 /// # Errors
 /// API errors (retried with backoff by the error policy).
 pub async fn reconcile(ns: Arc<NodeSet>, ctx: Arc<Context>, resync: Duration) -> Result<Action, Error> {
+    if !ctx.leader.may_write() {
+        // A follower: caches only. Becoming the leader re-reconciles everything.
+        return Ok(Action::await_change());
+    }
     let started = std::time::Instant::now();
-    let r = reconcile_inner(&ns, &ctx, resync).await;
+    // Every log line of this reconcile carries the object's kind and key.
+    let span = tracing::info_span!(
+        "reconcile",
+        kind = "NodeSet",
+        key = %format!("{}/{}", ns.namespace().unwrap_or_default(), ns.name_any())
+    );
+    let r = tracing::Instrument::instrument(reconcile_inner(&ns, &ctx, resync), span).await;
     let label = match &r {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
@@ -438,6 +448,7 @@ async fn sync_pods(
         .map(|o| PodIdentity::for_ordinal(ns, *o, revision))
         .collect();
     let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), ctx.build.clone());
+    let metrics = ctx.metrics.clone();
     ctx.metrics
         .plugin_calls
         .fetch_add(identities.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -445,7 +456,9 @@ async fn sync_pods(
         .blocking(move || {
             identities
                 .iter()
-                .map(|id| p.build_pod(&build, &nsc, &cc, id))
+                .map(|id| {
+                    metrics.time_plugin_call(BuilderKind::NodesetPod, || p.build_pod(&build, &nsc, &cc, id))
+                })
                 .collect::<Result<Vec<_>, _>>()
         })
         .await?

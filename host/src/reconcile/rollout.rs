@@ -87,3 +87,40 @@ where
         }
     })
 }
+
+/// A stream of every cached parent (of the served namespaces) each time this process becomes the
+/// leader: followers reconcile nothing, so the new leader looks at everything once.
+pub fn on_elected<K>(
+    leadership: super::Leadership,
+    store: Store<K>,
+    namespaces: Arc<Vec<String>>,
+) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + std::fmt::Debug + 'static,
+{
+    let changes = leadership.subscribe();
+    futures::stream::unfold(
+        (changes, VecDeque::<Arc<K>>::new()),
+        move |(mut changes, mut queue)| {
+            let (store, namespaces) = (store.clone(), namespaces.clone());
+            async move {
+                loop {
+                    if let Some(obj) = queue.pop_front() {
+                        return Some((ObjectRef::from_obj(obj.as_ref()), (changes, queue)));
+                    }
+                    changes.changed().await.ok()?;
+                    if *changes.borrow_and_update() {
+                        queue = store
+                            .state()
+                            .into_iter()
+                            .filter(|o| {
+                                namespaces.is_empty()
+                                    || o.namespace().is_some_and(|n| namespaces.contains(&n))
+                            })
+                            .collect();
+                    }
+                }
+            }
+        },
+    )
+}

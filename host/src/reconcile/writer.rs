@@ -96,6 +96,7 @@ fn jitter(attempt: u32) -> Duration {
 pub struct Writer {
     client: Client,
     metrics: std::sync::Arc<WriteMetrics>,
+    leader: super::leader::Leadership,
 }
 
 impl std::fmt::Debug for Writer {
@@ -105,9 +106,25 @@ impl std::fmt::Debug for Writer {
 }
 
 impl Writer {
-    /// A writer counting into `metrics`.
-    pub fn new(client: Client, metrics: std::sync::Arc<WriteMetrics>) -> Self {
-        Writer { client, metrics }
+    /// A writer counting into `metrics`, writing only while `leader` says so.
+    pub fn new(
+        client: Client,
+        metrics: std::sync::Arc<WriteMetrics>,
+        leader: super::leader::Leadership,
+    ) -> Self {
+        Writer {
+            client,
+            metrics,
+            leader,
+        }
+    }
+
+    /// Refuse the write unless this process leads (counted as `<verb>/not_leader`).
+    fn fence(&self, verb: &str) -> Result<(), kube::Error> {
+        self.leader.fence().map_err(|e| {
+            self.metrics.count(verb, "not_leader");
+            kube::Error::Service(Box::new(e))
+        })
     }
 
     /// The counters.
@@ -120,6 +137,7 @@ impl Writer {
     /// # Errors
     /// The API error.
     pub async fn apply_service(&self, svc: &Service) -> Result<Service, kube::Error> {
+        self.fence("apply")?;
         let api: Api<Service> = Api::namespaced(self.client.clone(), &svc.namespace().unwrap_or_default());
         let r = api
             .patch(
@@ -137,6 +155,7 @@ impl Writer {
     /// # Errors
     /// The API error (409 AlreadyExists included).
     pub async fn create_pod(&self, pod: &Pod) -> Result<Pod, kube::Error> {
+        self.fence("create")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -152,6 +171,7 @@ impl Writer {
     /// # Errors
     /// The API error (409 when the name now belongs to another pod).
     pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
+        self.fence("delete")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
@@ -174,6 +194,7 @@ impl Writer {
     /// # Errors
     /// The API error.
     pub async fn set_pod_owners(&self, pod: &Pod, owners: Value) -> Result<Pod, kube::Error> {
+        self.fence("patch")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let patch =
             json!({"metadata": {"resourceVersion": pod.resource_version(), "ownerReferences": owners}});
@@ -211,6 +232,7 @@ impl Writer {
             if current(&obj).as_ref() == Some(&status) {
                 return Ok(None);
             }
+            self.fence("status")?;
             let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": status});
             let pp = PatchParams {
                 field_manager: Some(FIELD_MANAGER.into()),

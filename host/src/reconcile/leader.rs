@@ -1,0 +1,243 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease (with the `kube-lease-manager` crate),
+//! and the write fence built on it.
+//!
+//! # Guarantees
+//! * Only the leader writes: every write of the [`super::Writer`] and every reconcile first asks
+//!   [`Leadership::may_write`]. Followers keep their caches warm and reconcile nothing.
+//! * **A leader that loses its lease stops writing before another starts.** Besides what the lease
+//!   manager says, the fence follows the Lease as this process last *saw it in the API* (a watch):
+//!   it is open only while the Lease names this process and `renewTime + leaseDuration - grace/2`
+//!   has not passed on the local clock. Another candidate takes over only after `renewTime +
+//!   leaseDuration`, so a leader partitioned from the API (whose renewals fail, or whose watch
+//!   stalls) closes its fence at least `grace/2` before anyone else can open one, as long as the
+//!   clocks of the nodes differ by less than that.
+//! * On becoming leader, every parent is re-reconciled (see [`Leadership::subscribe`]).
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
+
+/// Settings of leader election.
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    /// The Lease's name.
+    pub lease_name: String,
+    /// The Lease's namespace.
+    pub namespace: String,
+    /// This process's identity (the pod name in a cluster).
+    pub identity: String,
+    /// How long a Lease lasts without renewal (whole seconds, at least 2).
+    pub duration: Duration,
+    /// Renew this long before expiry; half of it is the allowed clock skew (whole seconds, at
+    /// least 1, less than `duration`).
+    pub grace: Duration,
+}
+
+/// The write fence: is this process the leader, and until when is that known to hold.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    elected: bool,
+    identity: String,
+    /// What the lease manager says.
+    holder: std::sync::atomic::AtomicBool,
+    /// Until when the Lease, as last seen in the API, names this process (minus the margin).
+    valid_until: Mutex<Option<Instant>>,
+    changes: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for Leadership {
+    fn default() -> Self {
+        Leadership::always()
+    }
+}
+
+/// The error of a write attempted without leadership.
+#[derive(Debug, thiserror::Error)]
+#[error("not the leader ({identity}): the write was not made; the leader makes it")]
+pub struct NotLeader {
+    /// This process's identity.
+    pub identity: String,
+}
+
+impl Leadership {
+    /// No election: this process always leads (a single replica, `run --embedded`, tests).
+    pub fn always() -> Self {
+        Leadership {
+            inner: Arc::new(Inner {
+                elected: false,
+                identity: String::new(),
+                holder: std::sync::atomic::AtomicBool::new(true),
+                valid_until: Mutex::new(None),
+                changes: tokio::sync::watch::channel(true).0,
+            }),
+        }
+    }
+
+    /// Whether this process may write now.
+    pub fn may_write(&self) -> bool {
+        if !self.inner.elected {
+            return true;
+        }
+        self.inner.holder.load(std::sync::atomic::Ordering::SeqCst)
+            && self
+                .inner
+                .valid_until
+                .lock()
+                .ok()
+                .and_then(|v| *v)
+                .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Whether leader election is on.
+    pub fn elected(&self) -> bool {
+        self.inner.elected
+    }
+
+    /// This process's identity (empty without election).
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
+    /// `Err(NotLeader)` unless this process may write now.
+    ///
+    /// # Errors
+    /// [`NotLeader`].
+    pub fn fence(&self) -> Result<(), NotLeader> {
+        if self.may_write() {
+            Ok(())
+        } else {
+            Err(NotLeader {
+                identity: self.inner.identity.clone(),
+            })
+        }
+    }
+
+    /// Changes of leadership (`true`: became leader).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.changes.subscribe()
+    }
+
+    fn set_holder(&self, holder: bool) {
+        self.inner
+            .holder
+            .store(holder, std::sync::atomic::Ordering::SeqCst);
+        if !holder && let Ok(mut v) = self.inner.valid_until.lock() {
+            *v = None;
+        }
+        self.inner.changes.send_replace(holder);
+    }
+
+    /// Follow the Lease as the API shows it: open the fence until its expiry minus `margin`
+    /// while it names this process, close it otherwise.
+    fn observe(&self, lease: &Lease, margin: Duration) {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let ours = spec.holder_identity.as_deref() == Some(self.inner.identity.as_str());
+        let until = spec.renew_time.as_ref().and_then(|renewed| {
+            let renewed = SystemTime::UNIX_EPOCH
+                + Duration::from_micros(u64::try_from(renewed.0.as_microsecond()).unwrap_or(0));
+            let secs = u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0);
+            let expiry = renewed + Duration::from_secs(secs);
+            let left = expiry
+                .duration_since(SystemTime::now())
+                .ok()?
+                .checked_sub(margin)?;
+            Some(Instant::now() + left)
+        });
+        if let Ok(mut v) = self.inner.valid_until.lock() {
+            *v = if ours { until } else { None };
+        }
+    }
+}
+
+/// Start electing: returns the fence and the task (abort it, or drop every receiver, to stop;
+/// the lease is released when the manager stops).
+///
+/// # Errors
+/// Invalid durations, or the Lease cannot be created or read.
+pub async fn elect(
+    client: Client,
+    config: LeaderConfig,
+) -> Result<(Leadership, tokio::task::JoinHandle<()>), kube_lease_manager::LeaseManagerError> {
+    let duration = config.duration.as_secs().max(2);
+    let grace = config.grace.as_secs().clamp(1, duration - 1);
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &config.lease_name)
+        .with_namespace(&config.namespace)
+        .with_identity(&config.identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .with_field_manager(format!("slinky-host-leader/{}", config.identity))
+        .build()
+        .await?;
+    let leadership = Leadership {
+        inner: Arc::new(Inner {
+            elected: true,
+            identity: config.identity.clone(),
+            holder: std::sync::atomic::AtomicBool::new(false),
+            valid_until: Mutex::new(None),
+            changes: tokio::sync::watch::channel(false).0,
+        }),
+    };
+    let margin = Duration::from_millis(grace * 500);
+    let (mut rx, manager_task) = manager.watch().await;
+    let follow = leadership.clone();
+    let leases: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let lease_stream = watcher(
+        leases,
+        watcher::Config::default().fields(&format!("metadata.name={}", config.lease_name)),
+    )
+    .default_backoff()
+    .applied_objects();
+    let task = tokio::spawn(async move {
+        let observe = async {
+            futures::pin_mut!(lease_stream);
+            while let Some(ev) = lease_stream.next().await {
+                match ev {
+                    Ok(lease) => follow.observe(&lease, margin),
+                    Err(error) => tracing::warn!(%error, "lease watch error (retrying)"),
+                }
+            }
+        };
+        let manage = async {
+            loop {
+                let leading = *rx.borrow_and_update();
+                follow.set_holder(leading);
+                tracing::info!(identity = %follow.identity(), leading, "leadership changed");
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            () = observe => {}
+            () = manage => {}
+        }
+        follow.set_holder(false);
+        drop(rx);
+        // The manager releases the lease when every receiver is gone.
+        let _ = tokio::time::timeout(Duration::from_secs(5), manager_task).await;
+    });
+    Ok((leadership, task))
+}
+
+/// The default identity: `$POD_NAME`, else the host name and the process id.
+pub fn default_identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "slinky-host".into());
+        format!("{host}-{}", std::process::id())
+    })
+}

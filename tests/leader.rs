@@ -1,0 +1,424 @@
+//! Leader election, health and metrics: two real host processes against one embedded API
+//! server (one leads, a kill hands over within the lease, no pod is created twice), a leader
+//! partitioned from the API stopping its writes before another starts, `/readyz` before and after
+//! the caches sync, and `/metrics` as Prometheus text.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::ListParams};
+use slinky_host::reconcile::{LeaderConfig, leader};
+use slinky_tests::{
+    TestCluster, eventually,
+    host::{NS_NAME, apply_example, cluster, scale},
+    http_get,
+};
+
+fn free_addr() -> Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// A `slinky-host run` process on the test cluster.
+struct HostProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl HostProcess {
+    fn start(c: &TestCluster, ns: &str, identity: &str, extra: &[&str]) -> Result<Self> {
+        let addr = free_addr()?;
+        let child = Command::new(slinky_tests::binary())
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig)
+            .args([
+                "--namespace",
+                ns,
+                "--http-addr",
+                &addr.to_string(),
+                "--resync-seconds",
+                "2",
+            ])
+            .args([
+                "--leader-election-namespace",
+                ns,
+                "--leader-election-identity",
+                identity,
+            ])
+            .args(extra)
+            .env("SLINKY_HOST_PLUGIN_CACHE", slinky_tests::cache_dir())
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(HostProcess { child, addr })
+    }
+
+    async fn metrics(&self) -> Result<BTreeMap<String, f64>> {
+        parse_prometheus(&http_get(self.addr, "/metrics").await?)
+    }
+
+    async fn leads(&self) -> bool {
+        self.metrics()
+            .await
+            .ok()
+            .and_then(|m| m.get("slinky_host_leader").copied())
+            == Some(1.0)
+    }
+
+    async fn writes(&self, verb: &str, outcome: &str) -> f64 {
+        let key = format!("slinky_host_writes_total{{verb=\"{verb}\",outcome=\"{outcome}\"}}");
+        self.metrics()
+            .await
+            .ok()
+            .and_then(|m| m.get(&key).copied())
+            .unwrap_or(0.0)
+    }
+
+    async fn ok_writes(&self) -> f64 {
+        self.metrics()
+            .await
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| {
+                        k.starts_with("slinky_host_writes_total") && k.contains("outcome=\"ok\"")
+                    })
+                    .map(|(_, v)| v)
+                    .sum()
+            })
+            .unwrap_or(0.0)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Parse Prometheus text: every sample line `name{labels} value` keyed by `name{labels}`; every
+/// sample's family has `# HELP` and `# TYPE`.
+fn parse_prometheus(text: &str) -> Result<BTreeMap<String, f64>> {
+    let mut out = BTreeMap::new();
+    let mut helped = std::collections::BTreeSet::new();
+    let mut typed = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            helped.insert(rest.split_whitespace().next().unwrap_or_default().to_string());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let name = parts.next().unwrap_or_default().to_string();
+            let kind = parts.next().unwrap_or_default();
+            ensure!(
+                ["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind),
+                "bad TYPE line {line:?}"
+            );
+            typed.insert(name);
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (key, value) = line
+            .rsplit_once(' ')
+            .with_context(|| format!("bad sample line {line:?}"))?;
+        let value: f64 = value.parse().with_context(|| format!("bad value in {line:?}"))?;
+        let name = key.split('{').next().unwrap_or_default();
+        ensure!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        let family = ["_sum", "_count", "_bucket"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
+            .unwrap_or(name);
+        ensure!(
+            typed.contains(family) && helped.contains(family),
+            "{name} has no HELP/TYPE"
+        );
+        if let Some(labels) = key.strip_prefix(name) {
+            ensure!(
+                labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')),
+                "bad labels in {line:?}"
+            );
+        }
+        out.insert(key.to_string(), value);
+    }
+    Ok(out)
+}
+
+async fn live_pods(c: &TestCluster, ns: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+async fn wait_pods(c: &TestCluster, ns: &str, n: usize) -> Result<()> {
+    let ok = eventually(60, || async {
+        let pods = live_pods(c, ns).await;
+        let ready = pods.iter().all(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        });
+        (pods.len() == n && ready).then_some(())
+    })
+    .await;
+    ok.with_context(|| format!("{n} ready pods never appeared in {ns}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_one_leader_a_kill_hands_over_within_the_lease_and_no_pod_is_created_twice()
+-> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("leader").await;
+    apply_example(&c, &ns, 3).await?;
+    let lease = [
+        "--leader-elect",
+        "--leader-election-lease-seconds",
+        "3",
+        "--leader-election-grace-seconds",
+        "1",
+    ];
+    let a = HostProcess::start(&c, &ns, "host-a", &lease)?;
+    let b = HostProcess::start(&c, &ns, "host-b", &lease)?;
+    wait_pods(&c, &ns, 3).await?;
+    let leader_is_a = eventually(30, || async {
+        match (a.leads().await, b.leads().await) {
+            (true, false) => Some(true),
+            (false, true) => Some(false),
+            _ => None,
+        }
+    })
+    .await
+    .context("no single leader")?;
+    let (mut leader, follower) = if leader_is_a { (a, b) } else { (b, a) };
+    scale(&c, &ns, 5).await?;
+    wait_pods(&c, &ns, 5).await?;
+    // Exactly one reconciles: the follower wrote nothing.
+    ensure!(leader.ok_writes().await >= 5.0, "the leader made the writes");
+    assert_eq!(follower.ok_writes().await, 0.0, "the follower wrote");
+    let led_creates = leader.writes("create", "ok").await;
+    assert!(!follower.leads().await);
+
+    // Kill the leader (no release): the follower takes over within the lease duration.
+    let killed = Instant::now();
+    leader.kill();
+    scale(&c, &ns, 8).await?;
+    eventually(15, || async { follower.leads().await.then_some(()) })
+        .await
+        .context("the follower never took over")?;
+    let handover = killed.elapsed();
+    eprintln!("hand-over after the kill: {} ms", handover.as_millis());
+    ensure!(
+        handover < Duration::from_millis(3000 + 1500),
+        "hand-over took {handover:?}, more than the 3 s lease (+1.5 s polling slack)"
+    );
+    wait_pods(&c, &ns, 8).await?;
+    // No pod created twice: the creates of both add up to the pods, none hit AlreadyExists.
+    let creates = led_creates + follower.writes("create", "ok").await;
+    assert_eq!(creates, 8.0, "creates across the hand-over");
+    assert_eq!(follower.writes("create", "conflict").await, 0.0);
+    assert_eq!(live_pods(&c, &ns).await.len(), 8);
+    Ok(())
+}
+
+/// A TCP proxy that can be cut: a partition between one client and the API server.
+struct Proxy {
+    addr: SocketAddr,
+    tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let t = tasks.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+                if let Ok(mut t) = t.lock() {
+                    t.push(conn);
+                }
+            }
+        });
+        Ok(Proxy { addr, tasks, accept })
+    }
+
+    fn cut(&self) {
+        self.accept.abort();
+        if let Ok(t) = self.tasks.lock() {
+            for task in t.iter() {
+                task.abort();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_partitioned_leader_stops_writing_before_another_starts() -> Result<()> {
+    let c = TestCluster::start().await;
+    let Some(server) = c.embedded("partition") else {
+        return Ok(());
+    };
+    let ns = c.namespace("partition").await;
+    let upstream: SocketAddr = server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .context("server address")?;
+    let proxy = Proxy::start(upstream).await?;
+    // A client of the same server through the proxy.
+    let mut kc = kube::config::Kubeconfig::read_from(&c.kubeconfig)?;
+    for cluster in &mut kc.clusters {
+        if let Some(cl) = cluster.cluster.as_mut() {
+            cl.server = Some(format!("https://{}", proxy.addr));
+        }
+    }
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let via_proxy = kube::Client::try_from(cfg)?;
+    let config = |identity: &str| LeaderConfig {
+        lease_name: "partition-test".into(),
+        namespace: ns.clone(),
+        identity: identity.into(),
+        duration: Duration::from_secs(3),
+        grace: Duration::from_secs(2),
+    };
+    let (a, a_task) = leader::elect(via_proxy, config("a")).await?;
+    eventually(20, || async { a.may_write().then_some(()) })
+        .await
+        .context("a never led")?;
+    let (b, b_task) = leader::elect(c.client.clone(), config("b")).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    ensure!(a.may_write() && !b.may_write(), "one leader before the partition");
+
+    proxy.cut();
+    let cut = Instant::now();
+    let mut a_last = cut;
+    let b_first = loop {
+        if a.may_write() {
+            a_last = Instant::now();
+        }
+        if b.may_write() {
+            break Instant::now();
+        }
+        if cut.elapsed() > Duration::from_secs(15) {
+            bail!("b never took over after the partition");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    eprintln!(
+        "partitioned leader stopped writing {} ms after the cut; the new leader started {} ms after the cut",
+        (a_last - cut).as_millis(),
+        (b_first - cut).as_millis()
+    );
+    ensure!(
+        a_last < b_first,
+        "the partitioned leader could still write when the new one started"
+    );
+    ensure!(
+        b_first - a_last >= Duration::from_millis(500),
+        "less than the margin between the old leader's last and the new leader's first write: {:?}",
+        b_first - a_last
+    );
+    ensure!(!a.may_write(), "a must not write again without renewing");
+    a_task.abort();
+    b_task.abort();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_waits_for_the_caches_and_metrics_are_prometheus_text_that_moves() -> Result<()> {
+    let c = cluster(true).await;
+    let Some(server) = c.embedded("readyz") else {
+        return Ok(());
+    };
+    let ns = c.namespace("ready").await;
+    apply_example(&c, &ns, 1).await?;
+    // A slow API server: the caches take a while to sync.
+    server.faults().set_latency(Duration::from_millis(700));
+    let host = HostProcess::start(&c, &ns, "solo", &[])?;
+    let code = |addr: SocketAddr| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut t = String::new();
+        s.read_to_string(&mut t).await.ok()?;
+        t.split_whitespace().nth(1).map(str::to_string)
+    };
+    let first = eventually(30, || async { code(host.addr).await })
+        .await
+        .context("/readyz never answered")?;
+    assert_eq!(first, "503", "not ready before the caches sync");
+    let healthz = http_get(host.addr, "/healthz").await?;
+    assert_eq!(healthz.trim(), "ok", "alive while syncing");
+    server.faults().set_latency(Duration::ZERO);
+    eventually(30, || async {
+        (code(host.addr).await.as_deref() == Some("200")).then_some(())
+    })
+    .await
+    .context("/readyz never became ready")?;
+
+    wait_pods(&c, &ns, 1).await?;
+    let before = host.metrics().await?;
+    for family in [
+        "slinky_host_ready",
+        "slinky_host_leader",
+        "slinky_host_expectations_pending",
+        "slinky_host_conflict_retries_total",
+        "slinky_host_plugin_calls_total",
+        "slinky_host_plugin_failures_total",
+    ] {
+        ensure!(before.contains_key(family), "{family} missing");
+    }
+    assert_eq!(before.get("slinky_host_ready"), Some(&1.0));
+    let key = "slinky_host_reconciles_total{kind=\"NodeSet\",result=\"ok\"}";
+    scale(&c, &ns, 3).await?;
+    wait_pods(&c, &ns, 3).await?;
+    let after = host.metrics().await?;
+    let moved = |k: &str| after.get(k).copied().unwrap_or(0.0) > before.get(k).copied().unwrap_or(0.0);
+    ensure!(moved(key), "{key} did not move");
+    ensure!(
+        moved("slinky_host_writes_total{verb=\"create\",outcome=\"ok\"}"),
+        "creates did not move"
+    );
+    ensure!(
+        moved("slinky_host_plugin_calls_total"),
+        "plugin calls did not move"
+    );
+    ensure!(
+        moved("slinky_host_plugin_call_seconds_count{kind=\"nodeset-pod\"}"),
+        "plugin call durations did not move"
+    );
+    let _ = NS_NAME;
+    Ok(())
+}
