@@ -625,3 +625,38 @@ async fn builder_changed_event(s: &Setup, kind: &str, digest: &str) -> Result<St
     .await;
     found.with_context(|| format!("no BuilderChanged Event on the {kind} for {}", &digest[..12]))
 }
+
+/// `*.wasm.gz` (what fits a ConfigMap) loads like the plain component; a corrupt one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gzipped_components_load_and_corrupt_ones_are_refused() -> Result<()> {
+    let s = setup(1, 50).await?;
+    let plain = variant(&std::fs::read(test_plugin("hostile"))?, "gz");
+    let gz = std::process::Command::new("gzip")
+        .arg("-c")
+        .stdin(std::fs::File::open({
+            let p = s.dir.path().join(".plain");
+            std::fs::write(&p, &plain)?;
+            p
+        })?)
+        .output()?;
+    ensure!(gz.status.success(), "gzip failed");
+    ensure!(
+        gz.stdout.len() * 2 < plain.len(),
+        "gzip should at least halve a component"
+    );
+    put(s.dir.path(), "small.wasm.gz", &gz.stdout)?;
+    // The digest is the component's, whether it arrived gzipped or not.
+    s.wait_active(&slinky_host::plugins::digest(&plain)).await?;
+    put(s.dir.path(), "small.wasm.gz", &gz.stdout[..gz.stdout.len() / 2])?;
+    let report = s.reload.rescan().await.context("reloader stopped")?;
+    let refusal = report
+        .refused
+        .first()
+        .cloned()
+        .or_else(|| s.plugins.last_refused(BuilderKind::NodesetPod))
+        .context("not refused")?;
+    ensure!(refusal.reason.contains("not a valid gzip file"), "{refusal:?}");
+    assert_eq!(s.active_digest(), slinky_host::plugins::digest(&plain));
+    s.stop().await;
+    Ok(())
+}

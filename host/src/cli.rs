@@ -91,6 +91,9 @@ pub enum Command {
     Apiserver(ApiserverArgs),
     /// Print the CustomResourceDefinitions of the Slinky kinds (YAML).
     Crds,
+    /// Print a complete install (CRDs, RBAC, Deployment with leader election, metrics Service)
+    /// for `kubectl apply --server-side -f -`.
+    Manifests(crate::manifests::ManifestsArgs),
     /// Reconcile Controllers and NodeSets on a cluster, or on the embedded API server.
     Run(Box<crate::run::RunArgs>),
 }
@@ -269,6 +272,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             let plugins = Arc::new(PluginRegistry::new(&engine, &args.plugins)?);
             let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
             runtime.block_on(crate::run::run(*args, plugins))
+        }
+        Command::Manifests(args) => {
+            let text = crate::manifests::yaml(&args)?;
+            std::io::stdout()
+                .lock()
+                .write_all(text.as_bytes())
+                .context("cannot write to stdout")?;
+            Ok(())
         }
         Command::Crds => {
             let text = crate::crds::crds_yaml()?;

@@ -9,6 +9,7 @@ pub mod check;
 pub mod cli;
 pub mod crds;
 pub mod embedded;
+pub mod manifests;
 /// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.
 pub mod plugins;
 pub mod reconcile;

@@ -258,7 +258,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
                 .await
                 .context("no kubeconfig and not in a cluster: pass --kubeconfig or --embedded")?,
         };
-        Client::try_from(config)?
+        Client::try_from(identified(config))?
     };
 
     let build = BuildContext {
@@ -398,4 +398,12 @@ async fn rescan_on_sighup(reload: Option<ReloadHandle>) {
             None => tracing::warn!("SIGHUP ignored: no --plugins-dir is watched"),
         }
     }
+}
+
+/// `config` sending `User-Agent: slinky-host/VERSION` (audit logs, API priority and fairness).
+pub fn identified(mut config: kube::Config) -> kube::Config {
+    if let Ok(ua) = http::HeaderValue::from_str(&format!("slinky-host/{}", env!("CARGO_PKG_VERSION"))) {
+        config.headers.push((http::header::USER_AGENT, ua));
+    }
+    config
 }

@@ -217,6 +217,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             format!("the server could not find the requested resource ({path})"),
         ));
     };
+    record(&shared, &req, &target, &query);
     let Some(rt) = shared
         .store
         .find_type(&target.group, &target.version, &target.plural)
@@ -233,6 +234,41 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     match serve_resource(&shared, req, &rt, target, &query).await {
         Ok(r) => r,
         Err(e) => error(&e),
+    }
+}
+
+/// Remember the kind of request for [`super::ApiServer::audit`].
+fn record(shared: &Shared, req: &Request<Incoming>, target: &Target, query: &HashMap<String, String>) {
+    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (req.method().as_str(), target.name.is_some()) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        (other, _) => other,
+    };
+    let user_agent = req
+        .headers()
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .unwrap_or("unknown")
+        .to_string();
+    let resource = match &target.sub {
+        Some(sub) => format!("{}/{sub}", target.plural),
+        None => target.plural.clone(),
+    };
+    if let Ok(mut audit) = shared.audit.lock() {
+        audit.insert(super::AuditRecord {
+            user_agent,
+            verb: verb.to_lowercase(),
+            group: target.group.clone(),
+            resource,
+        });
     }
 }
 

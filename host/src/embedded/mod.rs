@@ -199,6 +199,22 @@ pub(crate) struct Shared {
     pub(crate) token: String,
     pub(crate) addr: SocketAddr,
     pub(crate) tls: Option<tls::Tls>,
+    /// Every distinct (user agent, verb, group, resource) requested: an audit of who used what.
+    pub(crate) audit: std::sync::Mutex<std::collections::BTreeSet<AuditRecord>>,
+}
+
+/// One distinct kind of request the server received (see [`ApiServer::audit`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AuditRecord {
+    /// The client's `User-Agent` up to the first `/` (`unknown` when absent).
+    pub user_agent: String,
+    /// The Kubernetes verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`).
+    pub verb: String,
+    /// The API group (`""` for the core group).
+    pub group: String,
+    /// The resource, with `/subresource` when one was addressed.
+    pub resource: String,
 }
 
 /// A running embedded API server. Dropping it (or [`ApiServer::shutdown`]) stops it.
@@ -229,6 +245,7 @@ impl ApiServer {
             token: config.token.clone(),
             addr,
             tls,
+            audit: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         });
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(http::serve(listener, shared.clone(), stop_rx));
@@ -272,6 +289,16 @@ impl ApiServer {
     /// The store (for tests and the lifecycle simulation).
     pub fn store(&self) -> &Arc<Store> {
         &self.shared.store
+    }
+
+    /// Every distinct kind of resource request received so far, with the client's user agent:
+    /// what a client needs RBAC for.
+    pub fn audit(&self) -> Vec<AuditRecord> {
+        self.shared
+            .audit
+            .lock()
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// The fault-injection handle.

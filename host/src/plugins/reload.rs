@@ -1,8 +1,10 @@
 //! Hot reload: builder plugins from a directory (`run --plugins-dir`), swapped into the
 //! [`PluginRegistry`] without a restart.
 //!
-//! Every non-hidden `*.wasm` entry of the directory is a plugin; one that builds a kind overrides
-//! the fallback of that kind (the bundled builder, or a `--plugin` file); removing it falls back.
+//! Every non-hidden `*.wasm` entry of the directory is a plugin, and so is every `*.wasm.gz` (a
+//! gzipped component: a ConfigMap holds at most 1 MiB, a component often more); one that builds a
+//! kind overrides the fallback of that kind (the bundled builder, or a `--plugin` file); removing
+//! it falls back.
 //!
 //! # Guarantees
 //! * **Nothing partial is loaded**: a file is read only after its size, modification time and
@@ -173,7 +175,7 @@ impl Reloader {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            if name.starts_with('.') || !name.ends_with(".wasm") {
+            if name.starts_with('.') || !(name.ends_with(".wasm") || name.ends_with(".wasm.gz")) {
                 continue;
             }
             let path = entry.path();
@@ -205,6 +207,17 @@ impl Reloader {
             report.pending.push(path.display().to_string());
             return;
         }
+        let bytes = if path.extension().is_some_and(|e| e == "gz") {
+            match gunzip(&bytes) {
+                Ok(b) => b,
+                Err(reason) => {
+                    self.refuse(path, fp, super::digest(&bytes), reason, report);
+                    return;
+                }
+            }
+        } else {
+            bytes
+        };
         metrics.time("read", started.elapsed());
         let digest = super::digest(&bytes);
         let Some(state) = self.files.get_mut(path) else {
@@ -267,6 +280,41 @@ impl Reloader {
                 report.refused.push(refusal);
             }
         }
+    }
+
+    /// Refuse a file that could not even be read as a component (a bad gzip stream).
+    fn refuse(
+        &mut self,
+        path: &Path,
+        fp: Fingerprint,
+        digest: String,
+        reason: String,
+        report: &mut ScanReport,
+    ) {
+        let Some(state) = self.files.get_mut(path) else {
+            return;
+        };
+        state.read = Some(fp);
+        if state.digest.as_deref() == Some(digest.as_str()) {
+            return;
+        }
+        state.digest = Some(digest.clone());
+        let refusal = Refusal {
+            source: path.display().to_string(),
+            digest: Some(digest),
+            reason,
+            at: now_rfc3339(),
+        };
+        tracing::warn!(file = %path.display(), reason = %refusal.reason,
+            "plugin version refused; the active version keeps serving");
+        self.registry.reloads.count("refused");
+        for kind in KINDS {
+            if state.loaded.as_ref().is_some_and(|p| p.builds(kind)) {
+                self.registry.refused(kind, refusal.clone());
+            }
+        }
+        state.refusal = Some(refusal.clone());
+        report.refused.push(refusal);
     }
 
     /// Build the example inputs with every kind the plugin builds, through the output policy.
@@ -389,6 +437,26 @@ impl Reloader {
             .collect();
         self.registry.set_files(&self.config.dir, files);
     }
+}
+
+/// Largest decompressed `*.wasm.gz` accepted.
+const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+
+/// Decompress a gzipped component (bounded).
+fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .take(MAX_COMPONENT_BYTES + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("not a valid gzip file ({e}): make it with `gzip -k FILE.wasm`"))?;
+    if out.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(format!(
+            "it decompresses to more than {} MiB; a builder component is a few MiB at most",
+            MAX_COMPONENT_BYTES >> 20
+        ));
+    }
+    Ok(out)
 }
 
 /// How long a changing file must stay unchanged before it is read (at most the poll period).

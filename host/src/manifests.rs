@@ -1,0 +1,218 @@
+//! `slinky-host manifests`: a complete install: CRDs, namespace, ServiceAccount, least-privilege
+//! RBAC (a ClusterRole for exactly what the host reads and writes, a Role for its Lease), the
+//! Deployment (two replicas with leader election, probes, resources, a locked-down security
+//! context), a metrics Service, and optionally a plugins ConfigMap mounted as the plugins directory.
+//!
+//! The Helm chart in `deploy/helm/slinky-host` renders the same objects; `tests/deploy.rs` keeps
+//! them in step.
+
+use serde_json::{Value, json};
+
+/// Options of `manifests`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ManifestsArgs {
+    /// The namespace the host runs in.
+    #[arg(long, env = "SLINKY_HOST_INSTALL_NAMESPACE", default_value = "slinky-system")]
+    pub namespace: String,
+    /// The container image (build it with the repository's Dockerfile).
+    #[arg(long, env = "SLINKY_HOST_IMAGE", default_value = concat!("slinky-host:", env!("CARGO_PKG_VERSION")))]
+    pub image: String,
+    /// Replicas (one leads, the others wait with warm caches).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: u32,
+    /// Serve only these namespaces (default: all).
+    #[arg(long = "watch-namespace", value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
+    /// Mount this ConfigMap (optional: it may not exist) as the plugins directory, hot-reloaded.
+    #[arg(long)]
+    pub plugins_configmap: Option<String>,
+    /// The host's log level.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// Leave the CRDs out (install them separately with `slinky-host crds`).
+    #[arg(long)]
+    pub no_crds: bool,
+}
+
+/// The name of every object of the install.
+pub const NAME: &str = "slinky-host";
+/// Where a plugins ConfigMap is mounted.
+pub const PLUGINS_DIR: &str = "/etc/slinky-host/plugins";
+/// The precompiled-plugin cache (an emptyDir: the root file system is read-only).
+pub const CACHE_DIR: &str = "/var/cache/slinky-host";
+
+fn labels() -> Value {
+    json!({
+        "app.kubernetes.io/name": NAME,
+        "app.kubernetes.io/component": "operator",
+        "app.kubernetes.io/part-of": "slinky",
+    })
+}
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
+}
+
+/// The ClusterRole's rules: exactly the requests the host makes (tested against the embedded
+/// API server's audit of a running host).
+pub fn cluster_rules() -> Vec<Value> {
+    vec![
+        rule(
+            &["slinky.slurm.net"],
+            &["controllers", "nodesets"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            &["slinky.slurm.net"],
+            &["controllers/status", "nodesets/status"],
+            &["patch"],
+        ),
+        rule(
+            &[""],
+            &["pods"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
+        // Server-side apply creates the Service when it is missing: patch and create.
+        rule(&[""], &["services"], &["get", "list", "watch", "create", "patch"]),
+        rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
+    ]
+}
+
+/// The leader-election Role's rules (in the host's namespace).
+pub fn lease_rules() -> Vec<Value> {
+    vec![rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &["get", "list", "watch", "create", "update", "patch"],
+    )]
+}
+
+/// The install, as objects in apply order.
+///
+/// # Errors
+/// Never in practice (the CRDs serialize).
+pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
+    let ns = args.namespace.as_str();
+    let meta = |name: &str| json!({"name": name, "namespace": ns, "labels": labels()});
+    let mut out = Vec::new();
+    if !args.no_crds {
+        for crd in crate::crds::crds() {
+            out.push(serde_json::to_value(crd)?);
+        }
+    }
+    out.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels()}}));
+    out.push(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(NAME)}));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": NAME, "labels": labels()},
+        "rules": cluster_rules(),
+    }));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": NAME, "labels": labels()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
+    }));
+    let lease_role = format!("{NAME}-leader-election");
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": meta(&lease_role),
+        "rules": lease_rules(),
+    }));
+    out.push(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": meta(&lease_role),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_role},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
+    }));
+
+    let mut run_args = vec![
+        "run".to_string(),
+        "--leader-elect".into(),
+        "--http-addr".into(),
+        "0.0.0.0:8080".into(),
+    ];
+    for n in &args.watch_namespaces {
+        run_args.extend(["--namespace".into(), n.clone()]);
+    }
+    let mut mounts = vec![json!({"name": "plugin-cache", "mountPath": CACHE_DIR})];
+    let mut volumes = vec![json!({"name": "plugin-cache", "emptyDir": {"sizeLimit": "256Mi"}})];
+    if let Some(cm) = &args.plugins_configmap {
+        run_args.extend(["--plugins-dir".into(), PLUGINS_DIR.into()]);
+        mounts.push(json!({"name": "plugins", "mountPath": PLUGINS_DIR, "readOnly": true}));
+        volumes.push(json!({"name": "plugins", "configMap": {"name": cm, "optional": true}}));
+    }
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let probe = |path: &str, period: u32| json!({"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": 3});
+    out.push(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta(NAME),
+        "spec": {
+            "replicas": args.replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            // A new version starts its pods before the old ones go; leader election hands over.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": labels()},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "securityContext": {
+                        "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "terminationGracePeriodSeconds": 40,
+                    "containers": [{
+                        "name": NAME,
+                        "image": args.image,
+                        "args": run_args,
+                        "env": [
+                            {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+                            {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+                            {"name": "SLINKY_HOST_LOG_LEVEL", "value": args.log_level},
+                            {"name": "SLINKY_HOST_LOG_FORMAT", "value": "json"},
+                            {"name": "SLINKY_HOST_PLUGIN_CACHE", "value": CACHE_DIR},
+                        ],
+                        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                        "livenessProbe": probe("/healthz", 10),
+                        "readinessProbe": probe("/readyz", 5),
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": "128Mi"},
+                            "limits": {"memory": "512Mi"},
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                        "volumeMounts": mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }));
+    out.push(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {
+            "name": format!("{NAME}-metrics"), "namespace": ns, "labels": labels(),
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8080", "prometheus.io/path": "/metrics"},
+        },
+        "spec": {
+            "selector": {"app.kubernetes.io/name": NAME},
+            "ports": [{"name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }));
+    Ok(out)
+}
+
+/// The install as multi-document YAML.
+///
+/// # Errors
+/// A serializer failure.
+pub fn yaml(args: &ManifestsArgs) -> anyhow::Result<String> {
+    let docs = objects(args)?
+        .iter()
+        .map(serde_yaml::to_string)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
+}
