@@ -43,22 +43,13 @@ fn cargo(dir: &Path, args: &[&str]) -> Result<()> {
 
 /// Render `files` (JSON list items), with `plugin` overriding when given.
 fn render(files: &[PathBuf], plugin: Option<&Path>) -> Result<Vec<Value>> {
-    let mut args: Vec<String> = vec!["render".into(), "-o".into(), "json".into()];
-    for f in files {
-        args.extend(["-f".into(), f.display().to_string()]);
-    }
-    if let Some(p) = plugin {
-        args.extend(["--plugin".into(), p.display().to_string()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run(&args);
-    ensure!(
-        out.status.success(),
-        "render failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let list: Value = serde_json::from_slice(&out.stdout)?;
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
+    let files: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let p = plugin.map(|p| p.display().to_string());
+    let extra: Vec<&str> = match &p {
+        Some(p) => vec!["--plugin", p.as_str()],
+        None => vec![],
+    };
+    slinky_tests::render_json(&files, &extra)
 }
 
 /// Without what always differs between two builders (names, digests, the revision).

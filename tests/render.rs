@@ -6,29 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use serde_json::Value;
-use slinky_tests::{example, run, test_plugin, wat};
-
-/// Render files with extra args; return the JSON List's items, or fail with stderr.
-fn render_json(files: &[&std::path::Path], extra: &[&str]) -> Result<Vec<Value>> {
-    let mut args = vec!["render", "-o", "json"];
-    let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-    for f in &files {
-        args.extend(["-f", f.as_str()]);
-    }
-    args.extend(extra);
-    let out = run(&args);
-    ensure!(
-        out.status.success(),
-        "render failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let list: Value = serde_json::from_slice(&out.stdout)?;
-    ensure!(
-        list["apiVersion"] == "v1" && list["kind"] == "List",
-        "not a v1 List: {list}"
-    );
-    Ok(list["items"].as_array().cloned().unwrap_or_default())
-}
+use slinky_tests::{example, render_json, run, test_plugin, wat};
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs

@@ -196,13 +196,7 @@ pub fn check(
             crate::plugins::PluginSource::Bundled,
         )
     };
-    let controllers: Vec<&slinky_api::Controller> = manifests
-        .iter()
-        .filter_map(|m| match &m.parent {
-            Parent::Controller(c) => Some(c.as_ref()),
-            Parent::NodeSet(_) => None,
-        })
-        .collect();
+    let controllers = crate::render::controllers(manifests);
     let mut t = Tally::default();
     for m in manifests {
         match &m.parent {

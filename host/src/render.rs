@@ -247,13 +247,7 @@ pub fn render(
     plugins: &PluginRegistry,
     ctx: &BuildContext,
 ) -> Result<Vec<Child>, RenderError> {
-    let controllers: Vec<&Controller> = manifests
-        .iter()
-        .filter_map(|m| match &m.parent {
-            Parent::Controller(c) => Some(c.as_ref()),
-            Parent::NodeSet(_) => None,
-        })
-        .collect();
+    let controllers = controllers(manifests);
     let mut children = Vec::new();
     for m in manifests {
         match &m.parent {
@@ -303,6 +297,17 @@ pub fn render(
         }
     }
     Ok(children)
+}
+
+/// The Controllers among `manifests`.
+pub fn controllers(manifests: &[Manifest]) -> Vec<&Controller> {
+    manifests
+        .iter()
+        .filter_map(|m| match &m.parent {
+            Parent::Controller(c) => Some(c.as_ref()),
+            Parent::NodeSet(_) => None,
+        })
+        .collect()
 }
 
 /// Kubernetes YAML: one document per object, separated by `---`.

@@ -232,3 +232,29 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<
         .ok_or_else(|| anyhow::anyhow!("no HTTP body in {text:?}"))?;
     Ok(body.to_string())
 }
+
+/// `slinky-host render -o json` of `files` with `extra` args: the List's items, or the error
+/// with stderr.
+///
+/// # Errors
+/// Render failed, or its output is not a `v1` `List`.
+pub fn render_json(files: &[&std::path::Path], extra: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut args = vec!["render", "-o", "json"];
+    let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    for f in &files {
+        args.extend(["-f", f.as_str()]);
+    }
+    args.extend(extra);
+    let out = run(&args);
+    anyhow::ensure!(
+        out.status.success(),
+        "render failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    anyhow::ensure!(
+        list["apiVersion"] == "v1" && list["kind"] == "List",
+        "not a v1 List: {list}"
+    );
+    Ok(list["items"].as_array().cloned().unwrap_or_default())
+}

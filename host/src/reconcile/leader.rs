@@ -125,19 +125,29 @@ impl Leadership {
         }
     }
 
-    /// Changes of leadership (`true`: became leader).
+    /// Changes of the fence (`true`: this replica may write now, after not being able to).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<bool> {
         self.inner.changes.subscribe()
     }
 
-    fn set_holder(&self, holder: bool) {
-        self.inner
-            .holder
-            .store(holder, std::sync::atomic::Ordering::SeqCst);
-        if !holder && let Ok(mut v) = self.inner.valid_until.lock() {
-            *v = None;
+    /// Apply `change` and tell subscribers when the fence opened (or, on losing the Lease,
+    /// closed): a new leader reconciles only once it may really write.
+    fn transition(&self, change: impl FnOnce(&Inner)) {
+        let was_open = self.may_write();
+        change(&self.inner);
+        let open = self.may_write();
+        if open != was_open {
+            self.inner.changes.send_replace(open);
         }
-        self.inner.changes.send_replace(holder);
+    }
+
+    fn set_holder(&self, holder: bool) {
+        self.transition(|inner| {
+            inner.holder.store(holder, std::sync::atomic::Ordering::SeqCst);
+            if !holder && let Ok(mut v) = inner.valid_until.lock() {
+                *v = None;
+            }
+        });
     }
 
     /// Follow the Lease as the API shows it: open the fence until its expiry minus `margin`
@@ -156,9 +166,11 @@ impl Leadership {
                 .checked_sub(margin)?;
             Some(Instant::now() + left)
         });
-        if let Ok(mut v) = self.inner.valid_until.lock() {
-            *v = if ours { until } else { None };
-        }
+        self.transition(|inner| {
+            if let Ok(mut v) = inner.valid_until.lock() {
+                *v = if ours { until } else { None };
+            }
+        });
     }
 }
 
