@@ -145,12 +145,27 @@ impl Setup {
                         p.name_any(),
                         p.labels().get(keys::LABEL_REVISION_HASH).cloned(),
                         ready(p),
+                        p.uid(),
                     )
                 })
                 .collect();
+            let ns = Api::<NodeSet>::namespaced(self.c.client.clone(), &self.ns)
+                .get(NS_NAME)
+                .await?;
             bail!(
-                "pods did not roll to {revision} (builder {}): {seen:?}",
-                &digest[..12]
+                "pods did not roll to {revision} (builder {}): {seen:?}; replicas {:?}, status {:?}, \
+                 pending expectations (creations, deletions) {:?}, deletions awaited {:?}",
+                &digest[..12],
+                ns.spec.replicas,
+                ns.status,
+                self.host
+                    .handles
+                    .expectations
+                    .pending(&format!("{}/{NS_NAME}", self.ns)),
+                self.host
+                    .handles
+                    .expectations
+                    .pending_deletions(&format!("{}/{NS_NAME}", self.ns))
             );
         }
         Ok(())
@@ -405,6 +420,13 @@ async fn configmap_symlink_swaps_and_renames_are_picked_up_once_and_removal_fall
     let d1 = slinky_host::plugins::digest(&v1);
     s.wait_active(&d1).await?;
     assert_eq!(s.plugins.swaps(BuilderKind::NodesetPod), 1);
+
+    // For a moment the key's symlink dangles: the serving version stays, nothing falls back.
+    std::fs::remove_file(dir.join("..data"))?;
+    let report = s.reload.rescan().await.context("reloader stopped")?;
+    assert!(report.swapped.is_empty(), "{report:?}");
+    assert_eq!(s.active_digest(), d1, "a dangling symlink made it fall back");
+    std::os::unix::fs::symlink(ts1.file_name().context("name")?, dir.join("..data"))?;
 
     // An update: a new timestamped directory, `..data_tmp` → it, renamed over `..data`, the
     // old directory removed.

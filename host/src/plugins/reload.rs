@@ -85,6 +85,9 @@ impl Fingerprint {
     }
 }
 
+/// The plugin files of the directory with their fingerprints, and the names that can't be read.
+type Listing = (Vec<(PathBuf, Fingerprint)>, Vec<PathBuf>);
+
 /// What the reloader knows about one file.
 #[derive(Default)]
 struct FileState {
@@ -136,9 +139,14 @@ impl Reloader {
     /// Blocking: compiles.
     pub fn scan(&mut self, force: bool) -> ScanReport {
         let mut report = ScanReport::default();
-        let present = self.list(&mut report);
+        let Some((present, unreadable)) = self.list(&mut report) else {
+            // The directory can't be listed (not: is gone): change nothing until it can.
+            return report;
+        };
+        // A file that is gone falls back; one that is there but can't be read right now (a
+        // symlink mid-swap) keeps its last version.
         self.files
-            .retain(|path, _| present.iter().any(|(p, _)| p == path));
+            .retain(|path, _| present.iter().any(|(p, _)| p == path) || unreadable.contains(path));
         for (path, fp) in present {
             let state = self.files.entry(path.clone()).or_default();
             let stable = state.seen == Some(fp);
@@ -157,21 +165,22 @@ impl Reloader {
         report
     }
 
-    /// The `*.wasm` files in the directory with their fingerprints.
-    fn list(&self, report: &mut ScanReport) -> Vec<(PathBuf, Fingerprint)> {
+    /// The plugin files in the directory with their fingerprints, and those that can't be read
+    /// now; `None` when the directory can't be listed (a missing one is empty).
+    fn list(&self, report: &mut ScanReport) -> Option<Listing> {
         let dir = &self.config.dir;
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
+            // A missing directory is an empty one: every override falls back.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Some(Default::default()),
             Err(error) => {
-                // A missing directory is an empty one: every override falls back.
-                if error.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(dir = %dir.display(), %error, "cannot list the plugins directory");
-                    report.pending.push(format!("{}: {error}", dir.display()));
-                }
-                return Vec::new();
+                tracing::warn!(dir = %dir.display(), %error, "cannot list the plugins directory; nothing changes");
+                report.pending.push(format!("{}: {error}", dir.display()));
+                return None;
             }
         };
         let mut out = Vec::new();
+        let mut unreadable = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
             let name = name.to_string_lossy();
@@ -184,11 +193,14 @@ impl Reloader {
                 Ok(meta) if meta.is_file() => out.push((path, Fingerprint::of(&meta))),
                 Ok(_) => {}
                 // A dangling symlink mid-swap: look again at the next scan.
-                Err(_) => report.pending.push(path.display().to_string()),
+                Err(_) => {
+                    report.pending.push(path.display().to_string());
+                    unreadable.push(path);
+                }
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
+        Some((out, unreadable))
     }
 
     /// Read, hash, load and smoke-test one file.

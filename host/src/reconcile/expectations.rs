@@ -114,6 +114,15 @@ impl Expectations {
         })
     }
 
+    /// The pod UIDs whose deletion `key` still waits to observe (for diagnostics).
+    pub fn pending_deletions(&self, key: &str) -> Vec<String> {
+        self.with(|m| {
+            m.get(key)
+                .map(|e| e.dels.iter().cloned().collect())
+                .unwrap_or_default()
+        })
+    }
+
     /// Pending (creations, deletions) for `key`.
     pub fn pending(&self, key: &str) -> (i64, usize) {
         self.with(|m| m.get(key).map_or((0, 0), |e| (e.adds, e.dels.len())))

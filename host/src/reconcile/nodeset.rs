@@ -171,6 +171,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context, resync: Duration) -> Resul
         ctx.expectations.forget(&key);
         return Ok(Action::await_change());
     }
+    // Expectations first, the cache second: when they are satisfied, every event they waited for
+    // has been applied to the cache, so what is read next is no older than our own writes. (Read
+    // the other way round, a pass could act on pods its previous pass already deleted.)
+    let satisfied = ctx.expectations.satisfied(&key);
     let uid = ns.uid().unwrap_or_default();
     let selector = nodeset_selector(ns);
     let matches_selector = |p: &Pod| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v));
@@ -235,7 +239,6 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context, resync: Duration) -> Resul
         .get(&ObjectRef::<Controller>::new(&ns.spec.controller_ref.name).within(ns.controller_namespace()));
     let plugin = ctx.plugins.active(BuilderKind::NodesetPod);
     let revision = controller.as_ref().map(|c| pod_revision(ns, c, plugin.digest()));
-    let satisfied = ctx.expectations.satisfied(&key);
 
     let mut outcome = Outcome {
         conditions_problem: None,
@@ -421,7 +424,9 @@ async fn sync_pods(
         let mut deleted = Vec::new();
         for (pn, uid, r) in results {
             match r {
-                Ok(()) => deleted.push(pn),
+                Ok(true) => deleted.push(pn),
+                // Already gone: its deletion may have been observed before we expected it.
+                Ok(false) => ctx.expectations.deletion_observed(key, &uid),
                 Err(error) => {
                     ctx.expectations.deletion_observed(key, &uid);
                     tracing::warn!(pod = %pn, %error, "delete failed");

@@ -166,11 +166,12 @@ impl Writer {
         r
     }
 
-    /// Delete a pod, only if it still has `uid`. A pod already gone is not an error.
+    /// Delete a pod, only if it still has `uid`: `true` when deleted now, `false` when it was
+    /// already gone (not an error).
     ///
     /// # Errors
     /// The API error (409 when the name now belongs to another pod).
-    pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<(), kube::Error> {
+    pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
         self.fence("delete")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let dp = DeleteParams {
@@ -183,8 +184,8 @@ impl Writer {
         let r = api.delete(name, &dp).await;
         self.metrics.count("delete", outcome(&r));
         match r {
-            Ok(_) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
     }
