@@ -669,6 +669,9 @@ async fn gzipped_components_load_and_corrupt_ones_are_refused() -> Result<()> {
     put(s.dir.path(), "small.wasm.gz", &gz.stdout)?;
     // The digest is the component's, whether it arrived gzipped or not.
     s.wait_active(&slinky_host::plugins::digest(&plain)).await?;
+    // `--plugin`, `render` and `plugin check` read a gzipped file too.
+    let loaded = slinky_host::Plugin::load_file(&default_engine(), &s.dir.path().join("small.wasm.gz"))?;
+    assert_eq!(loaded.digest(), slinky_host::plugins::digest(&plain));
     put(s.dir.path(), "small.wasm.gz", &gz.stdout[..gz.stdout.len() / 2])?;
     let report = s.reload.rescan().await.context("reloader stopped")?;
     let refusal = report

@@ -315,6 +315,29 @@ impl std::fmt::Debug for Plugin {
     }
 }
 
+/// Largest decompressed `*.wasm.gz` accepted.
+const MAX_COMPONENT_BYTES: u64 = 64 << 20;
+
+/// Decompress a gzipped component (bounded).
+///
+/// # Errors
+/// Not gzip, or larger than 64 MiB decompressed; the message says how to fix it.
+pub fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .take(MAX_COMPONENT_BYTES + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("not a valid gzip file ({e}): make it with `gzip -k FILE.wasm`"))?;
+    if out.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(format!(
+            "it decompresses to more than {} MiB; a builder component is a few MiB at most",
+            MAX_COMPONENT_BYTES >> 20
+        ));
+    }
+    Ok(out)
+}
+
 /// The sha256 of a component, hex.
 pub fn digest(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -357,6 +380,15 @@ impl Plugin {
             path: path.to_path_buf(),
             source,
         })?;
+        // A gzipped component (`x.wasm.gz`, as a ConfigMap carries it) loads like the component.
+        let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+            gunzip(&bytes).map_err(|reason| PluginError::Refused {
+                plugin: path.display().to_string(),
+                reason,
+            })?
+        } else {
+            bytes
+        };
         Self::load(engine, &bytes, PluginSource::File(path.to_path_buf()))
     }
 

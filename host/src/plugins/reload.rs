@@ -220,7 +220,7 @@ impl Reloader {
             return;
         }
         let bytes = if path.extension().is_some_and(|e| e == "gz") {
-            match gunzip(&bytes) {
+            match super::gunzip(&bytes) {
                 Ok(b) => b,
                 Err(reason) => {
                     self.refuse(path, fp, super::digest(&bytes), reason, report);
@@ -449,26 +449,6 @@ impl Reloader {
             .collect();
         self.registry.set_files(&self.config.dir, files);
     }
-}
-
-/// Largest decompressed `*.wasm.gz` accepted.
-const MAX_COMPONENT_BYTES: u64 = 64 << 20;
-
-/// Decompress a gzipped component (bounded).
-fn gunzip(bytes: &[u8]) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .take(MAX_COMPONENT_BYTES + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("not a valid gzip file ({e}): make it with `gzip -k FILE.wasm`"))?;
-    if out.len() as u64 > MAX_COMPONENT_BYTES {
-        return Err(format!(
-            "it decompresses to more than {} MiB; a builder component is a few MiB at most",
-            MAX_COMPONENT_BYTES >> 20
-        ));
-    }
-    Ok(out)
 }
 
 /// How long a changing file must stay unchanged before it is read (at most the poll period).
