@@ -109,11 +109,13 @@ impl Drop for HostProcess {
 }
 
 /// Parse Prometheus text: every sample line `name{labels} value` keyed by `name{labels}`; every
-/// sample's family has `# HELP` and `# TYPE`.
+/// sample's family has `# HELP` and `# TYPE`, and its samples follow them.
 fn parse_prometheus(text: &str) -> Result<BTreeMap<String, f64>> {
     let mut out = BTreeMap::new();
     let mut helped = std::collections::BTreeSet::new();
     let mut typed = std::collections::BTreeSet::new();
+    // The family of the last `# TYPE`: a family's samples follow it, not another's.
+    let mut current = String::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             helped.insert(rest.split_whitespace().next().unwrap_or_default().to_string());
@@ -127,7 +129,8 @@ fn parse_prometheus(text: &str) -> Result<BTreeMap<String, f64>> {
                 ["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind),
                 "bad TYPE line {line:?}"
             );
-            typed.insert(name);
+            typed.insert(name.clone());
+            current = name;
             continue;
         }
         if line.trim().is_empty() {
@@ -150,6 +153,10 @@ fn parse_prometheus(text: &str) -> Result<BTreeMap<String, f64>> {
         ensure!(
             typed.contains(family) && helped.contains(family),
             "{name} has no HELP/TYPE"
+        );
+        ensure!(
+            family == current,
+            "{name} stands under the family {current}, not its own"
         );
         if let Some(labels) = key.strip_prefix(name) {
             ensure!(

@@ -25,213 +25,226 @@ pub struct Endpoints {
     pub reload: Option<ReloadHandle>,
 }
 
+/// Prometheus text being written: a family's `# HELP`/`# TYPE`, then its samples.
+struct Text(String);
+
+impl Text {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    /// One sample; label values are escaped as the format requires.
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| {
+                let v = v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+                format!("{k}=\"{v}\"")
+            })
+            .collect();
+        if labels.is_empty() {
+            let _ = writeln!(self.0, "{name} {value}");
+        } else {
+            let _ = writeln!(self.0, "{name}{{{}}} {value}", labels.join(","));
+        }
+    }
+
+    /// A summary's `_sum` and `_count`.
+    fn summary(&mut self, name: &str, labels: &[(&str, &str)], sum: f64, count: u64) {
+        self.sample(&format!("{name}_sum"), labels, format!("{sum:.6}"));
+        self.sample(&format!("{name}_count"), labels, count);
+    }
+}
+
 /// Prometheus text for the plugin registry: the active builders and reloads.
 pub fn plugin_metrics_text(out: &mut String, plugins: &PluginRegistry) {
-    fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    }
-    family(
-        out,
+    let mut t = Text(std::mem::take(out));
+    let kinds = crate::plugins::bundled::KINDS;
+    t.family(
         "slinky_host_builder_info",
         "gauge",
         "The active builder plugin of each kind (value 1).",
     );
-    for kind in crate::plugins::bundled::KINDS {
+    for kind in kinds {
         let a = plugins.active_info(kind);
-        let _ = writeln!(
-            out,
-            "slinky_host_builder_info{{kind=\"{kind}\",name=\"{}\",version=\"{}\",digest=\"{}\",source=\"{}\"}} 1",
-            a.name,
-            a.version,
-            a.digest,
-            a.source.replace('\\', "\\\\").replace('"', "\\\"")
+        t.sample(
+            "slinky_host_builder_info",
+            &[
+                ("kind", kind.as_str()),
+                ("name", &a.name),
+                ("version", &a.version),
+                ("digest", &a.digest),
+                ("source", &a.source),
+            ],
+            1,
         );
     }
-    family(
-        out,
+    t.family(
         "slinky_host_builder_swaps_total",
         "counter",
         "Builder swaps by kind (hot reloads that took over, fallbacks included).",
     );
-    for kind in crate::plugins::bundled::KINDS {
-        let _ = writeln!(
-            out,
-            "slinky_host_builder_swaps_total{{kind=\"{kind}\"}} {}",
-            plugins.swaps(kind)
+    for kind in kinds {
+        t.sample(
+            "slinky_host_builder_swaps_total",
+            &[("kind", kind.as_str())],
+            plugins.swaps(kind),
         );
     }
-    family(
-        out,
+    t.family(
         "slinky_host_plugin_reloads_total",
         "counter",
         "Plugin file versions considered by the reloader, by result (swapped, refused, unchanged).",
     );
-    if let Ok(m) = plugins.reloads.results.lock() {
-        for (result, n) in m.iter() {
-            let _ = writeln!(out, "slinky_host_plugin_reloads_total{{result=\"{result}\"}} {n}");
-        }
+    for (result, n) in plugins
+        .reloads
+        .results
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_default()
+    {
+        t.sample("slinky_host_plugin_reloads_total", &[("result", result)], n);
     }
-    family(
-        out,
+    t.family(
         "slinky_host_plugin_reload_stage_seconds",
         "summary",
         "Time spent per reload stage (read, compile, validate, swap).",
     );
-    if let Ok(m) = plugins.reloads.stages.lock() {
-        for (stage, (sum, count)) in m.iter() {
-            let _ = writeln!(
-                out,
-                "slinky_host_plugin_reload_stage_seconds_sum{{stage=\"{stage}\"}} {sum:.6}\n\
-                 slinky_host_plugin_reload_stage_seconds_count{{stage=\"{stage}\"}} {count}"
-            );
-        }
+    for (stage, (sum, count)) in plugins
+        .reloads
+        .stages
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_default()
+    {
+        t.summary(
+            "slinky_host_plugin_reload_stage_seconds",
+            &[("stage", stage)],
+            sum,
+            count,
+        );
     }
+    *out = t.0;
 }
 
 /// Prometheus text for the host's counters.
 pub fn metrics_text(h: &Handles) -> String {
-    let mut out = String::new();
-    fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    }
-    family(
-        &mut out,
-        "slinky_host_ready",
-        "gauge",
-        "1 when every cache has synced.",
-    );
-    let _ = writeln!(
-        out,
-        "slinky_host_ready {}",
-        u8::from(h.ready.load(Ordering::SeqCst))
-    );
-    family(
-        &mut out,
+    let mut t = Text(String::new());
+    t.family("slinky_host_ready", "gauge", "1 when every cache has synced.");
+    t.sample("slinky_host_ready", &[], u8::from(h.ready.load(Ordering::SeqCst)));
+    t.family(
         "slinky_host_leader",
         "gauge",
         "1 while this replica leads (always 1 without leader election).",
     );
-    let _ = writeln!(out, "slinky_host_leader {}", u8::from(h.leader.may_write()));
-    family(
-        &mut out,
+    t.sample("slinky_host_leader", &[], u8::from(h.leader.may_write()));
+    t.family(
         "slinky_host_reconciles_total",
         "counter",
         "Reconciles by kind and result (ok or an error label).",
     );
-    if let Ok(m) = h.metrics.reconciles.lock() {
-        let mut rows: Vec<_> = m.iter().collect();
-        rows.sort();
-        for ((kind, result), n) in rows {
-            let _ = writeln!(
-                out,
-                "slinky_host_reconciles_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
-            );
-        }
+    let reconciles: std::collections::BTreeMap<_, _> = h
+        .metrics
+        .reconciles
+        .lock()
+        .map(|m| m.clone().into_iter().collect())
+        .unwrap_or_default();
+    for ((kind, result), n) in &reconciles {
+        t.sample(
+            "slinky_host_reconciles_total",
+            &[("kind", kind), ("result", result)],
+            n,
+        );
     }
-    family(
-        &mut out,
+    t.family(
         "slinky_host_reconcile_seconds_total",
         "counter",
         "Time spent reconciling, by kind.",
     );
-    if let Ok(m) = h.metrics.seconds.lock() {
-        let mut rows: Vec<_> = m.iter().collect();
-        rows.sort_by(|a, b| a.0.cmp(b.0));
-        for (kind, s) in rows {
-            let _ = writeln!(
-                out,
-                "slinky_host_reconcile_seconds_total{{kind=\"{kind}\"}} {s:.6}"
-            );
-        }
+    let seconds: std::collections::BTreeMap<_, _> = h
+        .metrics
+        .seconds
+        .lock()
+        .map(|m| m.clone().into_iter().collect())
+        .unwrap_or_default();
+    for (kind, secs) in &seconds {
+        t.sample(
+            "slinky_host_reconcile_seconds_total",
+            &[("kind", kind)],
+            format!("{secs:.6}"),
+        );
     }
-    family(
-        &mut out,
+    t.family(
         "slinky_host_writes_total",
         "counter",
         "API writes by verb and outcome.",
     );
     for ((verb, outcome), n) in h.writes.snapshot() {
-        let _ = writeln!(
-            out,
-            "slinky_host_writes_total{{verb=\"{verb}\",outcome=\"{outcome}\"}} {n}"
+        t.sample(
+            "slinky_host_writes_total",
+            &[("verb", &verb), ("outcome", &outcome)],
+            n,
         );
     }
-    family(
-        &mut out,
-        "slinky_host_conflict_retries_total",
-        "counter",
-        "Status writes retried after a 409, from a fresh read.",
-    );
-    let _ = writeln!(
-        out,
-        "slinky_host_conflict_retries_total {}",
-        h.writes.conflict_retries.load(Ordering::Relaxed)
-    );
-    family(
-        &mut out,
+    for (name, kind, help, value) in [
+        (
+            "slinky_host_conflict_retries_total",
+            "counter",
+            "Status writes retried after a 409, from a fresh read.",
+            h.writes.conflict_retries.load(Ordering::Relaxed),
+        ),
+        (
+            "slinky_host_plugin_calls_total",
+            "counter",
+            "Builder plugin calls.",
+            h.metrics.plugin_calls.load(Ordering::Relaxed),
+        ),
+        (
+            "slinky_host_plugin_failures_total",
+            "counter",
+            "Builder plugin calls that failed (trap, deadline, memory, policy, error).",
+            h.metrics.plugin_failures.load(Ordering::Relaxed),
+        ),
+    ] {
+        t.family(name, kind, help);
+        t.sample(name, &[], value);
+    }
+    t.family(
         "slinky_host_expectations_pending",
         "gauge",
         "Pod creations and deletions awaited in the watch.",
     );
-    let _ = writeln!(
-        out,
-        "slinky_host_expectations_pending {}",
-        h.expectations.total_pending()
+    t.sample(
+        "slinky_host_expectations_pending",
+        &[],
+        h.expectations.total_pending(),
     );
-    family(
-        &mut out,
-        "slinky_host_plugin_calls_total",
-        "counter",
-        "Builder plugin calls.",
-    );
-    let _ = writeln!(
-        out,
-        "slinky_host_plugin_calls_total {}",
-        h.metrics.plugin_calls.load(Ordering::Relaxed)
-    );
-    family(
-        &mut out,
-        "slinky_host_plugin_failures_total",
-        "counter",
-        "Builder plugin calls that failed (trap, deadline, memory, policy, error).",
-    );
-    let _ = writeln!(
-        out,
-        "slinky_host_plugin_failures_total {}",
-        h.metrics.plugin_failures.load(Ordering::Relaxed)
-    );
-    family(
-        &mut out,
-        "slinky_host_plugin_call_seconds",
-        "summary",
-        "Builder plugin calls by builder kind: time spent (sum) and calls (count).",
-    );
-    family(
-        &mut out,
+    let calls = h.metrics.plugin.lock().map(|m| m.clone()).unwrap_or_default();
+    t.family(
         "slinky_host_plugin_call_results_total",
         "counter",
         "Builder plugin calls by builder kind and result (ok, deadline, memory_cap, trap, rejected, build_error, ...).",
     );
-    if let Ok(m) = h.metrics.plugin.lock() {
-        let mut per_kind: std::collections::BTreeMap<&str, (u64, f64)> = Default::default();
-        for ((kind, result), (n, secs)) in m.iter() {
-            let e = per_kind.entry(kind).or_default();
-            e.0 += n;
-            e.1 += secs;
-            let _ = writeln!(
-                out,
-                "slinky_host_plugin_call_results_total{{kind=\"{kind}\",result=\"{result}\"}} {n}"
-            );
-        }
-        for (kind, (n, secs)) in per_kind {
-            let _ = writeln!(
-                out,
-                "slinky_host_plugin_call_seconds_sum{{kind=\"{kind}\"}} {secs:.6}\n\
-                 slinky_host_plugin_call_seconds_count{{kind=\"{kind}\"}} {n}"
-            );
-        }
+    let mut per_kind: std::collections::BTreeMap<&str, (u64, f64)> = Default::default();
+    for ((kind, result), (n, secs)) in &calls {
+        let e = per_kind.entry(kind).or_default();
+        e.0 += n;
+        e.1 += secs;
+        t.sample(
+            "slinky_host_plugin_call_results_total",
+            &[("kind", kind), ("result", result)],
+            n,
+        );
     }
-    out
+    t.family(
+        "slinky_host_plugin_call_seconds",
+        "summary",
+        "Builder plugin calls by builder kind: time spent (sum) and calls (count).",
+    );
+    for (kind, (n, secs)) in per_kind {
+        t.summary("slinky_host_plugin_call_seconds", &[("kind", kind)], secs, n);
+    }
+    t.0
 }
 
 /// Serve the endpoints until the task is dropped.
