@@ -7,6 +7,10 @@
 //! container without a name, a pod spec without containers) and convert to the typed k8s-openapi
 //! value on demand.
 
+/// Strategic-merge patch keys of the core types' lists.
+pub mod merge_keys;
+/// Kubernetes' name and value rules.
+pub mod validation;
 mod wrappers;
 
 use std::collections::BTreeMap;

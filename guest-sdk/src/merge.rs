@@ -12,30 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::BuildError;
 
-/// Which object a list lives in, for fields whose merge key differs (`ports`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListContext {
-    /// A pod spec or container.
-    Pod,
-    /// A service spec.
-    Service,
-}
-
-/// The strategic-merge patch key of a list field of the core types builders handle, or `None`
-/// when such a list is replaced as a whole.
-pub fn patch_merge_key(field: &str, ctx: ListContext) -> Option<&'static str> {
-    Some(match (field, ctx) {
-        ("ports", ListContext::Pod) => "containerPort",
-        ("ports", ListContext::Service) => "port",
-        ("containers" | "initContainers" | "ephemeralContainers", _) => "name",
-        ("volumes" | "env" | "imagePullSecrets" | "resourceClaims" | "schedulingGates", _) => "name",
-        ("volumeMounts", _) => "mountPath",
-        ("volumeDevices", _) => "devicePath",
-        ("hostAliases", _) => "ip",
-        ("topologySpreadConstraints", _) => "topologyKey",
-        _ => return None,
-    })
-}
+pub use slinky_api::merge_keys::{ListContext, patch_merge_key};
 
 /// Remove nulls, empty strings, empty lists and empty maps (recursively): Slinky patches only
 /// the fields a user actually set.

@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
-use slinky_guest_sdk::merge::{ListContext, patch_merge_key};
+use slinky_api::merge_keys::{ListContext, patch_merge_key};
 
 /// The merge key of a list field in a resource, if it is a keyed (associative) list.
 pub fn list_key(plural: &str, field: &str) -> Option<&'static str> {

@@ -766,7 +766,9 @@ impl Inner {
                 ));
             }
         };
-        if let Err(why) = crate::plugins::policy::dns1123_subdomain(&name) {
+        if let Err(why) =
+            slinky_api::validation::first_error(slinky_api::validation::dns1123_subdomain(&name))
+        {
             return Err(ApiError::invalid(
                 &rt,
                 &name,

@@ -15,7 +15,7 @@ use k8s_openapi::{
 };
 use kube::ResourceExt;
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet, keys};
+use slinky_api::{Controller, NodeSet, keys, validation};
 
 use super::{Plugin, PodIdentity};
 
@@ -176,61 +176,20 @@ fn require_labels(
     Ok(())
 }
 
-/// A DNS-1123 subdomain (object names): at most 253 characters of `[a-z0-9.-]`, starting and
-/// ending alphanumeric.
+/// A DNS-1123 subdomain (object names), in kube-apiserver's words.
 ///
 /// # Errors
 /// What is wrong.
 pub fn dns1123_subdomain(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("it is empty".into());
-    }
-    if name.len() > 253 {
-        return Err(format!(
-            "it is {} characters long, at most 253 are allowed",
-            name.len()
-        ));
-    }
-    for label in name.split('.') {
-        dns_label_chars(label)?;
-    }
-    Ok(())
+    validation::first_error(validation::dns1123_subdomain(name))
 }
 
-/// A DNS-1035 label (Service names): at most 63 characters of `[a-z0-9-]`, starting with a
-/// letter and ending alphanumeric.
+/// A DNS-1035 label (Service names), in kube-apiserver's words.
 ///
 /// # Errors
 /// What is wrong.
 pub fn dns1035_label(name: &str) -> Result<(), String> {
-    if name.len() > 63 {
-        return Err(format!(
-            "it is {} characters long, at most 63 are allowed",
-            name.len()
-        ));
-    }
-    dns_label_chars(name)?;
-    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
-        return Err("it must start with a lower-case letter".into());
-    }
-    Ok(())
-}
-
-fn dns_label_chars(label: &str) -> Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
-    let edge = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    if label.is_empty() || label.len() > 63 {
-        return Err(format!("the part {label:?} must be 1 to 63 characters"));
-    }
-    if let Some(bad) = label.chars().find(|c| !ok_char(*c)) {
-        return Err(format!(
-            "it contains {bad:?}; only lower-case letters, digits and '-' are allowed"
-        ));
-    }
-    if !label.starts_with(edge) || !label.ends_with(edge) {
-        return Err("it must start and end with a lower-case letter or digit".into());
-    }
-    Ok(())
+    validation::first_error(validation::dns1035_label(name))
 }
 
 #[cfg(test)]
