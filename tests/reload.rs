@@ -116,7 +116,7 @@ impl Setup {
     /// Wait until `n` pods exist, all Ready, all built by the builder with `digest`.
     async fn rolled_to(&self, n: usize, digest: &str) -> Result<()> {
         let (nodeset, controller) = self.nodeset_and_controller().await?;
-        let revision = pod_revision(&nodeset, &controller, digest);
+        let revision = pod_revision(&nodeset, &controller, digest, &Default::default());
         let pods = Api::<Pod>::namespaced(self.c.client.clone(), &self.ns);
         let done = eventually(90, || async {
             let list = pods.list(&ListParams::default()).await.ok()?;
@@ -301,7 +301,7 @@ async fn twenty_swaps_under_scaling_load_fail_nothing_and_every_pod_names_one_bu
         );
         assert_eq!(
             pod.labels().get(keys::LABEL_REVISION_HASH),
-            Some(&pod_revision(&nodeset, &controller, digest)),
+            Some(&pod_revision(&nodeset, &controller, digest, &Default::default())),
             "{}: revision and builder digest disagree",
             pod.name_any()
         );

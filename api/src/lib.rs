@@ -7,6 +7,8 @@
 //! container without a name, a pod spec without containers) and convert to the typed k8s-openapi
 //! value on demand.
 
+/// Spec checks made before anything is built.
+pub mod checks;
 /// Strategic-merge patch keys of the core types' lists.
 pub mod merge_keys;
 /// Kubernetes' name and value rules.
@@ -31,6 +33,35 @@ pub const GROUP: &str = "slinky.slurm.net";
 pub const VERSION: &str = "v1beta1";
 /// `apiVersion` of every Slinky object.
 pub const API_VERSION: &str = "slinky.slurm.net/v1beta1";
+
+/// Status condition types the host sets (it owns these types on its parents' status; other
+/// writers' conditions are kept).
+pub mod conditions {
+    /// The parent is reconciled: its children exist and are available.
+    pub const READY: &str = "Ready";
+    /// The spec is invalid or asks for what this host does not support; nothing is changed.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The builder plugin failed (trap, deadline, refused output, builder error).
+    pub const BUILDER_FAILED: &str = "BuilderFailed";
+    /// A NodeSet's Controller does not exist.
+    pub const CONTROLLER_NOT_FOUND: &str = "ControllerNotFound";
+    /// A NodeSet's pod create, delete, adoption or release was refused by the API server
+    /// (like a ReplicaSet's `ReplicaFailure`; reasons `FailedCreate`, `FailedDelete`, …).
+    pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+    /// A Controller's Service could not be applied or pruned, or its name is taken by a Service
+    /// the host did not build.
+    pub const SERVICE_FAILURE: &str = "ServiceFailure";
+    /// The condition types a NodeSet's status carries from the host.
+    pub const NODESET: [&str; 5] = [
+        READY,
+        INVALID_SPEC,
+        BUILDER_FAILED,
+        CONTROLLER_NOT_FOUND,
+        REPLICA_FAILURE,
+    ];
+    /// The condition types a Controller's status carries from the host.
+    pub const CONTROLLER: [&str; 4] = [READY, INVALID_SPEC, BUILDER_FAILED, SERVICE_FAILURE];
+}
 
 /// Labels and annotations a builder or the host may set (Slinky's `well_known.go`).
 pub mod keys {

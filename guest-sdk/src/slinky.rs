@@ -215,8 +215,21 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-/// The logfile sidecar (a native sidecar: an init container with `restartPolicy: Always`).
-pub fn logfile_sidecar(user: &slinky_api::ContainerWrapper, log_file: &str) -> Result<Container, BuildError> {
+/// The logfile sidecar (a native sidecar: an init container with `restartPolicy: Always`), or
+/// `None` when the user's `logfile` container sets no image.
+///
+/// Slinky always adds the sidecar and the API server then refuses every pod without
+/// `logfile.image` (`initContainers[0].image: Required value`). Here the sidecar is left out
+/// instead: the daemon keeps logging to its file on the `slurm-logfile` volume, and
+/// `kubectl logs` shows only the main container. Set `spec.logfile.image` (Slinky's chart uses
+/// `alpine`) to stream the log file.
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] when the user's container is not a valid container.
+pub fn logfile_sidecar(
+    user: &slinky_api::ContainerWrapper,
+    log_file: &str,
+) -> Result<Option<Container>, BuildError> {
     let base = Container {
         name: "logfile".into(),
         command: Some(vec!["sh".into(), "-c".into(), LOGFILE_SCRIPT.into()]),
@@ -225,7 +238,34 @@ pub fn logfile_sidecar(user: &slinky_api::ContainerWrapper, log_file: &str) -> R
         volume_mounts: Some(vec![mount("slurm-logfile", LOG_DIR, false)]),
         ..Default::default()
     };
-    merge::merge_container(&base, &user.0)
+    let sidecar = merge::merge_container(&base, &user.0)?;
+    Ok(sidecar
+        .image
+        .as_deref()
+        .is_some_and(|i| !i.is_empty())
+        .then_some(sidecar))
+}
+
+/// Every container and init container has an image (the API server refuses one without).
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] naming the container and the field that sets it.
+pub fn require_images(spec: &PodSpec, field_of: impl Fn(&str) -> String) -> Result<(), BuildError> {
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    match containers
+        .into_iter()
+        .find(|c| c.image.as_deref().is_none_or(str::is_empty))
+    {
+        Some(c) => Err(BuildError::invalid(format!(
+            "{} is required: container {:?} has no image, and the API server refuses a pod without one",
+            field_of(&c.name),
+            c.name
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Slinky's StatefulSet-mode NodeSet pod, for `identity`.
@@ -431,16 +471,20 @@ pub fn build_nodeset_pod(
             effect: Some("NoExecute".into()),
             ..Default::default()
         }]),
-        init_containers: Some(vec![
-            logfile_sidecar(&spec.logfile, &log_file)
-                .map_err(|e| BuildError::invalid(format!("spec.logfile: {e}")))?,
-        ]),
+        init_containers: logfile_sidecar(&spec.logfile, &log_file)
+            .map_err(|e| BuildError::invalid(format!("spec.logfile: {e}")))?
+            .map(|c| vec![c]),
         containers: vec![slurmd],
         volumes: Some(volumes),
         ..Default::default()
     };
     let mut pod_spec = merge::merge_pod_spec(&base_spec, &spec.template.spec.0)
         .map_err(|e| BuildError::invalid(format!("spec.template.spec: {e}")))?;
+    require_images(&pod_spec, |name| match name {
+        "slurmd" => "spec.slurmd.image".to_string(),
+        "logfile" => "spec.logfile.image".to_string(),
+        other => format!("spec.template.spec.containers[name={other}].image"),
+    })?;
     let env = resource_env(&pod_spec.containers[0], &pod_spec);
     pod_spec.containers[0].env.get_or_insert_default().extend(env);
 

@@ -237,12 +237,12 @@ pub fn check(
                     let ours_id = crate::PodIdentity::for_ordinal(
                         n,
                         ordinal,
-                        pod_revision(n, controller, plugin.digest()),
+                        pod_revision(n, controller, plugin.digest(), ctx),
                     );
                     let base_id = crate::PodIdentity::for_ordinal(
                         n,
                         ordinal,
-                        pod_revision(n, controller, base.digest()),
+                        pod_revision(n, controller, base.digest(), ctx),
                     );
                     let what = format!(
                         "Pod {} of NodeSet {}/{} ({})",

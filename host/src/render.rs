@@ -281,7 +281,7 @@ pub fn render(
                         controller: key(ctl_ns, ctl_name),
                     })?;
                 let plugin = plugins.active(BuilderKind::NodesetPod);
-                let revision = pod_revision(n, controller, plugin.digest());
+                let revision = pod_revision(n, controller, plugin.digest(), ctx);
                 for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
                     let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
                     let pod = plugin

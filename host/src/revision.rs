@@ -1,22 +1,42 @@
-//! The NodeSet pod revision: a hash over everything that determines a pod's content, so that a
-//! change of any of it (template, containers, extraConf, …, or the builder plugin itself) gives
-//! new pods a new `controller-revision-hash` and rolls the old ones.
+//! The NodeSet pod revision: a hash over exactly what determines a pod's content, so that a
+//! change of any of it (template, containers, extraConf, …, the cluster domain, or the builder
+//! plugin itself) gives new pods a new `controller-revision-hash` and rolls the old ones, and a
+//! change of anything else (scaling, the update strategy, the Slurm partition line) restarts
+//! nothing.
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use slinky_api::{Controller, NodeSet};
 
-/// The pod revision of `nodeset` built by the builder with digest `builder_digest`: 10 hex digits.
+use crate::plugins::BuildContext;
+
+/// The pod revision of `nodeset` built by the builder with digest `builder_digest` in `ctx`:
+/// 10 hex digits.
 ///
-/// Covered: every spec field a builder reads for a pod (all but `replicas`, `updateStrategy`, `minReadySeconds`,
-/// `revisionHistoryLimit`, `persistentVolumeClaimRetentionPolicy`, `workloadDisruptionProtection`
-/// and `pruneSlurmNodeRecords`), the Controller fields the bundled builder reads (name, namespace,
-/// `slurmKeyRef`, `external`, `externalConfig`), and the builder digest. The NodeSet's own labels
-/// and annotations are not covered, as in Slinky: `kubectl label nodeset …` must not restart a
-/// Slurm cluster's workers; new pods get them when they are built.
-pub fn pod_revision(nodeset: &NodeSet, controller: &Controller, builder_digest: &str) -> String {
+/// Covered: the NodeSet fields the bundled builder reads (`controllerRef`, `scalingMode`,
+/// `slurmd`, `logfile`, `ssh`, `template`, `extraConf`, `ordinalPadding`, `oversubscribeNode`,
+/// the name and namespace), the Controller fields it reads (name, namespace, `slurmKeyRef`,
+/// `external`, `externalConfig`), the build context (`--cluster-domain`) and the builder digest.
+///
+/// Not covered: `replicas`, `updateStrategy`, `minReadySeconds`, `revisionHistoryLimit`,
+/// `partition` (a `slurm.conf` line, not a pod field), `pinToNode` and `volumeClaimTemplates`
+/// (not built yet), `persistentVolumeClaimRetentionPolicy`, `workloadDisruptionProtection`,
+/// `pruneSlurmNodeRecords`, and the NodeSet's own labels and annotations: as in Slinky,
+/// `kubectl label nodeset …` must not restart a Slurm cluster's workers; new pods get them when
+/// they are built. A custom builder that reads other fields should say so in its docs: changing
+/// them rolls nothing until the pods are replaced for another reason.
+pub fn pod_revision(
+    nodeset: &NodeSet,
+    controller: &Controller,
+    builder_digest: &str,
+    ctx: &BuildContext,
+) -> String {
     let s = &nodeset.spec;
     let input = json!({
+        "nodeset": {
+            "name": nodeset.metadata.name,
+            "namespace": nodeset.metadata.namespace,
+        },
         "spec": {
             "controllerRef": s.controller_ref,
             "scalingMode": s.scaling_mode,
@@ -25,10 +45,7 @@ pub fn pod_revision(nodeset: &NodeSet, controller: &Controller, builder_digest: 
             "ssh": s.ssh,
             "template": s.template,
             "extraConf": s.extra_conf,
-            "partition": s.partition,
-            "volumeClaimTemplates": s.volume_claim_templates,
             "ordinalPadding": s.ordinal_padding,
-            "pinToNode": s.pin_to_node,
             "oversubscribeNode": s.oversubscribe_node,
         },
         "controller": {
@@ -37,6 +54,9 @@ pub fn pod_revision(nodeset: &NodeSet, controller: &Controller, builder_digest: 
             "slurmKeyRef": controller.spec.slurm_key_ref,
             "external": controller.spec.external,
             "externalConfig": controller.spec.external_config,
+        },
+        "context": {
+            "clusterDomain": ctx.cluster_domain,
         },
         "builder": builder_digest,
     });
@@ -47,13 +67,14 @@ pub fn pod_revision(nodeset: &NodeSet, controller: &Controller, builder_digest: 
 
 #[cfg(test)]
 mod tests {
-    use slinky_api::{ControllerSpec, NodeSetSpec};
+    use slinky_api::{ControllerSpec, ExternalConfig, NodeSetSpec, Partition};
 
     use super::*;
 
     #[test]
     fn revision_follows_pod_inputs_only() {
-        let controller = Controller::new("slurm", ControllerSpec::default());
+        let ctx = BuildContext::default();
+        let mut controller = Controller::new("slurm", ControllerSpec::default());
         let mut ns = NodeSet::new(
             "w",
             NodeSetSpec {
@@ -61,24 +82,44 @@ mod tests {
                 ..Default::default()
             },
         );
-        let base = pod_revision(&ns, &controller, "d1");
+        let base = pod_revision(&ns, &controller, "d1", &ctx);
         assert_eq!(base.len(), 10);
+        let same = |ns: &NodeSet, c: &Controller| pod_revision(ns, c, "d1", &ctx) == base;
+
         ns.spec.replicas = Some(5);
-        assert_eq!(
-            pod_revision(&ns, &controller, "d1"),
-            base,
-            "scaling does not roll pods"
+        ns.spec.partition = Some(Partition {
+            enabled: true,
+            config: Some("MaxTime=UNLIMITED".into()),
+        });
+        ns.spec.min_ready_seconds = Some(10);
+        ns.metadata.labels = Some([("team".to_string(), "hpc".to_string())].into());
+        controller.spec.extra_conf = Some("SchedulerType=sched/backfill".into());
+        assert!(
+            same(&ns, &controller),
+            "scaling, partition, labels, other Controller fields roll nothing"
         );
+
         assert_ne!(
-            pod_revision(&ns, &controller, "d2"),
+            pod_revision(&ns, &controller, "d2", &ctx),
             base,
             "a new builder rolls pods"
         );
-        ns.spec.extra_conf = Some("Weight=1".into());
+        let other_domain = BuildContext {
+            cluster_domain: "example.org".into(),
+        };
         assert_ne!(
-            pod_revision(&ns, &controller, "d1"),
+            pod_revision(&ns, &controller, "d1", &other_domain),
             base,
-            "a pod field rolls pods"
+            "--cluster-domain"
         );
+        let mut c2 = controller.clone();
+        c2.spec.external = true;
+        c2.spec.external_config = Some(ExternalConfig {
+            host: "ctld".into(),
+            port: 6817,
+        });
+        assert!(!same(&ns, &c2), "the conf server");
+        ns.spec.extra_conf = Some("Weight=1".into());
+        assert!(!same(&ns, &controller), "a pod field rolls pods");
     }
 }

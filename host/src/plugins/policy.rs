@@ -43,9 +43,17 @@ pub fn service(raw: &str, controller: &Controller, plugin: &Plugin) -> Result<Se
     let mut svc: Service = parse(raw)?;
     finish_meta(&mut svc.metadata, controller, plugin)?;
     let name = svc.metadata.name.clone().unwrap_or_default();
+    let want = format!("{}-controller", controller.name_any());
+    if name != want {
+        return Err(format!(
+            "the Service is named {name:?}, but a Controller's Service must be named {want:?} \
+             (`<controller>-controller`, where workers find slurmctld)"
+        ));
+    }
     if let Err(why) = dns1035_label(&name) {
         return Err(format!("the Service name {name:?} is invalid: {why}"));
     }
+    metadata_problems(&svc.metadata)?;
     let selector = svc
         .spec
         .as_ref()
@@ -76,8 +84,78 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
     let labels = pod.metadata.labels.get_or_insert_default();
     require_labels("metadata.labels", labels, &nodeset_selector(nodeset))?;
     labels.insert(keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone());
+    metadata_problems(&pod.metadata)?;
+    if let Some(spec) = &pod.spec {
+        pod_spec_problems(spec)?;
+    }
     pod.status = None;
     Ok(pod)
+}
+
+/// Label keys and values, annotation keys and their total size: what the API server checks of
+/// every object's metadata, so a builder's mistake is reported as such rather than as a create
+/// the API server refuses.
+fn metadata_problems(meta: &ObjectMeta) -> Result<(), String> {
+    for (k, v) in meta.labels.iter().flatten() {
+        if let Some(e) = validation::qualified_name(k).into_iter().next() {
+            return Err(format!("metadata.labels: the key {k:?} is invalid: {e}"));
+        }
+        if let Some(e) = validation::label_value(v).into_iter().next() {
+            return Err(format!(
+                "metadata.labels: the value {v:?} of {k:?} is invalid: {e}"
+            ));
+        }
+    }
+    let mut size = 0;
+    for (k, v) in meta.annotations.iter().flatten() {
+        if let Some(e) = validation::qualified_name(&k.to_lowercase()).into_iter().next() {
+            return Err(format!("metadata.annotations: the key {k:?} is invalid: {e}"));
+        }
+        size += k.len() + v.len();
+    }
+    if size > validation::TOTAL_ANNOTATION_SIZE_LIMIT {
+        return Err(format!(
+            "metadata.annotations are {size} bytes, at most {} are allowed",
+            validation::TOTAL_ANNOTATION_SIZE_LIMIT
+        ));
+    }
+    Ok(())
+}
+
+/// Container names (DNS labels, unique) and images, hostname and subdomain (DNS labels).
+fn pod_spec_problems(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<(), String> {
+    let mut names = std::collections::BTreeSet::new();
+    let all = spec.containers.iter().map(|c| ("containers", c)).chain(
+        spec.init_containers
+            .iter()
+            .flatten()
+            .map(|c| ("initContainers", c)),
+    );
+    for (list, c) in all {
+        let field = format!("spec.{list}[name={}]", c.name);
+        if let Some(e) = validation::dns1123_label(&c.name).into_iter().next() {
+            return Err(format!("{field}.name is invalid: {e}"));
+        }
+        if !names.insert(c.name.as_str()) {
+            return Err(format!("{field}: the container name {:?} is used twice", c.name));
+        }
+        if c.image.as_deref().is_none_or(str::is_empty) {
+            return Err(format!(
+                "{field}.image is required: the API server refuses a container without one"
+            ));
+        }
+    }
+    for (field, value) in [
+        ("spec.hostname", &spec.hostname),
+        ("spec.subdomain", &spec.subdomain),
+    ] {
+        if let Some(v) = value
+            && let Some(e) = validation::dns1123_label(v).into_iter().next()
+        {
+            return Err(format!("{field} {v:?} is invalid: {e}"));
+        }
+    }
+    Ok(())
 }
 
 fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, String> {

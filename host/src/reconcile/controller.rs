@@ -1,69 +1,40 @@
 //! The Controller reconciler: the slurmctld Service from the `controller-service` builder,
 //! server-side applied; status conditions and `observedGeneration`.
+//!
+//! # Guarantees
+//! * The Service is applied only over a Service this Controller controls (its controller owner
+//!   reference has the Controller's UID) or created when none exists: a Service of that name the
+//!   host did not build is never taken over (`ServiceFailure`, reason `ServiceNotOwned`).
+//! * A steady state makes no writes: the Service is applied when it lacks something the builder
+//!   wants, or when the builder's output changed since the last apply (the
+//!   `slinky.slurm.net/applied-hash` annotation); fields and ports other managers added are no
+//!   reason to apply again.
+//! * Services this Controller controls that the host built and no longer wants (`external: true`,
+//!   or named otherwise) are deleted, with a UID precondition.
+//! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ServiceFailure`
+//!   condition, retried with the Controller's exponential backoff.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api, ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
 use serde_json::Value;
-use slinky_api::{Controller, ControllerStatus};
+use sha2::{Digest, Sha256};
+use slinky_api::{Controller, ControllerStatus, checks, conditions, keys};
 
-use super::{Context, Error};
-use crate::plugins::BuilderKind;
+use super::{Context, Error, compare::contains, object_key, status::ConditionChanges, writer};
+use crate::plugins::{BuilderKind, GuestError, PluginError};
 
-/// Set a condition, keeping its transition time when its status did not change.
-pub(crate) fn set_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-) {
-    let status_s = if status { "True" } else { "False" };
-    let old = conditions.iter().find(|c| c.type_ == type_);
-    let time = match old {
-        Some(c) if c.status == status_s => c.last_transition_time.clone(),
-        _ => Time(
-            k8s_openapi::jiff::Timestamp::now()
-                .round(k8s_openapi::jiff::Unit::Second)
-                .unwrap_or_default(),
-        ),
-    };
-    conditions.retain(|c| c.type_ != type_);
-    conditions.push(Condition {
-        type_: type_.into(),
-        status: status_s.into(),
-        reason: reason.into(),
-        message,
-        last_transition_time: time,
-        observed_generation: generation,
-    });
-    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
-}
-
-/// Remove a condition.
-pub(crate) fn clear_condition(conditions: &mut Vec<Condition>, type_: &str) {
-    conditions.retain(|c| c.type_ != type_);
-}
-
-/// Whether `actual` contains everything in `desired` (maps by key, lists element-wise).
-pub(crate) fn contains(actual: &Value, desired: &Value) -> bool {
-    match (actual, desired) {
-        (Value::Object(a), Value::Object(d)) => d
-            .iter()
-            .all(|(k, dv)| a.get(k).is_some_and(|av| contains(av, dv))),
-        (Value::Array(a), Value::Array(d)) => {
-            a.len() == d.len() && a.iter().zip(d).all(|(av, dv)| contains(av, dv))
-        }
-        (a, d) => a == d,
-    }
-}
+/// The annotation holding the hash of the Service as last applied by the host.
+pub const ANNOTATION_APPLIED_HASH: &str = "slinky.slurm.net/applied-hash";
 
 fn spec_problem(c: &Controller) -> Option<String> {
+    if let Some(p) = checks::summary(&c.name_problems()) {
+        return Some(p);
+    }
     if c.spec.external {
         return c
             .spec
@@ -83,79 +54,70 @@ fn spec_problem(c: &Controller) -> Option<String> {
 /// Reconcile one Controller.
 ///
 /// # Errors
-/// API errors (retried with backoff by the error policy).
-pub async fn reconcile(c: Arc<Controller>, ctx: Arc<Context>, resync: Duration) -> Result<Action, Error> {
-    if !ctx.leader.may_write() {
-        // A follower: caches only. Becoming the leader re-reconciles everything.
-        return Ok(Action::await_change());
-    }
-    let started = std::time::Instant::now();
-    // Every log line of this reconcile carries the object's kind and key.
-    let span = tracing::info_span!(
-        "reconcile",
-        kind = "Controller",
-        key = %format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())
-    );
-    let r = tracing::Instrument::instrument(reconcile_inner(&c, &ctx, resync), span).await;
-    let label = match &r {
-        Ok(_) => "ok",
-        Err(e) => e.metric_label(),
-    };
-    ctx.metrics
-        .record("Controller", label, started.elapsed().as_secs_f64());
-    r
+/// API errors (retried with the Controller's backoff by the error policy).
+pub async fn reconcile(c: Arc<Controller>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.instrumented(c.as_ref(), reconcile_inner(&c, &ctx)).await
 }
 
-#[tracing::instrument(skip_all, fields(controller = %format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any())))]
-async fn reconcile_inner(c: &Controller, ctx: &Context, resync: Duration) -> Result<Action, Error> {
+/// What a pass found.
+struct Pass<'a> {
+    ctx: &'a Context,
+    c: &'a Controller,
+    conditions: ConditionChanges,
+    /// Refused writes and the ownership problem: `(reason, message)`.
+    failures: Vec<(&'static str, String)>,
+    /// The builder failed or refused the input: `(condition type, message)`.
+    problem: Option<(&'static str, String)>,
+}
+
+impl Pass<'_> {
+    fn current(&self) -> &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
+        self.c
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default()
+    }
+
+    async fn problem(&mut self, type_: &'static str, message: String) {
+        if !ConditionChanges::already_true(self.current(), type_, &message) {
+            self.ctx
+                .event(self.c, EventType::Warning, type_, message.clone())
+                .await;
+        }
+        self.problem = Some((type_, message));
+    }
+
+    /// A refused write (an Event each time) or an ownership problem (an Event once).
+    async fn failed(&mut self, reason: &'static str, message: String, once: bool) {
+        if !once || !ConditionChanges::already_true(self.current(), conditions::SERVICE_FAILURE, &message) {
+            tracing::warn!(reason, "{message}");
+            self.ctx
+                .event(self.c, EventType::Warning, reason, message.clone())
+                .await;
+        }
+        self.failures.push((reason, message));
+    }
+}
+
+async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error> {
     if c.metadata.deletion_timestamp.is_some() || !ctx.serves(&c.namespace().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
-    let generation = c.metadata.generation;
-    let mut conditions = c
-        .status
-        .as_ref()
-        .map(|s| s.conditions.clone())
-        .unwrap_or_default();
-    let mut requeue = resync;
+    let mut pass = Pass {
+        ctx,
+        c,
+        conditions: ConditionChanges::new(c.metadata.generation),
+        failures: Vec::new(),
+        problem: None,
+    };
+    let mut ready_message = String::new();
     if let Some(problem) = spec_problem(c) {
-        if !conditions
-            .iter()
-            .any(|x| x.type_ == "InvalidSpec" && x.status == "True" && x.message == problem)
-        {
-            ctx.event(c, EventType::Warning, "InvalidSpec", problem.clone())
-                .await;
-        }
-        set_condition(
-            &mut conditions,
-            "InvalidSpec",
-            true,
-            "InvalidSpec",
-            problem,
-            generation,
-        );
-        set_condition(
-            &mut conditions,
-            "Ready",
-            false,
-            "InvalidSpec",
-            "the spec is invalid".into(),
-            generation,
-        );
-        requeue = Duration::from_secs(60);
+        pass.problem(conditions::INVALID_SPEC, problem).await;
     } else if c.spec.external {
-        clear_condition(&mut conditions, "InvalidSpec");
-        clear_condition(&mut conditions, "BuilderFailed");
-        set_condition(
-            &mut conditions,
-            "Ready",
-            true,
-            "External",
-            "slurmctld runs outside Kubernetes".into(),
-            generation,
-        );
+        prune(&mut pass, None).await;
+        ready_message = "slurmctld runs outside Kubernetes".into();
     } else {
-        clear_condition(&mut conditions, "InvalidSpec");
         let plugin = ctx.plugins.active(BuilderKind::ControllerService);
         let (copy, build) = (c.clone(), ctx.build.clone());
         ctx.metrics
@@ -169,75 +131,207 @@ async fn reconcile_inner(c: &Controller, ctx: &Context, resync: Duration) -> Res
         };
         match ctx.blocking(call).await? {
             Ok(svc) => {
-                clear_condition(&mut conditions, "BuilderFailed");
-                let key = ObjectRef::new(&svc.name_any()).within(&svc.namespace().unwrap_or_default());
-                let cached = ctx.services.get(&key);
-                let desired = serde_json::to_value(&svc).unwrap_or(Value::Null);
-                let up_to_date = cached.is_some_and(|s| {
-                    contains(&serde_json::to_value(s.as_ref()).unwrap_or(Value::Null), &desired)
-                });
-                if !up_to_date {
-                    ctx.writer.apply_service(&svc).await?;
+                let name = svc.name_any();
+                if ensure_service(&mut pass, svc).await? {
+                    ready_message = format!("Service {name} is applied");
                 }
-                set_condition(
-                    &mut conditions,
-                    "Ready",
-                    true,
-                    "ServiceApplied",
-                    format!("Service {} is applied", svc.name_any()),
-                    generation,
-                );
+                prune(&mut pass, Some(&name)).await;
             }
             Err(e) => {
                 ctx.metrics
                     .plugin_failures
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let msg = e.to_string();
-                if !conditions
-                    .iter()
-                    .any(|x| x.type_ == "BuilderFailed" && x.message == msg)
-                {
-                    ctx.event(c, EventType::Warning, "BuilderFailed", msg.clone())
-                        .await;
+                match &e {
+                    PluginError::Build {
+                        error: GuestError::InvalidInput(m),
+                        ..
+                    } => pass.problem(conditions::INVALID_SPEC, m.clone()).await,
+                    other => pass.problem(conditions::BUILDER_FAILED, other.to_string()).await,
                 }
-                set_condition(
-                    &mut conditions,
-                    "BuilderFailed",
-                    true,
-                    "BuilderFailed",
-                    msg,
-                    generation,
-                );
-                set_condition(
-                    &mut conditions,
-                    "Ready",
-                    false,
-                    "BuilderFailed",
-                    "the Service builder failed".into(),
-                    generation,
-                );
-                requeue = Duration::from_secs(30);
             }
         }
     }
-    let api: Api<Controller> = Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
-    let status = ControllerStatus {
-        observed_generation: generation,
-        conditions,
+
+    let key = object_key(c);
+    let retry = !pass.failures.is_empty()
+        || pass
+            .problem
+            .as_ref()
+            .is_some_and(|(t, _)| *t == conditions::BUILDER_FAILED);
+    write_status(&mut pass, &ready_message).await?;
+    let requeue = if retry {
+        ctx.backoff.failure(&key)
+    } else {
+        ctx.backoff.success(&key);
+        ctx.resync
     };
-    ctx.writer
-        .update_status(
-            &api,
-            c,
-            |_: &Controller| status.clone(),
-            |obj: &Controller| obj.status.clone(),
-        )
-        .await?;
     Ok(Action::requeue(requeue))
 }
 
-/// Back off on errors.
-pub fn error_policy(_c: Arc<Controller>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "Controller reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+/// The hash of a Service as the builder wants it.
+fn applied_hash(svc: &Service) -> String {
+    let text = serde_json::to_string(svc).unwrap_or_default();
+    hex::encode(&Sha256::digest(text.as_bytes())[..8])
+}
+
+/// Whether `svc` is controlled by `c`.
+fn controlled_by(svc: &Service, c: &Controller) -> bool {
+    svc.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == c.uid().as_ref())
+}
+
+/// Apply the built Service unless the live one already has it; `true` when the Service is as
+/// built afterwards.
+async fn ensure_service(pass: &mut Pass<'_>, mut svc: Service) -> Result<bool, Error> {
+    let (ctx, c) = (pass.ctx, pass.c);
+    let name = svc.name_any();
+    let namespace = svc.namespace().unwrap_or_default();
+    let hash = applied_hash(&svc);
+    svc.annotations_mut()
+        .insert(ANNOTATION_APPLIED_HASH.into(), hash.clone());
+    let cached = ctx
+        .services
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .map(|s| s.as_ref().clone());
+    // Not in the cache: the cache may lag. Read the API before creating anything.
+    let live = match cached {
+        Some(s) => Some(s),
+        None => Api::<Service>::namespaced(ctx.client.clone(), &namespace)
+            .get_opt(&name)
+            .await?
+            .map(|mut s| {
+                s.metadata.managed_fields = None;
+                s
+            }),
+    };
+    let resource_version = match &live {
+        Some(s) if !controlled_by(s, c) => {
+            let holder = s
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map_or("no controller".to_string(), |o| {
+                    format!("controller {} {}", o.kind, o.name)
+                });
+            let msg = format!(
+                "Service {name} exists and is not this Controller's ({holder}): it is left alone; \
+                 delete it, or add this Controller as its controller owner, to let the host manage it"
+            );
+            pass.failed("ServiceNotOwned", msg, true).await;
+            return Ok(false);
+        }
+        Some(s) => {
+            let up_to_date = s.annotations().get(ANNOTATION_APPLIED_HASH) == Some(&hash)
+                && contains(
+                    &serde_json::to_value(s).unwrap_or(Value::Null),
+                    &serde_json::to_value(&svc).unwrap_or(Value::Null),
+                );
+            if up_to_date {
+                return Ok(true);
+            }
+            s.resource_version()
+        }
+        None => None,
+    };
+    match ctx.writer.apply_service(&svc, resource_version).await {
+        Ok(_) => Ok(true),
+        Err(e) => {
+            let msg = format!("Error applying Service {name}: {}", writer::message(&e));
+            pass.failed("FailedApply", msg, false).await;
+            Ok(false)
+        }
+    }
+}
+
+/// Delete the Services this Controller controls that the host built, but for `keep`.
+async fn prune(pass: &mut Pass<'_>, keep: Option<&str>) {
+    let (ctx, c) = (pass.ctx, pass.c);
+    let namespace = c.namespace().unwrap_or_default();
+    let stale: Vec<Arc<Service>> = ctx
+        .services
+        .state()
+        .into_iter()
+        .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|s| Some(s.name_any().as_str()) != keep)
+        .filter(|s| controlled_by(s, c) && s.annotations().contains_key(keys::ANNOTATION_BUILDER))
+        .collect();
+    for s in stale {
+        let name = s.name_any();
+        match ctx
+            .writer
+            .delete_service(&namespace, &name, &s.uid().unwrap_or_default())
+            .await
+        {
+            Ok(true) => {
+                ctx.event(
+                    c,
+                    EventType::Normal,
+                    "SuccessfulDelete",
+                    format!("Deleted Service {name}: the host no longer builds it"),
+                )
+                .await
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let msg = format!("Error deleting Service {name}: {}", writer::message(&e));
+                pass.failed("FailedDelete", msg, false).await;
+            }
+        }
+    }
+}
+
+async fn write_status(pass: &mut Pass<'_>, ready_message: &str) -> Result<(), Error> {
+    let c = pass.c;
+    let conds = &mut pass.conditions;
+    for t in [conditions::INVALID_SPEC, conditions::BUILDER_FAILED] {
+        conds.clear(t);
+    }
+    if let Some((type_, msg)) = &pass.problem {
+        conds.set(type_, true, type_, msg.clone());
+        conds.set(conditions::READY, false, type_, msg.clone());
+    } else if let Some((reason, msg)) = pass.failures.first() {
+        conds.set(conditions::SERVICE_FAILURE, true, reason, msg.clone());
+        conds.set(conditions::READY, false, reason, msg.clone());
+    } else {
+        conds.clear(conditions::SERVICE_FAILURE);
+        let reason = if c.spec.external {
+            "External"
+        } else {
+            "ServiceApplied"
+        };
+        conds.set(conditions::READY, true, reason, ready_message.to_string());
+    }
+    let api: Api<Controller> = Api::namespaced(pass.ctx.client.clone(), &c.namespace().unwrap_or_default());
+    let changes = pass.conditions.clone();
+    let generation = c.metadata.generation;
+    let compute = move |obj: &Controller| ControllerStatus {
+        observed_generation: generation,
+        conditions: changes.apply(
+            obj.status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default(),
+        ),
+    };
+    pass.ctx
+        .writer
+        .update_status(&api, c, compute, |obj: &Controller| obj.status.clone())
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_applied_hash_follows_the_built_service() {
+        let mut a = Service::default();
+        a.metadata.name = Some("slurm-controller".into());
+        let h = applied_hash(&a);
+        assert_eq!(h, applied_hash(&a.clone()));
+        a.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+        assert_ne!(applied_hash(&a), h);
+    }
 }

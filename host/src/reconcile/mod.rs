@@ -6,11 +6,15 @@
 //! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
+pub mod backoff;
+mod compare;
 mod controller;
 pub mod expectations;
 pub mod leader;
 mod nodeset;
 pub mod rollout;
+pub mod status;
+pub mod watch;
 pub mod writer;
 
 use std::{
@@ -25,17 +29,19 @@ use std::{
 use futures::{StreamExt, future::BoxFuture};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
-    Api, Client, ResourceExt,
+    Client, Resource,
     runtime::{
-        Controller as KubeController, WatchStreamExt,
+        Controller as KubeController,
+        controller::Action,
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{self, ObjectRef, Store},
+        reflector::Store,
         watcher,
     },
 };
 use slinky_api::{Controller, NodeSet};
 
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
+pub use backoff::Backoff;
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
 pub use writer::{WriteMetrics, Writer};
@@ -133,21 +139,21 @@ impl Metrics {
 
 /// What every reconcile gets.
 pub struct Context {
-    /// The API client.
+    /// The API client (fresh reads: adoption checks, status conflicts, Service ownership).
     pub client: Client,
     /// The active builder plugins.
     pub plugins: Arc<PluginRegistry>,
     /// The only writer.
     pub writer: Writer,
-    /// Pending creations/deletions per NodeSet.
+    /// Pending pod creations/deletions per NodeSet UID.
     pub expectations: Arc<Expectations>,
-    /// Pod cache.
+    /// Pods of the served namespaces (managedFields stripped).
     pub pods: Store<Pod>,
-    /// Service cache.
+    /// Services of the served namespaces (managedFields stripped).
     pub services: Store<Service>,
-    /// Controller cache.
+    /// Controllers of the served namespaces.
     pub controllers: Store<Controller>,
-    /// NodeSet cache.
+    /// NodeSets of the served namespaces.
     pub nodesets: Store<NodeSet>,
     /// Events.
     pub recorder: Recorder,
@@ -159,6 +165,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// The write fence (leader election).
     pub leader: Leadership,
+    /// Per-object retry backoff after failed writes and errors.
+    pub backoff: Backoff,
+    /// The period of the resync requeue of healthy objects.
+    pub resync: Duration,
 }
 
 impl Context {
@@ -196,9 +206,53 @@ impl Context {
             .await
             .map_err(|e| Error::Task(e.to_string()))
     }
+
+    /// The one reconcile wrapper: followers reconcile nothing; every log line carries the
+    /// object's kind and key; the time and result are counted.
+    async fn instrumented<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        pass: impl std::future::Future<Output = Result<Action, Error>>,
+    ) -> Result<Action, Error> {
+        if !self.leader.may_write() {
+            // A follower: caches only. Becoming the leader re-reconciles everything.
+            return Ok(Action::await_change());
+        }
+        let kind = K::kind(&());
+        let started = std::time::Instant::now();
+        let span = tracing::info_span!(
+            "reconcile",
+            kind = %kind,
+            key = %format!("{}/{}", obj.meta().namespace.as_deref().unwrap_or_default(), obj.meta().name.as_deref().unwrap_or_default())
+        );
+        let r = tracing::Instrument::instrument(pass, span).await;
+        let label = match &r {
+            Ok(_) => "ok",
+            Err(e) => e.metric_label(),
+        };
+        self.metrics.record(&kind, label, started.elapsed().as_secs_f64());
+        r
+    }
+
+    /// The error policy of both kinds: log, and retry with the object's backoff.
+    fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
+        let key = object_key(obj);
+        let after = self.backoff.failure(&key);
+        tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");
+        Action::requeue(after)
+    }
 }
 
-/// Settings of [`run`].
+/// `namespace/name` of an object.
+pub(crate) fn object_key<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Settings of [`start`].
 #[derive(Debug, Clone, Default)]
 pub struct RunConfig {
     /// Watch only these namespaces (all when empty). One namespace narrows the watches
@@ -224,105 +278,14 @@ pub struct Handles {
     pub metrics: Arc<Metrics>,
     /// Expectations.
     pub expectations: Arc<Expectations>,
-    /// Caches.
+    /// Pod cache.
     pub pods: Store<Pod>,
-    /// Caches.
+    /// NodeSet cache.
     pub nodesets: Store<NodeSet>,
-    /// Caches.
+    /// Controller cache.
     pub controllers: Store<Controller>,
     /// Leadership.
     pub leader: Leadership,
-}
-
-fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + kube::Resource<DynamicType = ()>,
-{
-    match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
-/// Whether a watch event concerns one of `allowed` namespaces (all when empty).
-fn in_namespaces<K: kube::Resource>(
-    ev: &Result<watcher::Event<K>, watcher::Error>,
-    allowed: &[String],
-) -> bool {
-    match ev {
-        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => {
-            allowed.is_empty() || o.meta().namespace.as_ref().is_some_and(|n| allowed.contains(n))
-        }
-        _ => true,
-    }
-}
-
-/// The owning NodeSet key (`ns/name`) of a pod, from its controller owner reference.
-pub fn owner_key(pod: &Pod) -> Option<String> {
-    let owner = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "NodeSet")?;
-    Some(format!("{}/{}", pod.namespace().unwrap_or_default(), owner.name))
-}
-
-/// Lower expectations from the pod watch: a first sighting is a creation, a deletion timestamp
-/// or a deletion (including one missed while the watch was down, found on relist) a deletion.
-fn observe(
-    expectations: &Expectations,
-    seen: &mut HashMap<String, String>,
-    relist: &mut Option<Vec<String>>,
-    ev: &watcher::Event<Pod>,
-) {
-    let sighting = |pod: &Pod, seen: &mut HashMap<String, String>| {
-        let Some(uid) = pod.uid() else { return };
-        let key = owner_key(pod).unwrap_or_default();
-        match seen.get(&uid) {
-            // A pod seen for the first time with an owner: the creation we expect. A pod seen
-            // before without one (an orphan being adopted) is no creation.
-            None if !key.is_empty() => expectations.creation_observed(&key),
-            _ => {}
-        }
-        seen.insert(uid.clone(), key.clone());
-        if pod.metadata.deletion_timestamp.is_some() && !key.is_empty() {
-            expectations.deletion_observed(&key, &uid);
-        }
-    };
-    match ev {
-        watcher::Event::Apply(pod) => sighting(pod, seen),
-        watcher::Event::Delete(pod) => {
-            if let Some(uid) = pod.uid() {
-                let key = seen
-                    .remove(&uid)
-                    .filter(|k| !k.is_empty())
-                    .or_else(|| owner_key(pod));
-                if let Some(key) = key {
-                    expectations.deletion_observed(&key, &uid);
-                }
-            }
-        }
-        watcher::Event::Init => *relist = Some(Vec::new()),
-        watcher::Event::InitApply(pod) => {
-            if let (Some(list), Some(uid)) = (relist.as_mut(), pod.uid()) {
-                list.push(uid);
-            }
-            sighting(pod, seen);
-        }
-        watcher::Event::InitDone => {
-            if let Some(list) = relist.take() {
-                let present: std::collections::HashSet<String> = list.into_iter().collect();
-                let gone: Vec<(String, String)> = seen
-                    .iter()
-                    .filter(|(uid, _)| !present.contains(*uid))
-                    .map(|(u, k)| (u.clone(), k.clone()))
-                    .collect();
-                for (uid, key) in gone {
-                    expectations.deletion_observed(&key, &uid);
-                    seen.remove(&uid);
-                }
-            }
-        }
-    }
 }
 
 /// Wait until a store has synced. Re-polls with a fresh future every 100 ms: a single
@@ -343,8 +306,19 @@ where
     }
 }
 
-/// Run the host until `shutdown` completes: caches, then both controllers. In-flight reconciles
-/// finish before it returns.
+/// A trigger stream that never yields: the controllers have no watch of their own.
+fn no_watch<K: Send + 'static>() -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    futures::stream::pending()
+}
+
+fn receiver_stream<T: Send + 'static>(
+    rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+/// Run the host until `shutdown` completes: one watch per kind, then both controllers once every
+/// cache has synced. In-flight reconciles finish before it returns.
 ///
 /// # Errors
 /// Never in practice; controller stream errors are logged and retried.
@@ -358,41 +332,18 @@ pub fn start(
     let writes = Arc::new(WriteMetrics::default());
     let metrics = Arc::new(Metrics::default());
     let expectations = Arc::new(Expectations::new());
-    let ns = match config.namespaces.as_slice() {
+    let one_namespace = match config.namespaces.as_slice() {
         [one] => Some(one.clone()),
         _ => None,
     };
     let allowed = Arc::new(config.namespaces.clone());
-    let wc = watcher::Config::default();
-
-    // Pod cache, with expectation observations.
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let exp = expectations.clone();
-    let pod_allowed = allowed.clone();
-    let pod_stream = watcher(api::<Pod>(&client, &ns), wc.clone())
-        .filter(move |ev| futures::future::ready(in_namespaces(ev, &pod_allowed)))
-        .modify(|p| p.managed_fields_mut().clear())
-        .default_backoff()
-        .reflect(pod_writer);
-    let pod_task = async move {
-        let mut seen = HashMap::new();
-        let mut relist = None;
-        futures::pin_mut!(pod_stream);
-        while let Some(ev) = pod_stream.next().await {
-            match ev {
-                Ok(ev) => observe(&exp, &mut seen, &mut relist, &ev),
-                Err(error) => tracing::warn!(%error, "pod watch error (retrying)"),
-            }
-        }
-    };
-    let (services, svc_writer) = reflector::store::<Service>();
-    let svc_allowed = allowed.clone();
-    let svc_stream = watcher(api::<Service>(&client, &ns), wc.clone())
-        .filter(move |ev| futures::future::ready(in_namespaces(ev, &svc_allowed)))
-        .modify(|s| s.managed_fields_mut().clear())
-        .default_backoff()
-        .reflect(svc_writer)
-        .for_each(|_| futures::future::ready(()));
+    let watches = watch::start(&client, &one_namespace, allowed.clone(), expectations.clone());
+    let (pods, services, controllers, nodesets) = (
+        watches.pods.clone(),
+        watches.services.clone(),
+        watches.controllers.clone(),
+        watches.nodesets.clone(),
+    );
 
     let recorder = Recorder::new(
         client.clone(),
@@ -401,11 +352,10 @@ pub fn start(
             instance: None,
         },
     );
-    let controller_ctl = KubeController::new(api::<Controller>(&client, &ns), wc.clone())
-        .owns(api::<Service>(&client, &ns), wc.clone());
-    let controllers = controller_ctl.store();
-    // After a builder swap, every parent of that builder's kind is re-reconciled (rate-limited).
-    let controller_ctl = controller_ctl
+    // No watches of their own: every trigger comes from the shared watches (after their stores
+    // applied the event), a builder swap, or this process becoming the leader.
+    let controller_ctl = KubeController::for_stream(no_watch::<Controller>(), controllers.clone())
+        .reconcile_on(receiver_stream(watches.controller_triggers))
         .reconcile_on(rollout::on_swap(
             plugins.clone(),
             BuilderKind::ControllerService,
@@ -418,10 +368,8 @@ pub fn start(
             controllers.clone(),
             allowed.clone(),
         ));
-    let nodeset_ctl = KubeController::new(api::<NodeSet>(&client, &ns), wc.clone())
-        .owns(api::<Pod>(&client, &ns), wc.clone());
-    let nodesets = nodeset_ctl.store();
-    let nodeset_ctl = nodeset_ctl
+    let nodeset_ctl = KubeController::for_stream(no_watch::<NodeSet>(), nodesets.clone())
+        .reconcile_on(receiver_stream(watches.nodeset_triggers))
         .reconcile_on(rollout::on_swap(
             plugins.clone(),
             BuilderKind::NodesetPod,
@@ -434,16 +382,6 @@ pub fn start(
             nodesets.clone(),
             allowed.clone(),
         ));
-    let ns_store = nodesets.clone();
-    let nodeset_ctl = nodeset_ctl.watches(api::<Controller>(&client, &ns), wc, move |c: Controller| {
-        let (cns, cname) = (c.namespace().unwrap_or_default(), c.name_any());
-        ns_store
-            .state()
-            .iter()
-            .filter(|n| n.controller_namespace() == cns && n.spec.controller_ref.name == cname)
-            .map(|n| ObjectRef::from_obj(n.as_ref()))
-            .collect::<Vec<_>>()
-    });
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -459,6 +397,8 @@ pub fn start(
         namespaces: allowed.clone(),
         metrics: metrics.clone(),
         leader: config.leadership.clone(),
+        backoff: Backoff::default(),
+        resync: config.resync.unwrap_or(Duration::from_secs(300)),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {
@@ -472,7 +412,6 @@ pub fn start(
         leader: config.leadership.clone(),
     };
 
-    let resync = config.resync.unwrap_or(Duration::from_secs(300));
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
     let mk_shutdown = |tx: &tokio::sync::broadcast::Sender<()>| {
         let mut rx = tx.subscribe();
@@ -482,20 +421,22 @@ pub fn start(
     };
     let sd1 = mk_shutdown(&tx_shutdown);
     let sd2 = mk_shutdown(&tx_shutdown);
-    let ctx1 = ctx.clone();
-    let ctx2 = ctx.clone();
-    let gate_pods = pods.clone();
-    let gate_svcs = services.clone();
+    let (ctx1, ctx2) = (ctx.clone(), ctx);
+    let watch_task = watches.task;
     let fut = async move {
-        let caches = tokio::spawn(async move { tokio::join!(pod_task, svc_stream) });
-        // No reconcile before every cache has synced.
-        synced(&gate_pods).await;
-        synced(&gate_svcs).await;
+        let caches = tokio::spawn(watch_task);
+        // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
+        // Controllers are known would report its Controller missing.
+        synced(&pods).await;
+        synced(&services).await;
+        synced(&controllers).await;
+        synced(&nodesets).await;
+        ready.store(true, Ordering::SeqCst);
         let controllers_run = controller_ctl
             .graceful_shutdown_on(sd1)
             .run(
-                move |obj, ctx| controller::reconcile(obj, ctx, resync),
-                controller::error_policy,
+                controller::reconcile,
+                |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
                 ctx1,
             )
             .for_each(|r| {
@@ -507,8 +448,8 @@ pub fn start(
         let nodesets_run = nodeset_ctl
             .graceful_shutdown_on(sd2)
             .run(
-                move |obj, ctx| nodeset::reconcile(obj, ctx, resync),
-                nodeset::error_policy,
+                nodeset::reconcile,
+                |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
                 ctx2,
             )
             .for_each(|r| {
@@ -517,13 +458,6 @@ pub fn start(
                 }
                 futures::future::ready(())
             });
-        let ready_flag = ready.clone();
-        let (cs, ns_) = (controllers.clone(), nodesets.clone());
-        tokio::spawn(async move {
-            synced(&cs).await;
-            synced(&ns_).await;
-            ready_flag.store(true, Ordering::SeqCst);
-        });
         let trigger = async move {
             shutdown.await;
             let _ = tx_shutdown.send(());

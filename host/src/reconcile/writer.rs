@@ -1,8 +1,11 @@
 //! The writer: the only code that writes to the API server.
 //!
 //! * Children the host owns wholly (the Controller's Service) are server-side applied with the
-//!   host's field manager (`force`, so a user's edit of a host-owned field is taken back).
-//! * Pods are created, and deleted with a UID precondition (never a namesake).
+//!   host's field manager: forced over the version whose ownership was checked (a user's edit of
+//!   a host-owned field is taken back, a Service replaced meanwhile is a 409), not forced when
+//!   creating. Services are deleted with a UID precondition.
+//! * Pods are created, and deleted with a UID precondition (never a namesake); adoption, release
+//!   and relabelling patch with a resourceVersion precondition.
 //! * Status is written only when it changed, as a merge patch carrying the resourceVersion it was
 //!   computed from; a 409 is retried from a fresh read of the API (not the cache) with jittered
 //!   backoff, a bounded number of times.
@@ -83,12 +86,27 @@ pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
-fn jitter(attempt: u32) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(attempt);
-    let base = 10u64 << attempt.min(6);
-    Duration::from_millis(base / 2 + h.finish() % base)
+/// Whether an error is a 409 AlreadyExists (a create whose name is taken).
+pub fn is_already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists")
+}
+
+/// The API server's message of a refused write (or the error's text).
+pub fn message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn uid_precondition(uid: &str) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
 }
 
 /// The writer.
@@ -132,22 +150,47 @@ impl Writer {
         &self.metrics
     }
 
-    /// Server-side apply a Service with the host's field manager (forced).
+    /// Server-side apply a Service with the host's field manager. Over an existing Service (one
+    /// the caller checked is the host's), `resource_version` is the version checked: the apply
+    /// is forced (a user's edit of a host-owned field is taken back) but fails with a 409 if the
+    /// Service changed since, so it never takes over one that was replaced meanwhile. Without
+    /// it, the Service is created and the apply is not forced.
     ///
     /// # Errors
     /// The API error.
-    pub async fn apply_service(&self, svc: &Service) -> Result<Service, kube::Error> {
+    pub async fn apply_service(
+        &self,
+        svc: &Service,
+        resource_version: Option<String>,
+    ) -> Result<Service, kube::Error> {
         self.fence("apply")?;
         let api: Api<Service> = Api::namespaced(self.client.clone(), &svc.namespace().unwrap_or_default());
-        let r = api
-            .patch(
-                &svc.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(svc),
-            )
-            .await;
+        let mut svc = svc.clone();
+        let mut pp = PatchParams::apply(FIELD_MANAGER);
+        if resource_version.is_some() {
+            pp = pp.force();
+        }
+        svc.metadata.resource_version = resource_version;
+        let r = api.patch(&svc.name_any(), &pp, &Patch::Apply(&svc)).await;
         self.metrics.count("apply", outcome(&r));
         r
+    }
+
+    /// Delete a Service, only if it still has `uid`: `true` when deleted now, `false` when it
+    /// was already gone.
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn delete_service(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        self.fence("delete")?;
+        let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let r = api.delete(name, &uid_precondition(uid)).await;
+        self.metrics.count("delete", outcome(&r));
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Create a pod.
@@ -174,14 +217,7 @@ impl Writer {
     pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
         self.fence("delete")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(uid.to_string()),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        let r = api.delete(name, &dp).await;
+        let r = api.delete(name, &uid_precondition(uid)).await;
         self.metrics.count("delete", outcome(&r));
         match r {
             Ok(_) => Ok(true),
@@ -208,8 +244,33 @@ impl Writer {
         r
     }
 
+    /// Set a pod's revision label and builder annotations (a pod equal to what the builder
+    /// makes, labelled by another revision scheme), with a resourceVersion precondition.
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn relabel_pod(
+        &self,
+        pod: &Pod,
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Pod, kube::Error> {
+        self.fence("patch")?;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(),
+            "labels": labels, "annotations": annotations}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let r = api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)).await;
+        self.metrics.count("patch", outcome(&r));
+        r
+    }
+
     /// Write `status` computed by `compute` from an object, only when it changed: the first attempt
-    /// uses `cached`; after a 409 the object is re-read from the API. Returns the written object,
+    /// uses `cached`; after a 409 the object is re-read from the API and `compute` runs again on
+    /// it (so it must merge what it owns into what it reads, keeping other writers' parts). Returns the written object,
     /// or `None` when nothing needed writing.
     ///
     /// # Errors
@@ -246,7 +307,12 @@ impl Writer {
                 Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {
                     attempt += 1;
                     self.metrics.conflict_retries.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(jitter(attempt)).await;
+                    tokio::time::sleep(super::backoff::delay(
+                        attempt,
+                        Duration::from_millis(10),
+                        Duration::from_secs(1),
+                    ))
+                    .await;
                     obj = api.get(&name).await?;
                 }
                 Err(e) => return Err(e),

@@ -1,0 +1,372 @@
+//! Spec checks the host makes before it builds anything: a Controller or NodeSet whose names,
+//! hostnames or settings would make an object the API server refuses (a pod name past 63
+//! characters in a label, a hostname with dots, `maxUnavailable: 0%`) is reported as a
+//! [`SpecProblem`] naming the field and the fix, instead of a create refused over and over.
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::{
+    Controller, NodeSet, ScalingMode, UpdateStrategyType, keys,
+    validation::{dns1035_label, dns1123_label, dns1123_subdomain, label_value},
+};
+
+/// What is wrong with a spec: the field (a JSON path from the object's root) and why, with the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecProblem {
+    /// The field, e.g. `spec.updateStrategy.rollingUpdate.maxUnavailable`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl SpecProblem {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        SpecProblem {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for SpecProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// All problems as one message (`; `-separated), or `None`.
+pub fn summary(problems: &[SpecProblem]) -> Option<String> {
+    (!problems.is_empty()).then(|| {
+        problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// The prefix of the headless Service name the worker pods use as `spec.subdomain`.
+pub const WORKER_SUBDOMAIN_PREFIX: &str = "slurm-workers-";
+
+/// The longest Controller name: `<name>-controller` is a Service name (a DNS-1035 label).
+pub const CONTROLLER_NAME_MAX: usize = 63 - "-controller".len();
+
+/// `maxUnavailable` checked: `Ok(None)` when unset (the default 25%), else the value.
+///
+/// # Errors
+/// A message when it is 0, 0%, negative, over 100% or not a number or percentage.
+pub fn max_unavailable(value: Option<&IntOrString>) -> Result<Option<MaxUnavailable>, String> {
+    match value {
+        None => Ok(None),
+        Some(IntOrString::Int(n)) if *n >= 1 => Ok(Some(MaxUnavailable::Count(*n))),
+        Some(IntOrString::Int(n)) => Err(format!(
+            "{n} is not allowed: at least one pod must be replaceable at a time (use 1 or more, or a percentage like 25%)"
+        )),
+        Some(IntOrString::String(s)) => {
+            let digits = s.strip_suffix('%').unwrap_or("");
+            match digits.parse::<u32>() {
+                Ok(p) if (1..=100).contains(&p) && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                    Ok(Some(MaxUnavailable::Percent(p)))
+                }
+                Ok(_) => Err(format!(
+                    "{s:?} is not allowed: a percentage must be between 1% and 100%"
+                )),
+                Err(_) => Err(format!(
+                    "{s:?} is neither a number nor a percentage: use e.g. 2 or \"25%\""
+                )),
+            }
+        }
+    }
+}
+
+/// A valid `maxUnavailable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxUnavailable {
+    /// A number of pods (at least 1).
+    Count(i32),
+    /// A percentage of `replicas`, 1 to 100, rounded up.
+    Percent(u32),
+}
+
+impl MaxUnavailable {
+    /// The number of pods for `replicas`: at least 1, computed without overflow.
+    pub fn resolve(value: Option<Self>, replicas: i32) -> i32 {
+        let replicas = i64::from(replicas.max(0));
+        let n = match value.unwrap_or(MaxUnavailable::Percent(25)) {
+            MaxUnavailable::Count(n) => i64::from(n),
+            MaxUnavailable::Percent(p) => (replicas * i64::from(p) + 99) / 100,
+        };
+        n.clamp(1, i64::from(i32::MAX)) as i32
+    }
+}
+
+impl NodeSet {
+    /// Problems that make the NodeSet's pods ones the API server refuses, or settings this host
+    /// does not support. Checks the pod of the highest ordinal `replicas` asks for; pods of higher
+    /// ordinals (when strangers hold some names) are checked with [`NodeSet::identity_problems`].
+    pub fn spec_problems(&self) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        for e in label_value(name) {
+            problems.push(SpecProblem::new(
+                "metadata.name",
+                format!(
+                    "{name:?} is used as the value of the pod label {}, which {e}: use a name of at most 63 characters",
+                    keys::LABEL_INSTANCE
+                ),
+            ));
+        }
+        let controller = &self.spec.controller_ref.name;
+        if controller.is_empty() {
+            problems.push(SpecProblem::new(
+                "spec.controllerRef.name",
+                "is required: name the Controller (Slurm cluster) these workers join",
+            ));
+        } else {
+            let subdomain = format!("{WORKER_SUBDOMAIN_PREFIX}{controller}");
+            if let Some(e) = dns1123_label(&subdomain).into_iter().next() {
+                problems.push(SpecProblem::new(
+                    "spec.controllerRef.name",
+                    format!(
+                        "the pods' subdomain {subdomain:?} (a DNS label) {e}: the Controller name must be at most {} characters",
+                        63 - WORKER_SUBDOMAIN_PREFIX.len()
+                    ),
+                ));
+            }
+        }
+        if self.replicas() < 0 {
+            problems.push(SpecProblem::new(
+                "spec.replicas",
+                format!("is {}, it must be 0 or more", self.replicas()),
+            ));
+        }
+        if self.spec.min_ready_seconds.is_some_and(|s| s < 0) {
+            problems.push(SpecProblem::new("spec.minReadySeconds", "must be 0 or more"));
+        }
+        if self.spec.scaling_mode == ScalingMode::DaemonSet {
+            problems.push(SpecProblem::new(
+                "spec.scalingMode",
+                "DaemonSet is not supported by this host yet: use StatefulSet",
+            ));
+        }
+        if let Some(strategy) = &self.spec.update_strategy {
+            if strategy.type_ == UpdateStrategyType::ScheduledUpdate {
+                problems.push(SpecProblem::new(
+                    "spec.updateStrategy.type",
+                    "ScheduledUpdate is not supported by this host yet (it needs a Slurm maintenance \
+                     reservation): use RollingUpdate or OnDelete",
+                ));
+            }
+            let mu = strategy
+                .rolling_update
+                .as_ref()
+                .and_then(|r| r.max_unavailable.as_ref());
+            if let Err(e) = max_unavailable(mu) {
+                problems.push(SpecProblem::new(
+                    "spec.updateStrategy.rollingUpdate.maxUnavailable",
+                    e,
+                ));
+            }
+        }
+        if problems.is_empty() && self.replicas() > 0 {
+            problems.extend(self.identity_problems((self.replicas() - 1) as u32));
+        }
+        problems
+    }
+
+    /// Problems with the pod of `ordinal`: its name (a DNS-1123 subdomain, and the value of the
+    /// `pod-name` label), its hostname (a DNS-1123 label, and the `pod-hostname` label).
+    pub fn identity_problems(&self, ordinal: u32) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        let pod = self.pod_name(ordinal);
+        let name_field = if self.ordinal_padding() > 0 {
+            "metadata.name (with spec.ordinalPadding)"
+        } else {
+            "metadata.name"
+        };
+        let name_errors: Vec<String> = dns1123_subdomain(&pod)
+            .into_iter()
+            .chain(
+                label_value(&pod)
+                    .into_iter()
+                    .map(|e| format!("as the value of the label {} it {e}", keys::LABEL_POD_NAME)),
+            )
+            .collect();
+        if let Some(e) = name_errors.first() {
+            problems.push(SpecProblem::new(
+                name_field,
+                format!(
+                    "the pod name {pod:?} of ordinal {ordinal} is invalid: {e}; shorten the NodeSet name"
+                ),
+            ));
+        }
+        let hostname = self.pod_hostname(ordinal);
+        let from_template = self.spec.template.spec.hostname().is_some_and(|h| !h.is_empty());
+        if let Some(e) = dns1123_label(&hostname).into_iter().next() {
+            let (field, fix) = if from_template {
+                (
+                    "spec.template.spec.hostname",
+                    "use a shorter prefix of lower-case letters, digits and '-'",
+                )
+            } else {
+                (
+                    name_field,
+                    "the hostname defaults to the pod name: shorten the NodeSet name or set spec.template.spec.hostname",
+                )
+            };
+            // Dots in a NodeSet name are fine for a pod name, not for a hostname.
+            if name_errors.is_empty() || from_template {
+                problems.push(SpecProblem::new(
+                    field,
+                    format!("the pod hostname {hostname:?} of ordinal {ordinal} {e}: {fix}"),
+                ));
+            }
+        }
+        problems
+    }
+}
+
+impl Controller {
+    /// Problems with the Controller's name: it names the Service `<name>-controller` (a DNS-1035
+    /// label) and is the value of the `app.kubernetes.io/instance` label.
+    pub fn name_problems(&self) -> Vec<SpecProblem> {
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        let service = format!("{name}-controller");
+        dns1035_label(&service)
+            .into_iter()
+            .map(|e| {
+                SpecProblem::new(
+                    "metadata.name",
+                    format!(
+                        "the Service name {service:?} {e}: use a Controller name that starts with a letter and has at most {CONTROLLER_NAME_MAX} characters"
+                    ),
+                )
+            })
+            .take(1)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ControllerReference, NodeSetSpec, PodSpecWrapper, RollingUpdate, UpdateStrategy};
+
+    fn nodeset(name: &str, replicas: i32) -> NodeSet {
+        let mut ns = NodeSet::new(
+            name,
+            NodeSetSpec {
+                controller_ref: ControllerReference {
+                    name: "slurm".into(),
+                    namespace: None,
+                },
+                replicas: Some(replicas),
+                ..Default::default()
+            },
+        );
+        ns.metadata.namespace = Some("slurm".into());
+        ns
+    }
+
+    fn fields(p: &[SpecProblem]) -> Vec<&str> {
+        p.iter().map(|p| p.field.as_str()).collect()
+    }
+
+    #[test]
+    fn long_names_and_hostnames_are_problems_naming_the_field() {
+        assert!(nodeset("slurm-worker-slinky", 3).spec_problems().is_empty());
+        // 60 characters: the pod name of ordinal 10 (63 characters) fits, of ordinal 100 does not.
+        let long = "a".repeat(60);
+        assert!(nodeset(&long, 11).spec_problems().is_empty());
+        let p = nodeset(&long, 101).spec_problems();
+        assert_eq!(fields(&p), ["metadata.name"], "{p:?}");
+        assert!(
+            p[0].message.contains("must be no more than 63 characters"),
+            "{p:?}"
+        );
+        let p = nodeset(&"a".repeat(64), 1).spec_problems();
+        assert_eq!(fields(&p), ["metadata.name"], "{p:?}");
+        // Dots make a valid pod name but an invalid hostname.
+        let p = nodeset("a.b", 1).spec_problems();
+        assert_eq!(fields(&p), ["metadata.name"], "{p:?}");
+        assert!(p[0].message.contains("must not contain dots"), "{p:?}");
+        let mut ns = nodeset("w", 1);
+        ns.spec.template.spec = PodSpecWrapper(serde_json::json!({"hostname": "Bad_"}));
+        assert_eq!(fields(&ns.spec_problems()), ["spec.template.spec.hostname"]);
+        ns.spec.template.spec = PodSpecWrapper(serde_json::json!({"hostname": "w-"}));
+        ns.spec.ordinal_padding = Some(70);
+        assert!(!ns.spec_problems().is_empty(), "padding past 63 characters");
+        let mut ns = nodeset("w", 1);
+        ns.spec.controller_ref.name = "c".repeat(50);
+        assert_eq!(fields(&ns.spec_problems()), ["spec.controllerRef.name"]);
+    }
+
+    #[test]
+    fn max_unavailable_is_checked_and_resolved_without_overflow() {
+        let int = |n| IntOrString::Int(n);
+        let s = |v: &str| IntOrString::String(v.into());
+        assert_eq!(max_unavailable(None), Ok(None));
+        assert_eq!(max_unavailable(Some(&int(2))), Ok(Some(MaxUnavailable::Count(2))));
+        assert_eq!(
+            max_unavailable(Some(&s("50%"))),
+            Ok(Some(MaxUnavailable::Percent(50)))
+        );
+        for bad in [
+            int(0),
+            int(-1),
+            s("0%"),
+            s("abc"),
+            s("25"),
+            s("%"),
+            s("101%"),
+            s("-5%"),
+            s("+5%"),
+        ] {
+            assert!(max_unavailable(Some(&bad)).is_err(), "{bad:?}");
+        }
+        assert_eq!(MaxUnavailable::resolve(None, 10), 3);
+        assert_eq!(MaxUnavailable::resolve(None, 1), 1);
+        assert_eq!(MaxUnavailable::resolve(None, 0), 1);
+        assert_eq!(MaxUnavailable::resolve(Some(MaxUnavailable::Percent(50)), 5), 3);
+        assert_eq!(MaxUnavailable::resolve(Some(MaxUnavailable::Count(2)), 5), 2);
+        assert_eq!(
+            MaxUnavailable::resolve(Some(MaxUnavailable::Percent(100)), i32::MAX),
+            i32::MAX
+        );
+        let mut ns = nodeset("w", 4);
+        ns.spec.update_strategy = Some(UpdateStrategy {
+            type_: UpdateStrategyType::RollingUpdate,
+            rolling_update: Some(RollingUpdate {
+                max_unavailable: Some(s("0%")),
+            }),
+            scheduled_update: None,
+        });
+        assert_eq!(
+            fields(&ns.spec_problems()),
+            ["spec.updateStrategy.rollingUpdate.maxUnavailable"]
+        );
+    }
+
+    #[test]
+    fn unsupported_modes_are_problems() {
+        let mut ns = nodeset("w", 1);
+        ns.spec.scaling_mode = ScalingMode::DaemonSet;
+        ns.spec.update_strategy = Some(UpdateStrategy {
+            type_: UpdateStrategyType::ScheduledUpdate,
+            ..Default::default()
+        });
+        assert_eq!(
+            fields(&ns.spec_problems()),
+            ["spec.scalingMode", "spec.updateStrategy.type"]
+        );
+    }
+
+    #[test]
+    fn controller_names_must_make_a_service_name() {
+        let c = |n: &str| Controller::new(n, crate::ControllerSpec::default());
+        assert!(c("slurm").name_problems().is_empty());
+        assert!(c(&"a".repeat(CONTROLLER_NAME_MAX)).name_problems().is_empty());
+        assert_eq!(c(&"a".repeat(CONTROLLER_NAME_MAX + 1)).name_problems().len(), 1);
+        assert_eq!(c("0slurm").name_problems().len(), 1);
+    }
+}

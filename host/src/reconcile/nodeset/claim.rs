@@ -1,0 +1,153 @@
+//! Which pods are a NodeSet's: owned pods, orphans it may adopt, owned pods it must release, and
+//! the ordinals whose pod names are held by pods it does not own ("blocked"): those ordinals
+//! count as used, so a stranger named `<nodeset>-N` never stops the other ordinals from being
+//! created, and the NodeSet never creates a second pod for a name that is taken.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use slinky_api::NodeSet;
+
+use crate::plugins::policy::nodeset_selector;
+
+/// The ordinal of pod `pod` if it is named exactly as `nodeset` names that ordinal
+/// (`<nodeset>-<ordinal>` with the NodeSet's own zero padding and no other: `w-07` is not
+/// ordinal 7 of an unpadded NodeSet `w`, and `w-7` is not ordinal 7 of one padded to 2).
+pub fn claims_name(nodeset: &NodeSet, pod: &str) -> Option<u32> {
+    let ordinal = parse_ordinal(nodeset, pod)?;
+    (nodeset.pod_name(ordinal) == pod).then_some(ordinal)
+}
+
+/// The number after `<nodeset>-`, whatever its padding.
+pub(crate) fn parse_ordinal(nodeset: &NodeSet, pod: &str) -> Option<u32> {
+    let rest = pod.strip_prefix(&nodeset.name_any())?.strip_prefix('-')?;
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    rest.parse().ok()
+}
+
+/// The UID of the NodeSet controlling `pod` (its controller owner reference), if any.
+pub fn owner_uid(pod: &Pod) -> Option<String> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "NodeSet")
+        .map(|o| o.uid.clone())
+}
+
+/// A pod holding an ordinal's name that the NodeSet does not own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocker {
+    /// The pod's name.
+    pub pod: String,
+    /// Why it is not the NodeSet's, for the Event.
+    pub why: String,
+}
+
+/// The NodeSet's view of the pods of its namespace.
+#[derive(Debug, Default)]
+pub struct Claims {
+    /// Pods the NodeSet controls and that carry its selector labels.
+    pub owned: Vec<Arc<Pod>>,
+    /// Orphans with its selector labels and one of its ordinal names: to adopt.
+    pub adopt: Vec<Arc<Pod>>,
+    /// Pods it controls that lost its selector labels: to release.
+    pub release: Vec<Arc<Pod>>,
+    /// Ordinals whose names are held by pods it does not own (adoption candidates included until
+    /// adopted).
+    pub blocked: BTreeMap<u32, Blocker>,
+}
+
+/// Sort `pods` (any namespace) into what `nodeset` owns, may adopt, must release and cannot use.
+pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> Claims {
+    let namespace = nodeset.namespace().unwrap_or_default();
+    let uid = nodeset.uid().unwrap_or_default();
+    let selector = nodeset_selector(nodeset);
+    let matches = |p: &Pod| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v));
+    let mut claims = Claims::default();
+    for p in pods {
+        if p.namespace().as_deref() != Some(namespace.as_str()) {
+            continue;
+        }
+        let ordinal = claims_name(nodeset, &p.name_any());
+        let controller = p.owner_references().iter().find(|o| o.controller == Some(true));
+        let why = match controller {
+            Some(o) if o.uid == uid && matches(&p) => {
+                claims.owned.push(p);
+                continue;
+            }
+            Some(o) if o.uid == uid => {
+                claims.release.push(p.clone());
+                "it no longer carries the NodeSet's selector labels and is being released".to_string()
+            }
+            Some(o) => format!("it is controlled by {} {}", o.kind, o.name),
+            None if p.metadata.deletion_timestamp.is_some() => "it is an orphan being deleted".to_string(),
+            None if matches(&p) && ordinal.is_some() => {
+                claims.adopt.push(p.clone());
+                "it is an orphan not adopted yet".to_string()
+            }
+            None => {
+                let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                format!(
+                    "it has no controller and lacks the NodeSet's selector labels ({})",
+                    labels.join(", ")
+                )
+            }
+        };
+        if let Some(o) = ordinal {
+            claims.blocked.insert(
+                o,
+                Blocker {
+                    pod: p.name_any(),
+                    why,
+                },
+            );
+        }
+    }
+    claims
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::nodeset::fixtures::{nodeset, pod};
+
+    #[test]
+    fn only_the_nodesets_own_padding_is_an_ordinal_name() {
+        let w = nodeset("w", 3);
+        assert_eq!(claims_name(&w, "w-7"), Some(7));
+        assert_eq!(claims_name(&w, "w-07"), None);
+        assert_eq!(claims_name(&w, "w-x"), None);
+        assert_eq!(claims_name(&w, "ww-1"), None);
+        assert_eq!(claims_name(&w, "w-"), None);
+        let mut padded = nodeset("w", 3);
+        padded.spec.ordinal_padding = Some(2);
+        assert_eq!(claims_name(&padded, "w-07"), Some(7));
+        assert_eq!(claims_name(&padded, "w-7"), None);
+        assert_eq!(claims_name(&padded, "w-100"), Some(100));
+        assert_eq!(parse_ordinal(&padded, "w-7"), Some(7));
+    }
+
+    #[test]
+    fn strangers_block_their_ordinal_orphans_are_adopted_lost_pods_released() {
+        let w = nodeset("w", 3);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).stranger("ReplicaSet", "web").arc(),
+            pod(&w, 2).orphan().arc(),
+            pod(&w, 3).owned().labels_lost().arc(),
+            pod(&w, 4).orphan().without_selector().arc(),
+            pod(&w, 5).orphan().terminating().arc(),
+            pod(&w, 6).owned().in_namespace("other").arc(),
+        ];
+        let c = classify(&w, pods);
+        let names = |v: &[Arc<Pod>]| v.iter().map(|p| p.name_any()).collect::<Vec<_>>();
+        assert_eq!(names(&c.owned), ["w-0"]);
+        assert_eq!(names(&c.adopt), ["w-2"]);
+        assert_eq!(names(&c.release), ["w-3"]);
+        assert_eq!(c.blocked.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!(c.blocked[&1].why, "it is controlled by ReplicaSet web");
+        assert!(c.blocked[&4].why.contains("lacks the NodeSet's selector labels"));
+    }
+}

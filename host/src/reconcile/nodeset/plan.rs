@@ -1,0 +1,401 @@
+//! The NodeSet's plan: a pure function from what the cache shows (after claiming) to the pods to
+//! create and delete.
+//!
+//! # Rules
+//! * Ordinals are stable, like a StatefulSet's: a pod on its way out (terminating, or Failed /
+//!   Succeeded and deleted now) is recreated under the same ordinal once it is gone; meanwhile its
+//!   ordinal waits and no other ordinal takes its place. No Slurm node is renamed by a
+//!   replacement, and there are never more live pods than `replicas`.
+//! * Scale up fills the lowest ordinals nobody holds (a pod the NodeSet does not own holding
+//!   `<nodeset>-N` makes N used: see [`super::claim`]).
+//! * Scale down removes pods in Slinky's `ActivePods` order (unscheduled, pending, not ready,
+//!   lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal, more recently
+//!   ready, newer).
+//! * A rolling update replaces pods of another revision (or named with another padding) without
+//!   more than `maxUnavailable` pods unavailable, counting missing pods: old unhealthy pods first,
+//!   then healthy ones in scale-down order.
+
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use kube::ResourceExt;
+use slinky_api::{
+    NodeSet, UpdateStrategyType,
+    checks::{self, MaxUnavailable},
+    keys,
+};
+
+use super::claim::{Blocker, claims_name, parse_ordinal};
+
+/// Most creates (and deletes) in one pass.
+pub const BURST: usize = 250;
+
+/// A pod's phase (`""` when it has none yet).
+pub fn phase(p: &Pod) -> &str {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+}
+
+fn ready_since(p: &Pod) -> Option<Timestamp> {
+    let conds = p.status.as_ref()?.conditions.as_ref()?;
+    let c = conds.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
+    Some(c.last_transition_time.as_ref().map(|t| t.0).unwrap_or_default())
+}
+
+/// Running with a `Ready=True` condition.
+pub fn is_ready(p: &Pod) -> bool {
+    phase(p) == "Running" && ready_since(p).is_some()
+}
+
+/// Ready for at least `min_ready` seconds at `now`.
+pub fn is_available(p: &Pod, min_ready: i64, now: Timestamp) -> bool {
+    is_ready(p)
+        && (min_ready <= 0 || ready_since(p).is_some_and(|t| now.as_second() - t.as_second() >= min_ready))
+}
+
+fn is_finished(p: &Pod) -> bool {
+    matches!(phase(p), "Failed" | "Succeeded")
+}
+
+fn deletion_cost(p: &Pod) -> i64 {
+    p.annotations()
+        .get(keys::ANNOTATION_POD_DELETION_COST)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Slinky's `ActivePods` order: the pods to delete first come first.
+pub fn condemn_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
+    let scheduled = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+    let phase_rank = |p: &Pod| match phase(p) {
+        "Pending" => 0,
+        "Unknown" | "" => 1,
+        _ => 2,
+    };
+    let cordoned = |p: &Pod| {
+        p.annotations()
+            .get(keys::ANNOTATION_POD_CORDON)
+            .is_some_and(|v| v == "true")
+    };
+    let deadline = |p: &Pod| {
+        p.annotations()
+            .get(keys::ANNOTATION_POD_DEADLINE)
+            .cloned()
+            .unwrap_or_else(|| "~".into())
+    };
+    let ordinal = |p: &Pod| parse_ordinal(nodeset, &p.name_any());
+    scheduled(a)
+        .cmp(&scheduled(b))
+        .then(phase_rank(a).cmp(&phase_rank(b)))
+        .then(is_ready(a).cmp(&is_ready(b)))
+        .then(deletion_cost(a).cmp(&deletion_cost(b)))
+        .then(deadline(a).cmp(&deadline(b)))
+        .then(cordoned(b).cmp(&cordoned(a)))
+        .then(ordinal(b).cmp(&ordinal(a)))
+        .then(ready_since(b).cmp(&ready_since(a)))
+        .then(b.creation_timestamp().cmp(&a.creation_timestamp()))
+}
+
+/// Why a pod is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteReason {
+    /// More live pods than `replicas`.
+    ScaleDown,
+    /// Failed or Succeeded: replaced under the same ordinal once gone.
+    Finished,
+    /// Of an old revision (rolling update).
+    Update,
+}
+
+/// What one pass does.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Ordinals to create now.
+    pub creates: Vec<u32>,
+    /// Pods to delete now.
+    pub deletes: Vec<(Arc<Pod>, DeleteReason)>,
+    /// Ordinals waiting for their pod to go before they are created again.
+    pub waiting: Vec<u32>,
+    /// Ordinals below the created ones skipped because a pod the NodeSet does not own holds them.
+    pub skipped: Vec<(u32, Blocker)>,
+}
+
+/// What the plan is made from.
+pub struct Inputs<'a> {
+    /// The NodeSet.
+    pub nodeset: &'a NodeSet,
+    /// The pod revision pods should have.
+    pub revision: &'a str,
+    /// The pods the NodeSet owns (claimed).
+    pub owned: &'a [Arc<Pod>],
+    /// Ordinal names held by pods it does not own.
+    pub blocked: &'a BTreeMap<u32, Blocker>,
+    /// The time availability is judged at.
+    pub now: Timestamp,
+}
+
+/// Plan one pass. The NodeSet's spec is valid ([`NodeSet::spec_problems`] is empty).
+pub fn plan(inp: &Inputs<'_>) -> Plan {
+    let ns = inp.nodeset;
+    let replicas = ns.replicas().max(0) as usize;
+    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
+    let ordinal = |p: &Pod| parse_ordinal(ns, &p.name_any());
+    let mut plan = Plan::default();
+
+    let (going, live): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = inp
+        .owned
+        .iter()
+        .partition(|p| p.metadata.deletion_timestamp.is_some() || is_finished(p));
+    for p in going.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        plan.deletes.push(((*p).clone(), DeleteReason::Finished));
+    }
+    let held: BTreeSet<u32> = inp
+        .owned
+        .iter()
+        .filter_map(|p| ordinal(p))
+        .chain(inp.blocked.keys().copied())
+        .collect();
+    let live_ordinals: BTreeSet<u32> = live.iter().filter_map(|p| ordinal(p)).collect();
+    // Ordinals on their way out, to be recreated under the same name once gone.
+    let returning: BTreeSet<u32> = going
+        .iter()
+        .filter_map(|p| ordinal(p))
+        .filter(|o| !live_ordinals.contains(o))
+        .collect();
+
+    if live.len() > replicas {
+        let mut sorted = live.clone();
+        sorted.sort_by(|a, b| condemn_order(a, b, ns));
+        let n = (live.len() - replicas).min(BURST);
+        plan.deletes.extend(
+            sorted
+                .into_iter()
+                .take(n)
+                .map(|p| (p.clone(), DeleteReason::ScaleDown)),
+        );
+        return plan;
+    }
+    let need = replicas - live.len();
+    plan.waiting = returning.iter().copied().take(need).collect();
+    let fresh = (need - plan.waiting.len()).min(BURST);
+    let mut next = 0u32;
+    let mut skipped = Vec::new();
+    while plan.creates.len() < fresh {
+        if !held.contains(&next) {
+            plan.creates.push(next);
+            plan.skipped.append(&mut skipped);
+        } else if let Some(b) = inp.blocked.get(&next) {
+            skipped.push((next, b.clone()));
+        }
+        next += 1;
+    }
+
+    let strategy = ns.spec.update_strategy.as_ref();
+    if strategy.is_some_and(|s| s.type_ != UpdateStrategyType::RollingUpdate) {
+        return plan;
+    }
+    let old: Vec<&Arc<Pod>> = live
+        .iter()
+        .copied()
+        .filter(|p| {
+            p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(inp.revision)
+                || claims_name(ns, &p.name_any()).is_none()
+        })
+        .collect();
+    if old.is_empty() {
+        return plan;
+    }
+    let max = MaxUnavailable::resolve(
+        checks::max_unavailable(
+            strategy
+                .and_then(|s| s.rolling_update.as_ref())
+                .and_then(|r| r.max_unavailable.as_ref()),
+        )
+        .ok()
+        .flatten(),
+        replicas as i32,
+    );
+    let unavailable = live
+        .iter()
+        .filter(|p| !is_available(p, min_ready, inp.now))
+        .count()
+        + need;
+    let mut budget = i64::from(max) - unavailable as i64;
+    let (mut unhealthy, mut healthy): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = old
+        .into_iter()
+        .partition(|p| !is_available(p, min_ready, inp.now));
+    unhealthy.sort_by(|a, b| condemn_order(a, b, ns));
+    healthy.sort_by(|a, b| condemn_order(a, b, ns));
+    // Old pods already unavailable cost no budget.
+    plan.deletes
+        .extend(unhealthy.into_iter().map(|p| (p.clone(), DeleteReason::Update)));
+    for p in healthy {
+        if budget <= 0 {
+            break;
+        }
+        plan.deletes.push((p.clone(), DeleteReason::Update));
+        budget -= 1;
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::nodeset::{
+        claim::classify,
+        fixtures::{nodeset, pod},
+    };
+
+    fn run(ns: &NodeSet, pods: Vec<Arc<Pod>>) -> Plan {
+        let claims = classify(ns, pods);
+        plan(&Inputs {
+            nodeset: ns,
+            revision: "rev1",
+            owned: &claims.owned,
+            blocked: &claims.blocked,
+            now: Timestamp::now(),
+        })
+    }
+
+    fn deleted(p: &Plan) -> Vec<String> {
+        p.deletes.iter().map(|(p, _)| p.name_any()).collect()
+    }
+
+    #[test]
+    fn scale_up_fills_the_lowest_free_ordinals_and_skips_strangers() {
+        let w = nodeset("w", 4);
+        let p = run(
+            &w,
+            vec![
+                pod(&w, 0).owned().arc(),
+                pod(&w, 1).stranger("ReplicaSet", "web").arc(),
+            ],
+        );
+        assert_eq!(p.creates, [2, 3, 4], "ordinal 1 counts as used");
+        assert_eq!(p.skipped.len(), 1);
+        assert_eq!(p.skipped[0].1.pod, "w-1");
+        assert!(p.deletes.is_empty());
+        // A stranger above the created ordinals is not reported as skipped.
+        let w = nodeset("w", 2);
+        let p = run(&w, vec![pod(&w, 5).stranger("ReplicaSet", "web").arc()]);
+        assert_eq!(p.creates, [0, 1]);
+        assert!(p.skipped.is_empty());
+    }
+
+    #[test]
+    fn a_terminating_ordinal_is_waited_for_not_replaced_by_a_new_one() {
+        let w = nodeset("w", 3);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).owned().terminating().arc(),
+            pod(&w, 2).owned().arc(),
+        ];
+        let p = run(&w, pods);
+        assert!(p.creates.is_empty(), "no new ordinal: {:?}", p.creates);
+        assert_eq!(p.waiting, [1]);
+        assert!(p.deletes.is_empty());
+        // Once it is gone, the same ordinal comes back.
+        let p = run(&w, vec![pod(&w, 0).owned().arc(), pod(&w, 2).owned().arc()]);
+        assert_eq!(p.creates, [1]);
+    }
+
+    #[test]
+    fn a_failed_pod_is_deleted_and_its_ordinal_recreated_afterwards() {
+        let w = nodeset("w", 3);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).owned().phase("Failed").arc(),
+            pod(&w, 2).owned().arc(),
+        ];
+        let p = run(&w, pods);
+        assert_eq!(deleted(&p), ["w-1"]);
+        assert_eq!(p.deletes[0].1, DeleteReason::Finished);
+        assert!(p.creates.is_empty());
+        assert_eq!(p.waiting, [1]);
+    }
+
+    #[test]
+    fn scale_up_during_a_scale_down_waits_for_the_terminating_ordinals() {
+        let w = nodeset("w", 5);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).owned().arc(),
+            pod(&w, 2).owned().arc(),
+            pod(&w, 4).owned().terminating().arc(),
+        ];
+        let p = run(&w, pods);
+        assert_eq!(p.waiting, [4]);
+        assert_eq!(p.creates, [3]);
+    }
+
+    #[test]
+    fn scale_down_follows_slinkys_order() {
+        let w = nodeset("w", 2);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).owned().deletion_cost(-5).arc(),
+            pod(&w, 2).owned().arc(),
+            pod(&w, 3).owned().unready().arc(),
+            pod(&w, 4).owned().pending().arc(),
+        ];
+        let p = run(&w, pods);
+        assert_eq!(deleted(&p), ["w-4", "w-3", "w-1"]);
+        assert!(p.creates.is_empty());
+    }
+
+    #[test]
+    fn a_rolling_update_stays_within_max_unavailable_counting_missing_pods() {
+        let w = nodeset("w", 8); // 25% of 8 = 2
+        let mut pods: Vec<Arc<Pod>> = (0..8).map(|o| pod(&w, o).owned().revision("old").arc()).collect();
+        let p = run(&w, pods.clone());
+        assert_eq!(deleted(&p), ["w-7", "w-6"]);
+        // One replaced pod still terminating: one more may go.
+        pods[7] = pod(&w, 7).owned().revision("old").terminating().arc();
+        let p = run(&w, pods.clone());
+        assert_eq!(p.waiting, [7]);
+        assert_eq!(deleted(&p), ["w-6"]);
+        // An old unready pod goes at once (it is unavailable already); with a new unready pod
+        // that makes 2 unavailable: no healthy old pod may go (Slinky would take one more).
+        pods[7] = pod(&w, 7).owned().arc();
+        pods[6] = pod(&w, 6).owned().unready().arc();
+        pods[0] = pod(&w, 0).owned().revision("old").unready().arc();
+        let p = run(&w, pods.clone());
+        assert_eq!(deleted(&p), ["w-0"]);
+        pods[6] = pod(&w, 6).owned().arc();
+        let p = run(&w, pods);
+        assert_eq!(deleted(&p), ["w-0", "w-5"], "one unavailable: one more may go");
+    }
+
+    #[test]
+    fn on_delete_leaves_old_pods_and_wrongly_padded_pods_roll() {
+        let mut w = nodeset("w", 2);
+        w.spec.update_strategy = Some(slinky_api::UpdateStrategy {
+            type_: UpdateStrategyType::OnDelete,
+            ..Default::default()
+        });
+        let p = run(
+            &w,
+            (0..2).map(|o| pod(&w, o).owned().revision("old").arc()).collect(),
+        );
+        assert!(p.deletes.is_empty());
+        let w = nodeset("w", 2);
+        let pods = vec![pod(&w, 0).owned().arc(), pod(&w, 1).owned().named("w-01").arc()];
+        let p = run(&w, pods);
+        assert_eq!(
+            deleted(&p),
+            ["w-01"],
+            "a pod named with another padding is replaced"
+        );
+        assert!(p.creates.is_empty(), "its ordinal stays held until it is gone");
+    }
+
+    #[test]
+    fn bursts_are_bounded() {
+        let w = nodeset("w", 1000);
+        assert_eq!(run(&w, Vec::new()).creates.len(), BURST);
+    }
+}
