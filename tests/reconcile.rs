@@ -2,7 +2,7 @@
 //! failed and timed-out creates, conflict storms, restarts, steady state, rolling updates, and the
 //! Controller's Service.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -14,59 +14,9 @@ use serde_json::json;
 use slinky_api::{Controller, NodeSet};
 use slinky_host::embedded::{FaultError, FaultRule, Times};
 use slinky_tests::{
-    TestCluster, eventually,
-    host::{Host, NS_NAME, apply_example, cluster, scale},
+    eventually,
+    host::{Host, NS_NAME, apply_example, cluster, converge, names, pod_names, scale},
 };
-
-async fn pod_names(c: &TestCluster, ns: &str) -> Result<BTreeSet<String>> {
-    let pods = Api::<Pod>::namespaced(c.client.clone(), ns)
-        .list(&ListParams::default())
-        .await?;
-    Ok(pods
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(ResourceExt::name_any)
-        .collect())
-}
-
-fn names(ordinals: &[u32]) -> BTreeSet<String> {
-    ordinals.iter().map(|o| format!("{NS_NAME}-{o}")).collect()
-}
-
-/// Wait until exactly `want` pods exist and the status says so for `generation`.
-async fn converge(
-    c: &TestCluster,
-    ns: &str,
-    want: &BTreeSet<String>,
-    generation: i64,
-    ready: bool,
-) -> Result<()> {
-    let n = want.len() as i32;
-    let done = eventually(60, || async {
-        let have = pod_names(c, ns).await.ok()?;
-        let obj = Api::<NodeSet>::namespaced(c.client.clone(), ns)
-            .get(NS_NAME)
-            .await
-            .ok()?;
-        let st = obj.status?;
-        let ok = have == *want
-            && st.replicas == n
-            && st.observed_generation == Some(generation)
-            && (!ready || (st.ready_replicas == n && st.available_replicas == n && st.updated_replicas == n));
-        ok.then_some(())
-    })
-    .await;
-    if done.is_none() {
-        let have = pod_names(c, ns).await?;
-        let st = Api::<NodeSet>::namespaced(c.client.clone(), ns)
-            .get(NS_NAME)
-            .await?
-            .status;
-        bail!("did not converge to {want:?} (generation {generation}): pods {have:?}, status {st:?}");
-    }
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scale_0_5_2_7_0_keeps_the_right_ordinals_and_status() -> Result<()> {
@@ -224,6 +174,32 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
         Some("39"),
         "no status write overwrote a newer object"
     );
+    // Another writer sets a condition of its own on status between the scale the host sees and
+    // the host's status write (the host's cache lags 300 ms): the host's write hits a real 409,
+    // and its retry, computed from the fresh object, keeps the other writer's condition. (A write
+    // without a resourceVersion, or a retry that ignores what it re-read, loses it.)
+    server.faults().set_watch_delay(Duration::from_millis(300));
+    let g = scale(&c, &ns, 4).await?;
+    set_other_condition(&api, "after-scale").await?;
+    converge(&c, &ns, &names(&[0, 1, 2, 3]), g, true).await?;
+    server.faults().set_watch_delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(2)).await; // resyncs: more status writes
+    let conds = api
+        .get(NS_NAME)
+        .await?
+        .status
+        .map(|s| s.conditions)
+        .unwrap_or_default();
+    ensure!(
+        conds
+            .iter()
+            .any(|c| c.type_ == "SiteCheck" && c.message == "after-scale"),
+        "another writer's condition was lost: {conds:?}"
+    );
+    ensure!(
+        conds.iter().any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{conds:?}"
+    );
     ensure!(
         host.handles
             .writes
@@ -234,6 +210,31 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
     );
     host.stop().await;
     Ok(())
+}
+
+/// Set condition `SiteCheck` on the example NodeSet's status as another controller would: read,
+/// modify, write with the resourceVersion read, again on 409.
+async fn set_other_condition(api: &Api<NodeSet>, message: &str) -> Result<()> {
+    for _ in 0..100 {
+        let obj = api.get_status(NS_NAME).await?;
+        let mut conds = obj.status.clone().map(|s| s.conditions).unwrap_or_default();
+        conds.retain(|c| c.type_ != "SiteCheck");
+        conds.push(serde_json::from_value(
+            json!({"type": "SiteCheck", "status": "True",
+            "reason": "Checked", "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        )?);
+        let patch = json!({"metadata": {"resourceVersion": obj.resource_version()},
+            "status": {"conditions": conds}});
+        match api
+            .patch_status(NS_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("could not set the SiteCheck condition in 100 attempts")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

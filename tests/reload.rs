@@ -154,18 +154,14 @@ impl Setup {
                 .await?;
             bail!(
                 "pods did not roll to {revision} (builder {}): {seen:?}; replicas {:?}, status {:?}, \
-                 pending expectations (creations, deletions) {:?}, deletions awaited {:?}",
+                 pending expectations (creations, deletions) {:?}",
                 &digest[..12],
                 ns.spec.replicas,
                 ns.status,
                 self.host
                     .handles
                     .expectations
-                    .pending(&format!("{}/{NS_NAME}", self.ns)),
-                self.host
-                    .handles
-                    .expectations
-                    .pending_deletions(&format!("{}/{NS_NAME}", self.ns))
+                    .pending(&ns.metadata.uid.clone().unwrap_or_default()),
             );
         }
         Ok(())

@@ -207,6 +207,16 @@ fn output_that_breaks_the_policy_is_refused() -> Result<()> {
             ),
             "metadata.uid is set by the API server",
         ),
+        (
+            &raw,
+            with_raw_output(
+                nodeset.clone(),
+                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"slurm-worker-slinky-0",
+                "labels":{"app.kubernetes.io/name":"slurmd","app.kubernetes.io/instance":"slurm-worker-slinky"}},
+                "spec":{"containers":[{"name":"slurmd"}]}}"#,
+            ),
+            "spec.containers[name=slurmd].image is required",
+        ),
     ];
     for (plugin, input, want) in cases {
         match build(plugin, &input, &controller) {
@@ -215,6 +225,21 @@ fn output_that_breaks_the_policy_is_refused() -> Result<()> {
             }
             other => bail!("expected a refusal containing {want:?}, got {other:?}"),
         }
+    }
+    // A Controller's Service must be named `<controller>-controller`: a builder cannot make the
+    // host apply (and own) a Service of another name.
+    let mut impostor = controller.clone();
+    impostor.metadata.annotations.get_or_insert_default().insert(
+        "raw.test/output".into(),
+        r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"impostor"},
+        "spec":{"selector":{"app.kubernetes.io/name":"slurmctld","app.kubernetes.io/instance":"slurm"}}}"#
+            .into(),
+    );
+    match raw.build_service(&BuildContext::default(), &impostor) {
+        Err(PluginError::Rejected { reason, .. }) => {
+            ensure!(reason.contains("must be named \"slurm-controller\""), "{reason}")
+        }
+        other => bail!("a Service named impostor was not refused: {other:?}"),
     }
     // The obeyed case: a well-formed pod from the raw plugin passes, and the host sets the owner
     // reference, builder annotations and revision label itself, whatever the plugin said.

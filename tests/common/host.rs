@@ -2,9 +2,15 @@
 
 use std::{sync::Arc, time::Duration};
 
+use std::collections::BTreeSet;
+
 use anyhow::Result;
 use futures::FutureExt;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Condition};
+use kube::{
+    ResourceExt,
+    api::{Api, ListParams, Patch, PatchParams},
+};
 use serde_json::json;
 use slinky_api::{Controller, NodeSet};
 use slinky_host::{
@@ -13,7 +19,7 @@ use slinky_host::{
     reconcile::{self, Handles, RunConfig},
 };
 
-use crate::{TestCluster, default_engine};
+use crate::{TestCluster, default_engine, eventually};
 
 /// A running host on a test cluster.
 pub struct Host {
@@ -38,19 +44,41 @@ impl Host {
 
     /// Start a host with these plugins serving namespace `ns` (resync 1 s).
     pub fn start_with(c: &TestCluster, ns: &str, plugins: Arc<PluginRegistry>) -> Self {
+        let config = RunConfig {
+            namespaces: vec![ns.into()],
+            resync: Some(Duration::from_secs(1)),
+            ..Default::default()
+        };
+        Self::start_config(c.client.clone(), plugins, config)
+    }
+
+    /// Start a host with the bundled builders serving namespace `ns`, resyncing only every
+    /// `resync` (so retries seen sooner come from the backoff, not the resync).
+    ///
+    /// # Errors
+    /// When the bundled plugins do not load.
+    pub fn start_resync(c: &TestCluster, ns: &str, resync: Duration) -> Result<Self> {
+        let config = RunConfig {
+            namespaces: vec![ns.into()],
+            resync: Some(resync),
+            ..Default::default()
+        };
+        Ok(Self::start_config(
+            c.client.clone(),
+            Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+            config,
+        ))
+    }
+
+    /// Start a host with this client, plugins and configuration.
+    pub fn start_config(client: kube::Client, plugins: Arc<PluginRegistry>, config: RunConfig) -> Self {
         let (stop, rx) = tokio::sync::watch::channel(false);
         let mut rx2 = rx.clone();
         let shutdown = async move {
             let _ = rx2.wait_for(|s| *s).await;
         }
         .boxed();
-        let config = RunConfig {
-            namespaces: vec![ns.into()],
-            resync: Some(Duration::from_secs(1)),
-            ..Default::default()
-        };
-        let (handles, fut) =
-            reconcile::start(c.client.clone(), plugins, config, "slinky-host-test", shutdown);
+        let (handles, fut) = reconcile::start(client, plugins, config, "slinky-host-test", shutdown);
         Host {
             handles,
             stop,
@@ -86,12 +114,27 @@ pub async fn cluster(lifecycle: bool) -> TestCluster {
 /// # Errors
 /// API errors.
 pub async fn apply_example(c: &TestCluster, ns: &str, replicas: i32) -> Result<()> {
+    apply_example_with(c, ns, replicas, |_| {}).await
+}
+
+/// Apply the example Controller and NodeSet into `ns` with `replicas`, the NodeSet changed by
+/// `edit` (its JSON) first.
+///
+/// # Errors
+/// API errors.
+pub async fn apply_example_with(
+    c: &TestCluster,
+    ns: &str,
+    replicas: i32,
+    edit: impl Fn(&mut serde_json::Value),
+) -> Result<()> {
     let text = std::fs::read_to_string(crate::example("slurm-cluster.yaml"))?;
     for doc in text.split("\n---\n") {
         let mut v: serde_json::Value = serde_yaml::from_str(doc)?;
         v["metadata"]["namespace"] = ns.into();
         if v["kind"] == "NodeSet" {
             v["spec"]["replicas"] = replicas.into();
+            edit(&mut v);
         }
         let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let pp = PatchParams::apply("test-user").force();
@@ -125,4 +168,110 @@ pub async fn scale(c: &TestCluster, ns: &str, replicas: i32) -> Result<i64> {
         )
         .await?;
     Ok(r.metadata.generation.unwrap_or_default())
+}
+
+/// The names of the pods of `ns` that are not terminating.
+///
+/// # Errors
+/// API errors.
+pub async fn pod_names(c: &TestCluster, ns: &str) -> Result<BTreeSet<String>> {
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(ResourceExt::name_any)
+        .collect())
+}
+
+/// Pod names of the example NodeSet for these ordinals.
+pub fn names(ordinals: &[u32]) -> BTreeSet<String> {
+    ordinals.iter().map(|o| format!("{NS_NAME}-{o}")).collect()
+}
+
+/// Wait (60 s at most) until exactly `want` pods exist and the example NodeSet's status says so
+/// for `generation` (all ready when `ready`).
+///
+/// # Errors
+/// It did not converge: what was there instead.
+pub async fn converge(
+    c: &TestCluster,
+    ns: &str,
+    want: &BTreeSet<String>,
+    generation: i64,
+    ready: bool,
+) -> Result<()> {
+    let n = want.len() as i32;
+    let done = eventually(60, || async {
+        let have = pod_names(c, ns).await.ok()?;
+        let obj = Api::<NodeSet>::namespaced(c.client.clone(), ns)
+            .get(NS_NAME)
+            .await
+            .ok()?;
+        let st = obj.status?;
+        let ok = have == *want
+            && st.replicas == n
+            && st.observed_generation == Some(generation)
+            && (!ready || (st.ready_replicas == n && st.available_replicas == n && st.updated_replicas == n));
+        ok.then_some(())
+    })
+    .await;
+    if done.is_none() {
+        let have = pod_names(c, ns).await?;
+        let st = Api::<NodeSet>::namespaced(c.client.clone(), ns)
+            .get(NS_NAME)
+            .await?
+            .status;
+        anyhow::bail!("did not converge to {want:?} (generation {generation}): pods {have:?}, status {st:?}");
+    }
+    Ok(())
+}
+
+/// The example NodeSet's current generation.
+///
+/// # Errors
+/// API errors.
+pub async fn generation(c: &TestCluster, ns: &str) -> Result<i64> {
+    Ok(Api::<NodeSet>::namespaced(c.client.clone(), ns)
+        .get(NS_NAME)
+        .await?
+        .metadata
+        .generation
+        .unwrap_or(1))
+}
+
+/// Events of namespace `ns` about the object named `name`, as `(reason, note)`, oldest first
+/// (events.k8s.io, as the host writes them).
+///
+/// # Errors
+/// API errors.
+pub async fn events(c: &TestCluster, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    let list = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut items: Vec<_> = list
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    items.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    Ok(items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect())
+}
+
+/// The example NodeSet's condition of `type_`, if set.
+///
+/// # Errors
+/// API errors.
+pub async fn nodeset_condition(c: &TestCluster, ns: &str, type_: &str) -> Result<Option<Condition>> {
+    let obj = Api::<NodeSet>::namespaced(c.client.clone(), ns)
+        .get(NS_NAME)
+        .await?;
+    Ok(obj
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_)))
 }

@@ -11,6 +11,7 @@ use std::{
 use slinky_host::plugins::{EngineHandle, RuntimeConfig};
 
 pub mod host;
+pub mod process;
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {

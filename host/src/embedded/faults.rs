@@ -22,6 +22,8 @@ pub enum FaultError {
     TooManyRequests(u64),
     /// 504 Gateway Timeout ("the request timed out"): with `after`, the write still happened.
     Timeout,
+    /// 422 Invalid (as if validation refused the object).
+    Invalid,
 }
 
 /// How often a rule fires.
@@ -80,12 +82,13 @@ impl FaultRule {
             "409" => FaultError::Conflict,
             "500" => FaultError::Internal,
             "timeout" | "504" => FaultError::Timeout,
+            "422" => FaultError::Invalid,
             e if e.starts_with("429") => {
                 FaultError::TooManyRequests(e.strip_prefix("429/").and_then(|r| r.parse().ok()).unwrap_or(1))
             }
             e => {
                 return Err(format!(
-                    "fault {s:?}: unknown error {e:?} (409, 500, 429[/seconds], timeout)"
+                    "fault {s:?}: unknown error {e:?} (409, 422, 500, 429[/seconds], timeout)"
                 ));
             }
         };

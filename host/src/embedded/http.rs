@@ -397,6 +397,14 @@ fn fault_error(e: FaultError, rt: &ResourceType, name: &str) -> ApiError {
             "Timeout",
             "Timeout: request did not complete within the allowed duration",
         ),
+        FaultError::Invalid => ApiError::invalid(
+            rt,
+            name,
+            vec![(
+                "spec",
+                "Invalid value: injected fault: the object is invalid".into(),
+            )],
+        ),
     }
 }
 

@@ -275,6 +275,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pod_output_is_checked_like_the_api_server_would() {
+        let meta = |labels: &[(&str, &str)]| ObjectMeta {
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        assert!(metadata_problems(&meta(&[("app.kubernetes.io/name", "slurmd")])).is_ok());
+        let long = "x".repeat(64);
+        let e = metadata_problems(&meta(&[("a", long.as_str())]))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("must be no more than 63 characters"), "{e}");
+        assert!(metadata_problems(&meta(&[("bad key!", "v")])).is_err());
+        let spec = |v: serde_json::Value| -> k8s_openapi::api::core::v1::PodSpec {
+            serde_json::from_value(v).unwrap_or_default()
+        };
+        assert!(
+            pod_spec_problems(&spec(
+                serde_json::json!({"containers": [{"name": "a", "image": "x"}]})
+            ))
+            .is_ok()
+        );
+        let e = pod_spec_problems(&spec(serde_json::json!({"containers": [{"name": "a"}]})))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("spec.containers[name=a].image is required"), "{e}");
+        let e = pod_spec_problems(&spec(
+            serde_json::json!({"containers": [{"name": "a", "image": "x"}],
+            "initContainers": [{"name": "a", "image": "y"}]}),
+        ))
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("used twice"), "{e}");
+        let e = pod_spec_problems(&spec(
+            serde_json::json!({"containers": [{"name": "a", "image": "x"}],
+            "hostname": "a.b"}),
+        ))
+        .err()
+        .unwrap_or_default();
+        assert!(e.contains("spec.hostname"), "{e}");
+    }
+
+    #[test]
     fn names_are_validated() {
         assert!(dns1123_subdomain("slurm-worker-0").is_ok());
         assert!(dns1123_subdomain("a.b").is_ok());

@@ -57,6 +57,10 @@ pub struct Claims {
     /// Ordinals whose names are held by pods it does not own (adoption candidates included until
     /// adopted).
     pub blocked: BTreeMap<u32, Blocker>,
+    /// Of those, the ordinals whose holders are on their way out: being deleted, or controlled
+    /// by a previous NodeSet of this name (deleted and recreated: the garbage collector deletes
+    /// its pods). These ordinals wait for their names to free rather than being skipped.
+    pub leaving: std::collections::BTreeSet<u32>,
 }
 
 /// Sort `pods` (any namespace) into what `nodeset` owns, may adopt, must release and cannot use.
@@ -72,6 +76,9 @@ pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> 
         }
         let ordinal = claims_name(nodeset, &p.name_any());
         let controller = p.owner_references().iter().find(|o| o.controller == Some(true));
+        let leaving = p.metadata.deletion_timestamp.is_some()
+            || controller
+                .is_some_and(|o| o.kind == "NodeSet" && o.name == nodeset.name_any() && o.uid != uid);
         let why = match controller {
             Some(o) if o.uid == uid && matches(&p) => {
                 claims.owned.push(p);
@@ -81,6 +88,10 @@ pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> 
                 claims.release.push(p.clone());
                 "it no longer carries the NodeSet's selector labels and is being released".to_string()
             }
+            Some(o) if leaving => format!(
+                "it belongs to a previous NodeSet {} (uid {}) and awaits garbage collection",
+                o.name, o.uid
+            ),
             Some(o) => format!("it is controlled by {} {}", o.kind, o.name),
             None if p.metadata.deletion_timestamp.is_some() => "it is an orphan being deleted".to_string(),
             None if matches(&p) && ordinal.is_some() => {
@@ -96,6 +107,9 @@ pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> 
             }
         };
         if let Some(o) = ordinal {
+            if leaving {
+                claims.leaving.insert(o);
+            }
             claims.blocked.insert(
                 o,
                 Blocker {
@@ -140,13 +154,19 @@ mod tests {
             pod(&w, 4).orphan().without_selector().arc(),
             pod(&w, 5).orphan().terminating().arc(),
             pod(&w, 6).owned().in_namespace("other").arc(),
+            pod(&w, 7).stranger("NodeSet", "w").arc(),
         ];
         let c = classify(&w, pods);
         let names = |v: &[Arc<Pod>]| v.iter().map(|p| p.name_any()).collect::<Vec<_>>();
         assert_eq!(names(&c.owned), ["w-0"]);
         assert_eq!(names(&c.adopt), ["w-2"]);
         assert_eq!(names(&c.release), ["w-3"]);
-        assert_eq!(c.blocked.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!(c.blocked.keys().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5, 7]);
+        assert_eq!(
+            c.leaving.iter().copied().collect::<Vec<_>>(),
+            [5, 7],
+            "terminating, predecessor's"
+        );
         assert_eq!(c.blocked[&1].why, "it is controlled by ReplicaSet web");
         assert!(c.blocked[&4].why.contains("lacks the NodeSet's selector labels"));
     }

@@ -217,6 +217,7 @@ async fn sync(
         revision,
         owned: &claims.owned,
         blocked: &claims.blocked,
+        leaving: &claims.leaving,
         now: Timestamp::now(),
     });
     if let Some(problem) = plan

@@ -133,6 +133,8 @@ pub struct Inputs<'a> {
     pub owned: &'a [Arc<Pod>],
     /// Ordinal names held by pods it does not own.
     pub blocked: &'a BTreeMap<u32, Blocker>,
+    /// Of those, the ordinals whose holders are on their way out (waited for, not skipped).
+    pub leaving: &'a BTreeSet<u32>,
     /// The time availability is judged at.
     pub now: Timestamp,
 }
@@ -163,6 +165,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     let returning: BTreeSet<u32> = going
         .iter()
         .filter_map(|p| ordinal(p))
+        .chain(inp.leaving.iter().copied())
         .filter(|o| !live_ordinals.contains(o))
         .collect();
 
@@ -187,7 +190,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         if !held.contains(&next) {
             plan.creates.push(next);
             plan.skipped.append(&mut skipped);
-        } else if let Some(b) = inp.blocked.get(&next) {
+        } else if let Some(b) = inp.blocked.get(&next).filter(|_| !inp.leaving.contains(&next)) {
             skipped.push((next, b.clone()));
         }
         next += 1;
@@ -257,6 +260,7 @@ mod tests {
             revision: "rev1",
             owned: &claims.owned,
             blocked: &claims.blocked,
+            leaving: &claims.leaving,
             now: Timestamp::now(),
         })
     }
@@ -330,6 +334,18 @@ mod tests {
         let p = run(&w, pods);
         assert_eq!(p.waiting, [4]);
         assert_eq!(p.creates, [3]);
+    }
+
+    #[test]
+    fn a_predecessors_pods_are_waited_for_not_skipped() {
+        let w = nodeset("w", 2);
+        let pods = vec![
+            pod(&w, 0).stranger("NodeSet", "w").arc(),
+            pod(&w, 1).orphan().without_selector().terminating().arc(),
+        ];
+        let p = run(&w, pods);
+        assert_eq!(p.waiting, [0, 1]);
+        assert!(p.creates.is_empty() && p.skipped.is_empty(), "{p:?}");
     }
 
     #[test]

@@ -1,0 +1,226 @@
+//! Real `slinky-host run` processes on a test cluster, their metrics, and a TCP proxy that can
+//! cut a client off the API server (a partition).
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+};
+
+use anyhow::{Context, Result, ensure};
+
+use crate::{TestCluster, http_get};
+
+/// A free loopback address.
+///
+/// # Errors
+/// No port could be bound.
+pub fn free_addr() -> Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// A `slinky-host run` process on the test cluster.
+pub struct HostProcess {
+    child: Child,
+    /// Its `--http-addr`.
+    pub addr: SocketAddr,
+}
+
+impl HostProcess {
+    /// Start `slinky-host run` on `c` serving `ns` (resync 2 s) with leader-election identity
+    /// `identity` and `extra` arguments.
+    ///
+    /// # Errors
+    /// The process could not start.
+    pub fn start(c: &TestCluster, ns: &str, identity: &str, extra: &[&str]) -> Result<Self> {
+        let addr = free_addr()?;
+        let child = Command::new(crate::binary())
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig)
+            .args([
+                "--namespace",
+                ns,
+                "--http-addr",
+                &addr.to_string(),
+                "--resync-seconds",
+                "2",
+            ])
+            .args([
+                "--leader-election-namespace",
+                ns,
+                "--leader-election-identity",
+                identity,
+            ])
+            .args(extra)
+            .env("SLINKY_HOST_PLUGIN_CACHE", crate::cache_dir())
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(HostProcess { child, addr })
+    }
+
+    /// Its `/metrics`, parsed.
+    ///
+    /// # Errors
+    /// Not reachable, or not Prometheus text.
+    pub async fn metrics(&self) -> Result<BTreeMap<String, f64>> {
+        parse_prometheus(&http_get(self.addr, "/metrics").await?)
+    }
+
+    /// Whether it says it leads.
+    pub async fn leads(&self) -> bool {
+        self.metrics()
+            .await
+            .ok()
+            .and_then(|m| m.get("slinky_host_leader").copied())
+            == Some(1.0)
+    }
+
+    /// Its writes of `verb` with `outcome`.
+    pub async fn writes(&self, verb: &str, outcome: &str) -> f64 {
+        let key = format!("slinky_host_writes_total{{verb=\"{verb}\",outcome=\"{outcome}\"}}");
+        self.metrics()
+            .await
+            .ok()
+            .and_then(|m| m.get(&key).copied())
+            .unwrap_or(0.0)
+    }
+
+    /// Its successful writes.
+    pub async fn ok_writes(&self) -> f64 {
+        self.metrics()
+            .await
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| {
+                        k.starts_with("slinky_host_writes_total") && k.contains("outcome=\"ok\"")
+                    })
+                    .map(|(_, v)| v)
+                    .sum()
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// SIGKILL it and reap it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Parse Prometheus text: every sample line `name{labels} value` keyed by `name{labels}`; every
+/// sample's family has `# HELP` and `# TYPE`, and its samples follow them.
+///
+/// # Errors
+/// A malformed line, or a sample without its family's HELP/TYPE.
+pub fn parse_prometheus(text: &str) -> Result<BTreeMap<String, f64>> {
+    let mut out = BTreeMap::new();
+    let mut helped = std::collections::BTreeSet::new();
+    let mut typed = std::collections::BTreeSet::new();
+    // The family of the last `# TYPE`: a family's samples follow it, not another's.
+    let mut current = String::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            helped.insert(rest.split_whitespace().next().unwrap_or_default().to_string());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let name = parts.next().unwrap_or_default().to_string();
+            let kind = parts.next().unwrap_or_default();
+            ensure!(
+                ["counter", "gauge", "summary", "histogram", "untyped"].contains(&kind),
+                "bad TYPE line {line:?}"
+            );
+            typed.insert(name.clone());
+            current = name;
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (key, value) = line
+            .rsplit_once(' ')
+            .with_context(|| format!("bad sample line {line:?}"))?;
+        let value: f64 = value.parse().with_context(|| format!("bad value in {line:?}"))?;
+        let name = key.split('{').next().unwrap_or_default();
+        ensure!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        let family = ["_sum", "_count", "_bucket"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(*f)))
+            .unwrap_or(name);
+        ensure!(
+            typed.contains(family) && helped.contains(family),
+            "{name} has no HELP/TYPE"
+        );
+        ensure!(
+            family == current,
+            "{name} stands under the family {current}, not its own"
+        );
+        if let Some(labels) = key.strip_prefix(name) {
+            ensure!(
+                labels.is_empty() || (labels.starts_with('{') && labels.ends_with('}')),
+                "bad labels in {line:?}"
+            );
+        }
+        out.insert(key.to_string(), value);
+    }
+    Ok(out)
+}
+
+/// A TCP proxy that can be cut: a partition between one client and the API server.
+pub struct Proxy {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Forward to `upstream`.
+    ///
+    /// # Errors
+    /// No port could be bound.
+    pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let t = tasks.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+                if let Ok(mut t) = t.lock() {
+                    t.push(conn);
+                }
+            }
+        });
+        Ok(Proxy { addr, tasks, accept })
+    }
+
+    /// Cut every connection and refuse new ones.
+    pub fn cut(&self) {
+        self.accept.abort();
+        if let Ok(t) = self.tasks.lock() {
+            for task in t.iter() {
+                task.abort();
+            }
+        }
+    }
+}

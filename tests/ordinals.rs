@@ -1,0 +1,421 @@
+//! Ordinals are stable, like a StatefulSet's, and only the NodeSet's own pods use them: a
+//! stranger holding `<nodeset>-N` is skipped (and named in an Event), a name taken while the cache
+//! lagged skips that ordinal without stopping the batch, a terminating or failed pod's ordinal is
+//! waited for and recreated, `w-07` is not ordinal 7 of an unpadded NodeSet, a NodeSet recreated
+//! under its name waits for its predecessor's pods, the revision changes only with what changes a
+//! pod, and pods Slinky labelled are adopted without a roll when they equal ours.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use slinky_api::{Controller, NodeSet, keys};
+use slinky_host::{BuildContext, PluginRegistry, PodIdentity, plugins::BuilderKind};
+use slinky_tests::{
+    TestCluster, default_engine, eventually,
+    host::{Host, NS_NAME, apply_example, cluster, converge, events, generation, names, pod_names, scale},
+};
+
+/// Ordinals of the pods the example NodeSet controls now (not terminating).
+async fn owned(c: &TestCluster, ns: &str) -> Result<BTreeSet<String>> {
+    let uid = Api::<NodeSet>::namespaced(c.client.clone(), ns)
+        .get(NS_NAME)
+        .await?
+        .uid()
+        .unwrap_or_default();
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.owner_references()
+                .iter()
+                .any(|o| o.uid == uid && o.controller == Some(true))
+        })
+        .map(ResourceExt::name_any)
+        .collect())
+}
+
+async fn wait_owned(c: &TestCluster, ns: &str, want: &BTreeSet<String>) -> Result<()> {
+    let ok = eventually(60, || async { (owned(c, ns).await.ok()? == *want).then_some(()) }).await;
+    ensure!(
+        ok.is_some(),
+        "the NodeSet never owned exactly {want:?}: it owns {:?}",
+        owned(c, ns).await?
+    );
+    Ok(())
+}
+
+/// A pod that is not the NodeSet's: `name`, labels `app=web`, no owner.
+async fn stranger(c: &TestCluster, ns: &str, name: &str, labels: serde_json::Value) -> Result<Pod> {
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "web", "image": "nginx"}]}}))?;
+    Ok(Api::<Pod>::namespaced(c.client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?)
+}
+
+fn web() -> serde_json::Value {
+    json!({"app": "web"})
+}
+
+fn selector_labels() -> serde_json::Value {
+    json!({"app.kubernetes.io/name": "slurmd", "app.kubernetes.io/instance": NS_NAME})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stranger_holding_an_ordinal_name_is_skipped_and_named_in_an_event() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("stranger").await;
+    apply_example(&c, &ns, 0).await?;
+    stranger(&c, &ns, &format!("{NS_NAME}-1"), web()).await?;
+    let host = Host::start(&c, &ns)?;
+    scale(&c, &ns, 3).await?;
+    wait_owned(&c, &ns, &names(&[0, 2, 3])).await?;
+    let evs = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        evs.iter()
+            .any(|(r, n)| r == "PodNameTaken" && n.contains(&format!("pod {NS_NAME}-1"))),
+        "an Event names the blocking pod: {evs:?}"
+    );
+    // A pod released by a label edit keeps its name: its ordinal stays used, a new one is made.
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    pods.patch(
+        &format!("{NS_NAME}-0"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app.kubernetes.io/instance": "elsewhere"}}})),
+    )
+    .await?;
+    wait_owned(&c, &ns, &names(&[2, 3, 4])).await?;
+    let released = pods.get(&format!("{NS_NAME}-0")).await?;
+    ensure!(released.owner_references().is_empty(), "the pod was released");
+    assert_eq!(
+        host.handles
+            .writes
+            .snapshot()
+            .get(&("create".to_string(), "conflict".to_string())),
+        None,
+        "no create hit a taken name"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("name taken") else {
+        return Ok(());
+    };
+    let ns = c.namespace("taken").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    eventually(30, || async {
+        host.handles
+            .ready
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await
+    .context("the host never became ready")?;
+    // The host sees the scale-up before it sees the stranger created right after it.
+    server.faults().set_watch_delay(Duration::from_millis(3000));
+    scale(&c, &ns, 4).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stranger(&c, &ns, &format!("{NS_NAME}-1"), web()).await?;
+    wait_owned(&c, &ns, &names(&[0, 2, 3, 4])).await?;
+    server.faults().set_watch_delay(Duration::ZERO);
+    let writes = host.handles.writes.snapshot();
+    let count = |outcome: &str| {
+        writes
+            .get(&("create".to_string(), outcome.to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(count("conflict"), 1, "one AlreadyExists, not retried: {writes:?}");
+    assert_eq!(
+        count("ok"),
+        4,
+        "0, 2, 3 in the first pass, 4 once the stranger was seen: {writes:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_terminating_pod_keeps_its_ordinal_until_it_is_gone() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("terminating").await;
+    apply_example(&c, &ns, 3).await?;
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, false).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let one = format!("{NS_NAME}-1");
+    let before = pods.get(&one).await?.uid();
+    pods.patch(
+        &one,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+    )
+    .await?;
+    pods.delete(&one, &DeleteParams::default()).await?;
+    // Several resyncs while ordinal 1 terminates: no other ordinal takes its place.
+    for _ in 0..30 {
+        let all: BTreeSet<String> = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        assert_eq!(all, names(&[0, 1, 2]), "no new ordinal while {one} terminates");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    pods.patch(
+        &one,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    let recreated = eventually(30, || async {
+        let p = pods.get_opt(&one).await.ok()??;
+        (p.uid() != before && p.metadata.deletion_timestamp.is_none()).then_some(())
+    })
+    .await;
+    ensure!(recreated.is_some(), "{one} was not recreated under its own name");
+    assert_eq!(pod_names(&c, &ns).await?, names(&[0, 1, 2]));
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_pod_is_replaced_under_its_own_ordinal() -> Result<()> {
+    let c = cluster(true).await;
+    let Some(server) = c.embedded("failed pod") else {
+        return Ok(());
+    };
+    let ns = c.namespace("failed").await;
+    apply_example(&c, &ns, 3).await?;
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let one = format!("{NS_NAME}-1");
+    let before = pods.get(&one).await?.uid();
+    server
+        .lifecycle()
+        .context("lifecycle")?
+        .fail(&ns, &one)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut seen = BTreeSet::new();
+    let replaced = eventually(30, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        let p = list.items.iter().find(|p| p.name_any() == one)?;
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        (p.uid() != before && ready).then(|| list.items.iter().map(ResourceExt::name_any).collect::<Vec<_>>())
+    })
+    .await
+    .context("the failed pod was not replaced under its ordinal")?;
+    seen.extend(replaced);
+    assert_eq!(seen, names(&[0, 1, 2]), "no other ordinal was created");
+    assert_eq!(host.handles.writes.ok("create"), 4, "3 pods and one replacement");
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leading_zeros_are_not_the_nodesets_ordinals() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("zeros").await;
+    apply_example(&c, &ns, 0).await?;
+    // An orphan with the selector labels, named with padding the NodeSet does not use.
+    stranger(&c, &ns, &format!("{NS_NAME}-07"), selector_labels()).await?;
+    let host = Host::start(&c, &ns)?;
+    scale(&c, &ns, 8).await?;
+    wait_owned(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7])).await?;
+    let zero_seven = Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .get(&format!("{NS_NAME}-07"))
+        .await?;
+    ensure!(
+        zero_seven.owner_references().is_empty(),
+        "w-07 is not adopted as ordinal 7"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nodeset_recreated_under_its_name_waits_for_its_predecessors_pods() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("recreate").await;
+    apply_example(&c, &ns, 3).await?;
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, false).await?;
+    // The old pods linger after their NodeSet is gone (a finalizer holds them).
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    for o in 0..3 {
+        pods.patch(
+            &format!("{NS_NAME}-{o}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+        )
+        .await?;
+    }
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let old_uid = nodesets.get(NS_NAME).await?.uid();
+    nodesets.delete(NS_NAME, &DeleteParams::background()).await?;
+    eventually(30, || async {
+        nodesets.get_opt(NS_NAME).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .context("the NodeSet was not deleted")?;
+    apply_example(&c, &ns, 2).await?;
+    ensure!(nodesets.get(NS_NAME).await?.uid() != old_uid, "a new NodeSet");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        owned(&c, &ns).await?.is_empty(),
+        "the new NodeSet created pods while its predecessor's held their names"
+    );
+    for o in 0..3 {
+        pods.patch(
+            &format!("{NS_NAME}-{o}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    }
+    wait_owned(&c, &ns, &names(&[0, 1])).await?;
+    let writes = host.handles.writes.snapshot();
+    assert_eq!(
+        writes.get(&("create".to_string(), "conflict".to_string())),
+        None,
+        "no create collided with a predecessor's pod: {writes:?}"
+    );
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn editing_the_partition_line_restarts_no_worker() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("partition").await;
+    apply_example(&c, &ns, 3).await?;
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let uids = |list: Vec<Pod>| list.iter().filter_map(ResourceExt::uid).collect::<BTreeSet<_>>();
+    let before = uids(pods.list(&ListParams::default()).await?.items);
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let rev = nodesets.get(NS_NAME).await?.status.and_then(|s| s.node_set_hash);
+    let g = nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"partition": {"config": "State=UP MaxTime=1-00:00:00"}}})),
+        )
+        .await?
+        .metadata
+        .generation
+        .unwrap_or_default();
+    converge(&c, &ns, &names(&[0, 1, 2]), g, true).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await; // several 1 s resyncs
+    assert_eq!(
+        uids(pods.list(&ListParams::default()).await?.items),
+        before,
+        "no pod was replaced"
+    );
+    assert_eq!(
+        nodesets.get(NS_NAME).await?.status.and_then(|s| s.node_set_hash),
+        rev
+    );
+    assert_eq!(host.handles.writes.ok("delete"), 0);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_labelled_by_slinky_are_adopted_without_a_roll_when_they_equal_ours() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("slinky").await;
+    apply_example(&c, &ns, 3).await?;
+    let nodeset = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?;
+    let controller = Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .get(&nodeset.spec.controller_ref.name)
+        .await?;
+    // What Slinky's operator left: our pod for each ordinal, labelled with its revision scheme,
+    // without our builder annotations; the pod of ordinal 2 runs another image (it must roll).
+    let plugins = PluginRegistry::new(&default_engine(), &[])?;
+    let builder = plugins.active(BuilderKind::NodesetPod);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let slinky_rev = format!("{NS_NAME}-6d8f9b7c5");
+    for o in 0..3 {
+        let id = PodIdentity::for_ordinal(&nodeset, o, slinky_rev.clone());
+        let mut pod = builder.build_pod(&BuildContext::default(), &nodeset, &controller, &id)?;
+        pod.annotations_mut().remove(keys::ANNOTATION_BUILDER);
+        pod.annotations_mut().remove(keys::ANNOTATION_BUILDER_DIGEST);
+        if o == 2
+            && let Some(spec) = pod.spec.as_mut()
+        {
+            spec.containers[0].image = Some("ghcr.io/slinkyproject/slurmd:24.11-ubuntu24.04".into());
+        }
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let before: BTreeMap<String, Option<String>> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|p| (p.name_any(), p.uid()))
+        .collect();
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    let after: BTreeMap<String, Pod> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| (p.name_any(), p))
+        .collect();
+    let revision = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?
+        .status
+        .and_then(|s| s.node_set_hash)
+        .context("revision")?;
+    for o in 0..3 {
+        let name = format!("{NS_NAME}-{o}");
+        let p = after.get(&name).context("pod")?;
+        assert_eq!(
+            p.labels().get(keys::LABEL_REVISION_HASH),
+            Some(&revision),
+            "{name}"
+        );
+        assert!(p.annotations().contains_key(keys::ANNOTATION_BUILDER), "{name}");
+        let kept = p.uid() == before[&name];
+        assert_eq!(
+            kept,
+            o != 2,
+            "{name}: equal pods are kept, the different one rolls"
+        );
+    }
+    assert_eq!(host.handles.writes.ok("delete"), 1);
+    host.stop().await;
+    Ok(())
+}

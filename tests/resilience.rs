@@ -1,0 +1,708 @@
+//! Off the happy path, every failure is visible and nothing wedges: pods the API server would
+//! refuse are never built, refused writes are Events and conditions retried with backoff (not at
+//! the next resync), a Service the host did not build is never taken over, relists and a leader
+//! lost mid-pass or killed mid-create leave nothing behind, and Ready holds through a scale-down.
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+use slinky_api::{Controller, NodeSet, conditions};
+use slinky_host::{
+    PluginRegistry,
+    embedded::{FaultError, FaultRule, Times},
+    reconcile::{LeaderConfig, RunConfig, leader},
+};
+use slinky_tests::{
+    TestCluster, default_engine, eventually,
+    host::{
+        Host, NS_NAME, apply_example, apply_example_with, cluster, converge, events, generation, names,
+        nodeset_condition, pod_names, scale,
+    },
+    process::{HostProcess, Proxy},
+};
+
+/// Wait until `check` holds for the example NodeSet's condition `type_`.
+async fn wait_condition(
+    c: &TestCluster,
+    ns: &str,
+    type_: &str,
+    check: impl Fn(&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition) -> bool,
+) -> Result<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let found = eventually(30, || async {
+        nodeset_condition(c, ns, type_)
+            .await
+            .ok()
+            .flatten()
+            .filter(|x| check(x))
+    })
+    .await;
+    found.with_context(|| format!("condition {type_} never matched on {ns}/{NS_NAME}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nodeset_without_a_logfile_image_gets_pods_the_api_server_accepts() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("nolog").await;
+    apply_example_with(&c, &ns, 3, |v| {
+        if let Some(spec) = v["spec"].as_object_mut() {
+            spec.remove("logfile");
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    for p in Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+    {
+        let spec = p.spec.clone().context("spec")?;
+        for container in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            ensure!(
+                container.image.as_deref().is_some_and(|i| !i.is_empty()),
+                "{}: container {} has no image",
+                p.name_any(),
+                container.name
+            );
+        }
+        ensure!(
+            spec.init_containers.unwrap_or_default().is_empty(),
+            "no log sidecar without an image"
+        );
+    }
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn names_the_api_server_would_refuse_are_an_invalid_spec_not_a_create_loop() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("names").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    // A 64-character name: its pods' `app.kubernetes.io/instance` label would be refused.
+    let long = "w".repeat(64);
+    let mut v: serde_json::Value = serde_json::to_value(nodesets.get(NS_NAME).await?)?;
+    v["metadata"] = json!({"name": long, "namespace": ns});
+    v["spec"]["replicas"] = 2.into();
+    v.as_object_mut().map(|o| o.remove("status"));
+    nodesets
+        .create(&PostParams::default(), &serde_json::from_value(v)?)
+        .await?;
+    let cond = eventually(30, || async {
+        nodesets
+            .get(&long)
+            .await
+            .ok()?
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == conditions::INVALID_SPEC && c.status == "True")
+    })
+    .await
+    .context("no InvalidSpec condition for the long name")?;
+    ensure!(cond.message.starts_with("metadata.name:"), "{}", cond.message);
+    ensure!(
+        events(&c, &ns, &long)
+            .await?
+            .iter()
+            .any(|(r, _)| r == conditions::INVALID_SPEC),
+        "an Event says so"
+    );
+    // A hostname prefix with a dot: the field is named, and fixing it creates the pods.
+    nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2, "template": {"spec": {"hostname": "slinky.a-"}}}})),
+        )
+        .await?;
+    let cond = wait_condition(&c, &ns, conditions::INVALID_SPEC, |c| c.status == "True").await?;
+    ensure!(
+        cond.message.starts_with("spec.template.spec.hostname:"),
+        "{}",
+        cond.message
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        host.handles.writes.ok("create")
+            + host
+                .handles
+                .writes
+                .snapshot()
+                .get(&("create".into(), "error".into()))
+                .copied()
+                .unwrap_or(0),
+        0,
+        "no create was tried"
+    );
+    let g = nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"spec": {"hostname": "slinky-"}}}})),
+        )
+        .await?
+        .metadata
+        .generation
+        .unwrap_or_default();
+    converge(&c, &ns, &names(&[0, 1]), g, false).await?;
+    ensure!(
+        nodeset_condition(&c, &ns, conditions::INVALID_SPEC)
+            .await?
+            .is_none(),
+        "the condition is cleared"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_creates_and_deletes_are_events_and_a_condition_retried_with_backoff() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("refused writes") else {
+        return Ok(());
+    };
+    let ns = c.namespace("refused").await;
+    apply_example(&c, &ns, 0).await?;
+    // The resync is 5 minutes: anything retried sooner is retried by the backoff.
+    let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
+    server.faults().add(FaultRule::new(
+        "create",
+        "pods",
+        FaultError::Invalid,
+        Times::Count(6),
+    ));
+    scale(&c, &ns, 2).await?;
+    let cond = wait_condition(&c, &ns, conditions::REPLICA_FAILURE, |c| c.status == "True").await?;
+    assert_eq!(cond.reason, "FailedCreate");
+    ensure!(
+        cond.message.contains("injected fault"),
+        "the API's message: {}",
+        cond.message
+    );
+    converge(&c, &ns, &names(&[0, 1]), generation(&c, &ns).await?, false).await?;
+    assert_eq!(server.faults().fired().len(), 6, "six refusals, each retried");
+    ensure!(
+        events(&c, &ns, NS_NAME)
+            .await?
+            .iter()
+            .any(|(r, n)| r == "FailedCreate" && n.contains("injected fault")),
+        "a FailedCreate Event with the API's message"
+    );
+    ensure!(
+        eventually(30, || async {
+            nodeset_condition(&c, &ns, conditions::REPLICA_FAILURE)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .is_some(),
+        "cleared once the writes succeed"
+    );
+
+    // Deletes refused until the condition shows, then allowed again.
+    server.faults().add(FaultRule::new(
+        "delete",
+        "pods",
+        FaultError::Internal,
+        Times::Count(10_000),
+    ));
+    let g = scale(&c, &ns, 0).await?;
+    let cond = wait_condition(&c, &ns, conditions::REPLICA_FAILURE, |c| c.status == "True").await?;
+    assert_eq!(cond.reason, "FailedDelete");
+    ensure!(
+        events(&c, &ns, NS_NAME)
+            .await?
+            .iter()
+            .any(|(r, _)| r == "FailedDelete"),
+        "a FailedDelete Event"
+    );
+    server.faults().clear();
+    converge(&c, &ns, &names(&[]), g, false).await?;
+    ensure!(
+        eventually(30, || async {
+            nodeset_condition(&c, &ns, conditions::REPLICA_FAILURE)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .is_some(),
+        "cleared after the deletes succeeded"
+    );
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
+/// The Controller's condition of `type_`.
+async fn controller_condition(
+    c: &TestCluster,
+    ns: &str,
+    type_: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    Api::<Controller>::namespaced(c.client.clone(), ns)
+        .get("slurm")
+        .await
+        .ok()?
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_the_host_did_not_build_is_never_taken_over() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("svc-owner").await;
+    let svcs = Api::<Service>::namespaced(c.client.clone(), &ns);
+    let theirs: Service = serde_json::from_value(json!({"metadata": {"name": "slurm-controller"},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"name": "http", "port": 80}]}}))?;
+    svcs.create(&PostParams::default(), &theirs).await?;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    let cond = eventually(30, || async {
+        controller_condition(&c, &ns, conditions::SERVICE_FAILURE)
+            .await
+            .filter(|c| c.status == "True")
+    })
+    .await
+    .context("no ServiceFailure condition")?;
+    assert_eq!(cond.reason, "ServiceNotOwned");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let svc = svcs.get("slurm-controller").await?;
+    assert_eq!(
+        svc.spec.as_ref().and_then(|s| s.selector.clone()),
+        Some([("app".to_string(), "theirs".to_string())].into()),
+        "the Service was left alone"
+    );
+    ensure!(svc.owner_references().is_empty());
+    assert_eq!(
+        host.handles.writes.ok("apply"),
+        0,
+        "no apply over a foreign Service"
+    );
+    // Once it is gone, the host builds its own.
+    svcs.delete("slurm-controller", &DeleteParams::default()).await?;
+    eventually(30, || async {
+        let s = svcs.get_opt("slurm-controller").await.ok()??;
+        s.owner_references()
+            .iter()
+            .any(|o| o.kind == "Controller")
+            .then_some(())
+    })
+    .await
+    .context("the host did not create its Service")?;
+    eventually(30, || async {
+        controller_condition(&c, &ns, conditions::SERVICE_FAILURE)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .context("ServiceFailure was not cleared")?;
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_managers_port_is_kept_without_reapplying_and_an_unwanted_service_is_pruned() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("svc-prune").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    let svcs = Api::<Service>::namespaced(c.client.clone(), &ns);
+    eventually(30, || async { svcs.get_opt("slurm-controller").await.ok()? })
+        .await
+        .context("no Service")?;
+    let port = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "slurm-controller"},
+        "spec": {"ports": [{"name": "metrics", "port": 9100, "protocol": "TCP"}]}});
+    svcs.patch(
+        "slurm-controller",
+        &PatchParams::apply("monitoring"),
+        &Patch::Apply(&port),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let applies = host.handles.writes.ok("apply");
+    tokio::time::sleep(Duration::from_secs(4)).await; // several 1 s resyncs
+    assert_eq!(
+        host.handles.writes.ok("apply"),
+        applies,
+        "no re-apply for another manager's port"
+    );
+    let ports: BTreeSet<i32> = svcs
+        .get("slurm-controller")
+        .await?
+        .spec
+        .and_then(|s| s.ports)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, BTreeSet::from([6817, 9100]));
+    // external: true: the host no longer builds the Service, so it deletes it.
+    Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"external": true, "externalConfig": {"host": "ctld.example.com", "port": 6817}}})),
+        )
+        .await?;
+    eventually(30, || async {
+        svcs.get_opt("slurm-controller")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .context("the Service was not pruned")?;
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_apply_is_an_event_and_a_condition_on_the_controller() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("refused apply") else {
+        return Ok(());
+    };
+    let ns = c.namespace("svc-refused").await;
+    server.faults().add(FaultRule::new(
+        "patch",
+        "services",
+        FaultError::Invalid,
+        Times::Count(4),
+    ));
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
+    let cond = eventually(30, || async {
+        controller_condition(&c, &ns, conditions::SERVICE_FAILURE)
+            .await
+            .filter(|c| c.status == "True")
+    })
+    .await
+    .context("no ServiceFailure condition")?;
+    assert_eq!(cond.reason, "FailedApply");
+    eventually(30, || async {
+        let ready = controller_condition(&c, &ns, conditions::READY).await?;
+        (ready.status == "True"
+            && controller_condition(&c, &ns, conditions::SERVICE_FAILURE)
+                .await
+                .is_none())
+        .then_some(())
+    })
+    .await
+    .context("not retried with backoff before the 5-minute resync")?;
+    ensure!(
+        events(&c, &ns, "slurm")
+            .await?
+            .iter()
+            .any(|(r, n)| r == "FailedApply" && n.contains("injected fault")),
+        "a FailedApply Event"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("relist") else {
+        return Ok(());
+    };
+    let ns = c.namespace("relist").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start(&c, &ns)?;
+    eventually(30, || async {
+        host.handles
+            .ready
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await
+    .context("not ready")?;
+    server.faults().set_latency(Duration::from_millis(10));
+    let g = scale(&c, &ns, 40).await?;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        server.faults().force_gone(4);
+        server.faults().close_watches();
+    }
+    server.faults().set_latency(Duration::ZERO);
+    let all: Vec<u32> = (0..40).collect();
+    converge(&c, &ns, &names(&all), g, false).await?;
+    let writes = host.handles.writes.snapshot();
+    assert_eq!(host.handles.writes.ok("create"), 40, "{writes:?}");
+    assert_eq!(
+        writes.get(&("create".to_string(), "conflict".to_string())),
+        None,
+        "{writes:?}"
+    );
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+
+    // A pod created, then deleted while the pod watch was down: the relist shows it gone, so the
+    // expectation of its creation is released at once (not after the 5-minute expiry).
+    server.faults().add(FaultRule::new(
+        "watch",
+        "pods",
+        FaultError::Internal,
+        Times::Count(1000),
+    ));
+    server.faults().close_watches();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = scale(&c, &ns, 41).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let last = format!("{NS_NAME}-40");
+    eventually(30, || async { pods.get_opt(&last).await.ok()? })
+        .await
+        .context("pod 40 was not created")?;
+    pods.delete(&last, &DeleteParams::default()).await?;
+    ensure!(
+        host.handles.expectations.total_pending() > 0,
+        "its creation is awaited"
+    );
+    server.faults().clear();
+    server.faults().force_gone(1);
+    let all: Vec<u32> = (0..41).collect();
+    converge(&c, &ns, &names(&all), g, false).await?;
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_lost_mid_pass_leaves_its_successor_nothing_to_undo() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("leader loss") else {
+        return Ok(());
+    };
+    let ns = c.namespace("leaderloss").await;
+    apply_example(&c, &ns, 0).await?;
+    let upstream = server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .context("address")?;
+    let proxy = Proxy::start(upstream).await?;
+    let mut kc = kube::config::Kubeconfig::read_from(&c.kubeconfig)?;
+    for cluster in &mut kc.clusters {
+        if let Some(cl) = cluster.cluster.as_mut() {
+            cl.server = Some(format!("https://{}", proxy.addr));
+        }
+    }
+    let via_proxy =
+        kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)?;
+    let config = |identity: &str| LeaderConfig {
+        lease_name: "loss-test".into(),
+        namespace: ns.clone(),
+        identity: identity.into(),
+        duration: Duration::from_secs(3),
+        grace: Duration::from_secs(2),
+    };
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let run = |leadership| RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(1)),
+        leadership,
+        ..Default::default()
+    };
+    let (a, a_task) = leader::elect(via_proxy.clone(), config("a")).await?;
+    eventually(20, || async { a.may_write().then_some(()) })
+        .await
+        .context("a never led")?;
+    let host_a = Host::start_config(via_proxy, plugins.clone(), run(a.clone()));
+    let (b, b_task) = leader::elect(c.client.clone(), config("b")).await?;
+    let host_b = Host::start_config(c.client.clone(), plugins, run(b.clone()));
+    // Slow creates: the leader is cut off while its pass is creating pods.
+    server.faults().set_latency(Duration::from_millis(40));
+    let g = scale(&c, &ns, 30).await?;
+    eventually(30, || async {
+        (pod_names(&c, &ns).await.ok()?.len() >= 3).then_some(())
+    })
+    .await
+    .context("the leader made no pods")?;
+    proxy.cut();
+    eventually(20, || async { b.may_write().then_some(()) })
+        .await
+        .context("b never took over")?;
+    server.faults().set_latency(Duration::ZERO);
+    let all: Vec<u32> = (0..30).collect();
+    converge(&c, &ns, &names(&all), g, false).await?;
+    ensure!(!a.may_write(), "the cut leader cannot write");
+    let b_writes = host_b.handles.writes.snapshot();
+    assert_eq!(
+        b_writes.get(&("create".to_string(), "conflict".to_string())),
+        None,
+        "the successor never created a pod that existed: {b_writes:?}"
+    );
+    assert_eq!(host_b.handles.expectations.total_pending(), 0);
+    a_task.abort();
+    b_task.abort();
+    host_b.stop().await;
+    drop(host_a);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_while_creates_are_in_flight_then_a_restart_converges_without_extra_pods() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("sigkill") else {
+        return Ok(());
+    };
+    let ns = c.namespace("sigkill").await;
+    apply_example(&c, &ns, 0).await?;
+    // Every pod name ever seen, to catch an extra ordinal even if it is deleted later.
+    let seen: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let recorder = {
+        let seen = seen.clone();
+        let stream = watcher(
+            Api::<Pod>::namespaced(c.client.clone(), &ns),
+            watcher::Config::default(),
+        )
+        .applied_objects()
+        .default_backoff();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(Ok(p)) = stream.next().await {
+                if let Ok(mut s) = seen.lock() {
+                    s.insert(p.name_any());
+                }
+            }
+        })
+    };
+    let mut first = HostProcess::start(&c, &ns, "first", &[])?;
+    eventually(60, || async { first.ok_writes().await.gt(&0.0).then_some(()) })
+        .await
+        .context("the first host never wrote")?;
+    server.faults().set_latency(Duration::from_millis(100));
+    let g = scale(&c, &ns, 20).await?;
+    eventually(30, || async {
+        (pod_names(&c, &ns).await.ok()?.len() >= 3).then_some(())
+    })
+    .await
+    .context("no pods before the kill")?;
+    first.kill(); // SIGKILL: creates in flight, expectations lost with the process
+    let at_kill = pod_names(&c, &ns).await?.len();
+    ensure!(at_kill < 20, "the kill came too late to matter ({at_kill} pods)");
+    server.faults().set_latency(Duration::ZERO);
+    let second = HostProcess::start(&c, &ns, "second", &[])?;
+    let all: Vec<u32> = (0..20).collect();
+    converge(&c, &ns, &names(&all), g, false).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    recorder.abort();
+    let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(seen, names(&all), "no pod beyond the 20 ordinals ever existed");
+    let pending = second
+        .metrics()
+        .await?
+        .get("slinky_host_expectations_pending")
+        .copied();
+    assert_eq!(pending, Some(0.0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ready_stays_true_through_a_scale_down_with_enough_available_pods() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("ready").await;
+    apply_example(&c, &ns, 5).await?;
+    let host = Host::start(&c, &ns)?;
+    converge(
+        &c,
+        &ns,
+        &names(&[0, 1, 2, 3, 4]),
+        generation(&c, &ns).await?,
+        true,
+    )
+    .await?;
+    // Every Ready status the NodeSet goes through from here.
+    let statuses: Arc<Mutex<Vec<String>>> = Arc::default();
+    let recorder = {
+        let statuses = statuses.clone();
+        let stream = watcher(
+            Api::<NodeSet>::namespaced(c.client.clone(), &ns),
+            watcher::Config::default(),
+        )
+        .applied_objects()
+        .default_backoff();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(Ok(n)) = stream.next().await {
+                let ready = n
+                    .status
+                    .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == conditions::READY))
+                    .map(|c| c.status)
+                    .unwrap_or_default();
+                if let Ok(mut s) = statuses.lock() {
+                    s.push(ready);
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = scale(&c, &ns, 2).await?;
+    converge(&c, &ns, &names(&[0, 1]), g, true).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    recorder.abort();
+    let seen = statuses.lock().map(|s| s.clone()).unwrap_or_default();
+    ensure!(seen.len() >= 2, "statuses were recorded: {seen:?}");
+    ensure!(
+        seen.iter().all(|s| s == "True"),
+        "Ready went False during the scale-down: {seen:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_nodeset_is_reconciled_before_the_controllers_are_known() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("controller sync") else {
+        return Ok(());
+    };
+    let ns = c.namespace("sync").await;
+    apply_example(&c, &ns, 2).await?;
+    // The Controllers' list fails a few times: that cache syncs a few seconds after the others.
+    server.faults().add(FaultRule::new(
+        "list",
+        "controllers",
+        FaultError::Internal,
+        Times::Count(3),
+    ));
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1]), generation(&c, &ns).await?, false).await?;
+    ensure!(
+        server.faults().fired().len() == 3,
+        "the Controllers' list failed first"
+    );
+    let evs = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        !evs.iter().any(|(r, _)| r == conditions::CONTROLLER_NOT_FOUND),
+        "a NodeSet was reconciled before the Controller cache synced: {evs:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
