@@ -40,6 +40,23 @@ fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
     for p in packages {
         cmd.args(["-p", p]);
     }
+    // Reproducible guests: the paths of this machine (the source tree, cargo's registry, the
+    // target directory) are remapped, so the same source built elsewhere has the same bytes, the
+    // same digest, and rolls no pod. (rustc applies the last matching prefix: most specific last.)
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_default();
+    let remaps = [
+        (cargo_home.as_path(), "/cargo"),
+        (workspace, "/slinky"),
+        (target_dir.as_path(), "/target"),
+    ];
+    let rustflags: Vec<String> = remaps
+        .iter()
+        .filter(|(from, _)| !from.as_os_str().is_empty())
+        .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
+        .collect();
     // The outer build's settings are for the host, not the guests.
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",
@@ -52,6 +69,7 @@ fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
     ] {
         cmd.env_remove(var);
     }
+    cmd.env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\u{1f}"));
     let status = cmd.status();
     match status {
         Ok(s) if s.success() => {}

@@ -316,7 +316,14 @@ async fn editing_the_partition_line_restarts_no_worker() -> Result<()> {
     let ns = c.namespace("partition").await;
     apply_example(&c, &ns, 3).await?;
     let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    converge(
+        &c,
+        &ns,
+        &names(&[0, 1, 2]),
+        generation(&c, &ns).await?,
+        c.server.is_some(),
+    )
+    .await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let uids = |list: Vec<Pod>| list.iter().filter_map(ResourceExt::uid).collect::<BTreeSet<_>>();
     let before = uids(pods.list(&ListParams::default()).await?.items);
@@ -332,7 +339,7 @@ async fn editing_the_partition_line_restarts_no_worker() -> Result<()> {
         .metadata
         .generation
         .unwrap_or_default();
-    converge(&c, &ns, &names(&[0, 1, 2]), g, true).await?;
+    converge(&c, &ns, &names(&[0, 1, 2]), g, c.server.is_some()).await?;
     tokio::time::sleep(Duration::from_secs(3)).await; // several 1 s resyncs
     assert_eq!(
         uids(pods.list(&ListParams::default()).await?.items),
@@ -385,7 +392,14 @@ async fn pods_labelled_by_slinky_are_adopted_without_a_roll_when_they_equal_ours
         .map(|p| (p.name_any(), p.uid()))
         .collect();
     let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    converge(
+        &c,
+        &ns,
+        &names(&[0, 1, 2]),
+        generation(&c, &ns).await?,
+        c.server.is_some(),
+    )
+    .await?;
     let after: BTreeMap<String, Pod> = pods
         .list(&ListParams::default())
         .await?

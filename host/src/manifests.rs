@@ -72,8 +72,13 @@ pub fn cluster_rules() -> Vec<Value> {
             &["pods"],
             &["get", "list", "watch", "create", "delete", "patch"],
         ),
-        // Server-side apply creates the Service when it is missing: patch and create.
-        rule(&[""], &["services"], &["get", "list", "watch", "create", "patch"]),
+        // Server-side apply creates the Service when it is missing: patch and create; a Service
+        // the host built and no longer wants is deleted.
+        rule(
+            &[""],
+            &["services"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
 }

@@ -304,3 +304,35 @@ impl PluginRegistry {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// Reproducible guests (`--remap-path-prefix` in the build): no path of the machine that
+    /// built them is inside, so the same source built elsewhere has the same digest.
+    #[test]
+    fn bundled_plugins_carry_no_build_machine_paths() {
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default();
+        for (name, bytes) in [
+            ("controller-service", CONTROLLER_SERVICE),
+            ("nodeset-pod", NODESET_POD),
+        ] {
+            assert!(
+                !contains(bytes, workspace.as_bytes()),
+                "{name} contains {workspace}"
+            );
+            assert!(
+                !contains(bytes, b"/.cargo/registry"),
+                "{name} contains a path of cargo's registry"
+            );
+        }
+    }
+}

@@ -23,6 +23,82 @@ pub fn contains(actual: &Value, desired: &Value) -> bool {
     }
 }
 
+/// The fields of `desired` that `actual` lacks or has with another value, as paths (`spec.
+/// initContainers[name=logfile].restartPolicy`), at most `limit` of them.
+pub fn differences(actual: &Value, desired: &Value, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    diff(actual, desired, String::new(), &mut out, limit);
+    out
+}
+
+fn diff(actual: &Value, desired: &Value, path: String, out: &mut Vec<String>, limit: usize) {
+    if out.len() >= limit {
+        return;
+    }
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match (actual, desired) {
+        (Value::Object(a), Value::Object(d)) => {
+            for (k, dv) in d {
+                match a.get(k) {
+                    Some(av) => diff(av, dv, join(k), out, limit),
+                    None if is_empty(dv) => {}
+                    None => out.push(join(k)),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(d)) if d.iter().all(Value::is_object) => {
+            for (i, dv) in d.iter().enumerate() {
+                if a.iter().any(|av| contains(av, dv)) {
+                    continue;
+                }
+                // Name the item by its `name` when it has one, and find its counterpart by it.
+                let name = dv.get("name").and_then(Value::as_str);
+                let item = match name {
+                    Some(n) => format!("{path}[name={n}]"),
+                    None => format!("{path}[{i}]"),
+                };
+                match name.and_then(|n| {
+                    a.iter()
+                        .find(|av| av.get("name").and_then(Value::as_str) == Some(n))
+                }) {
+                    Some(av) => diff(av, dv, item, out, limit),
+                    None => out.push(item),
+                }
+            }
+        }
+        (a, d) if a != d => out.push(path),
+        _ => {}
+    }
+}
+
+/// What a builder's object lost on its way into the API server, for a Warning Event: the paths
+/// of the fields the stored object lacks (a field of a feature the server does not enable, or of
+/// a newer Kubernetes), with a hint for the fields known to be dropped.
+pub fn dropped_note(what: &str, paths: &[String]) -> String {
+    let mut note = format!(
+        "the API server stored {what} without fields the builder set: {}",
+        paths.join(", ")
+    );
+    if paths
+        .iter()
+        .any(|p| p.starts_with("spec.initContainers") && p.ends_with(".restartPolicy"))
+    {
+        note.push_str(
+            "; native sidecar containers (initContainers with restartPolicy: Always) need \
+             Kubernetes 1.29+, or the SidecarContainers feature gate on 1.28: without them the \
+             sidecar runs as a plain init container and blocks the pod from starting; set no \
+             image for it (spec.logfile.image) to leave it out",
+        );
+    }
+    note
+}
+
 fn is_empty(v: &Value) -> bool {
     match v {
         Value::Null => true,
@@ -58,5 +134,19 @@ mod tests {
             !contains(&json!({"args": ["-Z", "x"]}), &json!({"args": ["-Z"]})),
             "plain lists must be equal"
         );
+    }
+
+    #[test]
+    fn differences_name_the_fields() {
+        let desired = json!({"spec": {"initContainers": [{"name": "logfile", "image": "a", "restartPolicy": "Always"}],
+            "hostname": "h", "dnsConfig": {}}});
+        let actual =
+            json!({"spec": {"initContainers": [{"name": "logfile", "image": "a"}], "hostname": "x"}});
+        assert_eq!(
+            differences(&actual, &desired, 10),
+            ["spec.hostname", "spec.initContainers[name=logfile].restartPolicy"]
+        );
+        assert!(differences(&desired, &desired, 10).is_empty());
+        assert_eq!(differences(&actual, &desired, 1).len(), 1);
     }
 }

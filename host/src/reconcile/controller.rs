@@ -25,7 +25,13 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use slinky_api::{Controller, ControllerStatus, checks, conditions, keys};
 
-use super::{Context, Error, compare::contains, object_key, status::ConditionChanges, writer};
+use super::{
+    Context, Error,
+    compare::{contains, differences, dropped_note},
+    object_key,
+    status::ConditionChanges,
+    writer,
+};
 use crate::plugins::{BuilderKind, GuestError, PluginError};
 
 /// The annotation holding the hash of the Service as last applied by the host.
@@ -235,7 +241,19 @@ async fn ensure_service(pass: &mut Pass<'_>, mut svc: Service) -> Result<bool, E
         None => None,
     };
     match ctx.writer.apply_service(&svc, resource_version).await {
-        Ok(_) => Ok(true),
+        Ok(stored) => {
+            let paths = differences(
+                &serde_json::to_value(&stored).unwrap_or(Value::Null),
+                &serde_json::to_value(&svc).unwrap_or(Value::Null),
+                10,
+            );
+            if !paths.is_empty() {
+                let note = dropped_note(&format!("Service {name}"), &paths);
+                tracing::warn!("{note}");
+                ctx.event(c, EventType::Warning, "FieldsDropped", note).await;
+            }
+            Ok(true)
+        }
         Err(e) => {
             let msg = format!("Error applying Service {name}: {}", writer::message(&e));
             pass.failed("FailedApply", msg, false).await;

@@ -209,6 +209,25 @@ impl Writer {
         r
     }
 
+    /// What the API server would store for `pod` (defaults set, fields it does not serve
+    /// dropped), from a server-side dry run of its creation under a generated name. Nothing is
+    /// written; counted as `dry_run`.
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn dry_run_pod(&self, pod: &Pod) -> Result<Pod, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let mut probe = pod.clone();
+        probe.metadata.generate_name = probe.metadata.name.take().map(|n| format!("{n}-"));
+        let pp = PostParams {
+            dry_run: true,
+            field_manager: Some(FIELD_MANAGER.into()),
+        };
+        let r = api.create(&pp, &probe).await;
+        self.metrics.count("dry_run", outcome(&r));
+        r
+    }
+
     /// Delete a pod, only if it still has `uid`: `true` when deleted now, `false` when it was
     /// already gone (not an error).
     ///

@@ -36,7 +36,13 @@ pub use claim::{claims_name, owner_uid};
 pub use plan::is_ready;
 use plan::{DeleteReason, Inputs, is_available, phase, plan};
 
-use super::{Context, Error, compare::contains, object_key, status::ConditionChanges, writer};
+use super::{
+    Context, Error,
+    compare::{contains, differences, dropped_note},
+    object_key,
+    status::ConditionChanges,
+    writer,
+};
 use crate::{
     plugins::{BuilderKind, GuestError, Plugin, PluginError, PodIdentity, policy::nodeset_selector},
     revision::pod_revision,
@@ -350,7 +356,15 @@ async fn relabel_equal_pods(
     };
     for ((i, _), want) in candidates.into_iter().zip(built) {
         let have = &owned[i];
-        if !same_pod(have, &want) {
+        // Compare with what the server would store of ours (its defaults, its dropped fields).
+        let stored = match ctx.writer.dry_run_pod(&want).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::info!(pod = %have.name_any(), error = %writer::message(&e), "dry run failed; comparing with the built pod");
+                want.clone()
+            }
+        };
+        if !same_pod(have, &stored) {
             continue;
         }
         let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);
@@ -377,18 +391,31 @@ async fn relabel_equal_pods(
     Ok(())
 }
 
-/// Whether a live pod has everything `want` (a built pod) sets, but for the revision label and
-/// the builder annotations.
+/// Whether a live pod has the labels, annotations and spec of `want` (our pod as stored), but
+/// for the revision label and the builder annotations.
 fn same_pod(have: &Pod, want: &Pod) -> bool {
     let strip = |p: &Pod| {
-        let mut p = p.clone();
-        p.labels_mut().remove(keys::LABEL_REVISION_HASH);
-        p.annotations_mut().remove(keys::ANNOTATION_BUILDER);
-        p.annotations_mut().remove(keys::ANNOTATION_BUILDER_DIGEST);
-        p.metadata.owner_references = None;
-        serde_json::to_value(p).unwrap_or(Value::Null)
+        let mut labels = p.labels().clone();
+        labels.remove(keys::LABEL_REVISION_HASH);
+        let mut annotations = p.annotations().clone();
+        annotations.remove(keys::ANNOTATION_BUILDER);
+        annotations.remove(keys::ANNOTATION_BUILDER_DIGEST);
+        serde_json::json!({"labels": labels, "annotations": annotations, "spec": p.spec})
     };
     contains(&strip(have), &strip(want))
+}
+
+/// A Warning Event when the API server stored a created pod without fields its builder set.
+async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &Pod) {
+    let part = |p: &Pod| serde_json::json!({"metadata": {"labels": p.labels(), "annotations": p.annotations()}, "spec": p.spec});
+    let paths = differences(&part(created), &part(built), 10);
+    if !paths.is_empty() {
+        let note = dropped_note(&format!("pod {}", built.name_any()), &paths);
+        tracing::warn!("{note}");
+        pass.ctx
+            .event(pass.ns, EventType::Warning, "FieldsDropped", note)
+            .await;
+    }
 }
 
 /// Build pods in one blocking task (copies in, untrusted output checked by the policy).
@@ -500,8 +527,12 @@ async fn create_pods(
         for (pod, r) in this.iter().zip(results) {
             let name = pod.name_any();
             match r {
-                Ok(_) => {
+                Ok(stored) => {
                     ctx.expectations.creation_succeeded(&owner, &name);
+                    // Pods of one pass are built alike: the first tells what the server drops.
+                    if created.is_empty() {
+                        warn_dropped_fields(pass, pod, &stored).await;
+                    }
                     created.push(name);
                 }
                 Err(e) => {
