@@ -382,6 +382,20 @@ fn bad_input_fails_with_a_message_naming_it() -> Result<()> {
             "spec.replicas is -1",
         ),
         (
+            "long-name.yaml",
+            &format!(
+                "{}---\napiVersion: slinky.slurm.net/v1beta1\nkind: NodeSet\nmetadata:\n  name: {}\n  namespace: slurm\nspec:\n  controllerRef:\n    name: slurm\n  replicas: 1\n  slurmd:\n    image: slurmd\n",
+                std::fs::read_to_string(example("slurm-cluster.yaml"))?
+                    .split("\n---\n")
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+                    + "\n",
+                "w".repeat(64)
+            ),
+            "metadata.name: \"wwww",
+        ),
+        (
             "nameless.yaml",
             "apiVersion: slinky.slurm.net/v1beta1\nkind: Controller\nmetadata: {}\nspec: {}\n",
             "metadata.name is missing",

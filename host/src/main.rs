@@ -9,7 +9,16 @@ fn main() -> std::process::ExitCode {
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // Our errors name their cause in their message; print a cause only when it adds to
+            // what was printed (an `anyhow` context wraps one that does not).
+            let mut message = error.to_string();
+            for cause in error.chain().skip(1) {
+                let cause = cause.to_string();
+                if !message.contains(&cause) {
+                    message = format!("{message}: {cause}");
+                }
+            }
+            eprintln!("error: {message}");
             std::process::ExitCode::FAILURE
         }
     }

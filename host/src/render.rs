@@ -256,6 +256,12 @@ pub fn render(
                     tracing::info!(controller = %c.name_any(), "external Controller: no Service to build");
                     continue;
                 }
+                if let Some(problem) = slinky_api::checks::summary(&c.name_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("Controller {}: {problem}", c.name_any()),
+                    });
+                }
                 let plugin = plugins.active(BuilderKind::ControllerService);
                 let svc = plugin
                     .build_service(ctx, c)
@@ -280,6 +286,13 @@ pub fn render(
                         nodeset: key(&ns, &n.name_any()),
                         controller: key(ctl_ns, ctl_name),
                     })?;
+                // What the host would refuse with an InvalidSpec condition, render refuses too.
+                if let Some(problem) = slinky_api::checks::summary(&n.spec_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("NodeSet {}: {problem}", n.name_any()),
+                    });
+                }
                 let plugin = plugins.active(BuilderKind::NodesetPod);
                 let revision = pod_revision(n, controller, plugin.digest(), ctx);
                 for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
