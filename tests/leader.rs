@@ -15,8 +15,9 @@ use slinky_host::reconcile::{LeaderConfig, leader};
 use slinky_tests::{
     TestCluster, eventually,
     host::{NS_NAME, apply_example, cluster, scale},
-    http_get,
+    http_get, http_request,
     process::{HostProcess, Proxy},
+    python,
 };
 
 async fn live_pods(c: &TestCluster, ns: &str) -> Vec<Pod> {
@@ -220,7 +221,7 @@ async fn readyz_waits_for_the_caches_and_metrics_are_prometheus_text_that_moves(
         ensure!(before.contains_key(family), "{family} missing");
     }
     assert_eq!(before.get("slinky_host_ready"), Some(&1.0));
-    let key = "slinky_host_reconciles_total{kind=\"NodeSet\",result=\"ok\"}";
+    let key = "slinky_host_reconcile_total{controller=\"nodeset\",result=\"success\"}";
     scale(&c, &ns, 3).await?;
     wait_pods(&c, &ns, 3).await?;
     let after = host.metrics().await?;
@@ -238,6 +239,51 @@ async fn readyz_waits_for_the_caches_and_metrics_are_prometheus_text_that_moves(
         moved("slinky_host_plugin_call_seconds_count{kind=\"nodeset-pod\"}"),
         "plugin call durations did not move"
     );
+    ensure!(
+        moved("slinky_host_reconcile_time_seconds_count{controller=\"nodeset\"}"),
+        "reconcile durations did not move"
+    );
+
+    // The official Prometheus parsers read both formats, each served with its content type.
+    let dir = tempfile::tempdir()?;
+    for (accept, content_type, format) in [
+        (None, "text/plain; version=0.0.4; charset=utf-8", "text"),
+        (
+            Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "openmetrics",
+        ),
+    ] {
+        let answer = http_request(host.addr, "GET", "/metrics", accept).await?;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.content_type, content_type);
+        let file = dir.path().join(format);
+        std::fs::write(&file, &answer.body)?;
+        let families = python::run_json("metrics_check.py", &[format, &file.display().to_string()])?;
+        for (family, kind) in [
+            ("slinky_host_reconcile_time_seconds", "histogram"),
+            ("slinky_host_reconcile", "counter"),
+            ("slinky_host_writes", "counter"),
+            ("slinky_host_leader", "gauge"),
+            ("slinky_host_build_info", "gauge"),
+            ("process_cpu_seconds", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+        ] {
+            assert_eq!(families[family], kind, "{format}: {family} in {families}");
+        }
+    }
+
+    // Admin endpoints answer only on the admin address (loopback), never on the metrics port
+    // that the metrics Service exposes.
+    for (method, path) in [("GET", "/plugins"), ("POST", "/plugins/reload")] {
+        let on_metrics = http_request(host.addr, method, path, None).await?;
+        assert_eq!(on_metrics.status, 404, "{method} {path} on the metrics port");
+    }
+    let plugins = http_request(host.admin, "GET", "/plugins", None).await?;
+    assert_eq!(plugins.status, 200);
+    assert_eq!(plugins.content_type, "application/json");
+    let reload = http_request(host.admin, "POST", "/plugins/reload", None).await?;
+    assert_eq!(reload.status, 409, "no plugins directory: {}", reload.body);
     let _ = NS_NAME;
     Ok(())
 }

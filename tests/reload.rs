@@ -546,19 +546,21 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     drop(listener);
-    let endpoints = slinky_host::serve::Endpoints {
-        handles: s.host.handles.clone(),
-        plugins: s.plugins.clone(),
-        reload: Some(s.reload.clone()),
-    };
-    let http = slinky_host::serve::serve(addr, endpoints).await?;
+    let endpoints =
+        slinky_host::serve::Endpoints::new(s.host.handles.clone(), s.plugins.clone(), Some(s.reload.clone()));
+    let http =
+        slinky_host::serve::serve(addr, slinky_host::serve::Listener::Admin, endpoints.clone()).await?;
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let metrics_http =
+        slinky_host::serve::serve(metrics_addr, slinky_host::serve::Listener::Metrics, endpoints).await?;
     let hostile = variant(&std::fs::read(test_plugin("hostile"))?, "cli");
     put(s.dir.path(), "cli.wasm", &hostile)?;
     // The poll is a minute: only the command makes it load now.
     let addr_s = addr.to_string();
-    let out =
-        tokio::task::spawn_blocking(move || slinky_tests::run(&["plugin", "reload", "--http-addr", &addr_s]))
-            .await?;
+    let out = tokio::task::spawn_blocking(move || {
+        slinky_tests::run(&["plugin", "reload", "--admin-addr", &addr_s])
+    })
+    .await?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -570,9 +572,10 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
 
     std::fs::write(s.dir.path().join("bad.wasm"), b"nope")?;
     let addr_s = addr.to_string();
-    let out =
-        tokio::task::spawn_blocking(move || slinky_tests::run(&["plugin", "reload", "--http-addr", &addr_s]))
-            .await?;
+    let out = tokio::task::spawn_blocking(move || {
+        slinky_tests::run(&["plugin", "reload", "--admin-addr", &addr_s])
+    })
+    .await?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -605,7 +608,7 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
         ["refused", "serving"],
         "{v}"
     );
-    let metrics = slinky_tests::http_get(addr, "/metrics").await?;
+    let metrics = slinky_tests::http_get(metrics_addr, "/metrics").await?;
     assert!(
         metrics.contains("slinky_host_plugin_reloads_total{result=\"swapped\"} 1"),
         "{metrics}"
@@ -623,6 +626,7 @@ async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
         "{metrics}"
     );
     http.abort();
+    metrics_http.abort();
     s.stop().await;
     Ok(())
 }

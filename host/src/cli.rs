@@ -199,9 +199,9 @@ pub enum PluginCommand {
     /// Ask a running `run --plugins-dir` host to rescan its plugins directory now (like SIGHUP)
     /// and print what it swapped and refused; exits 1 when a version was refused.
     Reload {
-        /// The host's HTTP address (its `run --http-addr`).
-        #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
-        http_addr: std::net::SocketAddr,
+        /// The host's admin address (its `run --admin-addr`).
+        #[arg(long, env = "SLINKY_HOST_ADMIN_ADDR", default_value = "127.0.0.1:8081")]
+        admin_addr: std::net::SocketAddr,
     },
 }
 
@@ -232,7 +232,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Render(args) => render_cmd(&engine()?, args),
         Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine()?, &path),
-        Command::Plugin(PluginCommand::Reload { http_addr }) => reload(http_addr),
+        Command::Plugin(PluginCommand::Reload { admin_addr }) => reload(admin_addr),
         Command::Plugin(PluginCommand::New { name, kind, dir, sdk }) => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             let made = crate::scaffold::new_plugin(&name, kind.into(), &dir, sdk.as_deref())?;
@@ -381,33 +381,50 @@ fn inspect(engine: &Arc<EngineHandle>, path: &std::path::Path) -> anyhow::Result
     Ok(())
 }
 
-/// `plugin reload`: `POST /plugins/reload` on the running host.
-fn reload(addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    use std::io::Read;
-    let mut stream =
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).with_context(|| {
-            format!("cannot reach the host at {addr}: is `slinky-host run` serving there (--http-addr)?")
-        })?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-    write!(
-        stream,
-        "POST /plugins/reload HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
+/// `POST path` on `addr` with hyper's HTTP/1 client: the status and the body.
+async fn post(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<(hyper::StatusCode, String)> {
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(addr).await.with_context(|| {
+        format!("cannot reach the host at {addr}: is `slinky-host run` serving its admin endpoints there (--admin-addr)?")
+    })?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .with_context(|| format!("no HTTP/1 connection to {addr}"))?;
+    let driver = tokio::spawn(conn);
+    let request = hyper::Request::post(path)
+        .header(hyper::header::HOST, addr.to_string())
+        .body(Empty::<bytes::Bytes>::new())
+        .context("cannot build the request")?;
+    let response = sender
+        .send_request(request)
+        .await
         .with_context(|| format!("no answer from {addr}"))?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.split_whitespace().nth(1).unwrap_or("?");
-    if status != "200" {
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .with_context(|| format!("the answer from {addr} broke off"))?
+        .to_bytes();
+    driver.abort();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// `plugin reload`: `POST /plugins/reload` on the running host's admin endpoint.
+fn reload(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (status, body) = runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), post(addr, "/plugins/reload"))
+            .await
+            .with_context(|| format!("the host at {addr} did not answer within 120 s"))?
+    })?;
+    if status != hyper::StatusCode::OK {
         anyhow::bail!("the host at {addr} answered {status}: {}", body.trim());
     }
-    // The body may be chunked: take the JSON object inside.
-    let json = match (body.find('{'), body.rfind('}')) {
-        (Some(a), Some(b)) if b > a => &body[a..=b],
-        _ => body,
-    };
-    let report: crate::plugins::reload::ScanReport = serde_json::from_str(json)
+    let report: crate::plugins::reload::ScanReport = serde_json::from_str(&body)
         .with_context(|| format!("the host at {addr} answered something else than a reload report"))?;
     let mut out = std::io::stdout().lock();
     for s in &report.swapped {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod crds;
 pub mod embedded;
 pub mod manifests;
+pub mod metrics;
 /// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.
 pub mod plugins;
 pub mod reconcile;

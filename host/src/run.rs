@@ -47,9 +47,13 @@ pub struct RunArgs {
     /// Serve only this namespace; repeatable (default: all namespaces).
     #[arg(long = "namespace", env = "SLINKY_HOST_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
-    /// Serve /metrics, /healthz and /readyz here.
+    /// Serve /metrics, /healthz, /livez and /readyz here (for Prometheus and the kubelet).
     #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: std::net::SocketAddr,
+    /// Serve the admin endpoints (/plugins, POST /plugins/reload) here. Keep it on loopback
+    /// (the default): anyone who reaches it can trigger reloads and read plugin digests.
+    #[arg(long, env = "SLINKY_HOST_ADMIN_ADDR", default_value = "127.0.0.1:8081")]
+    pub admin_addr: std::net::SocketAddr,
     /// Plugin files overriding the bundled builders of their kinds.
     #[arg(long = "plugin", env = "SLINKY_HOST_PLUGINS", value_delimiter = ',')]
     pub plugins: Vec<PathBuf>,
@@ -328,14 +332,13 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
-    let endpoints = crate::serve::Endpoints {
-        handles: handles.clone(),
-        plugins,
-        reload: reload_handle.clone(),
-    };
-    let http = crate::serve::serve(args.http_addr, endpoints)
+    let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());
+    let http = crate::serve::serve(args.http_addr, crate::serve::Listener::Metrics, endpoints.clone())
         .await
         .with_context(|| format!("cannot serve on {}", args.http_addr))?;
+    let admin = crate::serve::serve(args.admin_addr, crate::serve::Listener::Admin, endpoints)
+        .await
+        .with_context(|| format!("cannot serve the admin endpoints on {}", args.admin_addr))?;
     let host = tokio::spawn(host);
 
     let summary_handles = handles.clone();
@@ -376,6 +379,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         task.abort();
     }
     http.abort();
+    admin.abort();
     println!("{}", summary(&handles));
     if let Some(s) = server {
         s.shutdown().await;

@@ -12,6 +12,7 @@ use slinky_host::plugins::{EngineHandle, RuntimeConfig};
 
 pub mod host;
 pub mod process;
+pub mod python;
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {
@@ -214,6 +215,60 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// An HTTP answer: status code, `Content-Type`, body.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// The `Content-Type` header (empty when absent).
+    pub content_type: String,
+    /// The body (de-chunked).
+    pub body: String,
+}
+
+/// `method path` on a plain-HTTP server with an optional `Accept` header.
+///
+/// # Errors
+/// Connection errors, a timeout (10 s), or no HTTP answer.
+pub async fn http_request(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    accept: Option<&str>,
+) -> anyhow::Result<Answer> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    stream
+        .write_all(
+            format!("{method} {path} HTTP/1.0\r\nHost: x\r\n{accept}Content-Length: 0\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut text)).await??;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP answer in {text:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head:?}"))?;
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    Ok(Answer {
+        status,
+        content_type,
+        body: body.to_string(),
+    })
 }
 
 /// `GET path` on a plain-HTTP server (the host's endpoints); returns the body.

@@ -25,6 +25,8 @@ pub struct HostProcess {
     child: Child,
     /// Its `--http-addr`.
     pub addr: SocketAddr,
+    /// Its `--admin-addr`.
+    pub admin: SocketAddr,
 }
 
 impl HostProcess {
@@ -34,7 +36,7 @@ impl HostProcess {
     /// # Errors
     /// The process could not start.
     pub fn start(c: &TestCluster, ns: &str, identity: &str, extra: &[&str]) -> Result<Self> {
-        let addr = free_addr()?;
+        let (addr, admin) = (free_addr()?, free_addr()?);
         let child = Command::new(crate::binary())
             .arg("run")
             .arg("--kubeconfig")
@@ -44,6 +46,8 @@ impl HostProcess {
                 ns,
                 "--http-addr",
                 &addr.to_string(),
+                "--admin-addr",
+                &admin.to_string(),
                 "--resync-seconds",
                 "2",
             ])
@@ -59,7 +63,7 @@ impl HostProcess {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        Ok(HostProcess { child, addr })
+        Ok(HostProcess { child, addr, admin })
     }
 
     /// Its `/metrics`, parsed.

@@ -78,12 +78,24 @@ struct Slot {
 }
 
 /// Counters and stage timings of reloads.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReloadMetrics {
     /// result (`swapped`, `refused`, `unchanged`) → count.
     pub results: Mutex<BTreeMap<&'static str, u64>>,
     /// stage (`read`, `compile`, `validate`, `swap`) → (seconds, count).
     pub stages: Mutex<BTreeMap<&'static str, (f64, u64)>>,
+    /// The same stage times as a histogram per stage (for `/metrics`).
+    pub stage_durations: crate::metrics::Durations<crate::metrics::StageLabel>,
+}
+
+impl Default for ReloadMetrics {
+    fn default() -> Self {
+        ReloadMetrics {
+            results: Mutex::default(),
+            stages: Mutex::default(),
+            stage_durations: crate::metrics::durations(),
+        }
+    }
 }
 
 impl ReloadMetrics {
@@ -101,6 +113,9 @@ impl ReloadMetrics {
             e.0 += d.as_secs_f64();
             e.1 += 1;
         }
+        self.stage_durations
+            .get_or_create(&crate::metrics::StageLabel { stage: stage.into() })
+            .observe(d.as_secs_f64());
     }
 
     /// The count of `result`.

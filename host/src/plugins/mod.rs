@@ -31,6 +31,9 @@ use wasmtime::{
 use wasmtime_wasi::{Deterministic, WasiCtx, WasiCtxView, WasiView, p2::pipe::MemoryOutputPipe};
 
 pub use bindings::{BuilderKind, CONTRACT_VERSION, PluginInfo};
+
+/// The wasmtime version the host runs plugins on (pinned in the workspace manifest).
+pub const WASMTIME_VERSION: &str = "48.0.8";
 pub use bundled::{PluginRegistry, Refusal};
 pub use engine::{Allocator, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
 
@@ -774,4 +777,18 @@ fn check_contract(
          `slinky_guest_sdk::export_plugin!`",
         exports.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod version_tests {
+    #[test]
+    fn the_wasmtime_version_is_the_locked_one() {
+        let lock = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"));
+        let locked = lock
+            .split("[[package]]")
+            .find(|p| p.contains("\nname = \"wasmtime\"\n"))
+            .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")))
+            .map(|v| v.trim_matches('"'));
+        assert_eq!(locked, Some(super::WASMTIME_VERSION));
+    }
 }

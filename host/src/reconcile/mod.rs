@@ -77,19 +77,34 @@ impl From<kube::Error> for Error {
     }
 }
 
-/// Reconcile counters per kind.
-#[derive(Debug, Default)]
+/// Reconcile and builder-call counters and timings.
+#[derive(Debug)]
 pub struct Metrics {
     /// (kind, result) → count.
     pub reconciles: Mutex<HashMap<(String, String), u64>>,
-    /// Total reconcile seconds per kind (with counts above: the mean).
-    pub seconds: Mutex<HashMap<String, f64>>,
+    /// Reconcile durations per controller (`nodeset`, `controller`).
+    pub durations: crate::metrics::Durations<crate::metrics::ControllerLabel>,
     /// Plugin calls made.
     pub plugin_calls: AtomicU64,
     /// Plugin calls that failed (trap, deadline, memory, policy, builder error).
     pub plugin_failures: AtomicU64,
-    /// (builder kind, result: `ok` or an error label) → (calls, seconds).
-    pub plugin: Mutex<std::collections::BTreeMap<(String, String), (u64, f64)>>,
+    /// (builder kind, result: `ok` or an error label) → calls.
+    pub plugin: Mutex<std::collections::BTreeMap<(String, String), u64>>,
+    /// Builder call durations per builder kind.
+    pub plugin_durations: crate::metrics::Durations<crate::metrics::KindLabel>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            reconciles: Mutex::default(),
+            durations: crate::metrics::durations(),
+            plugin_calls: AtomicU64::default(),
+            plugin_failures: AtomicU64::default(),
+            plugin: Mutex::default(),
+            plugin_durations: crate::metrics::durations(),
+        }
+    }
 }
 
 impl Metrics {
@@ -97,9 +112,11 @@ impl Metrics {
         if let Ok(mut m) = self.reconciles.lock() {
             *m.entry((kind.to_string(), result.to_string())).or_default() += 1;
         }
-        if let Ok(mut m) = self.seconds.lock() {
-            *m.entry(kind.to_string()).or_default() += secs;
-        }
+        self.durations
+            .get_or_create(&crate::metrics::ControllerLabel {
+                controller: kind.to_lowercase(),
+            })
+            .observe(secs);
     }
 
     /// Record one builder call of `kind` and time it.
@@ -115,12 +132,14 @@ impl Metrics {
             Err(e) => e.metric_label(),
         };
         if let Ok(mut m) = self.plugin.lock() {
-            let e = m
-                .entry((kind.as_str().to_string(), result.to_string()))
-                .or_default();
-            e.0 += 1;
-            e.1 += started.elapsed().as_secs_f64();
+            *m.entry((kind.as_str().to_string(), result.to_string()))
+                .or_default() += 1;
         }
+        self.plugin_durations
+            .get_or_create(&crate::metrics::KindLabel {
+                kind: kind.as_str().into(),
+            })
+            .observe(started.elapsed().as_secs_f64());
         r
     }
 
@@ -134,6 +153,19 @@ impl Metrics {
                     .unwrap_or(0)
             })
             .unwrap_or(0)
+    }
+
+    /// All reconcile counts: ((kind, result), n), sorted.
+    pub fn snapshot(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        self.reconciles
+            .lock()
+            .map(|m| m.clone().into_iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// All builder call counts: ((kind, result), n).
+    pub fn plugin_results(&self) -> std::collections::BTreeMap<(String, String), u64> {
+        self.plugin.lock().map(|m| m.clone()).unwrap_or_default()
     }
 }
 
