@@ -1,8 +1,10 @@
 //! The install: `slinky-host manifests` applied with kubectl to the embedded API server; the RBAC
 //! it grants checked against every request a running host (with leader election) made, from the
-//! server's audit; the Helm chart kept in step with the manifests.
+//! server's audit; the Helm chart rendered and linted by Helm's own code, and kept in step with
+//! the manifests.
 
 use std::{
+    collections::BTreeMap,
     io::Write,
     process::{Command, Stdio},
     time::Duration,
@@ -14,12 +16,12 @@ use kube::{
     Api,
     api::{ListParams, PostParams},
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use slinky_host::manifests;
 use slinky_tests::{
     eventually,
     host::{NS_NAME, apply_example, cluster, scale},
-    run, workspace,
+    python, run, workspace,
 };
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&[u8]>) -> Result<String> {
@@ -186,6 +188,26 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         count(1).await?;
         scale(&c, &ns, 3).await?;
         count(3).await?;
+        // An external Controller: the host deletes the Service it built (delete services).
+        let svcs = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns);
+        Api::<slinky_api::Controller>::namespaced(c.client.clone(), &ns)
+            .patch(
+                "slurm",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({"spec": {"external": true, "externalConfig": {"host": "ctld", "port": 6817}}}),
+                ),
+            )
+            .await?;
+        eventually(30, || async {
+            svcs.get_opt("slurm-controller")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .context("the Service was not pruned")?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         anyhow::Ok(())
     };
@@ -223,6 +245,7 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("delete", "", "pods"),
         ("patch", "", "pods"),
         ("patch", "", "services"),
+        ("delete", "", "services"),
         ("patch", "slinky.slurm.net", "nodesets/status"),
         ("watch", "slinky.slurm.net", "nodesets"),
         ("create", "events.k8s.io", "events"),
@@ -240,45 +263,58 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
     Ok(())
 }
 
-/// Replace Go template actions so a chart template parses as YAML.
-fn untemplate(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim_start();
-        if trimmed.starts_with("{{") && trimmed.ends_with("}}") {
-            continue; // a control line ({{- if }}, {{- end }}, {{- include … | nindent }})
+/// `helm lint` (strict) and `helm template` of the chart with `values`, by Helm's own code: the
+/// rendered objects by `kind/name`.
+fn helm_template(release: &str, values: &Value) -> Result<BTreeMap<String, Value>> {
+    let chart = workspace().join("deploy/helm/slinky-host");
+    let out = python::run_json(
+        "helm_check.py",
+        &[
+            &chart.display().to_string(),
+            release,
+            "slinky-system",
+            &values.to_string(),
+        ],
+    )?;
+    let errors: Vec<&Value> = out["lint"]["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["severity"].as_u64().unwrap_or(0) >= 2)
+        .collect();
+    ensure!(
+        errors.is_empty() && out["lint"]["errors"] == json!([]),
+        "helm lint: {}",
+        out["lint"]
+    );
+    let mut objects = BTreeMap::new();
+    for (path, text) in out["manifests"].as_object().into_iter().flatten() {
+        if path.ends_with("NOTES.txt") {
+            continue;
         }
-        let mut l = line.to_string();
-        while let (Some(a), Some(b)) = (l.find("{{"), l.find("}}")) {
-            if b < a {
-                break;
+        for doc in text.as_str().unwrap_or_default().split("\n---") {
+            let v: Value = serde_yaml::from_str(doc).with_context(|| format!("{path}: {doc}"))?;
+            if v.is_null() {
+                continue;
             }
-            l.replace_range(a..b + 2, "X");
+            objects.insert(
+                format!(
+                    "{}/{}",
+                    v["kind"].as_str().unwrap_or_default(),
+                    v["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                v,
+            );
         }
-        out.push_str(&l);
-        out.push('\n');
     }
-    out
+    Ok(objects)
 }
 
 #[test]
-fn the_helm_chart_matches_the_manifests() -> Result<()> {
+fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     let chart = workspace().join("deploy/helm/slinky-host");
     let meta: Value = serde_yaml::from_str(&std::fs::read_to_string(chart.join("Chart.yaml"))?)?;
     assert_eq!(meta["appVersion"], env!("CARGO_PKG_VERSION"));
-    let values: Value = serde_yaml::from_str(&std::fs::read_to_string(chart.join("values.yaml"))?)?;
-    for key in [
-        "image",
-        "replicaCount",
-        "resources",
-        "watchNamespaces",
-        "plugins",
-        "logLevel",
-        "metrics",
-        "leaderElection",
-    ] {
-        ensure!(!values[key].is_null(), "values.yaml has no {key}");
-    }
     // The CRDs are the host's.
     let out = run(&["crds"]);
     ensure!(out.status.success());
@@ -288,35 +324,158 @@ fn the_helm_chart_matches_the_manifests() -> Result<()> {
         String::from_utf8_lossy(&out.stdout),
         "deploy/helm/slinky-host/crds/slinky-crds.yaml is stale: regenerate with `slinky-host crds`"
     );
-    // The RBAC rules are the manifests'.
-    let rbac = untemplate(&std::fs::read_to_string(chart.join("templates/rbac.yaml"))?);
-    let docs: Vec<Value> = rbac
-        .split("\n---\n")
-        .map(serde_yaml::from_str)
-        .collect::<Result<_, _>>()
-        .context("templates/rbac.yaml")?;
-    let rules_of = |kind: &str| {
-        docs.iter()
-            .find(|d| d["kind"] == kind)
-            .map(|d| d["rules"].clone())
-            .unwrap_or(Value::Null)
+
+    // The default install, as `helm template` renders it, is what `slinky-host manifests` prints.
+    let chart_objects = helm_template("slinky-host", &json!({}))?;
+    let args = manifests::ManifestsArgs {
+        namespace: "slinky-system".into(),
+        image: format!("slinky-host:{}", env!("CARGO_PKG_VERSION")),
+        replicas: 2,
+        watch_namespaces: Vec::new(),
+        plugins_configmap: Some("slinky-plugins".into()),
+        log_level: "info".into(),
+        no_crds: true,
     };
-    assert_eq!(rules_of("ClusterRole"), Value::Array(manifests::cluster_rules()));
-    assert_eq!(rules_of("Role"), Value::Array(manifests::lease_rules()));
-    // The Deployment runs the same command with the same hardening.
-    let deploy = untemplate(&std::fs::read_to_string(chart.join("templates/deployment.yaml"))?);
-    for want in [
-        "--leader-elect",
-        "readOnlyRootFilesystem: true",
-        "allowPrivilegeEscalation: false",
-        "runAsNonRoot: true",
-        "path: /readyz",
-        "path: /healthz",
-        "POD_NAME",
-        "SLINKY_HOST_PLUGIN_CACHE",
-        manifests::PLUGINS_DIR,
-    ] {
-        ensure!(deploy.contains(want), "templates/deployment.yaml lacks {want:?}");
+    for ours in manifests::objects(&args)? {
+        let kind = ours["kind"].as_str().unwrap_or_default();
+        if kind == "Namespace" {
+            continue; // helm installs into an existing namespace
+        }
+        let key = format!("{kind}/{}", ours["metadata"]["name"].as_str().unwrap_or_default());
+        let theirs = chart_objects
+            .get(&key)
+            .with_context(|| format!("the chart renders no {key}"))?;
+        for field in ["rules", "roleRef", "subjects"] {
+            assert_eq!(theirs[field], ours[field], "{key} {field}");
+        }
+        match kind {
+            "Deployment" => {
+                assert_eq!(
+                    theirs["spec"]["selector"], ours["spec"]["selector"],
+                    "{key} selector"
+                );
+                assert_eq!(
+                    theirs["spec"]["strategy"], ours["spec"]["strategy"],
+                    "{key} strategy"
+                );
+                let (mut t, o) = (
+                    theirs["spec"]["template"]["spec"].clone(),
+                    &ours["spec"]["template"]["spec"],
+                );
+                t["containers"][0]["imagePullPolicy"] = Value::Null;
+                let t = strip_nulls(t);
+                assert_eq!(&t, o, "{key} pod spec");
+            }
+            "Service" | "PodDisruptionBudget" => assert_eq!(theirs["spec"], ours["spec"], "{key} spec"),
+            _ => {}
+        }
+        for (k, v) in ours["metadata"]["labels"].as_object().into_iter().flatten() {
+            assert_eq!(&theirs["metadata"]["labels"][k], v, "{key} label {k}");
+        }
     }
+    // The admin endpoints are on loopback, and the metrics Service reaches only the metrics port.
+    let deploy = &chart_objects["Deployment/slinky-host"];
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    let cargs: Vec<&str> = container["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let admin = cargs
+        .iter()
+        .position(|a| *a == "--admin-addr")
+        .and_then(|i| cargs.get(i + 1));
+    assert_eq!(admin, Some(&manifests::ADMIN_ADDR), "{cargs:?}");
+    let ports: Vec<&Value> = container["ports"].as_array().into_iter().flatten().collect();
+    assert_eq!(
+        ports.len(),
+        1,
+        "only the metrics port is a container port: {ports:?}"
+    );
+    assert_eq!(
+        chart_objects["Service/slinky-host-metrics"]["spec"]["ports"][0]["targetPort"],
+        "http"
+    );
+
+    // Release names: two releases elect on their own Leases; overrides name everything.
+    let other = helm_template(
+        "hpc",
+        &json!({"podLabels": {"team": "hpc"}, "extraArgs": ["--cluster-domain=example.org"],
+        "metrics": {"serviceMonitor": {"enabled": true}}, "serviceAccount": {"annotations": {"iam.example.com/role": "x"}}}),
+    )?;
+    let hpc = &other["Deployment/hpc-slinky-host"];
+    let hargs: Vec<&str> = hpc["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let lease = hargs
+        .iter()
+        .position(|a| *a == "--leader-election-lease")
+        .and_then(|i| hargs.get(i + 1));
+    assert_eq!(lease, Some(&"hpc-slinky-host"), "{hargs:?}");
+    ensure!(
+        hargs.contains(&"--cluster-domain=example.org"),
+        "extraArgs: {hargs:?}"
+    );
+    assert_eq!(hpc["spec"]["template"]["metadata"]["labels"]["team"], "hpc");
+    ensure!(
+        other.contains_key("ServiceMonitor/hpc-slinky-host"),
+        "{:?}",
+        other.keys()
+    );
+    assert_eq!(
+        other["ServiceAccount/hpc-slinky-host"]["metadata"]["annotations"]["iam.example.com/role"],
+        "x"
+    );
+    assert_eq!(
+        other["ClusterRoleBinding/hpc-slinky-host"]["subjects"][0]["name"],
+        "hpc-slinky-host"
+    );
+    ensure!(
+        !chart_objects.contains_key("ServiceMonitor/slinky-host"),
+        "no ServiceMonitor by default"
+    );
+    let renamed = helm_template(
+        "x",
+        &json!({"fullnameOverride": "ops", "serviceAccount": {"create": false, "name": "existing"}, "replicaCount": 1}),
+    )?;
+    ensure!(
+        renamed.contains_key("Deployment/ops") && !renamed.contains_key("ServiceAccount/existing"),
+        "{:?}",
+        renamed.keys()
+    );
+    ensure!(
+        !renamed.contains_key("PodDisruptionBudget/ops"),
+        "no PDB for one replica"
+    );
+    assert_eq!(
+        renamed["Deployment/ops"]["spec"]["template"]["spec"]["serviceAccountName"],
+        "existing"
+    );
+    // The values schema refuses a typo'd or mistyped key, naming it.
+    let refused = helm_template("x", &json!({"replicaCount": "two"}));
+    let e = format!(
+        "{:#}",
+        refused.err().context("a string replicaCount was accepted")?
+    );
+    ensure!(e.contains("replicaCount"), "{e}");
+    let refused = helm_template("x", &json!({"replicas": 2}));
+    ensure!(refused.is_err(), "an unknown key was accepted");
     Ok(())
+}
+
+fn strip_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(strip_nulls).collect()),
+        other => other,
+    }
 }

@@ -226,7 +226,18 @@ pub struct Persistence {
     derive = "PartialEq",
     derive = "Default",
     shortname = "slurmctld",
+    category = "slurm",
     printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterName"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     crates(
         kube_core = "::kube_core",
@@ -314,8 +325,10 @@ pub struct ControllerStatus {
     /// The generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Conditions (`Ready`, `BuilderFailed`, `InvalidSpec`).
+    /// Conditions (`Ready`, `BuilderFailed`, `InvalidSpec`, `ServiceFailure`; other writers'
+    /// too): a list map keyed by `type`, so server-side apply merges them per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 
@@ -449,8 +462,21 @@ pub struct RollingUpdate {
         status_replicas_path = ".status.replicas",
         label_selector_path = ".status.selector"
     ),
+    category = "slurm",
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(name = "Up-to-date", type_ = "integer", json_path = ".status.updatedReplicas"),
+    printcolumn(
+        name = "Available",
+        type_ = "integer",
+        json_path = ".status.availableReplicas"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     crates(
         kube_core = "::kube_core",
@@ -553,8 +579,11 @@ pub struct NodeSetStatus {
     /// The label selector of the pods, as a string (for the scale subresource).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
-    /// Conditions.
+    /// Conditions (`Ready`, `InvalidSpec`, `ControllerNotFound`, `BuilderFailed`,
+    /// `ReplicaFailure`; other writers' too): a list map keyed by `type`, so server-side apply
+    /// merges them per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

@@ -1,7 +1,9 @@
 //! `slinky-host manifests`: a complete install: CRDs, namespace, ServiceAccount, least-privilege
 //! RBAC (a ClusterRole for exactly what the host reads and writes, a Role for its Lease), the
 //! Deployment (two replicas with leader election, probes, resources, a locked-down security
-//! context), a metrics Service, and optionally a plugins ConfigMap mounted as the plugins directory.
+//! context, spread over nodes), a PodDisruptionBudget, a metrics Service (the admin endpoints
+//! listen on the pods' loopback only), and optionally a plugins ConfigMap mounted as the plugins
+//! directory.
 //!
 //! The Helm chart in `deploy/helm/slinky-host` renders the same objects; `tests/deploy.rs` keeps
 //! them in step.
@@ -41,13 +43,25 @@ pub const PLUGINS_DIR: &str = "/etc/slinky-host/plugins";
 /// The precompiled-plugin cache (an emptyDir: the root file system is read-only).
 pub const CACHE_DIR: &str = "/var/cache/slinky-host";
 
+/// The labels selecting the host's pods (the chart's, for a release named `slinky-host`).
+fn selector() -> Value {
+    json!({"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": NAME})
+}
+
 fn labels() -> Value {
     json!({
         "app.kubernetes.io/name": NAME,
+        "app.kubernetes.io/instance": NAME,
         "app.kubernetes.io/component": "operator",
         "app.kubernetes.io/part-of": "slinky",
+        "app.kubernetes.io/version": env!("CARGO_PKG_VERSION"),
     })
 }
+
+/// Where the metrics, health and readiness endpoints listen (the Service's target).
+pub const METRICS_PORT: u16 = 8080;
+/// Where the admin endpoints listen: the pod's loopback only.
+pub const ADMIN_ADDR: &str = "127.0.0.1:8081";
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
     json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
@@ -131,19 +145,34 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
     }));
 
-    let mut run_args = vec![
-        "run".to_string(),
-        "--leader-elect".into(),
-        "--http-addr".into(),
-        "0.0.0.0:8080".into(),
-    ];
+    let mut run_args: Vec<String> = [
+        "run",
+        "--http-addr",
+        &format!("0.0.0.0:{METRICS_PORT}"),
+        "--admin-addr",
+        ADMIN_ADDR,
+        "--leader-elect",
+        "--leader-election-lease",
+        NAME,
+        "--leader-election-lease-seconds",
+        "15",
+        "--leader-election-grace-seconds",
+        "4",
+    ]
+    .map(String::from)
+    .to_vec();
     for n in &args.watch_namespaces {
         run_args.extend(["--namespace".into(), n.clone()]);
     }
     let mut mounts = vec![json!({"name": "plugin-cache", "mountPath": CACHE_DIR})];
     let mut volumes = vec![json!({"name": "plugin-cache", "emptyDir": {"sizeLimit": "256Mi"}})];
     if let Some(cm) = &args.plugins_configmap {
-        run_args.extend(["--plugins-dir".into(), PLUGINS_DIR.into()]);
+        run_args.extend([
+            "--plugins-dir".into(),
+            PLUGINS_DIR.into(),
+            "--plugins-poll-ms".into(),
+            "1000".into(),
+        ]);
         mounts.push(json!({"name": "plugins", "mountPath": PLUGINS_DIR, "readOnly": true}));
         volumes.push(json!({"name": "plugins", "configMap": {"name": cm, "optional": true}}));
     }
@@ -154,7 +183,7 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
         "metadata": meta(NAME),
         "spec": {
             "replicas": args.replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "selector": {"matchLabels": selector()},
             // A new version starts its pods before the old ones go; leader election hands over.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": {
@@ -176,8 +205,10 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
                             {"name": "SLINKY_HOST_LOG_LEVEL", "value": args.log_level},
                             {"name": "SLINKY_HOST_LOG_FORMAT", "value": "json"},
                             {"name": "SLINKY_HOST_PLUGIN_CACHE", "value": CACHE_DIR},
+                            {"name": "SLINKY_HOST_PLUGIN_DEADLINE_MS", "value": "1000"},
+                            {"name": "SLINKY_HOST_PLUGIN_MEMORY_MIB", "value": "64"},
                         ],
-                        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                        "ports": [{"name": "http", "containerPort": METRICS_PORT, "protocol": "TCP"}],
                         "livenessProbe": probe("/healthz", 10),
                         "readinessProbe": probe("/readyz", 5),
                         "resources": {
@@ -192,6 +223,11 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
                         "volumeMounts": mounts,
                     }],
                     "volumes": volumes,
+                    // Spread the replicas over nodes.
+                    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": selector()}},
+                    }]}},
                 },
             },
         },
@@ -203,10 +239,17 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8080", "prometheus.io/path": "/metrics"},
         },
         "spec": {
-            "selector": {"app.kubernetes.io/name": NAME},
-            "ports": [{"name": "http-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}],
+            "selector": selector(),
+            "ports": [{"name": "http-metrics", "port": METRICS_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }));
+    if args.replicas > 1 {
+        out.push(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": meta(NAME),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector()}},
+        }));
+    }
     Ok(out)
 }
 
