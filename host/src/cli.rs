@@ -11,9 +11,30 @@ use crate::{
     telemetry::LogFormat,
 };
 
+/// Examples shown by `slinky-host --help`.
+const EXAMPLES: &str = "Examples:
+  # The example Slurm cluster on the embedded API server (no cluster needed)
+  slinky-host run --embedded --apply examples/slurm-cluster.yaml
+
+  # On a cluster: install the CRDs, then reconcile with the current kubeconfig
+  slinky-host crds | kubectl apply --server-side -f -
+  slinky-host run --namespace slurm
+
+  # What the builders make of your manifests, offline
+  slinky-host render -f cluster.yaml
+
+  # A complete install (CRDs, RBAC, Deployment with leader election)
+  slinky-host manifests | kubectl apply --server-side -f -
+
+  # Write, check and hot-reload your own builder
+  slinky-host plugin new site-pods --kind nodeset-pod
+  slinky-host plugin check target/wasm32-wasip2/release/site_pods.wasm
+
+Every option can also be set from the environment (SLINKY_HOST_...; see each command's --help).";
+
 /// A WebAssembly-pluggable reconciliation host for Slinky (Slurm on Kubernetes).
 #[derive(Debug, Parser)]
-#[command(name = "slinky-host", version, about)]
+#[command(name = "slinky-host", version, about, after_help = EXAMPLES)]
 pub struct Cli {
     /// Options of every command.
     #[command(flatten)]
@@ -27,8 +48,9 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
     /// Log level or filter (`info`, `debug`, `slinky_host=debug,warn`); `RUST_LOG` wins.
-    #[arg(long, global = true, env = "SLINKY_HOST_LOG_LEVEL", default_value = "warn")]
-    pub log_level: String,
+    /// Default: `info` for `run`, `warn` for the other commands.
+    #[arg(long, global = true, env = "SLINKY_HOST_LOG_LEVEL")]
+    pub log_level: Option<String>,
     /// Log format.
     #[arg(
         long,
@@ -60,6 +82,17 @@ pub struct GlobalArgs {
     /// Do not keep precompiled plugins on disk.
     #[arg(long, global = true, env = "SLINKY_HOST_NO_PLUGIN_CACHE")]
     pub no_plugin_cache: bool,
+}
+
+impl Cli {
+    /// The log level: the one asked for, else `info` for `run` and `warn` for the others.
+    pub fn log_level(&self) -> &str {
+        match (&self.global.log_level, &self.command) {
+            (Some(level), _) => level,
+            (None, Command::Run(_)) => "info",
+            (None, _) => "warn",
+        }
+    }
 }
 
 impl GlobalArgs {
@@ -95,8 +128,28 @@ pub enum Command {
     /// for `kubectl apply --server-side -f -`.
     Manifests(crate::manifests::ManifestsArgs),
     /// Reconcile Controllers and NodeSets on a cluster, or on the embedded API server.
+    #[command(after_help = RUN_EXAMPLES)]
     Run(Box<crate::run::RunArgs>),
+    /// Print the host's version, contract and wasmtime versions, and its bundled plugins'
+    /// digests.
+    Version {
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+        output: OutputFormat,
+    },
 }
+
+/// Examples shown by `slinky-host run --help`.
+const RUN_EXAMPLES: &str = "Examples:
+  # Everything in-process: the embedded API server, simulated nodes, the example cluster
+  slinky-host run --embedded --apply examples/slurm-cluster.yaml
+  kubectl --kubeconfig embedded.kubeconfig get slurm,pods -A
+
+  # On a cluster, two replicas electing a leader, hot-reloading builders from a directory
+  slinky-host run --leader-elect --plugins-dir /etc/slinky-host/plugins
+
+  # Only some namespaces, with metrics on all interfaces (admin stays on loopback)
+  slinky-host run --namespace slurm --namespace hpc --http-addr 0.0.0.0:8080";
 
 /// `apiserver` options.
 #[derive(Debug, Args)]
@@ -281,6 +334,18 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("cannot write to stdout")?;
             Ok(())
         }
+        Command::Version { output } => {
+            let report = version_report();
+            let text = match output {
+                OutputFormat::Yaml => serde_yaml::to_string(&report)?,
+                OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
+            };
+            std::io::stdout()
+                .lock()
+                .write_all(text.as_bytes())
+                .context("cannot write to stdout")?;
+            Ok(())
+        }
         Command::Crds => {
             let text = crate::crds::crds_yaml()?;
             std::io::stdout()
@@ -339,6 +404,29 @@ fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
         tokio::signal::ctrl_c().await.context("cannot wait for Ctrl-C")?;
         server.shutdown().await;
         Ok(())
+    })
+}
+
+/// What `version` prints: this binary's versions and the digests of the plugins it embeds (the
+/// digests a pod's `slinky.slurm.net/builder-digest` annotation shows when the bundled builder
+/// built it).
+pub fn version_report() -> serde_json::Value {
+    let plugins: Vec<serde_json::Value> = crate::plugins::bundled::KINDS
+        .iter()
+        .map(|&kind| {
+            let bytes = crate::plugins::bundled::bundled_bytes(kind);
+            serde_json::json!({
+                "kind": kind.as_str(),
+                "digest": format!("sha256:{}", crate::plugins::digest(bytes)),
+                "bytes": bytes.len(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "contractVersion": crate::plugins::CONTRACT_VERSION,
+        "wasmtime": crate::plugins::WASMTIME_VERSION,
+        "bundledPlugins": plugins,
     })
 }
 

@@ -5,7 +5,7 @@ use slinky_host::cli::{Cli, run};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    slinky_host::telemetry::init(&cli.global.log_level, cli.global.log_format);
+    slinky_host::telemetry::init(cli.log_level(), cli.global.log_format);
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
