@@ -77,7 +77,7 @@ pub async fn cluster(lifecycle: bool) -> TestCluster {
         ..Default::default()
     })
     .await;
-    c.install_crds().await;
+    c.install_crds(&slinky_host::crds::crds()).await;
     c
 }
 

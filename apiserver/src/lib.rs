@@ -1,3 +1,5 @@
+//! # slinky-apiserver
+//!
 //! An embedded Kubernetes API server: real HTTP on loopback, real semantics, fault injection.
 //!
 //! It serves `run --embedded`, every integration test and the benchmarks, so the host is always
@@ -14,6 +16,7 @@ mod resources;
 mod schema;
 mod selectors;
 mod store;
+pub mod testing;
 mod tls;
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};

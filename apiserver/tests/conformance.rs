@@ -17,7 +17,29 @@ use kube::{
 };
 use serde_json::json;
 use slinky_api::NodeSet;
-use slinky_tests::{TestCluster, eventually};
+use slinky_apiserver::testing::{TestCluster, eventually};
+
+/// The Slinky CRDs (the API server's own tests need some CRDs with schemas, scale and status).
+fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    use kube::CustomResourceExt;
+    vec![slinky_api::Controller::crd(), NodeSet::crd()]
+}
+
+fn crds_yaml() -> Result<String> {
+    let docs = crds()
+        .iter()
+        .map(serde_yaml::to_string)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
+}
+
+/// A file under the workspace's `examples/`.
+fn example(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+}
 
 fn cm(name: &str, data: &[(&str, &str)], labels: &[(&str, &str)]) -> ConfigMap {
     let to_map = |kv: &[(&str, &str)]| {
@@ -104,7 +126,7 @@ async fn stale_updates_conflict_and_unconditional_updates_win() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_and_the_status_spec_split() -> Result<()> {
     let c = TestCluster::start().await;
-    c.install_crds().await;
+    c.install_crds(&crds()).await;
     let ns = c.namespace("generation").await;
     let api: Api<NodeSet> = Api::namespaced(c.client.clone(), &ns);
     let created = api.create(&PostParams::default(), &nodeset("w", 1)?).await?;
@@ -173,7 +195,7 @@ async fn generation_and_the_status_spec_split() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<()> {
     let c = TestCluster::start().await;
-    c.install_crds().await;
+    c.install_crds(&crds()).await;
     let ns = c.namespace("schema").await;
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
         c.client.clone(),
@@ -636,7 +658,7 @@ async fn strategic_merge_patches_merge_containers_by_name() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_faults_reach_the_client_and_replay_from_the_seed() -> Result<()> {
-    use slinky_host::embedded::{ApiServerConfig, FaultError, FaultRule, Times};
+    use slinky_apiserver::{ApiServerConfig, FaultError, FaultRule, Times};
     let mut outcomes = Vec::new();
     for _ in 0..2 {
         let c = TestCluster::start_with(ApiServerConfig {
@@ -822,12 +844,12 @@ async fn kubectl_works_against_the_embedded_server() -> Result<()> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let dir = tempfile::tempdir()?;
-    let crds = dir.path().join("crds.yaml");
-    std::fs::write(&crds, slinky_host::crds::crds_yaml()?)?;
-    kubectl(&["apply", "-f", &crds.display().to_string()])?;
-    c.install_crds().await;
+    let crds_file = dir.path().join("crds.yaml");
+    std::fs::write(&crds_file, crds_yaml()?)?;
+    kubectl(&["apply", "-f", &crds_file.display().to_string()])?;
+    c.install_crds(&crds()).await;
     let ns = c.namespace("kubectl").await;
-    let example = slinky_tests::example("slurm-cluster.yaml").display().to_string();
+    let example = example("slurm-cluster.yaml").display().to_string();
     let text = std::fs::read_to_string(&example)?.replace("namespace: slurm", &format!("namespace: {ns}"));
     let file = dir.path().join("cluster.yaml");
     std::fs::write(&file, text)?;
@@ -909,7 +931,7 @@ async fn kubectl_works_against_the_embedded_server() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_state_dir_survives_a_restart_and_a_torn_write() -> Result<()> {
-    use slinky_host::embedded::{ApiServer, ApiServerConfig};
+    use slinky_apiserver::{ApiServer, ApiServerConfig};
     let dir = tempfile::tempdir()?;
     let config = || ApiServerConfig {
         state_dir: Some(dir.path().to_path_buf()),
@@ -923,7 +945,7 @@ async fn the_state_dir_survives_a_restart_and_a_torn_write() -> Result<()> {
         .await?;
     cms.create(&PostParams::default(), &cm("gone", &[], &[])).await?;
     cms.delete("gone", &DeleteParams::default()).await?;
-    let crds = slinky_host::crds::crds();
+    let crds = crds();
     let crd_api = Api::<
         k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     >::all(client.clone());
