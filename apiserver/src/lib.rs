@@ -18,6 +18,7 @@ mod selectors;
 mod store;
 pub mod testing;
 mod tls;
+mod validation;
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 

@@ -219,19 +219,7 @@ async fn run(
                 None if now >= first + config.schedule_delay && config.nodes > 0 => {
                     let target = format!("sim-node-{}", next_node % config.nodes);
                     next_node += 1;
-                    let bound = store.modify(
-                        &pods(),
-                        &ns,
-                        &name,
-                        Sub::Main,
-                        "embedded-scheduler",
-                        Op::Update,
-                        |cur, _| {
-                            let mut p = cur.clone();
-                            p["spec"]["nodeName"] = target.clone().into();
-                            Ok(p)
-                        },
-                    );
+                    let bound = store.bind(&ns, &name, &target);
                     if bound.is_ok() {
                         let _ = store.modify(
                             &pods(),

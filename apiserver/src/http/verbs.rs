@@ -49,7 +49,7 @@ impl Verb {
             (&Method::GET, false) if watch => Verb::Watch,
             (&Method::GET, false) => Verb::List,
             (&Method::GET, true) => Verb::Get,
-            (&Method::POST, false) => Verb::Create,
+            (&Method::POST, _) => Verb::Create,
             (&Method::PUT, true) => Verb::Update,
             (&Method::PATCH, true) => Verb::Patch,
             (&Method::DELETE, true) => Verb::Delete,
@@ -138,6 +138,7 @@ pub(super) async fn serve_resource(
         None => None,
         Some("status") if rt.status => Some("status"),
         Some("scale") if rt.scale.is_some() => Some("scale"),
+        Some("binding") if rt.group.is_empty() && rt.plural == "pods" => Some("binding"),
         Some(other) => {
             return Err(ApiError::new(
                 404,
@@ -171,6 +172,34 @@ pub(super) async fn serve_resource(
                 _ if table => full(StatusCode::OK, to_table(rt, &[obj], store.revision())),
                 _ => full(StatusCode::OK, (*obj).clone()),
             }
+        }
+        Verb::Create if sub == Some("binding") => {
+            let (headers, body) = read_body(req).await?;
+            require_json(&headers)?;
+            let binding = parse_json(&body)?;
+            let node = binding
+                .pointer("/target/name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        422,
+                        "Invalid",
+                        format!("Binding.core \"{name}\" is invalid: target.name: Required value"),
+                    )
+                })?;
+            store.bind(&ns, &name, node)?;
+            full(
+                StatusCode::CREATED,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            )
+        }
+        Verb::Create if target.name.is_some() => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("POST is not supported on {}/{name}", rt.qualified()),
+            ));
         }
         Verb::Create => {
             let (headers, body) = read_body(req).await?;

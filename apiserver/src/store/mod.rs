@@ -455,6 +455,39 @@ impl Store {
         Ok(out)
     }
 
+    /// Bind a pod to a node (the `pods/binding` subresource, as a scheduler does): sets
+    /// `spec.nodeName`, which no update may change.
+    ///
+    /// # Errors
+    /// 404, or 409 when the pod is already bound.
+    pub fn bind(&self, ns: &str, name: &str, node: &str) -> Result<Arc<Value>, ApiError> {
+        let pods = ResKey {
+            group: String::new(),
+            plural: "pods".into(),
+        };
+        self.modify(&pods, ns, name, Sub::Main, "embedded-scheduler", Op::Server, |cur, _| {
+            if let Some(bound) = cur.pointer("/spec/nodeName").and_then(Value::as_str) {
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is already assigned to node \"{bound}\""
+                    ),
+                ));
+            }
+            if cur.pointer("/metadata/deletionTimestamp").is_some() {
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is being deleted, cannot be assigned to a host"),
+                ));
+            }
+            let mut p = cur.clone();
+            p["spec"]["nodeName"] = node.into();
+            Ok(p)
+        })
+    }
+
     fn notify(&self) {
         let rev = self.lock().rev;
         self.revision.send_replace(rev);

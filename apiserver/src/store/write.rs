@@ -13,7 +13,7 @@ use super::{
 use crate::{
     ApiError, patch,
     resources::{self, ResKey, ResourceType},
-    schema,
+    schema, validation,
 };
 
 impl Inner {
@@ -136,23 +136,22 @@ impl Inner {
         }
         let name = match (meta_str(&obj, "name"), meta_str(&obj, "generateName")) {
             (Some(n), _) if !n.is_empty() => n.to_string(),
-            (_, Some(prefix)) if !prefix.is_empty() => format!("{prefix}{}", &new_uid()[..5]),
-            _ => {
-                return Err(ApiError::invalid(
-                    &rt,
-                    "",
-                    vec![("metadata.name", "name or generateName is required".into())],
-                ));
-            }
+            (_, Some(prefix)) if !prefix.is_empty() => format!("{prefix}{}", generated_suffix()),
+            _ => String::new(),
         };
-        if let Err(why) =
-            slinky_api::validation::first_error(slinky_api::validation::dns1123_subdomain(&name))
-        {
-            return Err(ApiError::invalid(
-                &rt,
-                &name,
-                vec![("metadata.name", format!("Invalid value: {name:?}: {why}"))],
-            ));
+        meta_mut(&mut obj).insert("name".into(), name.clone().into());
+        obj["apiVersion"] = rt.api_version().into();
+        obj["kind"] = rt.kind.clone().into();
+        // The creator owns what it sent, not what the server defaults.
+        let owned = patch::field_set(&strip_server_fields(&obj), &rt.plural, false);
+        decodable(&rt, &obj)?;
+        self.defaults(&rt, &mut obj);
+        let errs = validation::validate(&rt, &obj, None);
+        if !errs.is_empty() {
+            return Err(validation::invalid(&rt, &name, &errs));
+        }
+        if let Some(schema) = &rt.schema {
+            schema::default_and_validate(&rt, &name, schema, &mut obj)?;
         }
         let key = (ns.to_string(), name.clone());
         if self.objects.get(res).is_some_and(|m| m.contains_key(&key)) {
@@ -162,14 +161,6 @@ impl Inner {
                 format!("{} \"{name}\" already exists", rt.qualified()),
             )
             .with_details(&rt, &name));
-        }
-        obj["apiVersion"] = rt.api_version().into();
-        obj["kind"] = rt.kind.clone().into();
-        // The creator owns what it sent, not what the server defaults.
-        let owned = patch::field_set(&strip_server_fields(&obj), &rt.plural, false);
-        self.defaults(&rt, &mut obj);
-        if let Some(schema) = &rt.schema {
-            schema::default_and_validate(&rt, &name, schema, &mut obj)?;
         }
         if rt.key().plural == "customresourcedefinitions" {
             let served =
@@ -220,13 +211,9 @@ impl Inner {
                 if obj.pointer("/status/phase").is_none() {
                     obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
                 }
-                if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
-                    spec.entry("restartPolicy").or_insert("Always".into());
-                    spec.entry("dnsPolicy").or_insert("ClusterFirst".into());
-                    spec.entry("schedulerName").or_insert("default-scheduler".into());
-                    spec.entry("terminationGracePeriodSeconds").or_insert(30.into());
-                }
+                pod_defaults(obj);
             }
+            ("", "secrets") => secret_defaults(obj),
             ("", "services") => {
                 let ip = self.next_ip;
                 self.next_ip += 1;
@@ -341,6 +328,14 @@ impl Inner {
                 None => meta_mut(&mut new).remove("managedFields"),
             };
         }
+        if sub == Sub::Main && op != Op::Server {
+            decodable(&rt, &new)?;
+            update_defaults(&rt, &mut new, current);
+            let errs = validation::validate(&rt, &new, Some(current));
+            if !errs.is_empty() {
+                return Err(validation::invalid(&rt, &name, &errs));
+            }
+        }
         if let Some(schema) = &rt.schema {
             schema::default_and_validate(&rt, &name, schema, &mut new)?;
         }
@@ -407,4 +402,125 @@ fn crd_status(rt: &ResourceType) -> Value {
         "acceptedNames": {"plural": rt.plural, "singular": rt.singular, "kind": rt.kind, "shortNames": rt.short_names, "listKind": format!("{}List", rt.kind)},
         "storedVersions": [rt.version],
     })
+}
+
+/// Pod spec defaults kube-apiserver sets (and the immutability check compares with).
+fn pod_defaults(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.entry("restartPolicy").or_insert("Always".into());
+    spec.entry("dnsPolicy").or_insert("ClusterFirst".into());
+    spec.entry("schedulerName").or_insert("default-scheduler".into());
+    spec.entry("terminationGracePeriodSeconds").or_insert(30.into());
+    for key in ["containers", "initContainers"] {
+        for c in spec
+            .get_mut(key)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object_mut)
+        {
+            c.entry("terminationMessagePath")
+                .or_insert("/dev/termination-log".into());
+            c.entry("terminationMessagePolicy").or_insert("File".into());
+            if !c.contains_key("imagePullPolicy") {
+                let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
+                let tag = image
+                    .rsplit('/')
+                    .next()
+                    .and_then(|last| last.split_once(':'))
+                    .map(|(_, t)| t);
+                let latest = !image.contains('@') && tag.is_none_or(|t| t == "latest");
+                let policy = if latest { "Always" } else { "IfNotPresent" };
+                c.insert("imagePullPolicy".into(), policy.into());
+            }
+            for p in c
+                .get_mut("ports")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_object_mut)
+            {
+                p.entry("protocol").or_insert("TCP".into());
+            }
+        }
+    }
+}
+
+/// `stringData` is write-only: merged into `data` (base64), as kube-apiserver does.
+fn secret_defaults(obj: &mut Value) {
+    use base64::Engine;
+    let Some(string_data) = obj.as_object_mut().and_then(|m| m.remove("stringData")) else {
+        return;
+    };
+    if !obj.get("data").is_some_and(Value::is_object) {
+        obj["data"] = json!({});
+    }
+    for (k, v) in string_data.as_object().into_iter().flatten() {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = base64::engine::general_purpose::STANDARD.encode(text).into();
+    }
+}
+
+/// Defaults of an update: what create defaults, and a Service keeps the cluster IP it has
+/// when the update leaves it out.
+fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "pods") => pod_defaults(new),
+        ("", "secrets") => secret_defaults(new),
+        ("", "services") => {
+            let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
+                return;
+            };
+            if spec
+                .get("clusterIP")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                for key in ["clusterIP", "clusterIPs"] {
+                    if let Some(v) = old.pointer(&format!("/spec/{key}")) {
+                        spec.insert(key.into(), v.clone());
+                    }
+                }
+            }
+            spec.entry("type").or_insert("ClusterIP".into());
+            spec.entry("sessionAffinity").or_insert("None".into());
+            if let Some(Value::Array(ports)) = spec.get_mut("ports") {
+                for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                    p.entry("protocol").or_insert("TCP".into());
+                    if let Some(port) = p.get("port").cloned() {
+                        p.entry("targetPort").or_insert(port);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What kube-apiserver refuses while decoding a body (400 BadRequest), before validation: for
+/// pods, resource quantities that do not parse.
+fn decodable(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+    if rt.group.is_empty() && rt.plural == "pods" && validation::bad_quantities(obj) {
+        return Err(ApiError::bad_request(
+            "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+        ));
+    }
+    Ok(())
+}
+
+/// Five random characters from the alphabet kube-apiserver's name generator uses (no vowels, no
+/// look-alikes: a generated name never spells a word).
+fn generated_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let hex = crate::random_hex();
+    hex.as_bytes()
+        .chunks(2)
+        .take(5)
+        .map(|pair| {
+            let byte = u8::from_str_radix(std::str::from_utf8(pair).unwrap_or("0"), 16).unwrap_or(0);
+            char::from(ALPHABET[usize::from(byte) % ALPHABET.len()])
+        })
+        .collect()
 }
