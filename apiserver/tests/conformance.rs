@@ -990,3 +990,138 @@ async fn the_state_dir_survives_a_restart_and_a_torn_write() -> Result<()> {
     server.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_pod_terminates_gracefully_and_an_unbound_one_goes_at_once() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("graceful").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    // Bound to a node no kubelet serves (on either server): it stays terminating until a
+    // delete with a grace period of 0.
+    let bound: Pod = serde_json::from_value(json!({"metadata": {"name": "bound"},
+        "spec": {"nodeName": "no-kubelet-node", "containers": [{"name": "c", "image": "x"}]}}))?;
+    let created = pods.create(&PostParams::default(), &bound).await?;
+    let from = created.resource_version().unwrap_or_default();
+    let grace = |s: u32| DeleteParams {
+        grace_period_seconds: Some(s),
+        ..Default::default()
+    };
+    let deleted = pods.delete("bound", &grace(30)).await?;
+    let terminating = deleted.left().context("a graceful delete answers the pod")?;
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(30));
+    let still = pods.get("bound").await?;
+    assert_eq!(
+        still.metadata.deletion_grace_period_seconds,
+        Some(30),
+        "still there, terminating"
+    );
+    // A second delete may shorten the grace period, not lengthen it.
+    pods.delete("bound", &grace(60)).await?;
+    assert_eq!(
+        pods.get("bound").await?.metadata.deletion_grace_period_seconds,
+        Some(30)
+    );
+    pods.delete("bound", &grace(10)).await?;
+    assert_eq!(
+        pods.get("bound").await?.metadata.deletion_grace_period_seconds,
+        Some(10)
+    );
+    // Grace 0: gone.
+    pods.delete("bound", &grace(0)).await?;
+    assert!(pods.get_opt("bound").await?.is_none(), "grace 0 deletes at once");
+    // The watch (from the creation) saw it: MODIFIED (terminating, 30), MODIFIED (10), MODIFIED
+    // (the grace period ended: 0), DELETED.
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await?
+        .boxed();
+    let mut seen = Vec::new();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), stream.try_next()).await?? {
+        match ev {
+            WatchEvent::Added(p) => seen.push(("ADDED", p.metadata.deletion_grace_period_seconds)),
+            WatchEvent::Modified(p) => seen.push(("MODIFIED", p.metadata.deletion_grace_period_seconds)),
+            WatchEvent::Deleted(p) => seen.push(("DELETED", p.metadata.deletion_grace_period_seconds)),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => bail!("watch error {e:?}"),
+        }
+        if seen.last().is_some_and(|(k, _)| *k == "DELETED") {
+            break;
+        }
+    }
+    let kinds: Vec<&str> = seen.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, ["MODIFIED", "MODIFIED", "MODIFIED", "DELETED"], "{seen:?}");
+    assert_eq!(
+        seen[..3],
+        [
+            ("MODIFIED", Some(30)),
+            ("MODIFIED", Some(10)),
+            ("MODIFIED", Some(0))
+        ],
+        "{seen:?}"
+    );
+
+    // Unbound (no kubelet will ever run it): deleted at once, whatever the grace period.
+    let unbound: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "unbound"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &unbound).await?;
+    pods.delete("unbound", &grace(30)).await?;
+    assert!(
+        pods.get_opt("unbound").await?.is_none(),
+        "an unbound pod goes at once"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulated_kubelet_finishes_terminating_pods_after_the_scaled_grace_period() -> Result<()> {
+    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
+        lifecycle: Some(slinky_apiserver::LifecycleConfig {
+            nodes: 1,
+            schedule_delay: Duration::from_millis(10),
+            ready_delay: Duration::from_millis(10),
+            grace_period_scale: 0.01,
+        }),
+        ..Default::default()
+    })
+    .await;
+    if c.embedded("simulated kubelet").is_none() {
+        return Ok(());
+    }
+    let ns = c.namespace("kubelet").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let running = eventually(20, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("p").await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        }
+    })
+    .await;
+    ensure!(running.is_some(), "the simulation runs the pod");
+    // Default grace period (30 s), scaled by 0.01: terminating first, then gone.
+    let deleted = pods.delete("p", &DeleteParams::default()).await?;
+    let terminating = deleted.left().context("terminating")?;
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(30));
+    assert!(
+        pods.get_opt("p")
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "observable while terminating"
+    );
+    let gone = eventually(20, || {
+        let pods = pods.clone();
+        async move { matches!(pods.get_opt("p").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    ensure!(
+        gone.is_some(),
+        "the simulated kubelet removes the pod after its grace period"
+    );
+    Ok(())
+}

@@ -43,6 +43,7 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
             nodes: 50,
             schedule_delay: Duration::from_millis(10),
             ready_delay: Duration::from_millis(50),
+            grace_period_scale: 0.01,
         }),
         watch_window: 100_000,
         ..Default::default()

@@ -270,7 +270,18 @@ fn delete_opts(body: &[u8], query: &HashMap<String, String>) -> Result<DeleteOpt
             "propagationPolicy {p:?} is not one of Background, Foreground, Orphan"
         )));
     }
+    let grace_period = match opts.get("gracePeriodSeconds").and_then(Value::as_i64) {
+        Some(g) => Some(g),
+        None => match query.get("gracePeriodSeconds") {
+            Some(g) => Some(
+                g.parse()
+                    .map_err(|_| ApiError::bad_request(format!("invalid gracePeriodSeconds {g:?}")))?,
+            ),
+            None => None,
+        },
+    };
     Ok(DeleteOpts {
+        grace_period,
         uid: s("/preconditions/uid"),
         resource_version: s("/preconditions/resourceVersion"),
         propagation,

@@ -12,6 +12,45 @@ use crate::{
     resources::{self, ResKey},
 };
 
+fn has_finalizers(obj: &Value) -> bool {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+/// The grace period of a pod's deletion (kube-apiserver's `CheckGracefulDelete`): the request's,
+/// else the pod's `terminationGracePeriodSeconds` (30 by default); 0 for a pod no kubelet runs
+/// (unbound) or that already finished (Failed, Succeeded).
+fn pod_grace_period(pod: &Value, requested: Option<i64>) -> i64 {
+    let unbound = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty);
+    let finished = matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Failed" | "Succeeded")
+    );
+    if unbound || finished {
+        return 0;
+    }
+    requested
+        .or_else(|| {
+            pod.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+        })
+        .unwrap_or(30)
+        .max(0)
+}
+
+/// The time `secs` seconds from now, as a Kubernetes timestamp.
+fn after_seconds(secs: i64) -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    now.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+        .unwrap_or(now)
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
 impl Inner {
     pub(super) fn delete(
         &mut self,
@@ -52,6 +91,36 @@ impl Inner {
             return Ok(current);
         }
         let propagation = opts.propagation.clone().unwrap_or_else(|| "Background".into());
+        if res.group.is_empty() && res.plural == "pods" {
+            let grace = pod_grace_period(&current, opts.grace_period);
+            let terminating = current.pointer("/metadata/deletionTimestamp").is_some();
+            let previous = current
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64);
+            if terminating && previous.is_some_and(|p| p <= grace) {
+                // A second delete may shorten the grace period, never lengthen it.
+                return Ok(current);
+            }
+            if terminating && grace == 0 {
+                // Ending a grace period early is a change watchers see before the deletion.
+                let mut ended = (*current).clone();
+                meta_mut(&mut ended).insert("deletionTimestamp".into(), after_seconds(0).into());
+                meta_mut(&mut ended).insert("deletionGracePeriodSeconds".into(), 0.into());
+                let ended = self.commit_raw(res, &current, ended, EventKind::Modified)?;
+                if has_finalizers(&ended) {
+                    return Ok(ended);
+                }
+                return self.remove(res, ns, name, (*ended).clone(), &propagation);
+            }
+            if grace > 0 {
+                // Graceful: the pod stays, terminating, until its kubelet finishes it (or, with
+                // finalizers, until they are removed).
+                let mut marked = (*current).clone();
+                meta_mut(&mut marked).insert("deletionTimestamp".into(), after_seconds(grace).into());
+                meta_mut(&mut marked).insert("deletionGracePeriodSeconds".into(), grace.into());
+                return self.commit_raw(res, &current, marked, EventKind::Modified);
+            }
+        }
         let has_finalizers = current
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)

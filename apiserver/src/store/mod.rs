@@ -78,6 +78,8 @@ pub struct DeleteOpts {
     pub resource_version: Option<String>,
     /// `Background` (default), `Foreground` or `Orphan`.
     pub propagation: Option<String>,
+    /// `gracePeriodSeconds` (pods: a bound pod terminates for this long; 0 deletes at once).
+    pub grace_period: Option<i64>,
     /// Don't persist.
     pub dry_run: bool,
 }

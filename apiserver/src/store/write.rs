@@ -360,8 +360,13 @@ impl Inner {
                 resources::from_crd(&new).map_err(|e| ApiError::invalid(&rt, &name, vec![("spec", e)]))?;
             self.types.insert(served.key(), served);
         }
-        // The last finalizer removed from an object being deleted: it goes.
-        let deleting = new.pointer("/metadata/deletionTimestamp").is_some();
+        // The last finalizer removed from an object being deleted: it goes, unless it is still
+        // in its grace period (a terminating pod waits for its kubelet).
+        let deleting = new.pointer("/metadata/deletionTimestamp").is_some()
+            && new
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .is_none_or(|g| g == 0);
         let finalizers = new
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
