@@ -12,6 +12,7 @@ mod faults;
 mod http;
 mod lifecycle;
 mod patch;
+mod protobuf;
 mod resources;
 mod schema;
 mod selectors;

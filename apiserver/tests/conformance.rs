@@ -1125,3 +1125,171 @@ async fn the_simulated_kubelet_finishes_terminating_pods_after_the_scaled_grace_
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_generators_send_protobuf_and_work() -> Result<()> {
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("kubectl_generators_send_protobuf_and_work: skipped, kubectl is not on PATH");
+        return Ok(());
+    }
+    let c = TestCluster::start().await;
+    let kc = c.kubeconfig.display().to_string();
+    let kubectl = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // A namespace of our own name (generators send protobuf bodies for built-in kinds).
+    let ns = format!("gen-{}", &c.namespace("probe").await[6..]);
+    kubectl(&["create", "namespace", &ns])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "configmap",
+        "cm",
+        "--from-literal=a=b",
+        "--from-literal=empty=",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "--from-literal=password=hunter2",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "service",
+        "clusterip",
+        "svc",
+        "--tcp=80:8080",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "deployment",
+        "d",
+        "--image=nginx:1.25",
+        "--replicas=2",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "run",
+        "r",
+        "--image=busybox:1.36",
+        "--restart=Never",
+        "--",
+        "sleep",
+        "10",
+    ])?;
+    kubectl(&["-n", &ns, "expose", "deployment", "d", "--port=81", "--name=dsvc"])?;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let cm = cms.get("cm").await?;
+    assert_eq!(
+        cm.data,
+        Some(BTreeMap::from([
+            ("a".into(), "b".into()),
+            ("empty".into(), String::new())
+        ]))
+    );
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(c.client.clone(), &ns)
+        .get("s")
+        .await?;
+    let password = secret.data.and_then(|d| d.get("password").cloned());
+    assert_eq!(password.map(|b| b.0), Some(b"hunter2".to_vec()));
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.client.clone(), &ns);
+    let svc = services.get("svc").await?.spec.context("spec")?;
+    let port = svc.ports.and_then(|p| p.into_iter().next()).context("a port")?;
+    assert_eq!(port.port, 80);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+            8080
+        ))
+    );
+    let exposed = services.get("dsvc").await?.spec.context("spec")?;
+    assert_eq!(
+        exposed.selector,
+        Some(BTreeMap::from([("app".into(), "d".into())]))
+    );
+    let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.client.clone(), &ns)
+        .get("d")
+        .await?;
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let image = spec
+        .template
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.image);
+    assert_eq!(image.as_deref(), Some("nginx:1.25"));
+    let pod = Api::<Pod>::namespaced(c.client.clone(), &ns).get("r").await?;
+    let container = pod
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .context("a container")?;
+    assert_eq!(container.args, Some(vec!["sleep".to_string(), "10".to_string()]));
+    // And back: kubectl reads them (tables in JSON).
+    let table = kubectl(&["-n", &ns, "get", "configmaps,secrets,services,deployments,pods"])?;
+    for name in [
+        "configmap/cm",
+        "secret/s",
+        "service/svc",
+        "deployment.apps/d",
+        "pod/r",
+    ] {
+        assert!(
+            table.contains(name.split('/').nth(1).unwrap_or_default()),
+            "{name} missing from {table}"
+        );
+    }
+    kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_answers_when_a_client_asks_for_them() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("protobuf").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    api.create(&PostParams::default(), &cm("p", &[("k", "v")], &[("app", "x")]))
+        .await?;
+    let request = http::Request::get(format!("/api/v1/namespaces/{ns}/configmaps/p"))
+        .header("Accept", "application/vnd.kubernetes.protobuf, application/json")
+        .body(Vec::new())?;
+    let response = c.client.send(request.map(kube::client::Body::from)).await?;
+    let ctype = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(ctype, "application/vnd.kubernetes.protobuf");
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await?
+        .to_bytes();
+    // The magic "k8s\0", then the envelope naming the kind, then the object.
+    ensure!(bytes.starts_with(b"k8s\0"), "a protobuf envelope, got {bytes:?}");
+    let text = String::from_utf8_lossy(&bytes);
+    ensure!(text.contains("ConfigMap") && text.contains("app"), "{text:?}");
+    Ok(())
+}

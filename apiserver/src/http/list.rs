@@ -6,7 +6,7 @@ use std::{collections::HashMap, sync::Arc};
 use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use super::{Body, full, scale::json_path_get};
+use super::{Body, body::respond, full, scale::json_path_get};
 use crate::{
     ApiError, Shared,
     resources::ResourceType,
@@ -114,6 +114,7 @@ pub(super) fn list(
     ns: &str,
     query: &HashMap<String, String>,
     table: bool,
+    protobuf: bool,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = filters(rt, query)?;
     let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
@@ -156,8 +157,9 @@ pub(super) fn list(
         meta["remainingItemCount"] = remaining.into();
     }
     let items: Vec<Value> = items.iter().map(|o| (**o).clone()).collect();
-    Ok(full(
+    Ok(respond(
         StatusCode::OK,
         json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind), "metadata": meta, "items": items}),
+        protobuf,
     ))
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{
     Body, Target,
-    body::{parse_json, read_body, require_json, wants_table},
+    body::{decode_body, parse_json, read_body, respond, wants_protobuf, wants_table},
     full,
     list::{list, to_table},
     scale::{to_scale, write_scale},
@@ -159,24 +159,24 @@ pub(super) async fn serve_resource(
         return Err(fault_error(d.error, rt, &name));
     }
     let table = wants_table(req.headers());
+    let pb = wants_protobuf(req.headers());
     let manager = manager_of(req.headers(), query);
     let dry_run = query.contains_key("dryRun");
     let store = &shared.store;
     let response = match verb {
         Verb::Watch => return watch(shared.clone(), rt.clone(), ns, query, table),
-        Verb::List => list(shared, rt, &ns, query, table)?,
+        Verb::List => list(shared, rt, &ns, query, table, pb)?,
         Verb::Get => {
             let obj = store.get(&key, &ns, &name)?;
             match sub {
                 Some("scale") => full(StatusCode::OK, to_scale(rt, &obj)),
                 _ if table => full(StatusCode::OK, to_table(rt, &[obj], store.revision())),
-                _ => full(StatusCode::OK, (*obj).clone()),
+                _ => respond(StatusCode::OK, (*obj).clone(), pb),
             }
         }
         Verb::Create if sub == Some("binding") => {
             let (headers, body) = read_body(req).await?;
-            require_json(&headers)?;
-            let binding = parse_json(&body)?;
+            let binding = decode_body(&headers, &body, false)?;
             let node = binding
                 .pointer("/target/name")
                 .and_then(Value::as_str)
@@ -203,21 +203,19 @@ pub(super) async fn serve_resource(
         }
         Verb::Create => {
             let (headers, body) = read_body(req).await?;
-            require_json(&headers)?;
-            let obj = parse_json(&body)?;
+            let obj = decode_body(&headers, &body, rt.custom)?;
             let created = store.create(&key, &ns, obj, &manager, dry_run)?;
-            full(StatusCode::CREATED, (*created).clone())
+            respond(StatusCode::CREATED, (*created).clone(), pb)
         }
         Verb::Update => {
             let (headers, body) = read_body(req).await?;
-            require_json(&headers)?;
-            let obj = parse_json(&body)?;
+            let obj = decode_body(&headers, &body, rt.custom)?;
             let updated = match sub {
                 Some("scale") => write_scale(store, rt, &ns, &name, &manager, |_| Ok(obj))?,
                 Some(_) => store.update(&key, &ns, &name, obj, Sub::Status, &manager)?,
                 None => store.update(&key, &ns, &name, obj, Sub::Main, &manager)?,
             };
-            full(StatusCode::OK, (*updated).clone())
+            respond(StatusCode::OK, (*updated).clone(), pb)
         }
         Verb::Patch => {
             let (headers, body) = read_body(req).await?;
@@ -228,13 +226,13 @@ pub(super) async fn serve_resource(
                 .to_string();
             let ctype = ctype.split(';').next().unwrap_or("").trim().to_string();
             let patched = patch_object(shared, rt, &ns, &name, sub, &ctype, &body, &manager, query)?;
-            full(StatusCode::OK, patched)
+            respond(StatusCode::OK, patched, pb)
         }
         Verb::Delete => {
-            let (_, body) = read_body(req).await?;
-            let opts = delete_opts(&body, query)?;
+            let (headers, body) = read_body(req).await?;
+            let opts = delete_opts(&headers, &body, query)?;
             let deleted = store.delete(&key, &ns, &name, &opts)?;
-            full(StatusCode::OK, (*deleted).clone())
+            respond(StatusCode::OK, (*deleted).clone(), pb)
         }
         Verb::DeleteCollection => {
             return Err(ApiError::new(
@@ -250,11 +248,15 @@ pub(super) async fn serve_resource(
     Ok(response)
 }
 
-fn delete_opts(body: &[u8], query: &HashMap<String, String>) -> Result<DeleteOpts, ApiError> {
+fn delete_opts(
+    headers: &hyper::HeaderMap,
+    body: &[u8],
+    query: &HashMap<String, String>,
+) -> Result<DeleteOpts, ApiError> {
     let opts: Value = if body.is_empty() {
         json!({})
     } else {
-        parse_json(body)?
+        decode_body(headers, body, false)?
     };
     let s = |p: &str| opts.pointer(p).and_then(Value::as_str).map(str::to_string);
     let propagation = s("/propagationPolicy")
