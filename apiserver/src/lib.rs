@@ -8,6 +8,7 @@
 //! refused with a proper `Status` error. See the README section "The embedded API server" for the
 //! list of what it does and does not do.
 
+mod convert;
 mod faults;
 mod http;
 mod lifecycle;

@@ -1293,3 +1293,43 @@ async fn protobuf_answers_when_a_client_asks_for_them() -> Result<()> {
     ensure!(text.contains("ConfigMap") && text.contains("app"), "{text:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_through_events_k8s_io_are_core_events_too() -> Result<()> {
+    use k8s_openapi::api::{core::v1::Event as CoreEvent, events::v1::Event};
+    let c = TestCluster::start().await;
+    let ns = c.namespace("events").await;
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "p.1"},
+        "eventTime": "2026-01-02T03:04:05.000000Z",
+        "regarding": {"kind": "Pod", "name": "p", "namespace": ns, "apiVersion": "v1"},
+        "note": "pod p scaled", "reason": "Scaled", "type": "Normal", "action": "Scale",
+        "reportingController": "slinky-host", "reportingInstance": "slinky-host-0",
+    }))?;
+    let written = Api::<Event>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &event)
+        .await?;
+    assert_eq!(written.note.as_deref(), Some("pod p scaled"));
+    let core = Api::<CoreEvent>::namespaced(c.client.clone(), &ns)
+        .get("p.1")
+        .await?;
+    assert_eq!(core.message.as_deref(), Some("pod p scaled"));
+    assert_eq!(core.involved_object.name.as_deref(), Some("p"));
+    assert_eq!(core.reporting_component.as_deref(), Some("slinky-host"));
+    assert_eq!(core.metadata.uid, written.metadata.uid, "one object, two views");
+    // A change through one API is seen through the other.
+    Api::<CoreEvent>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "p.1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"series": {"count": 2, "lastObservedTime": "2026-01-02T03:05:05.000000Z"}})),
+        )
+        .await?;
+    let again = Api::<Event>::namespaced(c.client.clone(), &ns).get("p.1").await?;
+    assert_eq!(again.series.map(|s| s.count), Some(2));
+    let listed = Api::<CoreEvent>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    assert_eq!(listed.items.len(), 1);
+    Ok(())
+}

@@ -34,6 +34,12 @@ pub(super) fn to_table(rt: &ResourceType, objs: &[Arc<Value>], rev: u64) -> Valu
         "pods" => vec![("Status", ".status.phase"), ("Node", ".spec.nodeName")],
         "services" => vec![("Type", ".spec.type"), ("Cluster-IP", ".spec.clusterIP")],
         "namespaces" => vec![("Status", ".status.phase")],
+        "events" if rt.group.is_empty() => vec![
+            ("Type", ".type"),
+            ("Reason", ".reason"),
+            ("Object", ".involvedObject.name"),
+            ("Message", ".message"),
+        ],
         _ => vec![],
     };
     let mut paths: Vec<(String, String)> = builtin

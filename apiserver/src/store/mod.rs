@@ -17,7 +17,7 @@ mod persist;
 mod write;
 
 use crate::{
-    ApiError,
+    ApiError, convert,
     resources::{self, ResKey, ResourceType},
 };
 
@@ -85,6 +85,9 @@ pub struct DeleteOpts {
 }
 
 type ObjKey = (String, String);
+
+/// A read-modify-write step: the current object (and its type) to the new one.
+type Modifier<'a> = Box<dyn FnOnce(&Value, &ResourceType) -> Result<Value, ApiError> + 'a>;
 
 struct Inner {
     rev: u64,
@@ -269,6 +272,11 @@ impl Store {
     /// # Errors
     /// 404 when absent.
     pub fn get(&self, res: &ResKey, ns: &str, name: &str) -> Result<Arc<Value>, ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            return self
+                .get(&storage, ns, name)
+                .map(|o| Arc::new(convert::to_view(&o)));
+        }
         let g = self.lock();
         let rt = g.rtype(res)?;
         g.objects
@@ -289,6 +297,12 @@ impl Store {
         after: Option<&ObjKey>,
         limit: usize,
     ) -> Result<(Vec<Arc<Value>>, u64, usize), ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            let seen = |o: &Value| filter(&convert::to_view(o));
+            let (items, rev, remaining) = self.list(&storage, ns, &seen, after, limit)?;
+            let items = items.iter().map(|o| Arc::new(convert::to_view(o))).collect();
+            return Ok((items, rev, remaining));
+        }
         let g = self.lock();
         g.rtype(res)?;
         let mut items = Vec::new();
@@ -314,6 +328,20 @@ impl Store {
 
     /// Events of `res` after `rev`, or `Err(compacted)` when some may be gone (410).
     pub fn events_since(&self, res: &ResKey, rev: u64) -> Result<(Vec<Event>, u64), u64> {
+        if let Some(storage) = convert::storage_of(res) {
+            let (events, rev) = self.events_since(&storage, rev)?;
+            let events = events
+                .into_iter()
+                .map(|e| Event {
+                    res: res.clone(),
+                    obj: Arc::new(convert::to_view(&e.obj)),
+                    prev: e.prev.map(|p| Arc::new(convert::to_view(&p))),
+                    json: Arc::default(),
+                    ..e
+                })
+                .collect();
+            return Ok((events, rev));
+        }
         let g = self.lock();
         if rev < g.compacted {
             return Err(g.compacted);
@@ -340,6 +368,10 @@ impl Store {
         manager: &str,
         dry_run: bool,
     ) -> Result<Arc<Value>, ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            let out = self.create(&storage, ns, convert::to_storage(&obj), manager, dry_run)?;
+            return Ok(Arc::new(convert::to_view(&out)));
+        }
         let mut g = self.lock();
         let out = g.create(res, ns, obj, manager, dry_run, "Update")?;
         drop(g);
@@ -360,6 +392,10 @@ impl Store {
         sub: Sub,
         manager: &str,
     ) -> Result<Arc<Value>, ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            let out = self.update(&storage, ns, name, convert::to_storage(&obj), sub, manager)?;
+            return Ok(Arc::new(convert::to_view(&out)));
+        }
         let mut g = self.lock();
         let current = g.current(res, ns, name)?;
         let out = g.commit(res, &current, obj, sub, manager, Op::Update)?;
@@ -386,6 +422,24 @@ impl Store {
         manager: &str,
         op: Op,
         f: impl FnOnce(&Value, &ResourceType) -> Result<Value, ApiError>,
+    ) -> Result<Arc<Value>, ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            let view = self.lock().rtype(res)?;
+            let out = self.modify_in(
+                &storage,
+                (ns, name, sub, manager, op),
+                Box::new(move |cur, _| f(&convert::to_view(cur), &view).map(|new| convert::to_storage(&new))),
+            )?;
+            return Ok(Arc::new(convert::to_view(&out)));
+        }
+        self.modify_in(res, (ns, name, sub, manager, op), Box::new(f))
+    }
+
+    fn modify_in(
+        &self,
+        res: &ResKey,
+        (ns, name, sub, manager, op): (&str, &str, Sub, &str, Op),
+        f: Modifier<'_>,
     ) -> Result<Arc<Value>, ApiError> {
         let mut g = self.lock();
         let current = g.current(res, ns, name)?;
@@ -415,6 +469,11 @@ impl Store {
         manager: &str,
         force: bool,
     ) -> Result<Arc<Value>, ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            let config = convert::to_storage(&config);
+            let out = self.apply(&storage, ns, name, config, sub, manager, force)?;
+            return Ok(Arc::new(convert::to_view(&out)));
+        }
         let mut g = self.lock();
         let rt = g.rtype(res)?;
         let existing = g
@@ -450,6 +509,11 @@ impl Store {
         name: &str,
         opts: &DeleteOpts,
     ) -> Result<Arc<Value>, ApiError> {
+        if let Some(storage) = convert::storage_of(res) {
+            return self
+                .delete(&storage, ns, name, opts)
+                .map(|o| Arc::new(convert::to_view(&o)));
+        }
         let mut g = self.lock();
         let out = g.delete(res, ns, name, opts)?;
         drop(g);
