@@ -245,9 +245,20 @@ async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiS
     Ok((s, client))
 }
 
+/// No embedded API server: this host was built without the `embedded` feature.
+#[cfg(not(feature = "embedded"))]
+enum NoServer {}
+
+#[cfg(not(feature = "embedded"))]
+impl NoServer {
+    async fn shutdown(self) {
+        match self {}
+    }
+}
+
 /// Without the `embedded` feature there is no embedded API server to start.
 #[cfg(not(feature = "embedded"))]
-async fn start_embedded(_: &RunArgs) -> anyhow::Result<(std::convert::Infallible, Client)> {
+async fn start_embedded(_: &RunArgs) -> anyhow::Result<(NoServer, Client)> {
     anyhow::bail!("this slinky-host was built without the `embedded` feature: --embedded is not available")
 }
 
