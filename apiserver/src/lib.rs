@@ -110,11 +110,11 @@ impl ApiError {
         } else {
             format!("{}.{}", rt.kind, rt.group)
         };
-        let mut e = Self::new(
-            422,
-            "Invalid",
-            format!("{kind} \"{name}\" is invalid: {}", text.join(", ")),
-        );
+        let text = match text.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut e = Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {text}"));
         e.details = Some(json!({
             "name": name, "group": rt.group, "kind": rt.kind,
             "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": m, "field": f})).collect::<Vec<_>>(),

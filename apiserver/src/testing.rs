@@ -82,7 +82,9 @@ impl TestCluster {
     /// fault injection or server internals.
     pub fn embedded(&self, test: &str) -> Option<&ApiServer> {
         if self.server.is_none() {
-            eprintln!("{test}: skipped against a real cluster (needs the embedded server's fault injection)");
+            eprintln!(
+                "{test}: skipped against a real cluster (needs the embedded server's internals: fault injection, its watch window, token or simulated kubelet)"
+            );
         }
         self.server.as_ref()
     }
