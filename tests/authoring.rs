@@ -383,6 +383,7 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
     std::fs::create_dir(&plugins)?;
     let kubeconfig = tmp.path().join("kubeconfig");
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut host = Command::new(slinky_tests::binary())
         .args(["run", "--embedded", "--apply"])
         .arg(example("slurm-cluster.yaml"))
@@ -396,6 +397,8 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
             "--http-addr",
         ])
         .arg(format!("127.0.0.1:{port}"))
+        .arg("--admin-addr")
+        .arg(admin.to_string())
         .arg("--kubeconfig-out")
         .arg(&kubeconfig)
         .env("SLINKY_HOST_PLUGIN_CACHE", slinky_tests::cache_dir())
@@ -453,7 +456,7 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
             bail!("the pods did not roll to the GPU builder");
         }
         // `/plugins` names it.
-        let body = slinky_tests::http_get(([127, 0, 0, 1], port).into(), "/plugins").await?;
+        let body = slinky_tests::http_get(admin, "/plugins").await?;
         ensure!(body.contains("\"name\": \"gpu-nodeset-pod\""), "{body}");
         Ok(())
     }

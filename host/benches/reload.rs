@@ -197,6 +197,7 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
             nodes: 10,
             schedule_delay: Duration::from_millis(5),
             ready_delay: Duration::from_millis(10),
+            grace_period_scale: 0.01,
         }),
         ..Default::default()
     })

@@ -1,6 +1,6 @@
 //! Scale one NodeSet 0 → 1,000 pods on the embedded API server (in this process, with simulated
-//! pod readiness), then the same with 10,000 unrelated pods in the caches; and the API server alone:
-//! write throughput and a 10,000-pod list.
+//! pod readiness), then the same with 10,000 unrelated pods in the caches. (The API server alone:
+//! `cargo bench -p slinky-apiserver --bench throughput`.)
 //!
 //! `cargo bench -p slinky-host --bench scale` (prints figures; no assertions). RSS figures are for
 //! the whole process: the host *and* the embedded API server holding every object.
@@ -13,10 +13,10 @@ use std::{
 };
 
 use futures::FutureExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 use slinky_api::NodeSet;
@@ -43,6 +43,7 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
             nodes: 50,
             schedule_delay: Duration::from_millis(10),
             ready_delay: Duration::from_millis(50),
+            grace_period_scale: 0.01,
         }),
         watch_window: 100_000,
         ..Default::default()
@@ -141,79 +142,9 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn apiserver_run() -> anyhow::Result<()> {
-    let server = ApiServer::start(ApiServerConfig::default()).await?;
-    let client = server.client()?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    // Watchers that every write fans out to.
-    let mut watchers = Vec::new();
-    for _ in 0..200 {
-        let cms = cms.clone();
-        watchers.push(tokio::spawn(async move {
-            use futures::StreamExt;
-            let stream = cms
-                .watch(&kube::api::WatchParams::default().timeout(120), "0")
-                .await;
-            if let Ok(s) = stream {
-                let mut s = s.boxed();
-                while s.next().await.is_some() {}
-            }
-        }));
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let n = 4000;
-    let t = Instant::now();
-    let ids: Vec<usize> = (0..n).collect();
-    for chunk in ids.chunks(100) {
-        futures::future::try_join_all(chunk.iter().map(|i| {
-            let cm: ConfigMap =
-                serde_json::from_value(json!({"metadata": {"name": format!("cm-{i}")}, "data": {"k": "v"}}))
-                    .expect("cm");
-            let cms = cms.clone();
-            async move { cms.create(&PostParams::default(), &cm).await }
-        }))
-        .await?;
-    }
-    let secs = t.elapsed().as_secs_f64();
-    println!(
-        "  {n} creates over HTTPS with 200 open watches: {secs:.2} s ({:.0} writes/s)",
-        f64::from(n as u32) / secs
-    );
-    for w in watchers {
-        w.abort();
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    for chunk in (0..10_000).collect::<Vec<usize>>().chunks(200) {
-        futures::future::try_join_all(chunk.iter().map(|i| {
-            let pod: Pod = serde_json::from_value(
-                json!({"metadata": {"name": format!("p-{i}"), "labels": {"app": "x"}},
-                "spec": {"containers": [{"name": "c", "image": "x"}]}}),
-            )
-            .expect("pod");
-            let pods = pods.clone();
-            async move { pods.create(&PostParams::default(), &pod).await }
-        }))
-        .await?;
-    }
-    let t = Instant::now();
-    let list = pods.list(&ListParams::default()).await?;
-    println!(
-        "  list of {} pods: {:.0} ms",
-        list.items.len(),
-        t.elapsed().as_secs_f64() * 1e3
-    );
-    server.shutdown().await;
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
-        println!("embedded API server:");
-        apiserver_run().await?;
-        if std::env::args().any(|a| a == "--apiserver-only") {
-            return Ok(());
-        }
         println!("NodeSet scale-up:");
         scale_run(0, 1000).await?;
         println!("NodeSet scale-up with 10,000 other pods cached:");

@@ -357,6 +357,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Without the `embedded` feature there is no embedded API server.
+#[cfg(not(feature = "embedded"))]
+fn apiserver(_: ApiserverArgs) -> anyhow::Result<()> {
+    anyhow::bail!("this slinky-host was built without the `embedded` feature: `apiserver` is not available")
+}
+
+#[cfg(feature = "embedded")]
 fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
     use crate::embedded::{ApiServer, ApiServerConfig, FaultRule, LifecycleConfig};
     let rules = args
@@ -375,6 +382,7 @@ fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
                 nodes: args.simulate_nodes,
                 ..Default::default()
             }),
+            state_dir: args.state_dir.clone(),
             ..Default::default()
         };
         let server = ApiServer::start(config)

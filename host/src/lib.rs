@@ -8,7 +8,10 @@
 pub mod check;
 pub mod cli;
 pub mod crds;
-pub mod embedded;
+/// The embedded Kubernetes API server (the `slinky-apiserver` crate), behind the default
+/// `embedded` feature: `run --embedded`, the `apiserver` subcommand and the tests stand on it.
+#[cfg(feature = "embedded")]
+pub use slinky_apiserver as embedded;
 pub mod manifests;
 pub mod metrics;
 /// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.

@@ -12,7 +12,6 @@ use kube::{
 use serde_json::Value;
 
 use crate::{
-    embedded::{ApiServer, ApiServerConfig, LifecycleConfig},
     plugins::{
         BuildContext, PluginRegistry,
         reload::{self, ReloadConfig, ReloadHandle},
@@ -220,6 +219,53 @@ fn summary(h: &Handles) -> String {
     )
 }
 
+/// The embedded API server of `run --embedded` (with simulated pod lifecycle in real time), the
+/// CRDs installed and `--apply` files applied.
+#[cfg(feature = "embedded")]
+async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiServer, Client)> {
+    use crate::embedded::{ApiServer, ApiServerConfig, LifecycleConfig};
+    let s = ApiServer::start(ApiServerConfig {
+        lifecycle: Some(LifecycleConfig::default()),
+        ..Default::default()
+    })
+    .await
+    .context("cannot start the embedded API server")?;
+    s.write_kubeconfig(&args.kubeconfig_out)
+        .with_context(|| format!("cannot write {}", args.kubeconfig_out.display()))?;
+    let client = s
+        .client()
+        .context("cannot build a client for the embedded API server")?;
+    install_crds(&client).await?;
+    let n = apply_files(&client, &args.apply).await?;
+    println!(
+        "embedded API server at {} (kubeconfig: {})",
+        s.url(),
+        args.kubeconfig_out.display()
+    );
+    println!(
+        "applied {n} objects; watch with: kubectl --kubeconfig {} get nodesets,pods -A -w",
+        args.kubeconfig_out.display()
+    );
+    Ok((s, client))
+}
+
+/// No embedded API server: this host was built without the `embedded` feature.
+#[cfg(not(feature = "embedded"))]
+enum NoServer {}
+
+#[cfg(not(feature = "embedded"))]
+impl NoServer {
+    async fn shutdown(self) {
+        match self {}
+    }
+}
+
+/// Without the `embedded` feature there is no embedded API server to start.
+#[cfg(not(feature = "embedded"))]
+async fn start_embedded(_: &RunArgs) -> anyhow::Result<(NoServer, Client)> {
+    anyhow::bail!("this slinky-host was built without the `embedded` feature: --embedded is not available")
+}
+
 /// Run the host.
 ///
 /// # Errors
@@ -227,28 +273,7 @@ fn summary(h: &Handles) -> String {
 pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
     let mut server = None;
     let client = if args.embedded {
-        let s = ApiServer::start(ApiServerConfig {
-            lifecycle: Some(LifecycleConfig::default()),
-            ..Default::default()
-        })
-        .await
-        .context("cannot start the embedded API server")?;
-        s.write_kubeconfig(&args.kubeconfig_out)
-            .with_context(|| format!("cannot write {}", args.kubeconfig_out.display()))?;
-        let client = s
-            .client()
-            .context("cannot build a client for the embedded API server")?;
-        install_crds(&client).await?;
-        let n = apply_files(&client, &args.apply).await?;
-        println!(
-            "embedded API server at {} (kubeconfig: {})",
-            s.url(),
-            args.kubeconfig_out.display()
-        );
-        println!(
-            "applied {n} objects; watch with: kubectl --kubeconfig {} get nodesets,pods -A -w",
-            args.kubeconfig_out.display()
-        );
+        let (s, client) = start_embedded(&args).await?;
         server = Some(s);
         client
     } else {

@@ -1,3 +1,5 @@
+//! # slinky-apiserver
+//!
 //! An embedded Kubernetes API server: real HTTP on loopback, real semantics, fault injection.
 //!
 //! It serves `run --embedded`, every integration test and the benchmarks, so the host is always
@@ -6,15 +8,19 @@
 //! refused with a proper `Status` error. See the README section "The embedded API server" for the
 //! list of what it does and does not do.
 
+mod convert;
 mod faults;
 mod http;
 mod lifecycle;
 mod patch;
+mod protobuf;
 mod resources;
 mod schema;
 mod selectors;
 mod store;
+pub mod testing;
 mod tls;
+mod validation;
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
@@ -104,11 +110,11 @@ impl ApiError {
         } else {
             format!("{}.{}", rt.kind, rt.group)
         };
-        let mut e = Self::new(
-            422,
-            "Invalid",
-            format!("{kind} \"{name}\" is invalid: {}", text.join(", ")),
-        );
+        let text = match text.as_slice() {
+            [one] => one.clone(),
+            many => format!("[{}]", many.join(", ")),
+        };
+        let mut e = Self::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {text}"));
         e.details = Some(json!({
             "name": name, "group": rt.group, "kind": rt.kind,
             "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": m, "field": f})).collect::<Vec<_>>(),

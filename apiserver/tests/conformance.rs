@@ -17,7 +17,29 @@ use kube::{
 };
 use serde_json::json;
 use slinky_api::NodeSet;
-use slinky_tests::{TestCluster, eventually};
+use slinky_apiserver::testing::{TestCluster, eventually};
+
+/// The Slinky CRDs (the API server's own tests need some CRDs with schemas, scale and status).
+fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
+    use kube::CustomResourceExt;
+    vec![slinky_api::Controller::crd(), NodeSet::crd()]
+}
+
+fn crds_yaml() -> Result<String> {
+    let docs = crds()
+        .iter()
+        .map(serde_yaml::to_string)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
+}
+
+/// A file under the workspace's `examples/`.
+fn example(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+}
 
 fn cm(name: &str, data: &[(&str, &str)], labels: &[(&str, &str)]) -> ConfigMap {
     let to_map = |kv: &[(&str, &str)]| {
@@ -104,7 +126,7 @@ async fn stale_updates_conflict_and_unconditional_updates_win() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_and_the_status_spec_split() -> Result<()> {
     let c = TestCluster::start().await;
-    c.install_crds().await;
+    c.install_crds(&crds()).await;
     let ns = c.namespace("generation").await;
     let api: Api<NodeSet> = Api::namespaced(c.client.clone(), &ns);
     let created = api.create(&PostParams::default(), &nodeset("w", 1)?).await?;
@@ -173,7 +195,7 @@ async fn generation_and_the_status_spec_split() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<()> {
     let c = TestCluster::start().await;
-    c.install_crds().await;
+    c.install_crds(&crds()).await;
     let ns = c.namespace("schema").await;
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
         c.client.clone(),
@@ -636,7 +658,7 @@ async fn strategic_merge_patches_merge_containers_by_name() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_faults_reach_the_client_and_replay_from_the_seed() -> Result<()> {
-    use slinky_host::embedded::{ApiServerConfig, FaultError, FaultRule, Times};
+    use slinky_apiserver::{ApiServerConfig, FaultError, FaultRule, Times};
     let mut outcomes = Vec::new();
     for _ in 0..2 {
         let c = TestCluster::start_with(ApiServerConfig {
@@ -822,12 +844,12 @@ async fn kubectl_works_against_the_embedded_server() -> Result<()> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     let dir = tempfile::tempdir()?;
-    let crds = dir.path().join("crds.yaml");
-    std::fs::write(&crds, slinky_host::crds::crds_yaml()?)?;
-    kubectl(&["apply", "-f", &crds.display().to_string()])?;
-    c.install_crds().await;
+    let crds_file = dir.path().join("crds.yaml");
+    std::fs::write(&crds_file, crds_yaml()?)?;
+    kubectl(&["apply", "-f", &crds_file.display().to_string()])?;
+    c.install_crds(&crds()).await;
     let ns = c.namespace("kubectl").await;
-    let example = slinky_tests::example("slurm-cluster.yaml").display().to_string();
+    let example = example("slurm-cluster.yaml").display().to_string();
     let text = std::fs::read_to_string(&example)?.replace("namespace: slurm", &format!("namespace: {ns}"));
     let file = dir.path().join("cluster.yaml");
     std::fs::write(&file, text)?;
@@ -909,7 +931,7 @@ async fn kubectl_works_against_the_embedded_server() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_state_dir_survives_a_restart_and_a_torn_write() -> Result<()> {
-    use slinky_host::embedded::{ApiServer, ApiServerConfig};
+    use slinky_apiserver::{ApiServer, ApiServerConfig};
     let dir = tempfile::tempdir()?;
     let config = || ApiServerConfig {
         state_dir: Some(dir.path().to_path_buf()),
@@ -923,7 +945,7 @@ async fn the_state_dir_survives_a_restart_and_a_torn_write() -> Result<()> {
         .await?;
     cms.create(&PostParams::default(), &cm("gone", &[], &[])).await?;
     cms.delete("gone", &DeleteParams::default()).await?;
-    let crds = slinky_host::crds::crds();
+    let crds = crds();
     let crd_api = Api::<
         k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     >::all(client.clone());
@@ -966,5 +988,348 @@ async fn the_state_dir_survives_a_restart_and_a_torn_write() -> Result<()> {
         "resourceVersions keep increasing after a restart ({a} <= {b})"
     );
     server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_pod_terminates_gracefully_and_an_unbound_one_goes_at_once() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("graceful").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    // Bound to a node no kubelet serves (on either server): it stays terminating until a
+    // delete with a grace period of 0.
+    let bound: Pod = serde_json::from_value(json!({"metadata": {"name": "bound"},
+        "spec": {"nodeName": "no-kubelet-node", "containers": [{"name": "c", "image": "x"}]}}))?;
+    let created = pods.create(&PostParams::default(), &bound).await?;
+    let from = created.resource_version().unwrap_or_default();
+    let grace = |s: u32| DeleteParams {
+        grace_period_seconds: Some(s),
+        ..Default::default()
+    };
+    let deleted = pods.delete("bound", &grace(30)).await?;
+    let terminating = deleted.left().context("a graceful delete answers the pod")?;
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(30));
+    let still = pods.get("bound").await?;
+    assert_eq!(
+        still.metadata.deletion_grace_period_seconds,
+        Some(30),
+        "still there, terminating"
+    );
+    // A second delete may shorten the grace period, not lengthen it.
+    pods.delete("bound", &grace(60)).await?;
+    assert_eq!(
+        pods.get("bound").await?.metadata.deletion_grace_period_seconds,
+        Some(30)
+    );
+    pods.delete("bound", &grace(10)).await?;
+    assert_eq!(
+        pods.get("bound").await?.metadata.deletion_grace_period_seconds,
+        Some(10)
+    );
+    // Grace 0: gone.
+    pods.delete("bound", &grace(0)).await?;
+    assert!(pods.get_opt("bound").await?.is_none(), "grace 0 deletes at once");
+    // The watch (from the creation) saw it: MODIFIED (terminating, 30), MODIFIED (10), MODIFIED
+    // (the grace period ended: 0), DELETED.
+    let mut stream = pods
+        .watch(&WatchParams::default().timeout(5), &from)
+        .await?
+        .boxed();
+    let mut seen = Vec::new();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(10), stream.try_next()).await?? {
+        match ev {
+            WatchEvent::Added(p) => seen.push(("ADDED", p.metadata.deletion_grace_period_seconds)),
+            WatchEvent::Modified(p) => seen.push(("MODIFIED", p.metadata.deletion_grace_period_seconds)),
+            WatchEvent::Deleted(p) => seen.push(("DELETED", p.metadata.deletion_grace_period_seconds)),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => bail!("watch error {e:?}"),
+        }
+        if seen.last().is_some_and(|(k, _)| *k == "DELETED") {
+            break;
+        }
+    }
+    let kinds: Vec<&str> = seen.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, ["MODIFIED", "MODIFIED", "MODIFIED", "DELETED"], "{seen:?}");
+    assert_eq!(
+        seen[..3],
+        [
+            ("MODIFIED", Some(30)),
+            ("MODIFIED", Some(10)),
+            ("MODIFIED", Some(0))
+        ],
+        "{seen:?}"
+    );
+
+    // Unbound (no kubelet will ever run it): deleted at once, whatever the grace period.
+    let unbound: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "unbound"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &unbound).await?;
+    pods.delete("unbound", &grace(30)).await?;
+    assert!(
+        pods.get_opt("unbound").await?.is_none(),
+        "an unbound pod goes at once"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulated_kubelet_finishes_terminating_pods_after_the_scaled_grace_period() -> Result<()> {
+    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
+        lifecycle: Some(slinky_apiserver::LifecycleConfig {
+            nodes: 1,
+            schedule_delay: Duration::from_millis(10),
+            ready_delay: Duration::from_millis(10),
+            grace_period_scale: 0.01,
+        }),
+        ..Default::default()
+    })
+    .await;
+    if c.embedded("simulated kubelet").is_none() {
+        return Ok(());
+    }
+    let ns = c.namespace("kubelet").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let running = eventually(20, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get("p").await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        }
+    })
+    .await;
+    ensure!(running.is_some(), "the simulation runs the pod");
+    // Default grace period (30 s), scaled by 0.01: terminating first, then gone.
+    let deleted = pods.delete("p", &DeleteParams::default()).await?;
+    let terminating = deleted.left().context("terminating")?;
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(30));
+    assert!(
+        pods.get_opt("p")
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "observable while terminating"
+    );
+    let gone = eventually(20, || {
+        let pods = pods.clone();
+        async move { matches!(pods.get_opt("p").await, Ok(None)).then_some(()) }
+    })
+    .await;
+    ensure!(
+        gone.is_some(),
+        "the simulated kubelet removes the pod after its grace period"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_generators_send_protobuf_and_work() -> Result<()> {
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("kubectl_generators_send_protobuf_and_work: skipped, kubectl is not on PATH");
+        return Ok(());
+    }
+    let c = TestCluster::start().await;
+    let kc = c.kubeconfig.display().to_string();
+    let kubectl = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    // A namespace of our own name (generators send protobuf bodies for built-in kinds).
+    let ns = format!("gen-{}", &c.namespace("probe").await[6..]);
+    kubectl(&["create", "namespace", &ns])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "configmap",
+        "cm",
+        "--from-literal=a=b",
+        "--from-literal=empty=",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "--from-literal=password=hunter2",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "service",
+        "clusterip",
+        "svc",
+        "--tcp=80:8080",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "create",
+        "deployment",
+        "d",
+        "--image=nginx:1.25",
+        "--replicas=2",
+    ])?;
+    kubectl(&[
+        "-n",
+        &ns,
+        "run",
+        "r",
+        "--image=busybox:1.36",
+        "--restart=Never",
+        "--",
+        "sleep",
+        "10",
+    ])?;
+    kubectl(&["-n", &ns, "expose", "deployment", "d", "--port=81", "--name=dsvc"])?;
+    let cms: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let cm = cms.get("cm").await?;
+    assert_eq!(
+        cm.data,
+        Some(BTreeMap::from([
+            ("a".into(), "b".into()),
+            ("empty".into(), String::new())
+        ]))
+    );
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(c.client.clone(), &ns)
+        .get("s")
+        .await?;
+    let password = secret.data.and_then(|d| d.get("password").cloned());
+    assert_eq!(password.map(|b| b.0), Some(b"hunter2".to_vec()));
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.client.clone(), &ns);
+    let svc = services.get("svc").await?.spec.context("spec")?;
+    let port = svc.ports.and_then(|p| p.into_iter().next()).context("a port")?;
+    assert_eq!(port.port, 80);
+    assert_eq!(
+        port.target_port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+            8080
+        ))
+    );
+    let exposed = services.get("dsvc").await?.spec.context("spec")?;
+    assert_eq!(
+        exposed.selector,
+        Some(BTreeMap::from([("app".into(), "d".into())]))
+    );
+    let deployment = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.client.clone(), &ns)
+        .get("d")
+        .await?;
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let image = spec
+        .template
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.image);
+    assert_eq!(image.as_deref(), Some("nginx:1.25"));
+    let pod = Api::<Pod>::namespaced(c.client.clone(), &ns).get("r").await?;
+    let container = pod
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .context("a container")?;
+    assert_eq!(container.args, Some(vec!["sleep".to_string(), "10".to_string()]));
+    // And back: kubectl reads them (tables in JSON).
+    let table = kubectl(&["-n", &ns, "get", "configmaps,secrets,services,deployments,pods"])?;
+    for name in [
+        "configmap/cm",
+        "secret/s",
+        "service/svc",
+        "deployment.apps/d",
+        "pod/r",
+    ] {
+        assert!(
+            table.contains(name.split('/').nth(1).unwrap_or_default()),
+            "{name} missing from {table}"
+        );
+    }
+    kubectl(&["delete", "namespace", &ns, "--wait=false"])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_answers_when_a_client_asks_for_them() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("protobuf").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    api.create(&PostParams::default(), &cm("p", &[("k", "v")], &[("app", "x")]))
+        .await?;
+    let request = http::Request::get(format!("/api/v1/namespaces/{ns}/configmaps/p"))
+        .header("Accept", "application/vnd.kubernetes.protobuf, application/json")
+        .body(Vec::new())?;
+    let response = c.client.send(request.map(kube::client::Body::from)).await?;
+    let ctype = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(ctype, "application/vnd.kubernetes.protobuf");
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await?
+        .to_bytes();
+    // The magic "k8s\0", then the envelope naming the kind, then the object.
+    ensure!(bytes.starts_with(b"k8s\0"), "a protobuf envelope, got {bytes:?}");
+    let text = String::from_utf8_lossy(&bytes);
+    ensure!(text.contains("ConfigMap") && text.contains("app"), "{text:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_written_through_events_k8s_io_are_core_events_too() -> Result<()> {
+    use k8s_openapi::api::{core::v1::Event as CoreEvent, events::v1::Event};
+    let c = TestCluster::start().await;
+    let ns = c.namespace("events").await;
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "p.1"},
+        "eventTime": "2026-01-02T03:04:05.000000Z",
+        "regarding": {"kind": "Pod", "name": "p", "namespace": ns, "apiVersion": "v1"},
+        "note": "pod p scaled", "reason": "Scaled", "type": "Normal", "action": "Scale",
+        "reportingController": "slinky-host", "reportingInstance": "slinky-host-0",
+    }))?;
+    let written = Api::<Event>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &event)
+        .await?;
+    assert_eq!(written.note.as_deref(), Some("pod p scaled"));
+    let core = Api::<CoreEvent>::namespaced(c.client.clone(), &ns)
+        .get("p.1")
+        .await?;
+    assert_eq!(core.message.as_deref(), Some("pod p scaled"));
+    assert_eq!(core.involved_object.name.as_deref(), Some("p"));
+    assert_eq!(core.reporting_component.as_deref(), Some("slinky-host"));
+    assert_eq!(core.metadata.uid, written.metadata.uid, "one object, two views");
+    // A change through one API is seen through the other.
+    Api::<CoreEvent>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "p.1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"series": {"count": 2, "lastObservedTime": "2026-01-02T03:05:05.000000Z"}})),
+        )
+        .await?;
+    let again = Api::<Event>::namespaced(c.client.clone(), &ns).get("p.1").await?;
+    assert_eq!(again.series.map(|s| s.count), Some(2));
+    let listed = Api::<CoreEvent>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    assert_eq!(listed.items.len(), 1);
     Ok(())
 }

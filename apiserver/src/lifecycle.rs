@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tokio::{sync::watch, time::Instant};
 
 use super::{
-    ApiError, ResKey, Store,
+    ApiError, DeleteOpts, ResKey, Store,
     store::{Op, Sub},
 };
 
@@ -25,6 +25,13 @@ pub struct LifecycleConfig {
     pub schedule_delay: Duration,
     /// From scheduling to Running and Ready.
     pub ready_delay: Duration,
+    /// How fast the simulated kubelet lets terminating pods' grace periods pass: a pod deleted
+    /// with a grace period of `g` seconds is removed `g × grace_period_scale` seconds later. 1.0
+    /// is real time (the default, and what `apiserver` and `run --embedded` use); tests use a
+    /// small factor (0.01 ends a 30 s grace period in 300 ms). Only pods bound to the simulated
+    /// nodes are finished: on others, as on a real cluster without their kubelet, a terminating
+    /// pod stays until it is deleted with a grace period of 0.
+    pub grace_period_scale: f64,
 }
 
 impl Default for LifecycleConfig {
@@ -33,6 +40,7 @@ impl Default for LifecycleConfig {
             nodes: 3,
             schedule_delay: Duration::from_millis(100),
             ready_delay: Duration::from_millis(500),
+            grace_period_scale: 1.0,
         }
     }
 }
@@ -178,6 +186,13 @@ async fn run(
 ) {
     let mut seen: HashMap<String, Instant> = HashMap::new();
     let mut scheduled: HashMap<String, Instant> = HashMap::new();
+    // Terminating pods on our nodes: when the kubelet finishes each (uid → deadline).
+    let mut terminating: HashMap<String, Instant> = HashMap::new();
+    let our_node = |n: &str| {
+        n.strip_prefix("sim-node-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| i < config.nodes)
+    };
     let mut next_node = 0usize;
     let mut next_ip = 2u32;
     loop {
@@ -195,6 +210,7 @@ async fn run(
             .collect();
         seen.retain(|uid, _| live.contains(uid));
         scheduled.retain(|uid, _| live.contains(uid));
+        terminating.retain(|uid, _| live.contains(uid));
         for pod in items {
             let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
             let ns = pod["metadata"]["namespace"]
@@ -202,11 +218,41 @@ async fn run(
                 .unwrap_or_default()
                 .to_string();
             let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            if pod.pointer("/metadata/deletionTimestamp").is_some()
-                || held
-                    .lock()
-                    .map(|h| h.contains(&(ns.clone(), name.clone())))
-                    .unwrap_or(false)
+            if pod.pointer("/metadata/deletionTimestamp").is_some() {
+                let bound_here = pod
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some_and(our_node);
+                if bound_here {
+                    let grace = pod
+                        .pointer("/metadata/deletionGracePeriodSeconds")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0)
+                        .max(0);
+                    let scaled = Duration::from_secs_f64(grace as f64 * config.grace_period_scale.max(0.0));
+                    let deadline = terminating.entry(uid.clone()).or_insert(now + scaled);
+                    // A shortened grace period (a second delete) brings the end forward.
+                    *deadline = (*deadline).min(now + scaled);
+                    if now >= *deadline && grace > 0 {
+                        // The kubelet has stopped the containers: it deletes the pod for good.
+                        let _ = store.delete(
+                            &pods(),
+                            &ns,
+                            &name,
+                            &DeleteOpts {
+                                uid: Some(uid.clone()),
+                                grace_period: Some(0),
+                                ..Default::default()
+                            },
+                        );
+                    }
+                }
+                continue;
+            }
+            if held
+                .lock()
+                .map(|h| h.contains(&(ns.clone(), name.clone())))
+                .unwrap_or(false)
             {
                 continue;
             }
@@ -219,19 +265,7 @@ async fn run(
                 None if now >= first + config.schedule_delay && config.nodes > 0 => {
                     let target = format!("sim-node-{}", next_node % config.nodes);
                     next_node += 1;
-                    let bound = store.modify(
-                        &pods(),
-                        &ns,
-                        &name,
-                        Sub::Main,
-                        "embedded-scheduler",
-                        Op::Update,
-                        |cur, _| {
-                            let mut p = cur.clone();
-                            p["spec"]["nodeName"] = target.clone().into();
-                            Ok(p)
-                        },
-                    );
+                    let bound = store.bind(&ns, &name, &target);
                     if bound.is_ok() {
                         let _ = store.modify(
                             &pods(),

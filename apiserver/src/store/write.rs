@@ -1,0 +1,531 @@
+//! Writes: create (names, namespaces, defaults, validation), commit of an update (preconditions,
+//! the status split, server-owned metadata, generation, managedFields, no-op detection) and the
+//! event log.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::{
+    Event, EventKind, Inner, Op, Sub, managed::set_managed, meta_mut, meta_str, new_uid, now, same_content,
+    spec_part, strip_server_fields,
+};
+use crate::{
+    ApiError, patch,
+    resources::{self, ResKey, ResourceType},
+    schema, validation,
+};
+
+impl Inner {
+    pub(super) fn rtype(&self, res: &ResKey) -> Result<ResourceType, ApiError> {
+        self.types.get(res).cloned().ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                format!(
+                    "the server could not find the requested resource ({})",
+                    res.plural
+                ),
+            )
+        })
+    }
+
+    pub(super) fn current(&self, res: &ResKey, ns: &str, name: &str) -> Result<Arc<Value>, ApiError> {
+        let rt = self.rtype(res)?;
+        self.objects
+            .get(res)
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&rt, name))
+    }
+
+    pub(super) fn trim(&mut self) {
+        while self.events.len() > self.window {
+            if let Some(e) = self.events.pop_front() {
+                self.compacted = e.rev;
+            }
+        }
+    }
+
+    pub(super) fn push_event(
+        &mut self,
+        res: &ResKey,
+        kind: EventKind,
+        obj: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
+        if let Some(wal) = self.wal.as_mut() {
+            use std::io::Write;
+            let op = if kind == EventKind::Deleted {
+                "delete"
+            } else {
+                "put"
+            };
+            let mut line =
+                json!({"rev": self.rev, "group": res.group, "plural": res.plural, "op": op, "obj": &*obj})
+                    .to_string();
+            line.push('\n');
+            if let Err(error) = wal.write_all(line.as_bytes()) {
+                tracing::error!(%error, "cannot append to the write-ahead log; persistence is off from now on");
+                self.wal = None;
+            }
+        }
+        self.events.push_back(Event {
+            rev: self.rev,
+            res: res.clone(),
+            kind,
+            obj,
+            prev,
+            json: Arc::default(),
+        });
+        self.trim();
+    }
+
+    pub(super) fn create(
+        &mut self,
+        res: &ResKey,
+        ns: &str,
+        mut obj: Value,
+        manager: &str,
+        dry_run: bool,
+        op: &str,
+    ) -> Result<Arc<Value>, ApiError> {
+        let rt = self.rtype(res)?;
+        if !obj.is_object() {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        }
+        let ns = if rt.namespaced { ns } else { "" };
+        if rt.namespaced {
+            match meta_str(&obj, "namespace") {
+                Some(n) if !n.is_empty() && n != ns => {
+                    return Err(ApiError::bad_request(format!(
+                        "the namespace of the provided object ({n}) does not match the namespace sent on the request ({ns})"
+                    )));
+                }
+                _ => {}
+            }
+            let nskey = ResKey {
+                group: String::new(),
+                plural: "namespaces".into(),
+            };
+            let ns_obj = self
+                .objects
+                .get(&nskey)
+                .and_then(|m| m.get(&(String::new(), ns.to_string())));
+            match ns_obj {
+                None => {
+                    return Err(ApiError::new(
+                        404,
+                        "NotFound",
+                        format!("namespaces \"{ns}\" not found"),
+                    ));
+                }
+                Some(n) if n.pointer("/metadata/deletionTimestamp").is_some() => {
+                    return Err(ApiError::new(
+                        403,
+                        "Forbidden",
+                        format!(
+                            "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                            rt.qualified(),
+                            meta_str(&obj, "name").unwrap_or_default()
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        let name = match (meta_str(&obj, "name"), meta_str(&obj, "generateName")) {
+            (Some(n), _) if !n.is_empty() => n.to_string(),
+            (_, Some(prefix)) if !prefix.is_empty() => format!("{prefix}{}", generated_suffix()),
+            _ => String::new(),
+        };
+        meta_mut(&mut obj).insert("name".into(), name.clone().into());
+        obj["apiVersion"] = rt.api_version().into();
+        obj["kind"] = rt.kind.clone().into();
+        // The creator owns what it sent, not what the server defaults.
+        let owned = patch::field_set(&strip_server_fields(&obj), &rt.plural, false);
+        decodable(&rt, &obj)?;
+        self.defaults(&rt, &mut obj);
+        let errs = validation::validate(&rt, &obj, None);
+        if !errs.is_empty() {
+            return Err(validation::invalid(&rt, &name, &errs));
+        }
+        if let Some(schema) = &rt.schema {
+            schema::default_and_validate(&rt, &name, schema, &mut obj)?;
+        }
+        let key = (ns.to_string(), name.clone());
+        if self.objects.get(res).is_some_and(|m| m.contains_key(&key)) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", rt.qualified()),
+            )
+            .with_details(&rt, &name));
+        }
+        if rt.key().plural == "customresourcedefinitions" {
+            let served =
+                resources::from_crd(&obj).map_err(|e| ApiError::invalid(&rt, &name, vec![("spec", e)]))?;
+            if dry_run {
+                return Ok(Arc::new(obj));
+            }
+            obj["status"] = crd_status(&served);
+            self.types.insert(served.key(), served);
+        }
+        let rev = self.rev + 1;
+        {
+            let m = meta_mut(&mut obj);
+            m.insert("name".into(), name.clone().into());
+            if rt.namespaced {
+                m.insert("namespace".into(), ns.into());
+            } else {
+                m.remove("namespace");
+            }
+            m.insert("uid".into(), new_uid().into());
+            m.insert("creationTimestamp".into(), now().into());
+            m.insert("resourceVersion".into(), rev.to_string().into());
+            m.remove("deletionTimestamp");
+            m.remove("managedFields");
+            if obj.get("spec").is_some() || rt.custom {
+                meta_mut(&mut obj).insert("generation".into(), 1.into());
+            }
+        }
+        set_managed(&mut obj, manager, op, &rt, &owned, false);
+        if dry_run {
+            return Ok(Arc::new(obj));
+        }
+        self.rev = rev;
+        let obj = Arc::new(obj);
+        self.put(res, key, obj.clone());
+        self.push_event(res, EventKind::Added, obj.clone(), None);
+        Ok(obj)
+    }
+
+    /// Server-side defaults for the built-in types the host uses.
+    pub(super) fn defaults(&mut self, rt: &ResourceType, obj: &mut Value) {
+        match (rt.group.as_str(), rt.plural.as_str()) {
+            ("", "namespaces") => {
+                obj["spec"] = json!({"finalizers": ["kubernetes"]});
+                obj["status"] = json!({"phase": "Active"});
+            }
+            ("", "pods") => {
+                if obj.pointer("/status/phase").is_none() {
+                    obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+                }
+                pod_defaults(obj);
+            }
+            ("", "secrets") => secret_defaults(obj),
+            ("", "services") => {
+                let ip = self.next_ip;
+                self.next_ip += 1;
+                if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.entry("type").or_insert("ClusterIP".into());
+                    spec.entry("sessionAffinity").or_insert("None".into());
+                    if spec
+                        .get("clusterIP")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                    {
+                        let addr = format!("10.96.{}.{}", ip / 250, ip % 250 + 1);
+                        spec.insert("clusterIP".into(), addr.clone().into());
+                        spec.insert("clusterIPs".into(), json!([addr]));
+                    }
+                    if let Some(Value::Array(ports)) = spec.get_mut("ports") {
+                        for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                            p.entry("protocol").or_insert("TCP".into());
+                            if let Some(port) = p.get("port").cloned() {
+                                p.entry("targetPort").or_insert(port);
+                            }
+                        }
+                    }
+                }
+                obj["status"] = json!({"loadBalancer": {}});
+            }
+            _ => {}
+        }
+    }
+
+    /// Commit `new` over `current`: preconditions, status split, generation, managedFields,
+    /// finalizer-driven deletion, no-op detection.
+    pub(super) fn commit(
+        &mut self,
+        res: &ResKey,
+        current: &Arc<Value>,
+        mut new: Value,
+        sub: Sub,
+        manager: &str,
+        op: Op,
+    ) -> Result<Arc<Value>, ApiError> {
+        let rt = self.rtype(res)?;
+        let name = meta_str(current, "name").unwrap_or_default().to_string();
+        if !new.is_object() {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        }
+        if let Some(rv) = meta_str(&new, "resourceVersion").filter(|rv| !rv.is_empty())
+            && Some(rv) != meta_str(current, "resourceVersion")
+        {
+            return Err(ApiError::conflict(&rt, &name));
+        }
+        if let Some(n) = meta_str(&new, "name")
+            && n != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )));
+        }
+        new["apiVersion"] = rt.api_version().into();
+        new["kind"] = rt.kind.clone().into();
+        match sub {
+            Sub::Status => {
+                let status = new.get("status").cloned();
+                let mut merged = (**current).clone();
+                match status {
+                    Some(s) => merged["status"] = s,
+                    None => {
+                        if let Value::Object(m) = &mut merged {
+                            m.remove("status");
+                        }
+                    }
+                }
+                if op == Op::Apply {
+                    // apply_to already computed managedFields on `new`.
+                    let mf = new.pointer("/metadata/managedFields").cloned();
+                    if let Some(mf) = mf {
+                        meta_mut(&mut merged).insert("managedFields".into(), mf);
+                    }
+                }
+                new = merged;
+            }
+            Sub::Main if rt.status => match current.get("status") {
+                Some(s) => new["status"] = s.clone(),
+                None => {
+                    if let Value::Object(m) = &mut new {
+                        m.remove("status");
+                    }
+                }
+            },
+            Sub::Main => {}
+        }
+        // Server-owned metadata comes from the stored object.
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "namespace",
+            "name",
+            "generation",
+        ] {
+            let old = current.pointer(&format!("/metadata/{f}")).cloned();
+            let m = meta_mut(&mut new);
+            match old {
+                Some(v) => m.insert(f.into(), v),
+                None => m.remove(f),
+            };
+        }
+        if op != Op::Apply {
+            let old_mf = current.pointer("/metadata/managedFields").cloned();
+            match old_mf {
+                Some(v) => meta_mut(&mut new).insert("managedFields".into(), v),
+                None => meta_mut(&mut new).remove("managedFields"),
+            };
+        }
+        if sub == Sub::Main && op != Op::Server {
+            decodable(&rt, &new)?;
+            update_defaults(&rt, &mut new, current);
+            let errs = validation::validate(&rt, &new, Some(current));
+            if !errs.is_empty() {
+                return Err(validation::invalid(&rt, &name, &errs));
+            }
+        }
+        if let Some(schema) = &rt.schema {
+            schema::default_and_validate(&rt, &name, schema, &mut new)?;
+        }
+        if spec_part(&new) != spec_part(current) && current.pointer("/metadata/generation").is_some() {
+            let g = current
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            meta_mut(&mut new).insert("generation".into(), (g + 1).into());
+        }
+        if op == Op::Update {
+            let changed = patch::changed_fields(current, &new, &rt.plural, sub == Sub::Status);
+            if !changed.is_empty() {
+                set_managed(&mut new, manager, "Update", &rt, &changed, sub == Sub::Status);
+            }
+        }
+        if same_content(current, &new) {
+            return Ok(current.clone());
+        }
+        if rt.plural == "customresourcedefinitions" {
+            let served =
+                resources::from_crd(&new).map_err(|e| ApiError::invalid(&rt, &name, vec![("spec", e)]))?;
+            self.types.insert(served.key(), served);
+        }
+        // The last finalizer removed from an object being deleted: it goes, unless it is still
+        // in its grace period (a terminating pod waits for its kubelet).
+        let deleting = new.pointer("/metadata/deletionTimestamp").is_some()
+            && new
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .is_none_or(|g| g == 0);
+        let finalizers = new
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if deleting && !finalizers {
+            let ns = meta_str(current, "namespace").unwrap_or_default().to_string();
+            return self.remove(res, &ns, &name, new, "Background");
+        }
+        self.commit_raw(res, current, new, EventKind::Modified)
+    }
+
+    pub(super) fn commit_raw(
+        &mut self,
+        res: &ResKey,
+        current: &Arc<Value>,
+        mut new: Value,
+        kind: EventKind,
+    ) -> Result<Arc<Value>, ApiError> {
+        self.rev += 1;
+        meta_mut(&mut new).insert("resourceVersion".into(), self.rev.to_string().into());
+        let key = (
+            meta_str(current, "namespace").unwrap_or_default().to_string(),
+            meta_str(current, "name").unwrap_or_default().to_string(),
+        );
+        let new = Arc::new(new);
+        self.put(res, key, new.clone());
+        self.push_event(res, kind, new.clone(), Some(current.clone()));
+        Ok(new)
+    }
+}
+
+fn crd_status(rt: &ResourceType) -> Value {
+    json!({
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now()},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now()},
+        ],
+        "acceptedNames": {"plural": rt.plural, "singular": rt.singular, "kind": rt.kind, "shortNames": rt.short_names, "listKind": format!("{}List", rt.kind)},
+        "storedVersions": [rt.version],
+    })
+}
+
+/// Pod spec defaults kube-apiserver sets (and the immutability check compares with).
+fn pod_defaults(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.entry("restartPolicy").or_insert("Always".into());
+    spec.entry("dnsPolicy").or_insert("ClusterFirst".into());
+    spec.entry("schedulerName").or_insert("default-scheduler".into());
+    spec.entry("terminationGracePeriodSeconds").or_insert(30.into());
+    for key in ["containers", "initContainers"] {
+        for c in spec
+            .get_mut(key)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_object_mut)
+        {
+            c.entry("terminationMessagePath")
+                .or_insert("/dev/termination-log".into());
+            c.entry("terminationMessagePolicy").or_insert("File".into());
+            if !c.contains_key("imagePullPolicy") {
+                let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
+                let tag = image
+                    .rsplit('/')
+                    .next()
+                    .and_then(|last| last.split_once(':'))
+                    .map(|(_, t)| t);
+                let latest = !image.contains('@') && tag.is_none_or(|t| t == "latest");
+                let policy = if latest { "Always" } else { "IfNotPresent" };
+                c.insert("imagePullPolicy".into(), policy.into());
+            }
+            for p in c
+                .get_mut("ports")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_object_mut)
+            {
+                p.entry("protocol").or_insert("TCP".into());
+            }
+        }
+    }
+}
+
+/// `stringData` is write-only: merged into `data` (base64), as kube-apiserver does.
+fn secret_defaults(obj: &mut Value) {
+    use base64::Engine;
+    let Some(string_data) = obj.as_object_mut().and_then(|m| m.remove("stringData")) else {
+        return;
+    };
+    if !obj.get("data").is_some_and(Value::is_object) {
+        obj["data"] = json!({});
+    }
+    for (k, v) in string_data.as_object().into_iter().flatten() {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = base64::engine::general_purpose::STANDARD.encode(text).into();
+    }
+}
+
+/// Defaults of an update: what create defaults, and a Service keeps the cluster IP it has
+/// when the update leaves it out.
+fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "pods") => pod_defaults(new),
+        ("", "secrets") => secret_defaults(new),
+        ("", "services") => {
+            let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
+                return;
+            };
+            if spec
+                .get("clusterIP")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                for key in ["clusterIP", "clusterIPs"] {
+                    if let Some(v) = old.pointer(&format!("/spec/{key}")) {
+                        spec.insert(key.into(), v.clone());
+                    }
+                }
+            }
+            spec.entry("type").or_insert("ClusterIP".into());
+            spec.entry("sessionAffinity").or_insert("None".into());
+            if let Some(Value::Array(ports)) = spec.get_mut("ports") {
+                for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                    p.entry("protocol").or_insert("TCP".into());
+                    if let Some(port) = p.get("port").cloned() {
+                        p.entry("targetPort").or_insert(port);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// What kube-apiserver refuses while decoding a body (400 BadRequest), before validation: for
+/// pods, resource quantities that do not parse.
+fn decodable(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
+    if rt.group.is_empty() && rt.plural == "pods" && validation::bad_quantities(obj) {
+        return Err(ApiError::bad_request(
+            "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+        ));
+    }
+    Ok(())
+}
+
+/// Five random characters from the alphabet kube-apiserver's name generator uses (no vowels, no
+/// look-alikes: a generated name never spells a word).
+fn generated_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let hex = crate::random_hex();
+    hex.as_bytes()
+        .chunks(2)
+        .take(5)
+        .map(|pair| {
+            let byte = u8::from_str_radix(std::str::from_utf8(pair).unwrap_or("0"), 16).unwrap_or(0);
+            char::from(ALPHABET[usize::from(byte) % ALPHABET.len()])
+        })
+        .collect()
+}

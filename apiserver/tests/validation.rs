@@ -1,0 +1,613 @@
+//! Validation like kube-apiserver's: each case is sent to the embedded server (or, with
+//! `SLINKY_TEST_KUBECONFIG`, to a real kube-apiserver) and must get the same status code and the
+//! same `details.causes` (reason, field, message) as the real server gives. The expectations were
+//! recorded from kube-apiserver v1.28.7.
+
+use anyhow::{Context, Result, bail, ensure};
+use kube::{
+    Api,
+    api::{DynamicObject, Patch, PatchParams, PostParams},
+    discovery::ApiResource,
+};
+use serde_json::{Value, json};
+use slinky_apiserver::testing::TestCluster;
+
+const DNS1123_LABEL: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const SUBDOMAIN: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const NAME_PART: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+/// The causes of a refusal: (reason, field, message).
+type Causes = Vec<(String, String, String)>;
+
+/// A refusal: the status code and its causes.
+type Refusal = Option<(u16, Causes)>;
+
+fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+fn pod(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+}
+
+fn c(extra: Value) -> Value {
+    let mut c = json!({"name": "c", "image": "x"});
+    if let (Value::Object(m), Value::Object(e)) = (&mut c, extra) {
+        m.extend(e);
+    }
+    c
+}
+
+/// The code and the causes (reason, field, message) of a refused write, or `None` when it passed.
+fn refusal(result: std::result::Result<DynamicObject, kube::Error>) -> Result<Refusal> {
+    match result {
+        Ok(_) => Ok(None),
+        Err(kube::Error::Api(s)) => Ok(Some((
+            s.code,
+            s.details
+                .map(|d| {
+                    d.causes
+                        .into_iter()
+                        .map(|c| (c.reason, c.field, c.message))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        ))),
+        Err(e) => bail!("not an API error: {e}"),
+    }
+}
+
+async fn create(c: &TestCluster, ns: &str, obj: &Value) -> Result<Refusal> {
+    let api_version = obj["apiVersion"].as_str().context("apiVersion")?;
+    let kind = obj["kind"].as_str().context("kind")?;
+    let plural = match kind {
+        "Pod" => "pods",
+        "Service" => "services",
+        "ConfigMap" => "configmaps",
+        "Secret" => "secrets",
+        "Lease" => "leases",
+        "Namespace" => "namespaces",
+        other => bail!("no plural for {other}"),
+    };
+    let ar = resource(api_version, kind, plural);
+    let api: Api<DynamicObject> = if kind == "Namespace" {
+        Api::all_with(c.client.clone(), &ar)
+    } else {
+        Api::namespaced_with(c.client.clone(), ns, &ar)
+    };
+    refusal(
+        api.create(&PostParams::default(), &serde_json::from_value(obj.clone())?)
+            .await,
+    )
+}
+
+fn causes(list: &[(&str, &str, &str)]) -> Causes {
+    list.iter()
+        .map(|(r, f, m)| (r.to_string(), f.to_string(), m.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_objects_get_kube_apiservers_causes() -> Result<()> {
+    let cluster = TestCluster::start().await;
+    let ns = cluster.namespace("validation").await;
+    let svc = |name: &str, spec: Value| json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec});
+    let cases: Vec<(&str, Value, u16, Causes)> = vec![
+        (
+            "no image",
+            pod("p1", json!({"containers": [{"name": "c"}]})),
+            422,
+            causes(&[("FieldValueRequired", "spec.containers[0].image", "Required value")]),
+        ),
+        (
+            "duplicate container names",
+            pod("p2", json!({"containers": [c(json!({})), c(json!({}))]})),
+            422,
+            causes(&[(
+                "FieldValueDuplicate",
+                "spec.containers[1].name",
+                "Duplicate value: \"c\"",
+            )]),
+        ),
+        (
+            "invalid hostname",
+            pod(
+                "p3",
+                json!({"hostname": "Bad_Host", "containers": [c(json!({}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.hostname",
+                &format!("Invalid value: \"Bad_Host\": {DNS1123_LABEL}"),
+            )]),
+        ),
+        (
+            "64-character label value",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p4", "labels": {"a": "x".repeat(64)}}, "spec": {"containers": [c(json!({}))]}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.labels",
+                &format!(
+                    "Invalid value: \"{}\": must be no more than 63 characters",
+                    "x".repeat(64)
+                ),
+            )]),
+        ),
+        (
+            "service port 70000",
+            svc("s1", json!({"ports": [{"port": 70000}]})),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.ports[0].port",
+                    "Invalid value: 70000: must be between 1 and 65535, inclusive",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.ports[0].targetPort",
+                    "Invalid value: 70000: must be between 1 and 65535, inclusive",
+                ),
+            ]),
+        ),
+        (
+            "configmap key",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1"}, "data": {"bad key!": "v"}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "data[bad key!]",
+                "Invalid value: \"bad key!\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')",
+            )]),
+        ),
+        (
+            "no containers",
+            pod("p5", json!({"containers": []})),
+            422,
+            causes(&[("FieldValueRequired", "spec.containers", "Required value")]),
+        ),
+        (
+            "container name",
+            pod("p6", json!({"containers": [c(json!({"name": "Bad_Name"}))]})),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.containers[0].name",
+                &format!("Invalid value: \"Bad_Name\": {DNS1123_LABEL}"),
+            )]),
+        ),
+        (
+            "ports",
+            pod(
+                "p7",
+                json!({"containers": [c(json!({"ports": [{"containerPort": 0}, {"containerPort": 70000, "name": "x--y"}]}))]}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueRequired",
+                    "spec.containers[0].ports[0].containerPort",
+                    "Required value",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.containers[0].ports[1].name",
+                    "Invalid value: \"x--y\": must not contain consecutive hyphens",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.containers[0].ports[1].containerPort",
+                    "Invalid value: 70000: must be between 1 and 65535, inclusive",
+                ),
+            ]),
+        ),
+        (
+            "duplicate port names",
+            pod(
+                "p8",
+                json!({"containers": [c(json!({"ports": [{"containerPort": 80, "name": "http"}, {"containerPort": 81, "name": "http"}]}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueDuplicate",
+                "spec.containers[0].ports[1].name",
+                "Duplicate value: \"http\"",
+            )]),
+        ),
+        (
+            "probe with two handlers",
+            pod(
+                "p9",
+                json!({"containers": [c(json!({"livenessProbe": {"exec": {"command": ["x"]}, "tcpSocket": {"port": 80}}}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueForbidden",
+                "spec.containers[0].livenessProbe.tcpSocket",
+                "Forbidden: may not specify more than 1 handler type",
+            )]),
+        ),
+        (
+            "probe without a handler",
+            pod(
+                "p10",
+                json!({"containers": [c(json!({"readinessProbe": {"periodSeconds": 5}}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueRequired",
+                "spec.containers[0].readinessProbe",
+                "Required value: must specify a handler type",
+            )]),
+        ),
+        (
+            "env names",
+            pod(
+                "p11",
+                json!({"containers": [c(json!({"env": [{"name": "1X", "value": "v"}, {"name": ""}]}))]}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.containers[0].env[0].name",
+                    "Invalid value: \"1X\": a valid environment variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit (e.g. 'my.env-name',  or 'MY_ENV.NAME',  or 'MyEnvName1', regex used for validation is '[-._a-zA-Z][-._a-zA-Z0-9]*')",
+                ),
+                (
+                    "FieldValueRequired",
+                    "spec.containers[0].env[1].name",
+                    "Required value",
+                ),
+            ]),
+        ),
+        (
+            "volumes and mounts",
+            pod(
+                "p12",
+                json!({"volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}], "containers": [c(json!({"volumeMounts": [{"name": "w", "mountPath": "/w"}]}))]}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueDuplicate",
+                    "spec.volumes[1].name",
+                    "Duplicate value: \"v\"",
+                ),
+                (
+                    "FieldValueNotFound",
+                    "spec.containers[0].volumeMounts[0].name",
+                    "Not found: \"w\"",
+                ),
+            ]),
+        ),
+        (
+            "quantity that does not parse",
+            pod(
+                "p13",
+                json!({"containers": [c(json!({"resources": {"limits": {"cpu": "abc"}}}))]}),
+            ),
+            400,
+            vec![],
+        ),
+        (
+            "restart policy",
+            pod(
+                "p14",
+                json!({"restartPolicy": "Sometimes", "containers": [c(json!({}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueNotSupported",
+                "spec.restartPolicy",
+                "Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\"",
+            )]),
+        ),
+        (
+            "subdomain",
+            pod("p15", json!({"subdomain": "a.b", "containers": [c(json!({}))]})),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.subdomain",
+                "Invalid value: \"a.b\": must not contain dots",
+            )]),
+        ),
+        (
+            "pod name",
+            pod("Bad_Name", json!({"containers": [c(json!({}))]})),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.name",
+                &format!("Invalid value: \"Bad_Name\": {SUBDOMAIN}"),
+            )]),
+        ),
+        (
+            "annotation key",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p16", "annotations": {"bad key": "v"}}, "spec": {"containers": [c(json!({}))]}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.annotations",
+                &format!("Invalid value: \"bad key\": {NAME_PART}"),
+            )]),
+        ),
+        (
+            "init container without an image",
+            pod(
+                "p18",
+                json!({"initContainers": [{"name": "i"}], "containers": [c(json!({}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueRequired",
+                "spec.initContainers[0].image",
+                "Required value",
+            )]),
+        ),
+        (
+            "init container named like a container",
+            pod(
+                "p19",
+                json!({"initContainers": [c(json!({}))], "containers": [c(json!({}))]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueDuplicate",
+                "spec.initContainers[0].name",
+                "Duplicate value: \"c\"",
+            )]),
+        ),
+        (
+            "service ports, protocols and selector",
+            svc(
+                "s2",
+                json!({"ports": [{"port": 80, "name": "a", "protocol": "FOO"}, {"port": 81, "name": "a"}, {"port": 82}], "selector": {"bad key": "v"}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueNotSupported",
+                    "spec.ports[0].protocol",
+                    "Unsupported value: \"FOO\": supported values: \"SCTP\", \"TCP\", \"UDP\"",
+                ),
+                (
+                    "FieldValueDuplicate",
+                    "spec.ports[1].name",
+                    "Duplicate value: \"a\"",
+                ),
+                ("FieldValueRequired", "spec.ports[2].name", "Required value"),
+                (
+                    "FieldValueInvalid",
+                    "spec.selector",
+                    &format!("Invalid value: \"bad key\": {NAME_PART}"),
+                ),
+            ]),
+        ),
+        (
+            "service without ports",
+            svc("s3", json!({})),
+            422,
+            causes(&[("FieldValueRequired", "spec.ports", "Required value")]),
+        ),
+        (
+            "service name",
+            svc("1svc", json!({"ports": [{"port": 80}]})),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.name",
+                "Invalid value: \"1svc\": a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')",
+            )]),
+        ),
+        (
+            "secret key",
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s1"}, "data": {"..x": "dg=="}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "data[..x]",
+                "Invalid value: \"..x\": must not start with '..'",
+            )]),
+        ),
+        (
+            "lease",
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "l1"}, "spec": {"leaseDurationSeconds": 0, "leaseTransitions": -1}}),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.leaseDurationSeconds",
+                    "Invalid value: 0: must be greater than 0",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.leaseTransitions",
+                    "Invalid value: -1: must be greater than or equal to 0",
+                ),
+            ]),
+        ),
+        (
+            "namespace name",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a.b"}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.name",
+                "Invalid value: \"a.b\": must not contain dots",
+            )]),
+        ),
+        (
+            "configmap key in data and binaryData",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c2"}, "data": {"k": "v"}, "binaryData": {"k": "dg=="}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "data[k]",
+                "Invalid value: \"k\": duplicate of key present in binaryData",
+            )]),
+        ),
+        (
+            "owner references and finalizers",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "own", "ownerReferences": [{"apiVersion": "v1", "kind": "", "name": "x", "uid": ""}], "finalizers": ["bad finalizer"]}, "spec": {"containers": [c(json!({}))]}}),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "metadata.ownerReferences.kind",
+                    "Invalid value: \"\": kind must not be empty",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "metadata.ownerReferences.uid",
+                    "Invalid value: \"\": uid must not be empty",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "metadata.finalizers",
+                    &format!("Invalid value: \"bad finalizer\": {NAME_PART}"),
+                ),
+                (
+                    "FieldValueInvalid",
+                    "metadata.finalizers[0]",
+                    "Invalid value: \"bad finalizer\": name is neither a standard finalizer name nor is it fully qualified",
+                ),
+            ]),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, obj, code, expected) in &cases {
+        match create(&cluster, &ns, obj).await? {
+            None => failures.push(format!("{what}: accepted, expected {code}")),
+            Some((got, causes)) if got != *code || causes != *expected => failures.push(format!(
+                "{what}: got {got} {causes:#?}\n  expected {code} {expected:#?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    // A valid pod of the same shapes passes.
+    let good = pod(
+        "good",
+        json!({"hostname": "h", "subdomain": "s", "containers": [c(json!({"ports": [{"containerPort": 80, "name": "http"}],
+        "env": [{"name": "A", "value": "1"}], "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+        "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m"}},
+        "livenessProbe": {"tcpSocket": {"port": 80}}}))], "volumes": [{"name": "v", "emptyDir": {}}]}),
+    );
+    ensure!(
+        create(&cluster, &ns, &good).await?.is_none(),
+        "a valid pod is accepted"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_and_service_updates_keep_immutable_fields() -> Result<()> {
+    let cluster = TestCluster::start().await;
+    let ns = cluster.namespace("immutable").await;
+    let pods: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client.clone(), &ns, &resource("v1", "Pod", "pods"));
+    let p = pod(
+        "p",
+        json!({"containers": [c(json!({}))], "tolerations": [{"key": "a", "operator": "Exists"}]}),
+    );
+    pods.create(&PostParams::default(), &serde_json::from_value(p)?)
+        .await?;
+    // A change of restartPolicy is refused: 422, one cause on `spec`.
+    let r = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"restartPolicy": "Never"}})),
+        )
+        .await;
+    let Some((code, got)) = refusal(r)? else {
+        bail!("a restartPolicy change was accepted")
+    };
+    assert_eq!(code, 422);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        (got[0].0.as_str(), got[0].1.as_str()),
+        ("FieldValueForbidden", "spec")
+    );
+    assert!(
+        got[0].2.starts_with(
+            "Forbidden: pod updates may not change fields other than `spec.containers[*].image`"
+        ),
+        "{}",
+        got[0].2
+    );
+    // Images, a lower activeDeadlineSeconds and an added toleration may change; labels too.
+    let patch = json!({"metadata": {"labels": {"x": "y"}}, "spec": {"containers": [{"name": "c", "image": "y"}],
+        "activeDeadlineSeconds": 30, "tolerations": [{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "Exists"}]}});
+    let changed = pods
+        .patch("p", &PatchParams::default(), &Patch::Strategic(patch))
+        .await?;
+    assert_eq!(
+        changed.data.pointer("/spec/containers/0/image"),
+        Some(&json!("y"))
+    );
+    // Adding a container is not a change a pod can take.
+    let r = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"containers": [{"name": "d", "image": "d"}]}})),
+        )
+        .await;
+    let Some((code, got)) = refusal(r)? else {
+        bail!("an added container was accepted")
+    };
+    assert_eq!((code, got[0].1.as_str()), (422, "spec.containers"), "{got:?}");
+
+    // A Service's cluster IP may not change once set; an update without it keeps it.
+    let services: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client.clone(),
+        &ns,
+        &resource("v1", "Service", "services"),
+    );
+    let s = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}], "selector": {"a": "b"}}});
+    let created = services
+        .create(&PostParams::default(), &serde_json::from_value(s)?)
+        .await?;
+    let ip = created
+        .data
+        .pointer("/spec/clusterIP")
+        .cloned()
+        .context("a cluster IP")?;
+    let r = services
+        .patch(
+            "svc",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterIP": "10.96.200.200", "clusterIPs": ["10.96.200.200"]}})),
+        )
+        .await;
+    assert_eq!(
+        refusal(r)?,
+        Some((
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.clusterIPs[0]",
+                "Invalid value: []string{\"10.96.200.200\"}: may not change once set"
+            )])
+        ))
+    );
+    let mut without = services.get("svc").await?;
+    if let Some(spec) = without.data.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.remove("clusterIP");
+        spec.remove("clusterIPs");
+    }
+    let replaced = services.replace("svc", &PostParams::default(), &without).await?;
+    assert_eq!(replaced.data.pointer("/spec/clusterIP"), Some(&ip));
+    Ok(())
+}
