@@ -21,7 +21,10 @@ use slinky_api::{Controller, NodeSet, keys};
 use slinky_host::{BuildContext, PluginRegistry, PodIdentity, plugins::BuilderKind};
 use slinky_tests::{
     TestCluster, default_engine, eventually,
-    host::{Host, NS_NAME, apply_example, cluster, converge, events, generation, names, pod_names, scale},
+    host::{
+        Host, NS_NAME, apply_example, apply_example_with, cluster, converge, events, generation, names,
+        pod_names, scale,
+    },
 };
 
 /// Ordinals of the pods the example NodeSet controls now (not terminating).
@@ -430,6 +433,71 @@ async fn pods_labelled_by_slinky_are_adopted_without_a_roll_when_they_equal_ours
         );
     }
     assert_eq!(host.handles.writes.ok("delete"), 1);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_with_a_grace_period_keep_their_ordinals_while_they_terminate() -> Result<()> {
+    let c = cluster(true).await;
+    if c.embedded("grace period (needs the simulated kubelet)").is_none() {
+        return Ok(());
+    }
+    let ns = c.namespace("grace").await;
+    // 300 s of grace, 3 s with the test cluster's simulated kubelet (0.01 of real time).
+    apply_example_with(&c, &ns, 3, |v| {
+        v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 300.into();
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    // Every pod name ever seen: no other ordinal may appear while pods terminate.
+    let all_names = || async {
+        pods.list(&ListParams::default())
+            .await
+            .map(|l| l.items.iter().map(ResourceExt::name_any).collect::<BTreeSet<_>>())
+    };
+    // A user deletes pod 1: it terminates for its grace period, then comes back as itself.
+    let one = format!("{NS_NAME}-1");
+    let before = pods.get(&one).await?.uid();
+    pods.delete(&one, &DeleteParams::default()).await?;
+    let terminating = pods.get(&one).await?;
+    ensure!(
+        terminating.metadata.deletion_timestamp.is_some()
+            && terminating.metadata.deletion_grace_period_seconds == Some(300),
+        "the API server keeps the pod terminating: {:?}",
+        terminating.metadata
+    );
+    // Scale down to 1 and straight back up to 3 while pods terminate.
+    scale(&c, &ns, 1).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let g = scale(&c, &ns, 3).await?;
+    let seen = std::sync::Mutex::new(BTreeSet::new());
+    let done = eventually(60, || async {
+        let now = all_names().await.ok()?;
+        if let Ok(mut s) = seen.lock() {
+            s.extend(now.iter().cloned());
+        }
+        let fresh = pods.get(&one).await.ok()?;
+        let live = pod_names(&c, &ns).await.ok()?;
+        (live == names(&[0, 1, 2]) && fresh.uid() != before && fresh.metadata.deletion_timestamp.is_none())
+            .then_some(())
+    })
+    .await;
+    ensure!(
+        done.is_some(),
+        "pods did not come back under their ordinals: {:?}",
+        all_names().await?
+    );
+    let seen = seen.into_inner().unwrap_or_default();
+    assert_eq!(
+        seen,
+        names(&[0, 1, 2]),
+        "no other ordinal was created while pods terminated"
+    );
+    converge(&c, &ns, &names(&[0, 1, 2]), g, true).await?;
+    assert_eq!(host.handles.expectations.total_pending(), 0);
     host.stop().await;
     Ok(())
 }
