@@ -251,9 +251,9 @@ fn plugin_check_diffs_exactly_the_gpu_changes() -> Result<()> {
     let per_pod = [
         "resources:",
         "limits:",
-        "nvidia.com/gpu: '2'",
+        "nvidia.com/gpu: \"2\"",
         "requests:",
-        "nvidia.com/gpu: '2'",
+        "nvidia.com/gpu: \"2\"",
         "- image: nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9",
         "name: gpu-monitor",
         "ports:",
@@ -276,7 +276,7 @@ fn author_errors_name_the_cause_and_the_fix() -> Result<()> {
         let text = std::fs::read_to_string(example("slurm-cluster.yaml"))?;
         let mut docs: Vec<Value> = text
             .split("\n---\n")
-            .map(serde_yaml::from_str)
+            .map(serde_saphyr::from_str)
             .collect::<Result<_, _>>()?;
         for d in &mut docs {
             d["metadata"]["annotations"] = serde_json::from_str(annotations)?;
@@ -285,7 +285,10 @@ fn author_errors_name_the_cause_and_the_fix() -> Result<()> {
             }
         }
         let path = tmp.path().join(format!("{name}.yaml"));
-        let yaml: Vec<String> = docs.iter().map(serde_yaml::to_string).collect::<Result<_, _>>()?;
+        let yaml: Vec<String> = docs
+            .iter()
+            .map(serde_saphyr::to_string)
+            .collect::<Result<_, _>>()?;
         std::fs::write(&path, yaml.join("---\n"))?;
         Ok(path)
     };

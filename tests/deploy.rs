@@ -293,7 +293,7 @@ fn helm_template(release: &str, values: &Value) -> Result<BTreeMap<String, Value
             continue;
         }
         for doc in text.as_str().unwrap_or_default().split("\n---") {
-            let v: Value = serde_yaml::from_str(doc).with_context(|| format!("{path}: {doc}"))?;
+            let v: Value = serde_saphyr::from_str(doc).with_context(|| format!("{path}: {doc}"))?;
             if v.is_null() {
                 continue;
             }
@@ -313,7 +313,7 @@ fn helm_template(release: &str, values: &Value) -> Result<BTreeMap<String, Value
 #[test]
 fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     let chart = workspace().join("deploy/helm/slinky-host");
-    let meta: Value = serde_yaml::from_str(&std::fs::read_to_string(chart.join("Chart.yaml"))?)?;
+    let meta: Value = serde_saphyr::from_str(&std::fs::read_to_string(chart.join("Chart.yaml"))?)?;
     assert_eq!(meta["appVersion"], env!("CARGO_PKG_VERSION"));
     // The CRDs are the host's.
     let out = run(&["crds"]);

@@ -498,7 +498,7 @@ async fn a_missing_controller_is_a_condition_not_a_crash() -> Result<()> {
     let ns = c.namespace("orphan").await;
     let text = std::fs::read_to_string(slinky_tests::example("edge-cases.yaml"))?;
     let first = text.split("\n---\n").next().context("first document")?;
-    let mut v: serde_json::Value = serde_yaml::from_str(first)?;
+    let mut v: serde_json::Value = serde_saphyr::from_str(first)?;
     v["metadata"]["namespace"] = ns.clone().into();
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     api.patch(

@@ -277,7 +277,7 @@ fn yaml_output_is_kubernetes_documents() -> Result<()> {
     let text = String::from_utf8(out.stdout)?;
     let docs: Vec<Value> = text
         .split("---\n")
-        .map(serde_yaml::from_str)
+        .map(serde_saphyr::from_str)
         .collect::<Result<_, _>>()?;
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     assert_eq!(kinds, ["Service", "Pod", "Pod", "Pod"]);
@@ -475,7 +475,7 @@ fn plugin_inspect_reports_describe_digest_and_contract() -> Result<()> {
     let plugin = test_plugin("hostile");
     let out = run(&["plugin", "inspect", &plugin.display().to_string()]);
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: Value = serde_yaml::from_slice(&out.stdout)?;
+    let report: Value = serde_saphyr::from_slice(&out.stdout)?;
     assert_eq!(report["name"], "hostile");
     assert_eq!(report["kinds"], serde_json::json!(["nodeset-pod"]));
     assert_eq!(report["contractVersion"], "0.1.0");

@@ -29,7 +29,7 @@ fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions:
 fn crds_yaml() -> Result<String> {
     let docs = crds()
         .iter()
-        .map(serde_yaml::to_string)
+        .map(serde_saphyr::to_string)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(docs.join("---\n"))
 }

@@ -150,7 +150,7 @@ impl Tally {
 }
 
 fn yaml(v: &Value) -> String {
-    serde_yaml::to_string(v).unwrap_or_default()
+    serde_saphyr::to_string(v).unwrap_or_default()
 }
 
 /// Check the plugin at `path` on `manifests` (the examples when empty).

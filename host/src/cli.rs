@@ -337,7 +337,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Version { output } => {
             let report = version_report();
             let text = match output {
-                OutputFormat::Yaml => serde_yaml::to_string(&report)?,
+                OutputFormat::Yaml => serde_saphyr::to_string(&report)?,
                 OutputFormat::Json => serde_json::to_string_pretty(&report)? + "\n",
             };
             std::io::stdout()
@@ -469,7 +469,7 @@ fn inspect(engine: &Arc<EngineHandle>, path: &std::path::Path) -> anyhow::Result
         "digest": format!("sha256:{}", plugin.digest()),
         "source": match plugin.source() { PluginSource::Bundled => "bundled".to_string(), PluginSource::File(p) => p.display().to_string() },
     });
-    let text = serde_yaml::to_string(&report)?;
+    let text = serde_saphyr::to_string(&report)?;
     std::io::stdout()
         .lock()
         .write_all(text.as_bytes())

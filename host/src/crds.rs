@@ -13,10 +13,10 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
 ///
 /// # Errors
 /// A serializer failure.
-pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
+pub fn crds_yaml() -> Result<String, serde_saphyr::SerializeError> {
     let docs = crds()
         .iter()
-        .map(serde_yaml::to_string)
+        .map(serde_saphyr::to_string)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(docs.join("---\n"))
 }

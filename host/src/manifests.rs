@@ -260,7 +260,7 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
 pub fn yaml(args: &ManifestsArgs) -> anyhow::Result<String> {
     let docs = objects(args)?
         .iter()
-        .map(serde_yaml::to_string)
+        .map(serde_saphyr::to_string)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(docs.join("---\n"))
 }

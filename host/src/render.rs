@@ -107,12 +107,45 @@ impl Child {
     ///
     /// # Errors
     /// A serializer failure (not expected for built objects).
-    pub fn to_yaml(&self) -> Result<String, serde_yaml::Error> {
+    pub fn to_yaml(&self) -> Result<String, serde_saphyr::SerializeError> {
         match self {
-            Child::Service(s) => serde_yaml::to_string(s),
-            Child::Pod(p) => serde_yaml::to_string(p),
+            Child::Service(s) => serde_saphyr::to_string(s),
+            Child::Pod(p) => serde_saphyr::to_string(p),
         }
     }
+}
+
+/// Parse one YAML document (or JSON) with YAML 1.2 Core booleans: only `true`/`false`
+/// (any case) are booleans, so `name: n` or `value: on` stay strings, as a user writing a
+/// manifest means them.
+///
+/// # Errors
+/// The parser's error, with the line and column.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    let mut options = serde_saphyr::Options::default();
+    options.strict_booleans = true;
+    serde_saphyr::from_str_with_options(text, options)
+}
+
+/// The documents of a YAML stream: the text between document markers (`---` at the start of a
+/// line, alone or followed by a space), so each can be parsed, and reported, on its own.
+pub fn yaml_documents(text: &str) -> Vec<&str> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if bare == "---" || bare.starts_with("--- ") {
+            docs.push(&text[start..offset]);
+            // Content after the marker on the same line belongs to the next document.
+            start = offset + 3;
+        }
+        offset += line.len();
+    }
+    docs.push(&text[start..]);
+    // Empty documents (a leading `---`, a trailing one) are no documents.
+    docs.retain(|d| !d.trim().is_empty());
+    docs
 }
 
 /// Read every Controller and NodeSet from YAML (multi-document) or JSON files. A `v1` `List`'s
@@ -137,18 +170,17 @@ pub fn read_manifests(paths: &[PathBuf]) -> Result<Vec<Manifest>, RenderError> {
 /// # Errors
 /// As [`read_manifests`].
 pub fn parse_manifests(path: &Path, text: &str) -> Result<Vec<Manifest>, RenderError> {
-    use serde::Deserialize;
     let mut out = Vec::new();
-    // Name documents by number when the file has separators. The iterator is consumed lazily:
-    // after a syntax error serde_yaml keeps yielding the same error.
-    let many = text.lines().any(|l| l.starts_with("---"));
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    // Name documents by number when the file has separators.
+    let docs = yaml_documents(text);
+    let many = docs.len() > 1;
+    for (i, doc) in docs.iter().enumerate() {
         let at = if many {
             format!("{} (document {})", path.display(), i + 1)
         } else {
             path.display().to_string()
         };
-        let value = Value::deserialize(doc).map_err(|e| RenderError::Parse {
+        let value: Value = parse_yaml(doc).map_err(|e| RenderError::Parse {
             at: at.clone(),
             reason: e.to_string(),
         })?;
@@ -327,7 +359,7 @@ pub fn controllers(manifests: &[Manifest]) -> Vec<&Controller> {
 ///
 /// # Errors
 /// A serializer failure.
-pub fn to_yaml(children: &[Child]) -> Result<String, serde_yaml::Error> {
+pub fn to_yaml(children: &[Child]) -> Result<String, serde_saphyr::SerializeError> {
     let docs = children
         .iter()
         .map(Child::to_yaml)
@@ -343,4 +375,21 @@ pub fn to_json_list(children: &[Child]) -> Value {
         "metadata": {},
         "items": children.iter().map(Child::to_json).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod document_tests {
+    use super::yaml_documents;
+
+    #[test]
+    fn documents_are_split_at_their_markers() {
+        assert_eq!(yaml_documents("a: 1\n"), ["a: 1\n"]);
+        assert_eq!(yaml_documents("---\na: 1\n---\nb: 2\n"), ["\na: 1\n", "\nb: 2\n"]);
+        assert_eq!(
+            yaml_documents("a: |\n  ---x\n--- \nb: 2"),
+            ["a: |\n  ---x\n", " \nb: 2"]
+        );
+        assert!(yaml_documents("").is_empty());
+        assert_eq!(yaml_documents("a: 1\n---\n"), ["a: 1\n"]);
+    }
 }

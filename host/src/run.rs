@@ -104,7 +104,6 @@ pub struct RunArgs {
 /// # Errors
 /// A file that can't be read or parsed, an unknown kind, or an API error; each names the object.
 pub async fn apply_files(client: &Client, files: &[PathBuf]) -> anyhow::Result<usize> {
-    use serde::Deserialize;
     let discovery = Discovery::new(client.clone())
         .run()
         .await
@@ -113,9 +112,10 @@ pub async fn apply_files(client: &Client, files: &[PathBuf]) -> anyhow::Result<u
     for file in files {
         let text =
             std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
+        for (i, doc) in crate::render::yaml_documents(&text).into_iter().enumerate() {
             let at = format!("{} (document {})", file.display(), i + 1);
-            let value = Value::deserialize(doc).with_context(|| format!("{at}: not valid YAML"))?;
+            let value: Value =
+                crate::render::parse_yaml(doc).with_context(|| format!("{at}: not valid YAML"))?;
             if value.is_null() {
                 continue;
             }

@@ -132,7 +132,7 @@ pub async fn apply_example_with(
 ) -> Result<()> {
     let text = std::fs::read_to_string(crate::example("slurm-cluster.yaml"))?;
     for doc in text.split("\n---\n") {
-        let mut v: serde_json::Value = serde_yaml::from_str(doc)?;
+        let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
         v["metadata"]["namespace"] = ns.into();
         if v["kind"] == "NodeSet" {
             v["spec"]["replicas"] = replicas.into();

@@ -39,7 +39,7 @@ pub(super) fn decode_body(headers: &hyper::HeaderMap, bytes: &[u8], custom: bool
     let media = ctype.split(';').next().unwrap_or_default().trim();
     match media {
         "" | "application/json" => parse_json(bytes),
-        "application/yaml" => serde_yaml::from_slice(bytes)
+        "application/yaml" => serde_saphyr::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}"))),
         protobuf::MEDIA_TYPE if !custom => protobuf::decode(bytes),
         _ => Err(ApiError::new(

@@ -319,7 +319,7 @@ fn patch_object(
                 "PATCH with application/apply-patch+yaml requires the fieldManager parameter",
             ));
         }
-        let config: Value = serde_yaml::from_slice(body).map_err(|e| {
+        let config: Value = serde_saphyr::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!("the apply configuration is not valid YAML/JSON: {e}"))
         })?;
         let force = matches!(query.get("force").map(String::as_str), Some("true" | "1"));
