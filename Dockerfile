@@ -1,18 +1,32 @@
+# syntax=docker/dockerfile:1.7
 # slinky-host with its bundled builder plugins, in one binary.
 #
 #   docker build -t registry.example.com/slinky-host:0.1.0 .
+#   docker run --rm registry.example.com/slinky-host:0.1.0 version   # version and plugin digests
 #
 # Stage 1 builds the host; its build script compiles the bundled plugins (plugins/*) for
-# wasm32-wasip2 and embeds them in the binary. Stage 2 is a minimal non-root runtime: the binary
-# is the only file it needs (it links only glibc, libgcc and libm, which the distroless `cc` image has).
+# wasm32-wasip2, reproducibly (no build-machine path inside: the digests equal those of any other
+# build of the same source), and embeds them in the binary. The cargo registry and the target
+# directory are BuildKit cache mounts: a source change rebuilds the workspace crates and the
+# plugins, not the ~400 dependencies. Stage 2 is a minimal non-root runtime: the binary is the only
+# file it needs (it links only glibc, libgcc and libm, which the distroless `cc` image has).
 FROM docker.io/library/rust:1.95-bookworm AS build
 RUN rustup target add wasm32-wasip2
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p slinky-host \
- && install -m 0755 target/release/slinky-host /slinky-host
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p slinky-host \
+ && install -m 0755 target/release/slinky-host /slinky-host \
+ && /slinky-host version
 
 FROM gcr.io/distroless/cc-debian12:nonroot
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="slinky-host" \
+      org.opencontainers.image.description="A WebAssembly-pluggable reconciliation host for Slinky (Slurm on Kubernetes)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /slinky-host /usr/local/bin/slinky-host
 USER 65532:65532
 EXPOSE 8080

@@ -479,3 +479,34 @@ fn strip_nulls(v: Value) -> Value {
         other => other,
     }
 }
+
+#[test]
+fn the_dockerfile_builds_with_the_pinned_toolchain_and_caches_dependencies() -> Result<()> {
+    let toolchain = std::fs::read_to_string(workspace().join("rust-toolchain.toml"))?;
+    let channel = toolchain
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("channel"))
+        .and_then(|l| l.split('"').nth(1))
+        .context("rust-toolchain.toml has no channel")?;
+    let dockerfile = std::fs::read_to_string(workspace().join("Dockerfile"))?;
+    let image = format!("rust:{}-bookworm", channel.trim_end_matches(".0"));
+    ensure!(
+        dockerfile.contains(&image),
+        "the Dockerfile does not build with {image}"
+    );
+    for cache in ["/usr/local/cargo/registry", "/src/target"] {
+        ensure!(
+            dockerfile.contains(&format!("--mount=type=cache,target={cache}")),
+            "the Dockerfile does not cache {cache}"
+        );
+    }
+    ensure!(
+        dockerfile.contains("slinky-host version"),
+        "the build prints the plugin digests"
+    );
+    ensure!(
+        dockerfile.contains(&format!("0.0.0.0:{}", manifests::METRICS_PORT)),
+        "the image's default command serves metrics on the install's port"
+    );
+    Ok(())
+}
