@@ -9,8 +9,28 @@ use std::{
 };
 
 /// Builds `packages` for wasm32-wasip2 (profile `wasm`) and returns the directory of the `.wasm`
-/// files. Exits the build with the exact fix when the target is missing.
+/// files; tells cargo to rerun the build script when guest sources change. Exits the build with
+/// the exact fix when the target is missing.
+#[allow(dead_code, reason = "included by build scripts, which use it, and the benchmark, which does not")]
 fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
+    let out = build_wasm(workspace, packages);
+    for dir in [
+        "api",
+        "guest-sdk",
+        "wit",
+        "plugins",
+        "tests/plugins",
+        "examples/gpu-plugin",
+        "Cargo.lock",
+    ] {
+        println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
+    }
+    out
+}
+
+/// Builds `packages` for wasm32-wasip2 (profile `wasm`, reproducibly) and returns the directory of
+/// the `.wasm` files.
+fn build_wasm(workspace: &Path, packages: &[&str]) -> PathBuf {
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let sysroot = Command::new(&rustc)
         .args(["--print", "sysroot"])
@@ -81,17 +101,6 @@ fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
             eprintln!("error: cannot run cargo to build the wasm plugins: {e}");
             std::process::exit(1);
         }
-    }
-    for dir in [
-        "api",
-        "guest-sdk",
-        "wit",
-        "plugins",
-        "tests/plugins",
-        "examples/gpu-plugin",
-        "Cargo.lock",
-    ] {
-        println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }
     target_dir.join("wasm32-wasip2").join("wasm")
 }

@@ -48,6 +48,8 @@
 // The generated bindings name this crate by its external name, inside and outside it.
 extern crate self as slinky_guest_sdk;
 
+#[cfg(target_arch = "wasm32")]
+pub mod bump;
 pub mod helpers;
 pub mod merge;
 pub mod slinky;
@@ -225,6 +227,8 @@ macro_rules! export_plugin {
 #[macro_export]
 macro_rules! __export_plugin {
     ($ty:ty, service = $service:ident, pod = $pod:ident) => {
+        $crate::use_bump_allocator!();
+
         #[cfg(target_arch = "wasm32")]
         const _: () = {
             use $crate::wit::exports::slinky::builder as __exports;

@@ -1,14 +1,20 @@
-//! Builder call costs: build-pod through Wasm (fresh store + instance per call) vs. the same
-//! builder compiled natively, instantiation alone, and compile vs. precompiled load.
+//! Builder call costs, side by side in one run:
+//! * build-pod through Wasm (a fresh store and instance per call, as the host calls it) under each
+//!   instance-allocator configuration, against the same builder compiled natively and the same
+//!   builder behind a loopback HTTP/JSON webhook (as Metacontroller calls its hooks);
+//! * where a Wasm call's time goes: instantiation, argument lowering, the guest's parsing, building
+//!   and serialising (timed with a measurement guest that stops after each phase), teardown,
+//!   memory growth and page faults, and the compiled code alone on one reused instance;
+//! * compiling a component vs loading a precompiled artifact.
 //!
-//! `cargo bench -p slinky-host --bench builders` (prints figures; no assertions).
+//! `cargo bench -p slinky-host --bench builders` (prints figures; no assertions). `BENCH_CALLS`
+//! sets the calls per measurement (default 2000).
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+include!("../wasm_build.rs");
+
+use std::time::Instant;
 
 use slinky_api::{Controller, NodeSet};
 use slinky_host::{
@@ -17,12 +23,12 @@ use slinky_host::{
     render::{self, Parent},
 };
 
-fn median(mut v: Vec<Duration>) -> Duration {
+fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-fn time<F: FnMut()>(n: usize, mut f: F) -> Duration {
+fn time<F: FnMut()>(n: usize, mut f: F) -> std::time::Duration {
     for _ in 0..n.min(50) {
         f(); // warm up
     }
@@ -37,12 +43,135 @@ fn time<F: FnMut()>(n: usize, mut f: F) -> Duration {
     )
 }
 
-fn fmt(d: Duration) -> String {
-    format!("{:>9.1} µs", d.as_secs_f64() * 1e6)
+fn us(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Minor page faults of this thread so far (Linux), 0 elsewhere.
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(") ")?.1.to_string();
+            // minflt is field 10; `rest` starts at field 3.
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Per call: (median time, minor page faults, memory_growing calls).
+fn fresh_calls(
+    engine: &EngineHandle,
+    plugin: &Plugin,
+    n: usize,
+    call: impl Fn(&Plugin),
+) -> (std::time::Duration, f64, f64) {
+    let median = time(n, || call(plugin));
+    let (calls0, grows0) = (
+        engine.stats().calls.load(std::sync::atomic::Ordering::Relaxed),
+        engine.stats().memory_grows.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let faults0 = minor_faults();
+    for _ in 0..n {
+        call(plugin);
+    }
+    let faults = (minor_faults() - faults0) as f64 / n as f64;
+    let calls = engine.stats().calls.load(std::sync::atomic::Ordering::Relaxed) - calls0;
+    let grows = engine.stats().memory_grows.load(std::sync::atomic::Ordering::Relaxed) - grows0;
+    (median, faults, grows as f64 / calls.max(1) as f64)
+}
+
+/// The same builder natively behind a loopback HTTP/1.1 webhook (one keep-alive connection): the
+/// median round trip of `n` requests carrying the NodeSet, Controller and identity as JSON.
+fn webhook(n: usize, ns_json: &str, ctl_json: &str, identity: &slinky_guest_sdk::PodIdentity) -> std::time::Duration {
+    use http_body_util::{BodyExt, Full};
+    use hyper::{Request, Response, body::Incoming, service::service_fn};
+    use hyper_util::rt::TokioIo;
+
+    #[derive(serde::Deserialize)]
+    struct Hook {
+        nodeset: NodeSet,
+        controller: Controller,
+        ordinal: u32,
+        name: String,
+        hostname: String,
+        revision: String,
+    }
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let svc = service_fn(|req: Request<Incoming>| async move {
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let hook: Hook = serde_json::from_slice(&body).expect("hook request");
+                        let id = slinky_guest_sdk::PodIdentity {
+                            ordinal: hook.ordinal,
+                            name: hook.name,
+                            hostname: hook.hostname,
+                            revision: hook.revision,
+                        };
+                        let pod = slinky_guest_sdk::slinky::build_nodeset_pod(
+                            &slinky_guest_sdk::BuildContext::default(),
+                            &hook.nodeset,
+                            &hook.controller,
+                            &id,
+                        )
+                        .expect("build");
+                        let json = serde_json::to_vec(&pod).expect("json");
+                        Ok::<_, hyper::Error>(Response::new(Full::new(bytes::Bytes::from(json))))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+    });
+    let body = format!(
+        r#"{{"nodeset":{ns_json},"controller":{ctl_json},"ordinal":{},"name":"{}","hostname":"{}","revision":"{}"}}"#,
+        identity.ordinal, identity.name, identity.hostname, identity.revision
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let mut times = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let req = Request::post("/build-pod")
+                .header(hyper::header::HOST, "bench")
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(bytes::Bytes::from(body.clone())))
+                .expect("request");
+            let t = Instant::now();
+            let resp = sender.send_request(req).await.expect("send");
+            let out = resp.into_body().collect().await.expect("body").to_bytes();
+            std::hint::black_box(String::from_utf8_lossy(&out).len());
+            if i >= 50 {
+                times.push(t.elapsed());
+            }
+        }
+        median(times)
+    })
 }
 
 fn main() -> anyhow::Result<()> {
-    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/slurm-cluster.yaml");
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let example = workspace.join("examples/slurm-cluster.yaml");
     let (mut nodeset, mut controller): (Option<NodeSet>, Option<Controller>) = (None, None);
     for m in render::read_manifests(&[example])? {
         match m.parent {
@@ -56,70 +185,161 @@ fn main() -> anyhow::Result<()> {
     );
     let identity = PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
     let ctx = BuildContext::default();
+    let n: usize = std::env::var("BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
     let cache = tempfile::tempdir()?;
-    let config = RuntimeConfig {
+    let base = RuntimeConfig {
         cache_dir: Some(cache.path().to_path_buf()),
         ..RuntimeConfig::default()
     };
-    let n = 2000;
+    let ns_json = serde_json::to_string(&nodeset)?;
+    let ctl_json = serde_json::to_string(&controller)?;
 
     // Compile vs. precompiled load (fresh engines so the in-memory cache doesn't count).
     let t = Instant::now();
-    let engine = EngineHandle::new(config.clone())?;
+    let engine = EngineHandle::new(base.clone())?;
     let plugin = Plugin::load(&engine, bundled::NODESET_POD, PluginSource::Bundled)?;
     let compile = t.elapsed();
     let t = Instant::now();
-    let engine2 = EngineHandle::new(config.clone())?;
+    let engine2 = EngineHandle::new(base.clone())?;
     let reloaded = Plugin::load(&engine2, bundled::NODESET_POD, PluginSource::Bundled)?;
     let precompiled = t.elapsed();
-    assert_eq!(
-        reloaded.compiled_from(),
-        slinky_host::plugins::CompileSource::Disk
-    );
+    assert_eq!(reloaded.compiled_from(), slinky_host::plugins::CompileSource::Disk);
+    drop((engine2, reloaded));
 
-    let ns_json = serde_json::to_string(&nodeset)?;
-    let ctl_json = serde_json::to_string(&controller)?;
-    let instantiate = time(n, || plugin.instantiate_only().expect("instantiate"));
-    let wasm_raw = time(n, || {
-        plugin
-            .build_pod_raw(&ctx, &ns_json, &ctl_json, &identity)
-            .expect("build");
-    });
-    let wasm_full = time(n, || {
-        plugin
-            .build_pod(&ctx, &nodeset, &controller, &identity)
-            .expect("build");
-    });
+    // Native: the same work as the guest (JSON in, build, JSON out).
     let sdk_ctx = slinky_guest_sdk::BuildContext::default();
     let sdk_id = slinky_guest_sdk::PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
     let native = time(n, || {
-        // The same work as the guest: JSON in, build, JSON out.
         let ns: NodeSet = serde_json::from_str(&ns_json).expect("nodeset");
         let ctl: Controller = serde_json::from_str(&ctl_json).expect("controller");
         let pod = slinky_guest_sdk::slinky::build_nodeset_pod(&sdk_ctx, &ns, &ctl, &sdk_id).expect("build");
         std::hint::black_box(serde_json::to_string(&pod).expect("json"));
     });
+    let webhook = webhook(n, &ns_json, &ctl_json, &sdk_id);
 
+    let build_raw = |p: &Plugin| {
+        p.build_pod_raw(&ctx, &ns_json, &ctl_json, &identity).expect("build");
+    };
+    println!("build-pod for the example NodeSet ({n} calls per figure, medians)");
+    println!("  native (JSON in, build, JSON out)                          {:>8.1} µs", us(native));
+    println!("  webhook: native builder behind loopback HTTP/JSON           {:>8.1} µs", us(webhook));
+    println!("  wasm, a fresh store and instance per call, by allocator:      time   faults/call grows/call");
+    let mib16 = 16 << 20;
+    let variants = [
+        (
+            "pooling, 16 MiB kept resident, PAGEMAP_SCAN",
+            RuntimeConfig {
+                keep_resident: mib16,
+                pagemap_scan: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "pooling, 16 MiB kept resident (memset)",
+            RuntimeConfig {
+                keep_resident: mib16,
+                pagemap_scan: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "pooling, memory decommitted after each call",
+            RuntimeConfig {
+                keep_resident: 0,
+                pagemap_scan: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "pooling, kept resident, copy-on-write image off",
+            RuntimeConfig {
+                keep_resident: mib16,
+                pagemap_scan: true,
+                memory_init_cow: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "on-demand allocation",
+            RuntimeConfig {
+                pooling: false,
+                ..base.clone()
+            },
+        ),
+    ];
+    let is_default = |c: &RuntimeConfig| {
+        let d = RuntimeConfig::default();
+        (c.pooling, c.keep_resident, c.pagemap_scan, c.memory_init_cow)
+            == (d.pooling, d.keep_resident, d.pagemap_scan, d.memory_init_cow)
+    };
+    let mut default_wasm = None;
+    for (name, config) in variants {
+        let default = is_default(&config);
+        let engine = EngineHandle::new(config)?;
+        let plugin = Plugin::load(&engine, bundled::NODESET_POD, PluginSource::Bundled)?;
+        let (median, faults, grows) = fresh_calls(&engine, &plugin, n, build_raw);
+        if default {
+            default_wasm = Some(median);
+        }
+        let name = if default { format!("{name} (default)") } else { name.to_string() };
+        println!(
+            "    {name:<56} {:>8.1} µs {faults:>9.1} {grows:>9.1}",
+            us(median)
+        );
+    }
+    let wasm = default_wasm.expect("a variant ran");
+    println!("  ratio wasm/native                                          {:>8.2}x", us(wasm) / us(native));
+    println!("  ratio wasm/webhook                                         {:>8.2}x", us(wasm) / us(webhook));
+
+    // Where the time of one fresh-instance call goes (default engine).
+    let phases_dir = build_wasm(&workspace, &["phases-guest"]);
+    let phases_bytes = std::fs::read(phases_dir.join("phases_guest.wasm"))?;
+    let phases = Plugin::load(&engine, &phases_bytes, PluginSource::Bundled)?;
+    let phase = |revision: &str, ns: &String, ctl: &String| {
+        let id = PodIdentity {
+            revision: revision.into(),
+            ..identity.clone()
+        };
+        time(n, || {
+            phases.build_pod_raw(&ctx, ns, ctl, &id).expect("phase call");
+        })
+    };
+    let empty = String::from("{}");
+    let none_empty = phase("phase:none", &empty, &empty);
+    let none = phase("phase:none", &ns_json, &ctl_json);
+    let parse = phase("phase:parse", &ns_json, &ctl_json);
+    let build = phase("phase:build", &ns_json, &ctl_json);
+    let full = phase("phase:full", &ns_json, &ctl_json);
+    let (mut inst, mut drop_t) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let (i, d) = plugin.time_instantiation()?;
+        inst.push(i);
+        drop_t.push(d);
+    }
+    let (inst, drop_t) = (median(inst), median(drop_t));
+    let reused = median(plugin.time_build_pod_on_one_instance(&ctx, &ns_json, &ctl_json, &identity, n)?);
+    let (_, faults, grows) = fresh_calls(&engine, &plugin, n, build_raw);
+    let d = |a: std::time::Duration, b: std::time::Duration| us(a) - us(b);
+    println!("breakdown of a fresh-instance call (default engine; measurement guest `phases`):");
+    println!("  instantiate (new Store + instance)                          {:>8.1} µs", us(inst));
+    println!("  teardown (drop the Store)                                   {:>8.1} µs", us(drop_t));
+    println!("  an empty call (instantiate, call, teardown)                 {:>8.1} µs", us(none_empty));
+    println!("  + lowering the NodeSet and Controller JSON                  {:>8.1} µs", d(none, none_empty));
+    println!("  + guest parsing (serde_json into the typed objects)         {:>8.1} µs", d(parse, none));
+    println!("  + building the pod                                          {:>8.1} µs", d(build, parse));
+    println!("  + serialising and lifting the result                        {:>8.1} µs", d(full, build));
+    println!("  = the whole call (measurement guest)                        {:>8.1} µs", us(full));
+    println!("  memory: {grows:.1} memory_growing calls and {faults:.1} minor page faults per call");
     println!(
-        "build-pod for the example NodeSet ({n} calls, medians; allocator {:?})",
-        engine.allocator()
+        "  compiled code alone, one reused instance (measurement only) {:>8.1} µs  ({:.2}x native)",
+        us(reused),
+        us(reused) / us(native)
     );
-    println!("  native (JSON in, build, JSON out)        {}", fmt(native));
-    println!("  wasm, fresh instance per call            {}", fmt(wasm_raw));
-    println!("  wasm + host output policy                {}", fmt(wasm_full));
-    println!(
-        "  ratio wasm/native                        {:>9.2}x",
-        wasm_raw.as_secs_f64() / native.as_secs_f64()
-    );
-    println!("  instantiate only (new Store + instance)  {}", fmt(instantiate));
     println!("component load ({} KiB):", bundled::NODESET_POD.len() / 1024);
-    println!(
-        "  compile with cranelift                   {:>9.1} ms",
-        compile.as_secs_f64() * 1e3
-    );
-    println!(
-        "  load precompiled artifact                {:>9.1} ms",
-        precompiled.as_secs_f64() * 1e3
-    );
+    println!("  compile with cranelift                                      {:>8.1} ms", compile.as_secs_f64() * 1e3);
+    println!("  load precompiled artifact                                   {:>8.1} ms", precompiled.as_secs_f64() * 1e3);
     Ok(())
 }

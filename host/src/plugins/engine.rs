@@ -33,6 +33,16 @@ pub struct RuntimeConfig {
     pub pooling: bool,
     /// At most this many plugin calls run at once when pooling (instance slots).
     pub max_concurrent_calls: u32,
+    /// Pooling: bytes of each linear memory (and table) kept resident between instances, reset
+    /// with `memset` rather than decommitted: a reused slot takes no page faults for them.
+    pub keep_resident: usize,
+    /// Pooling on Linux 6.7+: reset only the pages an instance touched (`PAGEMAP_SCAN`).
+    pub pagemap_scan: bool,
+    /// Map the component's initial memory image copy-on-write instead of copying it.
+    pub memory_init_cow: bool,
+    /// Write `/tmp/perf-<pid>.map` so `perf record` names the guests' functions
+    /// (`SLINKY_HOST_PLUGIN_PERF_MAP=1`).
+    pub perf_map: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -43,6 +53,10 @@ impl Default for RuntimeConfig {
             cache_dir: default_cache_dir(),
             pooling: true,
             max_concurrent_calls: 64,
+            keep_resident: 0,
+            pagemap_scan: false,
+            memory_init_cow: true,
+            perf_map: std::env::var_os("SLINKY_HOST_PLUGIN_PERF_MAP").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -68,6 +82,15 @@ pub enum Allocator {
     OnDemand,
 }
 
+/// Counters of the calls made on an engine (for benchmarks and diagnostics).
+#[derive(Debug, Default)]
+pub struct CallStats {
+    /// Builder calls made.
+    pub calls: AtomicU64,
+    /// `memory_growing` calls seen by the limiter (creating memories at instantiation included).
+    pub memory_grows: AtomicU64,
+}
+
 /// The engine plus what goes with it: ticker, compiled-component caches.
 pub struct EngineHandle {
     pub(crate) engine: Engine,
@@ -76,6 +99,7 @@ pub struct EngineHandle {
     compat: String,
     compiled: Mutex<HashMap<String, Component>>,
     ticker_stop: Arc<AtomicBool>,
+    stats: CallStats,
 }
 
 impl std::fmt::Debug for EngineHandle {
@@ -93,10 +117,14 @@ impl Drop for EngineHandle {
     }
 }
 
-fn base_config() -> Config {
+fn base_config(runtime: &RuntimeConfig) -> Config {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    config.memory_init_cow(runtime.memory_init_cow);
+    if runtime.perf_map {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     config
 }
 
@@ -113,18 +141,25 @@ impl EngineHandle {
                 .total_core_instances(slots * 8)
                 .total_memories(slots * 4)
                 .total_tables(slots * 8)
-                .max_memory_size(config.memory_limit);
-            let mut pooled = base_config();
+                .max_memory_size(config.memory_limit)
+                .linear_memory_keep_resident(config.keep_resident)
+                .table_keep_resident(config.keep_resident.min(1 << 20))
+                .pagemap_scan(if config.pagemap_scan {
+                    wasmtime::Enabled::Auto
+                } else {
+                    wasmtime::Enabled::No
+                });
+            let mut pooled = base_config(&config);
             pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             match Engine::new(&pooled) {
                 Ok(engine) => (engine, Allocator::Pooling),
                 Err(error) => {
                     tracing::warn!(%error, "pooling allocator unavailable, falling back to on-demand allocation");
-                    (Self::on_demand()?, Allocator::OnDemand)
+                    (Self::on_demand(&config)?, Allocator::OnDemand)
                 }
             }
         } else {
-            (Self::on_demand()?, Allocator::OnDemand)
+            (Self::on_demand(&config)?, Allocator::OnDemand)
         };
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
@@ -151,16 +186,27 @@ impl EngineHandle {
             compat,
             compiled: Mutex::new(HashMap::new()),
             ticker_stop,
+            stats: CallStats::default(),
         }))
     }
 
-    fn on_demand() -> Result<Engine, PluginError> {
-        Engine::new(&base_config()).map_err(|e| PluginError::Engine(format!("{e:#}")))
+    fn on_demand(config: &RuntimeConfig) -> Result<Engine, PluginError> {
+        Engine::new(&base_config(config)).map_err(|e| PluginError::Engine(format!("{e:#}")))
     }
 
     /// The allocator in use.
     pub fn allocator(&self) -> Allocator {
         self.allocator
+    }
+
+    /// Counters of the calls made.
+    pub fn stats(&self) -> &CallStats {
+        &self.stats
+    }
+
+    pub(crate) fn count_call(&self, grows: u64) {
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        self.stats.memory_grows.fetch_add(grows, Ordering::Relaxed);
     }
 
     /// Epoch ticks for the call deadline (rounded up, at least 1).

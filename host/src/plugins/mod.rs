@@ -35,7 +35,7 @@ pub use bindings::{BuilderKind, CONTRACT_VERSION, PluginInfo};
 /// The wasmtime version the host runs plugins on (pinned in the workspace manifest).
 pub const WASMTIME_VERSION: &str = "48.0.8";
 pub use bundled::{PluginRegistry, Refusal};
-pub use engine::{Allocator, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
+pub use engine::{Allocator, CallStats, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
 
 /// What a build call may know about the cluster (the WIT `build-context`), and which pod of a
 /// NodeSet to build (the WIT `pod-identity`): the same types plugin authors use.
@@ -238,6 +238,8 @@ impl WasiView for CallState {
 struct CallLimits {
     memory: usize,
     hit: bool,
+    /// `memory_growing` calls (memory creation at instantiation included).
+    grows: u64,
 }
 
 impl ResourceLimiter for CallLimits {
@@ -247,6 +249,7 @@ impl ResourceLimiter for CallLimits {
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        self.grows += 1;
         let ok = desired <= self.memory;
         self.hit |= !ok;
         Ok(ok)
@@ -574,6 +577,68 @@ impl Plugin {
         })
     }
 
+    /// Time `n` `build-pod` calls made on **one** instance: the compiled code's own speed, without
+    /// instantiation, memory faults or teardown. For benchmarks only: the host never reuses an
+    /// instance (every real call gets a fresh one, so no state survives between calls).
+    ///
+    /// # Errors
+    /// A [`PluginError`] when a call fails.
+    #[doc(hidden)]
+    #[allow(clippy::ptr_arg, reason = "the generated binding takes the WIT `json` by reference")]
+    pub fn time_build_pod_on_one_instance(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &String,
+        controller: &String,
+        identity: &PodIdentity,
+        n: usize,
+    ) -> Result<Vec<Duration>, PluginError> {
+        const CALL: &str = "build-pod";
+        let idx = self
+            .inner
+            .pod
+            .as_ref()
+            .ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
+        let wctx = bindings::BuildContext {
+            cluster_domain: ctx.cluster_domain.clone(),
+        };
+        let wid = bindings::PodIdentity {
+            ordinal: identity.ordinal,
+            name: identity.name.clone(),
+            hostname: identity.hostname.clone(),
+            revision: identity.revision.clone(),
+        };
+        let label = self.label();
+        let engine = &self.inner.engine;
+        let (mut store, instance) = instantiate(engine, &self.inner.pre, &label, CALL)?;
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            store.set_epoch_deadline(engine.deadline_ticks());
+            let started = std::time::Instant::now();
+            let out = idx
+                .load(&mut store, &instance)
+                .and_then(|f| f.call_build_pod(&mut store, &wctx, nodeset, controller, &wid))
+                .map_err(|e| trap_error(&label, CALL, e, &store, engine))?;
+            times.push(started.elapsed());
+            std::hint::black_box(out.ok());
+        }
+        Ok(times)
+    }
+
+    /// Create a fresh store and instance, then drop them: the time of each (for benchmarks).
+    ///
+    /// # Errors
+    /// A [`PluginError::Trap`] when instantiation traps.
+    #[doc(hidden)]
+    pub fn time_instantiation(&self) -> Result<(Duration, Duration), PluginError> {
+        let started = std::time::Instant::now();
+        let made = instantiate(&self.inner.engine, &self.inner.pre, &self.label(), "instantiate")?;
+        let instantiated = started.elapsed();
+        let started = std::time::Instant::now();
+        drop(made);
+        Ok((instantiated, started.elapsed()))
+    }
+
     /// Create a fresh store and instance and drop them (for benchmarks).
     ///
     /// # Errors
@@ -644,6 +709,7 @@ impl Plugin {
         let engine = &self.inner.engine;
         let (mut store, instance) = instantiate(engine, &self.inner.pre, &label, call)?;
         let result = f(&mut store, &instance);
+        engine.count_call(store.data().limits.grows);
         log_output(&label, call, &store);
         let output = result.map_err(|e| trap_error(&label, call, e, &store, engine))?;
         let json = output.map_err(|e| PluginError::Build {
@@ -698,6 +764,7 @@ fn instantiate(
         limits: CallLimits {
             memory: engine.config.memory_limit,
             hit: false,
+            grows: 0,
         },
         stdout,
         stderr,
