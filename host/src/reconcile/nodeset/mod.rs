@@ -1,5 +1,8 @@
-//! The NodeSet reconciler (StatefulSet mode): ordinal pods from the `nodeset-pod` builder,
-//! claimed ([`claim`]) and planned ([`plan`]) from the cache, then written.
+//! The NodeSet reconciler (StatefulSet mode): the NodeSet's other children from the
+//! `nodeset-children` builder (the workers' Service and PodDisruptionBudget shared by the
+//! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::children`]),
+//! then ordinal pods from the `nodeset-pod` builder, claimed ([`claim`]) and planned ([`plan`])
+//! from the cache, then written.
 //!
 //! # Guarantees
 //! * Pods are created or deleted only while the NodeSet's expectations are satisfied; every
@@ -11,6 +14,10 @@
 //! * A spec that would make pods the API server refuses (names, hostnames, label values) or that
 //!   asks for what this host does not support is an `InvalidSpec` condition naming the field;
 //!   a missing Controller or a failing builder is a condition too. None deletes running pods.
+//! * The shared workers' Service and PodDisruptionBudget are owned by every NodeSet referencing
+//!   the Controller (plain owner references, sorted by name): several NodeSets reconciling at once
+//!   all apply the same object under the same field manager, which is no conflict (Slinky's #152
+//!   race has no path here); a refused child write is a `ChildFailure` condition and an Event.
 //! * Status is written only when it changed, with `observedGeneration` the generation it was
 //!   computed from; on a 409 it is recomputed on the fresh object, keeping other writers'
 //!   conditions.
@@ -38,15 +45,26 @@ use plan::{DeleteReason, Inputs, is_available, phase, plan};
 
 use super::{
     Context, Error,
+    children::{ChildSync, keys_of},
     compare::{contains, differences, dropped_note},
     object_key,
     status::ConditionChanges,
     writer,
 };
 use crate::{
-    plugins::{BuilderKind, GuestError, Plugin, PluginError, PodIdentity, policy::nodeset_selector},
+    plugins::{
+        BuilderKind, Child, ChildKind, GuestError, Ownership, Plugin, PluginError, PodIdentity,
+        policy::nodeset_selector,
+    },
     revision::pod_revision,
 };
+
+/// The kinds of a NodeSet's children other than pods (what pruning looks at).
+const CHILD_KINDS: [ChildKind; 3] = [
+    ChildKind::ConfigMap,
+    ChildKind::Service,
+    ChildKind::PodDisruptionBudget,
+];
 
 fn owner_ref(ns: &NodeSet) -> OwnerReference {
     OwnerReference {
@@ -75,6 +93,10 @@ struct Pass<'a> {
     conditions: ConditionChanges,
     /// `(reason, message)` of each refused write.
     failures: Vec<(&'static str, String)>,
+    /// `(reason, message)` of each refused child write (not a pod) or ownership problem.
+    child_failures: Vec<(&'static str, String)>,
+    /// The children were synced (so `ChildFailure` is set or cleared by this pass).
+    children_synced: bool,
     /// A condition that stops the pass: `(type, message)`.
     problem: Option<(&'static str, String)>,
     /// The builder failed (back off like a failed write).
@@ -159,6 +181,8 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
         uid,
         conditions: ConditionChanges::new(ns.metadata.generation),
         failures: Vec::new(),
+        child_failures: Vec::new(),
+        children_synced: false,
         problem: None,
         builder_failed: false,
     };
@@ -188,7 +212,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), synced).await?;
-    if !pass.failures.is_empty() || pass.builder_failed {
+    if !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.builder_failed {
         requeue = ctx.backoff.failure(&key);
     } else {
         ctx.backoff.success(&key);
@@ -213,6 +237,10 @@ async fn sync(
     plugin: &Plugin,
 ) -> Result<Vec<Arc<Pod>>, Error> {
     let (ns, ctx) = (pass.ns, pass.ctx);
+    sync_children(pass, controller).await?;
+    if pass.problem.is_some() {
+        return Ok(claims.owned);
+    }
     adopt_and_release(pass, &mut claims).await?;
     relabel_equal_pods(pass, controller, revision, &mut claims.owned, plugin).await?;
     if pass.problem.is_some() {
@@ -252,6 +280,71 @@ async fn sync(
     delete_pods(pass, &plan.deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;
     Ok(claims.owned)
+}
+
+/// Build the NodeSet's children other than pods, give the shared ones their owners (every
+/// NodeSet of the namespace referencing the same Controller), apply them, and prune the ones
+/// this NodeSet controls that are no longer built.
+async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) -> Result<(), Error> {
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let plugin = ctx.plugins.active(BuilderKind::NodesetChildren);
+    let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), ctx.build.clone());
+    let metrics = ctx.metrics.clone();
+    ctx.metrics
+        .plugin_calls
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let built = ctx
+        .blocking(move || {
+            metrics.time_plugin_call(BuilderKind::NodesetChildren, || {
+                p.build_nodeset_children(&build, &nsc, &cc)
+            })
+        })
+        .await?;
+    let mut children: Vec<Child> = match built {
+        Ok(children) => children,
+        Err(e) => {
+            pass.builder_error(&e).await;
+            return Ok(());
+        }
+    };
+    let namespace = ns.namespace().unwrap_or_default();
+    let sharing: Vec<Arc<NodeSet>> = ctx
+        .nodesets
+        .state()
+        .into_iter()
+        .filter(|n| {
+            n.namespace().as_deref() == Some(namespace.as_str())
+                && n.spec.controller_ref.name == ns.spec.controller_ref.name
+                && n.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    // This NodeSet is a sharer even before the cache shows it (or after a recreate).
+    let mut sharers: Vec<&NodeSet> = sharing
+        .iter()
+        .map(|n| n.as_ref())
+        .filter(|n| n.uid() != ns.uid())
+        .collect();
+    sharers.push(ns);
+    let owners = Child::shared_owners(sharers.iter().copied());
+    let uids = owners.iter().map(|o| o.uid.clone()).collect();
+    for c in children.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
+        c.set_owners(owners.clone());
+    }
+    children.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+    let current = pass.current_conditions().to_vec();
+    let mut sync = ChildSync::new(ctx, ns, &current, uids);
+    for child in &children {
+        sync.ensure(child).await?;
+    }
+    let own: Vec<Child> = children
+        .iter()
+        .filter(|c| c.ownership == Ownership::Controlled)
+        .cloned()
+        .collect();
+    sync.prune(&CHILD_KINDS, &keys_of(&own)).await;
+    pass.child_failures = std::mem::take(&mut sync.failures);
+    pass.children_synced = true;
+    Ok(())
 }
 
 fn skipped_note(skipped: &[(u32, Blocker)]) -> String {
@@ -633,6 +726,15 @@ async fn write_status(
         c.set(conditions::REPLICA_FAILURE, true, reason, message);
     } else if synced && pass.problem.is_none() {
         c.clear(conditions::REPLICA_FAILURE);
+    }
+    if let Some((reason, first)) = pass.child_failures.first() {
+        let message = match pass.child_failures.len() {
+            1 => first.clone(),
+            n => format!("{first} (and {} more)", n - 1),
+        };
+        c.set(conditions::CHILD_FAILURE, true, reason, message);
+    } else if pass.children_synced {
+        c.clear(conditions::CHILD_FAILURE);
     }
     let selector: Vec<String> = nodeset_selector(ns)
         .iter()
