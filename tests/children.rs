@@ -826,3 +826,34 @@ async fn a_children_builder_hot_reloads_and_its_digest_rolls_slurmctlds_template
     host.stop().await;
     Ok(())
 }
+
+#[test]
+fn plugin_check_diffs_every_child_of_a_children_builder() -> Result<()> {
+    let plugin = test_plugin("hostile_children");
+    let out = slinky_tests::run(&[
+        "plugin",
+        "check",
+        &plugin.display().to_string(),
+        "-f",
+        &slinky_tests::example("hpc-cluster.yaml").display().to_string(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for line in [
+        "kinds: controller-children, nodeset-children",
+        "contract: 0.2.0 (this host: 0.2.0)",
+        "ok   StatefulSet hpc-controller of Controller hpc/hpc",
+        "ok   ConfigMap hpc-config of Controller hpc/hpc",
+        "ok   Service hpc-controller-internal of Controller hpc/hpc",
+        "ok   Service slurm-workers-hpc of NodeSet hpc/hpc-worker-cpu",
+        "ok   ConfigMap hpc-worker-cpu-ssh-config of NodeSet hpc/hpc-worker-cpu",
+        "ok   PodDisruptionBudget slurm-workers-pdb-hpc of NodeSet hpc/hpc-worker-gpu",
+    ] {
+        ensure!(text.contains(line), "`{line}` not in:\n{text}");
+    }
+    ensure!(
+        text.contains("the same as the bundled builder's") && !text.contains("changes against"),
+        "without a behaviour it builds what the bundled builders build:\n{text}"
+    );
+    Ok(())
+}
