@@ -6,10 +6,20 @@ include!("wasm_build.rs");
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let workspace = manifest.parent().map(Path::to_path_buf).unwrap_or(manifest);
-    let out = build_wasm_plugins(&workspace, &["controller-service", "nodeset-pod"]);
+    let out = build_wasm_plugins(
+        &workspace,
+        &[
+            "controller-service",
+            "nodeset-pod",
+            "controller-children",
+            "nodeset-children",
+        ],
+    );
     for (var, file) in [
         ("SLINKY_BUNDLED_CONTROLLER_SERVICE", "controller_service.wasm"),
         ("SLINKY_BUNDLED_NODESET_POD", "nodeset_pod.wasm"),
+        ("SLINKY_BUNDLED_CONTROLLER_CHILDREN", "controller_children.wasm"),
+        ("SLINKY_BUNDLED_NODESET_CHILDREN", "nodeset_children.wasm"),
     ] {
         println!("cargo:rustc-env={var}={}", out.join(file).display());
     }

@@ -55,6 +55,13 @@ fn render(files: &[PathBuf], plugin: Option<&Path>) -> Result<Vec<Value>> {
 /// Without what always differs between two builders (names, digests, the revision).
 fn normalized(mut items: Vec<Value>) -> Vec<Value> {
     for item in &mut items {
+        if let Some(a) = item
+            .pointer_mut("/spec/template/metadata/annotations")
+            .and_then(Value::as_object_mut)
+        {
+            a.remove(keys::ANNOTATION_BUILDER);
+            a.remove(keys::ANNOTATION_BUILDER_DIGEST);
+        }
         if let Some(a) = item["metadata"]["annotations"].as_object_mut() {
             a.remove(keys::ANNOTATION_BUILDER);
             a.remove(keys::ANNOTATION_BUILDER_DIGEST);
@@ -72,6 +79,8 @@ fn plugin_new_builds_for_wasm_on_the_first_try_and_renders_like_the_bundled_buil
     for (name, kind) in [
         ("site-pods", "nodeset-pod"),
         ("site-service", "controller-service"),
+        ("site-controller", "controller-children"),
+        ("site-workers", "nodeset-children"),
     ] {
         let dir = tmp.path().join(name);
         let out = run(&[
@@ -231,7 +240,7 @@ fn plugin_check_diffs_exactly_the_gpu_changes() -> Result<()> {
     for want in [
         "plugin: gpu-nodeset-pod@0.1.0",
         "kinds: nodeset-pod",
-        "contract: 0.1.0",
+        "contract: 0.2.0",
         "OK: 2 object(s)",
         "2 differing",
     ] {
@@ -297,11 +306,11 @@ fn author_errors_name_the_cause_and_the_fix() -> Result<()> {
     let cases: Vec<(&str, PathBuf, Option<PathBuf>, Vec<&str>)> = vec![
         (
             "another contract version",
-            wat("contract-0.2"),
+            wat("contract-9.9"),
             None,
             vec![
-                "contract version 0.2.0",
-                "rebuild it against slinky-guest-sdk 0.1.0",
+                "contract version 9.9.0",
+                "rebuild it against slinky-guest-sdk 0.2.0",
             ],
         ),
         (
@@ -309,7 +318,7 @@ fn author_errors_name_the_cause_and_the_fix() -> Result<()> {
             wat("no-describe"),
             None,
             vec![
-                "does not export `slinky:builder/plugin@0.1.0`",
+                "does not export `slinky:builder/plugin@0.2.0`",
                 "slinky_guest_sdk::export_plugin!",
             ],
         ),
@@ -416,7 +425,7 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
                 .ok()?;
             let client = kube::Client::try_from(cfg).ok()?;
             let pods = Api::<Pod>::namespaced(client.clone(), "slurm")
-                .list(&ListParams::default())
+                .list(&ListParams::default().labels("app.kubernetes.io/name=slurmd"))
                 .await
                 .ok()?;
             (pods.items.len() == 3).then_some(client)
@@ -436,7 +445,10 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
             .await?;
         let pods = Api::<Pod>::namespaced(client, "slurm");
         let rolled = slinky_tests::eventually(90, || async {
-            let list = pods.list(&ListParams::default()).await.ok()?;
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=slurmd"))
+                .await
+                .ok()?;
             let gpu = |p: &Pod| {
                 p.spec.as_ref().is_some_and(|s| {
                     s.containers[0]

@@ -6,7 +6,10 @@ include!("../host/wasm_build.rs");
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let workspace = manifest.parent().map(Path::to_path_buf).unwrap_or(manifest);
-    let out = build_wasm_plugins(&workspace, &["hostile", "raw", "gpu-nodeset-pod"]);
+    let out = build_wasm_plugins(
+        &workspace,
+        &["hostile", "hostile-children", "raw", "gpu-nodeset-pod"],
+    );
     println!("cargo:rustc-env=SLINKY_TEST_PLUGIN_DIR={}", out.display());
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -246,6 +246,12 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("patch", "", "pods"),
         ("patch", "", "services"),
         ("delete", "", "services"),
+        ("patch", "", "configmaps"),
+        ("watch", "", "configmaps"),
+        ("patch", "apps", "statefulsets"),
+        ("delete", "apps", "statefulsets"),
+        ("patch", "policy", "poddisruptionbudgets"),
+        ("get", "", "secrets"),
         ("patch", "slinky.slurm.net", "nodesets/status"),
         ("watch", "slinky.slurm.net", "nodesets"),
         ("create", "events.k8s.io", "events"),
@@ -259,6 +265,10 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
     ensure!(
         used.iter().any(|a| a.group == "coordination.k8s.io"),
         "the host never touched its Lease: {used:?}"
+    );
+    ensure!(
+        !used.iter().any(|a| a.resource == "secrets" && a.verb != "get"),
+        "the host only gets the Secrets it references: {used:?}"
     );
     Ok(())
 }

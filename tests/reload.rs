@@ -336,8 +336,8 @@ async fn broken_versions_are_refused_while_the_previous_one_serves_and_a_fix_is_
         ),
         (
             "another contract version",
-            std::fs::read(slinky_tests::wat("contract-0.2"))?,
-            "contract version 0.2",
+            std::fs::read(slinky_tests::wat("contract-9.9"))?,
+            "contract version 9.9",
         ),
         // `raw` builds whatever its input asks for; the example inputs ask nothing, so its smoke
         // build fails.

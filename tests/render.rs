@@ -17,12 +17,39 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 
 #[test]
 fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
-    let items = render_json(&[&example("slurm-cluster.yaml")], &[])?;
-    ensure!(
-        items.len() == 4,
-        "expected a Service and 3 pods, got {} objects",
-        items.len()
+    let all = render_json(&[&example("slurm-cluster.yaml")], &[])?;
+    let kinds: Vec<String> = all
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["kind"].as_str().unwrap_or_default(),
+                i["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap/slurm-config",
+            "Service/slurm-controller",
+            "Service/slurm-controller-internal",
+            "StatefulSet/slurm-controller",
+            "Service/slurm-workers-slurm",
+            "PodDisruptionBudget/slurm-workers-pdb-slurm",
+            "Pod/slurm-worker-slinky-0",
+            "Pod/slurm-worker-slinky-1",
+            "Pod/slurm-worker-slinky-2",
+        ],
+        "every child, in a stable order: the Controller's by kind, then each NodeSet's, then its pods"
     );
+    // The Service and the pods (the other children have their golden tests in golden.rs).
+    let items: Vec<Value> = all
+        .into_iter()
+        .filter(|i| {
+            i["kind"] == "Pod" || i["metadata"]["name"] == "slurm-controller" && i["kind"] == "Service"
+        })
+        .collect();
 
     // --- The Controller's Service (BuildControllerService) ---
     let svc: Service = serde_json::from_value(items[0].clone())?;
@@ -280,10 +307,23 @@ fn yaml_output_is_kubernetes_documents() -> Result<()> {
         .map(serde_saphyr::from_str)
         .collect::<Result<_, _>>()?;
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
-    assert_eq!(kinds, ["Service", "Pod", "Pod", "Pod"]);
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap",
+            "Service",
+            "Service",
+            "StatefulSet",
+            "Service",
+            "PodDisruptionBudget",
+            "Pod",
+            "Pod",
+            "Pod"
+        ]
+    );
     assert!(
-        text.starts_with("apiVersion: v1\nkind: Service\n"),
-        "apiVersion and kind come first"
+        text.starts_with("apiVersion: v1\ndata:\n") || text.starts_with("apiVersion: v1\n"),
+        "apiVersion comes first"
     );
     Ok(())
 }
@@ -372,9 +412,9 @@ fn bad_input_fails_with_a_message_naming_it() -> Result<()> {
             "not valid YAML or JSON",
         ),
         (
-            "configmap.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
-            "unknown kind \"ConfigMap\"",
+            "deployment.yaml",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\n",
+            "unknown kind \"Deployment\"",
         ),
         (
             "negative.yaml",
@@ -387,7 +427,7 @@ fn bad_input_fails_with_a_message_naming_it() -> Result<()> {
                 "{}---\napiVersion: slinky.slurm.net/v1beta1\nkind: NodeSet\nmetadata:\n  name: {}\n  namespace: slurm\nspec:\n  controllerRef:\n    name: slurm\n  replicas: 1\n  slurmd:\n    image: slurmd\n",
                 std::fs::read_to_string(example("slurm-cluster.yaml"))?
                     .split("\n---\n")
-                    .next()
+                    .find(|d| d.contains("kind: Controller"))
                     .unwrap_or_default()
                     .to_string()
                     + "\n",
@@ -456,12 +496,24 @@ fn a_plugin_override_replaces_the_bundled_builder_of_its_kind_only() -> Result<(
         &[&example("slurm-cluster.yaml")],
         &["--plugin", &plugin.display().to_string()],
     )?;
-    ensure!(items.len() == 4);
+    ensure!(items.len() == 9);
+    let builder = |kind: &str, name: &str| {
+        items
+            .iter()
+            .find(|i| i["kind"] == kind && i["metadata"]["name"] == name)
+            .map(|i| i["metadata"]["annotations"]["slinky.slurm.net/builder"].clone())
+    };
     assert_eq!(
-        items[0]["metadata"]["annotations"]["slinky.slurm.net/builder"],
-        "controller-service@0.1.0"
+        builder("Service", "slurm-controller"),
+        Some("controller-service@0.1.0".into())
     );
-    for pod in &items[1..] {
+    assert_eq!(
+        builder("StatefulSet", "slurm-controller"),
+        Some("controller-children@0.1.0".into())
+    );
+    let pods: Vec<&Value> = items.iter().filter(|i| i["kind"] == "Pod").collect();
+    ensure!(pods.len() == 3);
+    for pod in pods {
         assert_eq!(
             pod["metadata"]["annotations"]["slinky.slurm.net/builder"],
             "hostile@0.1.0"
@@ -478,17 +530,23 @@ fn plugin_inspect_reports_describe_digest_and_contract() -> Result<()> {
     let report: Value = serde_saphyr::from_slice(&out.stdout)?;
     assert_eq!(report["name"], "hostile");
     assert_eq!(report["kinds"], serde_json::json!(["nodeset-pod"]));
-    assert_eq!(report["contractVersion"], "0.1.0");
+    assert_eq!(report["contractVersion"], "0.2.0");
+    // A plugin built against the first contract is reported as such.
+    let out = run(&["plugin", "inspect", &test_plugin("raw").display().to_string()]);
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let raw: Value = serde_saphyr::from_slice(&out.stdout)?;
+    assert_eq!(raw["contractVersion"], "0.1.0");
+    assert_eq!(raw["hostContractVersion"], "0.2.0");
     let digest = slinky_host::plugins::digest(&std::fs::read(&plugin)?);
     assert_eq!(report["digest"], format!("sha256:{digest}"));
 
-    let out = run(&["plugin", "inspect", &wat("contract-0.2").display().to_string()]);
+    let out = run(&["plugin", "inspect", &wat("contract-9.9").display().to_string()]);
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
-        bail!("a 0.2.0 plugin must be refused");
+        bail!("a 9.9.0 plugin must be refused");
     }
     ensure!(
-        err.contains("contract version 0.2.0") && err.contains("rebuild it"),
+        err.contains("contract version 9.9.0") && err.contains("rebuild it"),
         "{err}"
     );
     Ok(())

@@ -295,9 +295,9 @@ fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
         (half, "not a loadable wasm component"),
         (
             wat("no-describe"),
-            "does not export `slinky:builder/plugin@0.1.0`",
+            "does not export `slinky:builder/plugin@0.2.0`",
         ),
-        (wat("contract-0.2"), "built against contract version 0.2.0"),
+        (wat("contract-9.9"), "built against contract version 9.9.0"),
         (wat("trapping-describe"), "describe trapped"),
     ];
     for (path, want) in cases {
@@ -313,7 +313,7 @@ fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
     // Obeyed: a good plugin from the same engine loads and describes itself.
     let plugin = load(&engine, "hostile")?;
     assert_eq!(plugin.info().name, "hostile");
-    assert_eq!(plugin.info().contract_version, "0.1.0");
+    assert_eq!(plugin.info().contract_version, "0.2.0");
     assert_eq!(plugin.source(), &PluginSource::File(test_plugin("hostile")));
     Ok(())
 }

@@ -48,8 +48,11 @@ pub fn summary(problems: &[SpecProblem]) -> Option<String> {
 /// The prefix of the headless Service name the worker pods use as `spec.subdomain`.
 pub const WORKER_SUBDOMAIN_PREFIX: &str = "slurm-workers-";
 
-/// The longest Controller name: `<name>-controller` is a Service name (a DNS-1035 label).
-pub const CONTROLLER_NAME_MAX: usize = 63 - "-controller".len();
+/// The longest Controller name: `<name>-controller` names the slurmctld StatefulSet, whose pods
+/// carry the label `controller-revision-hash=<statefulset>-<hash of up to 10 characters>` (a
+/// label value: at most 63 characters), so Kubernetes keeps StatefulSet names to 52 characters;
+/// `<name>-controller-internal` (a DNS-1035 label) fits too.
+pub const CONTROLLER_NAME_MAX: usize = 52 - "-controller".len();
 
 /// `maxUnavailable` checked: `Ok(None)` when unset (the default 25%), else the value.
 ///
@@ -143,6 +146,18 @@ impl NodeSet {
         if self.spec.min_ready_seconds.is_some_and(|s| s < 0) {
             problems.push(SpecProblem::new("spec.minReadySeconds", "must be 0 or more"));
         }
+        if self
+            .spec
+            .ssh
+            .as_ref()
+            .is_some_and(|s| s.enabled && s.sssd_conf_ref.as_ref().is_none_or(|r| r.name.is_empty()))
+        {
+            problems.push(SpecProblem::new(
+                "spec.ssh.sssdConfRef",
+                "is required when spec.ssh.enabled is true (the Secret holding sssd.conf, which the \
+                 pods mount): set it, or turn SSH off",
+            ));
+        }
         if self.spec.scaling_mode == ScalingMode::DaemonSet {
             problems.push(SpecProblem::new(
                 "spec.scalingMode",
@@ -227,23 +242,86 @@ impl NodeSet {
 }
 
 impl Controller {
-    /// Problems with the Controller's name: it names the Service `<name>-controller` (a DNS-1035
-    /// label) and is the value of the `app.kubernetes.io/instance` label.
+    /// Problems with the Controller's name: it names the Services `<name>-controller` and
+    /// `<name>-controller-internal` (DNS-1035 labels) and the StatefulSet `<name>-controller`
+    /// (at most 52 characters), and is the value of the `app.kubernetes.io/instance` label.
     pub fn name_problems(&self) -> Vec<SpecProblem> {
         let name = self.metadata.name.as_deref().unwrap_or_default();
-        let service = format!("{name}-controller");
-        dns1035_label(&service)
+        let fix = format!(
+            "use a Controller name that starts with a letter and has at most {CONTROLLER_NAME_MAX} characters"
+        );
+        let service = self.controller_key();
+        let internal = self.internal_service_name();
+        let mut errors: Vec<String> = dns1035_label(&service)
             .into_iter()
-            .map(|e| {
-                SpecProblem::new(
-                    "metadata.name",
-                    format!(
-                        "the Service name {service:?} {e}: use a Controller name that starts with a letter and has at most {CONTROLLER_NAME_MAX} characters"
-                    ),
-                )
-            })
+            .map(|e| format!("the Service name {service:?} {e}: {fix}"))
+            .collect();
+        if errors.is_empty() && !self.spec.external {
+            errors.extend(
+                dns1035_label(&internal)
+                    .into_iter()
+                    .map(|e| format!("the internal Service name {internal:?} {e}: {fix}")),
+            );
+            if errors.is_empty() && name.len() > CONTROLLER_NAME_MAX {
+                errors.push(format!(
+                    "the StatefulSet name {service:?} has more than 52 characters (its pods' \
+                     controller-revision-hash label would pass 63): {fix}"
+                ));
+            }
+        }
+        errors
+            .into_iter()
+            .map(|e| SpecProblem::new("metadata.name", e))
             .take(1)
             .collect()
+    }
+
+    /// Problems that stop the Controller's children from being built: its name, the keys and
+    /// `externalConfig` Slinky's CRD requires, and high availability without a shared state
+    /// (Slinky's CRD rule: HA needs `persistence.existingClaim`, a ReadWriteMany claim).
+    pub fn spec_problems(&self) -> Vec<SpecProblem> {
+        let mut problems = self.name_problems();
+        let s = &self.spec;
+        if s.external {
+            if s.external_config.is_none() {
+                problems.push(SpecProblem::new(
+                    "spec.externalConfig",
+                    "is required when spec.external is true (the external slurmctld's host and port)",
+                ));
+            }
+            return problems;
+        }
+        if s.slurm_key_ref.is_none() {
+            problems.push(SpecProblem::new(
+                "spec.slurmKeyRef",
+                "is required (the Secret holding the Slurm key)",
+            ));
+        }
+        if s.jwt_key_ref.is_none() {
+            problems.push(SpecProblem::new(
+                "spec.jwtKeyRef",
+                "is required (the Secret holding the JWT key)",
+            ));
+        }
+        if self.ha_enabled() {
+            let claim = s
+                .persistence
+                .as_ref()
+                .and_then(|p| p.existing_claim.as_deref())
+                .unwrap_or_default();
+            if !self.persistence_enabled() || claim.is_empty() {
+                problems.push(SpecProblem::new(
+                    "spec.ha.enabled",
+                    "high availability needs the state shared by every slurmctld: enable \
+                     spec.persistence and set spec.persistence.existingClaim to a ReadWriteMany \
+                     PersistentVolumeClaim (or turn HA off)",
+                ));
+            }
+            if s.ha.as_ref().and_then(|h| h.backups).is_some_and(|b| b < 1) {
+                problems.push(SpecProblem::new("spec.ha.backups", "must be at least 1"));
+            }
+        }
+        problems
     }
 }
 
@@ -348,6 +426,26 @@ mod tests {
     }
 
     #[test]
+    fn ssh_needs_its_sssd_secret() {
+        let mut ns = nodeset("w", 1);
+        ns.spec.ssh = Some(crate::Ssh {
+            enabled: true,
+            ..Default::default()
+        });
+        assert_eq!(fields(&ns.spec_problems()), ["spec.ssh.sssdConfRef"]);
+        ns.spec.ssh = Some(crate::Ssh {
+            enabled: true,
+            sssd_conf_ref: Some(k8s_openapi::api::core::v1::SecretKeySelector {
+                name: "sssd".into(),
+                key: "sssd.conf".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert!(ns.spec_problems().is_empty());
+    }
+
+    #[test]
     fn unsupported_modes_are_problems() {
         let mut ns = nodeset("w", 1);
         ns.spec.scaling_mode = ScalingMode::DaemonSet;
@@ -366,7 +464,40 @@ mod tests {
         let c = |n: &str| Controller::new(n, crate::ControllerSpec::default());
         assert!(c("slurm").name_problems().is_empty());
         assert!(c(&"a".repeat(CONTROLLER_NAME_MAX)).name_problems().is_empty());
-        assert_eq!(c(&"a".repeat(CONTROLLER_NAME_MAX + 1)).name_problems().len(), 1);
+        let p = c(&"a".repeat(CONTROLLER_NAME_MAX + 1)).name_problems();
+        assert_eq!(p.len(), 1);
+        assert!(p[0].message.contains("StatefulSet name"), "{p:?}");
         assert_eq!(c("0slurm").name_problems().len(), 1);
+        // An external Controller has only its (unbuilt) Service name to keep valid.
+        let mut ext = c(&"a".repeat(CONTROLLER_NAME_MAX + 1));
+        ext.spec.external = true;
+        assert!(ext.name_problems().is_empty());
+    }
+
+    #[test]
+    fn high_availability_needs_an_existing_claim() {
+        let mut c = Controller::new("slurm", crate::ControllerSpec::default());
+        c.spec.slurm_key_ref = Some(Default::default());
+        c.spec.jwt_key_ref = Some(Default::default());
+        assert!(c.spec_problems().is_empty());
+        c.spec.ha = Some(crate::HighAvailability {
+            enabled: true,
+            backups: Some(2),
+        });
+        assert_eq!(fields(&c.spec_problems()), ["spec.ha.enabled"]);
+        c.spec.persistence = Some(crate::Persistence {
+            enabled: Some(false),
+            existing_claim: Some("state".into()),
+            ..Default::default()
+        });
+        assert_eq!(fields(&c.spec_problems()), ["spec.ha.enabled"], "persistence off");
+        c.spec.persistence = Some(crate::Persistence {
+            existing_claim: Some("state".into()),
+            ..Default::default()
+        });
+        assert!(c.spec_problems().is_empty());
+        assert_eq!(c.replicas(), 3);
+        c.spec.slurm_key_ref = None;
+        assert_eq!(fields(&c.spec_problems()), ["spec.slurmKeyRef"]);
     }
 }

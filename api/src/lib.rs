@@ -48,19 +48,34 @@ pub mod conditions {
     /// A NodeSet's pod create, delete, adoption or release was refused by the API server
     /// (like a ReplicaSet's `ReplicaFailure`; reasons `FailedCreate`, `FailedDelete`, …).
     pub const REPLICA_FAILURE: &str = "ReplicaFailure";
-    /// A Controller's Service could not be applied or pruned, or its name is taken by a Service
-    /// the host did not build.
+    /// A child other than a pod (a Service, ConfigMap, StatefulSet, PodDisruptionBudget) could
+    /// not be applied or pruned, or its name is taken by an object the host did not build
+    /// (reasons `FailedApply`, `FailedDelete`, `NotOwned`). On Controllers and NodeSets.
+    pub const CHILD_FAILURE: &str = "ChildFailure";
+    /// A Secret or ConfigMap a Controller references does not exist (reasons `SecretNotFound`,
+    /// `SecretKeyNotFound`, `ConfigMapNotFound`): the children that need it wait for it.
+    pub const REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
+    /// Set by hosts before `ChildFailure` replaced it (the Controller's Service only); the host
+    /// clears it.
+    #[deprecated(note = "replaced by CHILD_FAILURE; the host only clears it")]
     pub const SERVICE_FAILURE: &str = "ServiceFailure";
     /// The condition types a NodeSet's status carries from the host.
-    pub const NODESET: [&str; 5] = [
+    pub const NODESET: [&str; 6] = [
         READY,
         INVALID_SPEC,
         BUILDER_FAILED,
         CONTROLLER_NOT_FOUND,
         REPLICA_FAILURE,
+        CHILD_FAILURE,
     ];
     /// The condition types a Controller's status carries from the host.
-    pub const CONTROLLER: [&str; 4] = [READY, INVALID_SPEC, BUILDER_FAILED, SERVICE_FAILURE];
+    pub const CONTROLLER: [&str; 5] = [
+        READY,
+        INVALID_SPEC,
+        BUILDER_FAILED,
+        CHILD_FAILURE,
+        REFERENCE_NOT_FOUND,
+    ];
 }
 
 /// Labels and annotations a builder or the host may set (Slinky's `well_known.go`).
@@ -101,6 +116,16 @@ pub mod keys {
     pub const ANNOTATION_SSSD_CONF_HASH: &str = "slinky.slurm.net/sssd-conf-hash";
     /// The container `kubectl logs/exec` picks by default.
     pub const ANNOTATION_DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
+    /// slurmctld pod-template annotation: the hash of the Slurm key Secret's data.
+    pub const ANNOTATION_SLURM_KEY_HASH: &str = "slinky.slurm.net/slurm-key-hash";
+    /// slurmctld pod-template annotation: the hash of the JWT key Secret's data.
+    pub const ANNOTATION_JWT_KEY_HASH: &str = "slinky.slurm.net/jwt-key-hash";
+    /// slurmctld pod-template annotation (without in-place reconfigure): the hash of the
+    /// `<controller>-config` ConfigMap's data, so a configuration change rolls slurmctld.
+    pub const ANNOTATION_SLURM_CONFIG_HASH: &str = "slinky.slurm.net/slurm-config-hash";
+    /// Set by the host on every child it applies: a hash of the object as last applied, so a
+    /// steady state makes no writes.
+    pub const ANNOTATION_APPLIED_HASH: &str = "slinky.slurm.net/applied-hash";
     /// Set by the host on every child: `<plugin name>@<plugin version>`.
     pub const ANNOTATION_BUILDER: &str = "slinky.slurm.net/builder";
     /// Set by the host on every child: `sha256:<digest of the plugin component>`.
@@ -325,14 +350,74 @@ pub struct ControllerStatus {
     /// The generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Conditions (`Ready`, `BuilderFailed`, `InvalidSpec`, `ServiceFailure`; other writers'
-    /// too): a list map keyed by `type`, so server-side apply merges them per type.
+    /// Conditions (`Ready`, `BuilderFailed`, `InvalidSpec`, `ChildFailure`,
+    /// `ReferenceNotFound`; other writers' too): a list map keyed by `type`, so server-side apply merges them per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 
 impl Controller {
+    /// slurmctld replicas: 1, plus `ha.backups` (default 1) with HA; always 1 when external.
+    pub fn replicas(&self) -> i32 {
+        if self.spec.external {
+            return 1;
+        }
+        match &self.spec.ha {
+            Some(ha) if ha.enabled => 1 + ha.backups.unwrap_or(1),
+            _ => 1,
+        }
+    }
+
+    /// Whether high availability is on.
+    pub fn ha_enabled(&self) -> bool {
+        self.spec.ha.as_ref().is_some_and(|ha| ha.enabled)
+    }
+
+    /// Whether the state is persisted (`persistence.enabled`, default true).
+    pub fn persistence_enabled(&self) -> bool {
+        self.spec
+            .persistence
+            .as_ref()
+            .and_then(|p| p.enabled)
+            .unwrap_or(true)
+    }
+
+    /// `<name>-controller`: the Service, the StatefulSet, and the prefix of slurmctld's pods.
+    pub fn controller_key(&self) -> String {
+        format!("{}-controller", self.metadata.name.as_deref().unwrap_or_default())
+    }
+
+    /// `<name>-controller-internal`: the headless Service governing the StatefulSet.
+    pub fn internal_service_name(&self) -> String {
+        format!("{}-internal", self.controller_key())
+    }
+
+    /// `<name>-config`: the ConfigMap holding `slurm.conf`.
+    pub fn config_name(&self) -> String {
+        format!("{}-config", self.metadata.name.as_deref().unwrap_or_default())
+    }
+
+    /// Every ConfigMap the Controller references (`configFileRefs`, the prolog/epilog script
+    /// refs, `jwksKeyRef`), each once, sorted.
+    pub fn config_map_refs(&self) -> Vec<String> {
+        let s = &self.spec;
+        let mut names: Vec<String> = s
+            .config_file_refs
+            .iter()
+            .chain(&s.prolog_script_refs)
+            .chain(&s.epilog_script_refs)
+            .chain(&s.prolog_slurmctld_script_refs)
+            .chain(&s.epilog_slurmctld_script_refs)
+            .map(|r| r.name.clone())
+            .chain(s.jwks_key_ref.as_ref().map(|r| r.name.clone()))
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The Slurm cluster name: `spec.clusterName`, else `<namespace>_<name>` (Slinky's rule).
     pub fn cluster_name(&self) -> String {
         match self.spec.cluster_name.as_deref() {
@@ -580,7 +665,7 @@ pub struct NodeSetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     /// Conditions (`Ready`, `InvalidSpec`, `ControllerNotFound`, `BuilderFailed`,
-    /// `ReplicaFailure`; other writers' too): a list map keyed by `type`, so server-side apply
+    /// `ReplicaFailure`, `ChildFailure`; other writers' too): a list map keyed by `type`, so server-side apply
     /// merges them per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -617,6 +702,23 @@ impl NodeSet {
             }
             _ => self.pod_name(ordinal),
         }
+    }
+
+    /// The Slurm NodeSet (and partition, and feature) name: the template hostname prefix with
+    /// dashes trimmed, else the NodeSet name (Slinky's `GetSlurmNodeSetName`).
+    pub fn slurm_name(&self) -> String {
+        match self.spec.template.spec.hostname() {
+            Some(h) if !h.trim().is_empty() => {
+                let first = h.split_whitespace().next().unwrap_or_default();
+                first.trim_matches('-').to_string()
+            }
+            _ => self.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// `<name>-ssh-config`: the ConfigMap holding `sshd_config` when SSH is on.
+    pub fn ssh_config_name(&self) -> String {
+        format!("{}-ssh-config", self.metadata.name.as_deref().unwrap_or_default())
     }
 
     /// The namespace of the Controller this NodeSet references.

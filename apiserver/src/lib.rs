@@ -17,6 +17,7 @@ mod protobuf;
 mod resources;
 mod schema;
 mod selectors;
+mod statefulsets;
 mod store;
 pub mod testing;
 mod tls;
@@ -156,6 +157,10 @@ pub struct ApiServerConfig {
     pub fault_seed: u64,
     /// Simulated pod lifecycle (scheduling and readiness), off when `None`.
     pub lifecycle: Option<LifecycleConfig>,
+    /// With the lifecycle simulation: a simulated StatefulSet controller makes and replaces the
+    /// pods of StatefulSets (see `statefulsets.rs`). Off by default (tests count their pods);
+    /// on for `slinky-host apiserver` and `run --embedded`.
+    pub statefulsets: bool,
     /// Serve HTTPS (a CA generated at start; kubectl only sends tokens over TLS). Plain HTTP
     /// when false.
     pub tls: bool,
@@ -171,6 +176,7 @@ impl Default for ApiServerConfig {
             watch_window: 10_000,
             fault_seed: 0,
             lifecycle: None,
+            statefulsets: false,
             tls: true,
             state_dir: None,
         }
@@ -257,7 +263,7 @@ impl ApiServer {
         let task = tokio::spawn(http::serve(listener, shared.clone(), stop_rx));
         let lifecycle = config
             .lifecycle
-            .map(|lc| lifecycle::Lifecycle::start(shared.store.clone(), lc));
+            .map(|lc| lifecycle::Lifecycle::start(shared.store.clone(), lc, config.statefulsets));
         tracing::info!(%addr, "embedded API server listening");
         Ok(ApiServer {
             shared,

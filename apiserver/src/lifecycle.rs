@@ -93,8 +93,9 @@ fn running_status(pod: &Value, ready: bool, ip: &str) -> Value {
 }
 
 impl Lifecycle {
-    /// Create the nodes and start the simulation task.
-    pub fn start(store: Arc<Store>, config: LifecycleConfig) -> Self {
+    /// Create the nodes and start the simulation task (with the StatefulSet controller when
+    /// `statefulsets`).
+    pub fn start(store: Arc<Store>, config: LifecycleConfig, statefulsets: bool) -> Self {
         let nodes = ResKey {
             group: String::new(),
             plural: "nodes".into(),
@@ -120,7 +121,7 @@ impl Lifecycle {
         }
         let held = Arc::new(Mutex::new(HashSet::new()));
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(run(store.clone(), config, held.clone(), stop_rx));
+        tokio::spawn(run(store.clone(), config, held.clone(), stop_rx, statefulsets));
         Lifecycle { store, held, stop }
     }
 
@@ -183,6 +184,7 @@ async fn run(
     config: LifecycleConfig,
     held: Arc<Mutex<HashSet<(String, String)>>>,
     mut stop: watch::Receiver<bool>,
+    statefulsets: bool,
 ) {
     let mut seen: HashMap<String, Instant> = HashMap::new();
     let mut scheduled: HashMap<String, Instant> = HashMap::new();
@@ -199,6 +201,9 @@ async fn run(
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(25)) => {}
             _ = stop.changed() => return,
+        }
+        if statefulsets {
+            crate::statefulsets::sync(&store);
         }
         let Ok((items, _, _)) = store.list(&pods(), "", &|_| true, None, 0) else {
             continue;

@@ -281,18 +281,69 @@ pub fn apply_merge(target: &mut Value, config: &Value, plural: &str, field: &str
         }
         (Value::Array(t), Value::Array(c)) if list_key(plural, field).is_some() => {
             let key = list_key(plural, field).unwrap_or("name");
-            for item in c {
-                match t
-                    .iter_mut()
-                    .find(|i| i.get(key).is_some() && i.get(key) == item.get(key))
-                {
-                    Some(existing) => apply_merge(existing, item, plural, ""),
-                    None => t.push(item.clone()),
-                }
-            }
+            *t = apply_keyed(std::mem::take(t), c, key, plural);
         }
         (t, c) => *t = c.clone(),
     }
+}
+
+/// A keyed list merged as structured-merge-diff merges an applied associative list: items of
+/// both in the applied order, the live object's other items kept where they were.
+fn apply_keyed(live: Vec<Value>, applied: &[Value], key: &str, plural: &str) -> Vec<Value> {
+    let k = |v: &Value| v.get(key).cloned().filter(|k| !k.is_null());
+    let same = |a: &Value, b: &Value| k(a).is_some() && k(a) == k(b);
+    let in_applied = |v: &Value| applied.iter().any(|a| same(a, v));
+    let counterpart = |v: &Value| live.iter().find(|l| same(l, v)).cloned();
+    let mut shared: std::collections::VecDeque<Value> = applied
+        .iter()
+        .filter(|a| live.iter().any(|l| same(l, a)))
+        .filter_map(k)
+        .collect();
+    let mut next_shared = shared.pop_front();
+    let mut out = Vec::with_capacity(live.len().max(applied.len()));
+    let (mut li, mut ai) = (0, 0);
+    while li < live.len() || ai < applied.len() {
+        if li < live.len() && ai < applied.len() {
+            if same(&live[li], &applied[ai]) {
+                let mut merged = live[li].clone();
+                apply_merge(&mut merged, &applied[ai], plural, "");
+                out.push(merged);
+                li += 1;
+                ai += 1;
+                next_shared = shared.pop_front();
+                continue;
+            }
+            // A shared item, but not the next one in the applied order: it comes later.
+            if in_applied(&live[li]) && next_shared.is_some() && next_shared != k(&live[li]) {
+                li += 1;
+                continue;
+            }
+        }
+        if li < live.len() && !in_applied(&live[li]) {
+            out.push(live[li].clone());
+            li += 1;
+            continue;
+        }
+        if ai < applied.len() {
+            let item = &applied[ai];
+            let merged = match counterpart(item) {
+                Some(mut l) => {
+                    apply_merge(&mut l, item, plural, "");
+                    l
+                }
+                None => item.clone(),
+            };
+            if next_shared.is_some() && next_shared == k(item) {
+                next_shared = shared.pop_front();
+            }
+            out.push(merged);
+            ai += 1;
+            continue;
+        }
+        // A live item also applied, already placed in the applied order.
+        li += 1;
+    }
+    out
 }
 
 /// FieldsV1 JSON of a field set.
@@ -376,6 +427,31 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn applied_keyed_lists_take_the_applied_order_as_structured_merge_diff_does() {
+        let refs = |uids: &[&str]| Value::Array(uids.iter().map(|u| json!({"uid": u})).collect());
+        let mut obj = json!({"metadata": {"ownerReferences": refs(&["b", "x", "a"])}});
+        apply_merge(
+            &mut obj,
+            &json!({"metadata": {"ownerReferences": refs(&["a", "b", "c"])}}),
+            "services",
+            "",
+        );
+        assert_eq!(
+            obj["metadata"]["ownerReferences"],
+            refs(&["x", "a", "b", "c"]),
+            "shared items in the applied order, a live-only item where it was, new ones after"
+        );
+        let mut obj = json!({"metadata": {"ownerReferences": refs(&["a"])}});
+        apply_merge(
+            &mut obj,
+            &json!({"metadata": {"ownerReferences": refs(&["a", "b"])}}),
+            "services",
+            "",
+        );
+        assert_eq!(obj["metadata"]["ownerReferences"], refs(&["a", "b"]));
+    }
 
     #[test]
     fn strategic_merge_keys_and_directives() {

@@ -10,6 +10,9 @@ use crate::{ApiServer, ApiServerConfig};
 
 /// The environment variable naming a real cluster's kubeconfig to test against.
 pub const KUBECONFIG_ENV: &str = "SLINKY_TEST_KUBECONFIG";
+/// The environment variable whose value prefixes every test namespace (see
+/// [`TestCluster::namespace`]).
+pub const NAMESPACE_PREFIX_ENV: &str = "SLINKY_TEST_NAMESPACE_PREFIX";
 
 /// A cluster for API-semantics tests: the embedded API server by default, or the cluster named
 /// by `SLINKY_TEST_KUBECONFIG` (then `server` is `None` and fault-injection tests skip).
@@ -89,10 +92,13 @@ impl TestCluster {
         self.server.as_ref()
     }
 
-    /// Create a fresh namespace `<prefix>-<random>` and return its name.
+    /// Create a fresh namespace `<prefix>-<random>` and return its name. On a shared cluster,
+    /// `SLINKY_TEST_NAMESPACE_PREFIX` (e.g. `alice-`) is put in front, so a test run's namespaces
+    /// can be found and deleted afterwards.
     pub async fn namespace(&self, prefix: &str) -> String {
         use k8s_openapi::api::core::v1::Namespace;
-        let name = format!("{prefix}-{}", &crate::random_hex()[..6]);
+        let run = std::env::var(NAMESPACE_PREFIX_ENV).unwrap_or_default();
+        let name = format!("{run}{prefix}-{}", &crate::random_hex()[..6]);
         let mut ns = Namespace::default();
         ns.metadata.name = Some(name.clone());
         kube::Api::<Namespace>::all(self.client.clone())

@@ -10,7 +10,10 @@
 //! [`crate::export_plugin!`] installs it; a plugin written against the WIT contract directly can
 //! install it with [`crate::use_bump_allocator!`].
 
-#![allow(unsafe_code, reason = "a global allocator is unsafe by definition; every use is commented")]
+#![allow(
+    unsafe_code,
+    reason = "a global allocator is unsafe by definition; every use is commented"
+)]
 
 use core::{
     alloc::{GlobalAlloc, Layout},
@@ -63,7 +66,8 @@ impl Bump {
             // taken.
             let base = core::ptr::addr_of!(__heap_base) as usize;
             self.next.store(base, Ordering::Relaxed);
-            self.end.store(core::arch::wasm32::memory_size(0) * PAGE, Ordering::Relaxed);
+            self.end
+                .store(core::arch::wasm32::memory_size(0) * PAGE, Ordering::Relaxed);
         }
     }
 }
@@ -127,15 +131,4 @@ unsafe impl GlobalAlloc for Bump {
             new
         }
     }
-}
-
-/// Install [`Bump`] as the global allocator of a wasm32 guest (does nothing elsewhere).
-/// [`crate::export_plugin!`] does this already.
-#[macro_export]
-macro_rules! use_bump_allocator {
-    () => {
-        #[cfg(target_arch = "wasm32")]
-        #[global_allocator]
-        static __SLINKY_BUMP: $crate::bump::Bump = $crate::bump::Bump::new();
-    };
 }

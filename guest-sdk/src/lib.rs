@@ -1,10 +1,13 @@
 //! # slinky-guest-sdk: write builder plugins for slinky-host
 //!
-//! A *builder* decides what child object should exist for a Slinky custom resource: the
-//! Controller's Service, or one pod of a NodeSet. slinky-host runs builders as WebAssembly
-//! components (`wasm32-wasip2`), calls them with **copies** of the objects, and owns everything
-//! else (caches, expectations, writes). This crate hides the WIT bindings: you implement one small
-//! trait per builder kind on typed inputs and export it with [`export_plugin!`].
+//! A *builder* decides what child objects should exist for a Slinky custom resource: the
+//! Controller's Service, its other children (the slurmctld StatefulSet, the `slurm.conf`
+//! ConfigMap, the internal Service), one pod of a NodeSet, or a NodeSet's other children (the
+//! workers' Service and PodDisruptionBudget, the SSH ConfigMap). slinky-host runs builders as
+//! WebAssembly components (`wasm32-wasip2`), calls them with **copies** of the objects, and owns
+//! everything else (caches, expectations, Secrets, writes). This crate hides the WIT bindings: you
+//! implement one small trait per builder kind on typed inputs and export it with
+//! [`export_plugin!`].
 //!
 //! ```no_run
 //! use slinky_guest_sdk::{BuildContext, BuildError, NodeSetPodBuilder, PodIdentity, slinky};
@@ -50,6 +53,7 @@ extern crate self as slinky_guest_sdk;
 
 #[cfg(target_arch = "wasm32")]
 pub mod bump;
+mod children;
 pub mod helpers;
 pub mod merge;
 pub mod slinky;
@@ -61,13 +65,16 @@ pub mod wit;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 
+pub use children::{
+    Child, ConfigMapFiles, ControllerChildrenBuilder, ControllerInputs, NodeSetChildrenBuilder,
+};
 pub use k8s_openapi;
 /// The Slinky custom resource types (Controller, NodeSet, …).
 pub use slinky_api as api;
 use slinky_api::{Controller, NodeSet};
 
-/// The WIT contract version this SDK builds plugins against.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The WIT contract version this SDK builds plugins against (`slinky:builder@0.2.0`).
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// Why a build failed; reported by the host on the parent's status and in an Event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,35 +205,40 @@ pub trait NodeSetPodBuilder {
 
 /// Exports a type as a slinky-host builder plugin.
 ///
-/// List the builder kinds the type implements: `controller_service` ([`ControllerServiceBuilder`])
-/// and/or `nodeset_pod` ([`NodeSetPodBuilder`]). The plugin's name and version are the crate's
-/// (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`); `describe()` reports them with the kinds and
-/// [`CONTRACT_VERSION`]. On native targets the macro expands to nothing, so `cargo test` works.
+/// List the builder kinds the type implements, in any order: `controller_service`
+/// ([`ControllerServiceBuilder`]), `nodeset_pod` ([`NodeSetPodBuilder`]), `controller_children`
+/// ([`ControllerChildrenBuilder`]) and `nodeset_children` ([`NodeSetChildrenBuilder`]). The
+/// plugin's name and version are the crate's (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`);
+/// `describe()` reports them with the kinds and [`CONTRACT_VERSION`]. On native targets the macro
+/// expands to nothing, so `cargo test` works.
 ///
 /// ```text
 /// slinky_guest_sdk::export_plugin!(MyPods, kinds = [nodeset_pod]);
 /// slinky_guest_sdk::export_plugin!(Both, kinds = [controller_service, nodeset_pod]);
+/// slinky_guest_sdk::export_plugin!(Site, kinds = [controller_children, nodeset_children]);
 /// ```
 #[macro_export]
 macro_rules! export_plugin {
-    ($ty:ty, kinds = [controller_service $(,)?]) => {
-        $crate::__export_plugin!($ty, service = yes, pod = no);
+    ($ty:ty, kinds = [$($kind:ident),+ $(,)?]) => {
+        $crate::__export_plugin!($ty, [$($kind),+]);
     };
-    ($ty:ty, kinds = [nodeset_pod $(,)?]) => {
-        $crate::__export_plugin!($ty, service = no, pod = yes);
-    };
-    ($ty:ty, kinds = [controller_service, nodeset_pod $(,)?]) => {
-        $crate::__export_plugin!($ty, service = yes, pod = yes);
-    };
-    ($ty:ty, kinds = [nodeset_pod, controller_service $(,)?]) => {
-        $crate::__export_plugin!($ty, service = yes, pod = yes);
+}
+
+/// Install the bump allocator (`bump::Bump`) as the global allocator of a wasm32 guest (does nothing elsewhere).
+/// [`crate::export_plugin!`] does this already.
+#[macro_export]
+macro_rules! use_bump_allocator {
+    () => {
+        #[cfg(target_arch = "wasm32")]
+        #[global_allocator]
+        static __SLINKY_BUMP: $crate::bump::Bump = $crate::bump::Bump::new();
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __export_plugin {
-    ($ty:ty, service = $service:ident, pod = $pod:ident) => {
+    ($ty:ty, [$($kind:ident),+]) => {
         $crate::use_bump_allocator!();
 
         #[cfg(target_arch = "wasm32")]
@@ -241,8 +253,7 @@ macro_rules! __export_plugin {
                     $crate::wit::describe(
                         env!("CARGO_PKG_NAME"),
                         env!("CARGO_PKG_VERSION"),
-                        $crate::__kind_flag!($service),
-                        $crate::__kind_flag!($pod),
+                        &[$($crate::__kind!($kind)),+],
                     )
                 }
             }
@@ -252,7 +263,9 @@ macro_rules! __export_plugin {
                     ctx: __types::BuildContext,
                     controller: ::std::string::String,
                 ) -> ::std::result::Result<::std::string::String, __types::BuildError> {
-                    $crate::__dispatch_service!($service, $ty, ctx, controller)
+                    $crate::__if_kind!(controller_service in [$($kind)+]
+                        { $crate::wit::call_service::<$ty>(ctx, controller) }
+                        else { $crate::wit::unsupported("controller-service") })
                 }
             }
 
@@ -263,7 +276,33 @@ macro_rules! __export_plugin {
                     controller: ::std::string::String,
                     identity: __types::PodIdentity,
                 ) -> ::std::result::Result<::std::string::String, __types::BuildError> {
-                    $crate::__dispatch_pod!($pod, $ty, ctx, nodeset, controller, identity)
+                    $crate::__if_kind!(nodeset_pod in [$($kind)+]
+                        { $crate::wit::call_pod::<$ty>(ctx, nodeset, controller, identity) }
+                        else { $crate::wit::unsupported("nodeset-pod") })
+                }
+            }
+
+            impl __exports::controller_children::Guest for __SlinkyPlugin {
+                fn build_controller_children(
+                    ctx: __types::BuildContext,
+                    controller: ::std::string::String,
+                    inputs: __types::ControllerInputs,
+                ) -> ::std::result::Result<::std::vec::Vec<::std::string::String>, __types::BuildError> {
+                    $crate::__if_kind!(controller_children in [$($kind)+]
+                        { $crate::wit::call_controller_children::<$ty>(ctx, controller, inputs) }
+                        else { $crate::wit::unsupported("controller-children") })
+                }
+            }
+
+            impl __exports::nodeset_children::Guest for __SlinkyPlugin {
+                fn build_nodeset_children(
+                    ctx: __types::BuildContext,
+                    nodeset: ::std::string::String,
+                    controller: ::std::string::String,
+                ) -> ::std::result::Result<::std::vec::Vec<::std::string::String>, __types::BuildError> {
+                    $crate::__if_kind!(nodeset_children in [$($kind)+]
+                        { $crate::wit::call_nodeset_children::<$ty>(ctx, nodeset, controller) }
+                        else { $crate::wit::unsupported("nodeset-children") })
                 }
             }
 
@@ -272,37 +311,36 @@ macro_rules! __export_plugin {
     };
 }
 
+/// The WIT builder kind of a kind name in `export_plugin!` (an unknown name does not compile).
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __kind_flag {
-    (yes) => {
-        true
+macro_rules! __kind {
+    (controller_service) => {
+        $crate::wit::slinky::builder::types::BuilderKind::ControllerService
     };
-    (no) => {
-        false
+    (nodeset_pod) => {
+        $crate::wit::slinky::builder::types::BuilderKind::NodesetPod
+    };
+    (controller_children) => {
+        $crate::wit::slinky::builder::types::BuilderKind::ControllerChildren
+    };
+    (nodeset_children) => {
+        $crate::wit::slinky::builder::types::BuilderKind::NodesetChildren
     };
 }
 
+/// `$yes` when the kind is among the listed kinds, else `$no`.
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __dispatch_service {
-    (yes, $ty:ty, $ctx:ident, $controller:ident) => {
-        $crate::wit::call_service::<$ty>($ctx, $controller)
+macro_rules! __if_kind {
+    (controller_service in [controller_service $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    (nodeset_pod in [nodeset_pod $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    (controller_children in [controller_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    (nodeset_children in [nodeset_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    ($kind:ident in [$first:ident $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => {
+        $crate::__if_kind!($kind in [$($rest)*] { $($yes)* } else { $($no)* })
     };
-    (no, $ty:ty, $ctx:ident, $controller:ident) => {
-        $crate::wit::unsupported("controller-service")
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __dispatch_pod {
-    (yes, $ty:ty, $ctx:ident, $nodeset:ident, $controller:ident, $identity:ident) => {
-        $crate::wit::call_pod::<$ty>($ctx, $nodeset, $controller, $identity)
-    };
-    (no, $ty:ty, $ctx:ident, $nodeset:ident, $controller:ident, $identity:ident) => {
-        $crate::wit::unsupported("nodeset-pod")
-    };
+    ($kind:ident in [] { $($yes:tt)* } else { $($no:tt)* }) => { $($no)* };
 }
 
 /// Serialize a built object for the host, or an internal error.

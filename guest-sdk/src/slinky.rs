@@ -9,6 +9,14 @@
 //!   (Slinky HEAD always adds it; v1.2 never did): without HA there is one slurmctld pod to select.
 //! * `pinToNode` node affinity is not built: it needs cluster state (the recorded node and whether
 //!   it still exists) that a sandboxed builder cannot see.
+//!
+//! The Controller's other children are in [`controller`] (the slurmctld StatefulSet, the
+//! `slurm.conf` ConfigMap, the internal Service; the configuration files in [`conf`]), the
+//! NodeSet's other children in [`workers`].
+
+pub mod conf;
+pub mod controller;
+pub mod workers;
 
 use std::collections::BTreeMap;
 
@@ -22,6 +30,9 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta},
 };
 use slinky_api::{Controller, NodeSet, keys};
+
+pub use controller::build_controller_children;
+pub use workers::build_nodeset_children;
 
 use crate::{
     BuildContext, BuildError, PodIdentity,

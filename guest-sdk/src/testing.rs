@@ -4,7 +4,10 @@
 use k8s_openapi::api::core::v1::{Pod, Service};
 use slinky_api::{Controller, NodeSet};
 
-use crate::{BuildContext, BuildError, ControllerServiceBuilder, NodeSetPodBuilder, PodIdentity};
+use crate::{
+    BuildContext, BuildError, Child, ControllerChildrenBuilder, ControllerInputs, ControllerServiceBuilder,
+    NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity,
+};
 
 const EXAMPLE_CONTROLLER: &str = include_str!("testing/controller.json");
 const EXAMPLE_NODESET: &str = include_str!("testing/nodeset.json");
@@ -57,6 +60,63 @@ pub fn call_pod<B: NodeSetPodBuilder>(
         "Pod",
         &B::build_pod(&BuildContext::default(), &nodeset, &controller, &identity)?,
     )
+}
+
+/// Example inputs of `controller`'s children builder: the given NodeSets (sorted by name, as the
+/// host sends them), key hashes of the Secrets `slurm-key` and `jwt-key`, no referenced
+/// ConfigMaps.
+pub fn example_inputs(nodesets: &[NodeSet]) -> ControllerInputs {
+    let mut nodesets = nodesets.to_vec();
+    nodesets.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    ControllerInputs {
+        nodesets,
+        slurm_key_hash: crate::helpers::sha256_hex(b"slurm-key"),
+        jwt_key_hash: crate::helpers::sha256_hex(b"jwt-key"),
+        config_maps: Vec::new(),
+    }
+}
+
+fn round_trip_children(children: Vec<Child>) -> Result<Vec<Child>, BuildError> {
+    children.iter().map(|c| Child::from_json(&c.to_json()?)).collect()
+}
+
+/// Call `B::build_controller_children` as the host would: inputs and outputs through JSON.
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_controller_children<B: ControllerChildrenBuilder>(
+    controller: &Controller,
+    inputs: &ControllerInputs,
+) -> Result<Vec<Child>, BuildError> {
+    let controller = round_trip("Controller", controller)?;
+    let mut inputs = inputs.clone();
+    inputs.nodesets = inputs
+        .nodesets
+        .iter()
+        .map(|n| round_trip("NodeSet", n))
+        .collect::<Result<_, _>>()?;
+    round_trip_children(B::build_controller_children(
+        &BuildContext::default(),
+        &controller,
+        &inputs,
+    )?)
+}
+
+/// Call `B::build_nodeset_children` as the host would: inputs and outputs through JSON.
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_nodeset_children<B: NodeSetChildrenBuilder>(
+    nodeset: &NodeSet,
+    controller: &Controller,
+) -> Result<Vec<Child>, BuildError> {
+    let nodeset = round_trip("NodeSet", nodeset)?;
+    let controller = round_trip("Controller", controller)?;
+    round_trip_children(B::build_nodeset_children(
+        &BuildContext::default(),
+        &nodeset,
+        &controller,
+    )?)
 }
 
 #[cfg(test)]

@@ -3,14 +3,18 @@
 
 #![allow(missing_docs, reason = "generated bindings")]
 
-use crate::{BuildContext, BuildError, ControllerServiceBuilder, NodeSetPodBuilder, PodIdentity};
+use crate::{
+    BuildContext, BuildError, ConfigMapFiles, ControllerChildrenBuilder, ControllerInputs,
+    ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity,
+};
 
 #[doc(hidden)]
 pub use wit_bindgen::rt as __rt;
 
 wit_bindgen::generate!({
     world: "full-builder",
-    path: "../wit",
+    // The file, not the directory: the frozen 0.1.0 package in `wit/deps` is the host's concern.
+    path: "../wit/builder.wit",
     pub_export_macro: true,
     export_macro_name: "__export_full_builder",
     default_bindings_module: "slinky_guest_sdk::wit",
@@ -34,18 +38,11 @@ fn context(ctx: w::BuildContext) -> BuildContext {
 }
 
 #[doc(hidden)]
-pub fn describe(name: &str, version: &str, service: bool, pod: bool) -> w::PluginInfo {
-    let mut kinds = Vec::new();
-    if service {
-        kinds.push(w::BuilderKind::ControllerService);
-    }
-    if pod {
-        kinds.push(w::BuilderKind::NodesetPod);
-    }
+pub fn describe(name: &str, version: &str, kinds: &[w::BuilderKind]) -> w::PluginInfo {
     w::PluginInfo {
         name: name.into(),
         version: version.into(),
-        kinds,
+        kinds: kinds.to_vec(),
         contract_version: crate::CONTRACT_VERSION.into(),
     }
 }
@@ -84,7 +81,57 @@ pub fn call_pod<T: NodeSetPodBuilder>(
 }
 
 #[doc(hidden)]
-pub fn unsupported(kind: &str) -> Result<String, w::BuildError> {
+pub fn call_controller_children<T: ControllerChildrenBuilder>(
+    ctx: w::BuildContext,
+    controller: String,
+    inputs: w::ControllerInputs,
+) -> Result<Vec<String>, w::BuildError> {
+    let run = || {
+        let controller = crate::from_json("Controller", &controller)?;
+        let inputs = ControllerInputs {
+            nodesets: inputs
+                .nodesets
+                .iter()
+                .map(|n| crate::from_json("NodeSet", n))
+                .collect::<Result<_, _>>()?,
+            slurm_key_hash: inputs.slurm_key_hash,
+            jwt_key_hash: inputs.jwt_key_hash,
+            config_maps: inputs
+                .config_maps
+                .into_iter()
+                .map(|c| ConfigMapFiles {
+                    name: c.name,
+                    files: c.files,
+                })
+                .collect(),
+        };
+        T::build_controller_children(&context(ctx), &controller, &inputs)?
+            .iter()
+            .map(crate::Child::to_json)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn call_nodeset_children<T: NodeSetChildrenBuilder>(
+    ctx: w::BuildContext,
+    nodeset: String,
+    controller: String,
+) -> Result<Vec<String>, w::BuildError> {
+    let run = || {
+        let nodeset = crate::from_json("NodeSet", &nodeset)?;
+        let controller = crate::from_json("Controller", &controller)?;
+        T::build_nodeset_children(&context(ctx), &nodeset, &controller)?
+            .iter()
+            .map(crate::Child::to_json)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn unsupported<T>(kind: &str) -> Result<T, w::BuildError> {
     Err(w::BuildError::Unsupported(format!(
         "this plugin does not build {kind}"
     )))

@@ -69,7 +69,10 @@ fn fresh_calls(
     let median = time(n, || call(plugin));
     let (calls0, grows0) = (
         engine.stats().calls.load(std::sync::atomic::Ordering::Relaxed),
-        engine.stats().memory_grows.load(std::sync::atomic::Ordering::Relaxed),
+        engine
+            .stats()
+            .memory_grows
+            .load(std::sync::atomic::Ordering::Relaxed),
     );
     let faults0 = minor_faults();
     for _ in 0..n {
@@ -77,13 +80,22 @@ fn fresh_calls(
     }
     let faults = (minor_faults() - faults0) as f64 / n as f64;
     let calls = engine.stats().calls.load(std::sync::atomic::Ordering::Relaxed) - calls0;
-    let grows = engine.stats().memory_grows.load(std::sync::atomic::Ordering::Relaxed) - grows0;
+    let grows = engine
+        .stats()
+        .memory_grows
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - grows0;
     (median, faults, grows as f64 / calls.max(1) as f64)
 }
 
 /// The same builder natively behind a loopback HTTP/1.1 webhook (one keep-alive connection): the
 /// median round trip of `n` requests carrying the NodeSet, Controller and identity as JSON.
-fn webhook(n: usize, ns_json: &str, ctl_json: &str, identity: &slinky_guest_sdk::PodIdentity) -> std::time::Duration {
+fn webhook(
+    n: usize,
+    ns_json: &str,
+    ctl_json: &str,
+    identity: &slinky_guest_sdk::PodIdentity,
+) -> std::time::Duration {
     use http_body_util::{BodyExt, Full};
     use hyper::{Request, Response, body::Incoming, service::service_fn};
     use hyper_util::rt::TokioIo;
@@ -206,7 +218,10 @@ fn main() -> anyhow::Result<()> {
     let engine2 = EngineHandle::new(base.clone())?;
     let reloaded = Plugin::load(&engine2, bundled::NODESET_POD, PluginSource::Bundled)?;
     let precompiled = t.elapsed();
-    assert_eq!(reloaded.compiled_from(), slinky_host::plugins::CompileSource::Disk);
+    assert_eq!(
+        reloaded.compiled_from(),
+        slinky_host::plugins::CompileSource::Disk
+    );
     drop((engine2, reloaded));
 
     // Native: the same work as the guest (JSON in, build, JSON out).
@@ -221,11 +236,18 @@ fn main() -> anyhow::Result<()> {
     let webhook = webhook(n, &ns_json, &ctl_json, &sdk_id);
 
     let build_raw = |p: &Plugin| {
-        p.build_pod_raw(&ctx, &ns_json, &ctl_json, &identity).expect("build");
+        p.build_pod_raw(&ctx, &ns_json, &ctl_json, &identity)
+            .expect("build");
     };
     println!("build-pod for the example NodeSet ({n} calls per figure, medians)");
-    println!("  native (JSON in, build, JSON out)                          {:>8.1} µs", us(native));
-    println!("  webhook: native builder behind loopback HTTP/JSON           {:>8.1} µs", us(webhook));
+    println!(
+        "  native (JSON in, build, JSON out)                          {:>8.1} µs",
+        us(native)
+    );
+    println!(
+        "  webhook: native builder behind loopback HTTP/JSON           {:>8.1} µs",
+        us(webhook)
+    );
     println!("  wasm, a fresh store and instance per call, by allocator:      time   faults/call grows/call");
     let mib16 = 16 << 20;
     let variants = [
@@ -284,15 +306,22 @@ fn main() -> anyhow::Result<()> {
         if default {
             default_wasm = Some(median);
         }
-        let name = if default { format!("{name} (default)") } else { name.to_string() };
-        println!(
-            "    {name:<56} {:>8.1} µs {faults:>9.1} {grows:>9.1}",
-            us(median)
-        );
+        let name = if default {
+            format!("{name} (default)")
+        } else {
+            name.to_string()
+        };
+        println!("    {name:<56} {:>8.1} µs {faults:>9.1} {grows:>9.1}", us(median));
     }
     let wasm = default_wasm.expect("a variant ran");
-    println!("  ratio wasm/native                                          {:>8.2}x", us(wasm) / us(native));
-    println!("  ratio wasm/webhook                                         {:>8.2}x", us(wasm) / us(webhook));
+    println!(
+        "  ratio wasm/native                                          {:>8.2}x",
+        us(wasm) / us(native)
+    );
+    println!(
+        "  ratio wasm/webhook                                         {:>8.2}x",
+        us(wasm) / us(webhook)
+    );
 
     // Where the time of one fresh-instance call goes (default engine).
     let phases_dir = build_wasm(&workspace, &["phases-guest"]);
@@ -324,14 +353,38 @@ fn main() -> anyhow::Result<()> {
     let (_, faults, grows) = fresh_calls(&engine, &plugin, n, build_raw);
     let d = |a: std::time::Duration, b: std::time::Duration| us(a) - us(b);
     println!("breakdown of a fresh-instance call (default engine; measurement guest `phases`):");
-    println!("  instantiate (new Store + instance)                          {:>8.1} µs", us(inst));
-    println!("  teardown (drop the Store)                                   {:>8.1} µs", us(drop_t));
-    println!("  an empty call (instantiate, call, teardown)                 {:>8.1} µs", us(none_empty));
-    println!("  + lowering the NodeSet and Controller JSON                  {:>8.1} µs", d(none, none_empty));
-    println!("  + guest parsing (serde_json into the typed objects)         {:>8.1} µs", d(parse, none));
-    println!("  + building the pod                                          {:>8.1} µs", d(build, parse));
-    println!("  + serialising and lifting the result                        {:>8.1} µs", d(full, build));
-    println!("  = the whole call (measurement guest)                        {:>8.1} µs", us(full));
+    println!(
+        "  instantiate (new Store + instance)                          {:>8.1} µs",
+        us(inst)
+    );
+    println!(
+        "  teardown (drop the Store)                                   {:>8.1} µs",
+        us(drop_t)
+    );
+    println!(
+        "  an empty call (instantiate, call, teardown)                 {:>8.1} µs",
+        us(none_empty)
+    );
+    println!(
+        "  + lowering the NodeSet and Controller JSON                  {:>8.1} µs",
+        d(none, none_empty)
+    );
+    println!(
+        "  + guest parsing (serde_json into the typed objects)         {:>8.1} µs",
+        d(parse, none)
+    );
+    println!(
+        "  + building the pod                                          {:>8.1} µs",
+        d(build, parse)
+    );
+    println!(
+        "  + serialising and lifting the result                        {:>8.1} µs",
+        d(full, build)
+    );
+    println!(
+        "  = the whole call (measurement guest)                        {:>8.1} µs",
+        us(full)
+    );
     println!("  memory: {grows:.1} memory_growing calls and {faults:.1} minor page faults per call");
     println!(
         "  compiled code alone, one reused instance (measurement only) {:>8.1} µs  ({:.2}x native)",
@@ -339,7 +392,13 @@ fn main() -> anyhow::Result<()> {
         us(reused) / us(native)
     );
     println!("component load ({} KiB):", bundled::NODESET_POD.len() / 1024);
-    println!("  compile with cranelift                                      {:>8.1} ms", compile.as_secs_f64() * 1e3);
-    println!("  load precompiled artifact                                   {:>8.1} ms", precompiled.as_secs_f64() * 1e3);
+    println!(
+        "  compile with cranelift                                      {:>8.1} ms",
+        compile.as_secs_f64() * 1e3
+    );
+    println!(
+        "  load precompiled artifact                                   {:>8.1} ms",
+        precompiled.as_secs_f64() * 1e3
+    );
     Ok(())
 }

@@ -30,7 +30,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let (nodeset, controller) = (nodeset.expect("NodeSet"), controller.expect("Controller"));
-    let n: usize = std::env::var("BENCH_CALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let n: usize = std::env::var("BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
     let engine = EngineHandle::new(RuntimeConfig::default())?;
     // `PLUGIN=path.wasm` profiles another build (e.g. an unstripped one, whose functions perf names).
     let plugin = match std::env::var_os("PLUGIN") {

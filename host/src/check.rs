@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::{
     plugins::{BuilderKind, EngineHandle, Plugin, PluginError, bundled},
-    render::{Manifest, Parent},
+    render::{Manifest, Parent, References},
     revision::pod_revision,
 };
 
@@ -44,6 +44,14 @@ pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
 /// Remove what always differs between two builders (their names, digests, and the revision
 /// derived from the digest), and server-irrelevant nulls.
 fn normalize(mut v: Value) -> Value {
+    // A StatefulSet's pod template carries the builder annotations too.
+    if let Some(a) = v
+        .pointer_mut("/spec/template/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        a.remove(slinky_api::keys::ANNOTATION_BUILDER);
+        a.remove(slinky_api::keys::ANNOTATION_BUILDER_DIGEST);
+    }
     if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         for (field, key) in [
             ("annotations", slinky_api::keys::ANNOTATION_BUILDER),
@@ -149,11 +157,54 @@ impl Tally {
     }
 }
 
+impl Tally {
+    /// Report each child of a children builder, matched with the bundled builder's by kind and name.
+    fn report_children(
+        &mut self,
+        out: &mut String,
+        at: &str,
+        ours: Result<Vec<crate::plugins::Child>, PluginError>,
+        theirs: Result<Vec<crate::plugins::Child>, PluginError>,
+    ) {
+        let theirs = theirs.unwrap_or_default();
+        match ours {
+            Err(e) => self.report(out, format!("children {at}"), Err(e), Ok(Value::Null)),
+            Ok(ours) => {
+                for child in &ours {
+                    let base = theirs
+                        .iter()
+                        .find(|b| b.kind == child.kind && b.name() == child.name())
+                        .map(|b| b.object.clone())
+                        .unwrap_or(Value::Null);
+                    self.report(
+                        out,
+                        format!("{} {at}", child.describe()),
+                        Ok(child.object.clone()),
+                        Ok(base),
+                    );
+                }
+                for gone in theirs
+                    .iter()
+                    .filter(|b| !ours.iter().any(|c| c.kind == b.kind && c.name() == b.name()))
+                {
+                    self.differ += 1;
+                    let _ = writeln!(
+                        out,
+                        "ok   {} {at}: built by the bundled builder, not by this plugin (the host would delete it)\n",
+                        gone.describe()
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn yaml(v: &Value) -> String {
     serde_saphyr::to_string(v).unwrap_or_default()
 }
 
-/// Check the plugin at `path` on `manifests` (the examples when empty).
+/// Check the plugin at `path` on `manifests` (the examples when empty), without Secrets or
+/// ConfigMaps in the input.
 ///
 /// # Errors
 /// The plugin does not load (the error names the cause and the fix), or the inputs don't parse.
@@ -161,6 +212,21 @@ pub fn check(
     engine: &Arc<EngineHandle>,
     path: &std::path::Path,
     manifests: &[Manifest],
+    ctx: &crate::BuildContext,
+) -> anyhow::Result<CheckReport> {
+    check_with(engine, path, manifests, &References::default(), ctx)
+}
+
+/// Check the plugin at `path` on `manifests` (the examples when empty) and the Secrets and
+/// ConfigMaps they reference.
+///
+/// # Errors
+/// The plugin does not load (the error names the cause and the fix), or the inputs don't parse.
+pub fn check_with(
+    engine: &Arc<EngineHandle>,
+    path: &std::path::Path,
+    manifests: &[Manifest],
+    references: &References,
     ctx: &crate::BuildContext,
 ) -> anyhow::Result<CheckReport> {
     use anyhow::Context as _;
@@ -216,6 +282,42 @@ pub fn check(
                     .map(|s| serde_json::to_value(s).unwrap_or_default());
                 t.report(&mut out, what, ours, theirs);
             }
+            _ => {}
+        }
+        if let Parent::Controller(c) = &m.parent
+            && plugin.builds(BuilderKind::ControllerChildren)
+        {
+            let base = bundled_plugin(BuilderKind::ControllerChildren)?;
+            let inputs = references.inputs(c, manifests);
+            let ours = plugin.build_controller_children(ctx, c, &inputs);
+            let theirs = base.build_controller_children(ctx, c, &inputs);
+            let at = format!(
+                "of Controller {}/{} ({})",
+                c.namespace().unwrap_or_default(),
+                c.name_any(),
+                m.at
+            );
+            t.report_children(&mut out, &at, ours, theirs);
+        }
+        if let Parent::NodeSet(n) = &m.parent
+            && plugin.builds(BuilderKind::NodesetChildren)
+            && let Some(controller) = controllers.iter().find(|c| {
+                c.namespace().as_deref() == Some(n.controller_namespace())
+                    && c.name_any() == n.spec.controller_ref.name
+            })
+        {
+            let base = bundled_plugin(BuilderKind::NodesetChildren)?;
+            let ours = plugin.build_nodeset_children(ctx, n, controller);
+            let theirs = base.build_nodeset_children(ctx, n, controller);
+            let at = format!(
+                "of NodeSet {}/{} ({})",
+                n.namespace().unwrap_or_default(),
+                n.name_any(),
+                m.at
+            );
+            t.report_children(&mut out, &at, ours, theirs);
+        }
+        match &m.parent {
             Parent::NodeSet(n) if plugin.builds(BuilderKind::NodesetPod) => {
                 let base = bundled_plugin(BuilderKind::NodesetPod)?;
                 let Some(controller) = controllers.iter().find(|c| {

@@ -265,6 +265,11 @@ pub enum KindArg {
     ControllerService,
     /// A NodeSet's pods.
     NodesetPod,
+    /// The Controller's other children: the slurmctld StatefulSet, the slurm.conf ConfigMap, the
+    /// internal Service.
+    ControllerChildren,
+    /// A NodeSet's other children: the workers' Service and PodDisruptionBudget, the SSH ConfigMap.
+    NodesetChildren,
 }
 
 impl From<KindArg> for crate::plugins::BuilderKind {
@@ -272,6 +277,8 @@ impl From<KindArg> for crate::plugins::BuilderKind {
         match k {
             KindArg::ControllerService => crate::plugins::BuilderKind::ControllerService,
             KindArg::NodesetPod => crate::plugins::BuilderKind::NodesetPod,
+            KindArg::ControllerChildren => crate::plugins::BuilderKind::ControllerChildren,
+            KindArg::NodesetChildren => crate::plugins::BuilderKind::NodesetChildren,
         }
     }
 }
@@ -308,8 +315,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             cluster_domain,
         }) => {
             let manifests = render::read_manifests(&files)?;
+            let references = render::read_references(&files)?;
             let ctx = crate::BuildContext { cluster_domain };
-            let report = crate::check::check(&engine()?, &path, &manifests, &ctx)?;
+            let report = crate::check::check_with(&engine()?, &path, &manifests, &references, &ctx)?;
             std::io::stdout()
                 .lock()
                 .write_all(report.text.as_bytes())
@@ -383,6 +391,7 @@ fn apiserver(args: ApiserverArgs) -> anyhow::Result<()> {
                 ..Default::default()
             }),
             state_dir: args.state_dir.clone(),
+            statefulsets: args.simulate_nodes > 0,
             ..Default::default()
         };
         let server = ApiServer::start(config)
@@ -440,11 +449,12 @@ pub fn version_report() -> serde_json::Value {
 
 fn render_cmd(engine: &Arc<EngineHandle>, args: RenderArgs) -> anyhow::Result<()> {
     let manifests = render::read_manifests(&args.files)?;
+    let references = render::read_references(&args.files)?;
     let registry = PluginRegistry::new(engine, &args.plugins)?;
     let ctx = crate::BuildContext {
         cluster_domain: args.cluster_domain,
     };
-    let children = render::render(&manifests, &registry, &ctx)?;
+    let children = render::render_with(&manifests, &references, &registry, &ctx)?;
     let text = match args.output {
         OutputFormat::Yaml => render::to_yaml(&children)?,
         OutputFormat::Json => serde_json::to_string_pretty(&render::to_json_list(&children))? + "\n",

@@ -86,13 +86,28 @@ pub fn cluster_rules() -> Vec<Value> {
             &["pods"],
             &["get", "list", "watch", "create", "delete", "patch"],
         ),
-        // Server-side apply creates the Service when it is missing: patch and create; a Service
-        // the host built and no longer wants is deleted.
+        // The children other than pods: watched (caches), read when the cache has none,
+        // server-side applied (patch, and create when missing), deleted when the host no longer
+        // builds them (with a UID precondition). ConfigMaps the Controllers reference are read
+        // from the same cache (their keys only).
         rule(
             &[""],
-            &["services"],
+            &["services", "configmaps"],
             &["get", "list", "watch", "create", "delete", "patch"],
         ),
+        rule(
+            &["apps"],
+            &["statefulsets"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
+        rule(
+            &["policy"],
+            &["poddisruptionbudgets"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
+        // The Secrets a Controller references, read by name for their hashes: `get` only, so the
+        // host can neither list nor watch the cluster's Secrets.
+        rule(&[""], &["secrets"], &["get"]),
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
 }

@@ -1,15 +1,25 @@
-//! `slinky-host render`: read Controller/NodeSet manifests and print what the builders make of
-//! them, offline, through exactly the plugin path the reconciler uses.
+//! `slinky-host render`: read Controller/NodeSet manifests (and the Secrets and ConfigMaps they
+//! reference) and print what the builders make of them, offline, through exactly the plugin path
+//! the reconciler uses.
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+};
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Pod, Secret, Service},
+};
 use kube::ResourceExt;
 use serde_json::Value;
 use slinky_api::{API_VERSION, Controller, NodeSet};
 
 use crate::{
-    plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry, PodIdentity},
+    plugins::{
+        BuildContext, BuilderKind, ConfigMapFiles, ControllerInputs, Ownership, PluginError, PluginRegistry,
+        PodIdentity,
+    },
     revision::pod_revision,
 };
 
@@ -91,6 +101,9 @@ pub enum Child {
     Service(Box<Service>),
     /// A NodeSet pod.
     Pod(Box<Pod>),
+    /// Another child (a StatefulSet, ConfigMap, Service or PodDisruptionBudget) from a children
+    /// builder.
+    Object(Box<crate::plugins::Child>),
 }
 
 impl Child {
@@ -99,6 +112,7 @@ impl Child {
         let v = match self {
             Child::Service(s) => serde_json::to_value(s),
             Child::Pod(p) => serde_json::to_value(p),
+            Child::Object(o) => Ok(o.object.clone()),
         };
         v.unwrap_or(Value::Null)
     }
@@ -111,8 +125,176 @@ impl Child {
         match self {
             Child::Service(s) => serde_saphyr::to_string(s),
             Child::Pod(p) => serde_saphyr::to_string(p),
+            Child::Object(o) => serde_saphyr::to_string(&o.object),
         }
     }
+
+    /// `Kind name`.
+    pub fn describe(&self) -> String {
+        match self {
+            Child::Service(s) => format!("Service {}", s.name_any()),
+            Child::Pod(p) => format!("Pod {}", p.name_any()),
+            Child::Object(o) => o.describe(),
+        }
+    }
+}
+
+/// The Secrets and ConfigMaps of the input files: what the Controllers reference (the host reads
+/// them from the cluster; `render` from its input).
+#[derive(Debug, Clone, Default)]
+pub struct References {
+    /// Secrets (for the key hashes; their data never reaches a builder).
+    pub secrets: Vec<Secret>,
+    /// ConfigMaps (for the files they provide).
+    pub config_maps: Vec<ConfigMap>,
+}
+
+impl References {
+    /// The inputs of `controller`'s children builder: its NodeSets among `manifests`, the key
+    /// hashes of the Secrets it references (empty, with a warning, for one not in the input), the
+    /// files of the ConfigMaps it references.
+    pub fn inputs(&self, controller: &Controller, manifests: &[Manifest]) -> ControllerInputs {
+        let ns = controller.namespace().unwrap_or_default();
+        let mut nodesets: Vec<NodeSet> = manifests
+            .iter()
+            .filter_map(|m| match &m.parent {
+                Parent::NodeSet(n) => Some(n.as_ref().clone()),
+                Parent::Controller(_) => None,
+            })
+            .filter(|n| n.controller_namespace() == ns && n.spec.controller_ref.name == controller.name_any())
+            .collect();
+        nodesets.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let hash = |field: &str, r: &Option<k8s_openapi::api::core::v1::SecretKeySelector>| -> String {
+            let Some(r) = r else { return String::new() };
+            match self
+                .secrets
+                .iter()
+                .find(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.name_any() == r.name)
+            {
+                Some(s) => {
+                    let mut data = s.data.clone().unwrap_or_default();
+                    for (k, v) in s.string_data.iter().flatten() {
+                        data.insert(k.clone(), ByteString(v.as_bytes().to_vec()));
+                    }
+                    slinky_guest_sdk::slinky::controller::checksum_of_map(
+                        data.iter().map(|(k, ByteString(v))| (k, v.as_slice())),
+                    )
+                }
+                None => {
+                    tracing::warn!(
+                        "Secret {ns}/{} ({field}) is not in the input: its key hash is left empty \
+                         (add the Secret to the input to render the hash the host would)",
+                        r.name
+                    );
+                    String::new()
+                }
+            }
+        };
+        let (slurm_key_hash, jwt_key_hash) = if controller.spec.external {
+            (String::new(), String::new())
+        } else {
+            (
+                hash("spec.slurmKeyRef", &controller.spec.slurm_key_ref),
+                hash("spec.jwtKeyRef", &controller.spec.jwt_key_ref),
+            )
+        };
+        let config_maps = controller
+            .config_map_refs()
+            .into_iter()
+            .map(|name| {
+                let found = self
+                    .config_maps
+                    .iter()
+                    .find(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == name);
+                if found.is_none() {
+                    tracing::warn!(
+                        "ConfigMap {ns}/{name} is not in the input: rendered as providing no files"
+                    );
+                }
+                let mut files: Vec<String> = found
+                    .iter()
+                    .flat_map(|c| {
+                        c.data
+                            .iter()
+                            .flat_map(|d| d.keys().cloned())
+                            .chain(c.binary_data.iter().flat_map(|d| d.keys().cloned()))
+                    })
+                    .collect();
+                files.sort();
+                ConfigMapFiles { name, files }
+            })
+            .collect();
+        ControllerInputs {
+            nodesets,
+            slurm_key_hash,
+            jwt_key_hash,
+            config_maps,
+        }
+    }
+}
+
+/// Read the Secrets and ConfigMaps of YAML (multi-document) or JSON files (what
+/// [`read_manifests`] skips).
+///
+/// # Errors
+/// A file that can't be read or parsed, or a Secret/ConfigMap that is not a valid one.
+pub fn read_references(paths: &[PathBuf]) -> Result<References, RenderError> {
+    let mut out = References::default();
+    for path in paths {
+        let text = std::fs::read_to_string(path).map_err(|source| RenderError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        for (i, doc) in yaml_documents(&text).iter().enumerate() {
+            let at = format!("{} (document {})", path.display(), i + 1);
+            let value: Value = parse_yaml(doc).map_err(|e| RenderError::Parse {
+                at: at.clone(),
+                reason: e.to_string(),
+            })?;
+            push_reference(&at, value, &mut out)?;
+        }
+    }
+    Ok(out)
+}
+
+fn push_reference(at: &str, value: Value, out: &mut References) -> Result<(), RenderError> {
+    let field = |f: &str| {
+        value
+            .get(f)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let invalid = |reason: String| RenderError::Invalid {
+        at: at.to_string(),
+        reason,
+    };
+    match (field("apiVersion").as_str(), field("kind").as_str()) {
+        ("v1", "List") => {
+            for item in value
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+            {
+                push_reference(at, item, out)?;
+            }
+        }
+        ("v1", "Secret") => {
+            let mut s: Secret =
+                serde_json::from_value(value).map_err(|e| invalid(format!("invalid Secret: {e}")))?;
+            default_namespace(&mut s.metadata);
+            out.secrets.push(s);
+        }
+        ("v1", "ConfigMap") => {
+            let mut c: ConfigMap =
+                serde_json::from_value(value).map_err(|e| invalid(format!("invalid ConfigMap: {e}")))?;
+            default_namespace(&mut c.metadata);
+            out.config_maps.push(c);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Parse one YAML document (or JSON) with YAML 1.2 Core booleans: only `true`/`false`
@@ -206,6 +388,8 @@ fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), Re
     };
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     match (api_version.as_str(), kind.as_str()) {
+        // What the Controllers reference: read by `read_references`.
+        ("v1", "Secret" | "ConfigMap") => Ok(()),
         ("v1", "List") => {
             let items = value
                 .get("items")
@@ -247,7 +431,7 @@ fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), Re
             Ok(())
         }
         _ => Err(invalid(format!(
-            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller and NodeSet objects"
+            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller and NodeSet objects, and the v1 Secrets and ConfigMaps they reference"
         ))),
     }
 }
@@ -269,8 +453,8 @@ fn key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
 }
 
-/// Build every child of the parents: each Controller's Service (none for an external
-/// Controller), and for each NodeSet its pods for ordinals `0..replicas`.
+/// Build every child of the parents, as [`render_with`] does, without any Secret or ConfigMap
+/// in the input (key hashes are empty).
 ///
 /// # Errors
 /// The first parent whose Controller is missing or whose builder fails.
@@ -279,33 +463,70 @@ pub fn render(
     plugins: &PluginRegistry,
     ctx: &BuildContext,
 ) -> Result<Vec<Child>, RenderError> {
+    render_with(manifests, &References::default(), plugins, ctx)
+}
+
+/// Build every child of the parents, in a stable order: for each Controller (in input order) its
+/// children by kind (ConfigMaps, Services, StatefulSet) and name; for each NodeSet its children
+/// other than pods (the workers' Service and PodDisruptionBudget once per Controller and
+/// namespace, owned by every NodeSet of the input sharing them), then its pods for ordinals
+/// `0..replicas`. An external Controller has only its minimal ConfigMap.
+///
+/// # Errors
+/// The first parent whose Controller is missing or whose builder fails.
+pub fn render_with(
+    manifests: &[Manifest],
+    references: &References,
+    plugins: &PluginRegistry,
+    ctx: &BuildContext,
+) -> Result<Vec<Child>, RenderError> {
     let controllers = controllers(manifests);
     let mut children = Vec::new();
+    let mut shared_done = BTreeSet::new();
+    let build_error = |at: &str, object: String| {
+        let at = at.to_string();
+        move |source| RenderError::Build {
+            at,
+            object,
+            source: Box::new(source),
+        }
+    };
     for m in manifests {
         match &m.parent {
             Parent::Controller(c) => {
-                if c.spec.external {
-                    tracing::info!(controller = %c.name_any(), "external Controller: no Service to build");
-                    continue;
-                }
-                if let Some(problem) = slinky_api::checks::summary(&c.name_problems()) {
+                let object = format!(
+                    "Controller {}",
+                    key(&c.namespace().unwrap_or_default(), &c.name_any())
+                );
+                if let Some(problem) = slinky_api::checks::summary(&c.spec_problems()) {
                     return Err(RenderError::Invalid {
                         at: m.at.clone(),
                         reason: format!("Controller {}: {problem}", c.name_any()),
                     });
                 }
-                let plugin = plugins.active(BuilderKind::ControllerService);
-                let svc = plugin
-                    .build_service(ctx, c)
-                    .map_err(|source| RenderError::Build {
-                        at: m.at.clone(),
-                        object: format!(
-                            "Controller {}",
-                            key(&c.namespace().unwrap_or_default(), &c.name_any())
-                        ),
-                        source: Box::new(source),
-                    })?;
-                children.push(Child::Service(Box::new(svc)));
+                let mut built = Vec::new();
+                if c.spec.external {
+                    tracing::info!(controller = %c.name_any(), "external Controller: no Service, StatefulSet or internal Service to build");
+                } else {
+                    let plugin = plugins.active(BuilderKind::ControllerService);
+                    let svc = plugin
+                        .build_service(ctx, c)
+                        .map_err(build_error(&m.at, object.clone()))?;
+                    built.push(crate::plugins::Child {
+                        kind: crate::plugins::ChildKind::Service,
+                        ownership: Ownership::Controlled,
+                        object: serde_json::to_value(&svc).unwrap_or_default(),
+                    });
+                }
+                let inputs = references.inputs(c, manifests);
+                let plugin = plugins.active(BuilderKind::ControllerChildren);
+                built.extend(
+                    plugin
+                        .build_controller_children(ctx, c, &inputs)
+                        .map_err(build_error(&m.at, object))?,
+                );
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
             }
             Parent::NodeSet(n) => {
                 let ns = n.namespace().unwrap_or_default();
@@ -325,17 +546,39 @@ pub fn render(
                         reason: format!("NodeSet {}: {problem}", n.name_any()),
                     });
                 }
+                let object = format!("NodeSet {}", key(&ns, &n.name_any()));
+                let plugin = plugins.active(BuilderKind::NodesetChildren);
+                let mut built = plugin
+                    .build_nodeset_children(ctx, n, controller)
+                    .map_err(build_error(&m.at, object.clone()))?;
+                let sharing: Vec<&NodeSet> = manifests
+                    .iter()
+                    .filter_map(|m| match &m.parent {
+                        Parent::NodeSet(o) => Some(o.as_ref()),
+                        Parent::Controller(_) => None,
+                    })
+                    .filter(|o| {
+                        o.namespace().as_deref() == Some(ns.as_str())
+                            && o.spec.controller_ref.name == ctl_name
+                    })
+                    .collect();
+                let owners = crate::plugins::Child::shared_owners(sharing);
+                built.retain(|c| {
+                    c.ownership == Ownership::Controlled
+                        || shared_done.insert((c.kind, ns.clone(), c.name().to_string()))
+                });
+                for c in built.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
+                    c.set_owners(owners.clone());
+                }
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
                 let plugin = plugins.active(BuilderKind::NodesetPod);
                 let revision = pod_revision(n, controller, plugin.digest(), ctx);
                 for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
                     let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
                     let pod = plugin
                         .build_pod(ctx, n, controller, &identity)
-                        .map_err(|source| RenderError::Build {
-                            at: m.at.clone(),
-                            object: format!("NodeSet {}", key(&ns, &n.name_any())),
-                            source: Box::new(source),
-                        })?;
+                        .map_err(build_error(&m.at, object.clone()))?;
                     children.push(Child::Pod(Box::new(pod)));
                 }
             }

@@ -226,6 +226,7 @@ async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiS
     use crate::embedded::{ApiServer, ApiServerConfig, LifecycleConfig};
     let s = ApiServer::start(ApiServerConfig {
         lifecycle: Some(LifecycleConfig::default()),
+        statefulsets: true,
         ..Default::default()
     })
     .await

@@ -97,6 +97,8 @@ pub fn new_plugin(name: &str, kind: BuilderKind, dir: &Path, sdk: Option<&Path>)
     let lib = match kind {
         BuilderKind::NodesetPod => NODESET_POD_LIB,
         BuilderKind::ControllerService => CONTROLLER_SERVICE_LIB,
+        BuilderKind::ControllerChildren => CONTROLLER_CHILDREN_LIB,
+        BuilderKind::NodesetChildren => NODESET_CHILDREN_LIB,
     };
     let wasm = PathBuf::from(format!(
         "target/wasm32-wasip2/release/{}.wasm",
@@ -263,6 +265,110 @@ mod tests {
         assert_eq!(service.metadata.name.as_deref(), Some("slurm-controller"));
         let ports = service.spec.and_then(|s| s.ports).unwrap_or_default();
         assert!(ports.iter().any(|p| p.port == 6817), "{ports:?}");
+        Ok(())
+    }
+}
+"#;
+
+const CONTROLLER_CHILDREN_LIB: &str = r#"//! {name}: a slinky-host `controller-children` builder.
+//!
+//! It starts from Slinky's children of a Controller (`slinky::build_controller_children`: the
+//! slurmctld StatefulSet, the `slurm.conf` ConfigMap, the internal Service); change them in
+//! `build_controller_children`.
+
+use slinky_guest_sdk::{
+    BuildContext, BuildError, Child, ControllerChildrenBuilder, ControllerInputs, api::Controller, slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl ControllerChildrenBuilder for {Type} {
+    fn build_controller_children(
+        ctx: &BuildContext,
+        controller: &Controller,
+        inputs: &ControllerInputs,
+    ) -> Result<Vec<Child>, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut children = slinky::build_controller_children(ctx, controller, inputs)?;
+        // Change the children here, for example the StatefulSet's pod template:
+        // for child in &mut children {
+        //     if let Child::StatefulSet(sts) = child { /* … */ }
+        // }
+        Ok(children)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [controller_children]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_children() -> Result<(), BuildError> {
+        let inputs = testing::example_inputs(&[testing::example_nodeset()?]);
+        let children = testing::call_controller_children::<{Type}>(&testing::example_controller()?, &inputs)?;
+        let sts = children
+            .iter()
+            .find_map(Child::as_stateful_set)
+            .ok_or(BuildError::invalid("no StatefulSet"))?;
+        assert_eq!(sts.metadata.name.as_deref(), Some("slurm-controller"));
+        let conf = children
+            .iter()
+            .find_map(Child::as_config_map)
+            .and_then(|c| c.data.as_ref()?.get("slurm.conf").cloned())
+            .unwrap_or_default();
+        assert!(conf.contains("NodeSet=slinky Feature=slinky"), "{conf}");
+        Ok(())
+    }
+}
+"#;
+
+const NODESET_CHILDREN_LIB: &str = r#"//! {name}: a slinky-host `nodeset-children` builder.
+//!
+//! It starts from Slinky's children of a NodeSet besides its pods
+//! (`slinky::build_nodeset_children`: the workers' Service and PodDisruptionBudget, the SSH
+//! ConfigMap); change them in `build_nodeset_children`.
+
+use slinky_guest_sdk::{
+    BuildContext, BuildError, Child, NodeSetChildrenBuilder,
+    api::{Controller, NodeSet},
+    slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl NodeSetChildrenBuilder for {Type} {
+    fn build_nodeset_children(
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut children = slinky::build_nodeset_children(ctx, nodeset, controller)?;
+        // Change the children here (a NodeSet's own objects must be named `<nodeset>-…`).
+        Ok(children)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [nodeset_children]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_children() -> Result<(), BuildError> {
+        let children =
+            testing::call_nodeset_children::<{Type}>(&testing::example_nodeset()?, &testing::example_controller()?)?;
+        let names: Vec<&str> = children.iter().map(Child::name).collect();
+        assert_eq!(names, ["slurm-workers-slurm", "slurm-workers-pdb-slurm"]);
         Ok(())
     }
 }

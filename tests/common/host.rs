@@ -93,15 +93,56 @@ impl Host {
     }
 }
 
-/// An embedded cluster with the CRDs, and with simulated pod lifecycle when `lifecycle`.
-pub async fn cluster(lifecycle: bool) -> TestCluster {
-    let lc = lifecycle.then(|| LifecycleConfig {
+/// An embedded cluster with the CRDs, simulated pod lifecycle and the simulated StatefulSet
+/// controller (so the slurmctld StatefulSet gets its pods).
+pub async fn cluster_with_statefulsets() -> TestCluster {
+    let c = TestCluster::start_with(ApiServerConfig {
+        lifecycle: Some(lifecycle_config()),
+        statefulsets: true,
+        ..Default::default()
+    })
+    .await;
+    c.install_crds(&slinky_host::crds::crds()).await;
+    c
+}
+
+fn lifecycle_config() -> LifecycleConfig {
+    LifecycleConfig {
         nodes: 3,
         schedule_delay: Duration::from_millis(20),
         ready_delay: Duration::from_millis(50),
         // Terminating pods' grace periods pass 100x faster (30 s in 300 ms).
         grace_period_scale: 0.01,
-    });
+    }
+}
+
+/// Apply every document of the example `file` into `ns` (its namespace replaced), each changed
+/// by `edit` first.
+///
+/// # Errors
+/// API errors, or a document that does not parse.
+pub async fn apply_file(
+    c: &TestCluster,
+    ns: &str,
+    file: &str,
+    edit: impl Fn(&mut serde_json::Value),
+) -> Result<()> {
+    let text = std::fs::read_to_string(crate::example(file))?;
+    for doc in slinky_host::render::yaml_documents(&text) {
+        let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
+        if v.is_null() {
+            continue;
+        }
+        v["metadata"]["namespace"] = ns.into();
+        edit(&mut v);
+        apply(c, ns, &v).await?;
+    }
+    Ok(())
+}
+
+/// An embedded cluster with the CRDs, and with simulated pod lifecycle when `lifecycle`.
+pub async fn cluster(lifecycle: bool) -> TestCluster {
+    let lc = lifecycle.then(lifecycle_config);
     let c = TestCluster::start_with(ApiServerConfig {
         lifecycle: lc,
         ..Default::default()
@@ -138,17 +179,40 @@ pub async fn apply_example_with(
             v["spec"]["replicas"] = replicas.into();
             edit(&mut v);
         }
-        let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let pp = PatchParams::apply("test-user").force();
-        if v["kind"] == "Controller" {
+        apply(c, ns, &v).await?;
+    }
+    Ok(())
+}
+
+/// Server-side apply a Controller, NodeSet, Secret or ConfigMap (JSON) into `ns`, as `test-user`.
+///
+/// # Errors
+/// API errors, or another kind.
+pub async fn apply(c: &TestCluster, ns: &str, v: &serde_json::Value) -> Result<()> {
+    let name = v["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let pp = PatchParams::apply("test-user").force();
+    match v["kind"].as_str().unwrap_or_default() {
+        "Controller" => drop(
             Api::<Controller>::namespaced(c.client.clone(), ns)
-                .patch(&name, &pp, &Patch::Apply(&v))
-                .await?;
-        } else {
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
+        "NodeSet" => drop(
             Api::<NodeSet>::namespaced(c.client.clone(), ns)
-                .patch(&name, &pp, &Patch::Apply(&v))
-                .await?;
-        }
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
+        "Secret" => drop(
+            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
+        "ConfigMap" => drop(
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
+        other => anyhow::bail!("apply: unexpected kind {other:?}"),
     }
     Ok(())
 }

@@ -15,23 +15,26 @@ use super::{BuilderKind, EngineHandle, Plugin, PluginError, PluginSource};
 pub const CONTROLLER_SERVICE: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_CONTROLLER_SERVICE"));
 /// The bundled `nodeset-pod` component.
 pub const NODESET_POD: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_NODESET_POD"));
+/// The bundled `controller-children` component.
+pub const CONTROLLER_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_CONTROLLER_CHILDREN"));
+/// The bundled `nodeset-children` component.
+pub const NODESET_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_NODESET_CHILDREN"));
 
 /// Every builder kind.
-pub const KINDS: [BuilderKind; 2] = [BuilderKind::ControllerService, BuilderKind::NodesetPod];
+pub const KINDS: [BuilderKind; 4] = BuilderKind::ALL;
 
 /// The bundled component for a kind.
 pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
     match kind {
         BuilderKind::ControllerService => CONTROLLER_SERVICE,
         BuilderKind::NodesetPod => NODESET_POD,
+        BuilderKind::ControllerChildren => CONTROLLER_CHILDREN,
+        BuilderKind::NodesetChildren => NODESET_CHILDREN,
     }
 }
 
 fn index(kind: BuilderKind) -> usize {
-    match kind {
-        BuilderKind::ControllerService => 0,
-        BuilderKind::NodesetPod => 1,
-    }
+    kind.index()
 }
 
 /// Now, as RFC 3339 text.
@@ -131,7 +134,7 @@ impl ReloadMetrics {
 /// so a call in flight keeps the version it started with even if another is swapped in.
 pub struct PluginRegistry {
     engine: Arc<EngineHandle>,
-    slots: [Slot; 2],
+    slots: [Slot; 4],
     /// Per-file state of the plugins directory, for `/plugins` (set by the reloader).
     files: Mutex<Vec<serde_json::Value>>,
     plugins_dir: Mutex<Option<PathBuf>>,
@@ -141,10 +144,11 @@ pub struct PluginRegistry {
 
 impl std::fmt::Debug for PluginRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginRegistry")
-            .field("controller-service", &self.active(BuilderKind::ControllerService))
-            .field("nodeset-pod", &self.active(BuilderKind::NodesetPod))
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("PluginRegistry");
+        for kind in KINDS {
+            d.field(kind.as_str(), &self.active(kind));
+        }
+        d.finish_non_exhaustive()
     }
 }
 
@@ -154,7 +158,7 @@ impl PluginRegistry {
     /// # Errors
     /// A file that fails to load, or two files building the same kind.
     pub fn new(engine: &Arc<EngineHandle>, overrides: &[PathBuf]) -> Result<Self, PluginError> {
-        let mut chosen: [Option<Plugin>; 2] = [None, None];
+        let mut chosen: [Option<Plugin>; 4] = Default::default();
         for path in overrides {
             let plugin = Plugin::load_file(engine, path)?;
             for (slot, kind) in chosen.iter_mut().zip(KINDS) {
@@ -173,7 +177,7 @@ impl PluginRegistry {
                 *slot = Some(plugin.clone());
             }
         }
-        let [service, pod] = chosen;
+        let [service, pod, controller_children, nodeset_children] = chosen;
         let slot = |chosen: Option<Plugin>, kind| -> Result<Slot, PluginError> {
             let base = match chosen {
                 Some(p) => p,
@@ -191,6 +195,8 @@ impl PluginRegistry {
             slots: [
                 slot(service, BuilderKind::ControllerService)?,
                 slot(pod, BuilderKind::NodesetPod)?,
+                slot(controller_children, BuilderKind::ControllerChildren)?,
+                slot(nodeset_children, BuilderKind::NodesetChildren)?,
             ],
             files: Mutex::new(Vec::new()),
             plugins_dir: Mutex::new(None),
@@ -336,10 +342,8 @@ mod tests {
             .parent()
             .map(|p| p.display().to_string())
             .unwrap_or_default();
-        for (name, bytes) in [
-            ("controller-service", CONTROLLER_SERVICE),
-            ("nodeset-pod", NODESET_POD),
-        ] {
+        for kind in KINDS {
+            let (name, bytes) = (kind.as_str(), bundled_bytes(kind));
             assert!(
                 !contains(bytes, workspace.as_bytes()),
                 "{name} contains {workspace}"

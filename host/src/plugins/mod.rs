@@ -15,6 +15,7 @@
 
 mod bindings;
 pub mod bundled;
+mod children;
 mod engine;
 pub mod policy;
 pub mod reload;
@@ -30,7 +31,8 @@ use wasmtime::{
 };
 use wasmtime_wasi::{Deterministic, WasiCtx, WasiCtxView, WasiView, p2::pipe::MemoryOutputPipe};
 
-pub use bindings::{BuilderKind, CONTRACT_VERSION, PluginInfo};
+pub use bindings::{BuilderKind, CONTRACT_VERSION, Contract, PluginInfo, SUPPORTED_CONTRACTS};
+pub use children::{Child, ChildKind, ConfigMapFiles, ControllerInputs, MAX_CHILDREN, Ownership};
 
 /// The wasmtime version the host runs plugins on (pinned in the workspace manifest).
 pub const WASMTIME_VERSION: &str = "48.0.8";
@@ -128,7 +130,7 @@ pub enum PluginError {
     Trap {
         /// The plugin.
         plugin: String,
-        /// The call (`describe`, `build-service`, `build-pod`).
+        /// The call (`describe`, `build-service`, `build-pod`, `build-controller-children`, …).
         call: &'static str,
         /// Why.
         cause: TrapCause,
@@ -300,14 +302,28 @@ pub struct Plugin {
 
 struct PluginInner {
     info: PluginInfo,
+    contract: Contract,
     digest: String,
     source: PluginSource,
     compiled_from: CompileSource,
     compile_time: Duration,
     engine: Arc<EngineHandle>,
     pre: InstancePre<CallState>,
-    service: Option<bindings::controller_service::GuestIndices>,
-    pod: Option<bindings::nodeset_pod::GuestIndices>,
+    exports: Exports,
+}
+
+/// The builder interfaces a plugin exports, by contract version.
+enum Exports {
+    V1 {
+        service: Option<bindings::v1::controller_service::GuestIndices>,
+        pod: Option<bindings::v1::nodeset_pod::GuestIndices>,
+    },
+    V2 {
+        service: Option<bindings::v2::controller_service::GuestIndices>,
+        pod: Option<bindings::v2::nodeset_pod::GuestIndices>,
+        controller_children: Option<bindings::v2::controller_children::GuestIndices>,
+        nodeset_children: Option<bindings::v2::nodeset_children::GuestIndices>,
+    },
 }
 
 impl std::fmt::Debug for Plugin {
@@ -419,7 +435,7 @@ impl Plugin {
         let started = std::time::Instant::now();
         let (component, compiled_from) = engine.component(&label, &digest, bytes)?;
         let compile_time = started.elapsed();
-        check_contract(&engine.engine, &component).map_err(&refused)?;
+        let contract = check_contract(&engine.engine, &component).map_err(&refused)?;
 
         let mut linker: Linker<CallState> = Linker::new(&engine.engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
@@ -427,57 +443,46 @@ impl Plugin {
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| refused(format!("it imports something this host does not provide: {e:#}")))?;
-        let plugin_idx = bindings::plugin::GuestIndices::new(&pre).map_err(|e| refused(format!("{e:#}")))?;
 
         // Describe, in a sandbox like any call.
         let (mut store, instance) = instantiate(engine, &pre, &label, "describe")?;
-        let info = plugin_idx
-            .load(&mut store, &instance)
-            .and_then(|guest| guest.call_describe(&mut store))
-            .map_err(|e| trap_error(&label, "describe", e, &store, engine))?;
+        let described = match contract {
+            Contract::V0_2 => bindings::v2::plugin::GuestIndices::new(&pre)
+                .and_then(|idx| idx.load(&mut store, &instance))
+                .and_then(|guest| guest.call_describe(&mut store))
+                .map(PluginInfo::from),
+            Contract::V0_1 => bindings::v1::plugin::GuestIndices::new(&pre)
+                .and_then(|idx| idx.load(&mut store, &instance))
+                .and_then(|guest| guest.call_describe(&mut store))
+                .map(PluginInfo::from),
+        };
+        let info = described.map_err(|e| trap_error(&label, "describe", e, &store, engine))?;
         log_output(&label, "describe", &store);
 
-        if info.contract_version != CONTRACT_VERSION {
+        if info.contract_version != contract.as_str() {
             return Err(refused(format!(
-                "it describes contract version {}, this host speaks {CONTRACT_VERSION}: rebuild it against \
-                 slinky-guest-sdk {CONTRACT_VERSION}",
+                "it exports the contract {contract} interfaces but describes contract version {}: \
+                 rebuild it against slinky-guest-sdk {CONTRACT_VERSION}",
                 info.contract_version
             )));
         }
         if info.kinds.is_empty() {
             return Err(refused("describe() lists no builder kinds".into()));
         }
-        let mut service = None;
-        let mut pod = None;
-        for kind in &info.kinds {
-            let missing = |e: wasmtime::Error| {
-                refused(format!(
-                    "describe() lists {kind} but the component does not export it ({e:#}): list only the \
-                     kinds you implement in `export_plugin!(…, kinds = [...])`"
-                ))
-            };
-            match kind {
-                BuilderKind::ControllerService => {
-                    service = Some(bindings::controller_service::GuestIndices::new(&pre).map_err(missing)?)
-                }
-                BuilderKind::NodesetPod => {
-                    pod = Some(bindings::nodeset_pod::GuestIndices::new(&pre).map_err(missing)?)
-                }
-            }
-        }
+        let exports = exports_of(&pre, contract, &info.kinds).map_err(&refused)?;
         tracing::info!(plugin = %info.name, version = %info.version, digest = %&digest[..12], source = %label,
-            kinds = ?info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(), ?compiled_from, "plugin loaded");
+            kinds = ?info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(), %contract, ?compiled_from, "plugin loaded");
         Ok(Plugin {
             inner: Arc::new(PluginInner {
                 info,
+                contract,
                 digest,
                 source,
                 compiled_from,
                 compile_time,
                 engine: engine.clone(),
                 pre,
-                service,
-                pod,
+                exports,
             }),
         })
     }
@@ -527,18 +532,34 @@ impl Plugin {
     )]
     pub fn build_service_raw(&self, ctx: &BuildContext, controller: &String) -> Result<String, PluginError> {
         const CALL: &str = "build-service";
-        let idx = self
-            .inner
-            .service
-            .as_ref()
-            .ok_or_else(|| self.not_a_kind(BuilderKind::ControllerService))?;
-        let wctx = bindings::BuildContext {
-            cluster_domain: ctx.cluster_domain.clone(),
+        let missing = || self.not_a_kind(BuilderKind::ControllerService);
+        let out = match &self.inner.exports {
+            Exports::V2 { service, .. } => {
+                let idx = service.as_ref().ok_or_else(missing)?;
+                let wctx = bindings::v2::types::BuildContext {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                };
+                self.call(CALL, |store, instance| {
+                    let r = idx
+                        .load(&mut *store, instance)?
+                        .call_build_service(store, &wctx, controller)?;
+                    Ok(r.map_err(bindings::guest_error_v2))
+                })?
+            }
+            Exports::V1 { service, .. } => {
+                let idx = service.as_ref().ok_or_else(missing)?;
+                let wctx = bindings::v1::types::BuildContext {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                };
+                self.call(CALL, |store, instance| {
+                    let r = idx
+                        .load(&mut *store, instance)?
+                        .call_build_service(store, &wctx, controller)?;
+                    Ok(r.map_err(bindings::guest_error_v1))
+                })?
+            }
         };
-        self.call(CALL, |store, instance| {
-            idx.load(&mut *store, instance)?
-                .call_build_service(store, &wctx, controller)
-        })
+        self.bounded(CALL, out)
     }
 
     /// Call `build-pod` and return the raw JSON text, with no output policy applied.
@@ -557,24 +578,46 @@ impl Plugin {
         identity: &PodIdentity,
     ) -> Result<String, PluginError> {
         const CALL: &str = "build-pod";
-        let idx = self
-            .inner
-            .pod
-            .as_ref()
-            .ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
-        let wctx = bindings::BuildContext {
-            cluster_domain: ctx.cluster_domain.clone(),
+        let missing = || self.not_a_kind(BuilderKind::NodesetPod);
+        let out = match &self.inner.exports {
+            Exports::V2 { pod, .. } => {
+                let idx = pod.as_ref().ok_or_else(missing)?;
+                let wctx = bindings::v2::types::BuildContext {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                };
+                let wid = bindings::v2::types::PodIdentity {
+                    ordinal: identity.ordinal,
+                    name: identity.name.clone(),
+                    hostname: identity.hostname.clone(),
+                    revision: identity.revision.clone(),
+                };
+                self.call(CALL, |store, instance| {
+                    let r = idx
+                        .load(&mut *store, instance)?
+                        .call_build_pod(store, &wctx, nodeset, controller, &wid)?;
+                    Ok(r.map_err(bindings::guest_error_v2))
+                })?
+            }
+            Exports::V1 { pod, .. } => {
+                let idx = pod.as_ref().ok_or_else(missing)?;
+                let wctx = bindings::v1::types::BuildContext {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                };
+                let wid = bindings::v1::types::PodIdentity {
+                    ordinal: identity.ordinal,
+                    name: identity.name.clone(),
+                    hostname: identity.hostname.clone(),
+                    revision: identity.revision.clone(),
+                };
+                self.call(CALL, |store, instance| {
+                    let r = idx
+                        .load(&mut *store, instance)?
+                        .call_build_pod(store, &wctx, nodeset, controller, &wid)?;
+                    Ok(r.map_err(bindings::guest_error_v1))
+                })?
+            }
         };
-        let wid = bindings::PodIdentity {
-            ordinal: identity.ordinal,
-            name: identity.name.clone(),
-            hostname: identity.hostname.clone(),
-            revision: identity.revision.clone(),
-        };
-        self.call(CALL, |store, instance| {
-            idx.load(&mut *store, instance)?
-                .call_build_pod(store, &wctx, nodeset, controller, &wid)
-        })
+        self.bounded(CALL, out)
     }
 
     /// Time `n` `build-pod` calls made on **one** instance: the compiled code's own speed, without
@@ -584,7 +627,10 @@ impl Plugin {
     /// # Errors
     /// A [`PluginError`] when a call fails.
     #[doc(hidden)]
-    #[allow(clippy::ptr_arg, reason = "the generated binding takes the WIT `json` by reference")]
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` by reference"
+    )]
     pub fn time_build_pod_on_one_instance(
         &self,
         ctx: &BuildContext,
@@ -594,15 +640,14 @@ impl Plugin {
         n: usize,
     ) -> Result<Vec<Duration>, PluginError> {
         const CALL: &str = "build-pod";
-        let idx = self
-            .inner
-            .pod
-            .as_ref()
-            .ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
-        let wctx = bindings::BuildContext {
+        // Only contract 0.2.0 plugins: the benchmark's guests are built against it.
+        let Exports::V2 { pod: Some(idx), .. } = &self.inner.exports else {
+            return Err(self.not_a_kind(BuilderKind::NodesetPod));
+        };
+        let wctx = bindings::v2::types::BuildContext {
             cluster_domain: ctx.cluster_domain.clone(),
         };
-        let wid = bindings::PodIdentity {
+        let wid = bindings::v2::types::PodIdentity {
             ordinal: identity.ordinal,
             name: identity.name.clone(),
             hostname: identity.hostname.clone(),
@@ -698,12 +743,13 @@ impl Plugin {
         }
     }
 
-    fn call<F>(&self, call: &'static str, f: F) -> Result<String, PluginError>
+    /// Run one call in a fresh sandbox; the builder's error becomes [`PluginError::Build`].
+    fn call<T, F>(&self, call: &'static str, f: F) -> Result<T, PluginError>
     where
         F: FnOnce(
             &mut Store<CallState>,
             &wasmtime::component::Instance,
-        ) -> wasmtime::Result<Result<String, bindings::BuildError>>,
+        ) -> wasmtime::Result<Result<T, GuestError>>,
     {
         let label = self.label();
         let engine = &self.inner.engine;
@@ -712,18 +758,18 @@ impl Plugin {
         engine.count_call(store.data().limits.grows);
         log_output(&label, call, &store);
         let output = result.map_err(|e| trap_error(&label, call, e, &store, engine))?;
-        let json = output.map_err(|e| PluginError::Build {
+        output.map_err(|error| PluginError::Build {
             plugin: label.clone(),
             call,
-            error: match e {
-                bindings::BuildError::InvalidInput(m) => GuestError::InvalidInput(m),
-                bindings::BuildError::Unsupported(m) => GuestError::Unsupported(m),
-                bindings::BuildError::Internal(m) => GuestError::Internal(m),
-            },
-        })?;
+            error,
+        })
+    }
+
+    /// `json`, unless it is larger than an API server accepts.
+    fn bounded(&self, call: &'static str, json: String) -> Result<String, PluginError> {
         if json.len() > MAX_OUTPUT_BYTES {
             return Err(PluginError::Rejected {
-                plugin: label,
+                plugin: self.label(),
                 call,
                 reason: format!(
                     "the output is {} bytes, more than the {MAX_OUTPUT_BYTES} allowed",
@@ -733,6 +779,74 @@ impl Plugin {
         }
         Ok(json)
     }
+
+    /// The contract version the plugin was built against.
+    pub fn contract(&self) -> Contract {
+        self.inner.contract
+    }
+}
+
+/// The builder interfaces of `kinds` that the component exports, for `contract`.
+fn exports_of(
+    pre: &InstancePre<CallState>,
+    contract: Contract,
+    kinds: &[BuilderKind],
+) -> Result<Exports, String> {
+    let missing = |kind: BuilderKind| {
+        move |e: wasmtime::Error| {
+            format!(
+                "describe() lists {kind} but the component does not export it ({e:#}): list only the \
+                 kinds you implement in `export_plugin!(…, kinds = [...])`"
+            )
+        }
+    };
+    let wants = |kind| kinds.contains(&kind);
+    if let Some(kind) = kinds.iter().find(|k| !contract.kinds().contains(k)) {
+        return Err(format!(
+            "describe() lists {kind}, which contract {contract} does not have: rebuild it against \
+             slinky-guest-sdk {CONTRACT_VERSION}"
+        ));
+    }
+    Ok(match contract {
+        Contract::V0_1 => {
+            use bindings::v1::{controller_service, nodeset_pod};
+            let k = (BuilderKind::ControllerService, BuilderKind::NodesetPod);
+            Exports::V1 {
+                service: wants(k.0)
+                    .then(|| controller_service::GuestIndices::new(pre).map_err(missing(k.0)))
+                    .transpose()?,
+                pod: wants(k.1)
+                    .then(|| nodeset_pod::GuestIndices::new(pre).map_err(missing(k.1)))
+                    .transpose()?,
+            }
+        }
+        Contract::V0_2 => {
+            use bindings::v2::{controller_children, controller_service, nodeset_children, nodeset_pod};
+            Exports::V2 {
+                service: wants(BuilderKind::ControllerService)
+                    .then(|| {
+                        controller_service::GuestIndices::new(pre)
+                            .map_err(missing(BuilderKind::ControllerService))
+                    })
+                    .transpose()?,
+                pod: wants(BuilderKind::NodesetPod)
+                    .then(|| nodeset_pod::GuestIndices::new(pre).map_err(missing(BuilderKind::NodesetPod)))
+                    .transpose()?,
+                controller_children: wants(BuilderKind::ControllerChildren)
+                    .then(|| {
+                        controller_children::GuestIndices::new(pre)
+                            .map_err(missing(BuilderKind::ControllerChildren))
+                    })
+                    .transpose()?,
+                nodeset_children: wants(BuilderKind::NodesetChildren)
+                    .then(|| {
+                        nodeset_children::GuestIndices::new(pre)
+                            .map_err(missing(BuilderKind::NodesetChildren))
+                    })
+                    .transpose()?,
+            }
+        }
+    })
 }
 
 /// A fresh store and instance, with the deadline and memory cap set before instantiation.
@@ -816,32 +930,37 @@ fn trap_error(
     }
 }
 
-/// Refuse components that speak another contract version or none, before anything runs.
+/// The contract version a component speaks, from its exports; refuse components that speak
+/// another version or none, before anything runs.
 fn check_contract(
     engine: &wasmtime::Engine,
     component: &wasmtime::component::Component,
-) -> Result<(), String> {
+) -> Result<Contract, String> {
     let exports: Vec<String> = component
         .component_type()
         .exports(engine)
         .map(|(name, _)| name.to_string())
         .collect();
-    let wanted = bindings::export_name("plugin");
-    if exports.contains(&wanted) {
-        return Ok(());
+    if let Some(contract) = Contract::ALL
+        .into_iter()
+        .find(|c| exports.contains(&c.export_name("plugin")))
+    {
+        return Ok(contract);
     }
     let prefix = format!("{}/", bindings::PACKAGE);
     let ours: Vec<&String> = exports.iter().filter(|e| e.starts_with(&prefix)).collect();
+    let supported = SUPPORTED_CONTRACTS.join(" and ");
     if let Some(other) = ours.iter().find_map(|e| e.split_once('@').map(|(_, v)| v)) {
         return Err(format!(
-            "it was built against contract version {other}, this host speaks {CONTRACT_VERSION} \
+            "it was built against contract version {other}, this host speaks {supported} \
              (it exports {}): rebuild it against slinky-guest-sdk {CONTRACT_VERSION}",
             ours.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
         ));
     }
     Err(format!(
-        "it does not export `{wanted}` (no describe()); it exports [{}]. Export your builder with \
+        "it does not export `{}` (no describe()); it exports [{}]. Export your builder with \
          `slinky_guest_sdk::export_plugin!`",
+        Contract::V0_2.export_name("plugin"),
         exports.join(", ")
     ))
 }

@@ -16,7 +16,7 @@
 //! * **A version serves only after** it was read, hashed, compiled (the precompiled cache is
 //!   used), instantiated, described itself with this host's contract version, and built the
 //!   example inputs (`slinky-guest-sdk`'s `testing` examples) with outputs passing the output
-//!   policy. A version failing any step is refused with the reason (logged, kept for
+//!   policy, for every kind it builds. A version failing any step is refused with the reason (logged, kept for
 //!   `/plugins`, counted); the active version keeps serving. The same bytes are not retried
 //!   until the file changes.
 //! * **Atomic**: the swap replaces an `Arc`; calls in flight finish on the version they started
@@ -342,6 +342,13 @@ impl Reloader {
         if plugin.builds(BuilderKind::NodesetPod) {
             let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
             plugin.build_pod(ctx, nodeset, controller, &identity)?;
+        }
+        if plugin.builds(BuilderKind::ControllerChildren) {
+            let inputs = slinky_guest_sdk::testing::example_inputs(std::slice::from_ref(nodeset));
+            plugin.build_controller_children(ctx, controller, &inputs)?;
+        }
+        if plugin.builds(BuilderKind::NodesetChildren) {
+            plugin.build_nodeset_children(ctx, nodeset, controller)?;
         }
         Ok(())
     }

@@ -1,61 +1,48 @@
-//! The Controller reconciler: the slurmctld Service from the `controller-service` builder,
-//! server-side applied; status conditions and `observedGeneration`.
+//! The Controller reconciler: the slurmctld Service (`controller-service` builder) and the
+//! Controller's other children (`controller-children` builder: the slurmctld StatefulSet, the
+//! `slurm.conf` ConfigMap, the internal Service), applied through the one child path
+//! ([`super::children`]); status conditions and `observedGeneration`.
 //!
 //! # Guarantees
-//! * The Service is applied only over a Service this Controller controls (its controller owner
-//!   reference has the Controller's UID) or created when none exists: a Service of that name the
-//!   host did not build is never taken over (`ServiceFailure`, reason `ServiceNotOwned`).
-//! * A steady state makes no writes: the Service is applied when it lacks something the builder
-//!   wants, or when the builder's output changed since the last apply (the
-//!   `slinky.slurm.net/applied-hash` annotation); fields and ports other managers added are no
-//!   reason to apply again.
-//! * Services this Controller controls that the host built and no longer wants (`external: true`,
-//!   or named otherwise) are deleted, with a UID precondition.
-//! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ServiceFailure`
-//!   condition, retried with the Controller's exponential backoff.
+//! * Builders never see a Secret: the host reads the Secrets the Controller references (`get`,
+//!   nothing else) and passes Slinky's hashes of their data; of the ConfigMaps it references only
+//!   the file names. A missing Secret, Secret key or ConfigMap is a `ReferenceNotFound` condition
+//!   and an Event, retried with backoff: the children that need it wait (the existing ones stay),
+//!   the Service is still applied.
+//! * Every child is applied only over an object this Controller controls, or created; a steady
+//!   state makes no writes; children the host built and no longer wants (`external: true`) are
+//!   deleted with a UID precondition, but only after a pass in which every builder answered.
+//! * `slurm.conf` follows the NodeSets that reference the Controller: a NodeSet added, removed or
+//!   repartitioned triggers this reconciler, which rewrites the ConfigMap; without in-place
+//!   reconfigure the StatefulSet's pod template carries the config hash, so slurmctld rolls.
+//! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ChildFailure` condition,
+//!   retried with the Controller's exponential backoff.
 
-use std::sync::Arc;
+use std::{collections::BTreeSet, sync::Arc};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Secret},
+};
 use kube::{
     Api, ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use serde_json::Value;
-use sha2::{Digest, Sha256};
-use slinky_api::{Controller, ControllerStatus, checks, conditions, keys};
+use slinky_api::{Controller, ControllerStatus, NodeSet, checks, conditions};
+use slinky_guest_sdk::slinky::controller::checksum_of_map;
 
 use super::{
     Context, Error,
-    compare::{contains, differences, dropped_note},
+    children::{ChildSync, keys_of},
     object_key,
     status::ConditionChanges,
-    writer,
 };
-use crate::plugins::{BuilderKind, GuestError, PluginError};
+use crate::plugins::{
+    BuilderKind, Child, ChildKind, ConfigMapFiles, ControllerInputs, GuestError, Ownership, PluginError,
+};
 
-/// The annotation holding the hash of the Service as last applied by the host.
-pub const ANNOTATION_APPLIED_HASH: &str = "slinky.slurm.net/applied-hash";
-
-fn spec_problem(c: &Controller) -> Option<String> {
-    if let Some(p) = checks::summary(&c.name_problems()) {
-        return Some(p);
-    }
-    if c.spec.external {
-        return c
-            .spec
-            .external_config
-            .is_none()
-            .then(|| "spec.externalConfig is required when spec.external is true".into());
-    }
-    if c.spec.slurm_key_ref.is_none() {
-        return Some("spec.slurmKeyRef is required (the Secret holding the Slurm key)".into());
-    }
-    if c.spec.jwt_key_ref.is_none() {
-        return Some("spec.jwtKeyRef is required (the Secret holding the JWT key)".into());
-    }
-    None
-}
+/// The kinds of a Controller's children (what pruning looks at).
+const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, ChildKind::StatefulSet];
 
 /// Reconcile one Controller.
 ///
@@ -70,10 +57,10 @@ struct Pass<'a> {
     ctx: &'a Context,
     c: &'a Controller,
     conditions: ConditionChanges,
-    /// Refused writes and the ownership problem: `(reason, message)`.
-    failures: Vec<(&'static str, String)>,
     /// The builder failed or refused the input: `(condition type, message)`.
     problem: Option<(&'static str, String)>,
+    /// A referenced Secret or ConfigMap is missing: `(reason, message)`.
+    missing: Option<(&'static str, String)>,
 }
 
 impl Pass<'_> {
@@ -94,16 +81,198 @@ impl Pass<'_> {
         self.problem = Some((type_, message));
     }
 
-    /// A refused write (an Event each time) or an ownership problem (an Event once).
-    async fn failed(&mut self, reason: &'static str, message: String, once: bool) {
-        if !once || !ConditionChanges::already_true(self.current(), conditions::SERVICE_FAILURE, &message) {
+    async fn builder_error(&mut self, e: &PluginError) {
+        self.ctx
+            .metrics
+            .plugin_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match e {
+            PluginError::Build {
+                error: GuestError::InvalidInput(m),
+                ..
+            } => self.problem(conditions::INVALID_SPEC, m.clone()).await,
+            other => self.problem(conditions::BUILDER_FAILED, other.to_string()).await,
+        }
+    }
+
+    async fn missing(&mut self, reason: &'static str, message: String) {
+        if !ConditionChanges::already_true(self.current(), conditions::REFERENCE_NOT_FOUND, &message) {
             tracing::warn!(reason, "{message}");
             self.ctx
                 .event(self.c, EventType::Warning, reason, message.clone())
                 .await;
         }
-        self.failures.push((reason, message));
+        self.missing = Some((reason, message));
     }
+}
+
+/// The NodeSets that reference `c`, sorted by name.
+pub fn nodesets_of(ctx: &Context, c: &Controller) -> Vec<NodeSet> {
+    let (ns, name) = (c.namespace().unwrap_or_default(), c.name_any());
+    let mut out: Vec<NodeSet> = ctx
+        .nodesets
+        .state()
+        .iter()
+        .filter(|n| n.controller_namespace() == ns && n.spec.controller_ref.name == name)
+        .map(|n| n.as_ref().clone())
+        .collect();
+    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    out
+}
+
+/// Slinky's hash of a Secret's data.
+fn secret_hash(secret: &Secret) -> String {
+    let data = secret.data.clone().unwrap_or_default();
+    checksum_of_map(data.iter().map(|(k, ByteString(v))| (k, v.as_slice())))
+}
+
+/// What the children builder needs from the cluster, or the first missing reference as
+/// `(reason, message)`.
+async fn read_inputs(
+    ctx: &Context,
+    c: &Controller,
+) -> Result<Result<ControllerInputs, (&'static str, String)>, Error> {
+    let ns = c.namespace().unwrap_or_default();
+    let mut inputs = ControllerInputs {
+        nodesets: nodesets_of(ctx, c),
+        ..Default::default()
+    };
+    if c.spec.external {
+        return Ok(Ok(inputs));
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    for (field, reference, hash) in [
+        (
+            "spec.slurmKeyRef",
+            &c.spec.slurm_key_ref,
+            &mut inputs.slurm_key_hash,
+        ),
+        ("spec.jwtKeyRef", &c.spec.jwt_key_ref, &mut inputs.jwt_key_hash),
+    ] {
+        let Some(r) = reference else { continue };
+        let Some(secret) = secrets.get_opt(&r.name).await? else {
+            return Ok(Err((
+                "SecretNotFound",
+                format!(
+                    "Secret {ns}/{} ({field}) does not exist: the slurmctld StatefulSet and its \
+                     configuration wait for it",
+                    r.name
+                ),
+            )));
+        };
+        if !secret.data.as_ref().is_some_and(|d| d.contains_key(&r.key)) {
+            return Ok(Err((
+                "SecretKeyNotFound",
+                format!(
+                    "Secret {ns}/{} ({field}) has no key {:?}: the slurmctld StatefulSet and its \
+                     configuration wait for it",
+                    r.name, r.key
+                ),
+            )));
+        }
+        *hash = secret_hash(&secret);
+    }
+    for name in c.config_map_refs() {
+        let Some(cm) = ctx
+            .children
+            .configmaps
+            .get(&ObjectRef::<ConfigMap>::new(&name).within(&ns))
+        else {
+            return Ok(Err((
+                "ConfigMapNotFound",
+                format!(
+                    "ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist: \
+                     the slurmctld StatefulSet and its configuration wait for it"
+                ),
+            )));
+        };
+        let mut files: Vec<String> = cm
+            .data
+            .iter()
+            .flat_map(|d| d.keys().cloned())
+            .chain(cm.binary_data.iter().flat_map(|d| d.keys().cloned()))
+            .collect();
+        files.sort();
+        if let Some(jwks) = c.spec.jwks_key_ref.as_ref().filter(|j| j.name == name)
+            && !files.contains(&jwks.key)
+        {
+            return Ok(Err((
+                "ConfigMapKeyNotFound",
+                format!(
+                    "ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {:?}: the slurmctld StatefulSet \
+                     and its configuration wait for it",
+                    jwks.key
+                ),
+            )));
+        }
+        inputs.config_maps.push(ConfigMapFiles { name, files });
+    }
+    Ok(Ok(inputs))
+}
+
+/// Build every child of `c`: the Service (unless external) and the other children (when the
+/// references are there). `None` when a builder failed or a reference is missing (then nothing
+/// is pruned).
+async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
+    let (ctx, c) = (pass.ctx, pass.c);
+    let mut desired = Vec::new();
+    let mut complete = true;
+    if !c.spec.external {
+        let plugin = ctx.plugins.active(BuilderKind::ControllerService);
+        let (copy, build) = (c.clone(), ctx.build.clone());
+        let metrics = ctx.metrics.clone();
+        ctx.metrics
+            .plugin_calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let built = ctx
+            .blocking(move || {
+                metrics.time_plugin_call(BuilderKind::ControllerService, || {
+                    plugin.build_service(&build, &copy)
+                })
+            })
+            .await?;
+        match built {
+            Ok(svc) => desired.push(Child {
+                kind: ChildKind::Service,
+                ownership: Ownership::Controlled,
+                object: serde_json::to_value(&svc).unwrap_or_default(),
+            }),
+            Err(e) => {
+                pass.builder_error(&e).await;
+                complete = false;
+            }
+        }
+    }
+    match read_inputs(ctx, c).await? {
+        Err((reason, message)) => {
+            pass.missing(reason, message).await;
+            complete = false;
+        }
+        Ok(inputs) => {
+            let plugin = ctx.plugins.active(BuilderKind::ControllerChildren);
+            let (copy, build) = (c.clone(), ctx.build.clone());
+            let metrics = ctx.metrics.clone();
+            ctx.metrics
+                .plugin_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let built = ctx
+                .blocking(move || {
+                    metrics.time_plugin_call(BuilderKind::ControllerChildren, || {
+                        plugin.build_controller_children(&build, &copy, &inputs)
+                    })
+                })
+                .await?;
+            match built {
+                Ok(children) => desired.extend(children),
+                Err(e) => {
+                    pass.builder_error(&e).await;
+                    complete = false;
+                }
+            }
+        }
+    }
+    desired.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+    Ok((desired, complete))
 }
 
 async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error> {
@@ -114,57 +283,35 @@ async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error>
         ctx,
         c,
         conditions: ConditionChanges::new(c.metadata.generation),
-        failures: Vec::new(),
         problem: None,
+        missing: None,
     };
-    let mut ready_message = String::new();
-    if let Some(problem) = spec_problem(c) {
+    let current = pass.current().to_vec();
+    let mut sync = ChildSync::new(ctx, c, &current, BTreeSet::new());
+    let mut applied = Vec::new();
+    if let Some(problem) = checks::summary(&c.spec_problems()) {
         pass.problem(conditions::INVALID_SPEC, problem).await;
-    } else if c.spec.external {
-        prune(&mut pass, None).await;
-        ready_message = "slurmctld runs outside Kubernetes".into();
     } else {
-        let plugin = ctx.plugins.active(BuilderKind::ControllerService);
-        let (copy, build) = (c.clone(), ctx.build.clone());
-        ctx.metrics
-            .plugin_calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let metrics = ctx.metrics.clone();
-        let call = move || {
-            metrics.time_plugin_call(BuilderKind::ControllerService, || {
-                plugin.build_service(&build, &copy)
-            })
-        };
-        match ctx.blocking(call).await? {
-            Ok(svc) => {
-                let name = svc.name_any();
-                if ensure_service(&mut pass, svc).await? {
-                    ready_message = format!("Service {name} is applied");
-                }
-                prune(&mut pass, Some(&name)).await;
-            }
-            Err(e) => {
-                ctx.metrics
-                    .plugin_failures
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                match &e {
-                    PluginError::Build {
-                        error: GuestError::InvalidInput(m),
-                        ..
-                    } => pass.problem(conditions::INVALID_SPEC, m.clone()).await,
-                    other => pass.problem(conditions::BUILDER_FAILED, other.to_string()).await,
-                }
+        let (desired, complete) = build(&mut pass).await?;
+        for child in &desired {
+            if sync.ensure(child).await? {
+                applied.push(child.describe());
             }
         }
+        if complete {
+            sync.prune(&CHILD_KINDS, &keys_of(&desired)).await;
+        }
     }
+    let failures = std::mem::take(&mut sync.failures);
 
     let key = object_key(c);
-    let retry = !pass.failures.is_empty()
+    let retry = !failures.is_empty()
+        || pass.missing.is_some()
         || pass
             .problem
             .as_ref()
             .is_some_and(|(t, _)| *t == conditions::BUILDER_FAILED);
-    write_status(&mut pass, &ready_message).await?;
+    write_status(&mut pass, &failures, &applied).await?;
     let requeue = if retry {
         ctx.backoff.failure(&key)
     } else {
@@ -174,153 +321,62 @@ async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error>
     Ok(Action::requeue(requeue))
 }
 
-/// The hash of a Service as the builder wants it.
-fn applied_hash(svc: &Service) -> String {
-    let text = serde_json::to_string(svc).unwrap_or_default();
-    hex::encode(&Sha256::digest(text.as_bytes())[..8])
+/// slurmctld's readiness, as its StatefulSet reports it.
+fn slurmctld_readiness(ctx: &Context, c: &Controller) -> Option<String> {
+    let sts = ctx
+        .children
+        .statefulsets
+        .get(&ObjectRef::new(&c.controller_key()).within(&c.namespace().unwrap_or_default()))?;
+    let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+    Some(format!("slurmctld {ready}/{} ready", c.replicas()))
 }
 
-/// Whether `svc` is controlled by `c`.
-fn controlled_by(svc: &Service, c: &Controller) -> bool {
-    svc.owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == c.uid().as_ref())
-}
-
-/// Apply the built Service unless the live one already has it; `true` when the Service is as
-/// built afterwards.
-async fn ensure_service(pass: &mut Pass<'_>, mut svc: Service) -> Result<bool, Error> {
+async fn write_status(
+    pass: &mut Pass<'_>,
+    failures: &[(&'static str, String)],
+    applied: &[String],
+) -> Result<(), Error> {
     let (ctx, c) = (pass.ctx, pass.c);
-    let name = svc.name_any();
-    let namespace = svc.namespace().unwrap_or_default();
-    let hash = applied_hash(&svc);
-    svc.annotations_mut()
-        .insert(ANNOTATION_APPLIED_HASH.into(), hash.clone());
-    let cached = ctx
-        .services
-        .get(&ObjectRef::new(&name).within(&namespace))
-        .map(|s| s.as_ref().clone());
-    // Not in the cache: the cache may lag. Read the API before creating anything.
-    let live = match cached {
-        Some(s) => Some(s),
-        None => Api::<Service>::namespaced(ctx.client.clone(), &namespace)
-            .get_opt(&name)
-            .await?
-            .map(|mut s| {
-                s.metadata.managed_fields = None;
-                s
-            }),
-    };
-    let resource_version = match &live {
-        Some(s) if !controlled_by(s, c) => {
-            let holder = s
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true))
-                .map_or("no controller".to_string(), |o| {
-                    format!("controller {} {}", o.kind, o.name)
-                });
-            let msg = format!(
-                "Service {name} exists and is not this Controller's ({holder}): it is left alone; \
-                 delete it, or add this Controller as its controller owner, to let the host manage it"
-            );
-            pass.failed("ServiceNotOwned", msg, true).await;
-            return Ok(false);
-        }
-        Some(s) => {
-            let up_to_date = s.annotations().get(ANNOTATION_APPLIED_HASH) == Some(&hash)
-                && contains(
-                    &serde_json::to_value(s).unwrap_or(Value::Null),
-                    &serde_json::to_value(&svc).unwrap_or(Value::Null),
-                );
-            if up_to_date {
-                return Ok(true);
-            }
-            s.resource_version()
-        }
-        None => None,
-    };
-    match ctx.writer.apply_service(&svc, resource_version).await {
-        Ok(stored) => {
-            let paths = differences(
-                &serde_json::to_value(&stored).unwrap_or(Value::Null),
-                &serde_json::to_value(&svc).unwrap_or(Value::Null),
-                10,
-            );
-            if !paths.is_empty() {
-                let note = dropped_note(&format!("Service {name}"), &paths);
-                tracing::warn!("{note}");
-                ctx.event(c, EventType::Warning, "FieldsDropped", note).await;
-            }
-            Ok(true)
-        }
-        Err(e) => {
-            let msg = format!("Error applying Service {name}: {}", writer::message(&e));
-            pass.failed("FailedApply", msg, false).await;
-            Ok(false)
-        }
-    }
-}
-
-/// Delete the Services this Controller controls that the host built, but for `keep`.
-async fn prune(pass: &mut Pass<'_>, keep: Option<&str>) {
-    let (ctx, c) = (pass.ctx, pass.c);
-    let namespace = c.namespace().unwrap_or_default();
-    let stale: Vec<Arc<Service>> = ctx
-        .services
-        .state()
-        .into_iter()
-        .filter(|s| s.namespace().as_deref() == Some(namespace.as_str()))
-        .filter(|s| Some(s.name_any().as_str()) != keep)
-        .filter(|s| controlled_by(s, c) && s.annotations().contains_key(keys::ANNOTATION_BUILDER))
-        .collect();
-    for s in stale {
-        let name = s.name_any();
-        match ctx
-            .writer
-            .delete_service(&namespace, &name, &s.uid().unwrap_or_default())
-            .await
-        {
-            Ok(true) => {
-                ctx.event(
-                    c,
-                    EventType::Normal,
-                    "SuccessfulDelete",
-                    format!("Deleted Service {name}: the host no longer builds it"),
-                )
-                .await
-            }
-            Ok(false) => {}
-            Err(e) => {
-                let msg = format!("Error deleting Service {name}: {}", writer::message(&e));
-                pass.failed("FailedDelete", msg, false).await;
-            }
-        }
-    }
-}
-
-async fn write_status(pass: &mut Pass<'_>, ready_message: &str) -> Result<(), Error> {
-    let c = pass.c;
+    let readiness = slurmctld_readiness(ctx, c);
     let conds = &mut pass.conditions;
-    for t in [conditions::INVALID_SPEC, conditions::BUILDER_FAILED] {
+    #[allow(deprecated, reason = "clearing the condition older hosts set")]
+    let legacy = conditions::SERVICE_FAILURE;
+    for t in [conditions::INVALID_SPEC, conditions::BUILDER_FAILED, legacy] {
         conds.clear(t);
+    }
+    match &pass.missing {
+        Some((reason, msg)) => conds.set(conditions::REFERENCE_NOT_FOUND, true, reason, msg.clone()),
+        None => conds.clear(conditions::REFERENCE_NOT_FOUND),
+    }
+    if let Some((reason, first)) = failures.first() {
+        let message = match failures.len() {
+            1 => first.clone(),
+            n => format!("{first} (and {} more)", n - 1),
+        };
+        conds.set(conditions::CHILD_FAILURE, true, reason, message);
+    } else if pass.problem.is_none() {
+        conds.clear(conditions::CHILD_FAILURE);
     }
     if let Some((type_, msg)) = &pass.problem {
         conds.set(type_, true, type_, msg.clone());
         conds.set(conditions::READY, false, type_, msg.clone());
-    } else if let Some((reason, msg)) = pass.failures.first() {
-        conds.set(conditions::SERVICE_FAILURE, true, reason, msg.clone());
+    } else if let Some((reason, msg)) = failures.first().or(pass.missing.as_ref()) {
         conds.set(conditions::READY, false, reason, msg.clone());
+    } else if c.spec.external {
+        conds.set(
+            conditions::READY,
+            true,
+            "External",
+            "slurmctld runs outside Kubernetes; its minimal slurm.conf is applied",
+        );
     } else {
-        conds.clear(conditions::SERVICE_FAILURE);
-        let reason = if c.spec.external {
-            "External"
-        } else {
-            "ServiceApplied"
-        };
-        conds.set(conditions::READY, true, reason, ready_message.to_string());
+        let mut message = format!("applied {}", applied.join(", "));
+        if let Some(r) = readiness {
+            message.push_str(&format!("; {r}"));
+        }
+        conds.set(conditions::READY, true, "ChildrenApplied", message);
     }
-    let api: Api<Controller> = Api::namespaced(pass.ctx.client.clone(), &c.namespace().unwrap_or_default());
+    let api: Api<Controller> = Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
     let changes = pass.conditions.clone();
     let generation = c.metadata.generation;
     let compute = move |obj: &Controller| ControllerStatus {
@@ -332,8 +388,7 @@ async fn write_status(pass: &mut Pass<'_>, ready_message: &str) -> Result<(), Er
                 .unwrap_or_default(),
         ),
     };
-    pass.ctx
-        .writer
+    ctx.writer
         .update_status(&api, c, compute, |obj: &Controller| obj.status.clone())
         .await?;
     Ok(())
@@ -341,15 +396,18 @@ async fn write_status(pass: &mut Pass<'_>, ready_message: &str) -> Result<(), Er
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
-    fn the_applied_hash_follows_the_built_service() {
-        let mut a = Service::default();
-        a.metadata.name = Some("slurm-controller".into());
-        let h = applied_hash(&a);
-        assert_eq!(h, applied_hash(&a.clone()));
-        a.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
-        assert_ne!(applied_hash(&a), h);
+    fn secret_hashes_are_slinkys() {
+        let mut s = Secret::default();
+        assert_eq!(secret_hash(&s), "", "no data: Slinky's empty hash");
+        s.data = Some(BTreeMap::from([
+            ("b".to_string(), ByteString(b"2".to_vec())),
+            ("a".to_string(), ByteString(b"1".to_vec())),
+        ]));
+        assert_eq!(secret_hash(&s), slinky_guest_sdk::helpers::sha256_hex(b"12"));
     }
 }

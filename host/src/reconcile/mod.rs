@@ -7,6 +7,7 @@
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
 pub mod backoff;
+pub mod children;
 mod compare;
 mod controller;
 pub mod expectations;
@@ -27,7 +28,7 @@ use std::{
 };
 
 use futures::{StreamExt, future::BoxFuture};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::{apps::v1::StatefulSet, core::v1::Pod};
 use kube::{
     Client, Resource,
     runtime::{
@@ -181,8 +182,10 @@ pub struct Context {
     pub expectations: Arc<Expectations>,
     /// Pods of the served namespaces (managedFields stripped).
     pub pods: Store<Pod>,
-    /// Services of the served namespaces (managedFields stripped).
-    pub services: Store<Service>,
+    /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets of the served namespaces.
+    pub children: children::ChildCaches,
+    /// What the host last applied to each child (hash and resulting resourceVersion).
+    pub applied: Arc<children::AppliedVersions>,
     /// Controllers of the served namespaces.
     pub controllers: Store<Controller>,
     /// NodeSets of the served namespaces.
@@ -316,6 +319,8 @@ pub struct Handles {
     pub nodesets: Store<NodeSet>,
     /// Controller cache.
     pub controllers: Store<Controller>,
+    /// StatefulSet cache.
+    pub statefulsets: Store<StatefulSet>,
     /// Leadership.
     pub leader: Leadership,
 }
@@ -370,12 +375,12 @@ pub fn start(
     };
     let allowed = Arc::new(config.namespaces.clone());
     let watches = watch::start(&client, &one_namespace, allowed.clone(), expectations.clone());
-    let (pods, services, controllers, nodesets) = (
+    let (pods, controllers, nodesets) = (
         watches.pods.clone(),
-        watches.services.clone(),
         watches.controllers.clone(),
         watches.nodesets.clone(),
     );
+    let child_caches = watches.children.clone();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -395,6 +400,13 @@ pub fn start(
             recorder.clone(),
             allowed.clone(),
         ))
+        .reconcile_on(rollout::on_swap(
+            plugins.clone(),
+            BuilderKind::ControllerChildren,
+            controllers.clone(),
+            recorder.clone(),
+            allowed.clone(),
+        ))
         .reconcile_on(rollout::on_elected(
             config.leadership.clone(),
             controllers.clone(),
@@ -405,6 +417,13 @@ pub fn start(
         .reconcile_on(rollout::on_swap(
             plugins.clone(),
             BuilderKind::NodesetPod,
+            nodesets.clone(),
+            recorder.clone(),
+            allowed.clone(),
+        ))
+        .reconcile_on(rollout::on_swap(
+            plugins.clone(),
+            BuilderKind::NodesetChildren,
             nodesets.clone(),
             recorder.clone(),
             allowed.clone(),
@@ -421,7 +440,8 @@ pub fn start(
         writer: Writer::new(client, writes.clone(), config.leadership.clone()),
         expectations: expectations.clone(),
         pods: pods.clone(),
-        services: services.clone(),
+        children: child_caches.clone(),
+        applied: children::applied_versions(),
         controllers: controllers.clone(),
         nodesets: nodesets.clone(),
         recorder,
@@ -441,6 +461,7 @@ pub fn start(
         pods: pods.clone(),
         nodesets: nodesets.clone(),
         controllers: controllers.clone(),
+        statefulsets: child_caches.statefulsets.clone(),
         leader: config.leadership.clone(),
     };
 
@@ -460,7 +481,10 @@ pub fn start(
         // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
         // Controllers are known would report its Controller missing.
         synced(&pods).await;
-        synced(&services).await;
+        synced(&child_caches.services).await;
+        synced(&child_caches.configmaps).await;
+        synced(&child_caches.statefulsets).await;
+        synced(&child_caches.pdbs).await;
         synced(&controllers).await;
         synced(&nodesets).await;
         ready.store(true, Ordering::SeqCst);

@@ -68,6 +68,12 @@ where
                 let what = match kind {
                     BuilderKind::ControllerService => "the Service is re-applied",
                     BuilderKind::NodesetPod => "pods roll to the new revision within maxUnavailable",
+                    BuilderKind::ControllerChildren => {
+                        "the StatefulSet, ConfigMap and internal Service are re-applied (slurmctld rolls)"
+                    }
+                    BuilderKind::NodesetChildren => {
+                        "the workers' Service, PodDisruptionBudget and SSH ConfigMap are re-applied"
+                    }
                 };
                 st.note = format!(
                     "{kind} builder is now {} (digest {}, from {}); {what}",

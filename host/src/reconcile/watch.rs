@@ -15,7 +15,11 @@ use std::{
 };
 
 use futures::{Stream, StreamExt, future::BoxFuture};
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{ConfigMap, Pod, Service},
+    policy::v1::PodDisruptionBudget,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
@@ -24,10 +28,11 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, keys};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{
+    children::ChildCaches,
     expectations::{Expectations, Relist},
     nodeset::{claims_name, owner_uid},
 };
@@ -37,17 +42,19 @@ use crate::plugins::policy::nodeset_selector;
 pub struct Watches {
     /// Pods of the served namespaces.
     pub pods: Store<Pod>,
-    /// Services of the served namespaces.
-    pub services: Store<Service>,
+    /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets of the served namespaces.
+    pub children: ChildCaches,
     /// Controllers of the served namespaces.
     pub controllers: Store<Controller>,
     /// NodeSets of the served namespaces.
     pub nodesets: Store<NodeSet>,
-    /// NodeSets to reconcile (their pods, themselves or their Controller changed).
+    /// NodeSets to reconcile (their pods, children, siblings, themselves or their Controller
+    /// changed).
     pub nodeset_triggers: UnboundedReceiver<ObjectRef<NodeSet>>,
-    /// Controllers to reconcile (their Service or themselves changed).
+    /// Controllers to reconcile (their children, referenced ConfigMaps, NodeSets or themselves
+    /// changed).
     pub controller_triggers: UnboundedReceiver<ObjectRef<Controller>>,
-    /// Drives the four watches; runs until dropped.
+    /// Drives the watches; runs until dropped.
     pub task: BoxFuture<'static, ()>,
 }
 
@@ -71,13 +78,15 @@ where
     }
 }
 
-/// The watch of one kind, reflected into `writer`'s store; yields each event after the store
-/// applied it. Errors are logged and the watch retried with backoff.
+/// The watch of one kind, reflected into `writer`'s store (after `modify` and stripping
+/// managedFields); yields each event after the store applied it. Errors are logged and the watch
+/// retried with backoff.
 fn root<K>(
     api: Api<K>,
     writer: Writer<K>,
     allowed: Arc<Vec<String>>,
     kind: &'static str,
+    mut modify: impl FnMut(&mut K) + Send + 'static,
 ) -> impl Stream<Item = watcher::Event<K>> + Send + 'static
 where
     K: Resource<DynamicType = ()>
@@ -90,7 +99,10 @@ where
 {
     watcher(api, watcher::Config::default())
         .filter(move |ev| futures::future::ready(in_namespaces(ev, &allowed)))
-        .modify(|o| o.meta_mut().managed_fields = None)
+        .modify(move |o| {
+            o.meta_mut().managed_fields = None;
+            modify(o);
+        })
         .default_backoff()
         .reflect(writer)
         .filter_map(move |ev| {
@@ -102,6 +114,25 @@ where
                 }
             })
         })
+}
+
+/// A ConfigMap the host did not build keeps its keys with empty values in the cache: the host
+/// only needs the file names a Controller's referenced ConfigMaps provide.
+fn keys_only(cm: &mut ConfigMap) {
+    let ours = cm
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(keys::ANNOTATION_BUILDER));
+    if ours {
+        return;
+    }
+    for v in cm.data.iter_mut().flat_map(|d| d.values_mut()) {
+        v.clear();
+    }
+    for v in cm.binary_data.iter_mut().flat_map(|d| d.values_mut()) {
+        v.0.clear();
+    }
 }
 
 fn send<K: Resource<DynamicType = ()>>(tx: &UnboundedSender<ObjectRef<K>>, obj: ObjectRef<K>) {
@@ -116,6 +147,60 @@ fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> Vec<ObjectRe
         .filter(|n| n.controller_namespace() == c_ns && n.spec.controller_ref.name == c_name)
         .map(|n| ObjectRef::from_obj(n.as_ref()))
         .collect()
+}
+
+/// The NodeSets of namespace `ns` that reference the Controller `controller` (of any namespace)
+/// and share its workers' objects in `ns`.
+fn nodesets_sharing(store: &Store<NodeSet>, ns: &str, controller: &str) -> Vec<ObjectRef<NodeSet>> {
+    store
+        .state()
+        .iter()
+        .filter(|n| n.namespace().as_deref() == Some(ns) && n.spec.controller_ref.name == controller)
+        .map(|n| ObjectRef::from_obj(n.as_ref()))
+        .collect()
+}
+
+/// The parents a child object concerns: its controlling Controller or NodeSet, the NodeSets that
+/// own it (shared workers' objects), or (for an object holding a name the host builds) the
+/// parent that would build it.
+fn child_parents(
+    meta: &kube::api::ObjectMeta,
+    nodesets: &Store<NodeSet>,
+    controllers: &Store<Controller>,
+) -> (Vec<ObjectRef<Controller>>, Vec<ObjectRef<NodeSet>>) {
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let mut ctl = Vec::new();
+    let mut sets = Vec::new();
+    for o in meta.owner_references.iter().flatten() {
+        match o.kind.as_str() {
+            "Controller" if o.controller == Some(true) => ctl.push(ObjectRef::new(&o.name).within(&ns)),
+            "NodeSet" => sets.push(ObjectRef::new(&o.name).within(&ns)),
+            _ => {}
+        }
+    }
+    if ctl.is_empty() && sets.is_empty() {
+        // A name the host builds, held by an object no parent owns (or owned by a stranger).
+        let controller = name
+            .strip_suffix("-controller-internal")
+            .or_else(|| name.strip_suffix("-controller"))
+            .or_else(|| name.strip_suffix("-config"));
+        if let Some(c) = controller {
+            ctl.push(ObjectRef::new(c).within(&ns));
+        }
+        let shared = name
+            .strip_prefix(WORKER_SUBDOMAIN_PREFIX)
+            .map(|rest| rest.strip_prefix("pdb-").unwrap_or(rest));
+        if let Some(c) = shared {
+            sets.extend(nodesets_sharing(nodesets, &ns, c));
+        }
+        if let Some(n) = name.strip_suffix("-ssh-config") {
+            sets.push(ObjectRef::new(n).within(&ns));
+        }
+    }
+    ctl.retain(|r| controllers.get(r).is_some());
+    sets.retain(|r| nodesets.get(r).is_some());
+    (ctl, sets)
 }
 
 /// The NodeSets a pod concerns: its controlling NodeSet, or, for a pod no NodeSet controls, the
@@ -213,8 +298,8 @@ impl PodObserver {
     }
 }
 
-/// Start the four watches (namespaced when `namespace` is one namespace, else cluster-wide
-/// filtered to `allowed`).
+/// Start the watches (namespaced when `namespace` is one namespace, else cluster-wide filtered
+/// to `allowed`).
 pub fn start(
     client: &Client,
     namespace: &Option<String>,
@@ -223,6 +308,9 @@ pub fn start(
 ) -> Watches {
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (services, svc_writer) = reflector::store::<Service>();
+    let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
+    let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
+    let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
     let (ns_tx, nodeset_triggers) = unbounded_channel();
@@ -253,7 +341,14 @@ pub fn start(
             all_nodesets.clone(),
         );
         let mut observer = PodObserver::default();
-        root(api::<Pod>(client, namespace), pod_writer, allowed.clone(), "Pod").for_each(move |ev| {
+        root(
+            api::<Pod>(client, namespace),
+            pod_writer,
+            allowed.clone(),
+            "Pod",
+            |_| {},
+        )
+        .for_each(move |ev| {
             observer.observe(&exp, &ev);
             match &ev {
                 watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
@@ -267,36 +362,81 @@ pub fn start(
             futures::future::ready(())
         })
     };
-    let svc_task = {
-        let (store, tx, all) = (controllers.clone(), ctl_tx.clone(), all_controllers.clone());
-        root(
-            api::<Service>(client, namespace),
-            svc_writer,
-            allowed.clone(),
-            "Service",
-        )
-        .for_each(move |ev| {
+    // A child's event triggers its parents; the end of a relist triggers every parent.
+    let child_task = |kind: &'static str| {
+        let (sets, ctls, ns_tx, ctl_tx, all_n, all_c) = (
+            nodesets.clone(),
+            controllers.clone(),
+            ns_tx.clone(),
+            ctl_tx.clone(),
+            all_nodesets.clone(),
+            all_controllers.clone(),
+        );
+        move |ev: watcher::Event<kube::api::ObjectMeta>| {
             match &ev {
-                watcher::Event::Apply(svc) | watcher::Event::Delete(svc) => {
-                    let ns = svc.namespace().unwrap_or_default();
-                    let owner = svc
-                        .owner_references()
-                        .iter()
-                        .find(|o| o.controller == Some(true) && o.kind == "Controller")
-                        .map(|o| o.name.clone())
-                        // A Service holding a Controller's Service name (owned or not) concerns it.
-                        .or_else(|| svc.name_any().strip_suffix("-controller").map(str::to_string));
-                    if let Some(name) = owner {
-                        let r = ObjectRef::<Controller>::new(&name).within(&ns);
-                        if store.get(&r).is_some() {
-                            send(&tx, r);
-                        }
-                    }
+                watcher::Event::Apply(meta) | watcher::Event::Delete(meta) => {
+                    let (c, n) = child_parents(meta, &sets, &ctls);
+                    tracing::trace!(kind, controllers = c.len(), nodesets = n.len(), "child event");
+                    c.into_iter().for_each(|r| send(&ctl_tx, r));
+                    n.into_iter().for_each(|r| send(&ns_tx, r));
                 }
-                watcher::Event::InitDone => all(),
+                watcher::Event::InitDone => {
+                    all_c();
+                    all_n();
+                }
                 _ => {}
             }
             futures::future::ready(())
+        }
+    };
+    let svc_task = root(
+        api::<Service>(client, namespace),
+        svc_writer,
+        allowed.clone(),
+        "Service",
+        |_| {},
+    )
+    .map(|ev| meta_event(ev, |o| o.metadata))
+    .for_each(child_task("Service"));
+    let sts_task = root(
+        api::<StatefulSet>(client, namespace),
+        sts_writer,
+        allowed.clone(),
+        "StatefulSet",
+        |_| {},
+    )
+    .map(|ev| meta_event(ev, |o| o.metadata))
+    .for_each(child_task("StatefulSet"));
+    let pdb_task = root(
+        api::<PodDisruptionBudget>(client, namespace),
+        pdb_writer,
+        allowed.clone(),
+        "PodDisruptionBudget",
+        |_| {},
+    )
+    .map(|ev| meta_event(ev, |o| o.metadata))
+    .for_each(child_task("PodDisruptionBudget"));
+    let cm_task = {
+        let (ctls, tx) = (controllers.clone(), ctl_tx.clone());
+        let on_child = child_task("ConfigMap");
+        root(
+            api::<ConfigMap>(client, namespace),
+            cm_writer,
+            allowed.clone(),
+            "ConfigMap",
+            keys_only,
+        )
+        .for_each(move |ev| {
+            // A ConfigMap a Controller references (its files are in slurm.conf and the pods).
+            if let watcher::Event::Apply(cm) | watcher::Event::Delete(cm) = &ev {
+                let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
+                for c in ctls.state() {
+                    if c.namespace().as_deref() == Some(ns.as_str()) && c.config_map_refs().contains(&name) {
+                        send(&tx, ObjectRef::from_obj(c.as_ref()));
+                    }
+                }
+            }
+            on_child(meta_event(ev, |o| o.metadata))
         })
     };
     let ctl_task = {
@@ -312,6 +452,7 @@ pub fn start(
             ctl_writer,
             allowed.clone(),
             "Controller",
+            |_| {},
         )
         .for_each(move |ev| {
             match &ev {
@@ -334,15 +475,51 @@ pub fn start(
         })
     };
     let ns_task = {
-        let (store, tx, exp) = (nodesets.clone(), ns_tx, expectations);
-        root(api::<NodeSet>(client, namespace), ns_writer, allowed, "NodeSet").for_each(move |ev| {
+        let (store, tx, ctl_tx, exp) = (nodesets.clone(), ns_tx, ctl_tx, expectations);
+        // The generation each NodeSet was last seen at: a new NodeSet, a spec change or a
+        // deletion changes its Controller's slurm.conf and its siblings' shared objects' owners;
+        // a status write changes neither.
+        let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+        root(
+            api::<NodeSet>(client, namespace),
+            ns_writer,
+            allowed,
+            "NodeSet",
+            |_| {},
+        )
+        .for_each(move |ev| {
+            let neighbours = |n: &NodeSet| {
+                let ns = n.namespace().unwrap_or_default();
+                let controller = ObjectRef::<Controller>::new(&n.spec.controller_ref.name)
+                    .within(n.controller_namespace());
+                send(&ctl_tx, controller);
+                for sibling in nodesets_sharing(&store, &ns, &n.spec.controller_ref.name) {
+                    send(&tx, sibling);
+                }
+            };
             match &ev {
-                watcher::Event::Apply(n) => send(&tx, ObjectRef::from_obj(n)),
+                watcher::Event::Apply(n) => {
+                    send(&tx, ObjectRef::from_obj(n));
+                    let uid = n.uid().unwrap_or_default();
+                    if generations.insert(uid, n.metadata.generation) != Some(n.metadata.generation) {
+                        neighbours(n);
+                    }
+                }
                 // The NodeSet is gone: so are its expectations (its pods go with it).
-                watcher::Event::Delete(n) => exp.forget(&n.uid().unwrap_or_default()),
+                watcher::Event::Delete(n) => {
+                    let uid = n.uid().unwrap_or_default();
+                    exp.forget(&uid);
+                    generations.remove(&uid);
+                    neighbours(n);
+                }
                 watcher::Event::InitDone => {
-                    let live: HashSet<String> = store.state().iter().filter_map(|n| n.uid()).collect();
+                    let state = store.state();
+                    let live: HashSet<String> = state.iter().filter_map(|n| n.uid()).collect();
                     exp.retain_owners(&live);
+                    generations = state
+                        .iter()
+                        .map(|n| (n.uid().unwrap_or_default(), n.metadata.generation))
+                        .collect();
                     all_nodesets();
                 }
                 _ => {}
@@ -351,15 +528,34 @@ pub fn start(
         })
     };
     let task = async move {
-        tokio::join!(pod_task, svc_task, ctl_task, ns_task);
+        tokio::join!(pod_task, svc_task, cm_task, sts_task, pdb_task, ctl_task, ns_task);
     };
     Watches {
         pods,
-        services,
+        children: ChildCaches {
+            services,
+            configmaps,
+            statefulsets,
+            pdbs,
+        },
         controllers,
         nodesets,
         nodeset_triggers,
         controller_triggers,
         task: Box::pin(task),
+    }
+}
+
+/// A watch event of an object, as an event of its metadata.
+fn meta_event<K>(
+    ev: watcher::Event<K>,
+    meta: impl Fn(K) -> kube::api::ObjectMeta,
+) -> watcher::Event<kube::api::ObjectMeta> {
+    match ev {
+        watcher::Event::Apply(o) => watcher::Event::Apply(meta(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(meta(o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(meta(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }

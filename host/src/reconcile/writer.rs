@@ -1,9 +1,9 @@
 //! The writer: the only code that writes to the API server.
 //!
-//! * Children the host owns wholly (the Controller's Service) are server-side applied with the
-//!   host's field manager: forced over the version whose ownership was checked (a user's edit of
-//!   a host-owned field is taken back, a Service replaced meanwhile is a 409), not forced when
-//!   creating. Services are deleted with a UID precondition.
+//! * Children other than pods (Services, ConfigMaps, StatefulSets, PodDisruptionBudgets) are
+//!   server-side applied with the host's field manager: forced over the version whose ownership
+//!   was checked (a user's edit of a host-owned field is taken back, an object replaced meanwhile
+//!   is a 409), not forced when creating. They are deleted with a UID precondition.
 //! * Pods are created, and deleted with a UID precondition (never a namesake); adoption, release
 //!   and relabelling patch with a resourceVersion precondition.
 //! * Status is written only when it changed, as a merge patch carrying the resourceVersion it was
@@ -20,11 +20,13 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions},
 };
+
+use crate::plugins::ChildKind;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 
@@ -150,40 +152,59 @@ impl Writer {
         &self.metrics
     }
 
-    /// Server-side apply a Service with the host's field manager. Over an existing Service (one
-    /// the caller checked is the host's), `resource_version` is the version checked: the apply
-    /// is forced (a user's edit of a host-owned field is taken back) but fails with a 409 if the
-    /// Service changed since, so it never takes over one that was replaced meanwhile. Without
-    /// it, the Service is created and the apply is not forced.
+    /// Server-side apply a child (JSON with `apiVersion`, `kind`, `metadata.name` and
+    /// `metadata.namespace`) with the host's field manager; returns the stored object. Over an
+    /// existing object (one the caller checked is the parent's), `resource_version` is the
+    /// version checked: the apply is forced (a user's edit of a host-owned field is taken back)
+    /// but fails with a 409 if the object changed since, so it never takes over one that was
+    /// replaced meanwhile. Without it, the object is created and the apply is not forced.
     ///
     /// # Errors
     /// The API error.
-    pub async fn apply_service(
+    pub async fn apply_child(
         &self,
-        svc: &Service,
+        kind: ChildKind,
+        object: &Value,
         resource_version: Option<String>,
-    ) -> Result<Service, kube::Error> {
+    ) -> Result<Value, kube::Error> {
         self.fence("apply")?;
-        let api: Api<Service> = Api::namespaced(self.client.clone(), &svc.namespace().unwrap_or_default());
-        let mut svc = svc.clone();
+        let mut object = object.clone();
+        let field = |v: &Value, p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (ns, name) = (
+            field(&object, "/metadata/namespace"),
+            field(&object, "/metadata/name"),
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), &ns, &kind.api_resource());
         let mut pp = PatchParams::apply(FIELD_MANAGER);
-        if resource_version.is_some() {
+        if let Some(rv) = resource_version {
             pp = pp.force();
+            object["metadata"]["resourceVersion"] = rv.into();
         }
-        svc.metadata.resource_version = resource_version;
-        let r = api.patch(&svc.name_any(), &pp, &Patch::Apply(&svc)).await;
+        let r = api.patch(&name, &pp, &Patch::Apply(&object)).await;
         self.metrics.count("apply", outcome(&r));
-        r
+        let stored = r?;
+        serde_json::to_value(stored).map_err(kube::Error::SerdeError)
     }
 
-    /// Delete a Service, only if it still has `uid`: `true` when deleted now, `false` when it
-    /// was already gone.
+    /// Delete a child, only if it still has `uid`: `true` when deleted now, `false` when it was
+    /// already gone.
     ///
     /// # Errors
     /// The API error.
-    pub async fn delete_service(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
+    pub async fn delete_child(
+        &self,
+        kind: ChildKind,
+        ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<bool, kube::Error> {
         self.fence("delete")?;
-        let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
         let r = api.delete(name, &uid_precondition(uid)).await;
         self.metrics.count("delete", outcome(&r));
         match r {

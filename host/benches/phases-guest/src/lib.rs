@@ -13,7 +13,10 @@
 
 #![cfg_attr(
     target_arch = "wasm32",
-    allow(unsafe_code, reason = "wit-bindgen's generated exports declare unsafe ABI functions")
+    allow(
+        unsafe_code,
+        reason = "wit-bindgen's generated exports declare unsafe ABI functions"
+    )
 )]
 
 slinky_guest_sdk::use_bump_allocator!();

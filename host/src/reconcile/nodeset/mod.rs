@@ -1,5 +1,8 @@
-//! The NodeSet reconciler (StatefulSet mode): ordinal pods from the `nodeset-pod` builder,
-//! claimed ([`claim`]) and planned ([`plan`]) from the cache, then written.
+//! The NodeSet reconciler (StatefulSet mode): the NodeSet's other children from the
+//! `nodeset-children` builder (the workers' Service and PodDisruptionBudget shared by the
+//! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::children`]),
+//! then ordinal pods from the `nodeset-pod` builder, claimed ([`claim`]) and planned ([`plan`])
+//! from the cache, then written.
 //!
 //! # Guarantees
 //! * Pods are created or deleted only while the NodeSet's expectations are satisfied; every
@@ -11,10 +14,15 @@
 //! * A spec that would make pods the API server refuses (names, hostnames, label values) or that
 //!   asks for what this host does not support is an `InvalidSpec` condition naming the field;
 //!   a missing Controller or a failing builder is a condition too. None deletes running pods.
+//! * The shared workers' Service and PodDisruptionBudget are owned by every NodeSet referencing
+//!   the Controller (plain owner references, sorted by name): several NodeSets reconciling at once
+//!   all apply the same object under the same field manager, which is no conflict (Slinky's #152
+//!   race has no path here); a refused child write is a `ChildFailure` condition and an Event.
 //! * Status is written only when it changed, with `observedGeneration` the generation it was
 //!   computed from; on a 409 it is recomputed on the fresh object, keeping other writers'
 //!   conditions.
 
+mod children;
 mod claim;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -35,6 +43,8 @@ use claim::{Blocker, Claims, classify};
 pub use claim::{claims_name, owner_uid};
 pub use plan::is_ready;
 use plan::{DeleteReason, Inputs, is_available, phase, plan};
+
+use children::sync_children;
 
 use super::{
     Context, Error,
@@ -75,6 +85,10 @@ struct Pass<'a> {
     conditions: ConditionChanges,
     /// `(reason, message)` of each refused write.
     failures: Vec<(&'static str, String)>,
+    /// `(reason, message)` of each refused child write (not a pod) or ownership problem.
+    child_failures: Vec<(&'static str, String)>,
+    /// The children were synced (so `ChildFailure` is set or cleared by this pass).
+    children_synced: bool,
     /// A condition that stops the pass: `(type, message)`.
     problem: Option<(&'static str, String)>,
     /// The builder failed (back off like a failed write).
@@ -159,6 +173,8 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
         uid,
         conditions: ConditionChanges::new(ns.metadata.generation),
         failures: Vec::new(),
+        child_failures: Vec::new(),
+        children_synced: false,
         problem: None,
         builder_failed: false,
     };
@@ -188,7 +204,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), synced).await?;
-    if !pass.failures.is_empty() || pass.builder_failed {
+    if !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.builder_failed {
         requeue = ctx.backoff.failure(&key);
     } else {
         ctx.backoff.success(&key);
@@ -213,6 +229,10 @@ async fn sync(
     plugin: &Plugin,
 ) -> Result<Vec<Arc<Pod>>, Error> {
     let (ns, ctx) = (pass.ns, pass.ctx);
+    sync_children(pass, controller).await?;
+    if pass.problem.is_some() {
+        return Ok(claims.owned);
+    }
     adopt_and_release(pass, &mut claims).await?;
     relabel_equal_pods(pass, controller, revision, &mut claims.owned, plugin).await?;
     if pass.problem.is_some() {
@@ -633,6 +653,15 @@ async fn write_status(
         c.set(conditions::REPLICA_FAILURE, true, reason, message);
     } else if synced && pass.problem.is_none() {
         c.clear(conditions::REPLICA_FAILURE);
+    }
+    if let Some((reason, first)) = pass.child_failures.first() {
+        let message = match pass.child_failures.len() {
+            1 => first.clone(),
+            n => format!("{first} (and {} more)", n - 1),
+        };
+        c.set(conditions::CHILD_FAILURE, true, reason, message);
+    } else if pass.children_synced {
+        c.clear(conditions::CHILD_FAILURE);
     }
     let selector: Vec<String> = nodeset_selector(ns)
         .iter()

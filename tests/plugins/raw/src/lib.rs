@@ -1,24 +1,50 @@
-//! A builder written against `wit/builder.wit` with wit-bindgen directly, as a plugin in another
-//! language would be. It returns, verbatim, the text of the parent's annotation `raw.test/output`
-//! (so tests can make it return another kind, invalid JSON, …), and describes itself as building
-//! both kinds.
+//! A builder written against the frozen contract `slinky:builder@0.1.0` (`wit/deps/builder@0.1.0`)
+//! with wit-bindgen directly, as a plugin built before 0.2.0 (or in another language) would be: the
+//! host must keep loading and serving it. It describes itself as building both 0.1.0 kinds. When the
+//! parent has the annotation `raw.test/output`, it returns that text verbatim (so tests can make it
+//! return another kind, invalid JSON, …); with `raw.test/build: minimal` it builds a minimal
+//! Service (the Controller's, selecting slurmctld) or pod (the identity asked for, with the
+//! NodeSet's selector labels, one `slurmd` container of the NodeSet's `slurmd.image`), labelled
+//! `raw.test/built=true`; with neither it returns an invalid-input error.
 
 #[cfg(target_arch = "wasm32")]
 mod guest {
-    wit_bindgen::generate!({ world: "full-builder", path: "../../../wit" });
+    wit_bindgen::generate!({ world: "full-builder", path: "../../../wit/deps/builder@0.1.0" });
 
     use exports::slinky::builder::{controller_service, nodeset_pod, plugin};
+    use serde_json::{Value, json};
     use slinky::builder::types::{BuildContext, BuildError, BuilderKind, PluginInfo, PodIdentity};
 
     struct Raw;
 
-    fn output(parent: &str) -> Result<String, BuildError> {
-        let v: serde_json::Value =
-            serde_json::from_str(parent).map_err(|e| BuildError::InvalidInput(e.to_string()))?;
-        v.pointer("/metadata/annotations/raw.test~1output")
-            .and_then(|o| o.as_str())
+    fn parse(json: &str) -> Result<Value, BuildError> {
+        serde_json::from_str(json).map_err(|e| BuildError::InvalidInput(e.to_string()))
+    }
+
+    /// The annotation's text, if the parent has it.
+    fn output(parent: &Value) -> Option<String> {
+        parent
+            .pointer("/metadata/annotations/raw.test~1output")
+            .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| BuildError::InvalidInput("no raw.test/output annotation".into()))
+    }
+
+    /// Whether the parent asks for a minimal object.
+    fn minimal(parent: &Value) -> Result<(), BuildError> {
+        if parent
+            .pointer("/metadata/annotations/raw.test~1build")
+            .and_then(Value::as_str)
+            == Some("minimal")
+        {
+            return Ok(());
+        }
+        Err(BuildError::InvalidInput(
+            "no raw.test/output or raw.test/build annotation".into(),
+        ))
+    }
+
+    fn field<'a>(v: &'a Value, pointer: &str) -> &'a str {
+        v.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
     }
 
     impl plugin::Guest for Raw {
@@ -34,7 +60,17 @@ mod guest {
 
     impl controller_service::Guest for Raw {
         fn build_service(_ctx: BuildContext, controller: String) -> Result<String, BuildError> {
-            output(&controller)
+            let c = parse(&controller)?;
+            if let Some(out) = output(&c) {
+                return Ok(out);
+            }
+            minimal(&c)?;
+            let name = field(&c, "/metadata/name");
+            Ok(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("{name}-controller"), "labels": {"raw.test/built": "true"}},
+                "spec": {"selector": {"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": name},
+                    "ports": [{"name": "slurmctld", "port": 6817, "targetPort": "slurmctld", "protocol": "TCP"}]}})
+            .to_string())
         }
     }
 
@@ -43,9 +79,21 @@ mod guest {
             _ctx: BuildContext,
             nodeset: String,
             _controller: String,
-            _identity: PodIdentity,
+            identity: PodIdentity,
         ) -> Result<String, BuildError> {
-            output(&nodeset)
+            let n = parse(&nodeset)?;
+            if let Some(out) = output(&n) {
+                return Ok(out);
+            }
+            minimal(&n)?;
+            Ok(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": identity.name, "labels": {
+                    "app.kubernetes.io/name": "slurmd",
+                    "app.kubernetes.io/instance": field(&n, "/metadata/name"),
+                    "raw.test/built": "true"}},
+                "spec": {"hostname": identity.hostname,
+                    "containers": [{"name": "slurmd", "image": field(&n, "/spec/slurmd/image")}]}})
+            .to_string())
         }
     }
 

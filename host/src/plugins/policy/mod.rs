@@ -4,7 +4,10 @@
 //! namespace, a name other than expected (or an invalid one), missing selector labels, and
 //! server-owned metadata (`uid`, `resourceVersion`, `managedFields`, `deletionTimestamp`). It then
 //! makes the owner reference and builder annotations right itself: whatever the plugin set there
-//! is replaced. `status` is dropped (the host owns status).
+//! is replaced. `status` is dropped (the host owns status). The children builders' outputs are
+//! checked by [`controller_children`] and [`nodeset_children`].
+
+mod children;
 
 use std::collections::BTreeMap;
 
@@ -16,6 +19,8 @@ use k8s_openapi::{
 use kube::ResourceExt;
 use serde_json::Value;
 use slinky_api::{Controller, NodeSet, keys, validation};
+
+pub use children::{controller_children, nodeset_children};
 
 use super::{Plugin, PodIdentity};
 
@@ -95,7 +100,7 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
 /// Label keys and values, annotation keys and their total size: what the API server checks of
 /// every object's metadata, so a builder's mistake is reported as such rather than as a create
 /// the API server refuses.
-fn metadata_problems(meta: &ObjectMeta) -> Result<(), String> {
+pub(crate) fn metadata_problems(meta: &ObjectMeta) -> Result<(), String> {
     for (k, v) in meta.labels.iter().flatten() {
         if let Some(e) = validation::qualified_name(k).into_iter().next() {
             return Err(format!("metadata.labels: the key {k:?} is invalid: {e}"));
@@ -123,7 +128,7 @@ fn metadata_problems(meta: &ObjectMeta) -> Result<(), String> {
 }
 
 /// Container names (DNS labels, unique) and images, hostname and subdomain (DNS labels).
-fn pod_spec_problems(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<(), String> {
+pub(crate) fn pod_spec_problems(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<(), String> {
     let mut names = std::collections::BTreeSet::new();
     let all = spec.containers.iter().map(|c| ("containers", c)).chain(
         spec.init_containers
@@ -191,7 +196,7 @@ fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, Stri
     })
 }
 
-fn finish_meta<P>(meta: &mut ObjectMeta, parent: &P, plugin: &Plugin) -> Result<(), String>
+pub(crate) fn finish_meta<P>(meta: &mut ObjectMeta, parent: &P, plugin: &Plugin) -> Result<(), String>
 where
     P: kube::Resource<DynamicType = ()>,
 {
@@ -230,16 +235,25 @@ where
             block_owner_deletion: Some(true),
         }]
     });
-    let annotations = meta.annotations.get_or_insert_default();
-    annotations.insert(keys::ANNOTATION_BUILDER.to_string(), plugin.label());
-    annotations.insert(
-        keys::ANNOTATION_BUILDER_DIGEST.to_string(),
-        format!("sha256:{}", plugin.digest()),
-    );
+    meta.annotations
+        .get_or_insert_default()
+        .extend(builder_annotations(plugin));
     Ok(())
 }
 
-fn require_labels(
+/// The annotations naming the builder of a child: `slinky.slurm.net/builder: <name>@<version>`
+/// and `slinky.slurm.net/builder-digest: sha256:<digest>`.
+pub fn builder_annotations(plugin: &Plugin) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (keys::ANNOTATION_BUILDER.to_string(), plugin.label()),
+        (
+            keys::ANNOTATION_BUILDER_DIGEST.to_string(),
+            format!("sha256:{}", plugin.digest()),
+        ),
+    ])
+}
+
+pub(crate) fn require_labels(
     field: &str,
     have: &BTreeMap<String, String>,
     want: &BTreeMap<String, String>,

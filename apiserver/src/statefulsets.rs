@@ -1,0 +1,249 @@
+//! A simulated StatefulSet controller (with the simulated kubelet of [`crate::lifecycle`]), so a
+//! StatefulSet of the embedded server gets pods as on a cluster: pods `<sts>-<ordinal>` for
+//! ordinals `0..replicas`, made from the template (its labels plus `controller-revision-hash`,
+//! `statefulset.kubernetes.io/pod-name` and `apps.kubernetes.io/pod-index`, hostname
+//! `<sts>-<ordinal>`, subdomain the `serviceName`, a PersistentVolumeClaim
+//! `<template>-<sts>-<ordinal>` per volume claim template), controlled by the StatefulSet; extra
+//! ordinals deleted from the highest; a new template rolls the pods from the highest ordinal, one
+//! at a time, each once every other pod is ready (the `RollingUpdate` strategy); the status counts
+//! replicas, ready, current and updated pods.
+//!
+//! What it does not do: `OrderedReady` start-up (pods are created in parallel),
+//! `partition`, `maxUnavailable`, `OnDelete`, `minReadySeconds`, ControllerRevisions, claim
+//! retention policies (claims are kept, as by default).
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::{
+    DeleteOpts, ResKey, Store,
+    store::{Op, Sub},
+};
+
+const MANAGER: &str = "embedded-statefulset-controller";
+
+fn key(group: &str, plural: &str) -> ResKey {
+    ResKey {
+        group: group.into(),
+        plural: plural.into(),
+    }
+}
+
+fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// The template's revision: `<sts>-<10 hex digits of its hash>` (a stable hash of its JSON).
+fn revision(name: &str, template: &Value) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    template.to_string().hash(&mut h);
+    format!("{name}-{:010x}", h.finish() & 0xff_ffff_ffff)
+}
+
+fn ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// The pod of ordinal `i` of `sts` at `rev`.
+fn pod_for(sts: &Value, i: i64, rev: &str) -> Value {
+    let name = s(sts, "/metadata/name");
+    let pod_name = format!("{name}-{i}");
+    let template = sts.pointer("/spec/template").cloned().unwrap_or(Value::Null);
+    let mut labels = template
+        .pointer("/metadata/labels")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    labels["controller-revision-hash"] = rev.into();
+    labels["statefulset.kubernetes.io/pod-name"] = pod_name.clone().into();
+    labels["apps.kubernetes.io/pod-index"] = i.to_string().into();
+    let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
+    spec["hostname"] = pod_name.clone().into();
+    if let Some(svc) = sts.pointer("/spec/serviceName").filter(|v| !v.is_null()) {
+        spec["subdomain"] = svc.clone();
+    }
+    for claim in sts
+        .pointer("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let vct = s(claim, "/metadata/name");
+        let volume =
+            json!({"name": vct, "persistentVolumeClaim": {"claimName": format!("{vct}-{pod_name}")}});
+        match spec.get_mut("volumes").and_then(Value::as_array_mut) {
+            Some(v) => {
+                v.retain(|x| x["name"] != vct);
+                v.push(volume);
+            }
+            None => spec["volumes"] = json!([volume]),
+        }
+    }
+    let mut meta = json!({
+        "name": pod_name,
+        "namespace": s(sts, "/metadata/namespace"),
+        "labels": labels,
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name,
+            "uid": s(sts, "/metadata/uid"), "controller": true, "blockOwnerDeletion": true}],
+    });
+    if let Some(a) = template.pointer("/metadata/annotations") {
+        meta["annotations"] = a.clone();
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+}
+
+/// One pass of the simulated StatefulSet controller over every StatefulSet.
+pub(crate) fn sync(store: &Arc<Store>) {
+    let (sets, pods_key, pvcs) = (
+        key("apps", "statefulsets"),
+        key("", "pods"),
+        key("", "persistentvolumeclaims"),
+    );
+    let Ok((items, _, _)) = store.list(&sets, "", &|_| true, None, 0) else {
+        return;
+    };
+    for sts in items {
+        if sts.pointer("/metadata/deletionTimestamp").is_some() {
+            continue;
+        }
+        let (ns, name, uid) = (
+            s(&sts, "/metadata/namespace").to_string(),
+            s(&sts, "/metadata/name").to_string(),
+            s(&sts, "/metadata/uid").to_string(),
+        );
+        let replicas = sts.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+        let rev = revision(&name, sts.pointer("/spec/template").unwrap_or(&Value::Null));
+        let owned = |p: &Value| {
+            p.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|o| {
+                    o.iter()
+                        .any(|o| o["uid"] == uid.as_str() && o["controller"] == true)
+                })
+        };
+        let Ok((pods, _, _)) = store.list(&pods_key, &ns, &|p| owned(p), None, 0) else {
+            continue;
+        };
+        let ordinal = |p: &Value| {
+            s(p, "/metadata/name")
+                .strip_prefix(&format!("{name}-"))
+                .and_then(|o| o.parse::<i64>().ok())
+        };
+        let delete = |pod: &str, pod_uid: &str| {
+            let _ = store.delete(
+                &pods_key,
+                &ns,
+                pod,
+                &DeleteOpts {
+                    uid: Some(pod_uid.to_string()),
+                    ..Default::default()
+                },
+            );
+        };
+        // Missing ordinals: their claims, then the pods.
+        for i in 0..replicas {
+            if pods.iter().any(|p| ordinal(p) == Some(i)) {
+                continue;
+            }
+            let pod = pod_for(&sts, i, &rev);
+            for claim in sts
+                .pointer("/spec/volumeClaimTemplates")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let claim_name = format!("{}-{name}-{i}", s(claim, "/metadata/name"));
+                if store.get(&pvcs, &ns, &claim_name).is_err() {
+                    let mut pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": claim_name, "namespace": ns,
+                            "labels": sts.pointer("/spec/selector/matchLabels").cloned().unwrap_or_else(|| json!({}))},
+                        "spec": claim.get("spec").cloned().unwrap_or_else(|| json!({}))});
+                    if let Some(m) = pvc.pointer_mut("/metadata").and_then(Value::as_object_mut) {
+                        m.retain(|_, v| !v.is_null());
+                    }
+                    let _ = store.create(&pvcs, &ns, pvc, MANAGER, false);
+                }
+            }
+            if let Err(error) = store.create(&pods_key, &ns, pod, MANAGER, false) {
+                tracing::debug!(statefulset = %name, %error, "cannot create a StatefulSet pod");
+            }
+        }
+        let live: Vec<&Arc<Value>> = pods
+            .iter()
+            .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+            .collect();
+        // Ordinals past `replicas`, the highest first.
+        let mut extra: Vec<&&Arc<Value>> = live
+            .iter()
+            .filter(|p| ordinal(p).is_none_or(|o| o >= replicas))
+            .collect();
+        extra.sort_by_key(|p| std::cmp::Reverse(ordinal(p)));
+        if let Some(p) = extra.first() {
+            delete(s(p, "/metadata/name"), s(p, "/metadata/uid"));
+        }
+        // A rolling update: the highest old pod, once every pod is there and ready.
+        let all_ready =
+            live.len() as i64 == replicas && pods.len() == live.len() && live.iter().all(|p| ready(p));
+        if all_ready
+            && let Some(old) = live
+                .iter()
+                .filter(|p| s(p, "/metadata/labels/controller-revision-hash") != rev)
+                .max_by_key(|p| ordinal(p))
+        {
+            delete(s(old, "/metadata/name"), s(old, "/metadata/uid"));
+        }
+        let count = |f: &dyn Fn(&Value) -> bool| live.iter().filter(|p| f(p)).count() as i64;
+        let updated = count(&|p| s(p, "/metadata/labels/controller-revision-hash") == rev);
+        let status = json!({
+            "observedGeneration": sts.pointer("/metadata/generation").cloned().unwrap_or(Value::Null),
+            "replicas": live.len(),
+            "readyReplicas": count(&ready),
+            "availableReplicas": count(&ready),
+            "currentReplicas": updated,
+            "updatedReplicas": updated,
+            "currentRevision": rev,
+            "updateRevision": rev,
+        });
+        if sts.get("status") != Some(&status) {
+            let _ = store.modify(&sets, &ns, &name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+                let mut o = cur.clone();
+                o["status"] = status;
+                Ok(o)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_follow_the_template() {
+        let sts = json!({"metadata": {"name": "slurm-controller", "namespace": "slurm", "uid": "u"},
+            "spec": {"serviceName": "slurm-controller-internal", "template": {
+                "metadata": {"labels": {"app": "x"}, "annotations": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]}},
+                "volumeClaimTemplates": [{"metadata": {"name": "statesave"}}]}});
+        let rev = revision("slurm-controller", &sts["spec"]["template"]);
+        assert!(rev.starts_with("slurm-controller-") && rev.len() == "slurm-controller-".len() + 10);
+        let pod = pod_for(&sts, 1, &rev);
+        assert_eq!(pod["metadata"]["name"], "slurm-controller-1");
+        assert_eq!(pod["metadata"]["labels"]["app"], "x");
+        assert_eq!(
+            pod["metadata"]["labels"]["controller-revision-hash"],
+            rev.as_str()
+        );
+        assert_eq!(pod["metadata"]["annotations"]["a"], "b");
+        assert_eq!(pod["spec"]["hostname"], "slurm-controller-1");
+        assert_eq!(pod["spec"]["subdomain"], "slurm-controller-internal");
+        assert_eq!(
+            pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+            "statesave-slurm-controller-1"
+        );
+        assert_eq!(pod["metadata"]["ownerReferences"][0]["kind"], "StatefulSet");
+    }
+}

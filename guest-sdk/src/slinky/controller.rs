@@ -1,0 +1,530 @@
+//! The Controller's children besides its Service: Slinky's `BuildController` (the slurmctld
+//! StatefulSet), `BuildControllerConfig` (`<controller>-config`) and
+//! `BuildControllerServiceInternal` (`<controller>-controller-internal`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::{
+        apps::v1::{StatefulSet, StatefulSetSpec},
+        core::v1::{
+            Affinity, ConfigMap, ConfigMapProjection, Container, EmptyDirVolumeSource, KeyToPath,
+            PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+            PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec,
+            ProjectedVolumeSource, SecretProjection, SecurityContext, Service, ServiceSpec, Volume,
+            VolumeProjection,
+        },
+    },
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta},
+};
+use slinky_api::{Controller, keys};
+
+use super::{
+    LOG_DIR, SLURMCTLD_PORT,
+    conf::{self, CGROUP_CONF, JWKS_FILE, JWT_KEY_FILE, SLURM_CONF, SLURM_ETC, SLURMCTLD_SPOOL},
+    inherited_annotations, logfile_sidecar, mount, name_of, require_images,
+};
+use crate::{
+    BuildContext, BuildError, Child, ControllerInputs,
+    helpers::{self, CONTROLLER, Labels, merge_maps, non_empty},
+    merge,
+};
+
+/// The uid and gid of the Slurm user in Slinky's images.
+pub const SLURM_UID: i64 = 401;
+/// The state save volume's name.
+pub const STATESAVE_VOLUME: &str = "statesave";
+/// Where slurmctld's auth socket lives (shared with the reconfigure sidecar).
+pub const AUTH_SOCKET_DIR: &str = "/run/slurmctld";
+
+/// The reconfigure sidecar's script (in-place reconfigure): every few seconds, hash the files of
+/// `/etc/slurm` (skipping the kubelet's `..data` directories) and run `scontrol reconfigure`
+/// (until it succeeds) when the hash changed.
+pub const RECONFIGURE_SCRIPT: &str = r#"set -euo pipefail
+dir=/etc/slurm
+checksum() { find "$dir" -path '*/..*' -prune -o \( -type f -o -type l \) -exec sha256sum {} + | sort -k2 | sha256sum; }
+seen="$(checksum)"
+echo "watching $dir for configuration changes"
+while sleep 5; do
+  now="$(checksum)"
+  [ "$now" = "$seen" ] && continue
+  echo "$(date -Is) configuration changed: scontrol reconfigure"
+  until scontrol reconfigure; do echo "$(date -Is) scontrol reconfigure failed; retrying"; sleep 2; done
+  seen="$now"
+done
+"#;
+
+/// sha256 of `data`'s values concatenated in key order, or empty when there are none: Slinky's
+/// `CheckSumFromMap`, for the `*-hash` annotations of Secrets and ConfigMaps.
+pub fn checksum_of_map<'a>(data: impl IntoIterator<Item = (&'a String, &'a [u8])>) -> String {
+    let mut entries: Vec<(&String, &[u8])> = data.into_iter().collect();
+    entries.sort_by(|a, b| a.0.cmp(b.0));
+    let bytes: Vec<u8> = entries.iter().flat_map(|(_, v)| v.iter().copied()).collect();
+    if bytes.is_empty() {
+        return String::new();
+    }
+    helpers::sha256_hex(&bytes)
+}
+
+/// Slinky's Controller children besides its Service: the ConfigMap `<controller>-config`, the
+/// headless Service `<controller>-controller-internal` and the StatefulSet `<controller>-controller`;
+/// for an external Controller only a minimal ConfigMap (no slurmctld runs here).
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] for an unnamed Controller, a Controller without key references,
+/// high availability without `persistence.existingClaim`, or containers/pod spec that are not
+/// valid.
+pub fn build_controller_children(
+    ctx: &BuildContext,
+    controller: &Controller,
+    inputs: &ControllerInputs,
+) -> Result<Vec<Child>, BuildError> {
+    if controller.spec.external {
+        return Ok(vec![build_controller_config(controller, inputs)?.into()]);
+    }
+    let config = build_controller_config(controller, inputs)?;
+    let internal = build_controller_service_internal(controller)?;
+    let statefulset = build_controller_statefulset(ctx, controller, inputs, &config)?;
+    Ok(vec![config.into(), internal.into(), statefulset.into()])
+}
+
+fn controller_metadata(controller: &Controller, name: String, extra_labels: &Labels) -> ObjectMeta {
+    let meta = &controller.metadata;
+    let cr = meta.name.as_deref().unwrap_or_default();
+    ObjectMeta {
+        name: Some(name),
+        namespace: meta.namespace.clone(),
+        labels: non_empty(merge_maps([
+            &meta.labels.clone().unwrap_or_default(),
+            extra_labels,
+            &CONTROLLER.labels(cr),
+        ])),
+        annotations: non_empty(inherited_annotations(meta)),
+        ..Default::default()
+    }
+}
+
+/// Slinky's `BuildControllerConfig`: `<controller>-config` with `slurm.conf` and, unless one of
+/// `spec.configFileRefs` provides it, `cgroup.conf`; for an external Controller the minimal
+/// `slurm.conf` only, with the template's metadata (`BuildControllerConfigExternal`).
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] for an unnamed Controller, or an external one without
+/// `externalConfig`.
+pub fn build_controller_config(
+    controller: &Controller,
+    inputs: &ControllerInputs,
+) -> Result<ConfigMap, BuildError> {
+    let name = name_of(&controller.metadata, "Controller")?;
+    if controller.spec.external {
+        if controller.spec.external_config.is_none() {
+            return Err(BuildError::invalid(
+                "spec.external is true but spec.externalConfig is missing: set its host and port",
+            ));
+        }
+        let template = &controller.spec.template.metadata;
+        return Ok(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(controller.config_name()),
+                namespace: controller.metadata.namespace.clone(),
+                labels: non_empty(merge_maps([&template.labels, &CONTROLLER.labels(&name)])),
+                annotations: non_empty(template.annotations.clone()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                SLURM_CONF.to_string(),
+                conf::slurm_conf_minimal(controller),
+            )])),
+            immutable: Some(false),
+            ..Default::default()
+        });
+    }
+    let has_cgroup = controller
+        .spec
+        .config_file_refs
+        .iter()
+        .any(|r| inputs.files_of(&r.name).iter().any(|f| f == CGROUP_CONF));
+    let mut data = BTreeMap::from([(SLURM_CONF.to_string(), conf::slurm_conf(controller, inputs))]);
+    if !has_cgroup {
+        data.insert(CGROUP_CONF.to_string(), conf::cgroup_conf());
+    }
+    Ok(ConfigMap {
+        metadata: controller_metadata(controller, controller.config_name(), &Labels::new()),
+        data: Some(data),
+        immutable: Some(false),
+        ..Default::default()
+    })
+}
+
+/// Slinky's `BuildControllerServiceInternal`: the headless Service governing the StatefulSet, so
+/// every slurmctld pod has a stable DNS name (`SlurmctldHost` lines); its selector has no
+/// `active` label.
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] for an unnamed Controller.
+pub fn build_controller_service_internal(controller: &Controller) -> Result<Service, BuildError> {
+    let name = name_of(&controller.metadata, "Controller")?;
+    Ok(Service {
+        metadata: controller_metadata(controller, controller.internal_service_name(), &Labels::new()),
+        spec: Some(ServiceSpec {
+            selector: Some(CONTROLLER.selector_labels(&name)),
+            ports: Some(vec![helpers::service_port(
+                "slurmctld",
+                SLURMCTLD_PORT,
+                "slurmctld",
+            )]),
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The pod-template annotations Slinky hashes: the key hashes, and (without in-place
+/// reconfigure) the hash of `config`'s data, so a configuration change rolls slurmctld.
+fn hash_annotations(controller: &Controller, inputs: &ControllerInputs, config: &ConfigMap) -> Labels {
+    let mut hashes = Labels::from([
+        (
+            keys::ANNOTATION_SLURM_KEY_HASH.to_string(),
+            inputs.slurm_key_hash.clone(),
+        ),
+        (
+            keys::ANNOTATION_JWT_KEY_HASH.to_string(),
+            inputs.jwt_key_hash.clone(),
+        ),
+    ]);
+    if !controller.spec.inplace_reconfigure {
+        let data = config.data.clone().unwrap_or_default();
+        hashes.insert(
+            keys::ANNOTATION_SLURM_CONFIG_HASH.to_string(),
+            checksum_of_map(data.iter().map(|(k, v)| (k, v.as_bytes()))),
+        );
+    }
+    hashes
+}
+
+fn empty_dir(name: &str, medium: Option<&str>) -> Volume {
+    Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: medium.map(String::from),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `slurm-etc` (projected, mode 0610: the ConfigMap, the keys, the extra ConfigMaps sorted by
+/// name, the JWKS), `slurm-logfile` and `run` (memory), `slurm-authsocket`.
+fn controller_volumes(controller: &Controller) -> Result<Vec<Volume>, BuildError> {
+    let s = &controller.spec;
+    let missing = |field: &str| {
+        BuildError::invalid(format!(
+            "spec.{field} is required (a Secret holding the key): set it"
+        ))
+    };
+    let slurm_key = s.slurm_key_ref.as_ref().ok_or_else(|| missing("slurmKeyRef"))?;
+    let jwt_key = s.jwt_key_ref.as_ref().ok_or_else(|| missing("jwtKeyRef"))?;
+    let secret = |name: &str, key: &str, path: &str| VolumeProjection {
+        secret: Some(SecretProjection {
+            name: name.into(),
+            items: Some(vec![KeyToPath {
+                key: key.into(),
+                path: path.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let config_map = |name: &str, items: Option<Vec<KeyToPath>>| VolumeProjection {
+        config_map: Some(ConfigMapProjection {
+            name: name.into(),
+            items,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut sources = vec![
+        config_map(&controller.config_name(), None),
+        secret(&slurm_key.name, &slurm_key.key, "slurm.key"),
+        secret(&jwt_key.name, &jwt_key.key, JWT_KEY_FILE),
+    ];
+    let mut extra: Vec<&str> = s
+        .config_file_refs
+        .iter()
+        .chain(&s.prolog_script_refs)
+        .chain(&s.epilog_script_refs)
+        .chain(&s.prolog_slurmctld_script_refs)
+        .chain(&s.epilog_slurmctld_script_refs)
+        .map(|r| r.name.as_str())
+        .collect();
+    extra.sort_unstable();
+    sources.extend(extra.into_iter().map(|n| config_map(n, None)));
+    if let Some(jwks) = &s.jwks_key_ref {
+        sources.push(config_map(
+            &jwks.name,
+            Some(vec![KeyToPath {
+                key: jwks.key.clone(),
+                path: JWKS_FILE.into(),
+                ..Default::default()
+            }]),
+        ));
+    }
+    Ok(vec![
+        Volume {
+            name: "slurm-etc".into(),
+            projected: Some(ProjectedVolumeSource {
+                default_mode: Some(0o610),
+                sources: Some(sources),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        empty_dir("slurm-logfile", Some("Memory")),
+        empty_dir("run", Some("Memory")),
+        empty_dir("slurm-authsocket", None),
+    ])
+}
+
+/// The slurmctld container: port 6817, `/livez` startup and liveness probes (6 × 10 s),
+/// readiness `/readyz` (or `/livez` with HA: only the primary is ready otherwise), non-root
+/// (401), mounts for the configuration, runtime, state, auth socket and logs.
+fn slurmctld_container(controller: &Controller) -> Container {
+    let cluster = controller.cluster_name();
+    let readiness = if controller.replicas() > 1 {
+        "/livez"
+    } else {
+        "/readyz"
+    };
+    Container {
+        name: "slurmctld".into(),
+        ports: Some(vec![helpers::container_port("slurmctld", SLURMCTLD_PORT)]),
+        startup_probe: Some(helpers::http_probe("/livez", "slurmctld", Some(6), Some(10))),
+        readiness_probe: Some(helpers::http_probe(readiness, "slurmctld", None, None)),
+        liveness_probe: Some(helpers::http_probe("/livez", "slurmctld", Some(6), Some(10))),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(SLURM_UID),
+            run_as_group: Some(SLURM_UID),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("slurm-etc", SLURM_ETC, true),
+            mount("run", "/run", false),
+            mount(STATESAVE_VOLUME, &format!("{SLURMCTLD_SPOOL}/{cluster}"), false),
+            mount("slurm-authsocket", AUTH_SOCKET_DIR, false),
+            mount("slurm-logfile", LOG_DIR, false),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// The reconfigure sidecar of in-place reconfigure (a native sidecar).
+fn reconfigure_container(user: &slinky_api::ContainerWrapper) -> Result<Container, BuildError> {
+    let base = Container {
+        name: "reconfigure".into(),
+        command: Some(
+            ["tini", "-g", "--", "bash", "-c", RECONFIGURE_SCRIPT]
+                .map(String::from)
+                .to_vec(),
+        ),
+        restart_policy: Some("Always".into()),
+        volume_mounts: Some(vec![
+            mount("slurm-etc", SLURM_ETC, true),
+            mount("slurm-authsocket", AUTH_SOCKET_DIR, true),
+        ]),
+        ..Default::default()
+    };
+    merge::merge_container(&base, &user.0).map_err(|e| BuildError::invalid(format!("spec.reconfigure: {e}")))
+}
+
+/// The state save volume by persistence mode: an existing claim, a volume claim template
+/// (persistence on, no existing claim), or an emptyDir (persistence off).
+fn statesave(controller: &Controller) -> Result<(Option<Volume>, Option<PersistentVolumeClaim>), BuildError> {
+    let persistence = controller.spec.persistence.clone().unwrap_or_default();
+    let claim = persistence.existing_claim.clone().filter(|c| !c.is_empty());
+    let enabled = controller.persistence_enabled();
+    if controller.ha_enabled() && (!enabled || claim.is_none()) {
+        return Err(BuildError::invalid(
+            "spec.ha.enabled needs spec.persistence.enabled and spec.persistence.existingClaim (a \
+             ReadWriteMany claim every slurmctld shares)",
+        ));
+    }
+    Ok(match (enabled, claim) {
+        (true, Some(claim)) => (
+            Some(Volume {
+                name: STATESAVE_VOLUME.into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            None,
+        ),
+        (true, None) => {
+            let spec: PersistentVolumeClaimSpec = serde_json::to_value(&persistence.claim_spec)
+                .and_then(serde_json::from_value)
+                .map_err(|e| {
+                    BuildError::invalid(format!(
+                        "spec.persistence is not a PersistentVolumeClaim spec: {e}"
+                    ))
+                })?;
+            (
+                None,
+                Some(PersistentVolumeClaim {
+                    metadata: ObjectMeta {
+                        name: Some(STATESAVE_VOLUME.into()),
+                        namespace: controller.metadata.namespace.clone(),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                    status: None,
+                }),
+            )
+        }
+        (false, _) => (Some(empty_dir(STATESAVE_VOLUME, None)), None),
+    })
+}
+
+/// Slinky's `BuildController`: the slurmctld StatefulSet `<controller>-controller`.
+///
+/// Replicas 1 (+ `ha.backups` with HA), no revision history, the selector labels, service name
+/// `<controller>-controller-internal`; the pod template carries the Controller's and the
+/// template's metadata, the key hashes of `inputs` and (without in-place reconfigure) the hash of
+/// `config`'s data; no service account token; non-root security context (401); the volumes, the
+/// reconfigure sidecar (in-place reconfigure), the logfile sidecar (with `logfile.image`), the
+/// slurmctld container, the user's template merged Slinky's way, and a required anti-affinity
+/// between slurmctld pods on `kubernetes.io/hostname`.
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] for an unnamed Controller, missing key references, HA without an
+/// existing claim, or an invalid container or pod spec.
+pub fn build_controller_statefulset(
+    _ctx: &BuildContext,
+    controller: &Controller,
+    inputs: &ControllerInputs,
+    config: &ConfigMap,
+) -> Result<StatefulSet, BuildError> {
+    let name = name_of(&controller.metadata, "Controller")?;
+    let spec = &controller.spec;
+    let template_meta = &spec.template.metadata;
+    let selector = CONTROLLER.selector_labels(&name);
+
+    let mut annotations = merge_maps([
+        &inherited_annotations(&controller.metadata),
+        &template_meta.annotations,
+        &hash_annotations(controller, inputs, config),
+    ]);
+    annotations.insert(keys::ANNOTATION_DEFAULT_CONTAINER.into(), "slurmctld".into());
+    let labels = merge_maps([
+        &controller.metadata.labels.clone().unwrap_or_default(),
+        &template_meta.labels,
+        &CONTROLLER.labels(&name),
+    ]);
+
+    let (statesave_volume, claim) = statesave(controller)?;
+    let mut init = Vec::new();
+    if spec.inplace_reconfigure {
+        init.push(reconfigure_container(&spec.reconfigure)?);
+    }
+    init.extend(
+        logfile_sidecar(&spec.logfile, &format!("{LOG_DIR}/slurmctld.log"))
+            .map_err(|e| BuildError::invalid(format!("spec.logfile: {e}")))?,
+    );
+    let slurmctld = merge::merge_container(&slurmctld_container(controller), &spec.slurmctld.0)
+        .map_err(|e| BuildError::invalid(format!("spec.slurmctld: {e}")))?;
+    let mut volumes = controller_volumes(controller)?;
+    volumes.extend(statesave_volume);
+    let base = PodSpec {
+        automount_service_account_token: Some(false),
+        containers: vec![slurmctld],
+        init_containers: (!init.is_empty()).then_some(init),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(SLURM_UID),
+            run_as_group: Some(SLURM_UID),
+            fs_group: Some(SLURM_UID),
+            ..Default::default()
+        }),
+        volumes: Some(volumes),
+        ..Default::default()
+    };
+    let mut pod_spec = merge::merge_pod_spec(&base, &spec.template.spec.0)
+        .map_err(|e| BuildError::invalid(format!("spec.template.spec: {e}")))?;
+    require_images(&pod_spec, |container| match container {
+        "slurmctld" => "spec.slurmctld.image".to_string(),
+        "logfile" => "spec.logfile.image".to_string(),
+        "reconfigure" => "spec.reconfigure.image".to_string(),
+        other => format!("spec.template.spec.containers[name={other}].image"),
+    })?;
+    // Appended after the user's template is merged, so the user's terms stay and ours is always
+    // there: a primary and its backups never share a node.
+    pod_spec
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .pod_anti_affinity
+        .get_or_insert_with(PodAntiAffinity::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_default()
+        .push(PodAffinityTerm {
+            topology_key: "kubernetes.io/hostname".into(),
+            label_selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+
+    let meta = &controller.metadata;
+    Ok(StatefulSet {
+        metadata: ObjectMeta {
+            name: Some(controller.controller_key()),
+            namespace: meta.namespace.clone(),
+            labels: non_empty(labels.clone()),
+            annotations: non_empty(merge_maps([
+                &inherited_annotations(meta),
+                &template_meta.annotations,
+            ])),
+            ..Default::default()
+        },
+        spec: StatefulSetSpec {
+            replicas: Some(controller.replicas()),
+            revision_history_limit: Some(0),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
+            service_name: Some(controller.internal_service_name()),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
+                spec: Some(pod_spec),
+            },
+            volume_claim_templates: claim.map(|c| vec![c]),
+            ..Default::default()
+        },
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_follow_slinky() {
+        let data = BTreeMap::from([("b".to_string(), b"2".to_vec()), ("a".to_string(), b"1".to_vec())]);
+        assert_eq!(
+            checksum_of_map(data.iter().map(|(k, v)| (k, v.as_slice()))),
+            helpers::sha256_hex(b"12"),
+            "values concatenated in key order"
+        );
+        assert_eq!(checksum_of_map(std::iter::empty()), "");
+    }
+}

@@ -1,0 +1,329 @@
+//! The output policy of the children builders (`controller-children`, `nodeset-children`): each
+//! object must be of a kind the builder kind may return, in the parent's namespace, named for its
+//! parent, valid as the API server checks it, and not listed twice. The host sets owner references
+//! (the parent as controller, or every NodeSet of the Controller for the shared workers' objects)
+//! and the builder annotations, on a StatefulSet's pod template too.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::{
+    Metadata,
+    api::{
+        apps::v1::StatefulSet,
+        core::v1::{ConfigMap, Service},
+        policy::v1::PodDisruptionBudget,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::ResourceExt;
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, validation};
+
+use super::{
+    builder_annotations, controller_selector, dns1035_label, finish_meta, metadata_problems,
+    pod_spec_problems, require_labels,
+};
+use crate::plugins::{Child, ChildKind, Ownership, Plugin};
+
+/// The children a `controller-children` builder may return: the StatefulSet, ConfigMaps and
+/// Services of a Controller.
+const CONTROLLER_KINDS: [ChildKind; 3] = [ChildKind::StatefulSet, ChildKind::ConfigMap, ChildKind::Service];
+/// The children a `nodeset-children` builder may return.
+const NODESET_KINDS: [ChildKind; 3] = [
+    ChildKind::Service,
+    ChildKind::PodDisruptionBudget,
+    ChildKind::ConfigMap,
+];
+
+/// Check and finish a `build-controller-children` output.
+///
+/// # Errors
+/// The rule an object broke, naming the object.
+pub fn controller_children(
+    raw: &[String],
+    controller: &Controller,
+    plugin: &Plugin,
+) -> Result<Vec<Child>, String> {
+    let name = controller.name_any();
+    let prefix = format!("{name}-");
+    let service = controller.controller_key();
+    let mut out = Vec::new();
+    for (i, text) in raw.iter().enumerate() {
+        let child = check(text, controller, plugin, &CONTROLLER_KINDS, "controller-children")
+            .map_err(|e| format!("object {i}: {e}"))?;
+        let at = child.describe();
+        if !child.name().starts_with(&prefix) {
+            return Err(format!(
+                "{at}: a Controller's children must be named `{prefix}…` (so a builder cannot take \
+                 another object's name)"
+            ));
+        }
+        if child.kind == ChildKind::Service && child.name() == service {
+            return Err(format!(
+                "{at}: the Service {service:?} is built by the controller-service builder; return \
+                 the Controller's other Services"
+            ));
+        }
+        if child.kind == ChildKind::StatefulSet {
+            statefulset_selector(&child, controller)?;
+        }
+        out.push(child);
+    }
+    no_duplicates(&out)?;
+    Ok(out)
+}
+
+/// Check and finish a `build-nodeset-children` output: the workers' Service and
+/// PodDisruptionBudget of the NodeSet's Controller are [`Ownership::Shared`] (their owner
+/// references are set by the reconciler, which knows every NodeSet of the Controller), every other
+/// object must be named `<nodeset>-…` and is controlled by the NodeSet.
+///
+/// # Errors
+/// The rule an object broke, naming the object.
+pub fn nodeset_children(raw: &[String], nodeset: &NodeSet, plugin: &Plugin) -> Result<Vec<Child>, String> {
+    let cluster = &nodeset.spec.controller_ref.name;
+    let shared = [
+        (ChildKind::Service, format!("{WORKER_SUBDOMAIN_PREFIX}{cluster}")),
+        (
+            ChildKind::PodDisruptionBudget,
+            format!("{WORKER_SUBDOMAIN_PREFIX}pdb-{cluster}"),
+        ),
+    ];
+    let prefix = format!("{}-", nodeset.name_any());
+    let mut out = Vec::new();
+    for (i, text) in raw.iter().enumerate() {
+        let mut child = check(text, nodeset, plugin, &NODESET_KINDS, "nodeset-children")
+            .map_err(|e| format!("object {i}: {e}"))?;
+        let at = child.describe();
+        if shared.iter().any(|(k, n)| *k == child.kind && n == child.name()) {
+            child.ownership = Ownership::Shared;
+            child.set_owners(Vec::new());
+        } else if !child.name().starts_with(&prefix) {
+            return Err(format!(
+                "{at}: a NodeSet's children must be named `{prefix}…`, or be the Controller's shared \
+                 workers' objects (Service {:?}, PodDisruptionBudget {:?})",
+                shared[0].1, shared[1].1
+            ));
+        }
+        out.push(child);
+    }
+    no_duplicates(&out)?;
+    Ok(out)
+}
+
+fn no_duplicates(children: &[Child]) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for c in children {
+        if !seen.insert((c.kind, c.name().to_string())) {
+            return Err(format!("{} is listed twice", c.describe()));
+        }
+    }
+    Ok(())
+}
+
+/// What a builder may not return, and why (a hint in the refusal).
+fn forbidden_hint(api_version: &str, kind: &str) -> &'static str {
+    match (api_version, kind) {
+        ("v1", "Secret") => {
+            ": builders never see or make Secrets (the host reads the Secrets a Controller references \
+             and passes their hashes)"
+        }
+        ("v1", "Namespace" | "Node" | "PersistentVolume")
+        | ("rbac.authorization.k8s.io/v1", "ClusterRole" | "ClusterRoleBinding")
+        | ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+            ": a builder makes namespaced children of its parent, never cluster-scoped objects"
+        }
+        _ => "",
+    }
+}
+
+/// Parse, check and finish one object: its kind is one of `allowed`, then the checks common to
+/// every child and those of its kind.
+fn check<P>(
+    text: &str,
+    parent: &P,
+    plugin: &Plugin,
+    allowed: &[ChildKind],
+    builder: &str,
+) -> Result<Child, String>
+where
+    P: kube::Resource<DynamicType = ()>,
+{
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        format!(
+            "the output is not JSON ({e}): return the object serialized with serde_json \
+             (`slinky_guest_sdk::export_plugin!` does this for you)"
+        )
+    })?;
+    let field = |f: &str| {
+        value
+            .get(f)
+            .and_then(Value::as_str)
+            .unwrap_or("<missing>")
+            .to_string()
+    };
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    let Some(child_kind) = ChildKind::of(&api_version, &kind).filter(|k| allowed.contains(k)) else {
+        return Err(format!(
+            "apiVersion {api_version} kind {kind} is not allowed: a {builder} builder returns {}{}",
+            allowed
+                .iter()
+                .map(|k| format!("{} {}", k.api_version(), k.kind()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            forbidden_hint(&api_version, &kind)
+        ));
+    };
+    let object = match child_kind {
+        ChildKind::ConfigMap => finish::<ConfigMap, P>(value, parent, plugin, config_map_problems)?,
+        ChildKind::Service => finish::<Service, P>(value, parent, plugin, service_problems)?,
+        ChildKind::PodDisruptionBudget => {
+            finish::<PodDisruptionBudget, P>(value, parent, plugin, pdb_problems)?
+        }
+        ChildKind::StatefulSet => {
+            finish::<StatefulSet, P>(value, parent, plugin, |s| statefulset_problems(s, plugin))?
+        }
+    };
+    Ok(Child {
+        kind: child_kind,
+        ownership: Ownership::Controlled,
+        object,
+    })
+}
+
+/// Parse as `K` (so the object is well formed), check and finish the metadata, run the kind's
+/// checks, drop `status`.
+fn finish<K, P>(
+    value: Value,
+    parent: &P,
+    plugin: &Plugin,
+    problems: impl FnOnce(&mut K) -> Result<(), String>,
+) -> Result<Value, String>
+where
+    K: Metadata<Ty = ObjectMeta> + Serialize + DeserializeOwned + k8s_openapi::Resource,
+    P: kube::Resource<DynamicType = ()>,
+{
+    let mut obj: K = serde_json::from_value(value).map_err(|e| {
+        format!(
+            "the output is not a valid {} ({e}): build it with the k8s-openapi types rather than by hand",
+            K::KIND
+        )
+    })?;
+    let name = obj.metadata().name.clone().unwrap_or_default();
+    let at = format!("{} {name:?}", K::KIND);
+    finish_meta(obj.metadata_mut(), parent, plugin).map_err(|e| format!("{at}: {e}"))?;
+    metadata_problems(obj.metadata()).map_err(|e| format!("{at}: {e}"))?;
+    problems(&mut obj).map_err(|e| format!("{at}: {e}"))?;
+    let mut value = serde_json::to_value(&obj).map_err(|e| format!("{at}: cannot serialize it: {e}"))?;
+    if let Some(map) = value.as_object_mut() {
+        map.remove("status");
+    }
+    // A StatefulSet's volume claim templates are embedded objects: the API server keeps no
+    // apiVersion or kind on them (k8s-openapi writes both).
+    for claim in value
+        .pointer_mut("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(c) = claim.as_object_mut() {
+            c.remove("apiVersion");
+            c.remove("kind");
+            c.remove("status");
+        }
+    }
+    Ok(value)
+}
+
+fn config_map_problems(cm: &mut ConfigMap) -> Result<(), String> {
+    let keys = cm
+        .data
+        .iter()
+        .flat_map(|d| d.keys())
+        .chain(cm.binary_data.iter().flat_map(|d| d.keys()));
+    for key in keys {
+        if let Some(e) = validation::config_map_key(key).into_iter().next() {
+            return Err(format!("the key {key:?} is invalid: {e}"));
+        }
+    }
+    Ok(())
+}
+
+fn service_problems(svc: &mut Service) -> Result<(), String> {
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    dns1035_label(&name).map_err(|why| format!("the Service name is invalid: {why}"))
+}
+
+fn pdb_problems(pdb: &mut PodDisruptionBudget) -> Result<(), String> {
+    let selector = pdb.spec.as_ref().and_then(|s| s.selector.as_ref());
+    if selector
+        .is_none_or(|s| s.match_labels.as_ref().is_none_or(|l| l.is_empty()) && s.match_expressions.is_none())
+    {
+        return Err("spec.selector is required: a PodDisruptionBudget without one selects no pod".into());
+    }
+    Ok(())
+}
+
+/// A StatefulSet's pod template: labels matching its selector, valid containers; the host puts
+/// the builder annotations on the template too, so a new builder rolls its pods.
+fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin) -> Result<(), String> {
+    let spec = &mut sts.spec;
+    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    if selector.is_empty() {
+        return Err("spec.selector.matchLabels is required".into());
+    }
+    let template_meta = spec.template.metadata.get_or_insert_default();
+    require_labels(
+        "spec.template.metadata.labels",
+        template_meta.labels.as_ref().unwrap_or(&Default::default()),
+        &selector,
+    )?;
+    template_meta
+        .annotations
+        .get_or_insert_default()
+        .extend(builder_annotations(plugin));
+    let template_check = ObjectMeta {
+        labels: template_meta.labels.clone(),
+        annotations: template_meta.annotations.clone(),
+        ..Default::default()
+    };
+    metadata_problems(&template_check).map_err(|e| format!("spec.template.{e}"))?;
+    let pod = spec
+        .template
+        .spec
+        .as_ref()
+        .ok_or("spec.template.spec is required")?;
+    if pod.containers.is_empty() {
+        return Err("spec.template.spec has no containers".into());
+    }
+    pod_spec_problems(pod).map_err(|e| format!("spec.template.{e}"))
+}
+
+/// A Controller's StatefulSet selects exactly the Controller's slurmctld pods.
+fn statefulset_selector(child: &Child, controller: &Controller) -> Result<(), String> {
+    let selector: std::collections::BTreeMap<String, String> = child
+        .object
+        .pointer("/spec/selector/matchLabels")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    require_labels(
+        "spec.selector.matchLabels",
+        &selector,
+        &controller_selector(controller),
+    )
+    .map_err(|e| format!("{}: {e}", child.describe()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_kinds_say_why() {
+        assert!(forbidden_hint("v1", "Secret").contains("never see or make Secrets"));
+        assert!(forbidden_hint("v1", "Namespace").contains("cluster-scoped"));
+        assert_eq!(forbidden_hint("v1", "Pod"), "");
+    }
+}

@@ -1,0 +1,543 @@
+//! The one path every child other than a pod takes, whatever its kind or parent: the
+//! Controller's Services, ConfigMap and StatefulSet, a NodeSet's ConfigMap, and the workers'
+//! Service and PodDisruptionBudget shared by a Controller's NodeSets.
+//!
+//! # Guarantees
+//! * **Ownership before force**: a child is applied only over an object its parent owns (a
+//!   controller owner reference with the parent's UID; for a shared child, an owner reference to
+//!   one of the NodeSets sharing it and no controller) or created when none exists (the check
+//!   reads the API when the cache has none). An object of that name the host did not build is
+//!   never taken over: `ChildFailure`, reason `NotOwned`, and an Event, until it is deleted.
+//! * **A steady state makes no writes**: a child is applied when the live object lacks something
+//!   the builder wants or the builder's output changed (the `slinky.slurm.net/applied-hash`
+//!   annotation), never because another manager added fields. The resourceVersion each apply
+//!   left is remembered with the hash it applied: an object no one changed since is not compared
+//!   again, so fields an older API server drops (a native sidecar's `restartPolicy`) cost one
+//!   apply, not one per resync.
+//! * **Server-side apply** with the host's field manager, forced over the version whose ownership
+//!   was checked (a 409 if it changed since: re-read from the API and tried again), not forced
+//!   when creating. Several NodeSets creating their shared Service at once all succeed: the same
+//!   manager applying the same object is no conflict.
+//! * **Pruning** deletes only objects of the child kinds that the parent controls *and* that
+//!   carry the builder annotation, with a UID precondition.
+//! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a failure the caller turns
+//!   into the `ChildFailure` condition and a backoff.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex},
+};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::StatefulSet,
+        core::v1::{ConfigMap, Service},
+        policy::v1::PodDisruptionBudget,
+    },
+    apimachinery::pkg::apis::meta::v1::Condition,
+};
+use kube::{
+    Api,
+    api::DynamicObject,
+    runtime::{
+        events::EventType,
+        reflector::{ObjectRef, Store},
+    },
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use slinky_api::keys;
+
+use super::{
+    Context, Error,
+    compare::{contains, differences, dropped_note},
+    status::ConditionChanges,
+    writer,
+};
+use crate::plugins::{Child, ChildKind, Ownership};
+
+/// The caches of the child kinds (of the served namespaces, managedFields stripped; foreign
+/// ConfigMaps keep their keys only).
+#[derive(Clone)]
+pub struct ChildCaches {
+    /// Services.
+    pub services: Store<Service>,
+    /// ConfigMaps.
+    pub configmaps: Store<ConfigMap>,
+    /// StatefulSets.
+    pub statefulsets: Store<StatefulSet>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Store<PodDisruptionBudget>,
+}
+
+fn get<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Value>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
+{
+    store
+        .get(&ObjectRef::new(name).within(ns))
+        .and_then(|o| serde_json::to_value(o.as_ref()).ok())
+}
+
+fn list<K>(store: &Store<K>, ns: &str) -> Vec<Value>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
+{
+    store
+        .state()
+        .into_iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
+        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+        .collect()
+}
+
+impl ChildCaches {
+    /// The cached object, as JSON.
+    pub fn get(&self, kind: ChildKind, ns: &str, name: &str) -> Option<Value> {
+        match kind {
+            ChildKind::Service => get(&self.services, ns, name),
+            ChildKind::ConfigMap => get(&self.configmaps, ns, name),
+            ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
+            ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
+        }
+    }
+
+    /// The cached objects of a kind in a namespace, as JSON.
+    pub fn list(&self, kind: ChildKind, ns: &str) -> Vec<Value> {
+        match kind {
+            ChildKind::Service => list(&self.services, ns),
+            ChildKind::ConfigMap => list(&self.configmaps, ns),
+            ChildKind::StatefulSet => list(&self.statefulsets, ns),
+            ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
+        }
+    }
+}
+
+/// `(kind, namespace, name)` of a child.
+type ChildKey = (ChildKind, String, String);
+
+/// What the host last applied to each child: the applied hash, and the resourceVersion the apply
+/// left. While the live object still has that resourceVersion, it is what that apply made.
+#[derive(Debug, Default)]
+pub struct AppliedVersions {
+    versions: Mutex<HashMap<ChildKey, (String, String)>>,
+}
+
+impl AppliedVersions {
+    fn matches(&self, key: &ChildKey, hash: &str, resource_version: &str) -> bool {
+        self.versions
+            .lock()
+            .map(|m| {
+                m.get(key)
+                    .is_some_and(|(h, rv)| h == hash && rv == resource_version)
+            })
+            .unwrap_or(false)
+    }
+
+    fn set(&self, key: ChildKey, hash: String, resource_version: String) {
+        if let Ok(mut m) = self.versions.lock() {
+            m.insert(key, (hash, resource_version));
+        }
+    }
+
+    fn forget(&self, key: &ChildKey) {
+        if let Ok(mut m) = self.versions.lock() {
+            m.remove(key);
+        }
+    }
+}
+
+/// The hash of a child as its builder wants it (owner references included).
+pub fn applied_hash(object: &Value) -> String {
+    let text = serde_json::to_string(object).unwrap_or_default();
+    hex::encode(&Sha256::digest(text.as_bytes())[..8])
+}
+
+fn field<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
+    v.pointer(pointer).and_then(Value::as_str)
+}
+
+/// The owner references of a live object: `(uid, controller)`.
+fn owners(v: &Value) -> Vec<(String, bool)> {
+    v.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            (
+                o.get("uid")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                o.get("controller").and_then(Value::as_bool).unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+/// Who holds a live object, for messages.
+fn holder(v: &Value) -> String {
+    v.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
+        .map_or("no controller".to_string(), |o| {
+            format!(
+                "controller {} {}",
+                o.get("kind").and_then(Value::as_str).unwrap_or_default(),
+                o.get("name").and_then(Value::as_str).unwrap_or_default()
+            )
+        })
+}
+
+/// Whether a live object belongs to the parent: for a controlled child, a controller owner
+/// reference with the parent's UID; for a shared child, an owner reference to one of `sharers`
+/// and no controller.
+pub fn owned_by(live: &Value, ownership: Ownership, parent_uid: &str, sharers: &BTreeSet<String>) -> bool {
+    let refs = owners(live);
+    match ownership {
+        Ownership::Controlled => refs.iter().any(|(uid, ctl)| *ctl && uid == parent_uid),
+        Ownership::Shared => {
+            !refs.iter().any(|(_, ctl)| *ctl) && refs.iter().any(|(uid, _)| sharers.contains(uid))
+        }
+    }
+}
+
+/// Immutable StatefulSet fields that differ, which an update cannot change: the object must be
+/// deleted and created again (Slinky does so when `serviceName` changed).
+fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
+    let get = |v: &Value, p: &str| v.pointer(p).cloned().unwrap_or(Value::Null);
+    if get(live, "/spec/serviceName") != get(desired, "/spec/serviceName") {
+        return Some("spec.serviceName");
+    }
+    if !contains(&get(live, "/spec/selector"), &get(desired, "/spec/selector"))
+        || !contains(&get(desired, "/spec/selector"), &get(live, "/spec/selector"))
+    {
+        return Some("spec.selector");
+    }
+    let claims = |v: &Value| -> Vec<String> {
+        v.pointer("/spec/volumeClaimTemplates")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| {
+                c.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    };
+    if claims(live) != claims(desired)
+        || !contains(
+            &get(live, "/spec/volumeClaimTemplates"),
+            &get(desired, "/spec/volumeClaimTemplates"),
+        )
+    {
+        return Some("spec.volumeClaimTemplates");
+    }
+    None
+}
+
+/// One parent's pass over its children: what failed, for the caller's `ChildFailure` condition.
+pub struct ChildSync<'a, P: kube::Resource<DynamicType = ()>> {
+    ctx: &'a Context,
+    parent: &'a P,
+    /// The parent's conditions when the pass began (an ownership problem's Event is sent once).
+    current: &'a [Condition],
+    /// For shared children: the UIDs of the NodeSets sharing them.
+    sharers: BTreeSet<String>,
+    /// `(reason, message)` of each refused write and ownership problem.
+    pub failures: Vec<(&'static str, String)>,
+}
+
+impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
+    /// A pass over `parent`'s children; `sharers` are the UIDs of the NodeSets that share its
+    /// shared children.
+    pub fn new(ctx: &'a Context, parent: &'a P, current: &'a [Condition], sharers: BTreeSet<String>) -> Self {
+        ChildSync {
+            ctx,
+            parent,
+            current,
+            sharers,
+            failures: Vec::new(),
+        }
+    }
+
+    /// A refused write (an Event each time) or an ownership problem (an Event once).
+    async fn failed(&mut self, reason: &'static str, message: String, once: bool) {
+        let known =
+            ConditionChanges::already_true(self.current, slinky_api::conditions::CHILD_FAILURE, &message);
+        if !once || !known {
+            tracing::warn!(reason, "{message}");
+            self.ctx
+                .event(self.parent, EventType::Warning, reason, message.clone())
+                .await;
+        }
+        self.failures.push((reason, message));
+    }
+
+    fn parent_uid(&self) -> String {
+        self.parent.meta().uid.clone().unwrap_or_default()
+    }
+
+    /// The live object: from the cache, or (when the cache has none, or `fresh`) from the API.
+    async fn live(&self, kind: ChildKind, ns: &str, name: &str, fresh: bool) -> Result<Option<Value>, Error> {
+        if !fresh && let Some(v) = self.ctx.children.get(kind, ns, name) {
+            return Ok(Some(v));
+        }
+        let api: Api<DynamicObject> = Api::namespaced_with(self.ctx.client.clone(), ns, &kind.api_resource());
+        Ok(api.get_opt(name).await?.map(|mut o| {
+            o.metadata.managed_fields = None;
+            serde_json::to_value(o).unwrap_or(Value::Null)
+        }))
+    }
+
+    /// Apply `child` unless the live object already has it; `true` when it is as built
+    /// afterwards.
+    ///
+    /// # Errors
+    /// API errors reading the live object (a refused write is a failure, not an error).
+    pub async fn ensure(&mut self, child: &Child) -> Result<bool, Error> {
+        let (kind, ns, name) = (
+            child.kind,
+            child.namespace().to_string(),
+            child.name().to_string(),
+        );
+        let mut desired = child.object.clone();
+        let hash = applied_hash(&desired);
+        if let Some(meta) = desired.get_mut("metadata").and_then(Value::as_object_mut) {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(a) = annotations.as_object_mut() {
+                a.insert(keys::ANNOTATION_APPLIED_HASH.into(), hash.clone().into());
+            }
+        }
+        let key: ChildKey = (kind, ns.clone(), name.clone());
+        let what = child.describe();
+        let mut fresh = false;
+        for attempt in 0..3 {
+            let live = self.live(kind, &ns, &name, fresh).await?;
+            let resource_version = match &live {
+                Some(l) if !owned_by(l, child.ownership, &self.parent_uid(), &self.sharers) => {
+                    let msg = format!(
+                        "{what} exists and is not this {}'s ({}): it is left alone; delete it to let \
+                         the host build it",
+                        P::kind(&()),
+                        holder(l)
+                    );
+                    self.failed("NotOwned", msg, true).await;
+                    return Ok(false);
+                }
+                Some(l) => {
+                    let rv = field(l, "/metadata/resourceVersion")
+                        .unwrap_or_default()
+                        .to_string();
+                    let up_to_date = self.ctx.applied.matches(&key, &hash, &rv)
+                        || (field(l, "/metadata/annotations/slinky.slurm.net~1applied-hash")
+                            == Some(hash.as_str())
+                            && contains(l, &desired));
+                    if up_to_date {
+                        return Ok(true);
+                    }
+                    if kind == ChildKind::StatefulSet
+                        && let Some(immutable) = statefulset_recreate(l, &desired)
+                    {
+                        self.recreate(&key, &what, l, immutable).await;
+                        return Ok(false);
+                    }
+                    Some(rv)
+                }
+                None => None,
+            };
+            match self
+                .ctx
+                .writer
+                .apply_child(kind, &desired, resource_version)
+                .await
+            {
+                Ok(stored) => {
+                    let rv = field(&stored, "/metadata/resourceVersion")
+                        .unwrap_or_default()
+                        .to_string();
+                    self.ctx.applied.set(key, hash, rv);
+                    let paths = differences(&stored, &desired, 10);
+                    if !paths.is_empty() {
+                        let note = dropped_note(&what, &paths);
+                        tracing::warn!("{note}");
+                        self.ctx
+                            .event(self.parent, EventType::Warning, "FieldsDropped", note)
+                            .await;
+                    }
+                    return Ok(true);
+                }
+                // Changed since it was read (another reconcile applied it): read the API again.
+                Err(e) if writer::is_conflict(&e) && attempt < 2 => {
+                    tracing::debug!(child = %what, "apply conflicted; re-reading");
+                    fresh = true;
+                }
+                Err(e) => {
+                    let msg = format!("Error applying {what}: {}", writer::message(&e));
+                    self.failed("FailedApply", msg, false).await;
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Delete a StatefulSet whose immutable fields changed (with a UID precondition); the next
+    /// pass creates it anew.
+    async fn recreate(&mut self, key: &ChildKey, what: &str, live: &Value, immutable: &str) {
+        let uid = field(live, "/metadata/uid").unwrap_or_default();
+        match self.ctx.writer.delete_child(key.0, &key.1, &key.2, uid).await {
+            Ok(_) => {
+                self.ctx.applied.forget(key);
+                self.ctx
+                    .event(
+                        self.parent,
+                        EventType::Normal,
+                        "Recreating",
+                        format!(
+                            "Deleted {what} to create it again: {immutable} changed, and it cannot be updated"
+                        ),
+                    )
+                    .await;
+            }
+            Err(e) => {
+                let msg = format!("Error deleting {what} (to recreate it): {}", writer::message(&e));
+                self.failed("FailedDelete", msg, false).await;
+            }
+        }
+    }
+
+    /// Delete the objects of `kinds` in the parent's namespace that the parent controls and the
+    /// host built, but for those in `keep`.
+    pub async fn prune(&mut self, kinds: &[ChildKind], keep: &BTreeSet<(ChildKind, String)>) {
+        let ns = self.parent.meta().namespace.clone().unwrap_or_default();
+        let uid = self.parent_uid();
+        for &kind in kinds {
+            let stale: Vec<Value> = self
+                .ctx
+                .children
+                .list(kind, &ns)
+                .into_iter()
+                .filter(|o| {
+                    !keep.contains(&(kind, field(o, "/metadata/name").unwrap_or_default().to_string()))
+                })
+                .filter(|o| owners(o).iter().any(|(u, ctl)| *ctl && *u == uid))
+                .filter(|o| {
+                    o.pointer("/metadata/annotations/slinky.slurm.net~1builder")
+                        .is_some()
+                })
+                .collect();
+            for o in stale {
+                let name = field(&o, "/metadata/name").unwrap_or_default().to_string();
+                let what = format!("{kind} {name}");
+                let key: ChildKey = (kind, ns.clone(), name.clone());
+                match self
+                    .ctx
+                    .writer
+                    .delete_child(kind, &ns, &name, field(&o, "/metadata/uid").unwrap_or_default())
+                    .await
+                {
+                    Ok(deleted) => {
+                        self.ctx.applied.forget(&key);
+                        if deleted {
+                            self.ctx
+                                .event(
+                                    self.parent,
+                                    EventType::Normal,
+                                    "SuccessfulDelete",
+                                    format!("Deleted {what}: the host no longer builds it"),
+                                )
+                                .await;
+                        }
+                    }
+                    Err(e) => {
+                        let msg = format!("Error deleting {what}: {}", writer::message(&e));
+                        self.failed("FailedDelete", msg, false).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The keys of `children`, for pruning.
+pub fn keys_of(children: &[Child]) -> BTreeSet<(ChildKind, String)> {
+    children.iter().map(|c| (c.kind, c.name().to_string())).collect()
+}
+
+/// A shared memo of what was applied, for the [`Context`].
+pub fn applied_versions() -> Arc<AppliedVersions> {
+    Arc::new(AppliedVersions::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn ownership_follows_controller_and_shared_owners() {
+        let obj = |refs: Value| json!({"metadata": {"ownerReferences": refs}});
+        let sharers: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        let controlled = obj(json!([{"uid": "p", "controller": true}]));
+        assert!(owned_by(&controlled, Ownership::Controlled, "p", &sharers));
+        assert!(!owned_by(&controlled, Ownership::Controlled, "q", &sharers));
+        assert!(!owned_by(&controlled, Ownership::Shared, "p", &sharers));
+        let shared = obj(json!([{"uid": "z"}, {"uid": "b", "blockOwnerDeletion": true}]));
+        assert!(owned_by(&shared, Ownership::Shared, "x", &sharers));
+        assert!(!owned_by(
+            &obj(json!([{"uid": "z"}])),
+            Ownership::Shared,
+            "x",
+            &sharers
+        ));
+        assert!(!owned_by(
+            &json!({"metadata": {}}),
+            Ownership::Shared,
+            "x",
+            &sharers
+        ));
+    }
+
+    #[test]
+    fn immutable_statefulset_fields_ask_for_a_recreate() {
+        let sts = |svc: &str, claims: Value| {
+            json!({"spec": {"serviceName": svc, "selector": {"matchLabels": {"a": "b"}},
+                "volumeClaimTemplates": claims}})
+        };
+        let claim = json!([{"metadata": {"name": "statesave"}, "spec": {"resources": {"requests": {"storage": "4Gi"}}}}]);
+        let live = sts("x-controller-internal", claim.clone());
+        assert_eq!(statefulset_recreate(&live, &live), None);
+        assert_eq!(
+            statefulset_recreate(&sts("x-controller", claim.clone()), &live),
+            Some("spec.serviceName")
+        );
+        assert_eq!(
+            statefulset_recreate(&live, &sts("x-controller-internal", json!(null))),
+            Some("spec.volumeClaimTemplates")
+        );
+        let mut more = live.clone();
+        more["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"] = "Filesystem".into();
+        assert_eq!(
+            statefulset_recreate(&more, &live),
+            None,
+            "server defaults are no change"
+        );
+    }
+
+    #[test]
+    fn the_applied_hash_follows_the_built_object() {
+        let a = json!({"metadata": {"name": "x"}});
+        assert_eq!(applied_hash(&a), applied_hash(&a.clone()));
+        assert_ne!(
+            applied_hash(&a),
+            applied_hash(&json!({"metadata": {"name": "y"}}))
+        );
+    }
+}

@@ -1,0 +1,89 @@
+//! A NodeSet's children other than pods: the workers' Service and PodDisruptionBudget shared by
+//! the Controller's NodeSets, and the NodeSet's own (the SSH ConfigMap), through the one child
+//! path.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use slinky_api::{Controller, NodeSet};
+
+use super::Pass;
+use crate::{
+    plugins::{BuilderKind, Child, ChildKind, Ownership},
+    reconcile::{
+        Error,
+        children::{ChildSync, keys_of},
+    },
+};
+
+/// The kinds of a NodeSet's children other than pods (what pruning looks at).
+const CHILD_KINDS: [ChildKind; 3] = [
+    ChildKind::ConfigMap,
+    ChildKind::Service,
+    ChildKind::PodDisruptionBudget,
+];
+
+/// Build the NodeSet's children other than pods, give the shared ones their owners (every
+/// NodeSet of the namespace referencing the same Controller), apply them, and prune the ones
+/// this NodeSet controls that are no longer built.
+pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) -> Result<(), Error> {
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let plugin = ctx.plugins.active(BuilderKind::NodesetChildren);
+    let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), ctx.build.clone());
+    let metrics = ctx.metrics.clone();
+    ctx.metrics
+        .plugin_calls
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let built = ctx
+        .blocking(move || {
+            metrics.time_plugin_call(BuilderKind::NodesetChildren, || {
+                p.build_nodeset_children(&build, &nsc, &cc)
+            })
+        })
+        .await?;
+    let mut children: Vec<Child> = match built {
+        Ok(children) => children,
+        Err(e) => {
+            pass.builder_error(&e).await;
+            return Ok(());
+        }
+    };
+    let namespace = ns.namespace().unwrap_or_default();
+    let sharing: Vec<Arc<NodeSet>> = ctx
+        .nodesets
+        .state()
+        .into_iter()
+        .filter(|n| {
+            n.namespace().as_deref() == Some(namespace.as_str())
+                && n.spec.controller_ref.name == ns.spec.controller_ref.name
+                && n.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    // This NodeSet is a sharer even before the cache shows it (or after a recreate).
+    let mut sharers: Vec<&NodeSet> = sharing
+        .iter()
+        .map(|n| n.as_ref())
+        .filter(|n| n.uid() != ns.uid())
+        .collect();
+    sharers.push(ns);
+    let owners = Child::shared_owners(sharers.iter().copied());
+    let uids = owners.iter().map(|o| o.uid.clone()).collect();
+    for c in children.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
+        c.set_owners(owners.clone());
+    }
+    children.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+    let current = pass.current_conditions().to_vec();
+    let mut sync = ChildSync::new(ctx, ns, &current, uids);
+    for child in &children {
+        sync.ensure(child).await?;
+    }
+    let own: Vec<Child> = children
+        .iter()
+        .filter(|c| c.ownership == Ownership::Controlled)
+        .cloned()
+        .collect();
+    sync.prune(&CHILD_KINDS, &keys_of(&own)).await;
+    pass.child_failures = std::mem::take(&mut sync.failures);
+    pass.children_synced = true;
+    Ok(())
+}

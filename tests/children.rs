@@ -1,0 +1,863 @@
+//! The Controller's and NodeSet's children other than pods, end to end on the embedded API server
+//! (or the cluster of `SLINKY_TEST_KUBECONFIG`): every kind applied and a steady state without
+//! writes, two NodeSets racing for their shared objects, `slurm.conf` following the NodeSets
+//! (and slurmctld rolling only when the config hash is in its template), a 0.1.0 plugin serving
+//! next to 0.2.0 ones, refused outputs, missing Secrets, ownership and pruning, hot reload.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use slinky_api::{Controller, NodeSet, conditions, keys};
+use slinky_host::{
+    PluginRegistry,
+    plugins::{BuilderKind, ChildKind, Contract},
+};
+use slinky_tests::{
+    TestCluster, default_engine, eventually,
+    host::{Host, apply, apply_file, cluster, cluster_with_statefulsets, events},
+    test_plugin,
+};
+
+/// The live object, as JSON.
+async fn object(c: &TestCluster, ns: &str, kind: ChildKind, name: &str) -> Option<Value> {
+    let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), ns, &kind.api_resource());
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|o| serde_json::to_value(o).ok())
+}
+
+/// A condition of a Controller or NodeSet (`kind`), if set.
+async fn condition(c: &TestCluster, ns: &str, kind: &str, name: &str, type_: &str) -> Option<Value> {
+    let ar = kube::discovery::ApiResource {
+        group: "slinky.slurm.net".into(),
+        version: "v1beta1".into(),
+        api_version: "slinky.slurm.net/v1beta1".into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(c.client.clone(), ns, &ar);
+    let o = serde_json::to_value(api.get(name).await.ok()?).ok()?;
+    o.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+fn owner_names(o: &Value) -> Vec<String> {
+    o.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn text<'a>(o: &'a Value, pointer: &str) -> &'a str {
+    o.pointer(pointer).and_then(Value::as_str).unwrap_or_default()
+}
+
+/// A NodeSet of the example cluster named `name` (hostname prefix `<short>-`, a partition), as
+/// JSON for `ns`.
+fn nodeset(ns: &str, name: &str, short: &str, replicas: i32) -> Value {
+    json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"controllerRef": {"name": "slurm"}, "replicas": replicas,
+            "slurmd": {"image": "ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04"},
+            "partition": {"enabled": true, "config": "MaxTime=1:00:00"},
+            "template": {"spec": {"hostname": format!("{short}-")}}}})
+}
+
+/// The example cluster without its NodeSet.
+async fn apply_controller(c: &TestCluster, ns: &str) -> Result<()> {
+    let text = std::fs::read_to_string(slinky_tests::example("slurm-cluster.yaml"))?;
+    for doc in slinky_host::render::yaml_documents(&text) {
+        let mut v: Value = serde_saphyr::from_str(doc)?;
+        if v["kind"] == "NodeSet" {
+            continue;
+        }
+        v["metadata"]["namespace"] = ns.into();
+        apply(c, ns, &v).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_child_of_the_ha_cluster_is_applied_and_a_steady_state_makes_no_writes() -> Result<()> {
+    let c = cluster_with_statefulsets().await;
+    let ns = c.namespace("children").await;
+    apply_file(&c, &ns, "hpc-cluster.yaml", |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    let want = [
+        (ChildKind::Service, "hpc-controller"),
+        (ChildKind::Service, "hpc-controller-internal"),
+        (ChildKind::Service, "slurm-workers-hpc"),
+        (ChildKind::ConfigMap, "hpc-config"),
+        (ChildKind::ConfigMap, "hpc-worker-cpu-ssh-config"),
+        (ChildKind::StatefulSet, "hpc-controller"),
+        (ChildKind::PodDisruptionBudget, "slurm-workers-pdb-hpc"),
+    ];
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let ready = eventually(60, || async {
+        for (kind, name) in want {
+            object(&c, &ns, kind, name).await?;
+        }
+        let workers = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=slurmd"))
+            .await
+            .ok()?;
+        let ready = condition(&c, &ns, "Controller", "hpc", conditions::READY).await?;
+        (workers.items.len() == 3 && ready["status"] == "True").then_some(())
+    })
+    .await;
+    ensure!(
+        ready.is_some(),
+        "not every child appeared: {:?}",
+        condition(&c, &ns, "Controller", "hpc", conditions::READY).await
+    );
+    for (kind, name) in want {
+        let o = object(&c, &ns, kind, name).await.context("gone")?;
+        ensure!(
+            o.pointer("/metadata/annotations/slinky.slurm.net~1applied-hash")
+                .is_some()
+                && o.pointer("/metadata/annotations/slinky.slurm.net~1builder-digest")
+                    .is_some(),
+            "{kind} {name}: {o}"
+        );
+        let managers: Vec<&str> = o
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|m| m["manager"].as_str())
+            .collect();
+        ensure!(managers.contains(&"slinky-host"), "{kind} {name}: {managers:?}");
+    }
+    let shared = object(&c, &ns, ChildKind::Service, "slurm-workers-hpc")
+        .await
+        .context("workers' Service")?;
+    assert_eq!(owner_names(&shared), ["hpc-worker-cpu", "hpc-worker-gpu"]);
+    let sts = object(&c, &ns, ChildKind::StatefulSet, "hpc-controller")
+        .await
+        .context("StatefulSet")?;
+    assert_eq!(owner_names(&sts), ["hpc"]);
+    if c.embedded("slurmctld pods (the simulated StatefulSet controller)")
+        .is_some()
+    {
+        let slurmctld = eventually(60, || async {
+            let l = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=slurmctld"))
+                .await
+                .ok()?;
+            let names: BTreeSet<String> = l.items.iter().map(ResourceExt::name_any).collect();
+            let st = object(&c, &ns, ChildKind::StatefulSet, "hpc-controller").await?;
+            (names == BTreeSet::from(["hpc-controller-0".into(), "hpc-controller-1".into()])
+                && st.pointer("/status/readyReplicas") == Some(&json!(2)))
+            .then_some(())
+        })
+        .await;
+        ensure!(slurmctld.is_some(), "the slurmctld pods did not come up");
+    }
+    // Every pod ready, every status written: then several resyncs make no write.
+    let settled = eventually(60, || async {
+        let before = host.handles.writes.total();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        (host.handles.writes.total() == before).then_some(())
+    })
+    .await;
+    ensure!(
+        settled.is_some(),
+        "writes never stopped: {:?}",
+        host.handles.writes.snapshot()
+    );
+    let before = host.handles.writes.total();
+    let reconciles = (
+        host.handles.metrics.count("Controller", "ok"),
+        host.handles.metrics.count("NodeSet", "ok"),
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await; // 1 s resyncs
+    ensure!(
+        host.handles.metrics.count("Controller", "ok") >= reconciles.0 + 2
+            && host.handles.metrics.count("NodeSet", "ok") >= reconciles.1 + 2,
+        "resyncs happened"
+    );
+    assert_eq!(
+        host.handles.writes.total(),
+        before,
+        "a steady state makes zero writes: {:?}",
+        host.handles.writes.snapshot()
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodesets_reconciling_at_once_share_one_service_and_pdb() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("race").await;
+    apply_controller(&c, &ns).await?;
+    if let Some(server) = &c.server {
+        // Both NodeSets' reconciles see no shared object in their (lagging) caches.
+        server.faults().set_watch_delay(Duration::from_millis(300));
+    }
+    let host = Host::start(&c, &ns)?;
+    let (a, b) = (
+        nodeset(&ns, "workers-a", "a", 0),
+        nodeset(&ns, "workers-b", "b", 0),
+    );
+    let (ra, rb) = tokio::join!(apply(&c, &ns, &a), apply(&c, &ns, &b));
+    ra?;
+    rb?;
+    let both = ["workers-a", "workers-b"];
+    let uids = eventually(60, || async {
+        let svc = object(&c, &ns, ChildKind::Service, "slurm-workers-slurm").await?;
+        let pdb = object(&c, &ns, ChildKind::PodDisruptionBudget, "slurm-workers-pdb-slurm").await?;
+        (owner_names(&svc) == both && owner_names(&pdb) == both).then(|| {
+            (
+                text(&svc, "/metadata/uid").to_string(),
+                text(&pdb, "/metadata/uid").to_string(),
+            )
+        })
+    })
+    .await;
+    let Some(uids) = uids else {
+        bail!(
+            "the shared objects are not owned by both NodeSets: Service {:?}, PDB {:?}, events {:?} {:?}",
+            object(&c, &ns, ChildKind::Service, "slurm-workers-slurm").await,
+            object(&c, &ns, ChildKind::PodDisruptionBudget, "slurm-workers-pdb-slurm").await,
+            events(&c, &ns, "workers-a").await?,
+            events(&c, &ns, "workers-b").await?,
+        );
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in both {
+        let evs = events(&c, &ns, name).await?;
+        ensure!(
+            !evs.iter()
+                .any(|(r, _)| r == "FailedApply" || r == "NotOwned" || r == "BuilderFailed"),
+            "{name}: {evs:?}"
+        );
+        ensure!(
+            condition(&c, &ns, "NodeSet", name, conditions::CHILD_FAILURE)
+                .await
+                .is_none(),
+            "{name} has a ChildFailure"
+        );
+    }
+    let svc = object(&c, &ns, ChildKind::Service, "slurm-workers-slurm")
+        .await
+        .context("svc")?;
+    assert_eq!(text(&svc, "/metadata/uid"), uids.0, "created once");
+    let refs = svc["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        refs.iter()
+            .all(|r| r.get("controller").is_none_or(|c| c == false) && r["blockOwnerDeletion"] == true),
+        "plain owners: {refs:?}"
+    );
+    // The slurm.conf of the Controller has both NodeSets.
+    let conf = eventually(30, || async {
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        let conf = text(&cm, "/data/slurm.conf").to_string();
+        (conf.contains("NodeSet=a Feature=a") && conf.contains("NodeSet=b Feature=b")).then_some(conf)
+    })
+    .await;
+    ensure!(conf.is_some(), "slurm.conf does not list both NodeSets");
+
+    // One goes: the other keeps the shared objects; the last takes them with it.
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    api.delete("workers-a", &DeleteParams::default()).await?;
+    eventually(60, || async {
+        let svc = object(&c, &ns, ChildKind::Service, "slurm-workers-slurm").await?;
+        let pdb = object(&c, &ns, ChildKind::PodDisruptionBudget, "slurm-workers-pdb-slurm").await?;
+        (owner_names(&svc) == ["workers-b"] && owner_names(&pdb) == ["workers-b"]).then_some(())
+    })
+    .await
+    .context("the remaining NodeSet did not keep the shared objects alone")?;
+    api.delete("workers-b", &DeleteParams::default()).await?;
+    eventually(60, || async {
+        (object(&c, &ns, ChildKind::Service, "slurm-workers-slurm")
+            .await
+            .is_none()
+            && object(&c, &ns, ChildKind::PodDisruptionBudget, "slurm-workers-pdb-slurm")
+                .await
+                .is_none())
+        .then_some(())
+    })
+    .await
+    .context("the shared objects outlived their last NodeSet")?;
+    host.stop().await;
+    Ok(())
+}
+
+/// The StatefulSet's template config hash and generation.
+async fn slurmctld_template(c: &TestCluster, ns: &str) -> Option<(Option<String>, i64)> {
+    let sts = object(c, ns, ChildKind::StatefulSet, "slurm-controller").await?;
+    let hash = sts
+        .pointer("/spec/template/metadata/annotations/slinky.slurm.net~1slurm-config-hash")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Some((hash, sts.pointer("/metadata/generation")?.as_i64()?))
+}
+
+/// The uid of the slurmctld pod, once it is ready and of the StatefulSet's current template.
+async fn slurmctld_pod(c: &TestCluster, ns: &str) -> Option<String> {
+    let pod = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get_opt("slurm-controller-0")
+        .await
+        .ok()??;
+    let sts = object(c, ns, ChildKind::StatefulSet, "slurm-controller").await?;
+    let current = sts.pointer("/status/updateRevision")?.as_str()?;
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    (ready
+        && pod.metadata.deletion_timestamp.is_none()
+        && pod.labels().get("controller-revision-hash").map(String::as_str) == Some(current)
+        && sts.pointer("/status/observedGeneration") == sts.pointer("/metadata/generation"))
+    .then(|| pod.uid().unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nodeset_added_rewrites_slurm_conf_and_rolls_slurmctld_only_with_the_config_hash() -> Result<()> {
+    let c = cluster_with_statefulsets().await;
+    let sim = c
+        .embedded("slurmctld pods rolling (the simulated StatefulSet controller)")
+        .is_some();
+    let ns = c.namespace("conf").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = 0.into();
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let (h1, g1) = eventually(60, || async {
+        let (h, g) = slurmctld_template(&c, &ns).await?;
+        h.map(|h| (h, g))
+    })
+    .await
+    .context("no StatefulSet with a config hash")?;
+    let pod1 = if sim {
+        Some(
+            eventually(60, || slurmctld_pod(&c, &ns))
+                .await
+                .context("no slurmctld pod")?,
+        )
+    } else {
+        None
+    };
+
+    // A NodeSet is added: slurm.conf gets its lines, the config hash changes, slurmctld rolls.
+    apply(&c, &ns, &nodeset(&ns, "slurm-worker-extra", "extra", 0)).await?;
+    let cm = eventually(60, || async {
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        text(&cm, "/data/slurm.conf")
+            .contains("NodeSet=extra Feature=extra\nPartitionName=extra Nodes=extra MaxTime=1:00:00")
+            .then_some(cm)
+    })
+    .await
+    .context("slurm.conf does not list the new NodeSet")?;
+    let hash = slinky_guest_sdk::helpers::sha256_hex(
+        format!(
+            "{}{}",
+            text(&cm, "/data/cgroup.conf"),
+            text(&cm, "/data/slurm.conf")
+        )
+        .as_bytes(),
+    );
+    let g2 = eventually(60, || async {
+        let (h, g) = slurmctld_template(&c, &ns).await?;
+        (h.as_deref() == Some(hash.as_str())).then_some(g)
+    })
+    .await
+    .context("the StatefulSet's config hash does not follow slurm.conf")?;
+    ensure!(hash != h1 && g2 > g1, "the template changed: {g1} -> {g2}");
+    if let Some(before) = &pod1 {
+        let after = eventually(60, || async {
+            slurmctld_pod(&c, &ns).await.filter(|u| u != before)
+        })
+        .await;
+        ensure!(after.is_some(), "slurmctld did not roll");
+    }
+
+    // In-place reconfigure: the hash leaves the template (one roll, for the sidecar) ...
+    Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inplaceReconfigure": true, "reconfigure": {"image": "ghcr.io/slinkyproject/slurmctld:25.05-ubuntu24.04"}}})),
+        )
+        .await?;
+    let g3 = eventually(60, || async {
+        let (h, g) = slurmctld_template(&c, &ns).await?;
+        h.is_none().then_some(g)
+    })
+    .await
+    .context("the config hash stayed in the template")?;
+    let pod3 = if sim {
+        Some(
+            eventually(60, || slurmctld_pod(&c, &ns))
+                .await
+                .context("no slurmctld pod")?,
+        )
+    } else {
+        None
+    };
+    // ... and a NodeSet removed rewrites slurm.conf without rolling slurmctld.
+    Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .delete("slurm-worker-extra", &DeleteParams::default())
+        .await?;
+    eventually(60, || async {
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        let conf = text(&cm, "/data/slurm.conf");
+        (!conf.contains("NodeSet=extra") && conf.contains("NodeSet=slinky")).then_some(())
+    })
+    .await
+    .context("slurm.conf still lists the removed NodeSet")?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (h4, g4) = slurmctld_template(&c, &ns).await.context("StatefulSet")?;
+    ensure!(
+        h4.is_none() && g4 == g3,
+        "the template did not change: {g3} -> {g4}"
+    );
+    if let Some(before) = pod3 {
+        assert_eq!(
+            slurmctld_pod(&c, &ns).await,
+            Some(before),
+            "slurmctld was not restarted"
+        );
+    }
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_0_1_0_plugin_keeps_serving_next_to_0_2_0_builders() -> Result<()> {
+    let registry = Arc::new(PluginRegistry::new(&default_engine(), &[test_plugin("raw")])?);
+    for (kind, contract, name) in [
+        (BuilderKind::ControllerService, Contract::V0_1, "raw"),
+        (BuilderKind::NodesetPod, Contract::V0_1, "raw"),
+        (
+            BuilderKind::ControllerChildren,
+            Contract::V0_2,
+            "controller-children",
+        ),
+        (BuilderKind::NodesetChildren, Contract::V0_2, "nodeset-children"),
+    ] {
+        let p = registry.active(kind);
+        assert_eq!((p.contract(), p.info().name.as_str()), (contract, name), "{kind}");
+    }
+    let c = cluster(false).await;
+    let ns = c.namespace("contract").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] != "Secret" {
+            v["metadata"]["annotations"] = json!({"raw.test/build": "minimal"});
+        }
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = 2.into();
+        }
+    })
+    .await?;
+    let host = Host::start_with(&c, &ns, registry);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    eventually(60, || async {
+        let l = pods
+            .list(&ListParams::default().labels("raw.test/built=true"))
+            .await
+            .ok()?;
+        let svc = object(&c, &ns, ChildKind::Service, "slurm-controller").await?;
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        (l.items.len() == 2
+            && text(&svc, "/metadata/labels/raw.test~1built") == "true"
+            && text(&svc, "/metadata/annotations/slinky.slurm.net~1builder") == "raw@0.0.1"
+            && text(&sts, "/metadata/annotations/slinky.slurm.net~1builder") == "controller-children@0.1.0"
+            && l.items.iter().all(|p| {
+                p.annotations().get(keys::ANNOTATION_BUILDER).map(String::as_str) == Some("raw@0.0.1")
+            }))
+        .then_some(())
+    })
+    .await
+    .context("the 0.1.0 plugin's pods and Service, and the 0.2.0 children, did not all appear")?;
+    host.stop().await;
+    Ok(())
+}
+
+#[test]
+fn children_builders_may_not_return_secrets_other_namespaces_or_foreign_objects() -> Result<()> {
+    let registry = PluginRegistry::new(&default_engine(), &[test_plugin("hostile_children")])?;
+    let path = slinky_tests::example("slurm-cluster.yaml");
+    let references = slinky_host::render::read_references(std::slice::from_ref(&path))?;
+    for (parent, behaviour, expect) in [
+        ("Controller", "secret", "apiVersion v1 kind Secret is not allowed"),
+        ("Controller", "secret", "never see or make Secrets"),
+        ("NodeSet", "secret", "apiVersion v1 kind Secret is not allowed"),
+        ("Controller", "other-namespace", "is in namespace \"kube-system\""),
+        ("NodeSet", "other-namespace", "is in namespace \"kube-system\""),
+        ("Controller", "cluster-scoped", "never cluster-scoped objects"),
+        ("Controller", "foreign-name", "must be named `slurm-…`"),
+        ("NodeSet", "foreign-name", "must be named `slurm-worker-slinky-…`"),
+        ("Controller", "twice", "is listed twice"),
+    ] {
+        let mut manifests = slinky_host::render::read_manifests(std::slice::from_ref(&path))?;
+        for m in &mut manifests {
+            let meta = match &mut m.parent {
+                slinky_host::render::Parent::Controller(c) if parent == "Controller" => &mut c.metadata,
+                slinky_host::render::Parent::NodeSet(n) if parent == "NodeSet" => &mut n.metadata,
+                _ => continue,
+            };
+            meta.annotations
+                .get_or_insert_default()
+                .insert("hostile.test/behaviour".into(), behaviour.into());
+        }
+        let err =
+            match slinky_host::render::render_with(&manifests, &references, &registry, &Default::default()) {
+                Ok(_) => bail!("{parent} {behaviour}: the output was not refused"),
+                Err(e) => format!("{e:#}"),
+            };
+        ensure!(
+            err.contains(expect) && err.contains("output refused"),
+            "{parent} {behaviour}: `{err}` does not say `{expect}`"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_secret_is_a_condition_and_never_reaches_the_cluster() -> Result<()> {
+    let registry = Arc::new(PluginRegistry::new(
+        &default_engine(),
+        &[test_plugin("hostile_children")],
+    )?);
+    let c = cluster(false).await;
+    let ns = c.namespace("refused").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["metadata"]["annotations"] = json!({"hostile.test/behaviour": "secret"});
+        }
+    })
+    .await?;
+    let host = Host::start_with(&c, &ns, registry);
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::BUILDER_FAILED)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await
+    .context("no BuilderFailed condition")?;
+    ensure!(
+        text(&cond, "/message").contains("kind Secret is not allowed"),
+        "{cond}"
+    );
+    ensure!(
+        events(&c, &ns, "slurm")
+            .await?
+            .iter()
+            .any(|(r, n)| r == "BuilderFailed" && n.contains("Secret")),
+        "a BuilderFailed Event"
+    );
+    // The Service (another builder) is applied; nothing of the refused output is.
+    eventually(30, || async {
+        object(&c, &ns, ChildKind::Service, "slurm-controller").await
+    })
+    .await
+    .context("the Service was not applied")?;
+    ensure!(
+        Api::<Secret>::namespaced(c.client.clone(), &ns)
+            .get_opt("slurm-stolen")
+            .await?
+            .is_none()
+    );
+    ensure!(
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller")
+            .await
+            .is_none()
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_secret_is_a_condition_and_the_statefulset_waits_for_it() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("nosecret").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), &ns);
+    let jwt = secrets.get("slurm-auth-jwths256").await?;
+    secrets
+        .delete("slurm-auth-jwths256", &DeleteParams::default())
+        .await?;
+    let host = Host::start(&c, &ns)?;
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::REFERENCE_NOT_FOUND)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await
+    .context("no ReferenceNotFound condition")?;
+    assert_eq!(cond["reason"], "SecretNotFound");
+    ensure!(text(&cond, "/message").contains("slurm-auth-jwths256"), "{cond}");
+    let ready = condition(&c, &ns, "Controller", "slurm", conditions::READY).await;
+    ensure!(ready.is_some_and(|r| r["status"] == "False"), "not Ready");
+    ensure!(
+        events(&c, &ns, "slurm")
+            .await?
+            .iter()
+            .any(|(r, _)| r == "SecretNotFound"),
+        "a SecretNotFound Event"
+    );
+    eventually(30, || async {
+        object(&c, &ns, ChildKind::Service, "slurm-controller").await
+    })
+    .await
+    .context("the Service waits for nothing")?;
+    ensure!(
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller")
+            .await
+            .is_none()
+    );
+    ensure!(
+        object(&c, &ns, ChildKind::ConfigMap, "slurm-config")
+            .await
+            .is_none()
+    );
+    // The Secret appears: retried with backoff (the host does not watch Secrets).
+    let mut again = Secret {
+        data: jwt.data.clone(),
+        ..Default::default()
+    };
+    again.metadata.name = Some("slurm-auth-jwths256".into());
+    secrets.create(&PostParams::default(), &again).await?;
+    eventually(60, || async {
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        condition(&c, &ns, "Controller", "slurm", conditions::REFERENCE_NOT_FOUND)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .context("the StatefulSet did not follow its Secret")?;
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("prune").await;
+    // A ConfigMap of the name the host builds, made by someone else.
+    let theirs: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "slurm-config"}, "data": {"slurm.conf": "theirs"}}),
+    )?;
+    let cms = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), &ns);
+    cms.create(&PostParams::default(), &theirs).await?;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await
+    .context("no ChildFailure condition")?;
+    assert_eq!(cond["reason"], "NotOwned");
+    ensure!(
+        text(&cond, "/message").contains("ConfigMap slurm-config"),
+        "{cond}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        text(
+            &object(&c, &ns, ChildKind::ConfigMap, "slurm-config")
+                .await
+                .context("cm")?,
+            "/data/slurm.conf"
+        ),
+        "theirs",
+        "left alone"
+    );
+    cms.delete("slurm-config", &DeleteParams::default()).await?;
+    eventually(60, || async {
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        let cleared = condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .is_none();
+        (text(&cm, "/data/slurm.conf").contains("ClusterName=slurm") && cleared).then_some(())
+    })
+    .await
+    .context("the host did not build its ConfigMap once the name was free")?;
+
+    // SSH on, then off: the NodeSet's ConfigMap comes and goes.
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let ssh = |on: bool| {
+        Patch::Merge(
+            json!({"spec": {"ssh": {"enabled": on, "sssdConfRef": {"name": "sssd", "key": "sssd.conf"}}}}),
+        )
+    };
+    nodesets
+        .patch("slurm-worker-slinky", &PatchParams::default(), &ssh(true))
+        .await?;
+    eventually(60, || async {
+        object(&c, &ns, ChildKind::ConfigMap, "slurm-worker-slinky-ssh-config").await
+    })
+    .await
+    .context("no SSH ConfigMap")?;
+    nodesets
+        .patch("slurm-worker-slinky", &PatchParams::default(), &ssh(false))
+        .await?;
+    eventually(60, || async {
+        object(&c, &ns, ChildKind::ConfigMap, "slurm-worker-slinky-ssh-config")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .context("the SSH ConfigMap was not pruned")?;
+
+    // External: slurmctld runs elsewhere; its StatefulSet and Services go, a minimal slurm.conf stays.
+    Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"external": true, "externalConfig": {"host": "ctld.example.com", "port": 6817}}})),
+        )
+        .await?;
+    eventually(60, || async {
+        let gone = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller")
+            .await
+            .is_none()
+            && object(&c, &ns, ChildKind::Service, "slurm-controller")
+                .await
+                .is_none()
+            && object(&c, &ns, ChildKind::Service, "slurm-controller-internal")
+                .await
+                .is_none();
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        (gone && text(&cm, "/data/slurm.conf").contains("SlurmctldHost=ctld.example.com")).then_some(())
+    })
+    .await
+    .context("the external Controller's children were not pruned")?;
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_children_builder_hot_reloads_and_its_digest_rolls_slurmctlds_template() -> Result<()> {
+    use slinky_host::plugins::reload::{self, ReloadConfig};
+    let c = cluster(false).await;
+    let ns = c.namespace("reload-children").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let dir = tempfile::tempdir()?;
+    let (_reload, _, task) = reload::start(
+        plugins.clone(),
+        ReloadConfig {
+            dir: dir.path().to_path_buf(),
+            poll: Duration::from_millis(50),
+            build: Default::default(),
+        },
+    )
+    .await?;
+    let host = Host::start_with(&c, &ns, plugins.clone());
+    let template_builder = |sts: &Value| {
+        text(
+            sts,
+            "/spec/template/metadata/annotations/slinky.slurm.net~1builder",
+        )
+        .to_string()
+    };
+    eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        (template_builder(&sts) == "controller-children@0.1.0").then_some(())
+    })
+    .await
+    .context("no StatefulSet from the bundled builder")?;
+    std::fs::copy(test_plugin("hostile_children"), dir.path().join("children.wasm"))?;
+    let digest = slinky_host::plugins::digest(&std::fs::read(test_plugin("hostile_children"))?);
+    eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        let svc = object(&c, &ns, ChildKind::Service, "slurm-workers-slurm").await?;
+        (template_builder(&sts) == "hostile-children@0.1.0"
+            && text(
+                &sts,
+                "/spec/template/metadata/annotations/slinky.slurm.net~1builder-digest",
+            ) == format!("sha256:{digest}")
+            && text(&svc, "/metadata/annotations/slinky.slurm.net~1builder") == "hostile-children@0.1.0")
+            .then_some(())
+    })
+    .await
+    .context("the children were not rebuilt by the new builder")?;
+    ensure!(
+        events(&c, &ns, "slurm")
+            .await?
+            .iter()
+            .any(|(r, n)| r == "BuilderChanged"
+                && n.contains("controller-children builder is now hostile-children")),
+        "a BuilderChanged Event on the Controller"
+    );
+    assert_eq!(plugins.swaps(BuilderKind::ControllerChildren), 1);
+    assert_eq!(plugins.swaps(BuilderKind::NodesetChildren), 1);
+    assert_eq!(
+        plugins.swaps(BuilderKind::NodesetPod),
+        0,
+        "the pods' builder is not swapped"
+    );
+    // Removing the file falls back to the bundled builder.
+    std::fs::remove_file(dir.path().join("children.wasm"))?;
+    eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        (template_builder(&sts) == "controller-children@0.1.0").then_some(())
+    })
+    .await
+    .context("no fallback to the bundled builder")?;
+    task.abort();
+    host.stop().await;
+    Ok(())
+}
+
+#[test]
+fn plugin_check_diffs_every_child_of_a_children_builder() -> Result<()> {
+    let plugin = test_plugin("hostile_children");
+    let out = slinky_tests::run(&[
+        "plugin",
+        "check",
+        &plugin.display().to_string(),
+        "-f",
+        &slinky_tests::example("hpc-cluster.yaml").display().to_string(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "kinds: controller-children, nodeset-children",
+        "contract: 0.2.0 (this host: 0.2.0)",
+        "ok   StatefulSet hpc-controller of Controller hpc/hpc",
+        "ok   ConfigMap hpc-config of Controller hpc/hpc",
+        "ok   Service hpc-controller-internal of Controller hpc/hpc",
+        "ok   Service slurm-workers-hpc of NodeSet hpc/hpc-worker-cpu",
+        "ok   ConfigMap hpc-worker-cpu-ssh-config of NodeSet hpc/hpc-worker-cpu",
+        "ok   PodDisruptionBudget slurm-workers-pdb-hpc of NodeSet hpc/hpc-worker-gpu",
+    ] {
+        ensure!(text.contains(line), "`{line}` not in:\n{text}");
+    }
+    ensure!(
+        text.contains("the same as the bundled builder's") && !text.contains("changes against"),
+        "without a behaviour it builds what the bundled builders build:\n{text}"
+    );
+    Ok(())
+}
