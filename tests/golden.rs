@@ -242,8 +242,9 @@ fn the_example_clusters_objects_match_slinky_field_by_field() -> Result<()> {
     assert_eq!(
         spec["volumeClaimTemplates"],
         json!([{"metadata": {"name": "statesave", "namespace": "slurm"},
-            "spec": {"resources": {"requests": {"storage": "4Gi"}}}}]),
-        "persistence on, no existing claim: a volume claim template"
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "4Gi"}}}}]),
+        "persistence on, no existing claim: a volume claim template (ReadWriteOnce unless set, as \
+         Slinky's chart sets it: the API server refuses a claim without an access mode)"
     );
     let template = &spec["template"];
     assert_eq!(template["metadata"]["labels"], controller_labels);
@@ -389,6 +390,27 @@ fn persistence_off_saves_the_state_in_an_empty_dir() -> Result<()> {
     assert_eq!(
         volumes.iter().find(|v| v["name"] == "statesave"),
         Some(&json!({"name": "statesave", "emptyDir": {}}))
+    );
+    Ok(())
+}
+
+#[test]
+fn a_claim_template_without_a_size_is_an_invalid_spec_naming_the_field() -> Result<()> {
+    let out = build("slurm-cluster.yaml", |p| {
+        if let Parent::Controller(c) = p {
+            c.spec.persistence = Some(slinky_api::Persistence {
+                enabled: Some(true),
+                ..Default::default()
+            });
+        }
+    });
+    let Err(e) = out else {
+        anyhow::bail!("a volume claim template without a storage request was built");
+    };
+    let text = format!("{e:#}");
+    ensure!(
+        text.contains("spec.persistence.resources.requests.storage: Required value"),
+        "{text}"
     );
     Ok(())
 }

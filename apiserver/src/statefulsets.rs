@@ -149,6 +149,7 @@ pub(crate) fn sync(store: &Arc<Store>) {
                 continue;
             }
             let pod = pod_for(&sts, i, &rev);
+            let mut claims_failed = false;
             for claim in sts
                 .pointer("/spec/volumeClaimTemplates")
                 .and_then(Value::as_array)
@@ -164,8 +165,15 @@ pub(crate) fn sync(store: &Arc<Store>) {
                     if let Some(m) = pvc.pointer_mut("/metadata").and_then(Value::as_object_mut) {
                         m.retain(|_, v| !v.is_null());
                     }
-                    let _ = store.create(&pvcs, &ns, pvc, MANAGER, false);
+                    if let Err(error) = store.create(&pvcs, &ns, pvc, MANAGER, false) {
+                        // As the StatefulSet controller: no pod without its claims.
+                        tracing::debug!(statefulset = %name, %error, "cannot create a claim of a StatefulSet pod");
+                        claims_failed = true;
+                    }
                 }
+            }
+            if claims_failed {
+                continue;
             }
             if let Err(error) = store.create(&pods_key, &ns, pod, MANAGER, false) {
                 tracing::debug!(statefulset = %name, %error, "cannot create a StatefulSet pod");

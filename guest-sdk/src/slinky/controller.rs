@@ -365,13 +365,30 @@ fn statesave(controller: &Controller) -> Result<(Option<Volume>, Option<Persiste
             None,
         ),
         (true, None) => {
-            let spec: PersistentVolumeClaimSpec = serde_json::to_value(&persistence.claim_spec)
+            let mut spec: PersistentVolumeClaimSpec = serde_json::to_value(&persistence.claim_spec)
                 .and_then(serde_json::from_value)
                 .map_err(|e| {
                     BuildError::invalid(format!(
                         "spec.persistence is not a PersistentVolumeClaim spec: {e}"
                     ))
                 })?;
+            // What Slinky's Helm chart sets; the API server refuses claims without an access mode.
+            if spec.access_modes.as_ref().is_none_or(Vec::is_empty) {
+                spec.access_modes = Some(vec!["ReadWriteOnce".into()]);
+            }
+            let storage = spec
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"));
+            if storage.is_none() {
+                return Err(BuildError::invalid(
+                    "spec.persistence.resources.requests.storage: Required value: the state save \
+                     volume claim needs a size (for example 4Gi); or set \
+                     spec.persistence.existingClaim, or spec.persistence.enabled: false for an \
+                     emptyDir",
+                ));
+            }
             (
                 None,
                 Some(PersistentVolumeClaim {
