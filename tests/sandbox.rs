@@ -351,6 +351,29 @@ fn builders_are_pure_and_cannot_touch_the_hosts_objects() -> Result<()> {
 }
 
 #[test]
+fn no_state_survives_between_two_calls() -> Result<()> {
+    let engine = default_engine();
+    let hostile = load(&engine, "hostile")?;
+    let (nodeset, controller) = example_objects()?;
+    let nodeset = with_behaviour(nodeset, "count");
+    for call in 1..=3 {
+        let pod = build(&hostile, &nodeset, &controller)?;
+        let calls = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("hostile.test/calls"))
+            .cloned();
+        assert_eq!(
+            calls.as_deref(),
+            Some("1"),
+            "call {call}: the guest's static counter must start at 0 in every call (a fresh instance)"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let config = slinky_host::plugins::RuntimeConfig {

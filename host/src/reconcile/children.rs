@@ -204,6 +204,30 @@ pub fn owned_by(live: &Value, ownership: Ownership, parent_uid: &str, sharers: &
     }
 }
 
+/// Volume claim templates with every `resources` quantity as its number: the API server stores
+/// quantities in canonical form (`4096Mi` as `4Gi`, `1.5Gi` as `1536Mi`), which must not read as a
+/// change (a change of these templates means deleting the StatefulSet).
+fn canonical_quantities(mut templates: Value) -> Value {
+    for t in templates.as_array_mut().into_iter().flatten() {
+        for list in ["requests", "limits"] {
+            let Some(Value::Object(m)) = t.pointer_mut(&format!("/spec/resources/{list}")) else {
+                continue;
+            };
+            for v in m.values_mut() {
+                let parsed = v.as_str().and_then(|q| {
+                    slinky_guest_sdk::helpers::quantity_value(
+                        &k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.to_string()),
+                    )
+                });
+                if let Some(n) = parsed.and_then(serde_json::Number::from_f64) {
+                    *v = Value::Number(n);
+                }
+            }
+        }
+    }
+    templates
+}
+
 /// Immutable StatefulSet fields that differ, which an update cannot change: the object must be
 /// deleted and created again (Slinky does so when `serviceName` changed).
 fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
@@ -230,8 +254,8 @@ fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
     };
     if claims(live) != claims(desired)
         || !contains(
-            &get(live, "/spec/volumeClaimTemplates"),
-            &get(desired, "/spec/volumeClaimTemplates"),
+            &canonical_quantities(get(live, "/spec/volumeClaimTemplates")),
+            &canonical_quantities(get(desired, "/spec/volumeClaimTemplates")),
         )
     {
         return Some("spec.volumeClaimTemplates");
@@ -528,6 +552,21 @@ mod tests {
             statefulset_recreate(&more, &live),
             None,
             "server defaults are no change"
+        );
+        let stored_as = |q: &str| {
+            sts(
+                "x-controller-internal",
+                json!([{"metadata": {"name": "statesave"}, "spec": {"resources": {"requests": {"storage": q}}}}]),
+            )
+        };
+        assert_eq!(
+            statefulset_recreate(&stored_as("4Gi"), &stored_as("4096Mi")),
+            None,
+            "the API server's canonical form of a quantity is no change"
+        );
+        assert_eq!(
+            statefulset_recreate(&stored_as("4Gi"), &stored_as("5Gi")),
+            Some("spec.volumeClaimTemplates")
         );
     }
 

@@ -12,6 +12,7 @@
 //! | `no-selector` | drops the selector labels |
 //! | `error` | returns an invalid-input error |
 //! | `print` | writes to stdout and stderr, then builds normally |
+//! | `count` | adds one to a static counter and puts its value in the annotation `hostile.test/calls` (state surviving between calls would show as a count above 1) |
 //! | anything else | builds Slinky's pod |
 
 use slinky_guest_sdk::{
@@ -20,6 +21,9 @@ use slinky_guest_sdk::{
     k8s_openapi::api::core::v1::Pod,
     slinky,
 };
+
+/// Calls this instance has served (`count`): a fresh instance per call always starts at 0.
+static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The hostile builder.
 pub struct Hostile;
@@ -82,6 +86,13 @@ impl NodeSetPodBuilder for Hostile {
         match what {
             "other-namespace" => pod.metadata.namespace = Some("kube-system".into()),
             "wrong-name" => pod.metadata.name = Some("impostor".into()),
+            "count" => {
+                let calls = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                pod.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert("hostile.test/calls".into(), calls.to_string());
+            }
             "no-selector" => {
                 if let Some(l) = pod.metadata.labels.as_mut() {
                     l.remove("app.kubernetes.io/name");
