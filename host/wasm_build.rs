@@ -22,6 +22,8 @@ fn build_wasm_plugins(workspace: &Path, packages: &[&str]) -> PathBuf {
         "tests/plugins",
         "examples/gpu-plugin",
         "Cargo.lock",
+        // The `wasm` build profile lives in the workspace manifest.
+        "Cargo.toml",
     ] {
         println!("cargo:rerun-if-changed={}", workspace.join(dir).display());
     }

@@ -28,19 +28,28 @@ fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
     v[v.len() / 2]
 }
 
-fn time<F: FnMut()>(n: usize, mut f: F) -> std::time::Duration {
-    for _ in 0..n.min(50) {
-        f(); // warm up
+/// The median time of each contestant over `n` calls, measured in 20 interleaved rounds so that
+/// the machine's slow and fast spells (a shared 2-core VM) fall on every contestant alike.
+fn interleaved(n: usize, contestants: &mut [&mut dyn FnMut()]) -> Vec<std::time::Duration> {
+    const ROUNDS: usize = 20;
+    let per_round = n.div_ceil(ROUNDS);
+    let mut samples: Vec<Vec<std::time::Duration>> =
+        contestants.iter().map(|_| Vec::with_capacity(n)).collect();
+    for c in contestants.iter_mut() {
+        for _ in 0..n.min(50) {
+            c(); // warm up
+        }
     }
-    median(
-        (0..n)
-            .map(|_| {
+    for _ in 0..ROUNDS {
+        for (c, out) in contestants.iter_mut().zip(samples.iter_mut()) {
+            for _ in 0..per_round {
                 let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .collect(),
-    )
+                c();
+                out.push(t.elapsed());
+            }
+        }
+    }
+    samples.into_iter().map(median).collect()
 }
 
 fn us(d: std::time::Duration) -> f64 {
@@ -59,14 +68,8 @@ fn minor_faults() -> u64 {
         .unwrap_or(0)
 }
 
-/// Per call: (median time, minor page faults, memory_growing calls).
-fn fresh_calls(
-    engine: &EngineHandle,
-    plugin: &Plugin,
-    n: usize,
-    call: impl Fn(&Plugin),
-) -> (std::time::Duration, f64, f64) {
-    let median = time(n, || call(plugin));
+/// Per call: (minor page faults, memory_growing calls).
+fn fresh_calls(engine: &EngineHandle, plugin: &Plugin, n: usize, call: impl Fn(&Plugin)) -> (f64, f64) {
     let (calls0, grows0) = (
         engine.stats().calls.load(std::sync::atomic::Ordering::Relaxed),
         engine
@@ -85,7 +88,7 @@ fn fresh_calls(
         .memory_grows
         .load(std::sync::atomic::Ordering::Relaxed)
         - grows0;
-    (median, faults, grows as f64 / calls.max(1) as f64)
+    (faults, grows as f64 / calls.max(1) as f64)
 }
 
 /// The same builder natively behind a loopback HTTP/1.1 webhook (one keep-alive connection): the
@@ -227,28 +230,18 @@ fn main() -> anyhow::Result<()> {
     // Native: the same work as the guest (JSON in, build, JSON out).
     let sdk_ctx = slinky_guest_sdk::BuildContext::default();
     let sdk_id = slinky_guest_sdk::PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
-    let native = time(n, || {
+    let mut native = || {
         let ns: NodeSet = serde_json::from_str(&ns_json).expect("nodeset");
         let ctl: Controller = serde_json::from_str(&ctl_json).expect("controller");
         let pod = slinky_guest_sdk::slinky::build_nodeset_pod(&sdk_ctx, &ns, &ctl, &sdk_id).expect("build");
         std::hint::black_box(serde_json::to_string(&pod).expect("json"));
-    });
+    };
     let webhook = webhook(n, &ns_json, &ctl_json, &sdk_id);
 
     let build_raw = |p: &Plugin| {
         p.build_pod_raw(&ctx, &ns_json, &ctl_json, &identity)
             .expect("build");
     };
-    println!("build-pod for the example NodeSet ({n} calls per figure, medians)");
-    println!(
-        "  native (JSON in, build, JSON out)                          {:>8.1} µs",
-        us(native)
-    );
-    println!(
-        "  webhook: native builder behind loopback HTTP/JSON           {:>8.1} µs",
-        us(webhook)
-    );
-    println!("  wasm, a fresh store and instance per call, by allocator:      time   faults/call grows/call");
     let mib16 = 16 << 20;
     let variants = [
         (
@@ -297,21 +290,49 @@ fn main() -> anyhow::Result<()> {
         (c.pooling, c.keep_resident, c.pagemap_scan, c.memory_init_cow)
             == (d.pooling, d.keep_resident, d.pagemap_scan, d.memory_init_cow)
     };
-    let mut default_wasm = None;
+    let mut loaded = Vec::new();
     for (name, config) in variants {
         let default = is_default(&config);
         let engine = EngineHandle::new(config)?;
         let plugin = Plugin::load(&engine, bundled::NODESET_POD, PluginSource::Bundled)?;
-        let (median, faults, grows) = fresh_calls(&engine, &plugin, n, build_raw);
-        if default {
-            default_wasm = Some(median);
+        loaded.push((name, default, engine, plugin));
+    }
+    let mut wasm_calls: Vec<Box<dyn FnMut()>> = loaded
+        .iter()
+        .map(|(_, _, _, plugin)| {
+            let plugin = plugin.clone();
+            Box::new(move || build_raw(&plugin)) as Box<dyn FnMut()>
+        })
+        .collect();
+    let mut contestants: Vec<&mut dyn FnMut()> = vec![&mut native];
+    contestants.extend(wasm_calls.iter_mut().map(|c| c.as_mut() as &mut dyn FnMut()));
+    let medians = interleaved(n, &mut contestants);
+    let native = medians[0];
+    println!("build-pod for the example NodeSet ({n} calls per figure in 20 interleaved rounds, medians)");
+    println!(
+        "  native (JSON in, build, JSON out)                          {:>8.1} µs",
+        us(native)
+    );
+    println!(
+        "  webhook: native builder behind loopback HTTP/JSON           {:>8.1} µs",
+        us(webhook)
+    );
+    println!("  wasm, a fresh store and instance per call, by allocator:      time   faults/call grows/call");
+    let mut default_wasm = None;
+    for ((name, default, engine, plugin), median) in loaded.iter().zip(&medians[1..]) {
+        let (faults, grows) = fresh_calls(engine, plugin, n.min(500), build_raw);
+        if *default {
+            default_wasm = Some(*median);
         }
-        let name = if default {
+        let name = if *default {
             format!("{name} (default)")
         } else {
             name.to_string()
         };
-        println!("    {name:<56} {:>8.1} µs {faults:>9.1} {grows:>9.1}", us(median));
+        println!(
+            "    {name:<56} {:>8.1} µs {faults:>9.1} {grows:>9.1}",
+            us(*median)
+        );
     }
     let wasm = default_wasm.expect("a variant ran");
     println!(
@@ -327,21 +348,28 @@ fn main() -> anyhow::Result<()> {
     let phases_dir = build_wasm(&workspace, &["phases-guest"]);
     let phases_bytes = std::fs::read(phases_dir.join("phases_guest.wasm"))?;
     let phases = Plugin::load(&engine, &phases_bytes, PluginSource::Bundled)?;
-    let phase = |revision: &str, ns: &String, ctl: &String| {
+    let phase = |revision: &str, ns: String, ctl: String| {
         let id = PodIdentity {
             revision: revision.into(),
             ..identity.clone()
         };
-        time(n, || {
-            phases.build_pod_raw(&ctx, ns, ctl, &id).expect("phase call");
-        })
+        let (phases, ctx) = (phases.clone(), ctx.clone());
+        Box::new(move || {
+            phases.build_pod_raw(&ctx, &ns, &ctl, &id).expect("phase call");
+        }) as Box<dyn FnMut()>
     };
     let empty = String::from("{}");
-    let none_empty = phase("phase:none", &empty, &empty);
-    let none = phase("phase:none", &ns_json, &ctl_json);
-    let parse = phase("phase:parse", &ns_json, &ctl_json);
-    let build = phase("phase:build", &ns_json, &ctl_json);
-    let full = phase("phase:full", &ns_json, &ctl_json);
+    let mut calls = [
+        phase("phase:none", empty.clone(), empty),
+        phase("phase:none", ns_json.clone(), ctl_json.clone()),
+        phase("phase:parse", ns_json.clone(), ctl_json.clone()),
+        phase("phase:build", ns_json.clone(), ctl_json.clone()),
+        phase("phase:full", ns_json.clone(), ctl_json.clone()),
+    ];
+    let mut contestants: Vec<&mut dyn FnMut()> =
+        calls.iter_mut().map(|c| c.as_mut() as &mut dyn FnMut()).collect();
+    let times = interleaved(n, &mut contestants);
+    let [none_empty, none, parse, build, full] = [times[0], times[1], times[2], times[3], times[4]];
     let (mut inst, mut drop_t) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let (i, d) = plugin.time_instantiation()?;
@@ -349,8 +377,10 @@ fn main() -> anyhow::Result<()> {
         drop_t.push(d);
     }
     let (inst, drop_t) = (median(inst), median(drop_t));
-    let reused = median(plugin.time_build_pod_on_one_instance(&ctx, &ns_json, &ctl_json, &identity, n)?);
-    let (_, faults, grows) = fresh_calls(&engine, &plugin, n, build_raw);
+    // The guests' bump allocator never frees (an instance serves one call), so a reused instance
+    // fills its memory cap after ~30 builds: 20 calls on one instance, measurement only.
+    let reused = median(plugin.time_build_pod_on_one_instance(&ctx, &ns_json, &ctl_json, &identity, 20)?);
+    let (faults, grows) = fresh_calls(&engine, &plugin, n.min(500), build_raw);
     let d = |a: std::time::Duration, b: std::time::Duration| us(a) - us(b);
     println!("breakdown of a fresh-instance call (default engine; measurement guest `phases`):");
     println!(

@@ -36,7 +36,8 @@ pub struct RuntimeConfig {
     /// Pooling: bytes of each linear memory (and table) kept resident between instances, reset
     /// with `memset` rather than decommitted: a reused slot takes no page faults for them.
     pub keep_resident: usize,
-    /// Pooling on Linux 6.7+: reset only the pages an instance touched (`PAGEMAP_SCAN`).
+    /// Pooling on Linux 6.7+: reset only the pages an instance touched (`PAGEMAP_SCAN`); older
+    /// kernels reset the resident part with `memset`.
     pub pagemap_scan: bool,
     /// Map the component's initial memory image copy-on-write instead of copying it.
     pub memory_init_cow: bool,
@@ -44,6 +45,12 @@ pub struct RuntimeConfig {
     /// (`SLINKY_HOST_PLUGIN_PERF_MAP=1`).
     pub perf_map: bool,
 }
+
+/// Bytes of each pooled linear memory kept resident between calls (see
+/// [`RuntimeConfig::keep_resident`]): more than a build touches (the bundled builders touch about
+/// 2 MiB), so a call takes no page faults. Resident memory is bounded by what calls touched, at most
+/// this much per instance slot in use.
+pub const DEFAULT_KEEP_RESIDENT: usize = 16 << 20;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -53,8 +60,8 @@ impl Default for RuntimeConfig {
             cache_dir: default_cache_dir(),
             pooling: true,
             max_concurrent_calls: 64,
-            keep_resident: 0,
-            pagemap_scan: false,
+            keep_resident: DEFAULT_KEEP_RESIDENT,
+            pagemap_scan: true,
             memory_init_cow: true,
             perf_map: std::env::var_os("SLINKY_HOST_PLUGIN_PERF_MAP").is_some_and(|v| v == "1"),
         }
