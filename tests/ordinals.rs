@@ -124,14 +124,7 @@ async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() 
     let ns = c.namespace("taken").await;
     apply_example(&c, &ns, 0).await?;
     let host = Host::start(&c, &ns)?;
-    eventually(30, || async {
-        host.handles
-            .ready
-            .load(std::sync::atomic::Ordering::SeqCst)
-            .then_some(())
-    })
-    .await
-    .context("the host never became ready")?;
+    host.wait_ready().await?;
     // The host sees the scale-up before it sees the stranger created right after it.
     server.faults().set_watch_delay(Duration::from_millis(3000));
     scale(&c, &ns, 4).await?;

@@ -459,14 +459,7 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     let ns = c.namespace("relist").await;
     apply_example(&c, &ns, 0).await?;
     let host = Host::start(&c, &ns)?;
-    eventually(30, || async {
-        host.handles
-            .ready
-            .load(std::sync::atomic::Ordering::SeqCst)
-            .then_some(())
-    })
-    .await
-    .context("not ready")?;
+    host.wait_ready().await?;
     server.faults().set_latency(Duration::from_millis(10));
     let g = scale(&c, &ns, 40).await?;
     for _ in 0..4 {

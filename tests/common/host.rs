@@ -86,6 +86,19 @@ impl Host {
         }
     }
 
+    /// Wait (up to 30 s) until the host's caches have synced and it reconciles.
+    pub async fn wait_ready(&self) -> Result<()> {
+        use anyhow::Context as _;
+        eventually(30, || async {
+            self.handles
+                .ready
+                .load(std::sync::atomic::Ordering::SeqCst)
+                .then_some(())
+        })
+        .await
+        .context("the host never became ready")
+    }
+
     /// Stop the host (in-flight reconciles finish).
     pub async fn stop(self) {
         let _ = self.stop.send(true);

@@ -42,6 +42,32 @@ pub mod v1 {
     };
 }
 
+/// The WIT records of the build context and pod identity, for each contract version (the
+/// generated types differ per version; their fields are the same).
+macro_rules! wit_records {
+    ($($version:ident),+) => {$(
+        impl $version::types::BuildContext {
+            pub(crate) fn from_host(ctx: &crate::plugins::BuildContext) -> Self {
+                Self {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                }
+            }
+        }
+
+        impl $version::types::PodIdentity {
+            pub(crate) fn from_host(identity: &crate::plugins::PodIdentity) -> Self {
+                Self {
+                    ordinal: identity.ordinal,
+                    name: identity.name.clone(),
+                    hostname: identity.hostname.clone(),
+                    revision: identity.revision.clone(),
+                }
+            }
+        }
+    )+};
+}
+wit_records!(v1, v2);
+
 /// The contract version this host speaks (plugins it builds against, the SDK's version).
 pub const CONTRACT_VERSION: &str = "0.2.0";
 /// Every contract version this host loads plugins of, oldest first.

@@ -200,9 +200,7 @@ impl Plugin {
         else {
             return Err(self.not_a_kind(BuilderKind::ControllerChildren));
         };
-        let wctx = bindings::v2::types::BuildContext {
-            cluster_domain: ctx.cluster_domain.clone(),
-        };
+        let wctx = bindings::v2::types::BuildContext::from_host(ctx);
         let winputs = bindings::v2::types::ControllerInputs {
             nodesets: inputs
                 .nodesets
@@ -251,9 +249,7 @@ impl Plugin {
         else {
             return Err(self.not_a_kind(BuilderKind::NodesetChildren));
         };
-        let wctx = bindings::v2::types::BuildContext {
-            cluster_domain: ctx.cluster_domain.clone(),
-        };
+        let wctx = bindings::v2::types::BuildContext::from_host(ctx);
         let out = self.call(CALL, |store, instance| {
             let r = idx
                 .load(&mut *store, instance)?

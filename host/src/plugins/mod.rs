@@ -536,9 +536,7 @@ impl Plugin {
         let out = match &self.inner.exports {
             Exports::V2 { service, .. } => {
                 let idx = service.as_ref().ok_or_else(missing)?;
-                let wctx = bindings::v2::types::BuildContext {
-                    cluster_domain: ctx.cluster_domain.clone(),
-                };
+                let wctx = bindings::v2::types::BuildContext::from_host(ctx);
                 self.call(CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
@@ -548,9 +546,7 @@ impl Plugin {
             }
             Exports::V1 { service, .. } => {
                 let idx = service.as_ref().ok_or_else(missing)?;
-                let wctx = bindings::v1::types::BuildContext {
-                    cluster_domain: ctx.cluster_domain.clone(),
-                };
+                let wctx = bindings::v1::types::BuildContext::from_host(ctx);
                 self.call(CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
@@ -582,15 +578,8 @@ impl Plugin {
         let out = match &self.inner.exports {
             Exports::V2 { pod, .. } => {
                 let idx = pod.as_ref().ok_or_else(missing)?;
-                let wctx = bindings::v2::types::BuildContext {
-                    cluster_domain: ctx.cluster_domain.clone(),
-                };
-                let wid = bindings::v2::types::PodIdentity {
-                    ordinal: identity.ordinal,
-                    name: identity.name.clone(),
-                    hostname: identity.hostname.clone(),
-                    revision: identity.revision.clone(),
-                };
+                let wctx = bindings::v2::types::BuildContext::from_host(ctx);
+                let wid = bindings::v2::types::PodIdentity::from_host(identity);
                 self.call(CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
@@ -600,15 +589,8 @@ impl Plugin {
             }
             Exports::V1 { pod, .. } => {
                 let idx = pod.as_ref().ok_or_else(missing)?;
-                let wctx = bindings::v1::types::BuildContext {
-                    cluster_domain: ctx.cluster_domain.clone(),
-                };
-                let wid = bindings::v1::types::PodIdentity {
-                    ordinal: identity.ordinal,
-                    name: identity.name.clone(),
-                    hostname: identity.hostname.clone(),
-                    revision: identity.revision.clone(),
-                };
+                let wctx = bindings::v1::types::BuildContext::from_host(ctx);
+                let wid = bindings::v1::types::PodIdentity::from_host(identity);
                 self.call(CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
@@ -644,15 +626,8 @@ impl Plugin {
         let Exports::V2 { pod: Some(idx), .. } = &self.inner.exports else {
             return Err(self.not_a_kind(BuilderKind::NodesetPod));
         };
-        let wctx = bindings::v2::types::BuildContext {
-            cluster_domain: ctx.cluster_domain.clone(),
-        };
-        let wid = bindings::v2::types::PodIdentity {
-            ordinal: identity.ordinal,
-            name: identity.name.clone(),
-            hostname: identity.hostname.clone(),
-            revision: identity.revision.clone(),
-        };
+        let wctx = bindings::v2::types::BuildContext::from_host(ctx);
+        let wid = bindings::v2::types::PodIdentity::from_host(identity);
         let label = self.label();
         let engine = &self.inner.engine;
         let (mut store, instance) = instantiate(engine, &self.inner.pre, &label, CALL)?;
