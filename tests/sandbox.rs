@@ -8,7 +8,10 @@ use anyhow::{Context, Result, bail, ensure};
 use slinky_api::{Controller, NodeSet};
 use slinky_host::{
     Plugin, PluginError,
-    plugins::{BuildContext, PluginSource, PodIdentity, TrapCause},
+    plugins::{
+        BuildContext, BuilderKind, CompileSource, EngineHandle, PluginSource, PodIdentity, RuntimeConfig,
+        Tier, Tiering, TrapCause,
+    },
     render,
 };
 use slinky_tests::{default_engine, engine, example, test_plugin, wat};
@@ -378,6 +381,9 @@ fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let config = slinky_host::plugins::RuntimeConfig {
         cache_dir: Some(dir.path().to_path_buf()),
+        // Cranelift before serving: the artifact exists when `load` returns (tiering is tested
+        // on its own below).
+        tiering: Tiering::Optimized,
         ..Default::default()
     };
     let bytes = std::fs::read(test_plugin("hostile"))?;
@@ -411,6 +417,7 @@ fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
     std::fs::rename(&garbage, dir.path().join(&files[0]))?;
     let fourth_engine = slinky_host::plugins::EngineHandle::new(slinky_host::plugins::RuntimeConfig {
         cache_dir: Some(dir.path().to_path_buf()),
+        tiering: Tiering::Optimized,
         ..Default::default()
     })?;
     let fourth = Plugin::load(&fourth_engine, &bytes, PluginSource::Bundled)?;
@@ -418,5 +425,169 @@ fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
         fourth.compiled_from(),
         slinky_host::plugins::CompileSource::Compiled
     );
+    Ok(())
+}
+
+/// The baseline (Winch) code keeps every guarantee: the deadline, the memory cap, a panic as a
+/// typed error, and no state between calls.
+#[test]
+fn baseline_code_keeps_every_limit() -> Result<()> {
+    let engine = EngineHandle::new(RuntimeConfig {
+        call_deadline: Duration::from_millis(300),
+        memory_limit: 32 << 20,
+        cache_dir: None,
+        tiering: Tiering::Baseline,
+        ..RuntimeConfig::default()
+    })?;
+    let plugin = load(&engine, "hostile")?;
+    assert_eq!(plugin.tier(), Tier::Baseline);
+    let (nodeset, controller) = example_objects()?;
+
+    let started = std::time::Instant::now();
+    match build(&plugin, &with_behaviour(nodeset.clone(), "loop"), &controller) {
+        Err(PluginError::Trap {
+            cause: TrapCause::Deadline(d),
+            ..
+        }) => assert_eq!(d, Duration::from_millis(300)),
+        other => bail!("expected a deadline trap on baseline code, got {other:?}"),
+    }
+    ensure!(
+        started.elapsed() < Duration::from_secs(30),
+        "the loop ran for {:?}",
+        started.elapsed()
+    );
+    match build(
+        &plugin,
+        &with_behaviour(nodeset.clone(), "alloc:256"),
+        &controller,
+    ) {
+        Err(PluginError::Trap {
+            cause: TrapCause::MemoryCap(cap),
+            ..
+        }) => assert_eq!(cap, 32 << 20),
+        other => bail!("expected the memory cap on baseline code, got {other:?}"),
+    }
+    match build(&plugin, &with_behaviour(nodeset.clone(), "panic"), &controller) {
+        Err(e @ PluginError::Trap { .. }) => {
+            assert!(
+                e.to_string().contains("hostile plugin panicked on purpose"),
+                "{e}"
+            );
+        }
+        other => bail!("expected a trap with the panic message, got {other:?}"),
+    }
+    for call in 1..=2 {
+        let pod = build(&plugin, &with_behaviour(nodeset.clone(), "count"), &controller)?;
+        let calls = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("hostile.test/calls"));
+        assert_eq!(calls.map(String::as_str), Some("1"), "call {call}");
+    }
+    let pod = build(&plugin, &nodeset, &controller)?;
+    assert_eq!(pod.metadata.name.as_deref(), Some("slurm-worker-slinky-0"));
+    assert_eq!(
+        plugin.tier(),
+        Tier::Baseline,
+        "a baseline-only engine never switches"
+    );
+    Ok(())
+}
+
+/// Tiered (the default): a plugin that is not in the cache serves from Winch code at once,
+/// switches to Cranelift code compiled in the background, builds byte-identical objects on both,
+/// and leaves the optimized artifact in the disk cache for the next start.
+#[test]
+fn a_new_plugin_serves_baseline_code_then_switches_to_optimized_code() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = RuntimeConfig {
+        cache_dir: Some(dir.path().to_path_buf()),
+        tiering: Tiering::Tiered,
+        ..RuntimeConfig::default()
+    };
+    let engine = EngineHandle::new(config.clone())?;
+    let registry = slinky_host::PluginRegistry::new(&engine, &[])?;
+    let (nodeset, controller) = example_objects()?;
+    let ctx = BuildContext::default();
+    let outputs = |registry: &slinky_host::PluginRegistry| -> Result<Vec<String>> {
+        let (ns, ctl) = (
+            serde_json::to_string(&nodeset)?,
+            serde_json::to_string(&controller)?,
+        );
+        let mut out = vec![
+            registry
+                .active(BuilderKind::ControllerService)
+                .build_service_raw(&ctx, &ctl)?,
+            registry
+                .active(BuilderKind::NodesetPod)
+                .build_pod_raw(&ctx, &ns, &ctl, &identity(&nodeset))?,
+        ];
+        out.extend(
+            registry
+                .active(BuilderKind::ControllerChildren)
+                .build_controller_children_raw(&ctx, &ctl, &Default::default())?,
+        );
+        out.extend(
+            registry
+                .active(BuilderKind::NodesetChildren)
+                .build_nodeset_children_raw(&ctx, &ns, &ctl)?,
+        );
+        Ok(out)
+    };
+    let tiers = |registry: &slinky_host::PluginRegistry| -> Vec<serde_json::Value> {
+        registry.status_json()["builders"]
+            .as_array()
+            .map(|b| b.iter().map(|b| b["active"]["tier"].clone()).collect())
+            .unwrap_or_default()
+    };
+
+    // Nothing cached: every bundled plugin starts on baseline code (its Cranelift compile takes
+    // seconds; the Winch compile done before serving took milliseconds).
+    let first = outputs(&registry)?;
+    let baseline_seen = BuilderKind::ALL
+        .iter()
+        .filter(|&&kind| registry.active(kind).tier() == Tier::Baseline)
+        .count();
+    assert!(
+        baseline_seen > 0,
+        "a plugin that is not in the cache must serve before its optimized code exists"
+    );
+
+    for kind in BuilderKind::ALL {
+        let plugin = registry.active(kind);
+        assert!(
+            plugin.wait_for_tier(Tier::Optimized, Duration::from_secs(300)),
+            "{kind} never switched to optimized code"
+        );
+        assert_eq!(plugin.compiled_from(), CompileSource::Compiled);
+    }
+    assert_eq!(
+        tiers(&registry),
+        vec![serde_json::json!("optimized"); 4],
+        "/plugins shows the tier"
+    );
+    assert_eq!(
+        outputs(&registry)?,
+        first,
+        "both tiers build byte-identical objects"
+    );
+
+    // The optimized artifacts are on disk: the next start serves optimized code at once.
+    let cached = std::fs::read_dir(dir.path())?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+        .count();
+    assert_eq!(cached, 4, "one optimized artifact per bundled plugin");
+    let restarted = slinky_host::PluginRegistry::new(&EngineHandle::new(config)?, &[])?;
+    for kind in BuilderKind::ALL {
+        let plugin = restarted.active(kind);
+        assert_eq!(
+            (plugin.tier(), plugin.compiled_from()),
+            (Tier::Optimized, CompileSource::Disk),
+            "{kind}"
+        );
+    }
+    assert_eq!(outputs(&restarted)?, first);
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use slinky_api::{Controller, NodeSet};
 use slinky_host::{
     Plugin,
-    plugins::{BuildContext, EngineHandle, PluginSource, PodIdentity, RuntimeConfig, bundled},
+    plugins::{BuildContext, EngineHandle, PluginSource, PodIdentity, RuntimeConfig, Tier, Tiering, bundled},
     render::{self, Parent},
 };
 
@@ -205,8 +205,10 @@ fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let cache = tempfile::tempdir()?;
+    // Cranelift before serving: the figures are those of the code plugins run once tiered up.
     let base = RuntimeConfig {
         cache_dir: Some(cache.path().to_path_buf()),
+        tiering: Tiering::Optimized,
         ..RuntimeConfig::default()
     };
     let ns_json = serde_json::to_string(&nodeset)?;
@@ -226,6 +228,16 @@ fn main() -> anyhow::Result<()> {
         slinky_host::plugins::CompileSource::Disk
     );
     drop((engine2, reloaded));
+    let t = Instant::now();
+    let baseline_engine = EngineHandle::new(RuntimeConfig {
+        tiering: Tiering::Baseline,
+        cache_dir: None,
+        ..base.clone()
+    })?;
+    let baseline = Plugin::load(&baseline_engine, bundled::NODESET_POD, PluginSource::Bundled)?;
+    let winch_compile = t.elapsed();
+    assert_eq!(baseline.tier(), Tier::Baseline);
+    drop((baseline_engine, baseline));
 
     // Native: the same work as the guest (JSON in, build, JSON out).
     let sdk_ctx = slinky_guest_sdk::BuildContext::default();
@@ -284,11 +296,19 @@ fn main() -> anyhow::Result<()> {
                 ..base.clone()
             },
         ),
+        (
+            "Winch code (baseline tier, until Cranelift's is ready)",
+            RuntimeConfig {
+                tiering: Tiering::Baseline,
+                ..base.clone()
+            },
+        ),
     ];
     let is_default = |c: &RuntimeConfig| {
         let d = RuntimeConfig::default();
         (c.pooling, c.keep_resident, c.pagemap_scan, c.memory_init_cow)
             == (d.pooling, d.keep_resident, d.pagemap_scan, d.memory_init_cow)
+            && c.tiering == Tiering::Optimized
     };
     let mut loaded = Vec::new();
     for (name, config) in variants {
@@ -425,6 +445,10 @@ fn main() -> anyhow::Result<()> {
     println!(
         "  compile with cranelift                                      {:>8.1} ms",
         compile.as_secs_f64() * 1e3
+    );
+    println!(
+        "  compile with winch (the baseline tier)                      {:>8.1} ms",
+        winch_compile.as_secs_f64() * 1e3
     );
     println!(
         "  load precompiled artifact                                   {:>8.1} ms",

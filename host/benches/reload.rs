@@ -1,6 +1,7 @@
 //! Hot reload: the time from a plugin file landing in the plugins directory to the new version
-//! serving, split by stage (read, compile, validate, swap), for the bundled plugins, compiled
-//! fresh and from the precompiled cache; and reconcile latency (scale a NodeSet by one pod →
+//! serving, split by stage (read, compile, validate, swap), for the bundled plugins: raw `.wasm`
+//! tiered (Winch before serving, then the time until the Cranelift code runs), raw `.wasm` with
+//! Cranelift only, and from the precompiled cache; and reconcile latency (scale a NodeSet by one pod →
 //! the pod exists) with and without reloads running.
 //!
 //! `cargo bench -p slinky-host --bench reload` (prints figures; no assertions).
@@ -24,7 +25,7 @@ use slinky_host::{
     PluginRegistry,
     embedded::{ApiServer, ApiServerConfig, LifecycleConfig},
     plugins::{
-        BuilderKind, EngineHandle, RuntimeConfig, bundled,
+        BuilderKind, EngineHandle, RuntimeConfig, Tier, Tiering, bundled,
         reload::{self, ReloadConfig, Reloader},
         with_custom_section,
     },
@@ -33,18 +34,49 @@ use slinky_host::{
 
 const ROUNDS: usize = 5;
 
+/// How the version that lands gets compiled.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A new digest every round, tiered (the default): Winch before serving, Cranelift after.
+    Tiered,
+    /// A new digest every round, compiled with Cranelift before serving.
+    Optimized,
+    /// The same digest, whose precompiled artifact is on disk, in a new host every round.
+    Cached,
+}
+
+/// Wait until every active plugin runs optimized code: background compiles of the bundled
+/// plugins must not run during a measurement.
+fn settle(registry: &PluginRegistry) -> anyhow::Result<()> {
+    for kind in bundled::KINDS {
+        anyhow::ensure!(
+            registry
+                .active(kind)
+                .wait_for_tier(Tier::Optimized, Duration::from_secs(120)),
+            "{kind} never switched to optimized code"
+        );
+    }
+    Ok(())
+}
+
 /// Land a new version of `kind`'s bundled plugin `ROUNDS` times and scan (forced): the pipeline
-/// alone, without the debounce. Fresh: a new digest every round, compiled. Cached: the same
-/// digest, whose precompiled artifact is on disk, in a new host (engine) every round.
-fn pipeline(kind: BuilderKind, cached: bool) -> anyhow::Result<()> {
+/// alone, without the debounce.
+fn pipeline(kind: BuilderKind, mode: Mode) -> anyhow::Result<()> {
+    let cached = mode == Mode::Cached;
     let cache = tempfile::tempdir()?;
     let dir = tempfile::tempdir()?;
     let host = || -> anyhow::Result<(Arc<PluginRegistry>, Reloader)> {
         let engine = EngineHandle::new(RuntimeConfig {
             cache_dir: Some(cache.path().to_path_buf()),
+            tiering: if mode == Mode::Optimized {
+                Tiering::Optimized
+            } else {
+                Tiering::Tiered
+            },
             ..RuntimeConfig::default()
         })?;
         let registry = Arc::new(PluginRegistry::new(&engine, &[])?);
+        settle(&registry)?;
         let config = ReloadConfig {
             dir: dir.path().to_path_buf(),
             poll: Duration::from_secs(1),
@@ -55,6 +87,7 @@ fn pipeline(kind: BuilderKind, cached: bool) -> anyhow::Result<()> {
     let bytes = bundled::bundled_bytes(kind);
     let mut totals: std::collections::BTreeMap<&str, (f64, u64)> = Default::default();
     let mut landing = Duration::ZERO;
+    let mut optimized = Duration::ZERO;
     let (mut registry, mut reloader) = host()?;
     for round in 0..ROUNDS {
         let tag = if cached {
@@ -66,9 +99,10 @@ fn pipeline(kind: BuilderKind, cached: bool) -> anyhow::Result<()> {
         if cached {
             if round == 0 {
                 // Warm the disk cache.
-                let (_, mut warm) = host()?;
+                let (warm_registry, mut warm) = host()?;
                 std::fs::write(dir.path().join("p.wasm"), &version)?;
                 warm.scan(true);
+                settle(&warm_registry)?;
                 std::fs::remove_file(dir.path().join("p.wasm"))?;
             }
             (registry, reloader) = host()?;
@@ -83,6 +117,14 @@ fn pipeline(kind: BuilderKind, cached: bool) -> anyhow::Result<()> {
         let report = reloader.scan(true);
         landing += t.elapsed();
         anyhow::ensure!(report.swapped.len() == 1, "round {round}: {report:?}");
+        // The next round starts once this version's background compile is done.
+        anyhow::ensure!(
+            registry
+                .active(kind)
+                .wait_for_tier(Tier::Optimized, Duration::from_secs(120)),
+            "round {round}: no switch to optimized code"
+        );
+        optimized += t.elapsed();
         for (stage, (sum, n)) in registry
             .reloads
             .stages
@@ -102,16 +144,22 @@ fn pipeline(kind: BuilderKind, cached: bool) -> anyhow::Result<()> {
             format!("{s} {:.2} ms", sum / n.max(1) as f64 * 1e3)
         })
         .collect();
+    let mean_ms = |d: Duration| d.as_secs_f64() * 1e3 / ROUNDS as f64;
     println!(
-        "  {kind} ({} KiB), {}: landing -> serving {:.1} ms (mean of {ROUNDS}): {}",
+        "  {kind} ({} KiB), {}: landing -> serving {:.1} ms (mean of {ROUNDS}): {}{}",
         bytes.len() >> 10,
-        if cached {
-            "precompiled cache"
-        } else {
-            "fresh compile"
+        match mode {
+            Mode::Tiered => "raw .wasm, tiered",
+            Mode::Optimized => "raw .wasm, Cranelift only",
+            Mode::Cached => "precompiled cache",
         },
-        landing.as_secs_f64() * 1e3 / ROUNDS as f64,
-        per_stage.join(", ")
+        mean_ms(landing),
+        per_stage.join(", "),
+        if mode == Mode::Tiered {
+            format!("; landing -> optimized code {:.1} ms", mean_ms(optimized))
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }
@@ -120,6 +168,7 @@ fn pipeline(kind: BuilderKind, cached: bool) -> anyhow::Result<()> {
 async fn end_to_end(poll: Duration) -> anyhow::Result<()> {
     let engine = EngineHandle::new(RuntimeConfig::default())?;
     let registry = Arc::new(PluginRegistry::new(&engine, &[])?);
+    settle(&registry)?;
     let dir = tempfile::tempdir()?;
     let (_handle, _, task) = reload::start(
         registry.clone(),
@@ -133,7 +182,8 @@ async fn end_to_end(poll: Duration) -> anyhow::Result<()> {
     let bytes = bundled::NODESET_POD;
     // Warm the engine's cache so the figure is the reloader's own latency.
     let version = with_custom_section(bytes, "bench", b"e2e");
-    slinky_host::Plugin::load(&engine, &version, slinky_host::plugins::PluginSource::Bundled)?;
+    let warm = slinky_host::Plugin::load(&engine, &version, slinky_host::plugins::PluginSource::Bundled)?;
+    anyhow::ensure!(warm.wait_for_tier(Tier::Optimized, Duration::from_secs(120)));
     let want = slinky_host::plugins::digest(&version);
     let t = Instant::now();
     std::fs::write(dir.path().join("p.wasm"), &version)?;
@@ -213,6 +263,7 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
         ..RuntimeConfig::default()
     })?;
     let plugins = Arc::new(PluginRegistry::new(&engine, &[])?);
+    settle(&plugins)?;
     let dir = tempfile::tempdir()?;
     let (_reload, _, reload_task) = reload::start(
         plugins.clone(),
@@ -273,8 +324,9 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     println!("reload pipeline (read, compile, instantiate + describe + smoke build = validate, swap):");
     for kind in bundled::KINDS {
-        pipeline(kind, false)?;
-        pipeline(kind, true)?;
+        for mode in [Mode::Tiered, Mode::Optimized, Mode::Cached] {
+            pipeline(kind, mode)?;
+        }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {

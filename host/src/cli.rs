@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
-    plugins::{EngineHandle, Plugin, PluginRegistry, PluginSource, RuntimeConfig},
+    plugins::{EngineHandle, Plugin, PluginRegistry, PluginSource, RuntimeConfig, Tiering},
     render,
     telemetry::LogFormat,
 };
@@ -82,6 +82,17 @@ pub struct GlobalArgs {
     /// Do not keep precompiled plugins on disk.
     #[arg(long, global = true, env = "SLINKY_HOST_NO_PLUGIN_CACHE")]
     pub no_plugin_cache: bool,
+    /// How a plugin that is not in the cache is compiled: `tiered` serves it at once from Winch
+    /// code and switches to Cranelift code compiled in the background; `optimized` compiles it
+    /// with Cranelift before it serves; `baseline` runs Winch code only.
+    #[arg(
+        long,
+        global = true,
+        env = "SLINKY_HOST_PLUGIN_TIERING",
+        value_enum,
+        default_value_t = Tiering::Tiered
+    )]
+    pub plugin_tiering: Tiering,
 }
 
 impl Cli {
@@ -107,6 +118,7 @@ impl GlobalArgs {
             } else {
                 self.plugin_cache_dir.clone().or(defaults.cache_dir)
             },
+            tiering: self.plugin_tiering,
             ..defaults
         }
     }

@@ -222,6 +222,18 @@ impl Collector for HostCollector {
         )?;
         gauges(
             &mut e,
+            "plugin_optimized",
+            "1 when the active plugin of a builder kind runs Cranelift code, 0 while it runs Winch (baseline) code",
+            crate::plugins::bundled::KINDS.iter().map(|&kind| {
+                let tier = self.plugins.active(kind).tier();
+                (
+                    labels(&[("kind", kind.as_str())]),
+                    i64::from(tier == crate::plugins::Tier::Optimized),
+                )
+            }),
+        )?;
+        gauges(
+            &mut e,
             "ready",
             "1 when every cache has synced",
             [(Vec::new(), i64::from(h.ready.load(Ordering::SeqCst)))],

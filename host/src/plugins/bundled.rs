@@ -69,6 +69,9 @@ pub struct ActiveInfo {
     pub source: String,
     /// When it became active (RFC 3339).
     pub loaded_at: String,
+    /// Which compiler made the code it runs: `baseline` (Winch, until the optimized code is
+    /// ready) or `optimized` (Cranelift).
+    pub tier: super::Tier,
 }
 
 struct Slot {
@@ -297,6 +300,7 @@ impl PluginRegistry {
             digest: plugin.digest().to_string(),
             source: plugin.source().to_string(),
             loaded_at: since,
+            tier: plugin.tier(),
         }
     }
 

@@ -193,10 +193,11 @@ impl Plugin {
         inputs: &ControllerInputs,
     ) -> Result<Vec<String>, PluginError> {
         const CALL: &str = "build-controller-children";
+        let code = self.code();
         let Exports::V2 {
             controller_children: Some(idx),
             ..
-        } = &self.inner.exports
+        } = &code.exports
         else {
             return Err(self.not_a_kind(BuilderKind::ControllerChildren));
         };
@@ -218,7 +219,7 @@ impl Plugin {
                 })
                 .collect(),
         };
-        let out = self.call(CALL, |store, instance| {
+        let out = self.call(&code, CALL, |store, instance| {
             let r = idx
                 .load(&mut *store, instance)?
                 .call_build_controller_children(store, &wctx, controller, &winputs)?;
@@ -242,15 +243,16 @@ impl Plugin {
         controller: &String,
     ) -> Result<Vec<String>, PluginError> {
         const CALL: &str = "build-nodeset-children";
+        let code = self.code();
         let Exports::V2 {
             nodeset_children: Some(idx),
             ..
-        } = &self.inner.exports
+        } = &code.exports
         else {
             return Err(self.not_a_kind(BuilderKind::NodesetChildren));
         };
         let wctx = bindings::v2::types::BuildContext::from_host(ctx);
-        let out = self.call(CALL, |store, instance| {
+        let out = self.call(&code, CALL, |store, instance| {
             let r = idx
                 .load(&mut *store, instance)?
                 .call_build_nodeset_children(store, &wctx, nodeset, controller)?;

@@ -1,6 +1,12 @@
-//! The one wasmtime `Engine` of the process: component model, epoch interruption driven by a
-//! ticker thread, the pooling allocator (with an on-demand fallback), and a cache of precompiled
+//! The wasmtime engines of the process: component model, epoch interruption driven by a ticker
+//! thread, the pooling allocator (with an on-demand fallback), and a cache of precompiled
 //! components keyed by the component's sha256 and the engine's compatibility hash.
+//!
+//! Two compilers: Cranelift (the optimized tier, what plugins run on) and Winch (the baseline
+//! tier: a single-pass compiler, about ten times faster to compile, slower code). A plugin that
+//! is not in the cache is compiled with Winch first so that it serves within milliseconds, and
+//! with Cranelift in the background; the plugin then switches to the optimized code (see
+//! [`Tiering`]).
 
 use std::{
     collections::HashMap,
@@ -13,7 +19,9 @@ use std::{
     time::Duration,
 };
 
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, component::Component};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy, component::Component,
+};
 
 use super::PluginError;
 
@@ -44,6 +52,42 @@ pub struct RuntimeConfig {
     /// Write `/tmp/perf-<pid>.map` so `perf record` names the guests' functions
     /// (`SLINKY_HOST_PLUGIN_PERF_MAP=1`).
     pub perf_map: bool,
+    /// Which compilers a plugin that is not in the cache goes through.
+    pub tiering: Tiering,
+}
+
+/// How a plugin that is not already compiled (in memory or in the disk cache) gets its code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Tiering {
+    /// Compile with Winch and serve at once; compile with Cranelift in the background and switch
+    /// to its code when ready (the optimized code is also written to the disk cache). The
+    /// default: a new version serves within the reload budget, and runs at full speed soon after.
+    #[default]
+    Tiered,
+    /// Compile with Cranelift before serving: slower to load, never runs baseline code.
+    Optimized,
+    /// Compile with Winch only and never switch (for tests and comparisons).
+    Baseline,
+}
+
+/// Which compiler made the code a plugin runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Winch: compiled in one pass, fast to make, slower to run.
+    Baseline,
+    /// Cranelift: the optimizing compiler.
+    Optimized,
+}
+
+impl Tier {
+    /// `baseline` or `optimized`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Baseline => "baseline",
+            Tier::Optimized => "optimized",
+        }
+    }
 }
 
 /// Bytes of each pooled linear memory kept resident between calls (see
@@ -64,6 +108,7 @@ impl Default for RuntimeConfig {
             pagemap_scan: true,
             memory_init_cow: true,
             perf_map: std::env::var_os("SLINKY_HOST_PLUGIN_PERF_MAP").is_some_and(|v| v == "1"),
+            tiering: Tiering::default(),
         }
     }
 }
@@ -98,9 +143,12 @@ pub struct CallStats {
     pub memory_grows: AtomicU64,
 }
 
-/// The engine plus what goes with it: ticker, compiled-component caches.
+/// The engines plus what goes with them: ticker, compiled-component caches.
 pub struct EngineHandle {
+    /// Cranelift: the optimized tier.
     pub(crate) engine: Engine,
+    /// Winch: the baseline tier (`None` when tiering is off or Winch is unavailable here).
+    baseline: Option<Engine>,
     pub(crate) config: RuntimeConfig,
     allocator: Allocator,
     compat: String,
@@ -168,26 +216,39 @@ impl EngineHandle {
         } else {
             (Self::on_demand(&config)?, Allocator::OnDemand)
         };
+        let baseline = match config.tiering {
+            Tiering::Optimized => None,
+            Tiering::Tiered | Tiering::Baseline => Self::baseline_engine(&config),
+        };
         let mut hasher = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let compat = format!("{:016x}", hasher.finish());
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
-        let (weak_engine, stop) = (engine.weak(), ticker_stop.clone());
+        let weak_engines: Vec<_> = std::iter::once(&engine)
+            .chain(baseline.as_ref())
+            .map(Engine::weak)
+            .collect();
+        let stop = ticker_stop.clone();
         std::thread::Builder::new()
             .name("wasm-epoch".into())
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::sleep(EPOCH_TICK);
-                    match weak_engine.upgrade() {
-                        Some(engine) => engine.increment_epoch(),
-                        None => break,
+                    let mut alive = false;
+                    for engine in weak_engines.iter().filter_map(|e| e.upgrade()) {
+                        engine.increment_epoch();
+                        alive = true;
+                    }
+                    if !alive {
+                        break;
                     }
                 }
             })
             .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))?;
         Ok(Arc::new(EngineHandle {
             engine,
+            baseline,
             config,
             allocator,
             compat,
@@ -199,6 +260,39 @@ impl EngineHandle {
 
     fn on_demand(config: &RuntimeConfig) -> Result<Engine, PluginError> {
         Engine::new(&base_config(config)).map_err(|e| PluginError::Engine(format!("{e:#}")))
+    }
+
+    /// The Winch engine, with on-demand allocation: it serves only until the optimized code is
+    /// ready, so it reserves no instance slots of its own. `None` (logged) where Winch is not
+    /// supported: every plugin is then compiled with Cranelift before it serves.
+    fn baseline_engine(config: &RuntimeConfig) -> Option<Engine> {
+        let mut winch = base_config(config);
+        winch.strategy(Strategy::Winch);
+        match Engine::new(&winch) {
+            Ok(engine) => Some(engine),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"),
+                    "the baseline compiler (Winch) is unavailable here: plugins are compiled with Cranelift before they serve");
+                None
+            }
+        }
+    }
+
+    /// The engine that runs code of `tier`.
+    pub(crate) fn engine_of(&self, tier: Tier) -> &Engine {
+        match (tier, &self.baseline) {
+            (Tier::Baseline, Some(baseline)) => baseline,
+            _ => &self.engine,
+        }
+    }
+
+    /// Whether plugins not in the cache are compiled with Winch first.
+    pub(crate) fn tiering(&self) -> Tiering {
+        if self.baseline.is_some() {
+            self.config.tiering
+        } else {
+            Tiering::Optimized
+        }
     }
 
     /// The allocator in use.
@@ -226,8 +320,8 @@ impl EngineHandle {
         u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
     }
 
-    /// The compiled component for `bytes` (digest `digest`): from memory, else from the disk
-    /// cache, else compiled (and stored in the disk cache).
+    /// The optimized (Cranelift) component for `bytes` (digest `digest`): from memory, else from
+    /// the disk cache, else compiled (and stored in the disk cache).
     ///
     /// # Errors
     /// [`PluginError::Compile`] when the bytes are not a valid component.
@@ -237,31 +331,57 @@ impl EngineHandle {
         digest: &str,
         bytes: &[u8],
     ) -> Result<(Component, CompileSource), PluginError> {
-        if let Some(c) = self.compiled.lock().map_err(poisoned)?.get(digest) {
-            return Ok((c.clone(), CompileSource::Memory));
+        if let Some(found) = self.cached(digest)? {
+            return Ok(found);
         }
-        let cached = self.cache_path(digest);
-        let (component, source) = match cached.as_deref().and_then(|p| self.load_cached(p)) {
-            Some(c) => (c, CompileSource::Disk),
-            None => {
-                let precompiled =
-                    self.engine
-                        .precompile_component(bytes)
-                        .map_err(|e| PluginError::Compile {
-                            plugin: name.to_string(),
-                            reason: format!("{e:#}"),
-                        })?;
-                if let Some(path) = &cached {
-                    store_cached(path, &precompiled);
-                }
-                (self.deserialize(&precompiled, name)?, CompileSource::Compiled)
-            }
+        let precompiled = self
+            .engine
+            .precompile_component(bytes)
+            .map_err(|e| compile_error(name, &e))?;
+        if let Some(path) = self.cache_path(digest) {
+            store_cached(&path, &precompiled);
+        }
+        let component = self.deserialize(&precompiled, name)?;
+        self.remember(digest, &component)?;
+        Ok((component, CompileSource::Compiled))
+    }
+
+    /// The optimized component of `digest` if it is already compiled: in this process, or in the
+    /// disk cache.
+    ///
+    /// # Errors
+    /// [`PluginError::Engine`] when the cache lock is poisoned.
+    pub fn cached(&self, digest: &str) -> Result<Option<(Component, CompileSource)>, PluginError> {
+        if let Some(c) = self.compiled.lock().map_err(poisoned)?.get(digest) {
+            return Ok(Some((c.clone(), CompileSource::Memory)));
+        }
+        let Some(component) = self.cache_path(digest).and_then(|p| self.load_cached(&p)) else {
+            return Ok(None);
         };
+        self.remember(digest, &component)?;
+        Ok(Some((component, CompileSource::Disk)))
+    }
+
+    fn remember(&self, digest: &str, component: &Component) -> Result<(), PluginError> {
         self.compiled
             .lock()
             .map_err(poisoned)?
             .insert(digest.to_string(), component.clone());
-        Ok((component, source))
+        Ok(())
+    }
+
+    /// `bytes` compiled with Winch, the baseline tier (not cached: the optimized code replaces
+    /// it within seconds, and is what the disk cache keeps).
+    ///
+    /// # Errors
+    /// [`PluginError::Compile`] when the bytes are not a valid component or use a feature Winch
+    /// does not compile; [`PluginError::Engine`] when there is no baseline engine.
+    pub fn baseline_component(&self, name: &str, bytes: &[u8]) -> Result<Component, PluginError> {
+        let engine = self
+            .baseline
+            .as_ref()
+            .ok_or_else(|| PluginError::Engine("no baseline (Winch) engine".into()))?;
+        Component::new(engine, bytes).map_err(|e| compile_error(name, &e))
     }
 
     fn cache_path(&self, digest: &str) -> Option<PathBuf> {
@@ -323,6 +443,13 @@ fn store_cached(path: &Path, bytes: &[u8]) {
     };
     if let Err(error) = write() {
         tracing::warn!(path = %path.display(), %error, "cannot store the precompiled component (continuing)");
+    }
+}
+
+fn compile_error(name: &str, error: &wasmtime::Error) -> PluginError {
+    PluginError::Compile {
+        plugin: name.to_string(),
+        reason: format!("{error:#}"),
     }
 }
 

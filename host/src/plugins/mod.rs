@@ -37,7 +37,9 @@ pub use children::{Child, ChildKind, ConfigMapFiles, ControllerInputs, MAX_CHILD
 /// The wasmtime version the host runs plugins on (pinned in the workspace manifest).
 pub const WASMTIME_VERSION: &str = "48.0.8";
 pub use bundled::{PluginRegistry, Refusal};
-pub use engine::{Allocator, CallStats, CompileSource, EngineHandle, RuntimeConfig, default_cache_dir};
+pub use engine::{
+    Allocator, CallStats, CompileSource, EngineHandle, RuntimeConfig, Tier, Tiering, default_cache_dir,
+};
 
 /// What a build call may know about the cluster (the WIT `build-context`), and which pod of a
 /// NodeSet to build (the WIT `pod-identity`): the same types plugin authors use.
@@ -305,11 +307,72 @@ struct PluginInner {
     contract: Contract,
     digest: String,
     source: PluginSource,
+    engine: Arc<EngineHandle>,
+    /// The code calls run: baseline first when tiered, then replaced once by the optimized code.
+    code: std::sync::RwLock<Arc<Code>>,
+}
+
+/// A plugin's compiled code in one tier, linked and ready to instantiate.
+struct Code {
+    tier: Tier,
     compiled_from: CompileSource,
     compile_time: Duration,
-    engine: Arc<EngineHandle>,
+    /// The engine that compiled it (stores must be of the same engine).
+    engine: wasmtime::Engine,
     pre: InstancePre<CallState>,
     exports: Exports,
+}
+
+/// A component linked against WASI, before its builder exports are looked up.
+struct Linked {
+    tier: Tier,
+    compiled: (CompileSource, Duration),
+    engine: wasmtime::Engine,
+    contract: Contract,
+    pre: InstancePre<CallState>,
+}
+
+impl Linked {
+    /// Link `component` (compiled by `engine`, speaking `contract`).
+    fn new(
+        engine: &wasmtime::Engine,
+        component: &wasmtime::component::Component,
+        contract: Contract,
+        tier: Tier,
+        compiled: (CompileSource, Duration),
+        refused: &impl Fn(String) -> PluginError,
+    ) -> Result<Linked, PluginError> {
+        let mut linker: Linker<CallState> = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Engine(format!("cannot link WASI: {e:#}")))?;
+        let pre = linker
+            .instantiate_pre(component)
+            .map_err(|e| refused(format!("it imports something this host does not provide: {e:#}")))?;
+        Ok(Linked {
+            tier,
+            compiled,
+            engine: engine.clone(),
+            contract,
+            pre,
+        })
+    }
+
+    /// The code, with the exports of the builder `kinds` found.
+    fn into_code(
+        self,
+        kinds: &[BuilderKind],
+        refused: &impl Fn(String) -> PluginError,
+    ) -> Result<Code, PluginError> {
+        let exports = exports_of(&self.pre, self.contract, kinds).map_err(refused)?;
+        Ok(Code {
+            tier: self.tier,
+            compiled_from: self.compiled.0,
+            compile_time: self.compiled.1,
+            engine: self.engine,
+            pre: self.pre,
+            exports,
+        })
+    }
 }
 
 /// The builder interfaces a plugin exports, by contract version.
@@ -433,25 +496,44 @@ impl Plugin {
             return Err(refused("not a wasm file (no `\\0asm` header)".into()));
         }
         let started = std::time::Instant::now();
-        let (component, compiled_from) = engine.component(&label, &digest, bytes)?;
+        // Optimized code if it is already compiled; else baseline code now and optimized code
+        // in the background when tiering; else compile the optimized code now.
+        let (component, tier, compiled_from) = match (engine.cached(&digest)?, engine.tiering()) {
+            (Some((component, from)), _) => (component, Tier::Optimized, from),
+            (None, Tiering::Optimized) => {
+                let (component, from) = engine.component(&label, &digest, bytes)?;
+                (component, Tier::Optimized, from)
+            }
+            (None, Tiering::Tiered | Tiering::Baseline) => match engine.baseline_component(&label, bytes) {
+                Ok(component) => (component, Tier::Baseline, CompileSource::Compiled),
+                Err(error) => {
+                    tracing::warn!(plugin = %label, %error, "the baseline compiler refused the plugin; compiling it with Cranelift");
+                    let (component, from) = engine.component(&label, &digest, bytes)?;
+                    (component, Tier::Optimized, from)
+                }
+            },
+        };
         let compile_time = started.elapsed();
-        let contract = check_contract(&engine.engine, &component).map_err(&refused)?;
-
-        let mut linker: Linker<CallState> = Linker::new(&engine.engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| PluginError::Engine(format!("cannot link WASI: {e:#}")))?;
-        let pre = linker
-            .instantiate_pre(&component)
-            .map_err(|e| refused(format!("it imports something this host does not provide: {e:#}")))?;
+        let wasm_engine = engine.engine_of(tier);
+        let contract = check_contract(wasm_engine, &component).map_err(&refused)?;
+        let linked = Linked::new(
+            wasm_engine,
+            &component,
+            contract,
+            tier,
+            (compiled_from, compile_time),
+            &refused,
+        )?;
+        let pre = &linked.pre;
 
         // Describe, in a sandbox like any call.
-        let (mut store, instance) = instantiate(engine, &pre, &label, "describe")?;
+        let (mut store, instance) = instantiate(engine, wasm_engine, pre, &label, "describe")?;
         let described = match contract {
-            Contract::V0_2 => bindings::v2::plugin::GuestIndices::new(&pre)
+            Contract::V0_2 => bindings::v2::plugin::GuestIndices::new(pre)
                 .and_then(|idx| idx.load(&mut store, &instance))
                 .and_then(|guest| guest.call_describe(&mut store))
                 .map(PluginInfo::from),
-            Contract::V0_1 => bindings::v1::plugin::GuestIndices::new(&pre)
+            Contract::V0_1 => bindings::v1::plugin::GuestIndices::new(pre)
                 .and_then(|idx| idx.load(&mut store, &instance))
                 .and_then(|guest| guest.call_describe(&mut store))
                 .map(PluginInfo::from),
@@ -469,22 +551,119 @@ impl Plugin {
         if info.kinds.is_empty() {
             return Err(refused("describe() lists no builder kinds".into()));
         }
-        let exports = exports_of(&pre, contract, &info.kinds).map_err(&refused)?;
+        let code = linked.into_code(&info.kinds, &refused)?;
         tracing::info!(plugin = %info.name, version = %info.version, digest = %&digest[..12], source = %label,
-            kinds = ?info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(), %contract, ?compiled_from, "plugin loaded");
-        Ok(Plugin {
+            kinds = ?info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(), %contract, ?compiled_from,
+            tier = tier.as_str(), compile_ms = compile_time.as_millis() as u64, "plugin loaded");
+        let plugin = Plugin {
             inner: Arc::new(PluginInner {
                 info,
                 contract,
                 digest,
                 source,
-                compiled_from,
-                compile_time,
                 engine: engine.clone(),
-                pre,
-                exports,
+                code: std::sync::RwLock::new(Arc::new(code)),
             }),
-        })
+        };
+        if tier == Tier::Baseline && engine.tiering() == Tiering::Tiered {
+            plugin.optimize_in_background(bytes.to_vec());
+        }
+        Ok(plugin)
+    }
+
+    /// Compile the optimized code on a background thread and switch to it: calls already
+    /// running finish on the baseline code, calls made after the switch run the optimized code.
+    /// Nothing happens if the plugin is dropped meanwhile (its artifact still lands in the disk
+    /// cache); on failure the plugin keeps its baseline code (logged).
+    fn optimize_in_background(&self, bytes: Vec<u8>) {
+        let weak = Arc::downgrade(&self.inner);
+        let (engine, digest, label) = (self.inner.engine.clone(), self.inner.digest.clone(), self.label());
+        let spawned = std::thread::Builder::new()
+            .name("wasm-optimize".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let compiled = engine.component(&label, &digest, &bytes);
+                let compile_time = started.elapsed();
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let plugin = Plugin { inner };
+                match compiled.and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time)) {
+                    Ok(code) => {
+                        plugin.set_code(code);
+                        tracing::info!(plugin = %label, digest = %&digest[..12], compile_ms = compile_time.as_millis() as u64,
+                            "plugin switched to optimized code");
+                    }
+                    Err(error) => {
+                        tracing::warn!(plugin = %label, %error, "cannot compile the optimized code; the plugin keeps running its baseline code");
+                    }
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::warn!(plugin = %self.label(), %error, "cannot start the optimizing compile; the plugin keeps running its baseline code");
+        }
+    }
+
+    fn optimized_code(
+        &self,
+        component: &wasmtime::component::Component,
+        from: CompileSource,
+        compile_time: Duration,
+    ) -> Result<Code, PluginError> {
+        let engine = &self.inner.engine.engine;
+        let label = self.label();
+        let refused = |reason: String| PluginError::Refused {
+            plugin: label.clone(),
+            reason,
+        };
+        let contract = check_contract(engine, component).map_err(&refused)?;
+        if contract != self.inner.contract {
+            return Err(refused(format!(
+                "its optimized code speaks contract {contract}, its baseline code {}",
+                self.inner.contract
+            )));
+        }
+        Linked::new(
+            engine,
+            component,
+            contract,
+            Tier::Optimized,
+            (from, compile_time),
+            &refused,
+        )?
+        .into_code(&self.inner.info.kinds, &refused)
+    }
+
+    fn code(&self) -> Arc<Code> {
+        match self.inner.code.read() {
+            Ok(code) => code.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_code(&self, code: Code) {
+        let code = Arc::new(code);
+        match self.inner.code.write() {
+            Ok(mut slot) => *slot = code,
+            Err(poisoned) => *poisoned.into_inner() = code,
+        }
+    }
+
+    /// Which compiler made the code new calls run.
+    pub fn tier(&self) -> Tier {
+        self.code().tier
+    }
+
+    /// Wait until new calls run code of `tier` (polling); `false` after `timeout`.
+    pub fn wait_for_tier(&self, tier: Tier, timeout: Duration) -> bool {
+        let started = std::time::Instant::now();
+        while self.tier() != tier {
+            if started.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
     }
 
     /// What the plugin said about itself.
@@ -502,14 +681,14 @@ impl Plugin {
         &self.inner.source
     }
 
-    /// Whether it was compiled now, or came from a cache.
+    /// Whether the code new calls run was compiled in this process, or came from a cache.
     pub fn compiled_from(&self) -> CompileSource {
-        self.inner.compiled_from
+        self.code().compiled_from
     }
 
-    /// How long compiling (or loading the precompiled artifact) took.
+    /// How long compiling (or loading the precompiled artifact) of the code new calls run took.
     pub fn compile_time(&self) -> Duration {
-        self.inner.compile_time
+        self.code().compile_time
     }
 
     /// Whether the plugin builds `kind`.
@@ -533,11 +712,12 @@ impl Plugin {
     pub fn build_service_raw(&self, ctx: &BuildContext, controller: &String) -> Result<String, PluginError> {
         const CALL: &str = "build-service";
         let missing = || self.not_a_kind(BuilderKind::ControllerService);
-        let out = match &self.inner.exports {
+        let code = self.code();
+        let out = match &code.exports {
             Exports::V2 { service, .. } => {
                 let idx = service.as_ref().ok_or_else(missing)?;
                 let wctx = bindings::v2::types::BuildContext::from_host(ctx);
-                self.call(CALL, |store, instance| {
+                self.call(&code, CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
                         .call_build_service(store, &wctx, controller)?;
@@ -547,7 +727,7 @@ impl Plugin {
             Exports::V1 { service, .. } => {
                 let idx = service.as_ref().ok_or_else(missing)?;
                 let wctx = bindings::v1::types::BuildContext::from_host(ctx);
-                self.call(CALL, |store, instance| {
+                self.call(&code, CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
                         .call_build_service(store, &wctx, controller)?;
@@ -575,12 +755,13 @@ impl Plugin {
     ) -> Result<String, PluginError> {
         const CALL: &str = "build-pod";
         let missing = || self.not_a_kind(BuilderKind::NodesetPod);
-        let out = match &self.inner.exports {
+        let code = self.code();
+        let out = match &code.exports {
             Exports::V2 { pod, .. } => {
                 let idx = pod.as_ref().ok_or_else(missing)?;
                 let wctx = bindings::v2::types::BuildContext::from_host(ctx);
                 let wid = bindings::v2::types::PodIdentity::from_host(identity);
-                self.call(CALL, |store, instance| {
+                self.call(&code, CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
                         .call_build_pod(store, &wctx, nodeset, controller, &wid)?;
@@ -591,7 +772,7 @@ impl Plugin {
                 let idx = pod.as_ref().ok_or_else(missing)?;
                 let wctx = bindings::v1::types::BuildContext::from_host(ctx);
                 let wid = bindings::v1::types::PodIdentity::from_host(identity);
-                self.call(CALL, |store, instance| {
+                self.call(&code, CALL, |store, instance| {
                     let r = idx
                         .load(&mut *store, instance)?
                         .call_build_pod(store, &wctx, nodeset, controller, &wid)?;
@@ -623,14 +804,15 @@ impl Plugin {
     ) -> Result<Vec<Duration>, PluginError> {
         const CALL: &str = "build-pod";
         // Only contract 0.2.0 plugins: the benchmark's guests are built against it.
-        let Exports::V2 { pod: Some(idx), .. } = &self.inner.exports else {
+        let code = self.code();
+        let Exports::V2 { pod: Some(idx), .. } = &code.exports else {
             return Err(self.not_a_kind(BuilderKind::NodesetPod));
         };
         let wctx = bindings::v2::types::BuildContext::from_host(ctx);
         let wid = bindings::v2::types::PodIdentity::from_host(identity);
         let label = self.label();
         let engine = &self.inner.engine;
-        let (mut store, instance) = instantiate(engine, &self.inner.pre, &label, CALL)?;
+        let (mut store, instance) = instantiate(engine, &code.engine, &code.pre, &label, CALL)?;
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {
             store.set_epoch_deadline(engine.deadline_ticks());
@@ -651,8 +833,15 @@ impl Plugin {
     /// A [`PluginError::Trap`] when instantiation traps.
     #[doc(hidden)]
     pub fn time_instantiation(&self) -> Result<(Duration, Duration), PluginError> {
+        let code = self.code();
         let started = std::time::Instant::now();
-        let made = instantiate(&self.inner.engine, &self.inner.pre, &self.label(), "instantiate")?;
+        let made = instantiate(
+            &self.inner.engine,
+            &code.engine,
+            &code.pre,
+            &self.label(),
+            "instantiate",
+        )?;
         let instantiated = started.elapsed();
         let started = std::time::Instant::now();
         drop(made);
@@ -665,7 +854,15 @@ impl Plugin {
     /// A [`PluginError::Trap`] when instantiation traps.
     #[doc(hidden)]
     pub fn instantiate_only(&self) -> Result<(), PluginError> {
-        instantiate(&self.inner.engine, &self.inner.pre, &self.label(), "instantiate").map(drop)
+        let code = self.code();
+        instantiate(
+            &self.inner.engine,
+            &code.engine,
+            &code.pre,
+            &self.label(),
+            "instantiate",
+        )
+        .map(drop)
     }
 
     /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
@@ -719,7 +916,7 @@ impl Plugin {
     }
 
     /// Run one call in a fresh sandbox; the builder's error becomes [`PluginError::Build`].
-    fn call<T, F>(&self, call: &'static str, f: F) -> Result<T, PluginError>
+    fn call<T, F>(&self, code: &Code, call: &'static str, f: F) -> Result<T, PluginError>
     where
         F: FnOnce(
             &mut Store<CallState>,
@@ -728,7 +925,7 @@ impl Plugin {
     {
         let label = self.label();
         let engine = &self.inner.engine;
-        let (mut store, instance) = instantiate(engine, &self.inner.pre, &label, call)?;
+        let (mut store, instance) = instantiate(engine, &code.engine, &code.pre, &label, call)?;
         let result = f(&mut store, &instance);
         engine.count_call(store.data().limits.grows);
         log_output(&label, call, &store);
@@ -827,6 +1024,7 @@ fn exports_of(
 /// A fresh store and instance, with the deadline and memory cap set before instantiation.
 fn instantiate(
     engine: &Arc<EngineHandle>,
+    wasm_engine: &wasmtime::Engine,
     pre: &InstancePre<CallState>,
     label: &str,
     call: &'static str,
@@ -858,7 +1056,7 @@ fn instantiate(
         stdout,
         stderr,
     };
-    let mut store = Store::new(&engine.engine, state);
+    let mut store = Store::new(wasm_engine, state);
     store.limiter(|s| &mut s.limits);
     store.set_epoch_deadline(engine.deadline_ticks());
     store.epoch_deadline_trap();
