@@ -432,12 +432,20 @@ fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
 /// typed error, and no state between calls.
 #[test]
 fn baseline_code_keeps_every_limit() -> Result<()> {
-    let engine = EngineHandle::new(RuntimeConfig {
+    // An optimized artifact in the cache, which a baseline-only engine must not use.
+    let cache = tempfile::tempdir()?;
+    let config = RuntimeConfig {
         call_deadline: Duration::from_millis(300),
         memory_limit: 32 << 20,
-        cache_dir: None,
-        tiering: Tiering::Baseline,
+        cache_dir: Some(cache.path().to_path_buf()),
+        tiering: Tiering::Optimized,
         ..RuntimeConfig::default()
+    };
+    let optimized = load(&EngineHandle::new(config.clone())?, "hostile")?;
+    assert_eq!(optimized.tier(), Tier::Optimized);
+    let engine = EngineHandle::new(RuntimeConfig {
+        tiering: Tiering::Baseline,
+        ..config
     })?;
     let plugin = load(&engine, "hostile")?;
     assert_eq!(plugin.tier(), Tier::Baseline);

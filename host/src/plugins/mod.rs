@@ -498,7 +498,12 @@ impl Plugin {
         let started = std::time::Instant::now();
         // Optimized code if it is already compiled; else baseline code now and optimized code
         // in the background when tiering; else compile the optimized code now.
-        let (component, tier, compiled_from) = match (engine.cached(&digest)?, engine.tiering()) {
+        let cached = match engine.tiering() {
+            // Baseline-only means Winch code, even when an optimized artifact exists.
+            Tiering::Baseline => None,
+            Tiering::Tiered | Tiering::Optimized => engine.cached(&digest)?,
+        };
+        let (component, tier, compiled_from) = match (cached, engine.tiering()) {
             (Some((component, from)), _) => (component, Tier::Optimized, from),
             (None, Tiering::Optimized) => {
                 let (component, from) = engine.component(&label, &digest, bytes)?;
