@@ -74,11 +74,15 @@ fn build_wasm(workspace: &Path, packages: &[&str]) -> PathBuf {
         (workspace, "/slinky"),
         (target_dir.as_path(), "/target"),
     ];
-    let rustflags: Vec<String> = remaps
+    let mut rustflags: Vec<String> = remaps
         .iter()
         .filter(|(from, _)| !from.as_os_str().is_empty())
         .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
         .collect();
+    // 2 MiB of initial linear memory (the 1 MiB stack, the data, room for a build's heap): a call
+    // never grows memory, which would cost the host an mprotect to grow and another to reset the
+    // slot. The scaffold's `.cargo/config.toml` sets the same.
+    rustflags.push("-Clink-arg=--initial-memory=2097152".into());
     // The outer build's settings are for the host, not the guests.
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",

@@ -162,10 +162,14 @@ fn is_exponent(s: &str, i: usize) -> bool {
 /// sha256 of `data` as lower-case hex (for `*-hash` annotations).
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = sha2::Sha256::digest(data);
+    let mut out = String::with_capacity(2 * digest.len());
+    for b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 #[cfg(test)]

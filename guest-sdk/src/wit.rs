@@ -21,7 +21,16 @@ wit_bindgen::generate!({
     runtime_path: "slinky_guest_sdk::wit::__rt",
 });
 
+use core::mem::ManuallyDrop;
+
 use slinky::builder::types as w;
+
+/// Objects are never dropped in a call: the instance serves one call and is then discarded with
+/// its whole memory, so dropping would only walk the objects to free nothing (the bump allocator
+/// keeps what it handed out).
+fn keep<T>(value: T) -> ManuallyDrop<T> {
+    ManuallyDrop::new(value)
+}
 
 fn error(e: BuildError) -> w::BuildError {
     match e {
@@ -53,8 +62,8 @@ pub fn call_service<T: ControllerServiceBuilder>(
     controller: String,
 ) -> Result<String, w::BuildError> {
     let run = || {
-        let controller = crate::from_json("Controller", &controller)?;
-        crate::to_json(&T::build_service(&context(ctx), &controller)?)
+        let controller = keep(crate::from_json("Controller", &controller)?);
+        crate::to_json(&*keep(T::build_service(&context(ctx), &controller)?))
     };
     run().map_err(error)
 }
@@ -67,15 +76,20 @@ pub fn call_pod<T: NodeSetPodBuilder>(
     identity: w::PodIdentity,
 ) -> Result<String, w::BuildError> {
     let run = || {
-        let nodeset = crate::from_json("NodeSet", &nodeset)?;
-        let controller = crate::from_json("Controller", &controller)?;
+        let nodeset = keep(crate::from_json("NodeSet", &nodeset)?);
+        let controller = keep(crate::from_json("Controller", &controller)?);
         let identity = PodIdentity {
             ordinal: identity.ordinal,
             name: identity.name,
             hostname: identity.hostname,
             revision: identity.revision,
         };
-        crate::to_json(&T::build_pod(&context(ctx), &nodeset, &controller, &identity)?)
+        crate::to_json(&*keep(T::build_pod(
+            &context(ctx),
+            &nodeset,
+            &controller,
+            &identity,
+        )?))
     };
     run().map_err(error)
 }
@@ -87,8 +101,8 @@ pub fn call_controller_children<T: ControllerChildrenBuilder>(
     inputs: w::ControllerInputs,
 ) -> Result<Vec<String>, w::BuildError> {
     let run = || {
-        let controller = crate::from_json("Controller", &controller)?;
-        let inputs = ControllerInputs {
+        let controller = keep(crate::from_json("Controller", &controller)?);
+        let inputs = keep(ControllerInputs {
             nodesets: inputs
                 .nodesets
                 .iter()
@@ -104,8 +118,8 @@ pub fn call_controller_children<T: ControllerChildrenBuilder>(
                     files: c.files,
                 })
                 .collect(),
-        };
-        T::build_controller_children(&context(ctx), &controller, &inputs)?
+        });
+        keep(T::build_controller_children(&context(ctx), &controller, &inputs)?)
             .iter()
             .map(crate::Child::to_json)
             .collect::<Result<Vec<_>, _>>()
@@ -120,9 +134,9 @@ pub fn call_nodeset_children<T: NodeSetChildrenBuilder>(
     controller: String,
 ) -> Result<Vec<String>, w::BuildError> {
     let run = || {
-        let nodeset = crate::from_json("NodeSet", &nodeset)?;
-        let controller = crate::from_json("Controller", &controller)?;
-        T::build_nodeset_children(&context(ctx), &nodeset, &controller)?
+        let nodeset = keep(crate::from_json("NodeSet", &nodeset)?);
+        let controller = keep(crate::from_json("Controller", &controller)?);
+        keep(T::build_nodeset_children(&context(ctx), &nodeset, &controller)?)
             .iter()
             .map(crate::Child::to_json)
             .collect::<Result<Vec<_>, _>>()

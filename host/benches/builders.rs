@@ -8,7 +8,9 @@
 //! * compiling a component vs loading a precompiled artifact.
 //!
 //! `cargo bench -p slinky-host --bench builders` (prints figures; no assertions). `BENCH_CALLS`
-//! sets the calls per measurement (default 2000).
+//! sets the calls per measurement (default 2000); `BENCH_PROFILE=SECONDS` only makes default
+//! fresh-instance calls for that long (to run under `perf record`); `BENCH_COMPARE=A.wasm,B.wasm`
+//! adds other builds of the pod builder as contestants.
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
@@ -316,6 +318,42 @@ fn main() -> anyhow::Result<()> {
         let engine = EngineHandle::new(config)?;
         let plugin = Plugin::load(&engine, bundled::NODESET_POD, PluginSource::Bundled)?;
         loaded.push((name, default, engine, plugin));
+    }
+    // `BENCH_COMPARE=FILE.wasm[,FILE.wasm…]`: other builds of the pod builder, on the default
+    // engine, as extra contestants (to measure a guest-side change against the bundled build).
+    for file in std::env::var("BENCH_COMPARE")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|f| !f.is_empty())
+    {
+        let engine = EngineHandle::new(base.clone())?;
+        let plugin = Plugin::load(&engine, &std::fs::read(file)?, PluginSource::Bundled)?;
+        let name: &'static str = Box::leak(format!("{file} (default engine)").into_boxed_str());
+        loaded.push((name, false, engine, plugin));
+    }
+    // `BENCH_PROFILE=SECONDS`: only fresh-instance calls on the default engine, for `perf record`
+    // (with `SLINKY_HOST_PLUGIN_PERF_MAP=1` so the guest's functions have names).
+    if let Some(seconds) = std::env::var("BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        // The first `BENCH_COMPARE` build if any, else the bundled one.
+        let plugin = &loaded
+            .iter()
+            .find(|l| l.0.ends_with("(default engine)"))
+            .or_else(|| loaded.iter().find(|l| l.1))
+            .expect("the default variant")
+            .3;
+        let (started, mut calls) = (Instant::now(), 0u64);
+        while started.elapsed().as_secs_f64() < seconds {
+            build_raw(plugin);
+            calls += 1;
+        }
+        println!(
+            "profile: {calls} calls, {:.1} µs each",
+            started.elapsed().as_secs_f64() * 1e6 / calls as f64
+        );
+        return Ok(());
     }
     let mut wasm_calls: Vec<Box<dyn FnMut()>> = loaded
         .iter()

@@ -280,7 +280,7 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
         let _ = rx2.wait_for(|s| *s).await;
     }
     .boxed();
-    let (_handles, fut) = reconcile::start(
+    let (handles, fut) = reconcile::start(
         client.clone(),
         plugins.clone(),
         RunConfig::default(),
@@ -306,11 +306,21 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     });
+    let failed = |h: &reconcile::Handles| -> u64 {
+        h.metrics
+            .snapshot()
+            .iter()
+            .filter(|((_, result), _)| result != "ok")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let failed_before = failed(&handles);
     let busy = scale_latencies(&client, 20).await?;
     writer.abort();
+    let failed_during = failed(&handles) - failed_before;
     println!("  scale +1 pod, no reload:     {}", summary(&quiet));
     println!(
-        "  scale +1 pod, during reloads: {} ({} controller-service swaps meanwhile)",
+        "  scale +1 pod, during reloads: {} ({} controller-service swaps meanwhile, {failed_during} failed reconciles)",
         summary(&busy),
         plugins.swaps(BuilderKind::ControllerService)
     );

@@ -111,8 +111,11 @@ pub fn new_plugin(name: &str, kind: BuilderKind, dir: &Path, sdk: Option<&Path>)
             .replace("{sdk}", &sdk.display().to_string())
             .replace("{wasm}", &wasm.display().to_string())
     };
-    let files: [(&str, String); 6] = [
+    std::fs::create_dir_all(dir.join(".cargo"))
+        .with_context(|| format!("cannot create {}/.cargo", dir.display()))?;
+    let files: [(&str, String); 7] = [
         ("Cargo.toml", fill(CARGO_TOML)),
+        (".cargo/config.toml", CARGO_CONFIG.to_string()),
         ("Cargo.lock", WORKSPACE_LOCK.to_string()),
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
         (".gitignore", "/target\n".to_string()),
@@ -152,6 +155,14 @@ strip = true
 
 # A workspace of its own, wherever this directory is.
 [workspace]
+"#;
+
+/// The guest's linker flags (`wasm_build.rs` builds the bundled plugins with the same).
+const CARGO_CONFIG: &str = r#"# The component starts with 2 MiB of linear memory: its stack (1 MiB), its data and room for a
+# build's heap, so a call never grows memory (each growth costs the host two page-protection
+# changes per call). A plugin that needs more still grows, in 1 MiB steps.
+[target.wasm32-wasip2]
+rustflags = ["-C", "link-arg=--initial-memory=2097152"]
 "#;
 
 const RUST_TOOLCHAIN: &str = r#"[toolchain]
