@@ -155,7 +155,12 @@ pub struct EngineHandle {
     compiled: Mutex<HashMap<String, Component>>,
     ticker_stop: Arc<AtomicBool>,
     stats: CallStats,
+    /// The queue of the one thread that compiles optimized code in the background.
+    optimizer: Mutex<Option<std::sync::mpsc::Sender<OptimizeJob>>>,
 }
+
+/// Work for the background optimizer thread.
+pub(crate) type OptimizeJob = Box<dyn FnOnce() + Send>;
 
 impl std::fmt::Debug for EngineHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -255,6 +260,7 @@ impl EngineHandle {
             compiled: Mutex::new(HashMap::new()),
             ticker_stop,
             stats: CallStats::default(),
+            optimizer: Mutex::new(None),
         }))
     }
 
@@ -276,6 +282,41 @@ impl EngineHandle {
                 None
             }
         }
+    }
+
+    /// Queue `job` for the background optimizer: one thread, one Cranelift compile at a time (it
+    /// compiles in parallel itself), so versions landing together do not pile up compiles that
+    /// fight each other and the reconciles for two cores; a job whose plugin is gone by its turn
+    /// does nothing. The thread starts with the first job, and is started again if a job panicked.
+    ///
+    /// # Errors
+    /// When no thread can be started.
+    pub(crate) fn optimize_later(&self, job: OptimizeJob) -> Result<(), String> {
+        let mut slot = self
+            .optimizer
+            .lock()
+            .map_err(|_| "the optimizer queue lock is poisoned".to_string())?;
+        let job = match slot.as_ref() {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return Ok(()),
+                // The thread is gone (a job panicked): start another.
+                Err(std::sync::mpsc::SendError(job)) => job,
+            },
+            None => job,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<OptimizeJob>();
+        std::thread::Builder::new()
+            .name("wasm-optimize".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .map_err(|e| format!("cannot start the optimizer thread: {e}"))?;
+        tx.send(job)
+            .map_err(|_| "the optimizer thread stopped at once".to_string())?;
+        *slot = Some(tx);
+        Ok(())
     }
 
     /// The engine that runs code of `tier`.

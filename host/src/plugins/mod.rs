@@ -576,36 +576,40 @@ impl Plugin {
         Ok(plugin)
     }
 
-    /// Compile the optimized code on a background thread and switch to it: calls already
-    /// running finish on the baseline code, calls made after the switch run the optimized code.
-    /// Nothing happens if the plugin is dropped meanwhile (its artifact still lands in the disk
-    /// cache); on failure the plugin keeps its baseline code (logged).
+    /// Compile the optimized code on the engine's optimizer thread and switch to it: calls
+    /// already running finish on the baseline code, calls made after the switch run the optimized
+    /// code. Nothing happens if the plugin is gone by the job's turn (a version replaced before it
+    /// was optimized is never compiled again); on failure the plugin keeps its baseline code
+    /// (logged).
     fn optimize_in_background(&self, bytes: Vec<u8>) {
         let weak = Arc::downgrade(&self.inner);
         let (engine, digest, label) = (self.inner.engine.clone(), self.inner.digest.clone(), self.label());
-        let spawned = std::thread::Builder::new()
-            .name("wasm-optimize".into())
-            .spawn(move || {
-                let started = std::time::Instant::now();
-                let compiled = engine.component(&label, &digest, &bytes);
-                let compile_time = started.elapsed();
-                let Some(inner) = weak.upgrade() else {
-                    return;
-                };
-                let plugin = Plugin { inner };
-                match compiled.and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time)) {
-                    Ok(code) => {
-                        plugin.set_code(code);
-                        tracing::info!(plugin = %label, digest = %&digest[..12], compile_ms = compile_time.as_millis() as u64,
-                            "plugin switched to optimized code");
-                    }
-                    Err(error) => {
-                        tracing::warn!(plugin = %label, %error, "cannot compile the optimized code; the plugin keeps running its baseline code");
-                    }
+        let job = move || {
+            // Replaced (or dropped) before its turn: nothing to do.
+            if weak.strong_count() == 0 {
+                return;
+            }
+            let started = std::time::Instant::now();
+            let compiled = engine.component(&label, &digest, &bytes);
+            let compile_time = started.elapsed();
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            let plugin = Plugin { inner };
+            match compiled.and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time))
+            {
+                Ok(code) => {
+                    plugin.set_code(code);
+                    tracing::info!(plugin = %label, digest = %&digest[..12], compile_ms = compile_time.as_millis() as u64,
+                        "plugin switched to optimized code");
                 }
-            });
-        if let Err(error) = spawned {
-            tracing::warn!(plugin = %self.label(), %error, "cannot start the optimizing compile; the plugin keeps running its baseline code");
+                Err(error) => {
+                    tracing::warn!(plugin = %label, %error, "cannot compile the optimized code; the plugin keeps running its baseline code");
+                }
+            }
+        };
+        if let Err(error) = self.inner.engine.optimize_later(Box::new(job)) {
+            tracing::warn!(plugin = %self.label(), %error, "cannot compile the optimized code; the plugin keeps running its baseline code");
         }
     }
 
