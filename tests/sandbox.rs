@@ -599,3 +599,52 @@ fn a_new_plugin_serves_baseline_code_then_switches_to_optimized_code() -> Result
     assert_eq!(outputs(&restarted)?, first);
     Ok(())
 }
+
+/// A memory cap below what a plugin's memory starts with refuses the plugin with an error that
+/// names both sizes and the flag to raise, on every tier; the cached optimized artifact is kept
+/// (a pool slot fits it whatever the cap), so raising the cap again loads it from disk.
+#[test]
+fn a_cap_below_the_initial_memory_is_named_as_such_and_keeps_the_cache() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let config = RuntimeConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        tiering: Tiering::Optimized,
+        ..RuntimeConfig::default()
+    };
+    // The optimized artifact, compiled under the default cap.
+    load(&EngineHandle::new(config.clone())?, "hostile")?;
+    let artifacts = || -> Result<usize> { Ok(std::fs::read_dir(cache.path())?.count()) };
+    assert_eq!(artifacts()?, 1);
+
+    for tiering in [Tiering::Optimized, Tiering::Tiered, Tiering::Baseline] {
+        let engine = EngineHandle::new(RuntimeConfig {
+            memory_limit: 1 << 20,
+            tiering,
+            ..config.clone()
+        })?;
+        match load(&engine, "hostile") {
+            Err(error) => match error.downcast_ref::<PluginError>() {
+                Some(
+                    e @ PluginError::Trap {
+                        cause: TrapCause::InitialMemoryAboveCap { initial, cap },
+                        ..
+                    },
+                ) => {
+                    assert_eq!((*initial, *cap), (2 << 20, 1 << 20), "{tiering:?}");
+                    let message = e.to_string();
+                    assert!(
+                        message.contains("raise --plugin-memory-mib to at least 2"),
+                        "{tiering:?}: {message}"
+                    );
+                    assert_eq!(e.metric_label(), "memory_cap");
+                }
+                other => bail!("{tiering:?}: expected the initial memory above the cap, got {other:?}"),
+            },
+            Ok(plugin) => bail!("{tiering:?}: loaded under a 1 MiB cap, tier {:?}", plugin.tier()),
+        }
+    }
+    assert_eq!(artifacts()?, 1, "the cached artifact survives the low cap");
+    let plugin = load(&EngineHandle::new(config)?, "hostile")?;
+    assert_eq!(plugin.compiled_from(), CompileSource::Disk);
+    Ok(())
+}

@@ -90,6 +90,11 @@ impl Tier {
     }
 }
 
+/// The smallest linear-memory size a pool slot is made for, whatever the cap: a component whose
+/// memory does not fit a slot cannot even be loaded (and its cached artifact would be discarded
+/// as unusable), while the cap itself is the limiter's to enforce, with an error that says so.
+const MIN_POOLED_MEMORY: usize = 16 << 20;
+
 /// Bytes of each pooled linear memory kept resident between calls (see
 /// [`RuntimeConfig::keep_resident`]): more than a build touches (the bundled builders touch about
 /// 2 MiB), so a call takes no page faults. Resident memory is bounded by what calls touched, at most
@@ -201,7 +206,7 @@ impl EngineHandle {
                 .total_core_instances(slots * 8)
                 .total_memories(slots * 4)
                 .total_tables(slots * 8)
-                .max_memory_size(config.memory_limit)
+                .max_memory_size(config.memory_limit.max(MIN_POOLED_MEMORY))
                 .linear_memory_keep_resident(config.keep_resident)
                 .table_keep_resident(config.keep_resident.min(1 << 20))
                 .pagemap_scan(if config.pagemap_scan {

@@ -66,6 +66,13 @@ pub enum TrapCause {
     Deadline(Duration),
     /// The call tried to grow memory past the cap (bytes).
     MemoryCap(usize),
+    /// The plugin's initial linear memory is already above the cap: no call can run.
+    InitialMemoryAboveCap {
+        /// Bytes the plugin's memory starts with.
+        initial: usize,
+        /// The cap (bytes).
+        cap: usize,
+    },
     /// Any other trap (a panic is `unreachable` with the message on stderr).
     Trap(String),
 }
@@ -84,6 +91,15 @@ impl std::fmt::Display for TrapCause {
                 "exceeded its memory cap of {} MiB and was stopped: allocate less per call; the host's \
                  limit is --plugin-memory-mib",
                 b >> 20
+            ),
+            TrapCause::InitialMemoryAboveCap { initial, cap } => write!(
+                f,
+                "starts with {} KiB of linear memory, above the memory cap of {} KiB, so no call can \
+                 run: raise --plugin-memory-mib to at least {} (or build the plugin with a smaller \
+                 `-C link-arg=--initial-memory=`)",
+                initial >> 10,
+                cap >> 10,
+                initial.div_ceil(1 << 20)
             ),
             TrapCause::Trap(m) => write!(
                 f,
@@ -191,7 +207,7 @@ impl PluginError {
                 ..
             } => "deadline",
             PluginError::Trap {
-                cause: TrapCause::MemoryCap(_),
+                cause: TrapCause::MemoryCap(_) | TrapCause::InitialMemoryAboveCap { .. },
                 ..
             } => "memory_cap",
             PluginError::Trap { .. } => "trap",
@@ -242,6 +258,8 @@ impl WasiView for CallState {
 struct CallLimits {
     memory: usize,
     hit: bool,
+    /// The size of a memory refused when it was created (its initial size above the cap).
+    initial_above_cap: Option<usize>,
     /// `memory_growing` calls (memory creation at instantiation included).
     grows: u64,
 }
@@ -249,13 +267,16 @@ struct CallLimits {
 impl ResourceLimiter for CallLimits {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
         self.grows += 1;
         let ok = desired <= self.memory;
         self.hit |= !ok;
+        if !ok && current == 0 {
+            self.initial_above_cap = Some(desired);
+        }
         Ok(ok)
     }
 
@@ -1060,6 +1081,7 @@ fn instantiate(
         limits: CallLimits {
             memory: engine.config.memory_limit,
             hit: false,
+            initial_above_cap: None,
             grows: 0,
         },
         stdout,
@@ -1094,7 +1116,13 @@ fn trap_error(
     store: &Store<CallState>,
     engine: &EngineHandle,
 ) -> PluginError {
-    let cause = if store.data().limits.hit {
+    let limits = &store.data().limits;
+    let cause = if let Some(initial) = limits.initial_above_cap {
+        TrapCause::InitialMemoryAboveCap {
+            initial,
+            cap: engine.config.memory_limit,
+        }
+    } else if limits.hit {
         TrapCause::MemoryCap(engine.config.memory_limit)
     } else if matches!(
         error.downcast_ref::<wasmtime::Trap>(),
