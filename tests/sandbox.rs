@@ -648,3 +648,60 @@ fn a_cap_below_the_initial_memory_is_named_as_such_and_keeps_the_cache() -> Resu
     assert_eq!(plugin.compiled_from(), CompileSource::Disk);
     Ok(())
 }
+
+/// With tiering, a version the reloader refuses (its example builds fail) is never compiled with
+/// Cranelift, while an accepted one is, and switches to optimized code after its checks.
+#[test]
+fn a_refused_version_is_never_compiled_with_cranelift() -> Result<()> {
+    use slinky_host::plugins::{BuildContext as Ctx, PluginRegistry, digest, reload};
+    let (cache, dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let engine = EngineHandle::new(RuntimeConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        tiering: Tiering::Tiered,
+        ..RuntimeConfig::default()
+    })?;
+    let registry = std::sync::Arc::new(PluginRegistry::new(&engine, &[])?);
+    // The optimizer is idle once the bundled plugins run optimized code.
+    for kind in slinky_host::plugins::bundled::KINDS {
+        ensure!(
+            registry
+                .active(kind)
+                .wait_for_tier(Tier::Optimized, Duration::from_secs(300)),
+            "bundled {kind} never switched to optimized code"
+        );
+    }
+    let mut reloader = reload::Reloader::new(
+        registry.clone(),
+        reload::ReloadConfig {
+            dir: dir.path().to_path_buf(),
+            poll: Duration::from_secs(60),
+            build: Ctx::default(),
+        },
+    );
+
+    // `raw` builds whatever its input asks for; the example inputs ask nothing: refused.
+    let raw = std::fs::read(test_plugin("raw"))?;
+    std::fs::write(dir.path().join("raw.wasm"), &raw)?;
+    let report = reloader.scan(true);
+    ensure!(report.refused.len() == 1, "raw was not refused: {report:?}");
+
+    let hostile = std::fs::read(test_plugin("hostile"))?;
+    std::fs::remove_file(dir.path().join("raw.wasm"))?;
+    std::fs::write(dir.path().join("hostile.wasm"), &hostile)?;
+    let report = reloader.scan(true);
+    ensure!(report.swapped.len() == 1, "hostile did not swap in: {report:?}");
+    let serving = registry.active(BuilderKind::NodesetPod);
+    assert_eq!(serving.digest(), digest(&hostile));
+    ensure!(
+        serving.wait_for_tier(Tier::Optimized, Duration::from_secs(300)),
+        "the accepted version never switched to optimized code"
+    );
+    assert!(engine.cached(&digest(&hostile))?.is_some());
+    // The one optimizer thread works in order: had raw been queued, it would have been compiled
+    // before hostile.
+    assert!(
+        engine.cached(&digest(&raw))?.is_none(),
+        "the refused version was compiled with Cranelift"
+    );
+    Ok(())
+}

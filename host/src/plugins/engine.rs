@@ -292,7 +292,8 @@ impl EngineHandle {
     /// Queue `job` for the background optimizer: one thread, one Cranelift compile at a time (it
     /// compiles in parallel itself), so versions landing together do not pile up compiles that
     /// fight each other and the reconciles for two cores; a job whose plugin is gone by its turn
-    /// does nothing. The thread starts with the first job, and is started again if a job panicked.
+    /// does nothing. The thread starts with the first job; a job that panics is logged and the
+    /// thread goes on with the next (and is started again should it ever be gone).
     ///
     /// # Errors
     /// When no thread can be started.
@@ -304,7 +305,7 @@ impl EngineHandle {
         let job = match slot.as_ref() {
             Some(tx) => match tx.send(job) {
                 Ok(()) => return Ok(()),
-                // The thread is gone (a job panicked): start another.
+                // The thread is gone: start another.
                 Err(std::sync::mpsc::SendError(job)) => job,
             },
             None => job,
@@ -314,7 +315,14 @@ impl EngineHandle {
             .name("wasm-optimize".into())
             .spawn(move || {
                 for job in rx {
-                    job();
+                    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+                        let message = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_default();
+                        tracing::error!(%message, "compiling optimized code panicked; the plugin keeps its baseline code");
+                    }
                 }
             })
             .map_err(|e| format!("cannot start the optimizer thread: {e}"))?;

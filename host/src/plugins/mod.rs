@@ -507,6 +507,23 @@ impl Plugin {
         bytes: &[u8],
         source: PluginSource,
     ) -> Result<Plugin, PluginError> {
+        let plugin = Self::load_unoptimized(engine, bytes, source)?;
+        plugin.optimize_in_background(bytes);
+        Ok(plugin)
+    }
+
+    /// [`Plugin::load`] without starting the background compile of optimized code, for a
+    /// version that must pass more checks first (the reloader's example builds): a refused
+    /// version then costs no Cranelift compile. Call [`Plugin::optimize_in_background`] once it
+    /// is accepted.
+    ///
+    /// # Errors
+    /// As [`Plugin::load_file`].
+    pub(crate) fn load_unoptimized(
+        engine: &Arc<EngineHandle>,
+        bytes: &[u8],
+        source: PluginSource,
+    ) -> Result<Plugin, PluginError> {
         let label = source.to_string();
         let digest = digest(bytes);
         let refused = |reason: String| PluginError::Refused {
@@ -550,22 +567,7 @@ impl Plugin {
             (compiled_from, compile_time),
             &refused,
         )?;
-        let pre = &linked.pre;
-
-        // Describe, in a sandbox like any call.
-        let (mut store, instance) = instantiate(engine, wasm_engine, pre, &label, "describe")?;
-        let described = match contract {
-            Contract::V0_2 => bindings::v2::plugin::GuestIndices::new(pre)
-                .and_then(|idx| idx.load(&mut store, &instance))
-                .and_then(|guest| guest.call_describe(&mut store))
-                .map(PluginInfo::from),
-            Contract::V0_1 => bindings::v1::plugin::GuestIndices::new(pre)
-                .and_then(|idx| idx.load(&mut store, &instance))
-                .and_then(|guest| guest.call_describe(&mut store))
-                .map(PluginInfo::from),
-        };
-        let info = described.map_err(|e| trap_error(&label, "describe", e, &store, engine))?;
-        log_output(&label, "describe", &store);
+        let info = describe(engine, wasm_engine, &linked.pre, contract, &label)?;
 
         if info.contract_version != contract.as_str() {
             return Err(refused(format!(
@@ -591,19 +593,23 @@ impl Plugin {
                 code: std::sync::RwLock::new(Arc::new(code)),
             }),
         };
-        if tier == Tier::Baseline && engine.tiering() == Tiering::Tiered {
-            plugin.optimize_in_background(bytes.to_vec());
-        }
         Ok(plugin)
     }
 
-    /// Compile the optimized code on the engine's optimizer thread and switch to it: calls
-    /// already running finish on the baseline code, calls made after the switch run the optimized
-    /// code. Nothing happens if the plugin is gone by the job's turn (a version replaced before it
-    /// was optimized is never compiled again); on failure the plugin keeps its baseline code
-    /// (logged).
-    fn optimize_in_background(&self, bytes: Vec<u8>) {
+    /// When the plugin runs baseline code and the engine is tiered: compile the optimized code
+    /// on the engine's optimizer thread, check it, and switch to it. Calls already running
+    /// finish on the baseline code, calls made after the switch run the optimized code. The
+    /// optimized code must describe itself as the baseline code did and build the example inputs
+    /// exactly as the baseline code builds them (so it passes what the version passed before it
+    /// served). Nothing happens if the plugin is gone by the job's turn (a version replaced
+    /// before it was optimized is never compiled); on any failure the plugin keeps its baseline
+    /// code (logged).
+    pub(crate) fn optimize_in_background(&self, bytes: &[u8]) {
+        if self.tier() != Tier::Baseline || self.inner.engine.tiering() != Tiering::Tiered {
+            return;
+        }
         let weak = Arc::downgrade(&self.inner);
+        let bytes = bytes.to_vec();
         let (engine, digest, label) = (self.inner.engine.clone(), self.inner.digest.clone(), self.label());
         let job = move || {
             // Replaced (or dropped) before its turn: nothing to do.
@@ -617,7 +623,9 @@ impl Plugin {
                 return;
             };
             let plugin = Plugin { inner };
-            match compiled.and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time))
+            match compiled
+                .and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time))
+                .and_then(|code| plugin.check_optimized(code))
             {
                 Ok(code) => {
                     plugin.set_code(code);
@@ -625,13 +633,97 @@ impl Plugin {
                         "plugin switched to optimized code");
                 }
                 Err(error) => {
-                    tracing::warn!(plugin = %label, %error, "cannot compile the optimized code; the plugin keeps running its baseline code");
+                    tracing::warn!(plugin = %label, %error, "cannot switch to optimized code; the plugin keeps running its baseline code");
                 }
             }
         };
         if let Err(error) = self.inner.engine.optimize_later(Box::new(job)) {
             tracing::warn!(plugin = %self.label(), %error, "cannot compile the optimized code; the plugin keeps running its baseline code");
         }
+    }
+
+    /// `code` (optimized) if it describes itself as this plugin did and builds the example
+    /// inputs as the code now serving does.
+    fn check_optimized(&self, code: Code) -> Result<Arc<Code>, PluginError> {
+        let label = self.label();
+        let refused = |reason: String| PluginError::Refused {
+            plugin: label.clone(),
+            reason,
+        };
+        let info = describe(
+            &self.inner.engine,
+            &code.engine,
+            &code.pre,
+            self.inner.contract,
+            &label,
+        )?;
+        if info != self.inner.info {
+            return Err(refused(format!(
+                "its optimized code describes itself as {info:?}, its baseline code as {:?}",
+                self.inner.info
+            )));
+        }
+        let candidate = Plugin {
+            inner: Arc::new(PluginInner {
+                info,
+                contract: self.inner.contract,
+                digest: self.inner.digest.clone(),
+                source: self.inner.source.clone(),
+                engine: self.inner.engine.clone(),
+                code: std::sync::RwLock::new(Arc::new(code)),
+            }),
+        };
+        let ctx = BuildContext::default();
+        let serving = self.example_builds(&ctx).map_err(|e| e.metric_label());
+        let optimized = candidate.example_builds(&ctx).map_err(|e| e.metric_label());
+        if serving != optimized {
+            return Err(refused(format!(
+                "its optimized code builds the example inputs differently from its baseline code \
+                 (baseline: {}, optimized: {})",
+                summary(&serving),
+                summary(&optimized)
+            )));
+        }
+        Ok(candidate.code())
+    }
+
+    /// Build the example inputs (`slinky-guest-sdk`'s `testing` examples) with every kind the
+    /// plugin builds, through the output policy; the outputs, kind by kind, in debug form.
+    ///
+    /// # Errors
+    /// The first call that fails; [`PluginError::Refused`] when the examples do not parse.
+    pub(crate) fn example_builds(&self, ctx: &BuildContext) -> Result<Vec<String>, PluginError> {
+        use slinky_guest_sdk::testing;
+        let examples = testing::example_controller().and_then(|c| Ok((c, testing::example_nodeset()?)));
+        let (controller, nodeset) = examples.map_err(|e| PluginError::Refused {
+            plugin: self.label(),
+            reason: format!("the example inputs do not parse: {e}"),
+        })?;
+        let mut out = Vec::new();
+        if self.builds(BuilderKind::ControllerService) {
+            out.push(format!("{:?}", self.build_service(ctx, &controller)?));
+        }
+        if self.builds(BuilderKind::NodesetPod) {
+            let identity = PodIdentity::for_ordinal(&nodeset, 0, "smoke");
+            out.push(format!(
+                "{:?}",
+                self.build_pod(ctx, &nodeset, &controller, &identity)?
+            ));
+        }
+        if self.builds(BuilderKind::ControllerChildren) {
+            let inputs = testing::example_inputs(std::slice::from_ref(&nodeset));
+            out.push(format!(
+                "{:?}",
+                self.build_controller_children(ctx, &controller, &inputs)?
+            ));
+        }
+        if self.builds(BuilderKind::NodesetChildren) {
+            out.push(format!(
+                "{:?}",
+                self.build_nodeset_children(ctx, &nodeset, &controller)?
+            ));
+        }
+        Ok(out)
     }
 
     fn optimized_code(
@@ -671,8 +763,7 @@ impl Plugin {
         }
     }
 
-    fn set_code(&self, code: Code) {
-        let code = Arc::new(code);
+    fn set_code(&self, code: Arc<Code>) {
         match self.inner.code.write() {
             Ok(mut slot) => *slot = code,
             Err(poisoned) => *poisoned.into_inner() = code,
@@ -1049,6 +1140,42 @@ fn exports_of(
             }
         }
     })
+}
+
+/// Call `describe()` on a fresh instance of `pre`, in a sandbox like any call.
+fn describe(
+    engine: &Arc<EngineHandle>,
+    wasm_engine: &wasmtime::Engine,
+    pre: &InstancePre<CallState>,
+    contract: Contract,
+    label: &str,
+) -> Result<PluginInfo, PluginError> {
+    let (mut store, instance) = instantiate(engine, wasm_engine, pre, label, "describe")?;
+    let described = match contract {
+        Contract::V0_2 => bindings::v2::plugin::GuestIndices::new(pre)
+            .and_then(|idx| idx.load(&mut store, &instance))
+            .and_then(|guest| guest.call_describe(&mut store))
+            .map(PluginInfo::from),
+        Contract::V0_1 => bindings::v1::plugin::GuestIndices::new(pre)
+            .and_then(|idx| idx.load(&mut store, &instance))
+            .and_then(|guest| guest.call_describe(&mut store))
+            .map(PluginInfo::from),
+    };
+    let info = described.map_err(|e| trap_error(label, "describe", e, &store, engine))?;
+    log_output(label, "describe", &store);
+    Ok(info)
+}
+
+/// A short account of example builds for an error message.
+fn summary(builds: &Result<Vec<String>, &'static str>) -> String {
+    match builds {
+        Ok(outputs) => format!(
+            "{} outputs, {} bytes",
+            outputs.len(),
+            outputs.iter().map(String::len).sum::<usize>()
+        ),
+        Err(label) => format!("failed ({label})"),
+    }
 }
 
 /// A fresh store and instance, with the deadline and memory cap set before instantiation.

@@ -24,7 +24,11 @@
 //!   ([`PluginRegistry::subscribe`]) and re-reconcile the parents of that kind.
 //! * **Conflicts**: two files building the same kind: the one serving (or loaded first) keeps
 //!   serving, the other is refused until one of them goes.
-//! * All compiling happens here, on a blocking thread, never on the reconcile path.
+//! * **Compile tiers**: with tiering (the default) a new version is compiled with Winch to pass
+//!   these checks and serve; once accepted, its Cranelift code is compiled on the engine's
+//!   optimizer thread and replaces the Winch code only after it described itself the same way
+//!   and built the example inputs identically. A refused version is never compiled with
+//!   Cranelift. No compile runs on the reconcile path.
 
 use std::{
     collections::BTreeMap,
@@ -34,13 +38,12 @@ use std::{
 };
 
 use serde::Serialize;
-use slinky_api::{Controller, NodeSet};
 
 use super::{
     BuilderKind, Plugin, PluginError, PluginRegistry, PluginSource,
     bundled::{KINDS, Refusal, now_rfc3339},
 };
-use crate::plugins::{BuildContext, PodIdentity};
+use crate::plugins::BuildContext;
 
 /// Settings of the reloader.
 #[derive(Debug, Clone)]
@@ -111,21 +114,16 @@ pub struct Reloader {
     config: ReloadConfig,
     files: BTreeMap<PathBuf, FileState>,
     next_order: u64,
-    examples: Result<(Controller, NodeSet), String>,
 }
 
 impl Reloader {
     /// A reloader of `config.dir` into `registry`.
     pub fn new(registry: Arc<PluginRegistry>, config: ReloadConfig) -> Self {
-        let examples = slinky_guest_sdk::testing::example_controller()
-            .and_then(|c| Ok((c, slinky_guest_sdk::testing::example_nodeset()?)))
-            .map_err(|e| format!("the example inputs do not parse: {e}"));
         Reloader {
             registry,
             config,
             files: BTreeMap::new(),
             next_order: 0,
-            examples,
         }
     }
 
@@ -243,7 +241,8 @@ impl Reloader {
         state.digest = Some(digest.clone());
         let engine = self.registry.engine().clone();
         let load_started = Instant::now();
-        let outcome = match Plugin::load(&engine, &bytes, PluginSource::File(path.to_path_buf())) {
+        let outcome = match Plugin::load_unoptimized(&engine, &bytes, PluginSource::File(path.to_path_buf()))
+        {
             Err(e) => Err((e, Vec::new())),
             Ok(plugin) => {
                 let describe = load_started.elapsed().saturating_sub(plugin.compile_time());
@@ -252,6 +251,9 @@ impl Reloader {
                     Ok(()) => {
                         metrics.time("compile", plugin.compile_time());
                         metrics.time("validate", describe + smoke_started.elapsed());
+                        // Accepted: its optimized code may be compiled now (and is checked
+                        // against the same examples before it serves).
+                        plugin.optimize_in_background(&bytes);
                         Ok(plugin)
                     }
                     Err(e) => Err((e, plugin.info().kinds.clone())),
@@ -331,26 +333,7 @@ impl Reloader {
 
     /// Build the example inputs with every kind the plugin builds, through the output policy.
     fn smoke(&self, plugin: &Plugin) -> Result<(), PluginError> {
-        let (controller, nodeset) = self.examples.as_ref().map_err(|e| PluginError::Refused {
-            plugin: plugin.label(),
-            reason: e.clone(),
-        })?;
-        let ctx = &self.config.build;
-        if plugin.builds(BuilderKind::ControllerService) {
-            plugin.build_service(ctx, controller)?;
-        }
-        if plugin.builds(BuilderKind::NodesetPod) {
-            let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
-            plugin.build_pod(ctx, nodeset, controller, &identity)?;
-        }
-        if plugin.builds(BuilderKind::ControllerChildren) {
-            let inputs = slinky_guest_sdk::testing::example_inputs(std::slice::from_ref(nodeset));
-            plugin.build_controller_children(ctx, controller, &inputs)?;
-        }
-        if plugin.builds(BuilderKind::NodesetChildren) {
-            plugin.build_nodeset_children(ctx, nodeset, controller)?;
-        }
-        Ok(())
+        plugin.example_builds(&self.config.build).map(drop)
     }
 
     /// Pick the plugin of each kind and swap where it changed.
