@@ -551,3 +551,45 @@ fn plugin_inspect_reports_describe_digest_and_contract() -> Result<()> {
     );
     Ok(())
 }
+
+/// A one-shot command compiles the optimized code before it renders (it would exit before a
+/// background compile ends), so the artifacts are cached for the next run; `--plugin-tiering
+/// baseline` leaves the cache empty.
+#[test]
+fn one_shot_commands_fill_the_plugin_cache() -> Result<()> {
+    let example = example("slurm-cluster.yaml").display().to_string();
+    let artifacts = |dir: &std::path::Path| -> Result<usize> {
+        Ok(std::fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .count())
+    };
+    let optimized = tempfile::tempdir()?;
+    let dir = optimized.path().display().to_string();
+    let out = run(&["render", "-f", &example, "--plugin-cache-dir", &dir]);
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(artifacts(optimized.path())?, 4, "one artifact per bundled plugin");
+    let again = run(&["render", "-f", &example, "--plugin-cache-dir", &dir]);
+    ensure!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(again.stdout, out.stdout, "the same objects from cached code");
+
+    let baseline = tempfile::tempdir()?;
+    let dir = baseline.path().display().to_string();
+    let out = run(&[
+        "render",
+        "-f",
+        &example,
+        "--plugin-cache-dir",
+        &dir,
+        "--plugin-tiering",
+        "baseline",
+    ]);
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, again.stdout, "Winch code renders the same objects");
+    assert_eq!(artifacts(baseline.path())?, 0);
+    Ok(())
+}

@@ -84,15 +84,12 @@ pub struct GlobalArgs {
     pub no_plugin_cache: bool,
     /// How a plugin that is not in the cache is compiled: `tiered` serves it at once from Winch
     /// code and switches to Cranelift code compiled in the background; `optimized` compiles it
-    /// with Cranelift before it serves; `baseline` runs Winch code only.
-    #[arg(
-        long,
-        global = true,
-        env = "SLINKY_HOST_PLUGIN_TIERING",
-        value_enum,
-        default_value_t = Tiering::Tiered
-    )]
-    pub plugin_tiering: Tiering,
+    /// with Cranelift before it serves; `baseline` runs Winch code only. Default: `tiered` for
+    /// `run`; for the one-shot commands (`render`, `plugin check`, `plugin inspect`), which exit
+    /// before a background compile ends, `optimized` (the cached artifact makes the next run
+    /// fast), or `baseline` with --no-plugin-cache.
+    #[arg(long, global = true, env = "SLINKY_HOST_PLUGIN_TIERING", value_enum)]
+    pub plugin_tiering: Option<Tiering>,
 }
 
 impl Cli {
@@ -107,18 +104,26 @@ impl Cli {
 }
 
 impl GlobalArgs {
-    /// The plugin runtime configuration these options describe.
-    pub fn runtime_config(&self) -> RuntimeConfig {
+    /// The plugin runtime configuration these options describe, for a long-running process
+    /// (`run`) or a one-shot command (see `--plugin-tiering` for the difference).
+    pub fn runtime_config(&self, long_running: bool) -> RuntimeConfig {
         let defaults = RuntimeConfig::default();
+        let cache_dir = if self.no_plugin_cache {
+            None
+        } else {
+            self.plugin_cache_dir.clone().or(defaults.cache_dir.clone())
+        };
+        let tiering = match (self.plugin_tiering, long_running, &cache_dir) {
+            (Some(tiering), _, _) => tiering,
+            (None, true, _) => Tiering::Tiered,
+            (None, false, Some(_)) => Tiering::Optimized,
+            (None, false, None) => Tiering::Baseline,
+        };
         RuntimeConfig {
             call_deadline: Duration::from_millis(self.plugin_deadline_ms.max(1)),
             memory_limit: self.plugin_memory_mib.max(1) << 20,
-            cache_dir: if self.no_plugin_cache {
-                None
-            } else {
-                self.plugin_cache_dir.clone().or(defaults.cache_dir)
-            },
-            tiering: self.plugin_tiering,
+            cache_dir,
+            tiering,
             ..defaults
         }
     }
@@ -300,7 +305,8 @@ impl From<KindArg> for crate::plugins::BuilderKind {
 /// # Errors
 /// Whatever the command fails with, with context naming the input.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    let engine = || EngineHandle::new(cli.global.runtime_config());
+    let long_running = matches!(cli.command, Command::Run(_));
+    let engine = || EngineHandle::new(cli.global.runtime_config(long_running));
     match cli.command {
         Command::Render(args) => render_cmd(&engine()?, args),
         Command::Plugin(PluginCommand::Inspect { path }) => inspect(&engine()?, &path),
