@@ -694,33 +694,39 @@ impl Plugin {
     /// The first call that fails; [`PluginError::Refused`] when the examples do not parse.
     pub(crate) fn example_builds(&self, ctx: &BuildContext) -> Result<Vec<String>, PluginError> {
         use slinky_guest_sdk::testing;
-        let examples = testing::example_controller().and_then(|c| Ok((c, testing::example_nodeset()?)));
-        let (controller, nodeset) = examples.map_err(|e| PluginError::Refused {
+        // Parsed once per process: every reload and every switch to optimized code builds them.
+        static EXAMPLES: std::sync::LazyLock<Result<(Controller, NodeSet), String>> =
+            std::sync::LazyLock::new(|| {
+                testing::example_controller()
+                    .and_then(|c| Ok((c, testing::example_nodeset()?)))
+                    .map_err(|e| format!("the example inputs do not parse: {e}"))
+            });
+        let (controller, nodeset) = EXAMPLES.as_ref().map_err(|reason| PluginError::Refused {
             plugin: self.label(),
-            reason: format!("the example inputs do not parse: {e}"),
+            reason: reason.clone(),
         })?;
         let mut out = Vec::new();
         if self.builds(BuilderKind::ControllerService) {
-            out.push(format!("{:?}", self.build_service(ctx, &controller)?));
+            out.push(format!("{:?}", self.build_service(ctx, controller)?));
         }
         if self.builds(BuilderKind::NodesetPod) {
-            let identity = PodIdentity::for_ordinal(&nodeset, 0, "smoke");
+            let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
             out.push(format!(
                 "{:?}",
-                self.build_pod(ctx, &nodeset, &controller, &identity)?
+                self.build_pod(ctx, nodeset, controller, &identity)?
             ));
         }
         if self.builds(BuilderKind::ControllerChildren) {
-            let inputs = testing::example_inputs(std::slice::from_ref(&nodeset));
+            let inputs = testing::example_inputs(std::slice::from_ref(nodeset));
             out.push(format!(
                 "{:?}",
-                self.build_controller_children(ctx, &controller, &inputs)?
+                self.build_controller_children(ctx, controller, &inputs)?
             ));
         }
         if self.builds(BuilderKind::NodesetChildren) {
             out.push(format!(
                 "{:?}",
-                self.build_nodeset_children(ctx, &nodeset, &controller)?
+                self.build_nodeset_children(ctx, nodeset, controller)?
             ));
         }
         Ok(out)
