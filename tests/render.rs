@@ -221,7 +221,8 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
                 "--conf-server",
                 "slurm-controller.slurm:6817",
                 "--conf",
-                "'Features=slurm-worker-slinky,gpu,ib Topology='\"$SLINKY_TOPOLOGY\"' Weight=10'",
+                // The NodeSet's Slurm name (hostname prefix `slinky-`), as slurm.conf's NodeSet line.
+                "'Features=slinky,gpu,ib Topology='\"$SLINKY_TOPOLOGY\"' Weight=10'",
             ]
         );
         let env: BTreeMap<String, Value> = c
@@ -591,5 +592,84 @@ fn one_shot_commands_fill_the_plugin_cache() -> Result<()> {
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.stdout, again.stdout, "Winch code renders the same objects");
     assert_eq!(artifacts(baseline.path())?, 0);
+    Ok(())
+}
+
+/// The first `Features=` item of a slurmd pod's `--conf` argument: the feature its node registers
+/// with, which slurm.conf's `NodeSet=<n> Feature=<n>` line selects on.
+fn registered_feature(pod: &Value) -> Option<String> {
+    let args = pod["spec"]["containers"][0]["args"].as_array()?;
+    let conf = args.iter().skip_while(|a| *a != "--conf").nth(1)?.as_str()?;
+    let features = conf
+        .trim_matches('\'')
+        .split_whitespace()
+        .find_map(|i| i.strip_prefix("Features="))?;
+    features.split(',').next().map(str::to_string)
+}
+
+/// Every pod's node joins its NodeSet in the slurm.conf built from the same objects: the pod's
+/// first feature is the `Feature=` of a `NodeSet=` line, and that NodeSet's partition lists it.
+/// Shape-by-shape parity never caught that the two disagreed for NodeSets with a hostname prefix
+/// (every example): nodes joined no NodeSet and the partitions had no nodes.
+#[test]
+fn every_pod_registers_the_feature_its_nodeset_line_selects() -> Result<()> {
+    // The edge cases without their first document (a NodeSet naming a missing Controller).
+    let dir = tempfile::tempdir()?;
+    let edge = dir.path().join("edge.yaml");
+    let text = std::fs::read_to_string(example("edge-cases.yaml"))?;
+    std::fs::write(
+        &edge,
+        text.split("\n---\n").skip(1).collect::<Vec<_>>().join("\n---\n"),
+    )?;
+    let mut inputs: Vec<Vec<std::path::PathBuf>> = vec![
+        vec![example("slurm-cluster.yaml")],
+        vec![example("hpc-cluster.yaml")],
+        vec![example("slurm-cluster.yaml"), edge],
+    ];
+    let fixture = slinky_tests::workspace().join("../shared/fixtures/slurm-cluster.yaml");
+    if fixture.exists() {
+        inputs.push(vec![fixture]);
+    }
+    for files in inputs {
+        let paths: Vec<&std::path::Path> = files.iter().map(|p| p.as_path()).collect();
+        let all = render_json(&paths, &[])?;
+        let mut features_of_nodesets = BTreeMap::new();
+        let mut partitions = BTreeMap::new();
+        for cm in all.iter().filter(|i| i["kind"] == "ConfigMap") {
+            let conf = cm["data"]["slurm.conf"].as_str().unwrap_or_default();
+            for line in conf.lines() {
+                let items: BTreeMap<&str, &str> = line
+                    .split_whitespace()
+                    .filter_map(|i| i.split_once('='))
+                    .collect();
+                if let (Some(n), Some(f)) = (items.get("NodeSet"), items.get("Feature")) {
+                    features_of_nodesets.insert(f.to_string(), n.to_string());
+                }
+                if let (Some(p), Some(nodes)) = (items.get("PartitionName"), items.get("Nodes")) {
+                    partitions.insert(p.to_string(), nodes.to_string());
+                }
+            }
+        }
+        let pods: Vec<&Value> = all.iter().filter(|i| i["kind"] == "Pod").collect();
+        ensure!(!pods.is_empty(), "{files:?} rendered no pods");
+        for pod in pods {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            let feature =
+                registered_feature(pod).with_context(|| format!("{name}: no Features= in --conf"))?;
+            let Some(nodeset) = features_of_nodesets.get(&feature) else {
+                bail!(
+                    "{files:?}: pod {name} registers Features={feature}, but slurm.conf's NodeSet lines \
+                     select {:?}: its node would join no NodeSet",
+                    features_of_nodesets.keys().collect::<Vec<_>>()
+                );
+            };
+            if let Some(nodes) = partitions.get(nodeset) {
+                ensure!(
+                    nodes.split(',').any(|n| n == nodeset),
+                    "{files:?}: partition {nodeset} lists {nodes}, not the NodeSet of pod {name}"
+                );
+            }
+        }
+    }
     Ok(())
 }

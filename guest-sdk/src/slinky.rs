@@ -174,6 +174,8 @@ pub fn parse_extra_conf(extra: &str) -> BTreeMap<String, String> {
 }
 
 /// slurmd's `--conf` value: sorted `Key=Value` items, always with `Features=<nodeset>[,extra]` and
+/// `nodeset` the NodeSet's Slurm name ([`NodeSet::slurm_name`], the feature slurm.conf's
+/// `NodeSet=` line selects on), and
 /// `Topology='"$SLINKY_TOPOLOGY"'`, wrapped in single quotes for the image's shell entrypoint.
 pub fn slurmd_conf(nodeset: &str, extra_conf: Option<&str>) -> String {
     let mut conf = parse_extra_conf(extra_conf.unwrap_or_default());
@@ -339,7 +341,9 @@ pub fn build_nodeset_pod(
         "--conf-server".into(),
         conf_server(controller)?,
         "--conf".into(),
-        slurmd_conf(&ns_name, spec.extra_conf.as_deref()),
+        // The NodeSet's Slurm name, as in slurm.conf's `NodeSet=<n> Feature=<n>` (Slinky's
+        // `GetSlurmNodeSetName`): with a template hostname prefix it is not the object's name.
+        slurmd_conf(&nodeset.slurm_name(), spec.extra_conf.as_deref()),
     ];
     let mut ports = vec![helpers::container_port("slurmd", SLURMD_PORT)];
     let mut mounts = vec![
