@@ -1,7 +1,7 @@
 //! Compiles the test plugins (`tests/plugins/*`) and the example plugin (`examples/gpu-plugin`)
 //! for wasm32-wasip2.
 
-include!("../host/wasm_build.rs");
+include!("../runtime/wasm_build.rs");
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_default());

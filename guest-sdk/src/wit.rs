@@ -13,8 +13,8 @@ pub use wit_bindgen::rt as __rt;
 
 wit_bindgen::generate!({
     world: "full-builder",
-    // The file, not the directory: the frozen 0.1.0 package in `wit/deps` is the host's concern.
-    path: "../wit/builder.wit",
+    // The current package only: the frozen older versions beside it are the host's concern.
+    path: "../wit/builder@0.2.0",
     pub_export_macro: true,
     export_macro_name: "__export_full_builder",
     default_bindings_module: "slinky_guest_sdk::wit",

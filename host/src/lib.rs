@@ -14,8 +14,9 @@ pub mod crds;
 pub use slinky_apiserver as embedded;
 pub mod manifests;
 pub mod metrics;
-/// The plugin runtime: engine, loading, sandboxed calls, output policy, bundled builders.
-pub mod plugins;
+/// The plugin runtime (the `slinky-runtime` crate): engine, loading, sandboxed calls, output
+/// policy, bundled builders, registry and reload.
+pub use slinky_runtime as plugins;
 pub mod reconcile;
 pub mod render;
 pub mod revision;

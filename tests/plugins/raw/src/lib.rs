@@ -1,4 +1,4 @@
-//! A builder written against the frozen contract `slinky:builder@0.1.0` (`wit/deps/builder@0.1.0`)
+//! A builder written against the frozen contract `slinky:builder@0.1.0` (`wit/builder@0.1.0`)
 //! with wit-bindgen directly, as a plugin built before 0.2.0 (or in another language) would be: the
 //! host must keep loading and serving it. It describes itself as building both 0.1.0 kinds. When the
 //! parent has the annotation `raw.test/output`, it returns that text verbatim (so tests can make it
@@ -9,7 +9,7 @@
 
 #[cfg(target_arch = "wasm32")]
 mod guest {
-    wit_bindgen::generate!({ world: "full-builder", path: "../../../wit/deps/builder@0.1.0" });
+    wit_bindgen::generate!({ world: "full-builder", path: "../../../wit/builder@0.1.0" });
 
     use exports::slinky::builder::{controller_service, nodeset_pod, plugin};
     use serde_json::{Value, json};

@@ -7,7 +7,7 @@
 //! is replaced. `status` is dropped (the host owns status). The children builders' outputs are
 //! checked by [`controller_children`] and [`nodeset_children`].
 
-mod children;
+mod children_output;
 
 use std::collections::BTreeMap;
 
@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use serde_json::Value;
 use slinky_api::{Controller, NodeSet, keys, validation};
 
-pub use children::{controller_children, nodeset_children};
+pub use children_output::{controller_children, nodeset_children};
 
 use super::{Plugin, PodIdentity};
 

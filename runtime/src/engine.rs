@@ -20,10 +20,14 @@ use std::{
 };
 
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy, component::Component,
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Strategy,
+    component::{Component, Linker},
 };
 
-use super::PluginError;
+use crate::{
+    PluginError,
+    sandbox::{self, CallState},
+};
 
 /// How often the epoch advances; deadlines are rounded up to it.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -57,7 +61,8 @@ pub struct RuntimeConfig {
 }
 
 /// How a plugin that is not already compiled (in memory or in the disk cache) gets its code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Tiering {
     /// Compile with Winch and serve at once; compile with Cranelift in the background and switch
     /// to its code when ready (the optimized code is also written to the disk cache). The
@@ -154,6 +159,8 @@ pub struct EngineHandle {
     pub(crate) engine: Engine,
     /// Winch: the baseline tier (`None` when tiering is off or Winch is unavailable here).
     baseline: Option<Engine>,
+    /// The one linker of each engine (WASI, granting nothing), built once: `(optimized, baseline)`.
+    linkers: (Linker<CallState>, Option<Linker<CallState>>),
     pub(crate) config: RuntimeConfig,
     allocator: Allocator,
     compat: String,
@@ -256,9 +263,14 @@ impl EngineHandle {
                 }
             })
             .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))?;
+        let linkers = (
+            sandbox::linker(&engine)?,
+            baseline.as_ref().map(sandbox::linker).transpose()?,
+        );
         Ok(Arc::new(EngineHandle {
             engine,
             baseline,
+            linkers,
             config,
             allocator,
             compat,
@@ -337,6 +349,14 @@ impl EngineHandle {
         match (tier, &self.baseline) {
             (Tier::Baseline, Some(baseline)) => baseline,
             _ => &self.engine,
+        }
+    }
+
+    /// The linker of the engine that runs code of `tier`.
+    pub(crate) fn linker_of(&self, tier: Tier) -> &Linker<CallState> {
+        match (tier, &self.linkers.1) {
+            (Tier::Baseline, Some(baseline)) => baseline,
+            _ => &self.linkers.0,
         }
     }
 

@@ -24,7 +24,7 @@ use super::{
     builder_annotations, controller_selector, dns1035_label, finish_meta, metadata_problems,
     pod_spec_problems, require_labels,
 };
-use crate::plugins::{Child, ChildKind, Ownership, Plugin};
+use crate::{Child, ChildKind, Ownership, Plugin};
 
 /// The children a `controller-children` builder may return: the StatefulSet, ConfigMaps and
 /// Services of a Controller.

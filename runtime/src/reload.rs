@@ -43,7 +43,7 @@ use super::{
     BuilderKind, Plugin, PluginError, PluginRegistry, PluginSource,
     bundled::{KINDS, Refusal, now_rfc3339},
 };
-use crate::plugins::BuildContext;
+use crate::BuildContext;
 
 /// Settings of the reloader.
 #[derive(Debug, Clone)]

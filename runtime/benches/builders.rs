@@ -7,22 +7,23 @@
 //!   memory growth and page faults, and the compiled code alone on one reused instance;
 //! * compiling a component vs loading a precompiled artifact.
 //!
-//! `cargo bench -p slinky-host --bench builders` (prints figures; no assertions). `BENCH_CALLS`
+//! `cargo bench -p slinky-runtime --features bench --bench builders` (prints figures; no assertions). `BENCH_CALLS`
 //! sets the calls per measurement (default 2000); `BENCH_PROFILE=SECONDS` only makes default
 //! fresh-instance calls for that long (to run under `perf record`); `BENCH_COMPARE=A.wasm,B.wasm`
 //! adds other builds of the pod builder as contestants.
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
+include!("support/example_inputs.rs");
+
 include!("../wasm_build.rs");
 
 use std::time::Instant;
 
 use slinky_api::{Controller, NodeSet};
-use slinky_host::{
-    Plugin,
-    plugins::{BuildContext, EngineHandle, PluginSource, PodIdentity, RuntimeConfig, Tier, Tiering, bundled},
-    render::{self, Parent},
+
+use slinky_runtime::{
+    BuildContext, EngineHandle, Plugin, PluginSource, PodIdentity, RuntimeConfig, Tier, Tiering, bundled,
 };
 
 fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
@@ -188,18 +189,7 @@ fn webhook(
 
 fn main() -> anyhow::Result<()> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let example = workspace.join("examples/slurm-cluster.yaml");
-    let (mut nodeset, mut controller): (Option<NodeSet>, Option<Controller>) = (None, None);
-    for m in render::read_manifests(&[example])? {
-        match m.parent {
-            Parent::Controller(c) => controller = Some(*c),
-            Parent::NodeSet(n) => nodeset = Some(*n),
-        }
-    }
-    let (nodeset, controller) = (
-        nodeset.expect("example NodeSet"),
-        controller.expect("example Controller"),
-    );
+    let (nodeset, controller) = example_parents()?;
     let identity = PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
     let ctx = BuildContext::default();
     let n: usize = std::env::var("BENCH_CALLS")
@@ -225,10 +215,7 @@ fn main() -> anyhow::Result<()> {
     let engine2 = EngineHandle::new(base.clone())?;
     let reloaded = Plugin::load(&engine2, bundled::NODESET_POD, PluginSource::Bundled)?;
     let precompiled = t.elapsed();
-    assert_eq!(
-        reloaded.compiled_from(),
-        slinky_host::plugins::CompileSource::Disk
-    );
+    assert_eq!(reloaded.compiled_from(), slinky_runtime::CompileSource::Disk);
     drop((engine2, reloaded));
     let t = Instant::now();
     let baseline_engine = EngineHandle::new(RuntimeConfig {

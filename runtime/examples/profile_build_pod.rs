@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! SLINKY_HOST_PLUGIN_PERF_MAP=1 perf record -e cpu-clock -o perf.data \
-//!     cargo run --release -p slinky-host --example profile_build_pod
+//!     cargo run --release -p slinky-runtime --features bench --example profile_build_pod
 //! perf report -i perf.data --sort symbol
 //! ```
 //!
@@ -13,23 +13,12 @@
 
 #![allow(clippy::expect_used, reason = "a profiling harness aborts on a broken setup")]
 
-use slinky_api::{Controller, NodeSet};
-use slinky_host::{
-    Plugin,
-    plugins::{BuildContext, EngineHandle, PluginSource, PodIdentity, RuntimeConfig, bundled},
-    render::{self, Parent},
-};
+include!("../benches/support/example_inputs.rs");
+
+use slinky_runtime::{BuildContext, EngineHandle, Plugin, PluginSource, PodIdentity, RuntimeConfig, bundled};
 
 fn main() -> anyhow::Result<()> {
-    let example = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/slurm-cluster.yaml");
-    let (mut nodeset, mut controller): (Option<NodeSet>, Option<Controller>) = (None, None);
-    for m in render::read_manifests(&[example])? {
-        match m.parent {
-            Parent::Controller(c) => controller = Some(*c),
-            Parent::NodeSet(n) => nodeset = Some(*n),
-        }
-    }
-    let (nodeset, controller) = (nodeset.expect("NodeSet"), controller.expect("Controller"));
+    let (nodeset, controller) = example_parents()?;
     let n: usize = std::env::var("BENCH_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -1,0 +1,358 @@
+//! The only `bindgen!` of the runtime, and the one place that knows contract versions apart.
+//!
+//! The host's world (`wit/host/world.wit`) exports every interface of every contract version the
+//! runtime loads: `slinky:builder@0.2.0` (`wit/builder@0.2.0`) and `slinky:builder@0.1.0`
+//! (`wit/builder@0.1.0`, frozen). Each version's generated types differ, their shapes do not: the
+//! macros below implement one set of version-free traits ([`ServiceExport`], [`PodExport`], …) for
+//! the generated types of every version from one body, so a call has one path whatever the
+//! version ([`Exports`]).
+//!
+//! Each exported interface is loaded on its own (`GuestIndices`), so a plugin may export just the
+//! builder kinds it implements, of either version.
+
+#![allow(missing_docs, reason = "generated bindings")]
+
+use wasmtime::{
+    Store,
+    component::{Instance, InstancePre},
+};
+
+use crate::{
+    BuildContext, BuilderKind, Contract, ControllerInputs, GuestError, PluginInfo, PodIdentity,
+    sandbox::CallState,
+};
+
+wasmtime::component::bindgen!({
+    // Older packages first: the host's world refers to all of them.
+    path: ["../wit/builder@0.1.0", "../wit/builder@0.2.0", "../wit/host"],
+    world: "slinky:host-view/host",
+});
+
+/// The current contract (`slinky:builder@0.2.0`).
+pub mod v2 {
+    pub use super::{
+        exports::slinky::builder0_2_0::{
+            controller_children, controller_service, nodeset_children, nodeset_pod, plugin,
+        },
+        slinky::builder0_2_0::types,
+    };
+}
+
+/// The first contract (`slinky:builder@0.1.0`), still loaded.
+pub mod v1 {
+    pub use super::{
+        exports::slinky::builder0_1_0::{controller_service, nodeset_pod, plugin},
+        slinky::builder0_1_0::types,
+    };
+}
+
+/// Run `$body` with `$v` naming the bindings module of `$contract` (`v1`, `v2`): one body for
+/// every version, for what every version has.
+macro_rules! for_contract {
+    ($contract:expr, $v:ident => $body:expr) => {
+        match $contract {
+            Contract::V0_1 => {
+                use self::v1 as $v;
+                $body
+            }
+            Contract::V0_2 => {
+                use self::v2 as $v;
+                $body
+            }
+        }
+    };
+}
+
+/// What one call returns: a trap (outer) or the builder's own result.
+pub(crate) type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
+
+/// `build-service` of any contract version.
+pub(crate) trait ServiceExport: Send + Sync {
+    /// Call it on `instance`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_service(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        controller: &String,
+    ) -> CallResult<String>;
+}
+
+/// `build-pod` of any contract version.
+pub(crate) trait PodExport: Send + Sync {
+    /// Call it on `instance`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_pod(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        nodeset: &String,
+        controller: &String,
+        identity: &PodIdentity,
+    ) -> CallResult<String>;
+}
+
+/// `build-controller-children` (contract 0.2.0 on).
+pub(crate) trait ControllerChildrenExport: Send + Sync {
+    /// Call it on `instance`; `nodesets` are the JSON texts of `inputs.nodesets`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_controller_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        controller: &String,
+        nodesets: Vec<String>,
+        inputs: &ControllerInputs,
+    ) -> CallResult<Vec<String>>;
+}
+
+/// `build-nodeset-children` (contract 0.2.0 on).
+pub(crate) trait NodesetChildrenExport: Send + Sync {
+    /// Call it on `instance`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_nodeset_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        nodeset: &String,
+        controller: &String,
+    ) -> CallResult<Vec<String>>;
+}
+
+/// The builder interfaces a plugin exports, whatever its contract version.
+#[derive(Default)]
+pub(crate) struct Exports {
+    pub(crate) service: Option<Box<dyn ServiceExport>>,
+    pub(crate) pod: Option<Box<dyn PodExport>>,
+    pub(crate) controller_children: Option<Box<dyn ControllerChildrenExport>>,
+    pub(crate) nodeset_children: Option<Box<dyn NodesetChildrenExport>>,
+}
+
+/// What every contract version has, implemented for the generated types of each from one body.
+macro_rules! every_version {
+    ($($v:ident),+) => {$(
+        impl $v::types::BuildContext {
+            fn from_host(ctx: &BuildContext) -> Self {
+                Self {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                }
+            }
+        }
+
+        impl $v::types::PodIdentity {
+            fn from_host(identity: &PodIdentity) -> Self {
+                Self {
+                    ordinal: identity.ordinal,
+                    name: identity.name.clone(),
+                    hostname: identity.hostname.clone(),
+                    revision: identity.revision.clone(),
+                }
+            }
+        }
+
+        impl From<$v::types::BuildError> for GuestError {
+            fn from(e: $v::types::BuildError) -> Self {
+                match e {
+                    $v::types::BuildError::InvalidInput(m) => GuestError::InvalidInput(m),
+                    $v::types::BuildError::Unsupported(m) => GuestError::Unsupported(m),
+                    $v::types::BuildError::Internal(m) => GuestError::Internal(m),
+                }
+            }
+        }
+
+        impl From<$v::types::PluginInfo> for PluginInfo {
+            fn from(i: $v::types::PluginInfo) -> Self {
+                PluginInfo {
+                    name: i.name,
+                    version: i.version,
+                    kinds: i.kinds.into_iter().map(BuilderKind::from).collect(),
+                    contract_version: i.contract_version,
+                }
+            }
+        }
+
+        impl ServiceExport for $v::controller_service::GuestIndices {
+            fn build_service(
+                &self,
+                store: &mut Store<CallState>,
+                instance: &Instance,
+                ctx: &BuildContext,
+                controller: &String,
+            ) -> CallResult<String> {
+                let ctx = $v::types::BuildContext::from_host(ctx);
+                let r = self.load(&mut *store, instance)?.call_build_service(store, &ctx, controller)?;
+                Ok(r.map_err(GuestError::from))
+            }
+        }
+
+        impl PodExport for $v::nodeset_pod::GuestIndices {
+            fn build_pod(
+                &self,
+                store: &mut Store<CallState>,
+                instance: &Instance,
+                ctx: &BuildContext,
+                nodeset: &String,
+                controller: &String,
+                identity: &PodIdentity,
+            ) -> CallResult<String> {
+                let ctx = $v::types::BuildContext::from_host(ctx);
+                let identity = $v::types::PodIdentity::from_host(identity);
+                let r = self
+                    .load(&mut *store, instance)?
+                    .call_build_pod(store, &ctx, nodeset, controller, &identity)?;
+                Ok(r.map_err(GuestError::from))
+            }
+        }
+    )+};
+}
+every_version!(v1, v2);
+
+impl From<v1::types::BuilderKind> for BuilderKind {
+    fn from(k: v1::types::BuilderKind) -> Self {
+        match k {
+            v1::types::BuilderKind::ControllerService => BuilderKind::ControllerService,
+            v1::types::BuilderKind::NodesetPod => BuilderKind::NodesetPod,
+        }
+    }
+}
+
+impl From<v2::types::BuilderKind> for BuilderKind {
+    fn from(k: v2::types::BuilderKind) -> Self {
+        match k {
+            v2::types::BuilderKind::ControllerService => BuilderKind::ControllerService,
+            v2::types::BuilderKind::NodesetPod => BuilderKind::NodesetPod,
+            v2::types::BuilderKind::ControllerChildren => BuilderKind::ControllerChildren,
+            v2::types::BuilderKind::NodesetChildren => BuilderKind::NodesetChildren,
+        }
+    }
+}
+
+impl ControllerChildrenExport for v2::controller_children::GuestIndices {
+    fn build_controller_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        controller: &String,
+        nodesets: Vec<String>,
+        inputs: &ControllerInputs,
+    ) -> CallResult<Vec<String>> {
+        let ctx = v2::types::BuildContext::from_host(ctx);
+        let inputs = v2::types::ControllerInputs {
+            nodesets,
+            slurm_key_hash: inputs.slurm_key_hash.clone(),
+            jwt_key_hash: inputs.jwt_key_hash.clone(),
+            config_maps: inputs
+                .config_maps
+                .iter()
+                .map(|c| v2::types::ConfigMapFiles {
+                    name: c.name.clone(),
+                    files: c.files.clone(),
+                })
+                .collect(),
+        };
+        let r = self
+            .load(&mut *store, instance)?
+            .call_build_controller_children(store, &ctx, controller, &inputs)?;
+        Ok(r.map_err(GuestError::from))
+    }
+}
+
+impl NodesetChildrenExport for v2::nodeset_children::GuestIndices {
+    fn build_nodeset_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        nodeset: &String,
+        controller: &String,
+    ) -> CallResult<Vec<String>> {
+        let ctx = v2::types::BuildContext::from_host(ctx);
+        let r = self
+            .load(&mut *store, instance)?
+            .call_build_nodeset_children(store, &ctx, nodeset, controller)?;
+        Ok(r.map_err(GuestError::from))
+    }
+}
+
+/// The builder interfaces of `kinds` that the component exports, for `contract`.
+///
+/// # Errors
+/// A kind the contract does not have, or one the component does not export (the message says
+/// how to fix it).
+pub(crate) fn exports_of(
+    pre: &InstancePre<CallState>,
+    contract: Contract,
+    kinds: &[BuilderKind],
+) -> Result<Exports, String> {
+    let mut exports = Exports::default();
+    for &kind in kinds {
+        if !contract.kinds().contains(&kind) {
+            return Err(format!(
+                "describe() lists {kind}, which contract {contract} does not have: rebuild it against \
+                 slinky-guest-sdk {}",
+                crate::CONTRACT_VERSION
+            ));
+        }
+        let missing = |e: wasmtime::Error| {
+            format!(
+                "describe() lists {kind} but the component does not export it ({e:#}): list only the \
+                 kinds you implement in `export_plugin!(…, kinds = [...])`"
+            )
+        };
+        match kind {
+            BuilderKind::ControllerService => {
+                exports.service = Some(for_contract!(contract, v => {
+                    Box::new(v::controller_service::GuestIndices::new(pre).map_err(missing)?)
+                        as Box<dyn ServiceExport>
+                }));
+            }
+            BuilderKind::NodesetPod => {
+                exports.pod = Some(for_contract!(contract, v => {
+                    Box::new(v::nodeset_pod::GuestIndices::new(pre).map_err(missing)?) as Box<dyn PodExport>
+                }));
+            }
+            // Contract 0.2.0 on (checked above).
+            BuilderKind::ControllerChildren => {
+                exports.controller_children = Some(Box::new(
+                    v2::controller_children::GuestIndices::new(pre).map_err(missing)?,
+                ));
+            }
+            BuilderKind::NodesetChildren => {
+                exports.nodeset_children = Some(Box::new(
+                    v2::nodeset_children::GuestIndices::new(pre).map_err(missing)?,
+                ));
+            }
+        }
+    }
+    Ok(exports)
+}
+
+/// Call `describe()` of `contract` on `instance`.
+pub(crate) fn call_describe(
+    store: &mut Store<CallState>,
+    instance: &Instance,
+    pre: &InstancePre<CallState>,
+    contract: Contract,
+) -> wasmtime::Result<PluginInfo> {
+    for_contract!(contract, v => {
+        let guest = v::plugin::GuestIndices::new(pre)?.load(&mut *store, instance)?;
+        guest.call_describe(store).map(PluginInfo::from)
+    })
+}

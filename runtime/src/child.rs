@@ -1,0 +1,175 @@
+//! The child objects the children builder kinds (`controller-children`, `nodeset-children`,
+//! contract 0.2.0 on) return, once checked by the output policy: their kinds and their owners.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::discovery::ApiResource;
+use serde_json::Value;
+use slinky_api::NodeSet;
+pub use slinky_guest_sdk::{ConfigMapFiles, ControllerInputs};
+
+/// At most this many objects in one children builder's output.
+pub const MAX_CHILDREN: usize = 64;
+
+/// The kinds of objects children builders may return, in the order they are applied (a
+/// StatefulSet after the ConfigMap and Service its pods need).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChildKind {
+    /// `v1 ConfigMap`.
+    ConfigMap,
+    /// `v1 Service`.
+    Service,
+    /// `policy/v1 PodDisruptionBudget`.
+    PodDisruptionBudget,
+    /// `apps/v1 StatefulSet`.
+    StatefulSet,
+}
+
+impl ChildKind {
+    /// Every kind, in apply order.
+    pub const ALL: [ChildKind; 4] = [
+        ChildKind::ConfigMap,
+        ChildKind::Service,
+        ChildKind::PodDisruptionBudget,
+        ChildKind::StatefulSet,
+    ];
+
+    /// `apiVersion`.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ChildKind::ConfigMap | ChildKind::Service => "v1",
+            ChildKind::PodDisruptionBudget => "policy/v1",
+            ChildKind::StatefulSet => "apps/v1",
+        }
+    }
+
+    /// `kind`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            ChildKind::ConfigMap => "ConfigMap",
+            ChildKind::Service => "Service",
+            ChildKind::PodDisruptionBudget => "PodDisruptionBudget",
+            ChildKind::StatefulSet => "StatefulSet",
+        }
+    }
+
+    /// The resource (plural) name.
+    pub fn plural(self) -> &'static str {
+        match self {
+            ChildKind::ConfigMap => "configmaps",
+            ChildKind::Service => "services",
+            ChildKind::PodDisruptionBudget => "poddisruptionbudgets",
+            ChildKind::StatefulSet => "statefulsets",
+        }
+    }
+
+    /// The kind of `apiVersion`/`kind`, if it is one.
+    pub fn of(api_version: &str, kind: &str) -> Option<ChildKind> {
+        ChildKind::ALL
+            .into_iter()
+            .find(|k| k.api_version() == api_version && k.kind() == kind)
+    }
+
+    /// The API resource, for dynamic API calls.
+    pub fn api_resource(self) -> ApiResource {
+        let (group, version) = match self.api_version().split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", self.api_version()),
+        };
+        ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: self.api_version().into(),
+            kind: self.kind().into(),
+            plural: self.plural().into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ChildKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.kind())
+    }
+}
+
+/// Who owns a child, decided by the host's output policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// Controlled by its parent (a controller owner reference): deleted by the host when its
+    /// builder no longer returns it.
+    Controlled,
+    /// The workers' Service or PodDisruptionBudget of a Controller, shared by every NodeSet that
+    /// references it: each is a plain owner (sorted by name), so the garbage collector removes it
+    /// with the last one.
+    Shared,
+}
+
+/// A child object a children builder returned, checked by the output policy and finished by the
+/// host (namespace, owner references, builder annotations).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Child {
+    /// Its kind.
+    pub kind: ChildKind,
+    /// Who owns it.
+    pub ownership: Ownership,
+    /// The object, with `apiVersion` and `kind`.
+    pub object: Value,
+}
+
+impl Child {
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        self.object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    /// `metadata.namespace`.
+    pub fn namespace(&self) -> &str {
+        self.object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    }
+
+    /// `Kind name`, for messages.
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.kind, self.name())
+    }
+
+    /// Replace `metadata.ownerReferences` (absent when empty).
+    pub fn set_owners(&mut self, owners: Vec<OwnerReference>) {
+        let Some(meta) = self.object.get_mut("metadata").and_then(Value::as_object_mut) else {
+            return;
+        };
+        if owners.is_empty() {
+            meta.remove("ownerReferences");
+        } else {
+            meta.insert(
+                "ownerReferences".into(),
+                serde_json::to_value(owners).unwrap_or(Value::Null),
+            );
+        }
+    }
+
+    /// The shared owners of a workers' object: every NodeSet of `nodesets` (with a UID), sorted by
+    /// name, as plain owners blocking their deletion (Slinky's `SetOwnerReferences`).
+    pub fn shared_owners<'a>(nodesets: impl IntoIterator<Item = &'a NodeSet>) -> Vec<OwnerReference> {
+        let mut sorted: Vec<&NodeSet> = nodesets
+            .into_iter()
+            .filter(|n| n.metadata.uid.is_some())
+            .collect();
+        sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        sorted
+            .into_iter()
+            .map(|n| OwnerReference {
+                api_version: slinky_api::API_VERSION.into(),
+                kind: "NodeSet".into(),
+                name: n.metadata.name.clone().unwrap_or_default(),
+                uid: n.metadata.uid.clone().unwrap_or_default(),
+                controller: None,
+                block_owner_deletion: Some(true),
+            })
+            .collect()
+    }
+}

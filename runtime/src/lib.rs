@@ -1,0 +1,71 @@
+//! # slinky-runtime
+//!
+//! The plugin runtime of slinky-host: loading builder components, calling them in a fresh sandbox
+//! per call, and checking what they return. It never calls the Kubernetes API: the host's
+//! reconcilers hand it copies of objects and write what it returns.
+//!
+//! # Guarantees
+//! * A plugin serves only after it compiled, instantiated and described itself with a kind it
+//!   really exports and this host's contract version.
+//! * Every call gets a new `Store` (nothing survives between calls), a deadline (epoch
+//!   interruption), a memory cap, and a WASI context that grants nothing: no preopened
+//!   directories, no environment, no sockets, no stdin; clocks read a fixed instant and random
+//!   numbers are seeded, so a builder is a pure function of its input. Its stdout/stderr (bounded)
+//!   go to the host's log, and stderr is quoted in trap errors (a panic message shows there).
+//! * A trap, a deadline or the memory cap becomes a [`PluginError`] naming the plugin, the call
+//!   and the cause; the host never panics or hangs on a bad plugin.
+//! * Output is untrusted: see [`policy`].
+//!
+//! # Modules
+//! * [`engine`](EngineHandle): the wasmtime engines (Cranelift, Winch), one linker each, the
+//!   pooling allocator, epoch deadlines, the compiled-artifact cache and the optimizer thread.
+//! * `plugin` ([`Plugin`]): loading, compile tiers, contract checks, `describe()`.
+//! * `calls`: the builder calls, one path for every contract version; `bindings`: the one
+//!   `bindgen!` and the per-version glue; `sandbox`: a call's store, limits and WASI context.
+//! * [`policy`]: the output policy; [`bundled`]: the embedded builders and the
+//!   [`PluginRegistry`]; [`reload`]: the plugin directory watcher.
+
+mod bindings;
+pub mod bundled;
+mod calls;
+mod child;
+mod component;
+mod contract;
+mod engine;
+mod error;
+pub mod metrics;
+mod plugin;
+pub mod policy;
+pub mod reload;
+mod sandbox;
+
+pub use bundled::{PluginRegistry, Refusal};
+pub use child::{Child, ChildKind, ConfigMapFiles, ControllerInputs, MAX_CHILDREN, Ownership};
+pub use component::{digest, gunzip, with_custom_section};
+pub use contract::{BuilderKind, CONTRACT_VERSION, Contract, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS};
+pub use engine::{
+    Allocator, CallStats, CompileSource, EngineHandle, RuntimeConfig, Tier, Tiering, default_cache_dir,
+};
+pub use error::{GuestError, PluginError, TrapCause};
+pub use plugin::{Plugin, PluginSource};
+
+/// What a build call may know about the cluster (the WIT `build-context`), and which pod of a
+/// NodeSet to build (the WIT `pod-identity`): the same types plugin authors use.
+pub use slinky_guest_sdk::{BuildContext, PodIdentity};
+
+/// The wasmtime version the host runs plugins on (pinned in the workspace manifest).
+pub const WASMTIME_VERSION: &str = "48.0.8";
+
+#[cfg(test)]
+mod version_tests {
+    #[test]
+    fn the_wasmtime_version_is_the_locked_one() {
+        let lock = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"));
+        let locked = lock
+            .split("[[package]]")
+            .find(|p| p.contains("\nname = \"wasmtime\"\n"))
+            .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")))
+            .map(|v| v.trim_matches('"'));
+        assert_eq!(locked, Some(super::WASMTIME_VERSION));
+    }
+}
