@@ -11,12 +11,27 @@
 pub mod checks;
 /// Status condition types the host sets.
 pub mod conditions;
+/// The builder contract's shared types: build context, pod identity, builder kinds, errors,
+/// versions, the Controller inputs and the example inputs.
+pub mod contract;
 mod controller;
+/// Defaults of the host's settings.
+pub mod defaults;
+/// The hashes of Slinky's `*-hash` annotations.
+pub mod hash;
 /// Labels and annotations a builder or the host may set.
 pub mod keys;
+/// Component labels and the parents' selector labels.
+pub mod labels;
 /// Strategic-merge patch keys of the core types' lists.
 pub mod merge_keys;
 mod nodeset;
+/// Owner references of children.
+pub mod owners;
+/// Pod readiness and ordinal names.
+pub mod pods;
+/// Kubernetes quantities as numbers.
+pub mod quantity;
 mod spec_parts;
 /// Kubernetes' name and value rules.
 pub mod validation;

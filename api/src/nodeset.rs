@@ -272,6 +272,14 @@ impl NodeSet {
         )
     }
 
+    /// The ordinal of the pod named `pod` if it is named exactly as this NodeSet names that
+    /// ordinal (`<nodeset>-<ordinal>` with its own zero padding and no other: `w-07` is not ordinal
+    /// 7 of an unpadded NodeSet `w`, and `w-7` is not ordinal 7 of one padded to 2).
+    pub fn pod_ordinal(&self, pod: &str) -> Option<u32> {
+        let ordinal = crate::pods::ordinal_after(self.metadata.name.as_deref().unwrap_or_default(), pod)?;
+        (self.pod_name(ordinal) == pod).then_some(ordinal)
+    }
+
     /// The hostname of the pod with this ordinal: `<template.hostname><ordinal>` (padded like the
     /// name) when the template sets a hostname, else the pod name (Slinky's rule).
     pub fn pod_hostname(&self, ordinal: u32) -> String {
@@ -337,5 +345,14 @@ mod tests {
         assert_eq!(nodeset(Some(3), None).pod_hostname(7), "workers-007");
         assert_eq!(nodeset(None, Some("slinky-")).pod_hostname(2), "slinky-2");
         assert_eq!(nodeset(Some(2), Some("gpu-")).pod_hostname(2), "gpu-02");
+    }
+
+    #[test]
+    fn only_the_nodesets_own_padding_is_an_ordinal_name() {
+        assert_eq!(nodeset(None, None).pod_ordinal("workers-7"), Some(7));
+        assert_eq!(nodeset(None, None).pod_ordinal("workers-07"), None);
+        assert_eq!(nodeset(Some(2), None).pod_ordinal("workers-07"), Some(7));
+        assert_eq!(nodeset(Some(2), None).pod_ordinal("workers-7"), None);
+        assert_eq!(nodeset(None, None).pod_ordinal("other-7"), None);
     }
 }
