@@ -1,74 +1,15 @@
 //! Helpers every Slinky builder needs: labels, metadata merge order, ports, probes, quantities.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::{
     api::core::v1::{ContainerPort, HTTPGetAction, Probe, ServicePort},
     apimachinery::pkg::{api::resource::Quantity, util::intstr::IntOrString},
 };
-use slinky_api::keys;
 
-/// The `app.kubernetes.io/name` / `component` pair of a Slinky component.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Component {
-    /// `app.kubernetes.io/name`, e.g. `slurmd`.
-    pub name: &'static str,
-    /// `app.kubernetes.io/component`, e.g. `worker`.
-    pub component: &'static str,
-}
-
-/// Controller (slurmctld).
-pub const CONTROLLER: Component = Component {
-    name: "slurmctld",
-    component: "controller",
+/// sha256 of `data` as lower-case hex (for `*-hash` annotations).
+pub use slinky_api::hash::sha256_hex;
+pub use slinky_api::labels::{
+    ACCOUNTING, CONTROLLER, Component, LOGIN, Labels, RESTAPI, WORKER, worker_labels,
 };
-/// RestApi (slurmrestd).
-pub const RESTAPI: Component = Component {
-    name: "slurmrestd",
-    component: "restapi",
-};
-/// Accounting (slurmdbd).
-pub const ACCOUNTING: Component = Component {
-    name: "slurmdbd",
-    component: "accounting",
-};
-/// NodeSet (slurmd workers).
-pub const WORKER: Component = Component {
-    name: "slurmd",
-    component: "worker",
-};
-/// LoginSet.
-pub const LOGIN: Component = Component {
-    name: "login",
-    component: "login",
-};
-
-/// A label or annotation map.
-pub type Labels = BTreeMap<String, String>;
-
-impl Component {
-    /// Selector labels: `app.kubernetes.io/name` and `app.kubernetes.io/instance=<instance>`.
-    pub fn selector_labels(self, instance: &str) -> Labels {
-        Labels::from([
-            (keys::LABEL_NAME.to_string(), self.name.to_string()),
-            (keys::LABEL_INSTANCE.to_string(), instance.to_string()),
-        ])
-    }
-
-    /// Full labels: the selector labels plus `app.kubernetes.io/component`.
-    pub fn labels(self, instance: &str) -> Labels {
-        let mut labels = self.selector_labels(instance);
-        labels.insert(keys::LABEL_COMPONENT.to_string(), self.component.to_string());
-        labels
-    }
-}
-
-/// Worker labels: the NodeSet's full labels plus `slinky.slurm.net/cluster=<controller>`.
-pub fn worker_labels(nodeset: &str, controller: &str) -> Labels {
-    let mut labels = WORKER.labels(nodeset);
-    labels.insert(keys::LABEL_CLUSTER.to_string(), controller.to_string());
-    labels
-}
 
 /// Merge maps in order, later keys winning (Slinky's `metadata.go`). The usual order is the CR's
 /// labels/annotations, then `spec.template.metadata`, then operator labels, then hash annotations.
@@ -121,55 +62,9 @@ pub fn http_probe(path: &str, port: &str, failure_threshold: Option<i32>, period
 }
 
 /// A Kubernetes quantity as a number (`500m` → 0.5, `8Gi` → 8589934592, `1e3` → 1000), or None
-/// when it cannot be parsed.
+/// when it cannot be parsed: [`slinky_api::quantity::value`], the workspace's one parser.
 pub fn quantity_value(q: &Quantity) -> Option<f64> {
-    let s = q.0.trim();
-    let split = s
-        .char_indices()
-        .find(|&(i, c)| c.is_ascii_alphabetic() && !(matches!(c, 'e' | 'E') && is_exponent(s, i)))
-        .map_or(s.len(), |(i, _)| i);
-    let (number, suffix) = s.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        _ => return None,
-    };
-    Some(number * factor)
-}
-
-fn is_exponent(s: &str, i: usize) -> bool {
-    s[i + 1..]
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_digit() || c == '-' || c == '+')
-}
-
-/// sha256 of `data` as lower-case hex (for `*-hash` annotations).
-pub fn sha256_hex(data: &[u8]) -> String {
-    use sha2::Digest;
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = sha2::Sha256::digest(data);
-    let mut out = String::with_capacity(2 * digest.len());
-    for b in digest {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
+    slinky_api::quantity::value(q)
 }
 
 #[cfg(test)]

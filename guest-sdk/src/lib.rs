@@ -51,9 +51,10 @@
 // The generated bindings name this crate by its external name, inside and outside it.
 extern crate self as slinky_guest_sdk;
 
+mod builders;
 #[cfg(target_arch = "wasm32")]
 pub mod bump;
-mod children;
+mod child;
 pub mod helpers;
 pub mod merge;
 pub mod slinky;
@@ -63,145 +64,19 @@ pub mod testing;
 #[doc(hidden)]
 pub mod wit;
 
-use k8s_openapi::api::core::v1::{Pod, Service};
-
-pub use children::{
-    Child, ConfigMapFiles, ControllerChildrenBuilder, ControllerInputs, NodeSetChildrenBuilder,
+pub use builders::{
+    ControllerChildrenBuilder, ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder,
 };
+pub use child::Child;
 pub use k8s_openapi;
 /// The Slinky custom resource types (Controller, NodeSet, …).
 pub use slinky_api as api;
-use slinky_api::{Controller, NodeSet};
-
-/// The WIT contract version this SDK builds plugins against (`slinky:builder@0.2.0`).
-pub const CONTRACT_VERSION: &str = "0.2.0";
-
-/// Why a build failed; reported by the host on the parent's status and in an Event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BuildError {
-    /// The parent object is invalid for this builder. Name the field and the fix.
-    InvalidInput(String),
-    /// The request asks for something this builder does not support.
-    Unsupported(String),
-    /// A failure of the builder itself.
-    Internal(String),
-}
-
-impl std::fmt::Display for BuildError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BuildError::InvalidInput(m) => write!(f, "invalid input: {m}"),
-            BuildError::Unsupported(m) => write!(f, "unsupported: {m}"),
-            BuildError::Internal(m) => write!(f, "internal error: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for BuildError {}
-
-impl BuildError {
-    /// An [`BuildError::InvalidInput`] from anything displayable.
-    pub fn invalid(message: impl std::fmt::Display) -> Self {
-        BuildError::InvalidInput(message.to_string())
-    }
-}
-
-/// Cluster facts the sandbox cannot see, supplied by the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildContext {
-    /// The cluster DNS domain, e.g. `cluster.local`.
-    pub cluster_domain: String,
-}
-
-impl Default for BuildContext {
-    fn default() -> Self {
-        BuildContext {
-            cluster_domain: "cluster.local".into(),
-        }
-    }
-}
-
-/// Which pod of a NodeSet to build; computed by the host so every builder agrees on names.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PodIdentity {
-    /// The ordinal (0-based).
-    pub ordinal: u32,
-    /// The pod name, `<nodeset>-<ordinal>` zero-padded to `ordinalPadding`.
-    pub name: String,
-    /// The hostname (the Slurm node name).
-    pub hostname: String,
-    /// The pod revision hash for the `controller-revision-hash` label.
-    pub revision: String,
-}
-
-impl PodIdentity {
-    /// The identity of `ordinal` in `nodeset`, named the way the host names it.
-    pub fn for_ordinal(nodeset: &NodeSet, ordinal: u32, revision: impl Into<String>) -> Self {
-        PodIdentity {
-            ordinal,
-            name: nodeset.pod_name(ordinal),
-            hostname: nodeset.pod_hostname(ordinal),
-            revision: revision.into(),
-        }
-    }
-}
-
-/// Builds the Controller's slurmctld Service. Implement it and export with [`export_plugin!`].
-///
-/// A Service of type LoadBalancer with a site annotation, starting from Slinky's, tested natively
-/// with [`testing::call_service`]:
-///
-/// ```
-/// use slinky_guest_sdk::{BuildContext, BuildError, ControllerServiceBuilder, api::Controller, slinky, testing};
-/// use slinky_guest_sdk::k8s_openapi::api::core::v1::Service;
-///
-/// struct LbService;
-///
-/// impl ControllerServiceBuilder for LbService {
-///     fn build_service(ctx: &BuildContext, controller: &Controller) -> Result<Service, BuildError> {
-///         let mut svc = slinky::build_controller_service(ctx, controller)?;
-///         svc.spec.get_or_insert_default().type_ = Some("LoadBalancer".into());
-///         svc.metadata
-///             .annotations
-///             .get_or_insert_default()
-///             .insert("lb.example.com/internal".into(), "true".into());
-///         Ok(svc)
-///     }
-/// }
-///
-/// let svc = testing::call_service::<LbService>(&testing::example_controller()?)?;
-/// assert_eq!(svc.spec.and_then(|s| s.type_).as_deref(), Some("LoadBalancer"));
-/// # Ok::<(), BuildError>(())
-/// ```
-///
-/// # Guarantees and caveats
-/// The host calls this with a copy of the Controller, in a fresh sandbox per call; the call must
-/// be idempotent and safe to cancel (a deadline trap mid-call leaves no partial state).
-pub trait ControllerServiceBuilder {
-    /// Build the Service for `controller`.
-    ///
-    /// # Errors
-    /// [`BuildError`] for an invalid Controller or an unsupported request.
-    fn build_service(ctx: &BuildContext, controller: &Controller) -> Result<Service, BuildError>;
-}
-
-/// Builds one slurmd pod of a NodeSet. Implement it and export with [`export_plugin!`].
-///
-/// # Guarantees and caveats
-/// The host calls this with copies, in a fresh sandbox per call; the call must be idempotent and
-/// safe to cancel. The pod must be named `identity.name` and carry the NodeSet's selector labels.
-pub trait NodeSetPodBuilder {
-    /// Build pod `identity` of `nodeset`, whose Controller is `controller`.
-    ///
-    /// # Errors
-    /// [`BuildError`] for an invalid NodeSet/Controller or an unsupported request.
-    fn build_pod(
-        ctx: &BuildContext,
-        nodeset: &NodeSet,
-        controller: &Controller,
-        identity: &PodIdentity,
-    ) -> Result<Pod, BuildError>;
-}
+/// The builder contract, shared with the host: [`BuildContext`], [`PodIdentity`], [`BuildError`],
+/// the Controller's inputs and [`CONTRACT_VERSION`] (`slinky:builder@0.2.0`), the version this
+/// SDK builds plugins against.
+pub use slinky_api::contract::{
+    BuildContext, BuildError, CONTRACT_VERSION, ConfigMapFiles, ControllerInputs, PodIdentity,
+};
 
 /// Exports a type as a slinky-host builder plugin.
 ///

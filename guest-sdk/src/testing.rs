@@ -9,24 +9,8 @@ use crate::{
     NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity,
 };
 
-const EXAMPLE_CONTROLLER: &str = include_str!("testing/controller.json");
-const EXAMPLE_NODESET: &str = include_str!("testing/nodeset.json");
-
-/// The example Controller (`slurm` in namespace `slurm`, as the Slinky Helm chart renders it).
-///
-/// # Errors
-/// Never in practice: the example is checked by this crate's tests.
-pub fn example_controller() -> Result<Controller, BuildError> {
-    crate::from_json("example Controller", EXAMPLE_CONTROLLER)
-}
-
-/// The example NodeSet (`slurm-worker-slinky`, 3 replicas).
-///
-/// # Errors
-/// Never in practice: the example is checked by this crate's tests.
-pub fn example_nodeset() -> Result<NodeSet, BuildError> {
-    crate::from_json("example NodeSet", EXAMPLE_NODESET)
-}
+/// The example inputs, shared with the host (which builds them with every new plugin version).
+pub use slinky_api::contract::{example_controller, example_inputs, example_nodeset};
 
 fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(what: &str, v: &T) -> Result<T, BuildError> {
     crate::from_json(what, &crate::to_json(v)?)
@@ -60,20 +44,6 @@ pub fn call_pod<B: NodeSetPodBuilder>(
         "Pod",
         &B::build_pod(&BuildContext::default(), &nodeset, &controller, &identity)?,
     )
-}
-
-/// Example inputs of `controller`'s children builder: the given NodeSets (sorted by name, as the
-/// host sends them), key hashes of the Secrets `slurm-key` and `jwt-key`, no referenced
-/// ConfigMaps.
-pub fn example_inputs(nodesets: &[NodeSet]) -> ControllerInputs {
-    let mut nodesets = nodesets.to_vec();
-    nodesets.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    ControllerInputs {
-        nodesets,
-        slurm_key_hash: crate::helpers::sha256_hex(b"slurm-key"),
-        jwt_key_hash: crate::helpers::sha256_hex(b"jwt-key"),
-        config_maps: Vec::new(),
-    }
 }
 
 fn round_trip_children(children: Vec<Child>) -> Result<Vec<Child>, BuildError> {

@@ -54,17 +54,8 @@ while sleep 5; do
 done
 "#;
 
-/// sha256 of `data`'s values concatenated in key order, or empty when there are none: Slinky's
-/// `CheckSumFromMap`, for the `*-hash` annotations of Secrets and ConfigMaps.
-pub fn checksum_of_map<'a>(data: impl IntoIterator<Item = (&'a String, &'a [u8])>) -> String {
-    let mut entries: Vec<(&String, &[u8])> = data.into_iter().collect();
-    entries.sort_by(|a, b| a.0.cmp(b.0));
-    let bytes: Vec<u8> = entries.iter().flat_map(|(_, v)| v.iter().copied()).collect();
-    if bytes.is_empty() {
-        return String::new();
-    }
-    helpers::sha256_hex(&bytes)
-}
+/// Slinky's `CheckSumFromMap`, for the `*-hash` annotations of Secrets and ConfigMaps.
+pub use slinky_api::hash::checksum_of_map;
 
 /// Slinky's Controller children besides its Service: the ConfigMap `<controller>-config`, the
 /// headless Service `<controller>-controller-internal` and the StatefulSet `<controller>-controller`;

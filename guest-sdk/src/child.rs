@@ -1,15 +1,13 @@
-//! The children builder kinds of contract 0.2.0: a builder returns the list of objects a parent
-//! should have, the host applies them (server-side apply) and deletes the ones it built before
-//! and that are no longer in the list.
+//! One child object of the children builders (contract 0.2.0): a builder returns the list of
+//! objects a parent should have, the host applies them (server-side apply) and deletes the ones
+//! it built before and that are no longer in the list.
 
+use crate::BuildError;
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
     core::v1::{ConfigMap, Service},
     policy::v1::PodDisruptionBudget,
 };
-use slinky_api::{Controller, NodeSet};
-
-use crate::{BuildContext, BuildError};
 
 /// One child object a children builder returns.
 #[derive(Debug, Clone, PartialEq)]
@@ -156,82 +154,4 @@ impl From<PodDisruptionBudget> for Child {
     fn from(o: PodDisruptionBudget) -> Self {
         Child::PodDisruptionBudget(Box::new(o))
     }
-}
-
-/// A ConfigMap a Controller references, by the files it provides (its keys, sorted): never their
-/// content.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ConfigMapFiles {
-    /// The ConfigMap's name.
-    pub name: String,
-    /// Its keys (`data` and `binaryData`), sorted.
-    pub files: Vec<String>,
-}
-
-/// What the host read from the cluster for a Controller's children. Builders never see Secret
-/// data: only Slinky's hashes of it.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct ControllerInputs {
-    /// The NodeSets that reference the Controller, sorted by name.
-    pub nodesets: Vec<NodeSet>,
-    /// `slinky.slurm.net/slurm-key-hash`: sha256 (hex) of the Slurm key Secret's values in key
-    /// order (Slinky's `CheckSumFromMap`); empty for an external Controller.
-    pub slurm_key_hash: String,
-    /// `slinky.slurm.net/jwt-key-hash`: the same over the JWT key Secret.
-    pub jwt_key_hash: String,
-    /// Every ConfigMap the Controller references, each once, sorted by name.
-    pub config_maps: Vec<ConfigMapFiles>,
-}
-
-impl ControllerInputs {
-    /// The files ConfigMap `name` provides (none when it is not among the inputs).
-    pub fn files_of(&self, name: &str) -> &[String] {
-        self.config_maps
-            .iter()
-            .find(|c| c.name == name)
-            .map(|c| c.files.as_slice())
-            .unwrap_or_default()
-    }
-}
-
-/// Builds a Controller's children other than its Service (Slinky's slurmctld StatefulSet,
-/// `<controller>-config` and `<controller>-controller-internal`). Implement it and export it
-/// with [`crate::export_plugin!`]; [`crate::slinky::build_controller_children`] is Slinky's.
-///
-/// # Guarantees and caveats
-/// The host calls this with copies, in a fresh sandbox per call; the call must be idempotent and
-/// safe to cancel. Every object must be in the Controller's namespace and named
-/// `<controller>-…`; the host sets owner references and the builder annotations, applies every
-/// object, and deletes the objects it built earlier that the list no longer has.
-pub trait ControllerChildrenBuilder {
-    /// Build the children of `controller`.
-    ///
-    /// # Errors
-    /// [`BuildError`] for an invalid Controller or an unsupported request.
-    fn build_controller_children(
-        ctx: &BuildContext,
-        controller: &Controller,
-        inputs: &ControllerInputs,
-    ) -> Result<Vec<Child>, BuildError>;
-}
-
-/// Builds a NodeSet's children other than its pods (Slinky's workers' Service and
-/// PodDisruptionBudget, shared by the Controller's NodeSets, and the SSH ConfigMap). Implement it
-/// and export it with [`crate::export_plugin!`]; [`crate::slinky::build_nodeset_children`] is
-/// Slinky's.
-///
-/// # Guarantees and caveats
-/// As [`ControllerChildrenBuilder`]. The objects named `slurm-workers-<controller>` (Service) and
-/// `slurm-workers-pdb-<controller>` (PodDisruptionBudget) are shared: the host makes every
-/// NodeSet of the Controller their owner. Every other object must be named `<nodeset>-…`.
-pub trait NodeSetChildrenBuilder {
-    /// Build the children of `nodeset`, whose Controller is `controller`.
-    ///
-    /// # Errors
-    /// [`BuildError`] for an invalid NodeSet or an unsupported request.
-    fn build_nodeset_children(
-        ctx: &BuildContext,
-        nodeset: &NodeSet,
-        controller: &Controller,
-    ) -> Result<Vec<Child>, BuildError>;
 }

@@ -1,0 +1,42 @@
+//! Status condition types the host sets (it owns these types on its parents' status; other
+//! writers' conditions are kept).
+
+/// The parent is reconciled: its children exist and are available.
+pub const READY: &str = "Ready";
+/// The spec is invalid or asks for what this host does not support; nothing is changed.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// The builder plugin failed (trap, deadline, refused output, builder error).
+pub const BUILDER_FAILED: &str = "BuilderFailed";
+/// A NodeSet's Controller does not exist.
+pub const CONTROLLER_NOT_FOUND: &str = "ControllerNotFound";
+/// A NodeSet's pod create, delete, adoption or release was refused by the API server
+/// (like a ReplicaSet's `ReplicaFailure`; reasons `FailedCreate`, `FailedDelete`, …).
+pub const REPLICA_FAILURE: &str = "ReplicaFailure";
+/// A child other than a pod (a Service, ConfigMap, StatefulSet, PodDisruptionBudget) could
+/// not be applied or pruned, or its name is taken by an object the host did not build
+/// (reasons `FailedApply`, `FailedDelete`, `NotOwned`). On Controllers and NodeSets.
+pub const CHILD_FAILURE: &str = "ChildFailure";
+/// A Secret or ConfigMap a Controller references does not exist (reasons `SecretNotFound`,
+/// `SecretKeyNotFound`, `ConfigMapNotFound`): the children that need it wait for it.
+pub const REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
+/// Set by hosts before `ChildFailure` replaced it (the Controller's Service only); the host
+/// clears it.
+#[deprecated(note = "replaced by CHILD_FAILURE; the host only clears it")]
+pub const SERVICE_FAILURE: &str = "ServiceFailure";
+/// The condition types a NodeSet's status carries from the host.
+pub const NODESET: [&str; 6] = [
+    READY,
+    INVALID_SPEC,
+    BUILDER_FAILED,
+    CONTROLLER_NOT_FOUND,
+    REPLICA_FAILURE,
+    CHILD_FAILURE,
+];
+/// The condition types a Controller's status carries from the host.
+pub const CONTROLLER: [&str; 5] = [
+    READY,
+    INVALID_SPEC,
+    BUILDER_FAILED,
+    CHILD_FAILURE,
+    REFERENCE_NOT_FOUND,
+];

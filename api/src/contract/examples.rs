@@ -1,0 +1,56 @@
+//! The example inputs (the repository's example cluster, as the Slinky Helm chart renders it):
+//! what plugin authors test against and what the host builds with every new plugin version
+//! before it serves.
+
+use crate::{Controller, NodeSet, hash::sha256_hex};
+
+use super::{BuildError, ControllerInputs};
+
+const EXAMPLE_CONTROLLER: &str = include_str!("example-controller.json");
+const EXAMPLE_NODESET: &str = include_str!("example-nodeset.json");
+
+fn parse<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T, BuildError> {
+    serde_json::from_str(json).map_err(|e| BuildError::InvalidInput(format!("cannot parse the {what}: {e}")))
+}
+
+/// The example Controller (`slurm` in namespace `slurm`, as the Slinky Helm chart renders it).
+///
+/// # Errors
+/// Never in practice: the example is checked by this crate's tests.
+pub fn example_controller() -> Result<Controller, BuildError> {
+    parse("example Controller", EXAMPLE_CONTROLLER)
+}
+
+/// The example NodeSet (`slurm-worker-slinky`, 3 replicas).
+///
+/// # Errors
+/// Never in practice: the example is checked by this crate's tests.
+pub fn example_nodeset() -> Result<NodeSet, BuildError> {
+    parse("example NodeSet", EXAMPLE_NODESET)
+}
+
+/// Example inputs of `controller`'s children builder: the given NodeSets (sorted by name, as the
+/// host sends them), key hashes of the Secrets `slurm-key` and `jwt-key`, no referenced
+/// ConfigMaps.
+pub fn example_inputs(nodesets: &[NodeSet]) -> ControllerInputs {
+    let mut nodesets = nodesets.to_vec();
+    nodesets.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    ControllerInputs {
+        nodesets,
+        slurm_key_hash: sha256_hex(b"slurm-key"),
+        jwt_key_hash: sha256_hex(b"jwt-key"),
+        config_maps: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples_parse() -> Result<(), BuildError> {
+        assert_eq!(example_controller()?.metadata.name.as_deref(), Some("slurm"));
+        assert_eq!(example_nodeset()?.replicas(), 3);
+        Ok(())
+    }
+}

@@ -1,0 +1,357 @@
+//! What the host reads from the cluster for a Controller's children builder, gathered by one
+//! rule for `run` (from the caches and the API) and `render` (from files).
+
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Secret, SecretKeySelector},
+};
+
+use crate::{Controller, NodeSet, hash::checksum_of_map};
+
+/// A ConfigMap a Controller references, by the files it provides (its keys, sorted): never their
+/// content.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConfigMapFiles {
+    /// The ConfigMap's name.
+    pub name: String,
+    /// Its keys (`data` and `binaryData`), sorted.
+    pub files: Vec<String>,
+}
+
+impl ConfigMapFiles {
+    /// The files `config_map` provides, under the name `name` (the name the Controller uses).
+    pub fn of(name: impl Into<String>, config_map: &ConfigMap) -> Self {
+        let mut files: Vec<String> = config_map
+            .data
+            .iter()
+            .flat_map(|d| d.keys().cloned())
+            .chain(config_map.binary_data.iter().flat_map(|d| d.keys().cloned()))
+            .collect();
+        files.sort();
+        ConfigMapFiles {
+            name: name.into(),
+            files,
+        }
+    }
+}
+
+/// What the host read from the cluster for a Controller's children. Builders never see Secret
+/// data: only Slinky's hashes of it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ControllerInputs {
+    /// The NodeSets that reference the Controller, sorted by name.
+    pub nodesets: Vec<NodeSet>,
+    /// `slinky.slurm.net/slurm-key-hash`: sha256 (hex) of the Slurm key Secret's values in key
+    /// order (Slinky's `CheckSumFromMap`); empty for an external Controller.
+    pub slurm_key_hash: String,
+    /// `slinky.slurm.net/jwt-key-hash`: the same over the JWT key Secret.
+    pub jwt_key_hash: String,
+    /// Every ConfigMap the Controller references, each once, sorted by name.
+    pub config_maps: Vec<ConfigMapFiles>,
+}
+
+/// A reference of a Controller that the cluster (or the rendered input) does not satisfy: the
+/// children that need it wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MissingReference {
+    /// The Secret `name`, referenced by `field`, does not exist.
+    Secret {
+        /// `spec.slurmKeyRef` or `spec.jwtKeyRef`.
+        field: &'static str,
+        /// The Secret's name.
+        name: String,
+    },
+    /// The Secret `name`, referenced by `field`, has no key `key`.
+    SecretKey {
+        /// `spec.slurmKeyRef` or `spec.jwtKeyRef`.
+        field: &'static str,
+        /// The Secret's name.
+        name: String,
+        /// The key the reference names.
+        key: String,
+    },
+    /// The ConfigMap `name` does not exist.
+    ConfigMap {
+        /// The ConfigMap's name.
+        name: String,
+    },
+    /// The ConfigMap `name`, referenced by `spec.jwksKeyRef`, has no key `key`.
+    ConfigMapKey {
+        /// The ConfigMap's name.
+        name: String,
+        /// The key the reference names.
+        key: String,
+    },
+}
+
+impl MissingReference {
+    /// The reason of the `ReferenceNotFound` condition and Event: `SecretNotFound`,
+    /// `SecretKeyNotFound`, `ConfigMapNotFound` or `ConfigMapKeyNotFound`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            MissingReference::Secret { .. } => "SecretNotFound",
+            MissingReference::SecretKey { .. } => "SecretKeyNotFound",
+            MissingReference::ConfigMap { .. } => "ConfigMapNotFound",
+            MissingReference::ConfigMapKey { .. } => "ConfigMapKeyNotFound",
+        }
+    }
+}
+
+/// Slinky's hash of a Secret's data (`stringData` over `data`, as the API server stores it).
+pub fn secret_hash(secret: &Secret) -> String {
+    let mut data = secret.data.clone().unwrap_or_default();
+    for (k, v) in secret.string_data.iter().flatten() {
+        data.insert(k.clone(), ByteString(v.as_bytes().to_vec()));
+    }
+    checksum_of_map(data.iter().map(|(k, ByteString(v))| (k, v.as_slice())))
+}
+
+impl ControllerInputs {
+    /// The files ConfigMap `name` provides (none when it is not among the inputs).
+    pub fn files_of(&self, name: &str) -> &[String] {
+        self.config_maps
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.files.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// Of `nodesets`, those that reference `controller` (its name, in its namespace), sorted by
+    /// name.
+    pub fn nodesets_of<'a>(
+        controller: &Controller,
+        nodesets: impl IntoIterator<Item = &'a NodeSet>,
+    ) -> Vec<NodeSet> {
+        let ns = controller.metadata.namespace.as_deref().unwrap_or_default();
+        let name = controller.metadata.name.as_deref().unwrap_or_default();
+        let mut out: Vec<NodeSet> = nodesets
+            .into_iter()
+            .filter(|n| n.controller_namespace() == ns && n.spec.controller_ref.name == name)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        out
+    }
+
+    /// The inputs of `controller`'s children builder, with every reference the lookups could not
+    /// satisfy, in the order the host reports them (the Slurm key, the JWT key, then the
+    /// ConfigMaps by name).
+    ///
+    /// `nodesets` are all the NodeSets known (those of `controller` are picked); `secret` and
+    /// `config_map` look an object of the Controller's namespace up by name. An external
+    /// Controller needs no Secret or ConfigMap: its inputs are its NodeSets only. A missing Secret
+    /// leaves its hash empty; a Secret without its key is still hashed; a missing ConfigMap
+    /// provides no files.
+    pub fn gather<'a>(
+        controller: &Controller,
+        nodesets: impl IntoIterator<Item = &'a NodeSet>,
+        secret: impl Fn(&str) -> Option<&'a Secret>,
+        config_map: impl Fn(&str) -> Option<&'a ConfigMap>,
+    ) -> (ControllerInputs, Vec<MissingReference>) {
+        let mut inputs = ControllerInputs {
+            nodesets: Self::nodesets_of(controller, nodesets),
+            ..Default::default()
+        };
+        let mut missing = Vec::new();
+        if controller.spec.external {
+            return (inputs, missing);
+        }
+        let spec = &controller.spec;
+        for (field, reference, hash) in [
+            (
+                "spec.slurmKeyRef",
+                &spec.slurm_key_ref,
+                &mut inputs.slurm_key_hash,
+            ),
+            ("spec.jwtKeyRef", &spec.jwt_key_ref, &mut inputs.jwt_key_hash),
+        ] {
+            if let Some(r) = reference {
+                *hash = key_hash(field, r, &secret, &mut missing);
+            }
+        }
+        for name in controller.config_map_refs() {
+            let Some(cm) = config_map(&name) else {
+                missing.push(MissingReference::ConfigMap { name: name.clone() });
+                inputs.config_maps.push(ConfigMapFiles { name, files: vec![] });
+                continue;
+            };
+            let files = ConfigMapFiles::of(name, cm);
+            if let Some(jwks) = spec.jwks_key_ref.as_ref().filter(|j| j.name == files.name)
+                && !files.files.contains(&jwks.key)
+            {
+                missing.push(MissingReference::ConfigMapKey {
+                    name: files.name.clone(),
+                    key: jwks.key.clone(),
+                });
+            }
+            inputs.config_maps.push(files);
+        }
+        (inputs, missing)
+    }
+}
+
+/// The hash of the Secret `r` references, noting it when it or its key is missing.
+fn key_hash<'a>(
+    field: &'static str,
+    r: &SecretKeySelector,
+    secret: &impl Fn(&str) -> Option<&'a Secret>,
+    missing: &mut Vec<MissingReference>,
+) -> String {
+    let Some(found) = secret(&r.name) else {
+        missing.push(MissingReference::Secret {
+            field,
+            name: r.name.clone(),
+        });
+        return String::new();
+    };
+    let has_key = found.data.as_ref().is_some_and(|d| d.contains_key(&r.key))
+        || found.string_data.as_ref().is_some_and(|d| d.contains_key(&r.key));
+    if !has_key {
+        missing.push(MissingReference::SecretKey {
+            field,
+            name: r.name.clone(),
+            key: r.key.clone(),
+        });
+    }
+    secret_hash(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::{ConfigMapKeySelector, LocalObjectReference};
+
+    use super::*;
+    use crate::{ControllerReference, ControllerSpec, NodeSetSpec, hash::sha256_hex};
+
+    fn controller() -> Controller {
+        let mut c = Controller::new(
+            "slurm",
+            ControllerSpec {
+                slurm_key_ref: Some(SecretKeySelector {
+                    name: "slurm-key".into(),
+                    key: "slurm.key".into(),
+                    ..Default::default()
+                }),
+                jwks_key_ref: Some(ConfigMapKeySelector {
+                    name: "jwks".into(),
+                    key: "jwks.json".into(),
+                    ..Default::default()
+                }),
+                config_file_refs: vec![LocalObjectReference { name: "extra".into() }],
+                ..Default::default()
+            },
+        );
+        c.metadata.namespace = Some("hpc".into());
+        c
+    }
+
+    fn nodeset(name: &str, controller: &str, namespace: &str) -> NodeSet {
+        let mut n = NodeSet::new(
+            name,
+            NodeSetSpec {
+                controller_ref: ControllerReference {
+                    name: controller.into(),
+                    namespace: None,
+                },
+                ..Default::default()
+            },
+        );
+        n.metadata.namespace = Some(namespace.into());
+        n
+    }
+
+    fn config_map(keys: &[&str]) -> ConfigMap {
+        ConfigMap {
+            data: Some(keys.iter().map(|k| (k.to_string(), String::new())).collect()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_controllers_nodesets_sorted() {
+        let all = [
+            nodeset("b", "slurm", "hpc"),
+            nodeset("a", "slurm", "hpc"),
+            nodeset("c", "other", "hpc"),
+            nodeset("d", "slurm", "elsewhere"),
+        ];
+        let names: Vec<_> = ControllerInputs::nodesets_of(&controller(), &all)
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn everything_found_hashes_keys_and_lists_files() {
+        let secret = Secret {
+            data: Some(BTreeMap::from([(
+                "slurm.key".to_string(),
+                ByteString(b"k".to_vec()),
+            )])),
+            ..Default::default()
+        };
+        let (jwks, extra) = (config_map(&["jwks.json"]), config_map(&["b.conf", "a.conf"]));
+        let (inputs, missing) = ControllerInputs::gather(
+            &controller(),
+            &[],
+            |name| (name == "slurm-key").then_some(&secret),
+            |name| match name {
+                "jwks" => Some(&jwks),
+                "extra" => Some(&extra),
+                _ => None,
+            },
+        );
+        assert_eq!(missing, []);
+        assert_eq!(inputs.slurm_key_hash, sha256_hex(b"k"));
+        assert_eq!(inputs.jwt_key_hash, "");
+        assert_eq!(inputs.files_of("extra"), ["a.conf", "b.conf"]);
+        assert_eq!(inputs.config_maps.len(), 2);
+    }
+
+    #[test]
+    fn missing_references_in_the_order_the_host_reports_them() {
+        let empty = Secret::default();
+        let jwks = config_map(&["other"]);
+        let (inputs, missing) = ControllerInputs::gather(
+            &controller(),
+            &[],
+            |_| Some(&empty),
+            |name| (name == "jwks").then_some(&jwks),
+        );
+        let reasons: Vec<_> = missing.iter().map(MissingReference::reason).collect();
+        assert_eq!(
+            reasons,
+            ["SecretKeyNotFound", "ConfigMapNotFound", "ConfigMapKeyNotFound"]
+        );
+        assert_eq!(inputs.files_of("extra"), [] as [String; 0]);
+        let (_, missing) = ControllerInputs::gather(&controller(), &[], |_| None, |_| None);
+        assert_eq!(
+            missing.first(),
+            Some(&MissingReference::Secret {
+                field: "spec.slurmKeyRef",
+                name: "slurm-key".into()
+            })
+        );
+    }
+
+    #[test]
+    fn an_external_controller_needs_no_references() {
+        let mut c = controller();
+        c.spec.external = true;
+        let (inputs, missing) = ControllerInputs::gather(&c, &[], |_| None, |_| None);
+        assert_eq!((inputs, missing), (ControllerInputs::default(), vec![]));
+    }
+
+    #[test]
+    fn string_data_counts_in_the_secret_hash() {
+        let secret = Secret {
+            data: Some(BTreeMap::from([("a".to_string(), ByteString(b"1".to_vec()))])),
+            string_data: Some(BTreeMap::from([("b".to_string(), "2".to_string())])),
+            ..Default::default()
+        };
+        assert_eq!(secret_hash(&secret), sha256_hex(b"12"));
+    }
+}

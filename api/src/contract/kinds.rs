@@ -1,0 +1,168 @@
+//! The builder kinds and the contract versions (`slinky:builder@<version>`) a plugin may speak,
+//! and what a plugin says about itself.
+
+/// The current contract version: the one the host speaks and the guest SDK builds plugins against
+/// (`slinky:builder@0.2.0`).
+pub const CONTRACT_VERSION: &str = "0.2.0";
+/// Every contract version this host loads plugins of, oldest first.
+pub const SUPPORTED_CONTRACTS: [&str; 2] = ["0.1.0", "0.2.0"];
+/// The package every contract interface belongs to.
+pub const PACKAGE: &str = "slinky:builder";
+
+/// A contract version a plugin was built against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Contract {
+    /// `slinky:builder@0.1.0`: `controller-service` and `nodeset-pod`.
+    V0_1,
+    /// `slinky:builder@0.2.0`: adds `controller-children` and `nodeset-children`.
+    V0_2,
+}
+
+impl Contract {
+    /// Newest first: the order exports are looked for.
+    pub const ALL: [Contract; 2] = [Contract::V0_2, Contract::V0_1];
+
+    /// The version text, e.g. `0.2.0`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Contract::V0_1 => "0.1.0",
+            Contract::V0_2 => "0.2.0",
+        }
+    }
+
+    /// The export name of a contract interface, e.g. `slinky:builder/plugin@0.2.0`.
+    pub fn export_name(self, interface: &str) -> String {
+        format!("{PACKAGE}/{interface}@{}", self.as_str())
+    }
+
+    /// The builder kinds this version has.
+    pub fn kinds(self) -> &'static [BuilderKind] {
+        match self {
+            Contract::V0_1 => &[BuilderKind::ControllerService, BuilderKind::NodesetPod],
+            Contract::V0_2 => &BuilderKind::ALL,
+        }
+    }
+}
+
+impl std::fmt::Display for Contract {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A builder kind: which children of which parent a builder makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BuilderKind {
+    /// Controller → its slurmctld Service (`<controller>-controller`).
+    ControllerService,
+    /// NodeSet + Controller + pod identity → one slurmd Pod.
+    NodesetPod,
+    /// Controller → the slurmctld StatefulSet, the `slurm.conf` ConfigMap, the internal Service.
+    ControllerChildren,
+    /// NodeSet → the shared worker Service and PodDisruptionBudget, the SSH ConfigMap.
+    NodesetChildren,
+}
+
+impl BuilderKind {
+    /// Every kind, in the order `/plugins` and the metrics list them.
+    pub const ALL: [BuilderKind; 4] = [
+        BuilderKind::ControllerService,
+        BuilderKind::NodesetPod,
+        BuilderKind::ControllerChildren,
+        BuilderKind::NodesetChildren,
+    ];
+
+    /// The WIT interface (and CLI) name of the kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuilderKind::ControllerService => "controller-service",
+            BuilderKind::NodesetPod => "nodeset-pod",
+            BuilderKind::ControllerChildren => "controller-children",
+            BuilderKind::NodesetChildren => "nodeset-children",
+        }
+    }
+
+    /// Its position in [`BuilderKind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kind of parent whose children it builds: `Controller` or `NodeSet`.
+    pub fn parent(self) -> &'static str {
+        match self {
+            BuilderKind::ControllerService | BuilderKind::ControllerChildren => "Controller",
+            BuilderKind::NodesetPod | BuilderKind::NodesetChildren => "NodeSet",
+        }
+    }
+}
+
+impl std::fmt::Display for BuilderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BuilderKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BuilderKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown builder kind {s:?}; the kinds are {}",
+                    BuilderKind::ALL.map(BuilderKind::as_str).join(", ")
+                )
+            })
+    }
+}
+
+/// What a plugin says about itself (`describe()`, of any contract version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginInfo {
+    /// The plugin's name.
+    pub name: String,
+    /// The plugin's own version.
+    pub version: String,
+    /// The builder kinds it says it exports.
+    pub kinds: Vec<BuilderKind>,
+    /// The contract version it says it speaks.
+    pub contract_version: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_round_trip_through_their_names() {
+        for kind in BuilderKind::ALL {
+            assert_eq!(kind.as_str().parse::<BuilderKind>(), Ok(kind));
+            assert_eq!(BuilderKind::ALL[kind.index()], kind);
+            assert_eq!(kind.to_string(), kind.as_str());
+        }
+        assert!(
+            "pods"
+                .parse::<BuilderKind>()
+                .is_err_and(|e| e.contains("nodeset-pod"))
+        );
+        assert_eq!(BuilderKind::NodesetChildren.parent(), "NodeSet");
+        assert_eq!(BuilderKind::ControllerService.parent(), "Controller");
+    }
+
+    #[test]
+    fn versions_know_their_kinds_and_exports() {
+        assert_eq!(Contract::V0_1.kinds().len(), 2);
+        assert_eq!(Contract::V0_2.kinds(), &BuilderKind::ALL);
+        assert_eq!(
+            Contract::V0_2.export_name("plugin"),
+            "slinky:builder/plugin@0.2.0"
+        );
+        assert_eq!(Contract::ALL[0].as_str(), CONTRACT_VERSION);
+        assert_eq!(
+            SUPPORTED_CONTRACTS,
+            [Contract::V0_1.as_str(), Contract::V0_2.as_str()]
+        );
+    }
+}

@@ -1,0 +1,54 @@
+//! Labels and annotations a builder or the host may set (Slinky's `well_known.go`).
+
+/// `app.kubernetes.io/name`: a selector label.
+pub const LABEL_NAME: &str = "app.kubernetes.io/name";
+/// `app.kubernetes.io/instance`: a selector label (the CR name).
+pub const LABEL_INSTANCE: &str = "app.kubernetes.io/instance";
+/// `app.kubernetes.io/component`: added to the selector labels in the full labels.
+pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+/// The Slurm cluster a worker pod belongs to (the Controller's name).
+pub const LABEL_CLUSTER: &str = "slinky.slurm.net/cluster";
+/// Marks the active slurmctld pod.
+pub const LABEL_CONTROLLER_ACTIVE: &str = "controller.slinky.slurm.net/active";
+/// NodeSet pod label: the pod name.
+pub const LABEL_POD_NAME: &str = "nodeset.slinky.slurm.net/pod-name";
+/// NodeSet pod label: the ordinal.
+pub const LABEL_POD_INDEX: &str = "nodeset.slinky.slurm.net/pod-index";
+/// NodeSet pod label: the hostname (the Slurm node name).
+pub const LABEL_POD_HOSTNAME: &str = "nodeset.slinky.slurm.net/pod-hostname";
+/// NodeSet pod label: the scaling mode the pod was made for.
+pub const LABEL_SCALING_MODE: &str = "nodeset.slinky.slurm.net/scaling-mode";
+/// NodeSet pod label: protected from disruption while its Slurm node is busy.
+pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
+/// The revision label shared with StatefulSets.
+pub const LABEL_REVISION_HASH: &str = "controller-revision-hash";
+/// Pod annotation: the Slurm topology spec, read by slurmd through `SLINKY_TOPOLOGY`.
+pub const ANNOTATION_TOPOLOGY: &str = "topology.slinky.slurm.net/spec";
+/// Pod annotation: the pod is cordoned (its Slurm node drained).
+pub const ANNOTATION_POD_CORDON: &str = "nodeset.slinky.slurm.net/pod-cordon";
+/// Pod annotation: the pod's deletion cost (lower goes first on scale-down).
+pub const ANNOTATION_POD_DELETION_COST: &str = "nodeset.slinky.slurm.net/pod-deletion-cost";
+/// Pod annotation: when the pod's running jobs end (RFC 3339).
+pub const ANNOTATION_POD_DEADLINE: &str = "nodeset.slinky.slurm.net/pod-deadline";
+/// Pod-template annotation: the hash of the sshd configuration.
+pub const ANNOTATION_SSHD_CONF_HASH: &str = "slinky.slurm.net/sshd-conf-hash";
+/// Pod-template annotation: the hash of the sssd configuration.
+pub const ANNOTATION_SSSD_CONF_HASH: &str = "slinky.slurm.net/sssd-conf-hash";
+/// The container `kubectl logs/exec` picks by default.
+pub const ANNOTATION_DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
+/// slurmctld pod-template annotation: the hash of the Slurm key Secret's data.
+pub const ANNOTATION_SLURM_KEY_HASH: &str = "slinky.slurm.net/slurm-key-hash";
+/// slurmctld pod-template annotation: the hash of the JWT key Secret's data.
+pub const ANNOTATION_JWT_KEY_HASH: &str = "slinky.slurm.net/jwt-key-hash";
+/// slurmctld pod-template annotation (without in-place reconfigure): the hash of the
+/// `<controller>-config` ConfigMap's data, so a configuration change rolls slurmctld.
+pub const ANNOTATION_SLURM_CONFIG_HASH: &str = "slinky.slurm.net/slurm-config-hash";
+/// Set by the host on every child it applies: a hash of the object as last applied, so a
+/// steady state makes no writes.
+pub const ANNOTATION_APPLIED_HASH: &str = "slinky.slurm.net/applied-hash";
+/// Set by the host on every child: `<plugin name>@<plugin version>`.
+pub const ANNOTATION_BUILDER: &str = "slinky.slurm.net/builder";
+/// Set by the host on every child: `sha256:<digest of the plugin component>`.
+pub const ANNOTATION_BUILDER_DIGEST: &str = "slinky.slurm.net/builder-digest";
+/// The taint on Kubernetes nodes reserved for Slurm workers.
+pub const TAINT_WORKER: &str = "nodeset.slinky.slurm.net/worker";
