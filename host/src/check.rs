@@ -27,8 +27,8 @@ pub struct CheckReport {
 /// # Errors
 /// Never in practice: the examples are tested.
 pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
-    let controller = slinky_guest_sdk::testing::example_controller().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let nodeset = slinky_guest_sdk::testing::example_nodeset().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let controller = slinky_api::contract::example_controller().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let nodeset = slinky_api::contract::example_nodeset().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(vec![
         Manifest {
             at: "example Controller".into(),

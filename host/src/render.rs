@@ -176,9 +176,7 @@ impl References {
                     for (k, v) in s.string_data.iter().flatten() {
                         data.insert(k.clone(), ByteString(v.as_bytes().to_vec()));
                     }
-                    slinky_guest_sdk::slinky::controller::checksum_of_map(
-                        data.iter().map(|(k, ByteString(v))| (k, v.as_slice())),
-                    )
+                    slinky_api::hash::checksum_of_map(data.iter().map(|(k, ByteString(v))| (k, v.as_slice())))
                 }
                 None => {
                     tracing::warn!(

@@ -5,7 +5,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::discovery::ApiResource;
 use serde_json::Value;
 use slinky_api::NodeSet;
-pub use slinky_guest_sdk::{ConfigMapFiles, ControllerInputs};
 
 /// At most this many objects in one children builder's output.
 pub const MAX_CHILDREN: usize = 64;

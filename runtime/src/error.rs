@@ -5,19 +5,9 @@ use std::{path::PathBuf, time::Duration};
 
 use crate::BuilderKind;
 
-/// The error a builder returned (the WIT `build-error`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GuestError {
-    /// The parent object is invalid for this builder.
-    #[error("invalid input: {0}")]
-    InvalidInput(String),
-    /// The request is not supported by this builder.
-    #[error("unsupported: {0}")]
-    Unsupported(String),
-    /// The builder failed internally.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
+/// The error a builder returned (the WIT `build-error`): the contract's own
+/// [`BuildError`](slinky_api::contract::BuildError), which plugin authors return.
+pub use slinky_api::contract::BuildError as GuestError;
 
 /// Why a call was stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,18 +40,22 @@ pub mod reload;
 mod sandbox;
 
 pub use bundled::{PluginRegistry, Refusal};
-pub use child::{Child, ChildKind, ConfigMapFiles, ControllerInputs, MAX_CHILDREN, Ownership};
+pub use child::{Child, ChildKind, MAX_CHILDREN, Ownership};
 pub use component::{digest, gunzip, with_custom_section};
-pub use contract::{BuilderKind, CONTRACT_VERSION, Contract, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS};
 pub use engine::{
     Allocator, CallStats, CompileSource, EngineHandle, RuntimeConfig, Tier, Tiering, default_cache_dir,
 };
 pub use error::{GuestError, PluginError, TrapCause};
 pub use plugin::{Plugin, PluginSource};
 
-/// What a build call may know about the cluster (the WIT `build-context`), and which pod of a
-/// NodeSet to build (the WIT `pod-identity`): the same types plugin authors use.
-pub use slinky_guest_sdk::{BuildContext, PodIdentity};
+/// The builder contract's types (`slinky_api::contract`), the same the guest SDK gives plugin
+/// authors: what a build call may know about the cluster (the WIT `build-context`), which pod of a
+/// NodeSet to build (the WIT `pod-identity`), what a Controller's children are built from, the
+/// contract versions and builder kinds, and what a plugin says about itself.
+pub use slinky_api::contract::{
+    BuildContext, BuilderKind, CONTRACT_VERSION, ConfigMapFiles, Contract, ControllerInputs, PACKAGE,
+    PluginInfo, PodIdentity, SUPPORTED_CONTRACTS,
+};
 
 /// The wasmtime version the host runs plugins on (pinned in the workspace manifest).
 pub const WASMTIME_VERSION: &str = "48.0.8";

@@ -334,13 +334,13 @@ impl Plugin {
         Ok(candidate.code())
     }
 
-    /// Build the example inputs (`slinky-guest-sdk`'s `testing` examples) with every kind the
+    /// Build the example inputs (`slinky_api::contract`'s examples, the guest SDK's `testing` ones) with every kind the
     /// plugin builds, through the output policy; the outputs, kind by kind, in debug form.
     ///
     /// # Errors
     /// The first call that fails; [`PluginError::Refused`] when the examples do not parse.
     pub(crate) fn example_builds(&self, ctx: &BuildContext) -> Result<Vec<String>, PluginError> {
-        use slinky_guest_sdk::testing;
+        use slinky_api::contract as testing;
         // Parsed once per process: every reload and every switch to optimized code builds them.
         static EXAMPLES: std::sync::LazyLock<Result<(Controller, NodeSet), String>> =
             std::sync::LazyLock::new(|| {

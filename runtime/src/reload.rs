@@ -15,7 +15,7 @@
 //!   swap of a mounted ConfigMap are seen once, as the change of the target.
 //! * **A version serves only after** it was read, hashed, compiled (the precompiled cache is
 //!   used), instantiated, described itself with this host's contract version, and built the
-//!   example inputs (`slinky-guest-sdk`'s `testing` examples) with outputs passing the output
+//!   example inputs (`slinky_api::contract`'s examples, the guest SDK's `testing` ones) with outputs passing the output
 //!   policy, for every kind it builds. A version failing any step is refused with the reason (logged, kept for
 //!   `/plugins`, counted); the active version keeps serving. The same bytes are not retried
 //!   until the file changes.

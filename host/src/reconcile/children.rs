@@ -214,11 +214,7 @@ fn canonical_quantities(mut templates: Value) -> Value {
                 continue;
             };
             for v in m.values_mut() {
-                let parsed = v.as_str().and_then(|q| {
-                    slinky_guest_sdk::helpers::quantity_value(
-                        &k8s_openapi::apimachinery::pkg::api::resource::Quantity(q.to_string()),
-                    )
-                });
+                let parsed = v.as_str().and_then(slinky_api::quantity::parse);
                 if let Some(n) = parsed.and_then(serde_json::Number::from_f64) {
                     *v = Value::Number(n);
                 }

@@ -28,8 +28,8 @@ use kube::{
     Api, ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
+use slinky_api::hash::checksum_of_map;
 use slinky_api::{Controller, ControllerStatus, NodeSet, checks, conditions};
-use slinky_guest_sdk::slinky::controller::checksum_of_map;
 
 use super::{
     Context, Error,
@@ -408,6 +408,6 @@ mod tests {
             ("b".to_string(), ByteString(b"2".to_vec())),
             ("a".to_string(), ByteString(b"1".to_vec())),
         ]));
-        assert_eq!(secret_hash(&s), slinky_guest_sdk::helpers::sha256_hex(b"12"));
+        assert_eq!(secret_hash(&s), slinky_api::hash::sha256_hex(b"12"));
     }
 }
