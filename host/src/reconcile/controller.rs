@@ -1,7 +1,7 @@
 //! The Controller reconciler: the slurmctld Service (`controller-service` builder) and the
 //! Controller's other children (`controller-children` builder: the slurmctld StatefulSet, the
 //! `slurm.conf` ConfigMap, the internal Service), applied through the one child path
-//! ([`super::children`]); status conditions and `observedGeneration`.
+//! ([`super::apply`]); status conditions and `observedGeneration`.
 //!
 //! # Guarantees
 //! * Builders never see a Secret: the host reads the Secrets the Controller references (`get`,
@@ -33,7 +33,7 @@ use slinky_guest_sdk::slinky::controller::checksum_of_map;
 
 use super::{
     Context, Error,
-    children::{ChildSync, keys_of},
+    apply::{ChildSync, keys_of},
     object_key,
     status::ConditionChanges,
 };

@@ -6,8 +6,8 @@
 //! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
+pub mod apply;
 pub mod backoff;
-pub mod children;
 mod compare;
 mod controller;
 pub mod expectations;
@@ -183,9 +183,9 @@ pub struct Context {
     /// Pods of the served namespaces (managedFields stripped).
     pub pods: Store<Pod>,
     /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets of the served namespaces.
-    pub children: children::ChildCaches,
+    pub children: apply::ChildCaches,
     /// What the host last applied to each child (hash and resulting resourceVersion).
-    pub applied: Arc<children::AppliedVersions>,
+    pub applied: Arc<apply::AppliedVersions>,
     /// Controllers of the served namespaces.
     pub controllers: Store<Controller>,
     /// NodeSets of the served namespaces.
@@ -441,7 +441,7 @@ pub fn start(
         expectations: expectations.clone(),
         pods: pods.clone(),
         children: child_caches.clone(),
-        applied: children::applied_versions(),
+        applied: apply::applied_versions(),
         controllers: controllers.clone(),
         nodesets: nodesets.clone(),
         recorder,

@@ -32,7 +32,7 @@ use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, keys};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{
-    children::ChildCaches,
+    apply::ChildCaches,
     expectations::{Expectations, Relist},
     nodeset::{claims_name, owner_uid},
 };

@@ -12,7 +12,7 @@ use crate::{
     plugins::{BuilderKind, Child, ChildKind, Ownership},
     reconcile::{
         Error,
-        children::{ChildSync, keys_of},
+        apply::{ChildSync, keys_of},
     },
 };
 
