@@ -19,10 +19,9 @@ pub mod watch;
 pub mod writer;
 
 use std::{
-    collections::HashMap,
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
@@ -41,11 +40,12 @@ use kube::{
 };
 use slinky_api::{Controller, NodeSet};
 
+pub use crate::metrics::{ReconcileMetrics as Metrics, WriteMetrics};
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
 pub use backoff::Backoff;
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
-pub use writer::{WriteMetrics, Writer};
+pub use writer::Writer;
 
 /// Errors of a reconcile; each becomes a backoff, never a crash.
 #[derive(Debug, thiserror::Error)]
@@ -78,96 +78,20 @@ impl From<kube::Error> for Error {
     }
 }
 
-/// Reconcile and builder-call counters and timings.
-#[derive(Debug)]
-pub struct Metrics {
-    /// (kind, result) → count.
-    pub reconciles: Mutex<HashMap<(String, String), u64>>,
-    /// Reconcile durations per controller (`nodeset`, `controller`).
-    pub durations: crate::metrics::Durations<crate::metrics::ControllerLabel>,
-    /// Plugin calls made.
-    pub plugin_calls: AtomicU64,
-    /// Plugin calls that failed (trap, deadline, memory, policy, builder error).
-    pub plugin_failures: AtomicU64,
-    /// (builder kind, result: `ok` or an error label) → calls.
-    pub plugin: Mutex<std::collections::BTreeMap<(String, String), u64>>,
-    /// Builder call durations per builder kind.
-    pub plugin_durations: crate::metrics::Durations<crate::metrics::KindLabel>,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            reconciles: Mutex::default(),
-            durations: crate::metrics::durations(),
-            plugin_calls: AtomicU64::default(),
-            plugin_failures: AtomicU64::default(),
-            plugin: Mutex::default(),
-            plugin_durations: crate::metrics::durations(),
-        }
-    }
-}
-
-impl Metrics {
-    fn record(&self, kind: &str, result: &str, secs: f64) {
-        if let Ok(mut m) = self.reconciles.lock() {
-            *m.entry((kind.to_string(), result.to_string())).or_default() += 1;
-        }
-        self.durations
-            .get_or_create(&crate::metrics::ControllerLabel {
-                controller: kind.to_lowercase(),
-            })
-            .observe(secs);
-    }
-
-    /// Record one builder call of `kind` and time it.
-    pub fn time_plugin_call<T>(
-        &self,
-        kind: crate::plugins::BuilderKind,
-        call: impl FnOnce() -> Result<T, PluginError>,
-    ) -> Result<T, PluginError> {
-        let started = std::time::Instant::now();
-        let r = call();
-        let result = match &r {
-            Ok(_) => "ok",
-            Err(e) => e.metric_label(),
-        };
-        if let Ok(mut m) = self.plugin.lock() {
-            *m.entry((kind.as_str().to_string(), result.to_string()))
-                .or_default() += 1;
-        }
-        self.plugin_durations
-            .get_or_create(&crate::metrics::KindLabel {
-                kind: kind.as_str().into(),
-            })
-            .observe(started.elapsed().as_secs_f64());
-        r
-    }
-
-    /// Count of reconciles of `kind` with `result` (`ok` or an error label).
-    pub fn count(&self, kind: &str, result: &str) -> u64 {
-        self.reconciles
-            .lock()
-            .map(|m| {
-                m.get(&(kind.to_string(), result.to_string()))
-                    .copied()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0)
-    }
-
-    /// All reconcile counts: ((kind, result), n), sorted.
-    pub fn snapshot(&self) -> std::collections::BTreeMap<(String, String), u64> {
-        self.reconciles
-            .lock()
-            .map(|m| m.clone().into_iter().collect())
-            .unwrap_or_default()
-    }
-
-    /// All builder call counts: ((kind, result), n).
-    pub fn plugin_results(&self) -> std::collections::BTreeMap<(String, String), u64> {
-        self.plugin.lock().map(|m| m.clone()).unwrap_or_default()
-    }
+/// Call a builder once, counting and timing the call under its kind and result.
+pub(crate) fn time_plugin_call<T>(
+    metrics: &Metrics,
+    kind: BuilderKind,
+    call: impl FnOnce() -> Result<T, PluginError>,
+) -> Result<T, PluginError> {
+    let started = std::time::Instant::now();
+    let r = call();
+    let result = match &r {
+        Ok(_) => "ok",
+        Err(e) => e.metric_label(),
+    };
+    metrics.record_plugin_call(kind.as_str(), result, started.elapsed().as_secs_f64());
+    r
 }
 
 /// What every reconcile gets.

@@ -112,10 +112,7 @@ impl<'a> Pass<'a> {
     /// A builder error: `InvalidSpec` when the builder says the input is invalid, else
     /// `BuilderFailed`.
     async fn builder_error(&mut self, e: &PluginError) {
-        self.ctx
-            .metrics
-            .plugin_failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.metrics.plugin_failures.inc();
         match e {
             PluginError::Build {
                 error: GuestError::InvalidInput(m),

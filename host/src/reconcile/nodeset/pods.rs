@@ -14,7 +14,7 @@ use crate::{
     reconcile::{
         Context, Error,
         compare::{differences, dropped_note},
-        writer,
+        time_plugin_call, writer,
     },
 };
 
@@ -41,14 +41,14 @@ pub(super) async fn build_pods(
 ) -> Result<Result<Vec<Pod>, PluginError>, Error> {
     let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), ctx.build.clone());
     let metrics = ctx.metrics.clone();
-    ctx.metrics
-        .plugin_calls
-        .fetch_add(identities.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.plugin_calls.inc_by(identities.len() as u64);
     ctx.blocking(move || {
         identities
             .iter()
             .map(|id| {
-                metrics.time_plugin_call(BuilderKind::NodesetPod, || p.build_pod(&build, &nsc, &cc, id))
+                time_plugin_call(&metrics, BuilderKind::NodesetPod, || {
+                    p.build_pod(&build, &nsc, &cc, id)
+                })
             })
             .collect::<Result<Vec<_>, _>>()
     })
