@@ -278,6 +278,123 @@ fn receiver_stream<T: Send + 'static>(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
 }
 
+/// A kube-runtime controller of `K` with no watch of its own: every trigger comes from the shared
+/// watches (after their stores applied the event), a swap of one of `builders`, or this process
+/// becoming the leader.
+fn queue<K>(
+    store: &Store<K>,
+    triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
+    builders: [BuilderKind; 2],
+    plugins: &Arc<PluginRegistry>,
+    recorder: &Recorder,
+    config: &RunConfig,
+    allowed: &Arc<Vec<String>>,
+) -> KubeController<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let mut ctl =
+        KubeController::for_stream(no_watch::<K>(), store.clone()).reconcile_on(receiver_stream(triggers));
+    for kind in builders {
+        ctl = ctl.reconcile_on(rollout::on_swap(
+            plugins.clone(),
+            kind,
+            store.clone(),
+            recorder.clone(),
+            allowed.clone(),
+        ));
+    }
+    ctl.reconcile_on(rollout::on_elected(
+        config.leadership.clone(),
+        store.clone(),
+        allowed.clone(),
+    ))
+}
+
+/// Wait until every cache has synced.
+async fn all_synced(ctx: &Context) {
+    synced(&ctx.pods).await;
+    synced(&ctx.children.services).await;
+    synced(&ctx.children.configmaps).await;
+    synced(&ctx.children.statefulsets).await;
+    synced(&ctx.children.pdbs).await;
+    synced(&ctx.controllers).await;
+    synced(&ctx.nodesets).await;
+}
+
+/// A future that completes when `tx` sends (or is dropped).
+fn on_signal(tx: &tokio::sync::broadcast::Sender<()>) -> impl std::future::Future<Output = ()> + use<> {
+    let mut rx = tx.subscribe();
+    async move {
+        let _ = rx.recv().await;
+    }
+}
+
+/// Log the end of one reconcile of a controller's stream (its error, if any).
+fn log_reconcile<T, E: std::fmt::Display>(
+    what: &'static str,
+) -> impl FnMut(Result<T, E>) -> futures::future::Ready<()> {
+    move |r| {
+        if let Err(error) = r {
+            tracing::debug!(%error, "{what} reconcile");
+        }
+        futures::future::ready(())
+    }
+}
+
+/// The two controllers of a host.
+struct Queues {
+    controllers: KubeController<Controller>,
+    nodesets: KubeController<NodeSet>,
+}
+
+/// Run the watches, and both controllers once every cache has synced, until `shutdown` completes.
+async fn run(
+    ctx: Arc<Context>,
+    queues: Queues,
+    watch_task: BoxFuture<'static, ()>,
+    ready: Arc<AtomicBool>,
+    shutdown: BoxFuture<'static, ()>,
+) {
+    let caches = tokio::spawn(watch_task);
+    // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
+    // Controllers are known would report its Controller missing.
+    all_synced(&ctx).await;
+    ready.store(true, Ordering::SeqCst);
+    let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
+    let controllers_run = queues
+        .controllers
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            controller::reconcile,
+            |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
+            ctx.clone(),
+        )
+        .for_each(log_reconcile("controller"));
+    let nodesets_run = queues
+        .nodesets
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            nodeset::reconcile,
+            |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
+            ctx,
+        )
+        .for_each(log_reconcile("nodeset"));
+    let trigger = async move {
+        shutdown.await;
+        let _ = tx_shutdown.send(());
+    };
+    tokio::join!(controllers_run, nodesets_run, trigger);
+    caches.abort();
+    ready.store(false, Ordering::SeqCst);
+}
+
 /// Run the host until `shutdown` completes: one watch per kind, then both controllers once every
 /// cache has synced. In-flight reconciles finish before it returns.
 ///
@@ -299,13 +416,6 @@ pub fn start(
     };
     let allowed = Arc::new(config.namespaces.clone());
     let watches = watch::start(&client, &one_namespace, allowed.clone(), expectations.clone());
-    let (pods, controllers, nodesets) = (
-        watches.pods.clone(),
-        watches.controllers.clone(),
-        watches.nodesets.clone(),
-    );
-    let child_caches = watches.children.clone();
-
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -313,64 +423,39 @@ pub fn start(
             instance: None,
         },
     );
-    // No watches of their own: every trigger comes from the shared watches (after their stores
-    // applied the event), a builder swap, or this process becoming the leader.
-    let controller_ctl = KubeController::for_stream(no_watch::<Controller>(), controllers.clone())
-        .reconcile_on(receiver_stream(watches.controller_triggers))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::ControllerService,
-            controllers.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::ControllerChildren,
-            controllers.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_elected(
-            config.leadership.clone(),
-            controllers.clone(),
-            allowed.clone(),
-        ));
-    let nodeset_ctl = KubeController::for_stream(no_watch::<NodeSet>(), nodesets.clone())
-        .reconcile_on(receiver_stream(watches.nodeset_triggers))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::NodesetPod,
-            nodesets.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::NodesetChildren,
-            nodesets.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_elected(
-            config.leadership.clone(),
-            nodesets.clone(),
-            allowed.clone(),
-        ));
-
+    let queues = Queues {
+        controllers: queue(
+            &watches.controllers,
+            watches.controller_triggers,
+            [BuilderKind::ControllerService, BuilderKind::ControllerChildren],
+            &plugins,
+            &recorder,
+            &config,
+            &allowed,
+        ),
+        nodesets: queue(
+            &watches.nodesets,
+            watches.nodeset_triggers,
+            [BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
+            &plugins,
+            &recorder,
+            &config,
+            &allowed,
+        ),
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         plugins,
         writer: Writer::new(client, writes.clone(), config.leadership.clone()),
         expectations: expectations.clone(),
-        pods: pods.clone(),
-        children: child_caches.clone(),
+        pods: watches.pods.clone(),
+        children: watches.children.clone(),
         applied: apply::applied_versions(),
-        controllers: controllers.clone(),
-        nodesets: nodesets.clone(),
+        controllers: watches.controllers.clone(),
+        nodesets: watches.nodesets.clone(),
         recorder,
         build: config.build.clone(),
-        namespaces: allowed.clone(),
+        namespaces: allowed,
         metrics: metrics.clone(),
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
@@ -382,69 +467,11 @@ pub fn start(
         writes,
         metrics,
         expectations,
-        pods: pods.clone(),
-        nodesets: nodesets.clone(),
-        controllers: controllers.clone(),
-        statefulsets: child_caches.statefulsets.clone(),
-        leader: config.leadership.clone(),
+        pods: watches.pods,
+        nodesets: watches.nodesets,
+        controllers: watches.controllers,
+        statefulsets: watches.children.statefulsets,
+        leader: config.leadership,
     };
-
-    let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mk_shutdown = |tx: &tokio::sync::broadcast::Sender<()>| {
-        let mut rx = tx.subscribe();
-        async move {
-            let _ = rx.recv().await;
-        }
-    };
-    let sd1 = mk_shutdown(&tx_shutdown);
-    let sd2 = mk_shutdown(&tx_shutdown);
-    let (ctx1, ctx2) = (ctx.clone(), ctx);
-    let watch_task = watches.task;
-    let fut = async move {
-        let caches = tokio::spawn(watch_task);
-        // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
-        // Controllers are known would report its Controller missing.
-        synced(&pods).await;
-        synced(&child_caches.services).await;
-        synced(&child_caches.configmaps).await;
-        synced(&child_caches.statefulsets).await;
-        synced(&child_caches.pdbs).await;
-        synced(&controllers).await;
-        synced(&nodesets).await;
-        ready.store(true, Ordering::SeqCst);
-        let controllers_run = controller_ctl
-            .graceful_shutdown_on(sd1)
-            .run(
-                controller::reconcile,
-                |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
-                ctx1,
-            )
-            .for_each(|r| {
-                if let Err(error) = r {
-                    tracing::debug!(%error, "controller reconcile");
-                }
-                futures::future::ready(())
-            });
-        let nodesets_run = nodeset_ctl
-            .graceful_shutdown_on(sd2)
-            .run(
-                nodeset::reconcile,
-                |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
-                ctx2,
-            )
-            .for_each(|r| {
-                if let Err(error) = r {
-                    tracing::debug!(%error, "nodeset reconcile");
-                }
-                futures::future::ready(())
-            });
-        let trigger = async move {
-            shutdown.await;
-            let _ = tx_shutdown.send(());
-        };
-        tokio::join!(controllers_run, nodesets_run, trigger);
-        caches.abort();
-        ready.store(false, Ordering::SeqCst);
-    };
-    (handles, Box::pin(fut))
+    (handles, Box::pin(run(ctx, queues, watches.task, ready, shutdown)))
 }
