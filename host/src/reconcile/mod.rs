@@ -13,6 +13,7 @@ mod controller;
 pub mod expectations;
 pub mod leader;
 mod nodeset;
+mod parents;
 pub mod rollout;
 pub mod status;
 pub mod watch;
