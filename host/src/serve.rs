@@ -7,15 +7,21 @@
 //!   builder per kind, refusals, the plugins directory) and `POST /plugins/reload` (rescan the
 //!   plugins directory now; JSON report), plus `/healthz`.
 
-use std::{convert::Infallible, net::SocketAddr, sync::atomic::Ordering};
+use std::{
+    convert::Infallible,
+    fmt,
+    net::SocketAddr,
+    sync::{Arc, atomic::Ordering},
+};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header, service::service_fn};
 use hyper_util::rt::TokioIo;
+use prometheus_client::{collector::Collector, encoding::DescriptorEncoder};
 
 use crate::{
-    metrics::Exposition,
+    metrics::{Exposition, counters, gauges, labels},
     plugins::{PluginRegistry, reload::ReloadHandle},
     reconcile::Handles,
 };
@@ -26,21 +32,26 @@ pub struct Endpoints {
     /// The running host.
     pub handles: Handles,
     /// The builder plugins.
-    pub plugins: std::sync::Arc<PluginRegistry>,
+    pub plugins: Arc<PluginRegistry>,
     /// The reloader, when a plugins directory is watched.
     pub reload: Option<ReloadHandle>,
     /// The metrics registry.
-    pub exposition: std::sync::Arc<Exposition>,
+    pub exposition: Arc<Exposition>,
 }
 
 impl Endpoints {
     /// Endpoints of a running host.
-    pub fn new(
-        handles: Handles,
-        plugins: std::sync::Arc<PluginRegistry>,
-        reload: Option<ReloadHandle>,
-    ) -> Self {
-        let exposition = std::sync::Arc::new(Exposition::new(handles.clone(), plugins.clone()));
+    pub fn new(handles: Handles, plugins: Arc<PluginRegistry>, reload: Option<ReloadHandle>) -> Self {
+        let state = HostState {
+            handles: handles.clone(),
+            plugins: plugins.clone(),
+        };
+        let exposition = Arc::new(Exposition::new(
+            handles.metrics.clone(),
+            handles.writes.clone(),
+            plugins.reloads.stage_durations.clone(),
+            Box::new(state),
+        ));
         Endpoints {
             handles,
             plugins,
@@ -145,4 +156,119 @@ pub async fn serve(
             });
         }
     }))
+}
+
+/// What `/metrics` reads at each scrape: the host's state (readiness, leadership, pending
+/// expectations) and the plugin registry's (active builders, swaps, reload results). The
+/// counters and histograms are recorded as they happen ([`crate::metrics`]).
+struct HostState {
+    handles: Handles,
+    plugins: Arc<PluginRegistry>,
+}
+
+impl fmt::Debug for HostState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostState").finish_non_exhaustive()
+    }
+}
+
+impl HostState {
+    /// The host's own gauges.
+    fn encode_host(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let h = &self.handles;
+        gauges(
+            e,
+            "build_info",
+            "The host's version, contract version and wasmtime version (value 1)",
+            [(
+                labels(&[
+                    ("version", env!("CARGO_PKG_VERSION")),
+                    ("contract", crate::plugins::CONTRACT_VERSION),
+                    ("wasmtime", crate::plugins::WASMTIME_VERSION),
+                ]),
+                1i64,
+            )],
+        )?;
+        gauges(
+            e,
+            "ready",
+            "1 when every cache has synced",
+            [(Vec::new(), i64::from(h.ready.load(Ordering::SeqCst)))],
+        )?;
+        gauges(
+            e,
+            "leader",
+            "1 while this replica leads (always 1 without leader election); client-go's leader_election_master_status",
+            [(Vec::new(), i64::from(h.leader.may_write()))],
+        )?;
+        gauges(
+            e,
+            "expectations_pending",
+            "Pod creations and deletions awaited in the watch",
+            [(Vec::new(), h.expectations.total_pending())],
+        )
+    }
+
+    /// The plugin registry's gauges and counters.
+    fn encode_plugins(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let kinds = crate::plugins::bundled::KINDS;
+        gauges(
+            e,
+            "plugin_optimized",
+            "1 when the active plugin of a builder kind runs Cranelift code, 0 while it runs Winch (baseline) code",
+            kinds.iter().map(|&kind| {
+                let tier = self.plugins.active(kind).tier();
+                (
+                    labels(&[("kind", kind.as_str())]),
+                    i64::from(tier == crate::plugins::Tier::Optimized),
+                )
+            }),
+        )?;
+        gauges(
+            e,
+            "builder_info",
+            "The active builder plugin of each kind (value 1)",
+            kinds.iter().map(|&kind| {
+                let a = self.plugins.active_info(kind);
+                (
+                    labels(&[
+                        ("kind", kind.as_str()),
+                        ("name", &a.name),
+                        ("version", &a.version),
+                        ("digest", &a.digest),
+                        ("source", &a.source),
+                    ]),
+                    1i64,
+                )
+            }),
+        )?;
+        counters(
+            e,
+            "builder_swaps",
+            "Builder swaps by kind (hot reloads that took over, fallbacks included)",
+            kinds
+                .iter()
+                .map(|&kind| (labels(&[("kind", kind.as_str())]), self.plugins.swaps(kind))),
+        )?;
+        counters(
+            e,
+            "plugin_reloads",
+            "Plugin file versions considered by the reloader, by result (swapped, refused, unchanged)",
+            self.plugins
+                .reloads
+                .results
+                .lock()
+                .map(|m| m.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(r, n)| (labels(&[("result", r)]), n)),
+        )
+    }
+}
+
+impl Collector for HostState {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        self.encode_host(&mut e)?;
+        self.encode_plugins(&mut e)
+    }
 }

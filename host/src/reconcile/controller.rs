@@ -1,7 +1,7 @@
 //! The Controller reconciler: the slurmctld Service (`controller-service` builder) and the
 //! Controller's other children (`controller-children` builder: the slurmctld StatefulSet, the
 //! `slurm.conf` ConfigMap, the internal Service), applied through the one child path
-//! ([`super::children`]); status conditions and `observedGeneration`.
+//! ([`super::apply`]); status conditions and `observedGeneration`.
 //!
 //! # Guarantees
 //! * Builders never see a Secret: the host reads the Secrets the Controller references (`get`,
@@ -33,9 +33,10 @@ use slinky_api::{Controller, ControllerStatus, NodeSet, checks, conditions};
 
 use super::{
     Context, Error,
-    children::{ChildSync, keys_of},
+    apply::{ChildSync, keys_of},
     object_key,
     status::ConditionChanges,
+    time_plugin_call,
 };
 use crate::plugins::{
     BuilderKind, Child, ChildKind, ConfigMapFiles, ControllerInputs, GuestError, Ownership, PluginError,
@@ -82,10 +83,7 @@ impl Pass<'_> {
     }
 
     async fn builder_error(&mut self, e: &PluginError) {
-        self.ctx
-            .metrics
-            .plugin_failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.metrics.plugin_failures.inc();
         match e {
             PluginError::Build {
                 error: GuestError::InvalidInput(m),
@@ -221,12 +219,10 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
         let plugin = ctx.plugins.active(BuilderKind::ControllerService);
         let (copy, build) = (c.clone(), ctx.build.clone());
         let metrics = ctx.metrics.clone();
-        ctx.metrics
-            .plugin_calls
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ctx.metrics.plugin_calls.inc_by(1);
         let built = ctx
             .blocking(move || {
-                metrics.time_plugin_call(BuilderKind::ControllerService, || {
+                time_plugin_call(&metrics, BuilderKind::ControllerService, || {
                     plugin.build_service(&build, &copy)
                 })
             })
@@ -252,12 +248,10 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             let plugin = ctx.plugins.active(BuilderKind::ControllerChildren);
             let (copy, build) = (c.clone(), ctx.build.clone());
             let metrics = ctx.metrics.clone();
-            ctx.metrics
-                .plugin_calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            ctx.metrics.plugin_calls.inc_by(1);
             let built = ctx
                 .blocking(move || {
-                    metrics.time_plugin_call(BuilderKind::ControllerChildren, || {
+                    time_plugin_call(&metrics, BuilderKind::ControllerChildren, || {
                         plugin.build_controller_children(&build, &copy, &inputs)
                     })
                 })

@@ -6,23 +6,23 @@
 //! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
+pub mod apply;
 pub mod backoff;
-pub mod children;
 mod compare;
 mod controller;
 pub mod expectations;
 pub mod leader;
 mod nodeset;
+mod parents;
 pub mod rollout;
 pub mod status;
 pub mod watch;
 pub mod writer;
 
 use std::{
-    collections::HashMap,
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
@@ -41,11 +41,12 @@ use kube::{
 };
 use slinky_api::{Controller, NodeSet};
 
+pub use crate::metrics::{ReconcileMetrics as Metrics, WriteMetrics};
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
 pub use backoff::Backoff;
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
-pub use writer::{WriteMetrics, Writer};
+pub use writer::Writer;
 
 /// Errors of a reconcile; each becomes a backoff, never a crash.
 #[derive(Debug, thiserror::Error)]
@@ -78,96 +79,20 @@ impl From<kube::Error> for Error {
     }
 }
 
-/// Reconcile and builder-call counters and timings.
-#[derive(Debug)]
-pub struct Metrics {
-    /// (kind, result) → count.
-    pub reconciles: Mutex<HashMap<(String, String), u64>>,
-    /// Reconcile durations per controller (`nodeset`, `controller`).
-    pub durations: crate::metrics::Durations<crate::metrics::ControllerLabel>,
-    /// Plugin calls made.
-    pub plugin_calls: AtomicU64,
-    /// Plugin calls that failed (trap, deadline, memory, policy, builder error).
-    pub plugin_failures: AtomicU64,
-    /// (builder kind, result: `ok` or an error label) → calls.
-    pub plugin: Mutex<std::collections::BTreeMap<(String, String), u64>>,
-    /// Builder call durations per builder kind.
-    pub plugin_durations: crate::metrics::Durations<crate::metrics::KindLabel>,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
-            reconciles: Mutex::default(),
-            durations: crate::metrics::durations(),
-            plugin_calls: AtomicU64::default(),
-            plugin_failures: AtomicU64::default(),
-            plugin: Mutex::default(),
-            plugin_durations: crate::metrics::durations(),
-        }
-    }
-}
-
-impl Metrics {
-    fn record(&self, kind: &str, result: &str, secs: f64) {
-        if let Ok(mut m) = self.reconciles.lock() {
-            *m.entry((kind.to_string(), result.to_string())).or_default() += 1;
-        }
-        self.durations
-            .get_or_create(&crate::metrics::ControllerLabel {
-                controller: kind.to_lowercase(),
-            })
-            .observe(secs);
-    }
-
-    /// Record one builder call of `kind` and time it.
-    pub fn time_plugin_call<T>(
-        &self,
-        kind: crate::plugins::BuilderKind,
-        call: impl FnOnce() -> Result<T, PluginError>,
-    ) -> Result<T, PluginError> {
-        let started = std::time::Instant::now();
-        let r = call();
-        let result = match &r {
-            Ok(_) => "ok",
-            Err(e) => e.metric_label(),
-        };
-        if let Ok(mut m) = self.plugin.lock() {
-            *m.entry((kind.as_str().to_string(), result.to_string()))
-                .or_default() += 1;
-        }
-        self.plugin_durations
-            .get_or_create(&crate::metrics::KindLabel {
-                kind: kind.as_str().into(),
-            })
-            .observe(started.elapsed().as_secs_f64());
-        r
-    }
-
-    /// Count of reconciles of `kind` with `result` (`ok` or an error label).
-    pub fn count(&self, kind: &str, result: &str) -> u64 {
-        self.reconciles
-            .lock()
-            .map(|m| {
-                m.get(&(kind.to_string(), result.to_string()))
-                    .copied()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0)
-    }
-
-    /// All reconcile counts: ((kind, result), n), sorted.
-    pub fn snapshot(&self) -> std::collections::BTreeMap<(String, String), u64> {
-        self.reconciles
-            .lock()
-            .map(|m| m.clone().into_iter().collect())
-            .unwrap_or_default()
-    }
-
-    /// All builder call counts: ((kind, result), n).
-    pub fn plugin_results(&self) -> std::collections::BTreeMap<(String, String), u64> {
-        self.plugin.lock().map(|m| m.clone()).unwrap_or_default()
-    }
+/// Call a builder once, counting and timing the call under its kind and result.
+pub(crate) fn time_plugin_call<T>(
+    metrics: &Metrics,
+    kind: BuilderKind,
+    call: impl FnOnce() -> Result<T, PluginError>,
+) -> Result<T, PluginError> {
+    let started = std::time::Instant::now();
+    let r = call();
+    let result = match &r {
+        Ok(_) => "ok",
+        Err(e) => e.metric_label(),
+    };
+    metrics.record_plugin_call(kind.as_str(), result, started.elapsed().as_secs_f64());
+    r
 }
 
 /// What every reconcile gets.
@@ -183,9 +108,9 @@ pub struct Context {
     /// Pods of the served namespaces (managedFields stripped).
     pub pods: Store<Pod>,
     /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets of the served namespaces.
-    pub children: children::ChildCaches,
+    pub children: apply::ChildCaches,
     /// What the host last applied to each child (hash and resulting resourceVersion).
-    pub applied: Arc<children::AppliedVersions>,
+    pub applied: Arc<apply::AppliedVersions>,
     /// Controllers of the served namespaces.
     pub controllers: Store<Controller>,
     /// NodeSets of the served namespaces.
@@ -354,6 +279,123 @@ fn receiver_stream<T: Send + 'static>(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
 }
 
+/// A kube-runtime controller of `K` with no watch of its own: every trigger comes from the shared
+/// watches (after their stores applied the event), a swap of one of `builders`, or this process
+/// becoming the leader.
+fn queue<K>(
+    store: &Store<K>,
+    triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
+    builders: [BuilderKind; 2],
+    plugins: &Arc<PluginRegistry>,
+    recorder: &Recorder,
+    config: &RunConfig,
+    allowed: &Arc<Vec<String>>,
+) -> KubeController<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let mut ctl =
+        KubeController::for_stream(no_watch::<K>(), store.clone()).reconcile_on(receiver_stream(triggers));
+    for kind in builders {
+        ctl = ctl.reconcile_on(rollout::on_swap(
+            plugins.clone(),
+            kind,
+            store.clone(),
+            recorder.clone(),
+            allowed.clone(),
+        ));
+    }
+    ctl.reconcile_on(rollout::on_elected(
+        config.leadership.clone(),
+        store.clone(),
+        allowed.clone(),
+    ))
+}
+
+/// Wait until every cache has synced.
+async fn all_synced(ctx: &Context) {
+    synced(&ctx.pods).await;
+    synced(&ctx.children.services).await;
+    synced(&ctx.children.configmaps).await;
+    synced(&ctx.children.statefulsets).await;
+    synced(&ctx.children.pdbs).await;
+    synced(&ctx.controllers).await;
+    synced(&ctx.nodesets).await;
+}
+
+/// A future that completes when `tx` sends (or is dropped).
+fn on_signal(tx: &tokio::sync::broadcast::Sender<()>) -> impl std::future::Future<Output = ()> + use<> {
+    let mut rx = tx.subscribe();
+    async move {
+        let _ = rx.recv().await;
+    }
+}
+
+/// Log the end of one reconcile of a controller's stream (its error, if any).
+fn log_reconcile<T, E: std::fmt::Display>(
+    what: &'static str,
+) -> impl FnMut(Result<T, E>) -> futures::future::Ready<()> {
+    move |r| {
+        if let Err(error) = r {
+            tracing::debug!(%error, "{what} reconcile");
+        }
+        futures::future::ready(())
+    }
+}
+
+/// The two controllers of a host.
+struct Queues {
+    controllers: KubeController<Controller>,
+    nodesets: KubeController<NodeSet>,
+}
+
+/// Run the watches, and both controllers once every cache has synced, until `shutdown` completes.
+async fn run(
+    ctx: Arc<Context>,
+    queues: Queues,
+    watch_task: BoxFuture<'static, ()>,
+    ready: Arc<AtomicBool>,
+    shutdown: BoxFuture<'static, ()>,
+) {
+    let caches = tokio::spawn(watch_task);
+    // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
+    // Controllers are known would report its Controller missing.
+    all_synced(&ctx).await;
+    ready.store(true, Ordering::SeqCst);
+    let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
+    let controllers_run = queues
+        .controllers
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            controller::reconcile,
+            |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
+            ctx.clone(),
+        )
+        .for_each(log_reconcile("controller"));
+    let nodesets_run = queues
+        .nodesets
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            nodeset::reconcile,
+            |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
+            ctx,
+        )
+        .for_each(log_reconcile("nodeset"));
+    let trigger = async move {
+        shutdown.await;
+        let _ = tx_shutdown.send(());
+    };
+    tokio::join!(controllers_run, nodesets_run, trigger);
+    caches.abort();
+    ready.store(false, Ordering::SeqCst);
+}
+
 /// Run the host until `shutdown` completes: one watch per kind, then both controllers once every
 /// cache has synced. In-flight reconciles finish before it returns.
 ///
@@ -375,13 +417,6 @@ pub fn start(
     };
     let allowed = Arc::new(config.namespaces.clone());
     let watches = watch::start(&client, &one_namespace, allowed.clone(), expectations.clone());
-    let (pods, controllers, nodesets) = (
-        watches.pods.clone(),
-        watches.controllers.clone(),
-        watches.nodesets.clone(),
-    );
-    let child_caches = watches.children.clone();
-
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -389,64 +424,39 @@ pub fn start(
             instance: None,
         },
     );
-    // No watches of their own: every trigger comes from the shared watches (after their stores
-    // applied the event), a builder swap, or this process becoming the leader.
-    let controller_ctl = KubeController::for_stream(no_watch::<Controller>(), controllers.clone())
-        .reconcile_on(receiver_stream(watches.controller_triggers))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::ControllerService,
-            controllers.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::ControllerChildren,
-            controllers.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_elected(
-            config.leadership.clone(),
-            controllers.clone(),
-            allowed.clone(),
-        ));
-    let nodeset_ctl = KubeController::for_stream(no_watch::<NodeSet>(), nodesets.clone())
-        .reconcile_on(receiver_stream(watches.nodeset_triggers))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::NodesetPod,
-            nodesets.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            BuilderKind::NodesetChildren,
-            nodesets.clone(),
-            recorder.clone(),
-            allowed.clone(),
-        ))
-        .reconcile_on(rollout::on_elected(
-            config.leadership.clone(),
-            nodesets.clone(),
-            allowed.clone(),
-        ));
-
+    let queues = Queues {
+        controllers: queue(
+            &watches.controllers,
+            watches.controller_triggers,
+            [BuilderKind::ControllerService, BuilderKind::ControllerChildren],
+            &plugins,
+            &recorder,
+            &config,
+            &allowed,
+        ),
+        nodesets: queue(
+            &watches.nodesets,
+            watches.nodeset_triggers,
+            [BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
+            &plugins,
+            &recorder,
+            &config,
+            &allowed,
+        ),
+    };
     let ctx = Arc::new(Context {
         client: client.clone(),
         plugins,
         writer: Writer::new(client, writes.clone(), config.leadership.clone()),
         expectations: expectations.clone(),
-        pods: pods.clone(),
-        children: child_caches.clone(),
-        applied: children::applied_versions(),
-        controllers: controllers.clone(),
-        nodesets: nodesets.clone(),
+        pods: watches.pods.clone(),
+        children: watches.children.clone(),
+        applied: apply::applied_versions(),
+        controllers: watches.controllers.clone(),
+        nodesets: watches.nodesets.clone(),
         recorder,
         build: config.build.clone(),
-        namespaces: allowed.clone(),
+        namespaces: allowed,
         metrics: metrics.clone(),
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
@@ -458,69 +468,11 @@ pub fn start(
         writes,
         metrics,
         expectations,
-        pods: pods.clone(),
-        nodesets: nodesets.clone(),
-        controllers: controllers.clone(),
-        statefulsets: child_caches.statefulsets.clone(),
-        leader: config.leadership.clone(),
+        pods: watches.pods,
+        nodesets: watches.nodesets,
+        controllers: watches.controllers,
+        statefulsets: watches.children.statefulsets,
+        leader: config.leadership,
     };
-
-    let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
-    let mk_shutdown = |tx: &tokio::sync::broadcast::Sender<()>| {
-        let mut rx = tx.subscribe();
-        async move {
-            let _ = rx.recv().await;
-        }
-    };
-    let sd1 = mk_shutdown(&tx_shutdown);
-    let sd2 = mk_shutdown(&tx_shutdown);
-    let (ctx1, ctx2) = (ctx.clone(), ctx);
-    let watch_task = watches.task;
-    let fut = async move {
-        let caches = tokio::spawn(watch_task);
-        // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
-        // Controllers are known would report its Controller missing.
-        synced(&pods).await;
-        synced(&child_caches.services).await;
-        synced(&child_caches.configmaps).await;
-        synced(&child_caches.statefulsets).await;
-        synced(&child_caches.pdbs).await;
-        synced(&controllers).await;
-        synced(&nodesets).await;
-        ready.store(true, Ordering::SeqCst);
-        let controllers_run = controller_ctl
-            .graceful_shutdown_on(sd1)
-            .run(
-                controller::reconcile,
-                |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
-                ctx1,
-            )
-            .for_each(|r| {
-                if let Err(error) = r {
-                    tracing::debug!(%error, "controller reconcile");
-                }
-                futures::future::ready(())
-            });
-        let nodesets_run = nodeset_ctl
-            .graceful_shutdown_on(sd2)
-            .run(
-                nodeset::reconcile,
-                |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
-                ctx2,
-            )
-            .for_each(|r| {
-                if let Err(error) = r {
-                    tracing::debug!(%error, "nodeset reconcile");
-                }
-                futures::future::ready(())
-            });
-        let trigger = async move {
-            shutdown.await;
-            let _ = tx_shutdown.send(());
-        };
-        tokio::join!(controllers_run, nodesets_run, trigger);
-        caches.abort();
-        ready.store(false, Ordering::SeqCst);
-    };
-    (handles, Box::pin(fut))
+    (handles, Box::pin(run(ctx, queues, watches.task, ready, shutdown)))
 }

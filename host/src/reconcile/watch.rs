@@ -14,7 +14,7 @@ use std::{
     time::Instant,
 };
 
-use futures::{Stream, StreamExt, future::BoxFuture};
+use futures::{Future, Stream, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::StatefulSet,
     core::v1::{ConfigMap, Pod, Service},
@@ -28,15 +28,15 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, keys};
+use slinky_api::{Controller, NodeSet, keys};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{
-    children::ChildCaches,
+    apply::ChildCaches,
     expectations::{Expectations, Relist},
-    nodeset::{claims_name, owner_uid},
+    nodeset::owner_uid,
+    parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners},
 };
-use crate::plugins::policy::nodeset_selector;
 
 /// The caches and the reconcile triggers derived from their watches.
 pub struct Watches {
@@ -140,94 +140,6 @@ fn send<K: Resource<DynamicType = ()>>(tx: &UnboundedSender<ObjectRef<K>>, obj: 
     let _ = tx.send(obj);
 }
 
-fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> Vec<ObjectRef<NodeSet>> {
-    store
-        .state()
-        .iter()
-        .filter(|n| n.controller_namespace() == c_ns && n.spec.controller_ref.name == c_name)
-        .map(|n| ObjectRef::from_obj(n.as_ref()))
-        .collect()
-}
-
-/// The NodeSets of namespace `ns` that reference the Controller `controller` (of any namespace)
-/// and share its workers' objects in `ns`.
-fn nodesets_sharing(store: &Store<NodeSet>, ns: &str, controller: &str) -> Vec<ObjectRef<NodeSet>> {
-    store
-        .state()
-        .iter()
-        .filter(|n| n.namespace().as_deref() == Some(ns) && n.spec.controller_ref.name == controller)
-        .map(|n| ObjectRef::from_obj(n.as_ref()))
-        .collect()
-}
-
-/// The parents a child object concerns: its controlling Controller or NodeSet, the NodeSets that
-/// own it (shared workers' objects), or (for an object holding a name the host builds) the
-/// parent that would build it.
-fn child_parents(
-    meta: &kube::api::ObjectMeta,
-    nodesets: &Store<NodeSet>,
-    controllers: &Store<Controller>,
-) -> (Vec<ObjectRef<Controller>>, Vec<ObjectRef<NodeSet>>) {
-    let ns = meta.namespace.clone().unwrap_or_default();
-    let name = meta.name.clone().unwrap_or_default();
-    let mut ctl = Vec::new();
-    let mut sets = Vec::new();
-    for o in meta.owner_references.iter().flatten() {
-        match o.kind.as_str() {
-            "Controller" if o.controller == Some(true) => ctl.push(ObjectRef::new(&o.name).within(&ns)),
-            "NodeSet" => sets.push(ObjectRef::new(&o.name).within(&ns)),
-            _ => {}
-        }
-    }
-    if ctl.is_empty() && sets.is_empty() {
-        // A name the host builds, held by an object no parent owns (or owned by a stranger).
-        let controller = name
-            .strip_suffix("-controller-internal")
-            .or_else(|| name.strip_suffix("-controller"))
-            .or_else(|| name.strip_suffix("-config"));
-        if let Some(c) = controller {
-            ctl.push(ObjectRef::new(c).within(&ns));
-        }
-        let shared = name
-            .strip_prefix(WORKER_SUBDOMAIN_PREFIX)
-            .map(|rest| rest.strip_prefix("pdb-").unwrap_or(rest));
-        if let Some(c) = shared {
-            sets.extend(nodesets_sharing(nodesets, &ns, c));
-        }
-        if let Some(n) = name.strip_suffix("-ssh-config") {
-            sets.push(ObjectRef::new(n).within(&ns));
-        }
-    }
-    ctl.retain(|r| controllers.get(r).is_some());
-    sets.retain(|r| nodesets.get(r).is_some());
-    (ctl, sets)
-}
-
-/// The NodeSets a pod concerns: its controlling NodeSet, or, for a pod no NodeSet controls, the
-/// NodeSets of its namespace that could adopt it or whose ordinal name it holds.
-fn pod_owners(pod: &Pod, nodesets: &Store<NodeSet>) -> Vec<ObjectRef<NodeSet>> {
-    let ns = pod.namespace().unwrap_or_default();
-    if let Some(owner) = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "NodeSet")
-    {
-        return vec![ObjectRef::new(&owner.name).within(&ns)];
-    }
-    nodesets
-        .state()
-        .iter()
-        .filter(|n| n.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|n| {
-            claims_name(n, &pod.name_any()).is_some()
-                || nodeset_selector(n)
-                    .iter()
-                    .all(|(k, v)| pod.labels().get(k) == Some(v))
-        })
-        .map(|n| ObjectRef::from_obj(n.as_ref()))
-        .collect()
-}
-
 /// A pod as the expectations see it.
 struct Sighting {
     owner: Option<String>,
@@ -298,6 +210,225 @@ impl PodObserver {
     }
 }
 
+/// Where watch events send reconciles: the parent caches (to find whom an event concerns) and
+/// the two trigger channels.
+#[derive(Clone)]
+struct Triggers {
+    nodesets: Store<NodeSet>,
+    controllers: Store<Controller>,
+    nodeset_tx: UnboundedSender<ObjectRef<NodeSet>>,
+    controller_tx: UnboundedSender<ObjectRef<Controller>>,
+}
+
+impl Triggers {
+    fn nodeset(&self, obj: ObjectRef<NodeSet>) {
+        send(&self.nodeset_tx, obj);
+    }
+
+    fn controller(&self, obj: ObjectRef<Controller>) {
+        send(&self.controller_tx, obj);
+    }
+
+    /// Every cached NodeSet.
+    fn all_nodesets(&self) {
+        for n in self.nodesets.state() {
+            self.nodeset(ObjectRef::from_obj(n.as_ref()));
+        }
+    }
+
+    /// Every cached Controller.
+    fn all_controllers(&self) {
+        for c in self.controllers.state() {
+            self.controller(ObjectRef::from_obj(c.as_ref()));
+        }
+    }
+
+    /// A child's event triggers its parents; the end of a relist triggers every parent.
+    fn child_event(&self, kind: &'static str, ev: &watcher::Event<kube::api::ObjectMeta>) {
+        match ev {
+            watcher::Event::Apply(meta) | watcher::Event::Delete(meta) => {
+                let (c, n) = child_parents(meta, &self.nodesets, &self.controllers);
+                tracing::trace!(kind, controllers = c.len(), nodesets = n.len(), "child event");
+                c.into_iter().for_each(|r| self.controller(r));
+                n.into_iter().for_each(|r| self.nodeset(r));
+            }
+            watcher::Event::InitDone => {
+                self.all_controllers();
+                self.all_nodesets();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What every watch needs: the client, the namespace watched (one, or all) and the namespaces
+/// kept.
+struct Scope<'a> {
+    client: &'a Client,
+    namespace: &'a Option<String>,
+    allowed: &'a Arc<Vec<String>>,
+}
+
+impl Scope<'_> {
+    /// The watch of kind `K` into `writer` (see [`root`]).
+    fn watch<K>(
+        &self,
+        writer: Writer<K>,
+        kind: &'static str,
+        modify: impl FnMut(&mut K) + Send + 'static,
+    ) -> impl Stream<Item = watcher::Event<K>> + Send + 'static
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        root(
+            api::<K>(self.client, self.namespace),
+            writer,
+            self.allowed.clone(),
+            kind,
+            modify,
+        )
+    }
+}
+
+/// Pods: lower the expectations, trigger the NodeSets a pod concerns, and every NodeSet after a
+/// relist.
+fn pod_task(
+    pods: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
+    expectations: Arc<Expectations>,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut observer = PodObserver::default();
+    pods.for_each(move |ev| {
+        observer.observe(&expectations, &ev);
+        match &ev {
+            watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
+                for n in pod_owners(pod, &t.nodesets) {
+                    t.nodeset(n);
+                }
+            }
+            watcher::Event::InitDone => t.all_nodesets(),
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// A child kind's watch: each event triggers the child's parents.
+fn child_task<K: Resource + Send + 'static>(
+    children: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    kind: &'static str,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    children.for_each(move |ev| {
+        t.child_event(kind, &meta_event(ev, |mut o| std::mem::take(o.meta_mut())));
+        futures::future::ready(())
+    })
+}
+
+/// ConfigMaps: a child like the others, and also the Controllers that reference one.
+fn config_map_task(
+    configmaps: impl Stream<Item = watcher::Event<ConfigMap>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    configmaps.for_each(move |ev| {
+        // A ConfigMap a Controller references (its files are in slurm.conf and the pods).
+        if let watcher::Event::Apply(cm) | watcher::Event::Delete(cm) = &ev {
+            let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
+            for c in t.controllers.state() {
+                if c.namespace().as_deref() == Some(ns.as_str()) && c.config_map_refs().contains(&name) {
+                    t.controller(ObjectRef::from_obj(c.as_ref()));
+                }
+            }
+        }
+        t.child_event("ConfigMap", &meta_event(ev, |o| o.metadata));
+        futures::future::ready(())
+    })
+}
+
+/// Controllers: the Controller itself (when applied) and its NodeSets.
+fn controller_task(
+    controllers: impl Stream<Item = watcher::Event<Controller>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    controllers.for_each(move |ev| {
+        match &ev {
+            watcher::Event::Apply(c) | watcher::Event::Delete(c) => {
+                if matches!(ev, watcher::Event::Apply(_)) {
+                    t.controller(ObjectRef::from_obj(c));
+                }
+                let ns = c.namespace().unwrap_or_default();
+                for n in nodesets_of(&t.nodesets, &ns, &c.name_any()) {
+                    t.nodeset(n);
+                }
+            }
+            watcher::Event::InitDone => {
+                t.all_controllers();
+                t.all_nodesets();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// NodeSets: the NodeSet itself; on a new generation or a deletion, its Controller and its
+/// siblings too; a deleted NodeSet's expectations are forgotten.
+fn nodeset_task(
+    nodesets: impl Stream<Item = watcher::Event<NodeSet>> + Send + 'static,
+    expectations: Arc<Expectations>,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    // The generation each NodeSet was last seen at: a new NodeSet, a spec change or a
+    // deletion changes its Controller's slurm.conf and its siblings' shared objects' owners;
+    // a status write changes neither.
+    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+    nodesets.for_each(move |ev| {
+        let neighbours = |n: &NodeSet| {
+            let ns = n.namespace().unwrap_or_default();
+            let controller =
+                ObjectRef::<Controller>::new(&n.spec.controller_ref.name).within(n.controller_namespace());
+            t.controller(controller);
+            for sibling in nodesets_sharing(&t.nodesets, &ns, &n.spec.controller_ref.name) {
+                t.nodeset(sibling);
+            }
+        };
+        match &ev {
+            watcher::Event::Apply(n) => {
+                t.nodeset(ObjectRef::from_obj(n));
+                let uid = n.uid().unwrap_or_default();
+                if generations.insert(uid, n.metadata.generation) != Some(n.metadata.generation) {
+                    neighbours(n);
+                }
+            }
+            // The NodeSet is gone: so are its expectations (its pods go with it).
+            watcher::Event::Delete(n) => {
+                let uid = n.uid().unwrap_or_default();
+                expectations.forget(&uid);
+                generations.remove(&uid);
+                neighbours(n);
+            }
+            watcher::Event::InitDone => {
+                let state = t.nodesets.state();
+                let live: HashSet<String> = state.iter().filter_map(|n| n.uid()).collect();
+                expectations.retain_owners(&live);
+                generations = state
+                    .iter()
+                    .map(|n| (n.uid().unwrap_or_default(), n.metadata.generation))
+                    .collect();
+                t.all_nodesets();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
 /// Start the watches (namespaced when `namespace` is one namespace, else cluster-wide filtered
 /// to `allowed`).
 pub fn start(
@@ -313,220 +444,38 @@ pub fn start(
     let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
-    let (ns_tx, nodeset_triggers) = unbounded_channel();
-    let (ctl_tx, controller_triggers) = unbounded_channel();
-
-    let all_nodesets = {
-        let (store, tx) = (nodesets.clone(), ns_tx.clone());
-        move || {
-            for n in store.state() {
-                send(&tx, ObjectRef::from_obj(n.as_ref()));
-            }
-        }
+    let (nodeset_tx, nodeset_triggers) = unbounded_channel();
+    let (controller_tx, controller_triggers) = unbounded_channel();
+    let t = Triggers {
+        nodesets: nodesets.clone(),
+        controllers: controllers.clone(),
+        nodeset_tx,
+        controller_tx,
     };
-    let all_controllers = {
-        let (store, tx) = (controllers.clone(), ctl_tx.clone());
-        move || {
-            for c in store.state() {
-                send(&tx, ObjectRef::from_obj(c.as_ref()));
-            }
-        }
+    let scope = Scope {
+        client,
+        namespace,
+        allowed: &allowed,
     };
-
-    let pod_task = {
-        let (store, tx, exp, all) = (
-            nodesets.clone(),
-            ns_tx.clone(),
-            expectations.clone(),
-            all_nodesets.clone(),
-        );
-        let mut observer = PodObserver::default();
-        root(
-            api::<Pod>(client, namespace),
-            pod_writer,
-            allowed.clone(),
-            "Pod",
-            |_| {},
-        )
-        .for_each(move |ev| {
-            observer.observe(&exp, &ev);
-            match &ev {
-                watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
-                    for n in pod_owners(pod, &store) {
-                        send(&tx, n);
-                    }
-                }
-                watcher::Event::InitDone => all(),
-                _ => {}
-            }
-            futures::future::ready(())
-        })
-    };
-    // A child's event triggers its parents; the end of a relist triggers every parent.
-    let child_task = |kind: &'static str| {
-        let (sets, ctls, ns_tx, ctl_tx, all_n, all_c) = (
-            nodesets.clone(),
-            controllers.clone(),
-            ns_tx.clone(),
-            ctl_tx.clone(),
-            all_nodesets.clone(),
-            all_controllers.clone(),
-        );
-        move |ev: watcher::Event<kube::api::ObjectMeta>| {
-            match &ev {
-                watcher::Event::Apply(meta) | watcher::Event::Delete(meta) => {
-                    let (c, n) = child_parents(meta, &sets, &ctls);
-                    tracing::trace!(kind, controllers = c.len(), nodesets = n.len(), "child event");
-                    c.into_iter().for_each(|r| send(&ctl_tx, r));
-                    n.into_iter().for_each(|r| send(&ns_tx, r));
-                }
-                watcher::Event::InitDone => {
-                    all_c();
-                    all_n();
-                }
-                _ => {}
-            }
-            futures::future::ready(())
-        }
-    };
-    let svc_task = root(
-        api::<Service>(client, namespace),
-        svc_writer,
-        allowed.clone(),
-        "Service",
-        |_| {},
-    )
-    .map(|ev| meta_event(ev, |o| o.metadata))
-    .for_each(child_task("Service"));
-    let sts_task = root(
-        api::<StatefulSet>(client, namespace),
-        sts_writer,
-        allowed.clone(),
+    let pod_task = pod_task(
+        scope.watch(pod_writer, "Pod", |_| {}),
+        expectations.clone(),
+        t.clone(),
+    );
+    let svc_task = child_task(scope.watch(svc_writer, "Service", |_| {}), "Service", t.clone());
+    let sts_task = child_task(
+        scope.watch(sts_writer, "StatefulSet", |_| {}),
         "StatefulSet",
-        |_| {},
-    )
-    .map(|ev| meta_event(ev, |o| o.metadata))
-    .for_each(child_task("StatefulSet"));
-    let pdb_task = root(
-        api::<PodDisruptionBudget>(client, namespace),
-        pdb_writer,
-        allowed.clone(),
+        t.clone(),
+    );
+    let pdb_task = child_task(
+        scope.watch(pdb_writer, "PodDisruptionBudget", |_| {}),
         "PodDisruptionBudget",
-        |_| {},
-    )
-    .map(|ev| meta_event(ev, |o| o.metadata))
-    .for_each(child_task("PodDisruptionBudget"));
-    let cm_task = {
-        let (ctls, tx) = (controllers.clone(), ctl_tx.clone());
-        let on_child = child_task("ConfigMap");
-        root(
-            api::<ConfigMap>(client, namespace),
-            cm_writer,
-            allowed.clone(),
-            "ConfigMap",
-            keys_only,
-        )
-        .for_each(move |ev| {
-            // A ConfigMap a Controller references (its files are in slurm.conf and the pods).
-            if let watcher::Event::Apply(cm) | watcher::Event::Delete(cm) = &ev {
-                let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
-                for c in ctls.state() {
-                    if c.namespace().as_deref() == Some(ns.as_str()) && c.config_map_refs().contains(&name) {
-                        send(&tx, ObjectRef::from_obj(c.as_ref()));
-                    }
-                }
-            }
-            on_child(meta_event(ev, |o| o.metadata))
-        })
-    };
-    let ctl_task = {
-        let (store, ns_tx, ctl_tx, all_c, all_n) = (
-            nodesets.clone(),
-            ns_tx.clone(),
-            ctl_tx.clone(),
-            all_controllers,
-            all_nodesets.clone(),
-        );
-        root(
-            api::<Controller>(client, namespace),
-            ctl_writer,
-            allowed.clone(),
-            "Controller",
-            |_| {},
-        )
-        .for_each(move |ev| {
-            match &ev {
-                watcher::Event::Apply(c) | watcher::Event::Delete(c) => {
-                    if matches!(ev, watcher::Event::Apply(_)) {
-                        send(&ctl_tx, ObjectRef::from_obj(c));
-                    }
-                    let ns = c.namespace().unwrap_or_default();
-                    for n in nodesets_of(&store, &ns, &c.name_any()) {
-                        send(&ns_tx, n);
-                    }
-                }
-                watcher::Event::InitDone => {
-                    all_c();
-                    all_n();
-                }
-                _ => {}
-            }
-            futures::future::ready(())
-        })
-    };
-    let ns_task = {
-        let (store, tx, ctl_tx, exp) = (nodesets.clone(), ns_tx, ctl_tx, expectations);
-        // The generation each NodeSet was last seen at: a new NodeSet, a spec change or a
-        // deletion changes its Controller's slurm.conf and its siblings' shared objects' owners;
-        // a status write changes neither.
-        let mut generations: HashMap<String, Option<i64>> = HashMap::new();
-        root(
-            api::<NodeSet>(client, namespace),
-            ns_writer,
-            allowed,
-            "NodeSet",
-            |_| {},
-        )
-        .for_each(move |ev| {
-            let neighbours = |n: &NodeSet| {
-                let ns = n.namespace().unwrap_or_default();
-                let controller = ObjectRef::<Controller>::new(&n.spec.controller_ref.name)
-                    .within(n.controller_namespace());
-                send(&ctl_tx, controller);
-                for sibling in nodesets_sharing(&store, &ns, &n.spec.controller_ref.name) {
-                    send(&tx, sibling);
-                }
-            };
-            match &ev {
-                watcher::Event::Apply(n) => {
-                    send(&tx, ObjectRef::from_obj(n));
-                    let uid = n.uid().unwrap_or_default();
-                    if generations.insert(uid, n.metadata.generation) != Some(n.metadata.generation) {
-                        neighbours(n);
-                    }
-                }
-                // The NodeSet is gone: so are its expectations (its pods go with it).
-                watcher::Event::Delete(n) => {
-                    let uid = n.uid().unwrap_or_default();
-                    exp.forget(&uid);
-                    generations.remove(&uid);
-                    neighbours(n);
-                }
-                watcher::Event::InitDone => {
-                    let state = store.state();
-                    let live: HashSet<String> = state.iter().filter_map(|n| n.uid()).collect();
-                    exp.retain_owners(&live);
-                    generations = state
-                        .iter()
-                        .map(|n| (n.uid().unwrap_or_default(), n.metadata.generation))
-                        .collect();
-                    all_nodesets();
-                }
-                _ => {}
-            }
-            futures::future::ready(())
-        })
-    };
+        t.clone(),
+    );
+    let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
+    let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
+    let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
     let task = async move {
         tokio::join!(pod_task, svc_task, cm_task, sts_task, pdb_task, ctl_task, ns_task);
     };

@@ -11,14 +11,7 @@
 //!   backoff, a bounded number of times.
 //! * Every write is counted by verb and outcome.
 
-use std::{
-    collections::BTreeMap,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -26,7 +19,7 @@ use kube::{
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions},
 };
 
-use crate::plugins::ChildKind;
+use crate::{metrics::WriteMetrics, plugins::ChildKind};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
 
@@ -34,40 +27,6 @@ use serde_json::{Value, json};
 pub const FIELD_MANAGER: &str = "slinky-host";
 /// Attempts of a conflict-retried status write.
 pub const STATUS_ATTEMPTS: u32 = 8;
-
-/// Write counters.
-#[derive(Debug, Default)]
-pub struct WriteMetrics {
-    counts: Mutex<BTreeMap<(String, String), u64>>,
-    /// 409s retried from a fresh read.
-    pub conflict_retries: AtomicU64,
-}
-
-impl WriteMetrics {
-    fn count(&self, verb: &str, outcome: &str) {
-        if let Ok(mut m) = self.counts.lock() {
-            *m.entry((verb.to_string(), outcome.to_string())).or_default() += 1;
-        }
-    }
-
-    /// All counts: ((verb, outcome), n).
-    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
-        self.counts.lock().map(|m| m.clone()).unwrap_or_default()
-    }
-
-    /// Total successful writes of a verb.
-    pub fn ok(&self, verb: &str) -> u64 {
-        self.snapshot()
-            .get(&(verb.to_string(), "ok".to_string()))
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Total writes (any outcome).
-    pub fn total(&self) -> u64 {
-        self.snapshot().values().sum()
-    }
-}
 
 fn outcome(r: &Result<impl Sized, kube::Error>) -> &'static str {
     match r {
@@ -142,7 +101,7 @@ impl Writer {
     /// Refuse the write unless this process leads (counted as `<verb>/not_leader`).
     fn fence(&self, verb: &str) -> Result<(), kube::Error> {
         self.leader.fence().map_err(|e| {
-            self.metrics.count(verb, "not_leader");
+            self.metrics.record(verb, "not_leader");
             kube::Error::Service(Box::new(e))
         })
     }
@@ -186,7 +145,7 @@ impl Writer {
             object["metadata"]["resourceVersion"] = rv.into();
         }
         let r = api.patch(&name, &pp, &Patch::Apply(&object)).await;
-        self.metrics.count("apply", outcome(&r));
+        self.metrics.record("apply", outcome(&r));
         let stored = r?;
         serde_json::to_value(stored).map_err(kube::Error::SerdeError)
     }
@@ -206,7 +165,7 @@ impl Writer {
         self.fence("delete")?;
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
         let r = api.delete(name, &uid_precondition(uid)).await;
-        self.metrics.count("delete", outcome(&r));
+        self.metrics.record("delete", outcome(&r));
         match r {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
@@ -226,7 +185,7 @@ impl Writer {
             ..Default::default()
         };
         let r = api.create(&pp, pod).await;
-        self.metrics.count("create", outcome(&r));
+        self.metrics.record("create", outcome(&r));
         r
     }
 
@@ -245,7 +204,7 @@ impl Writer {
             field_manager: Some(FIELD_MANAGER.into()),
         };
         let r = api.create(&pp, &probe).await;
-        self.metrics.count("dry_run", outcome(&r));
+        self.metrics.record("dry_run", outcome(&r));
         r
     }
 
@@ -258,7 +217,7 @@ impl Writer {
         self.fence("delete")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let r = api.delete(name, &uid_precondition(uid)).await;
-        self.metrics.count("delete", outcome(&r));
+        self.metrics.record("delete", outcome(&r));
         match r {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
@@ -280,7 +239,7 @@ impl Writer {
             ..Default::default()
         };
         let r = api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)).await;
-        self.metrics.count("patch", outcome(&r));
+        self.metrics.record("patch", outcome(&r));
         r
     }
 
@@ -304,7 +263,7 @@ impl Writer {
             ..Default::default()
         };
         let r = api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)).await;
-        self.metrics.count("patch", outcome(&r));
+        self.metrics.record("patch", outcome(&r));
         r
     }
 
@@ -341,12 +300,12 @@ impl Writer {
                 ..Default::default()
             };
             let r = api.patch_status(&name, &pp, &Patch::Merge(&patch)).await;
-            self.metrics.count("status", outcome(&r));
+            self.metrics.record("status", outcome(&r));
             match r {
                 Ok(o) => return Ok(Some(o)),
                 Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {
                     attempt += 1;
-                    self.metrics.conflict_retries.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.conflict_retries.inc();
                     tokio::time::sleep(super::backoff::delay(
                         attempt,
                         Duration::from_millis(10),

@@ -1,6 +1,6 @@
 //! The NodeSet reconciler (StatefulSet mode): the NodeSet's other children from the
 //! `nodeset-children` builder (the workers' Service and PodDisruptionBudget shared by the
-//! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::children`]),
+//! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::apply`]),
 //! then ordinal pods from the `nodeset-pod` builder, claimed ([`claim`]) and planned ([`plan`])
 //! from the cache, then written.
 //!
@@ -22,52 +22,38 @@
 //!   computed from; on a 409 it is recomputed on the fresh object, keeping other writers'
 //!   conditions.
 
-mod children;
+mod adoption;
 mod claim;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod other_children;
 mod plan;
+mod pods;
+mod status;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use futures::future::join_all;
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference, jiff::Timestamp};
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
-    Api, Resource, ResourceExt,
+    ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use serde_json::Value;
-use slinky_api::{Controller, NodeSet, NodeSetStatus, checks, conditions, keys};
+use slinky_api::{Controller, NodeSet, checks, conditions};
 
+use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
 pub use claim::{claims_name, owner_uid};
+use other_children::sync_children;
 pub use plan::is_ready;
-use plan::{DeleteReason, Inputs, is_available, phase, plan};
+use plan::{Inputs, is_available, plan};
+use pods::{create_pods, delete_pods};
+use status::write_status;
 
-use children::sync_children;
-
-use super::{
-    Context, Error,
-    compare::{contains, differences, dropped_note},
-    object_key,
-    status::ConditionChanges,
-    writer,
-};
+use super::{Context, Error, object_key, status::ConditionChanges};
 use crate::{
-    plugins::{BuilderKind, GuestError, Plugin, PluginError, PodIdentity, policy::nodeset_selector},
+    plugins::{BuilderKind, GuestError, Plugin, PluginError},
     revision::pod_revision,
 };
-
-fn owner_ref(ns: &NodeSet) -> OwnerReference {
-    OwnerReference {
-        api_version: NodeSet::api_version(&()).into_owned(),
-        kind: NodeSet::kind(&()).into_owned(),
-        name: ns.name_any(),
-        uid: ns.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
 
 /// Reconcile one NodeSet.
 ///
@@ -126,10 +112,7 @@ impl<'a> Pass<'a> {
     /// A builder error: `InvalidSpec` when the builder says the input is invalid, else
     /// `BuilderFailed`.
     async fn builder_error(&mut self, e: &PluginError) {
-        self.ctx
-            .metrics
-            .plugin_failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.metrics.plugin_failures.inc();
         match e {
             PluginError::Build {
                 error: GuestError::InvalidInput(m),
@@ -284,421 +267,4 @@ fn skipped_note(skipped: &[(u32, Blocker)]) -> String {
          (delete or rename those pods to free their names)",
         items.join(", ")
     )
-}
-
-/// Adopt matching orphans (after re-reading the NodeSet from the API: only a live, undeleted
-/// owner adopts) and release owned pods that lost the selector labels.
-async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) -> Result<(), Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
-    if !claims.adopt.is_empty() {
-        let api: Api<NodeSet> = Api::namespaced(ctx.client.clone(), &ns.namespace().unwrap_or_default());
-        let fresh = api.get(&ns.name_any()).await?;
-        if fresh.uid().as_deref() == Some(pass.uid.as_str()) && fresh.metadata.deletion_timestamp.is_none() {
-            for p in std::mem::take(&mut claims.adopt) {
-                let mut refs = p.owner_references().to_vec();
-                refs.push(owner_ref(ns));
-                match ctx.writer.set_pod_owners(&p, owners(&refs)).await {
-                    Ok(adopted) => {
-                        if let Some(o) = claims_name(ns, &p.name_any()) {
-                            claims.blocked.remove(&o);
-                        }
-                        claims.owned.push(Arc::new(adopted));
-                    }
-                    Err(e) => {
-                        let msg = format!("Error adopting pod {}: {}", p.name_any(), writer::message(&e));
-                        if let Some(b) =
-                            claims_name(ns, &p.name_any()).and_then(|o| claims.blocked.get_mut(&o))
-                        {
-                            b.why = format!("its adoption failed: {}", writer::message(&e));
-                        }
-                        pass.failed("FailedAdopt", msg).await;
-                    }
-                }
-            }
-        }
-    }
-    for p in std::mem::take(&mut claims.release) {
-        let refs: Vec<OwnerReference> = p
-            .owner_references()
-            .iter()
-            .filter(|o| o.uid != pass.uid)
-            .cloned()
-            .collect();
-        if let Err(e) = ctx.writer.set_pod_owners(&p, owners(&refs)).await {
-            let msg = format!("Error releasing pod {}: {}", p.name_any(), writer::message(&e));
-            pass.failed("FailedRelease", msg).await;
-        }
-    }
-    Ok(())
-}
-
-fn owners(refs: &[OwnerReference]) -> Value {
-    serde_json::to_value(refs).unwrap_or(Value::Null)
-}
-
-/// Owned pods labelled with another revision scheme (Slinky's `<nodeset>-<hash>`) whose content
-/// equals what the active builder makes for their ordinal get this revision's label instead of
-/// being replaced: switching from Slinky does not roll the fleet.
-async fn relabel_equal_pods(
-    pass: &mut Pass<'_>,
-    controller: &Controller,
-    revision: &str,
-    owned: &mut [Arc<Pod>],
-    plugin: &Plugin,
-) -> Result<(), Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
-    let foreign = format!("{}-", ns.name_any());
-    let candidates: Vec<(usize, u32)> = owned
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
-        .filter(|(_, p)| {
-            p.labels()
-                .get(keys::LABEL_REVISION_HASH)
-                .is_some_and(|r| r.starts_with(&foreign))
-        })
-        .filter_map(|(i, p)| claims_name(ns, &p.name_any()).map(|o| (i, o)))
-        .take(plan::BURST)
-        .collect();
-    if candidates.is_empty() {
-        return Ok(());
-    }
-    let identities: Vec<PodIdentity> = candidates
-        .iter()
-        .map(|(_, o)| PodIdentity::for_ordinal(ns, *o, revision))
-        .collect();
-    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
-        Ok(built) => built,
-        Err(e) => {
-            pass.builder_error(&e).await;
-            return Ok(());
-        }
-    };
-    for ((i, _), want) in candidates.into_iter().zip(built) {
-        let have = &owned[i];
-        // Compare with what the server would store of ours (its defaults, its dropped fields).
-        let stored = match ctx.writer.dry_run_pod(&want).await {
-            Ok(stored) => stored,
-            Err(e) => {
-                tracing::info!(pod = %have.name_any(), error = %writer::message(&e), "dry run failed; comparing with the built pod");
-                want.clone()
-            }
-        };
-        if !same_pod(have, &stored) {
-            continue;
-        }
-        let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);
-        let annotations: BTreeMap<String, String> = want
-            .annotations()
-            .iter()
-            .filter(|(k, _)| {
-                k.as_str() == keys::ANNOTATION_BUILDER || k.as_str() == keys::ANNOTATION_BUILDER_DIGEST
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        match ctx.writer.relabel_pod(have, &labels, &annotations).await {
-            Ok(p) => owned[i] = Arc::new(p),
-            Err(e) => {
-                let msg = format!(
-                    "Error relabelling pod {}: {}",
-                    have.name_any(),
-                    writer::message(&e)
-                );
-                pass.failed("FailedUpdate", msg).await;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether a live pod has the labels, annotations and spec of `want` (our pod as stored), but
-/// for the revision label and the builder annotations.
-fn same_pod(have: &Pod, want: &Pod) -> bool {
-    let strip = |p: &Pod| {
-        let mut labels = p.labels().clone();
-        labels.remove(keys::LABEL_REVISION_HASH);
-        let mut annotations = p.annotations().clone();
-        annotations.remove(keys::ANNOTATION_BUILDER);
-        annotations.remove(keys::ANNOTATION_BUILDER_DIGEST);
-        serde_json::json!({"labels": labels, "annotations": annotations, "spec": p.spec})
-    };
-    contains(&strip(have), &strip(want))
-}
-
-/// A Warning Event when the API server stored a created pod without fields its builder set.
-async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &Pod) {
-    let part = |p: &Pod| serde_json::json!({"metadata": {"labels": p.labels(), "annotations": p.annotations()}, "spec": p.spec});
-    let paths = differences(&part(created), &part(built), 10);
-    if !paths.is_empty() {
-        let note = dropped_note(&format!("pod {}", built.name_any()), &paths);
-        tracing::warn!("{note}");
-        pass.ctx
-            .event(pass.ns, EventType::Warning, "FieldsDropped", note)
-            .await;
-    }
-}
-
-/// Build pods in one blocking task (copies in, untrusted output checked by the policy).
-async fn build_pods(
-    ctx: &Context,
-    ns: &NodeSet,
-    controller: &Controller,
-    plugin: &Plugin,
-    identities: Vec<PodIdentity>,
-) -> Result<Result<Vec<Pod>, PluginError>, Error> {
-    let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), ctx.build.clone());
-    let metrics = ctx.metrics.clone();
-    ctx.metrics
-        .plugin_calls
-        .fetch_add(identities.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    ctx.blocking(move || {
-        identities
-            .iter()
-            .map(|id| {
-                metrics.time_plugin_call(BuilderKind::NodesetPod, || p.build_pod(&build, &nsc, &cc, id))
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .await
-}
-
-async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, DeleteReason)]) {
-    if deletes.is_empty() {
-        return;
-    }
-    let (ns, ctx) = (pass.ns, pass.ctx);
-    let namespace = ns.namespace().unwrap_or_default();
-    let uids: Vec<String> = deletes.iter().filter_map(|(p, _)| p.uid()).collect();
-    ctx.expectations.expect_deletions(&pass.uid, uids);
-    let results = join_all(deletes.iter().map(|(p, _)| {
-        let (pn, uid, namespace) = (p.name_any(), p.uid().unwrap_or_default(), namespace.clone());
-        async move {
-            let r = ctx.writer.delete_pod(&namespace, &pn, &uid).await;
-            (pn, uid, r)
-        }
-    }))
-    .await;
-    let mut deleted = Vec::new();
-    for (pn, uid, r) in results {
-        match r {
-            Ok(true) => deleted.push(pn),
-            // Already gone: its deletion may have been observed before we expected it.
-            Ok(false) => ctx.expectations.deletion_observed(&pass.uid, &uid),
-            Err(e) => {
-                ctx.expectations.deletion_observed(&pass.uid, &uid);
-                pass.failed(
-                    "FailedDelete",
-                    format!("Error deleting pod {pn}: {}", writer::message(&e)),
-                )
-                .await;
-            }
-        }
-    }
-    if !deleted.is_empty() {
-        ctx.event(
-            ns,
-            EventType::Normal,
-            "SuccessfulDelete",
-            format!("Deleted pods: {}", deleted.join(", ")),
-        )
-        .await;
-    }
-}
-
-/// Build and create the pods of `creates` in slow-start batches (1, 2, 4, …). A name taken
-/// meanwhile (409 AlreadyExists) skips that ordinal and the batch goes on; any other refusal
-/// stops after its batch, and every create not made is released.
-async fn create_pods(
-    pass: &mut Pass<'_>,
-    controller: &Controller,
-    revision: &str,
-    creates: &[u32],
-    plugin: &Plugin,
-) -> Result<(), Error> {
-    if creates.is_empty() {
-        return Ok(());
-    }
-    let (ns, ctx) = (pass.ns, pass.ctx);
-    let identities: Vec<PodIdentity> = creates
-        .iter()
-        .map(|o| PodIdentity::for_ordinal(ns, *o, revision))
-        .collect();
-    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
-        Ok(built) => built,
-        Err(e) => {
-            pass.builder_error(&e).await;
-            return Ok(());
-        }
-    };
-    let owner = pass.uid.clone();
-    ctx.expectations
-        .expect_creations(&owner, built.iter().map(ResourceExt::name_any));
-    let mut pending = built.into_iter();
-    let mut batch = 1;
-    let mut created = Vec::new();
-    let mut taken = Vec::new();
-    loop {
-        let this: Vec<Pod> = pending.by_ref().take(batch).collect();
-        if this.is_empty() {
-            break;
-        }
-        let results = join_all(this.iter().map(|pod| ctx.writer.create_pod(pod))).await;
-        let mut refused = false;
-        for (pod, r) in this.iter().zip(results) {
-            let name = pod.name_any();
-            match r {
-                Ok(stored) => {
-                    ctx.expectations.creation_succeeded(&owner, &name);
-                    // Pods of one pass are built alike: the first tells what the server drops.
-                    if created.is_empty() {
-                        warn_dropped_fields(pass, pod, &stored).await;
-                    }
-                    created.push(name);
-                }
-                Err(e) => {
-                    ctx.expectations.creation_observed(&owner, &name);
-                    if writer::is_already_exists(&e) {
-                        taken.push(name);
-                    } else {
-                        refused = true;
-                        pass.failed(
-                            "FailedCreate",
-                            format!("Error creating pod {name}: {}", writer::message(&e)),
-                        )
-                        .await;
-                    }
-                }
-            }
-        }
-        if refused {
-            // Creates never attempted are released: nothing will ever observe them.
-            for p in pending.by_ref() {
-                ctx.expectations.creation_observed(&owner, &p.name_any());
-            }
-            break;
-        }
-        batch *= 2;
-    }
-    if !created.is_empty() {
-        ctx.event(
-            ns,
-            EventType::Normal,
-            "SuccessfulCreate",
-            format!("Created pods: {}", created.join(", ")),
-        )
-        .await;
-    }
-    if !taken.is_empty() {
-        ctx.event(
-            ns,
-            EventType::Warning,
-            "PodNameTaken",
-            format!(
-                "pods {} already exist and are not this NodeSet's (the cache had not shown them yet); \
-                 their ordinals were skipped",
-                taken.join(", ")
-            ),
-        )
-        .await;
-    }
-    Ok(())
-}
-
-/// The status, computed from the owned pods; conditions merged into the fresh object's on every
-/// attempt. `synced`: the pass ran its writes (so `ReplicaFailure` is set or cleared by them;
-/// otherwise it is left as it is).
-async fn write_status(
-    pass: &mut Pass<'_>,
-    owned: &[Arc<Pod>],
-    revision: Option<&str>,
-    synced: bool,
-) -> Result<(), Error> {
-    let ns = pass.ns;
-    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
-    let now = Timestamp::now();
-    let live: Vec<&Arc<Pod>> = owned
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    let desired = ns.replicas().max(0);
-    let available = live.iter().filter(|p| is_available(p, min_ready, now)).count() as i32;
-    let c = &mut pass.conditions;
-    for t in [
-        conditions::INVALID_SPEC,
-        conditions::BUILDER_FAILED,
-        conditions::CONTROLLER_NOT_FOUND,
-    ] {
-        c.clear(t);
-    }
-    match &pass.problem {
-        Some((type_, msg)) => {
-            c.set(type_, true, type_, msg.clone());
-            c.set(conditions::READY, false, type_, msg.clone());
-        }
-        None => {
-            let ok = available >= desired;
-            c.set(
-                conditions::READY,
-                ok,
-                if ok { "AllPodsAvailable" } else { "PodsUnavailable" },
-                format!("{available}/{desired} pods available"),
-            );
-        }
-    }
-    if let Some((reason, first)) = pass.failures.first() {
-        let message = match pass.failures.len() {
-            1 => first.clone(),
-            n => format!("{first} (and {} more refused writes)", n - 1),
-        };
-        c.set(conditions::REPLICA_FAILURE, true, reason, message);
-    } else if synced && pass.problem.is_none() {
-        c.clear(conditions::REPLICA_FAILURE);
-    }
-    if let Some((reason, first)) = pass.child_failures.first() {
-        let message = match pass.child_failures.len() {
-            1 => first.clone(),
-            n => format!("{first} (and {} more)", n - 1),
-        };
-        c.set(conditions::CHILD_FAILURE, true, reason, message);
-    } else if pass.children_synced {
-        c.clear(conditions::CHILD_FAILURE);
-    }
-    let selector: Vec<String> = nodeset_selector(ns)
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let status = NodeSetStatus {
-        replicas: live.iter().filter(|p| !phase(p).is_empty()).count() as i32,
-        updated_replicas: revision.map_or(0, |r| {
-            live.iter()
-                .filter(|p| p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) == Some(r))
-                .count() as i32
-        }),
-        ready_replicas: live.iter().filter(|p| is_ready(p)).count() as i32,
-        available_replicas: available,
-        unavailable_replicas: (desired - available).max(0),
-        desired,
-        observed_generation: ns.metadata.generation,
-        node_set_hash: revision
-            .map(str::to_string)
-            .or_else(|| ns.status.as_ref().and_then(|s| s.node_set_hash.clone())),
-        selector: Some(selector.join(",")),
-        conditions: Vec::new(),
-    };
-    let changes = pass.conditions.clone();
-    let compute = move |obj: &NodeSet| NodeSetStatus {
-        conditions: changes.apply(
-            obj.status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default(),
-        ),
-        ..status.clone()
-    };
-    let api: Api<NodeSet> = Api::namespaced(pass.ctx.client.clone(), &ns.namespace().unwrap_or_default());
-    pass.ctx
-        .writer
-        .update_status(&api, ns, compute, |obj: &NodeSet| obj.status.clone())
-        .await?;
-    Ok(())
 }

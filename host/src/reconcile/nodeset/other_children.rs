@@ -12,7 +12,8 @@ use crate::{
     plugins::{BuilderKind, Child, ChildKind, Ownership},
     reconcile::{
         Error,
-        children::{ChildSync, keys_of},
+        apply::{ChildSync, keys_of},
+        time_plugin_call,
     },
 };
 
@@ -31,12 +32,10 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     let plugin = ctx.plugins.active(BuilderKind::NodesetChildren);
     let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), ctx.build.clone());
     let metrics = ctx.metrics.clone();
-    ctx.metrics
-        .plugin_calls
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.plugin_calls.inc_by(1);
     let built = ctx
         .blocking(move || {
-            metrics.time_plugin_call(BuilderKind::NodesetChildren, || {
+            time_plugin_call(&metrics, BuilderKind::NodesetChildren, || {
                 p.build_nodeset_children(&build, &nsc, &cc)
             })
         })

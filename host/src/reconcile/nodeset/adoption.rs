@@ -1,0 +1,171 @@
+//! Pods that exist before this pass decides anything: orphans matching the NodeSet are adopted,
+//! owned pods that lost the selector labels are released, and owned pods labelled by another
+//! revision scheme whose content equals what the builder makes are relabelled, not replaced.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::Value;
+use slinky_api::{Controller, NodeSet, keys};
+
+use super::{
+    Pass,
+    claim::{Claims, claims_name},
+    plan,
+    pods::build_pods,
+};
+use crate::{
+    plugins::{Plugin, PodIdentity},
+    reconcile::{Error, compare::contains, writer},
+};
+
+pub(super) fn owner_ref(ns: &NodeSet) -> OwnerReference {
+    OwnerReference {
+        api_version: NodeSet::api_version(&()).into_owned(),
+        kind: NodeSet::kind(&()).into_owned(),
+        name: ns.name_any(),
+        uid: ns.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Adopt matching orphans (after re-reading the NodeSet from the API: only a live, undeleted
+/// owner adopts) and release owned pods that lost the selector labels.
+pub(super) async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) -> Result<(), Error> {
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    if !claims.adopt.is_empty() {
+        let api: Api<NodeSet> = Api::namespaced(ctx.client.clone(), &ns.namespace().unwrap_or_default());
+        let fresh = api.get(&ns.name_any()).await?;
+        if fresh.uid().as_deref() == Some(pass.uid.as_str()) && fresh.metadata.deletion_timestamp.is_none() {
+            for p in std::mem::take(&mut claims.adopt) {
+                let mut refs = p.owner_references().to_vec();
+                refs.push(owner_ref(ns));
+                match ctx.writer.set_pod_owners(&p, owners(&refs)).await {
+                    Ok(adopted) => {
+                        if let Some(o) = claims_name(ns, &p.name_any()) {
+                            claims.blocked.remove(&o);
+                        }
+                        claims.owned.push(Arc::new(adopted));
+                    }
+                    Err(e) => {
+                        let msg = format!("Error adopting pod {}: {}", p.name_any(), writer::message(&e));
+                        if let Some(b) =
+                            claims_name(ns, &p.name_any()).and_then(|o| claims.blocked.get_mut(&o))
+                        {
+                            b.why = format!("its adoption failed: {}", writer::message(&e));
+                        }
+                        pass.failed("FailedAdopt", msg).await;
+                    }
+                }
+            }
+        }
+    }
+    for p in std::mem::take(&mut claims.release) {
+        let refs: Vec<OwnerReference> = p
+            .owner_references()
+            .iter()
+            .filter(|o| o.uid != pass.uid)
+            .cloned()
+            .collect();
+        if let Err(e) = ctx.writer.set_pod_owners(&p, owners(&refs)).await {
+            let msg = format!("Error releasing pod {}: {}", p.name_any(), writer::message(&e));
+            pass.failed("FailedRelease", msg).await;
+        }
+    }
+    Ok(())
+}
+
+fn owners(refs: &[OwnerReference]) -> Value {
+    serde_json::to_value(refs).unwrap_or(Value::Null)
+}
+
+/// Owned pods labelled with another revision scheme (Slinky's `<nodeset>-<hash>`) whose content
+/// equals what the active builder makes for their ordinal get this revision's label instead of
+/// being replaced: switching from Slinky does not roll the fleet.
+pub(super) async fn relabel_equal_pods(
+    pass: &mut Pass<'_>,
+    controller: &Controller,
+    revision: &str,
+    owned: &mut [Arc<Pod>],
+    plugin: &Plugin,
+) -> Result<(), Error> {
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let foreign = format!("{}-", ns.name_any());
+    let candidates: Vec<(usize, u32)> = owned
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+        .filter(|(_, p)| {
+            p.labels()
+                .get(keys::LABEL_REVISION_HASH)
+                .is_some_and(|r| r.starts_with(&foreign))
+        })
+        .filter_map(|(i, p)| claims_name(ns, &p.name_any()).map(|o| (i, o)))
+        .take(plan::BURST)
+        .collect();
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    let identities: Vec<PodIdentity> = candidates
+        .iter()
+        .map(|(_, o)| PodIdentity::for_ordinal(ns, *o, revision))
+        .collect();
+    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
+        Ok(built) => built,
+        Err(e) => {
+            pass.builder_error(&e).await;
+            return Ok(());
+        }
+    };
+    for ((i, _), want) in candidates.into_iter().zip(built) {
+        let have = &owned[i];
+        // Compare with what the server would store of ours (its defaults, its dropped fields).
+        let stored = match ctx.writer.dry_run_pod(&want).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::info!(pod = %have.name_any(), error = %writer::message(&e), "dry run failed; comparing with the built pod");
+                want.clone()
+            }
+        };
+        if !same_pod(have, &stored) {
+            continue;
+        }
+        let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);
+        let annotations: BTreeMap<String, String> = want
+            .annotations()
+            .iter()
+            .filter(|(k, _)| {
+                k.as_str() == keys::ANNOTATION_BUILDER || k.as_str() == keys::ANNOTATION_BUILDER_DIGEST
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        match ctx.writer.relabel_pod(have, &labels, &annotations).await {
+            Ok(p) => owned[i] = Arc::new(p),
+            Err(e) => {
+                let msg = format!(
+                    "Error relabelling pod {}: {}",
+                    have.name_any(),
+                    writer::message(&e)
+                );
+                pass.failed("FailedUpdate", msg).await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a live pod has the labels, annotations and spec of `want` (our pod as stored), but
+/// for the revision label and the builder annotations.
+fn same_pod(have: &Pod, want: &Pod) -> bool {
+    let strip = |p: &Pod| {
+        let mut labels = p.labels().clone();
+        labels.remove(keys::LABEL_REVISION_HASH);
+        let mut annotations = p.annotations().clone();
+        annotations.remove(keys::ANNOTATION_BUILDER);
+        annotations.remove(keys::ANNOTATION_BUILDER_DIGEST);
+        serde_json::json!({"labels": labels, "annotations": annotations, "spec": p.spec})
+    };
+    contains(&strip(have), &strip(want))
+}

@@ -1,0 +1,198 @@
+//! Pod writes of a pass: build pods with the `nodeset-pod` builder, delete the planned ones and
+//! create the missing ones in slow-start batches, raising and lowering expectations around each.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{ResourceExt, runtime::events::EventType};
+use slinky_api::{Controller, NodeSet};
+
+use super::{Pass, plan::DeleteReason};
+use crate::{
+    plugins::{BuilderKind, Plugin, PluginError, PodIdentity},
+    reconcile::{
+        Context, Error,
+        compare::{differences, dropped_note},
+        time_plugin_call, writer,
+    },
+};
+
+/// A Warning Event when the API server stored a created pod without fields its builder set.
+pub(super) async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &Pod) {
+    let part = |p: &Pod| serde_json::json!({"metadata": {"labels": p.labels(), "annotations": p.annotations()}, "spec": p.spec});
+    let paths = differences(&part(created), &part(built), 10);
+    if !paths.is_empty() {
+        let note = dropped_note(&format!("pod {}", built.name_any()), &paths);
+        tracing::warn!("{note}");
+        pass.ctx
+            .event(pass.ns, EventType::Warning, "FieldsDropped", note)
+            .await;
+    }
+}
+
+/// Build pods in one blocking task (copies in, untrusted output checked by the policy).
+pub(super) async fn build_pods(
+    ctx: &Context,
+    ns: &NodeSet,
+    controller: &Controller,
+    plugin: &Plugin,
+    identities: Vec<PodIdentity>,
+) -> Result<Result<Vec<Pod>, PluginError>, Error> {
+    let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), ctx.build.clone());
+    let metrics = ctx.metrics.clone();
+    ctx.metrics.plugin_calls.inc_by(identities.len() as u64);
+    ctx.blocking(move || {
+        identities
+            .iter()
+            .map(|id| {
+                time_plugin_call(&metrics, BuilderKind::NodesetPod, || {
+                    p.build_pod(&build, &nsc, &cc, id)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+}
+
+pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, DeleteReason)]) {
+    if deletes.is_empty() {
+        return;
+    }
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let namespace = ns.namespace().unwrap_or_default();
+    let uids: Vec<String> = deletes.iter().filter_map(|(p, _)| p.uid()).collect();
+    ctx.expectations.expect_deletions(&pass.uid, uids);
+    let results = join_all(deletes.iter().map(|(p, _)| {
+        let (pn, uid, namespace) = (p.name_any(), p.uid().unwrap_or_default(), namespace.clone());
+        async move {
+            let r = ctx.writer.delete_pod(&namespace, &pn, &uid).await;
+            (pn, uid, r)
+        }
+    }))
+    .await;
+    let mut deleted = Vec::new();
+    for (pn, uid, r) in results {
+        match r {
+            Ok(true) => deleted.push(pn),
+            // Already gone: its deletion may have been observed before we expected it.
+            Ok(false) => ctx.expectations.deletion_observed(&pass.uid, &uid),
+            Err(e) => {
+                ctx.expectations.deletion_observed(&pass.uid, &uid);
+                pass.failed(
+                    "FailedDelete",
+                    format!("Error deleting pod {pn}: {}", writer::message(&e)),
+                )
+                .await;
+            }
+        }
+    }
+    if !deleted.is_empty() {
+        ctx.event(
+            ns,
+            EventType::Normal,
+            "SuccessfulDelete",
+            format!("Deleted pods: {}", deleted.join(", ")),
+        )
+        .await;
+    }
+}
+
+/// Build and create the pods of `creates` in slow-start batches (1, 2, 4, …). A name taken
+/// meanwhile (409 AlreadyExists) skips that ordinal and the batch goes on; any other refusal
+/// stops after its batch, and every create not made is released.
+pub(super) async fn create_pods(
+    pass: &mut Pass<'_>,
+    controller: &Controller,
+    revision: &str,
+    creates: &[u32],
+    plugin: &Plugin,
+) -> Result<(), Error> {
+    if creates.is_empty() {
+        return Ok(());
+    }
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let identities: Vec<PodIdentity> = creates
+        .iter()
+        .map(|o| PodIdentity::for_ordinal(ns, *o, revision))
+        .collect();
+    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
+        Ok(built) => built,
+        Err(e) => {
+            pass.builder_error(&e).await;
+            return Ok(());
+        }
+    };
+    let owner = pass.uid.clone();
+    ctx.expectations
+        .expect_creations(&owner, built.iter().map(ResourceExt::name_any));
+    let mut pending = built.into_iter();
+    let mut batch = 1;
+    let mut created = Vec::new();
+    let mut taken = Vec::new();
+    loop {
+        let this: Vec<Pod> = pending.by_ref().take(batch).collect();
+        if this.is_empty() {
+            break;
+        }
+        let results = join_all(this.iter().map(|pod| ctx.writer.create_pod(pod))).await;
+        let mut refused = false;
+        for (pod, r) in this.iter().zip(results) {
+            let name = pod.name_any();
+            match r {
+                Ok(stored) => {
+                    ctx.expectations.creation_succeeded(&owner, &name);
+                    // Pods of one pass are built alike: the first tells what the server drops.
+                    if created.is_empty() {
+                        warn_dropped_fields(pass, pod, &stored).await;
+                    }
+                    created.push(name);
+                }
+                Err(e) => {
+                    ctx.expectations.creation_observed(&owner, &name);
+                    if writer::is_already_exists(&e) {
+                        taken.push(name);
+                    } else {
+                        refused = true;
+                        pass.failed(
+                            "FailedCreate",
+                            format!("Error creating pod {name}: {}", writer::message(&e)),
+                        )
+                        .await;
+                    }
+                }
+            }
+        }
+        if refused {
+            // Creates never attempted are released: nothing will ever observe them.
+            for p in pending.by_ref() {
+                ctx.expectations.creation_observed(&owner, &p.name_any());
+            }
+            break;
+        }
+        batch *= 2;
+    }
+    if !created.is_empty() {
+        ctx.event(
+            ns,
+            EventType::Normal,
+            "SuccessfulCreate",
+            format!("Created pods: {}", created.join(", ")),
+        )
+        .await;
+    }
+    if !taken.is_empty() {
+        ctx.event(
+            ns,
+            EventType::Warning,
+            "PodNameTaken",
+            format!(
+                "pods {} already exist and are not this NodeSet's (the cache had not shown them yet); \
+                 their ordinals were skipped",
+                taken.join(", ")
+            ),
+        )
+        .await;
+    }
+    Ok(())
+}

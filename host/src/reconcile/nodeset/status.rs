@@ -1,0 +1,113 @@
+//! The NodeSet's status: replica counts computed from the owned pods, and the conditions the
+//! pass decided, merged into the fresh object's on every attempt.
+
+use std::sync::Arc;
+
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use kube::{Api, ResourceExt};
+use slinky_api::{NodeSet, NodeSetStatus, conditions, keys};
+
+use super::{
+    Pass,
+    plan::{is_available, is_ready, phase},
+};
+use crate::{plugins::policy::nodeset_selector, reconcile::Error};
+
+/// The status, computed from the owned pods; conditions merged into the fresh object's on every
+/// attempt. `synced`: the pass ran its writes (so `ReplicaFailure` is set or cleared by them;
+/// otherwise it is left as it is).
+pub(super) async fn write_status(
+    pass: &mut Pass<'_>,
+    owned: &[Arc<Pod>],
+    revision: Option<&str>,
+    synced: bool,
+) -> Result<(), Error> {
+    let ns = pass.ns;
+    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
+    let now = Timestamp::now();
+    let live: Vec<&Arc<Pod>> = owned
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    let desired = ns.replicas().max(0);
+    let available = live.iter().filter(|p| is_available(p, min_ready, now)).count() as i32;
+    let c = &mut pass.conditions;
+    for t in [
+        conditions::INVALID_SPEC,
+        conditions::BUILDER_FAILED,
+        conditions::CONTROLLER_NOT_FOUND,
+    ] {
+        c.clear(t);
+    }
+    match &pass.problem {
+        Some((type_, msg)) => {
+            c.set(type_, true, type_, msg.clone());
+            c.set(conditions::READY, false, type_, msg.clone());
+        }
+        None => {
+            let ok = available >= desired;
+            c.set(
+                conditions::READY,
+                ok,
+                if ok { "AllPodsAvailable" } else { "PodsUnavailable" },
+                format!("{available}/{desired} pods available"),
+            );
+        }
+    }
+    if let Some((reason, first)) = pass.failures.first() {
+        let message = match pass.failures.len() {
+            1 => first.clone(),
+            n => format!("{first} (and {} more refused writes)", n - 1),
+        };
+        c.set(conditions::REPLICA_FAILURE, true, reason, message);
+    } else if synced && pass.problem.is_none() {
+        c.clear(conditions::REPLICA_FAILURE);
+    }
+    if let Some((reason, first)) = pass.child_failures.first() {
+        let message = match pass.child_failures.len() {
+            1 => first.clone(),
+            n => format!("{first} (and {} more)", n - 1),
+        };
+        c.set(conditions::CHILD_FAILURE, true, reason, message);
+    } else if pass.children_synced {
+        c.clear(conditions::CHILD_FAILURE);
+    }
+    let selector: Vec<String> = nodeset_selector(ns)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let status = NodeSetStatus {
+        replicas: live.iter().filter(|p| !phase(p).is_empty()).count() as i32,
+        updated_replicas: revision.map_or(0, |r| {
+            live.iter()
+                .filter(|p| p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) == Some(r))
+                .count() as i32
+        }),
+        ready_replicas: live.iter().filter(|p| is_ready(p)).count() as i32,
+        available_replicas: available,
+        unavailable_replicas: (desired - available).max(0),
+        desired,
+        observed_generation: ns.metadata.generation,
+        node_set_hash: revision
+            .map(str::to_string)
+            .or_else(|| ns.status.as_ref().and_then(|s| s.node_set_hash.clone())),
+        selector: Some(selector.join(",")),
+        conditions: Vec::new(),
+    };
+    let changes = pass.conditions.clone();
+    let compute = move |obj: &NodeSet| NodeSetStatus {
+        conditions: changes.apply(
+            obj.status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default(),
+        ),
+        ..status.clone()
+    };
+    let api: Api<NodeSet> = Api::namespaced(pass.ctx.client.clone(), &ns.namespace().unwrap_or_default());
+    pass.ctx
+        .writer
+        .update_status(&api, ns, compute, |obj: &NodeSet| obj.status.clone())
+        .await?;
+    Ok(())
+}

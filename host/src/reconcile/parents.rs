@@ -1,0 +1,105 @@
+//! Which parents a watch event concerns: the NodeSets of a Controller, the NodeSets sharing a
+//! Controller's workers' objects, the parents of a child object, the NodeSets of a pod.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    ResourceExt,
+    runtime::reflector::{ObjectRef, Store},
+};
+use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX};
+
+use super::nodeset::claims_name;
+use crate::plugins::policy::nodeset_selector;
+
+/// The NodeSets that reference the Controller `c_name` of namespace `c_ns`.
+pub(super) fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> Vec<ObjectRef<NodeSet>> {
+    store
+        .state()
+        .iter()
+        .filter(|n| n.controller_namespace() == c_ns && n.spec.controller_ref.name == c_name)
+        .map(|n| ObjectRef::from_obj(n.as_ref()))
+        .collect()
+}
+
+/// The NodeSets of namespace `ns` that reference the Controller `controller` (of any namespace)
+/// and share its workers' objects in `ns`.
+pub(super) fn nodesets_sharing(
+    store: &Store<NodeSet>,
+    ns: &str,
+    controller: &str,
+) -> Vec<ObjectRef<NodeSet>> {
+    store
+        .state()
+        .iter()
+        .filter(|n| n.namespace().as_deref() == Some(ns) && n.spec.controller_ref.name == controller)
+        .map(|n| ObjectRef::from_obj(n.as_ref()))
+        .collect()
+}
+
+/// The parents a child object concerns: its controlling Controller or NodeSet, the NodeSets that
+/// own it (shared workers' objects), or (for an object holding a name the host builds) the
+/// parent that would build it.
+pub(super) fn child_parents(
+    meta: &kube::api::ObjectMeta,
+    nodesets: &Store<NodeSet>,
+    controllers: &Store<Controller>,
+) -> (Vec<ObjectRef<Controller>>, Vec<ObjectRef<NodeSet>>) {
+    let ns = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let mut ctl = Vec::new();
+    let mut sets = Vec::new();
+    for o in meta.owner_references.iter().flatten() {
+        match o.kind.as_str() {
+            "Controller" if o.controller == Some(true) => ctl.push(ObjectRef::new(&o.name).within(&ns)),
+            "NodeSet" => sets.push(ObjectRef::new(&o.name).within(&ns)),
+            _ => {}
+        }
+    }
+    if ctl.is_empty() && sets.is_empty() {
+        // A name the host builds, held by an object no parent owns (or owned by a stranger).
+        let controller = name
+            .strip_suffix("-controller-internal")
+            .or_else(|| name.strip_suffix("-controller"))
+            .or_else(|| name.strip_suffix("-config"));
+        if let Some(c) = controller {
+            ctl.push(ObjectRef::new(c).within(&ns));
+        }
+        let shared = name
+            .strip_prefix(WORKER_SUBDOMAIN_PREFIX)
+            .map(|rest| rest.strip_prefix("pdb-").unwrap_or(rest));
+        if let Some(c) = shared {
+            sets.extend(nodesets_sharing(nodesets, &ns, c));
+        }
+        if let Some(n) = name.strip_suffix("-ssh-config") {
+            sets.push(ObjectRef::new(n).within(&ns));
+        }
+    }
+    ctl.retain(|r| controllers.get(r).is_some());
+    sets.retain(|r| nodesets.get(r).is_some());
+    (ctl, sets)
+}
+
+/// The NodeSets a pod concerns: its controlling NodeSet, or, for a pod no NodeSet controls, the
+/// NodeSets of its namespace that could adopt it or whose ordinal name it holds.
+pub(super) fn pod_owners(pod: &Pod, nodesets: &Store<NodeSet>) -> Vec<ObjectRef<NodeSet>> {
+    let ns = pod.namespace().unwrap_or_default();
+    if let Some(owner) = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "NodeSet")
+    {
+        return vec![ObjectRef::new(&owner.name).within(&ns)];
+    }
+    nodesets
+        .state()
+        .iter()
+        .filter(|n| n.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|n| {
+            claims_name(n, &pod.name_any()).is_some()
+                || nodeset_selector(n)
+                    .iter()
+                    .all(|(k, v)| pod.labels().get(k) == Some(v))
+        })
+        .map(|n| ObjectRef::from_obj(n.as_ref()))
+        .collect()
+}
