@@ -20,13 +20,7 @@ use std::{fmt, sync::Arc};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
-    metrics::{
-        MetricType,
-        counter::ConstCounter,
-        family::Family,
-        gauge::ConstGauge,
-        histogram::{Histogram, exponential_buckets},
-    },
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 
@@ -49,24 +43,9 @@ pub struct KindLabel {
     pub kind: String,
 }
 
-/// The label set of per-stage metrics (`stage="compile"`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StageLabel {
-    /// The reload stage.
-    pub stage: String,
-}
-
-/// A histogram family of durations in seconds: buckets from 0.5 ms doubling to ~16 s.
-pub type Durations<L> = Family<L, Histogram, fn() -> Histogram>;
-
-fn duration_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
-}
-
-/// A new, empty histogram family of durations.
-pub fn durations<L: Clone + std::hash::Hash + Eq>() -> Durations<L> {
-    Family::new_with_constructor(duration_histogram as fn() -> Histogram)
-}
+/// Histogram families of durations (buckets from 0.5 ms doubling to ~16 s) and the reload
+/// stages' label: the plugin runtime's, so every duration the host serves has the same buckets.
+pub use slinky_runtime::metrics::{Durations, StageLabel, durations};
 
 /// The OpenMetrics content type.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
