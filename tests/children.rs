@@ -20,7 +20,7 @@ use slinky_host::{
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,
-    host::{Host, apply, apply_file, cluster, cluster_with_statefulsets, events},
+    host::{Host, apply, apply_controller, apply_file, cluster, cluster_with_statefulsets, events},
     test_plugin,
 };
 
@@ -74,20 +74,6 @@ fn nodeset(ns: &str, name: &str, short: &str, replicas: i32) -> Value {
             "slurmd": {"image": "ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04"},
             "partition": {"enabled": true, "config": "MaxTime=1:00:00"},
             "template": {"spec": {"hostname": format!("{short}-")}}}})
-}
-
-/// The example cluster without its NodeSet.
-async fn apply_controller(c: &TestCluster, ns: &str) -> Result<()> {
-    let text = std::fs::read_to_string(slinky_tests::example("slurm-cluster.yaml"))?;
-    for doc in slinky_host::render::yaml_documents(&text) {
-        let mut v: Value = serde_saphyr::from_str(doc)?;
-        if v["kind"] == "NodeSet" {
-            continue;
-        }
-        v["metadata"]["namespace"] = ns.into();
-        apply(c, ns, &v).await?;
-    }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

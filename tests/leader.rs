@@ -14,7 +14,7 @@ use kube::{Api, api::ListParams};
 use slinky_host::reconcile::{LeaderConfig, leader};
 use slinky_tests::{
     TestCluster, eventually,
-    host::{NS_NAME, apply_example, cluster, scale},
+    host::{NS_NAME, apply_example, cluster, pod_ready, scale},
     http_get, http_request,
     process::{HostProcess, Proxy},
     python,
@@ -34,12 +34,7 @@ async fn live_pods(c: &TestCluster, ns: &str) -> Vec<Pod> {
 async fn wait_pods(c: &TestCluster, ns: &str, n: usize) -> Result<()> {
     let ok = eventually(60, || async {
         let pods = live_pods(c, ns).await;
-        let ready = pods.iter().all(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        });
+        let ready = pods.iter().all(pod_ready);
         (pods.len() == n && ready).then_some(())
     })
     .await;

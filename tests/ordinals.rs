@@ -22,8 +22,8 @@ use slinky_host::{BuildContext, PluginRegistry, PodIdentity, plugins::BuilderKin
 use slinky_tests::{
     TestCluster, default_engine, eventually,
     host::{
-        Host, NS_NAME, apply_example, apply_example_with, cluster, converge, events, generation, names,
-        pod_names, scale,
+        Host, NS_NAME, apply_example, apply_example_with, cluster, converge, converge_current, events, names,
+        pod_names, scale, start_example,
     },
 };
 
@@ -121,9 +121,7 @@ async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() 
     let Some(server) = c.embedded("name taken") else {
         return Ok(());
     };
-    let ns = c.namespace("taken").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "taken", 0).await?;
     host.wait_ready().await?;
     // The host sees the scale-up before it sees the stranger created right after it.
     server.faults().set_watch_delay(Duration::from_millis(3000));
@@ -152,10 +150,8 @@ async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_terminating_pod_keeps_its_ordinal_until_it_is_gone() -> Result<()> {
     let c = cluster(false).await;
-    let ns = c.namespace("terminating").await;
-    apply_example(&c, &ns, 3).await?;
-    let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, false).await?;
+    let (ns, host) = start_example(&c, "terminating", 3).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), false).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let one = format!("{NS_NAME}-1");
     let before = pods.get(&one).await?.uid();
@@ -201,10 +197,8 @@ async fn a_failed_pod_is_replaced_under_its_own_ordinal() -> Result<()> {
     let Some(server) = c.embedded("failed pod") else {
         return Ok(());
     };
-    let ns = c.namespace("failed").await;
-    apply_example(&c, &ns, 3).await?;
-    let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    let (ns, host) = start_example(&c, "failed", 3).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let one = format!("{NS_NAME}-1");
     let before = pods.get(&one).await?.uid();
@@ -257,10 +251,8 @@ async fn leading_zeros_are_not_the_nodesets_ordinals() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_nodeset_recreated_under_its_name_waits_for_its_predecessors_pods() -> Result<()> {
     let c = cluster(false).await;
-    let ns = c.namespace("recreate").await;
-    apply_example(&c, &ns, 3).await?;
-    let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, false).await?;
+    let (ns, host) = start_example(&c, "recreate", 3).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), false).await?;
     // The old pods linger after their NodeSet is gone (a finalizer holds them).
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     for o in 0..3 {
@@ -309,17 +301,8 @@ async fn a_nodeset_recreated_under_its_name_waits_for_its_predecessors_pods() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn editing_the_partition_line_restarts_no_worker() -> Result<()> {
     let c = cluster(true).await;
-    let ns = c.namespace("partition").await;
-    apply_example(&c, &ns, 3).await?;
-    let host = Host::start(&c, &ns)?;
-    converge(
-        &c,
-        &ns,
-        &names(&[0, 1, 2]),
-        generation(&c, &ns).await?,
-        c.server.is_some(),
-    )
-    .await?;
+    let (ns, host) = start_example(&c, "partition", 3).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), c.server.is_some()).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let uids = |list: Vec<Pod>| list.iter().filter_map(ResourceExt::uid).collect::<BTreeSet<_>>();
     let before = uids(pods.list(&ListParams::default()).await?.items);
@@ -388,14 +371,7 @@ async fn pods_labelled_by_slinky_are_adopted_without_a_roll_when_they_equal_ours
         .map(|p| (p.name_any(), p.uid()))
         .collect();
     let host = Host::start(&c, &ns)?;
-    converge(
-        &c,
-        &ns,
-        &names(&[0, 1, 2]),
-        generation(&c, &ns).await?,
-        c.server.is_some(),
-    )
-    .await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), c.server.is_some()).await?;
     let after: BTreeMap<String, Pod> = pods
         .list(&ListParams::default())
         .await?
@@ -443,7 +419,7 @@ async fn pods_with_a_grace_period_keep_their_ordinals_while_they_terminate() -> 
     })
     .await?;
     let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1, 2]), generation(&c, &ns).await?, true).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     // Every pod name ever seen: no other ordinal may appear while pods terminate.
     let all_names = || async {

@@ -15,22 +15,18 @@ use slinky_api::{Controller, NodeSet};
 use slinky_host::embedded::{FaultError, FaultRule, Times};
 use slinky_tests::{
     eventually,
-    host::{Host, NS_NAME, apply_example, cluster, converge, names, pod_names, scale},
+    host::{
+        Host, NS_NAME, apply_example, cluster, converge, converge_current, names, pod_names, pod_ready,
+        scale, start_example,
+    },
+    inject_fault,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scale_0_5_2_7_0_keeps_the_right_ordinals_and_status() -> Result<()> {
     let c = cluster(true).await;
-    let ns = c.namespace("scale").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
-    let g = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
-        .get(NS_NAME)
-        .await?
-        .metadata
-        .generation
-        .unwrap_or(1);
-    converge(&c, &ns, &names(&[]), g, c.server.is_some()).await?;
+    let (ns, host) = start_example(&c, "scale", 0).await?;
+    converge_current(&c, &ns, &names(&[]), c.server.is_some()).await?;
     for (replicas, ordinals) in [
         (5, vec![0, 1, 2, 3, 4]),
         (2, vec![0, 1]),
@@ -74,9 +70,7 @@ async fn lagging_caches_never_cause_duplicate_or_extra_creates() -> Result<()> {
     let Some(server) = c.embedded("fault injection") else {
         return Ok(());
     };
-    let ns = c.namespace("lag").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "lag", 0).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     server.faults().set_watch_delay(Duration::from_millis(150));
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
@@ -116,12 +110,13 @@ async fn failed_and_timed_out_creates_release_expectations_and_converge() -> Res
     };
     let ns = c.namespace("failing").await;
     apply_example(&c, &ns, 0).await?;
-    server.faults().add(FaultRule::new(
+    inject_fault(
+        server,
         "create",
         "pods",
         FaultError::Internal,
         Times::Probability(0.5),
-    ));
+    );
     server
         .faults()
         .add(FaultRule::new("create", "pods", FaultError::Timeout, Times::Count(2)).after());
@@ -147,12 +142,13 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
     };
     let ns = c.namespace("storm").await;
     apply_example(&c, &ns, 3).await?;
-    server.faults().add(FaultRule::new(
+    inject_fault(
+        server,
         "patch",
         "nodesets/status",
         FaultError::Conflict,
         Times::Probability(0.6),
-    ));
+    );
     let host = Host::start(&c, &ns)?;
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     // Another writer keeps changing the NodeSet's labels (new resourceVersions).
@@ -171,8 +167,7 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
             }
         })
     };
-    let g = api.get(NS_NAME).await?.metadata.generation.unwrap_or(1);
-    converge(&c, &ns, &names(&[0, 1, 2]), g, true).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
     other.await?;
     let final_obj = api.get(NS_NAME).await?;
     assert_eq!(
@@ -246,16 +241,8 @@ async fn set_other_condition(api: &Api<NodeSet>, message: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn steady_state_makes_no_writes_and_a_restart_adopts_without_duplicates() -> Result<()> {
     let c = cluster(true).await;
-    let ns = c.namespace("steady").await;
-    apply_example(&c, &ns, 4).await?;
-    let host = Host::start(&c, &ns)?;
-    let g = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
-        .get(NS_NAME)
-        .await?
-        .metadata
-        .generation
-        .unwrap_or(1);
-    converge(&c, &ns, &names(&[0, 1, 2, 3]), g, c.server.is_some()).await?;
+    let (ns, host) = start_example(&c, "steady", 4).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2, 3]), c.server.is_some()).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = host.handles.writes.total();
     let reconciles = host.handles.metrics.count("NodeSet", "ok");
@@ -277,20 +264,7 @@ async fn steady_state_makes_no_writes_and_a_restart_adopts_without_duplicates() 
     host.stop().await;
     let existing = pod_names(&c, &ns).await?;
     let second = Host::start(&c, &ns)?;
-    let g = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
-        .get(NS_NAME)
-        .await?
-        .metadata
-        .generation
-        .unwrap_or(1);
-    converge(
-        &c,
-        &ns,
-        &names(&[0, 1, 2, 3, 4, 5, 6, 7, 8]),
-        g,
-        c.server.is_some(),
-    )
-    .await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7, 8]), c.server.is_some()).await?;
     let created = second.handles.writes.ok("create") as usize;
     assert_eq!(
         created,
@@ -360,12 +334,9 @@ async fn a_rolling_update_never_exceeds_max_unavailable() -> Result<()> {
     {
         return Ok(());
     }
-    let ns = c.namespace("roll").await;
-    apply_example(&c, &ns, 8).await?; // maxUnavailable 25% of 8 = 2
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "roll", 8).await?; // maxUnavailable 25% of 8 = 2
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
-    let g = api.get(NS_NAME).await?.metadata.generation.unwrap_or(1);
-    converge(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7]), g, true).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2, 3, 4, 5, 6, 7]), true).await?;
     let old_rev = api
         .get(NS_NAME)
         .await?
@@ -388,12 +359,7 @@ async fn a_rolling_update_never_exceeds_max_unavailable() -> Result<()> {
             .items
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
+            .filter(|p| pod_ready(p))
             .count();
         worst = worst.max(8 - available.min(8));
         let st = api.get(NS_NAME).await?.status.context("status")?;
@@ -431,9 +397,7 @@ async fn a_rolling_update_never_exceeds_max_unavailable() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_controller_service_is_applied_shared_and_restored() -> Result<()> {
     let c = cluster(false).await;
-    let ns = c.namespace("svc").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "svc", 0).await?;
     let svcs = Api::<Service>::namespaced(c.client.clone(), &ns);
     let applied = eventually(30, || async {
         svcs.get_opt("slurm-controller").await.ok().flatten()
@@ -535,9 +499,7 @@ async fn a_missing_controller_is_a_condition_not_a_crash() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn another_controllers_condition_applied_server_side_merges_with_the_hosts() -> Result<()> {
     let c = cluster(false).await;
-    let ns = c.namespace("listmap").await;
-    apply_example(&c, &ns, 1).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "listmap", 1).await?;
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     eventually(30, || async {
         let st = api.get(NS_NAME).await.ok()?.status?;
@@ -570,14 +532,7 @@ async fn another_controllers_condition_applied_server_side_merges_with_the_hosts
     );
     // And the host's next status writes keep it.
     scale(&c, &ns, 2).await?;
-    converge(
-        &c,
-        &ns,
-        &names(&[0, 1]),
-        api.get(NS_NAME).await?.metadata.generation.unwrap_or(0),
-        false,
-    )
-    .await?;
+    converge_current(&c, &ns, &names(&[0, 1]), false).await?;
     let conds = api
         .get(NS_NAME)
         .await?

@@ -28,7 +28,7 @@ use slinky_host::{
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,
-    host::{Host, NS_NAME, apply_example, cluster, scale},
+    host::{Host, NS_NAME, apply_example, cluster, pod_ready, scale},
     test_plugin,
 };
 
@@ -130,7 +130,7 @@ impl Setup {
                 && live.iter().all(|p| {
                     p.annotations().get(keys::ANNOTATION_BUILDER_DIGEST) == Some(&format!("sha256:{digest}"))
                         && p.labels().get(keys::LABEL_REVISION_HASH) == Some(&revision)
-                        && ready(p)
+                        && pod_ready(p)
                 });
             ok.then_some(())
         })
@@ -144,7 +144,7 @@ impl Setup {
                     (
                         p.name_any(),
                         p.labels().get(keys::LABEL_REVISION_HASH).cloned(),
-                        ready(p),
+                        pod_ready(p),
                         p.uid(),
                     )
                 })
@@ -166,13 +166,6 @@ impl Setup {
         }
         Ok(())
     }
-}
-
-fn ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Every pod version the watch saw, by uid (the first version of each is what its builder made).

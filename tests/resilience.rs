@@ -21,15 +21,16 @@ use serde_json::json;
 use slinky_api::{Controller, NodeSet, conditions};
 use slinky_host::{
     PluginRegistry,
-    embedded::{FaultError, FaultRule, Times},
+    embedded::{FaultError, Times},
     reconcile::{LeaderConfig, RunConfig, leader},
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,
     host::{
-        Host, NS_NAME, apply_example, apply_example_with, cluster, converge, events, generation, names,
-        nodeset_condition, pod_names, scale,
+        Host, NS_NAME, apply_controller, apply_example, apply_example_with, cluster, converge,
+        converge_current, events, names, nodeset_condition, pod_names, scale, start_example,
     },
+    inject_fault,
     process::{HostProcess, Proxy},
 };
 
@@ -62,14 +63,7 @@ async fn a_nodeset_without_a_logfile_image_gets_pods_the_api_server_accepts() ->
     })
     .await?;
     let host = Host::start(&c, &ns)?;
-    converge(
-        &c,
-        &ns,
-        &names(&[0, 1, 2]),
-        generation(&c, &ns).await?,
-        c.server.is_some(),
-    )
-    .await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), c.server.is_some()).await?;
     for p in Api::<Pod>::namespaced(c.client.clone(), &ns)
         .list(&ListParams::default())
         .await?
@@ -100,9 +94,7 @@ async fn a_nodeset_without_a_logfile_image_gets_pods_the_api_server_accepts() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn names_the_api_server_would_refuse_are_an_invalid_spec_not_a_create_loop() -> Result<()> {
     let c = cluster(false).await;
-    let ns = c.namespace("names").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "names", 0).await?;
     let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     // A 64-character name: its pods' `app.kubernetes.io/instance` label would be refused.
     let long = "w".repeat(64);
@@ -191,12 +183,7 @@ async fn refused_creates_and_deletes_are_events_and_a_condition_retried_with_bac
     apply_example(&c, &ns, 0).await?;
     // The resync is 5 minutes: anything retried sooner is retried by the backoff.
     let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
-    server.faults().add(FaultRule::new(
-        "create",
-        "pods",
-        FaultError::Invalid,
-        Times::Count(6),
-    ));
+    inject_fault(server, "create", "pods", FaultError::Invalid, Times::Count(6));
     scale(&c, &ns, 2).await?;
     let cond = wait_condition(&c, &ns, conditions::REPLICA_FAILURE, |c| c.status == "True").await?;
     assert_eq!(cond.reason, "FailedCreate");
@@ -205,7 +192,7 @@ async fn refused_creates_and_deletes_are_events_and_a_condition_retried_with_bac
         "the API's message: {}",
         cond.message
     );
-    converge(&c, &ns, &names(&[0, 1]), generation(&c, &ns).await?, false).await?;
+    converge_current(&c, &ns, &names(&[0, 1]), false).await?;
     assert_eq!(server.faults().fired().len(), 6, "six refusals, each retried");
     ensure!(
         events(&c, &ns, NS_NAME)
@@ -228,12 +215,13 @@ async fn refused_creates_and_deletes_are_events_and_a_condition_retried_with_bac
     );
 
     // Deletes refused until the condition shows, then allowed again.
-    server.faults().add(FaultRule::new(
+    inject_fault(
+        server,
         "delete",
         "pods",
         FaultError::Internal,
         Times::Count(10_000),
-    ));
+    );
     let g = scale(&c, &ns, 0).await?;
     let cond = wait_condition(&c, &ns, conditions::REPLICA_FAILURE, |c| c.status == "True").await?;
     assert_eq!(cond.reason, "FailedDelete");
@@ -343,9 +331,7 @@ async fn a_service_the_host_did_not_build_is_never_taken_over() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn another_managers_port_is_kept_without_reapplying_and_an_unwanted_service_is_pruned() -> Result<()> {
     let c = cluster(false).await;
-    let ns = c.namespace("svc-prune").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "svc-prune", 0).await?;
     let svcs = Api::<Service>::namespaced(c.client.clone(), &ns);
     eventually(30, || async { svcs.get_opt("slurm-controller").await.ok()? })
         .await
@@ -406,20 +392,8 @@ async fn a_refused_apply_is_an_event_and_a_condition_on_the_controller() -> Resu
     let ns = c.namespace("svc-refused").await;
     // Each pass applies the Controller's two Services: four passes are refused. (No NodeSet: its
     // workers' Service would take faults too.)
-    server.faults().add(FaultRule::new(
-        "patch",
-        "services",
-        FaultError::Invalid,
-        Times::Count(8),
-    ));
-    let text = std::fs::read_to_string(slinky_tests::example("slurm-cluster.yaml"))?;
-    for doc in slinky_host::render::yaml_documents(&text) {
-        let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
-        if v["kind"] != "NodeSet" {
-            v["metadata"]["namespace"] = ns.clone().into();
-            slinky_tests::host::apply(&c, &ns, &v).await?;
-        }
-    }
+    inject_fault(server, "patch", "services", FaultError::Invalid, Times::Count(8));
+    apply_controller(&c, &ns).await?;
     let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
     let cond = eventually(30, || async {
         controller_condition(&c, &ns, conditions::CHILD_FAILURE)
@@ -456,9 +430,7 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     let Some(server) = c.embedded("relist") else {
         return Ok(());
     };
-    let ns = c.namespace("relist").await;
-    apply_example(&c, &ns, 0).await?;
-    let host = Host::start(&c, &ns)?;
+    let (ns, host) = start_example(&c, "relist", 0).await?;
     host.wait_ready().await?;
     server.faults().set_latency(Duration::from_millis(10));
     let g = scale(&c, &ns, 40).await?;
@@ -481,12 +453,7 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
 
     // A pod created, then deleted while the pod watch was down: the relist shows it gone, so the
     // expectation of its creation is released at once (not after the 5-minute expiry).
-    server.faults().add(FaultRule::new(
-        "watch",
-        "pods",
-        FaultError::Internal,
-        Times::Count(1000),
-    ));
+    inject_fault(server, "watch", "pods", FaultError::Internal, Times::Count(1000));
     server.faults().close_watches();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let g = scale(&c, &ns, 41).await?;
@@ -648,17 +615,8 @@ async fn ready_stays_true_through_a_scale_down_with_enough_available_pods() -> R
     {
         return Ok(());
     }
-    let ns = c.namespace("ready").await;
-    apply_example(&c, &ns, 5).await?;
-    let host = Host::start(&c, &ns)?;
-    converge(
-        &c,
-        &ns,
-        &names(&[0, 1, 2, 3, 4]),
-        generation(&c, &ns).await?,
-        true,
-    )
-    .await?;
+    let (ns, host) = start_example(&c, "ready", 5).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2, 3, 4]), true).await?;
     // Every Ready status the NodeSet goes through from here.
     let statuses: Arc<Mutex<Vec<String>>> = Arc::default();
     let recorder = {
@@ -707,14 +665,15 @@ async fn no_nodeset_is_reconciled_before_the_controllers_are_known() -> Result<(
     let ns = c.namespace("sync").await;
     apply_example(&c, &ns, 2).await?;
     // The Controllers' list fails a few times: that cache syncs a few seconds after the others.
-    server.faults().add(FaultRule::new(
+    inject_fault(
+        server,
         "list",
         "controllers",
         FaultError::Internal,
         Times::Count(3),
-    ));
+    );
     let host = Host::start(&c, &ns)?;
-    converge(&c, &ns, &names(&[0, 1]), generation(&c, &ns).await?, false).await?;
+    converge_current(&c, &ns, &names(&[0, 1]), false).await?;
     ensure!(
         server.faults().fired().len() == 3,
         "the Controllers' list failed first"

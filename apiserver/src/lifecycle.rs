@@ -186,123 +186,178 @@ async fn run(
     mut stop: watch::Receiver<bool>,
     statefulsets: bool,
 ) {
-    let mut seen: HashMap<String, Instant> = HashMap::new();
-    let mut scheduled: HashMap<String, Instant> = HashMap::new();
-    // Terminating pods on our nodes: when the kubelet finishes each (uid → deadline).
-    let mut terminating: HashMap<String, Instant> = HashMap::new();
-    let our_node = |n: &str| {
-        n.strip_prefix("sim-node-")
-            .and_then(|i| i.parse::<usize>().ok())
-            .is_some_and(|i| i < config.nodes)
+    let mut kubelet = Kubelet {
+        store,
+        config,
+        held,
+        seen: HashMap::new(),
+        scheduled: HashMap::new(),
+        terminating: HashMap::new(),
+        next_node: 0,
+        next_ip: 2,
     };
-    let mut next_node = 0usize;
-    let mut next_ip = 2u32;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(25)) => {}
             _ = stop.changed() => return,
         }
         if statefulsets {
-            crate::statefulsets::sync(&store);
+            crate::statefulsets::sync(&kubelet.store);
         }
-        let Ok((items, _, _)) = store.list(&pods(), "", &|_| true, None, 0) else {
-            continue;
+        kubelet.pass();
+    }
+}
+
+/// The simulated scheduler and kubelet, and what they remember between passes (by pod uid).
+struct Kubelet {
+    store: Arc<Store>,
+    config: LifecycleConfig,
+    held: Arc<Mutex<HashSet<(String, String)>>>,
+    /// When each pod was first seen.
+    seen: HashMap<String, Instant>,
+    /// When each pod was scheduled.
+    scheduled: HashMap<String, Instant>,
+    /// Terminating pods on our nodes: when the kubelet finishes each (uid → deadline).
+    terminating: HashMap<String, Instant>,
+    /// The node the next pod is bound to (round robin).
+    next_node: usize,
+    /// The next pod IP.
+    next_ip: u32,
+}
+
+impl Kubelet {
+    /// Whether node `n` is one of the simulated nodes.
+    fn our_node(&self, n: &str) -> bool {
+        n.strip_prefix("sim-node-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .is_some_and(|i| i < self.config.nodes)
+    }
+
+    /// One pass over every pod: terminating pods finished, pending pods scheduled, scheduled
+    /// pods started.
+    fn pass(&mut self) {
+        let Ok((items, _, _)) = self.store.list(&pods(), "", &|_| true, None, 0) else {
+            return;
         };
         let now = Instant::now();
         let live: HashSet<String> = items
             .iter()
             .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
             .collect();
-        seen.retain(|uid, _| live.contains(uid));
-        scheduled.retain(|uid, _| live.contains(uid));
-        terminating.retain(|uid, _| live.contains(uid));
+        self.seen.retain(|uid, _| live.contains(uid));
+        self.scheduled.retain(|uid, _| live.contains(uid));
+        self.terminating.retain(|uid, _| live.contains(uid));
         for pod in items {
-            let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-            let ns = pod["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            if pod.pointer("/metadata/deletionTimestamp").is_some() {
-                let bound_here = pod
-                    .pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .is_some_and(our_node);
-                if bound_here {
-                    let grace = pod
-                        .pointer("/metadata/deletionGracePeriodSeconds")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(0)
-                        .max(0);
-                    let scaled = Duration::from_secs_f64(grace as f64 * config.grace_period_scale.max(0.0));
-                    let deadline = terminating.entry(uid.clone()).or_insert(now + scaled);
-                    // A shortened grace period (a second delete) brings the end forward.
-                    *deadline = (*deadline).min(now + scaled);
-                    if now >= *deadline && grace > 0 {
-                        // The kubelet has stopped the containers: it deletes the pod for good.
-                        let _ = store.delete(
-                            &pods(),
-                            &ns,
-                            &name,
-                            &DeleteOpts {
-                                uid: Some(uid.clone()),
-                                grace_period: Some(0),
-                                ..Default::default()
-                            },
-                        );
-                    }
-                }
-                continue;
-            }
-            if held
-                .lock()
-                .map(|h| h.contains(&(ns.clone(), name.clone())))
-                .unwrap_or(false)
-            {
-                continue;
-            }
-            let first = *seen.entry(uid.clone()).or_insert(now);
-            let node = pod
-                .pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .map(str::to_string);
-            match node {
-                None if now >= first + config.schedule_delay && config.nodes > 0 => {
-                    let target = format!("sim-node-{}", next_node % config.nodes);
-                    next_node += 1;
-                    let bound = store.bind(&ns, &name, &target);
-                    if bound.is_ok() {
-                        let _ = store.modify(
-                            &pods(),
-                            &ns,
-                            &name,
-                            Sub::Status,
-                            "embedded-scheduler",
-                            Op::Server,
-                            |cur, _| {
-                                let mut p = cur.clone();
-                                p["status"]["conditions"] = json!([condition("PodScheduled", true)]);
-                                Ok(p)
-                            },
-                        );
-                        scheduled.insert(uid, now);
-                    }
-                }
-                Some(_) if pod.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") => {
-                    let at = *scheduled.entry(uid).or_insert(now);
-                    if now >= at + config.ready_delay {
-                        let ip = format!("10.244.{}.{}", next_ip / 250, next_ip % 250 + 1);
-                        next_ip += 1;
-                        let _ =
-                            store.modify(&pods(), &ns, &name, Sub::Status, MANAGER, Op::Server, |cur, _| {
-                                let mut p = cur.clone();
-                                p["status"] = running_status(cur, true, &ip);
-                                Ok(p)
-                            });
-                    }
-                }
-                _ => {}
-            }
+            self.step(&pod, now);
         }
+    }
+
+    /// What the scheduler or the kubelet does next with `pod`.
+    fn step(&mut self, pod: &Value, now: Instant) {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        let ns = pod["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+            self.terminate(pod, uid, &ns, &name, now);
+            return;
+        }
+        if self
+            .held
+            .lock()
+            .map(|h| h.contains(&(ns.clone(), name.clone())))
+            .unwrap_or(false)
+        {
+            return;
+        }
+        let first = *self.seen.entry(uid.clone()).or_insert(now);
+        let node = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        match node {
+            None if now >= first + self.config.schedule_delay && self.config.nodes > 0 => {
+                self.schedule(uid, &ns, &name, now);
+            }
+            Some(_) if pod.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") => {
+                let at = *self.scheduled.entry(uid).or_insert(now);
+                if now >= at + self.config.ready_delay {
+                    self.start_running(&ns, &name);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A terminating pod bound to one of our nodes: deleted for good once its (scaled) grace
+    /// period has passed, as its kubelet does after stopping the containers.
+    fn terminate(&mut self, pod: &Value, uid: String, ns: &str, name: &str, now: Instant) {
+        let bound_here = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| self.our_node(n));
+        if !bound_here {
+            return;
+        }
+        let grace = pod
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            .max(0);
+        let scaled = Duration::from_secs_f64(grace as f64 * self.config.grace_period_scale.max(0.0));
+        let deadline = self.terminating.entry(uid.clone()).or_insert(now + scaled);
+        // A shortened grace period (a second delete) brings the end forward.
+        *deadline = (*deadline).min(now + scaled);
+        if now >= *deadline && grace > 0 {
+            // The kubelet has stopped the containers: it deletes the pod for good.
+            let _ = self.store.delete(
+                &pods(),
+                ns,
+                name,
+                &DeleteOpts {
+                    uid: Some(uid),
+                    grace_period: Some(0),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    /// Bind a pending pod to the next node (round robin) and mark it scheduled.
+    fn schedule(&mut self, uid: String, ns: &str, name: &str, now: Instant) {
+        let target = format!("sim-node-{}", self.next_node % self.config.nodes);
+        self.next_node += 1;
+        let bound = self.store.bind(ns, name, &target);
+        if bound.is_ok() {
+            let _ = self.store.modify(
+                &pods(),
+                ns,
+                name,
+                Sub::Status,
+                "embedded-scheduler",
+                Op::Server,
+                |cur, _| {
+                    let mut p = cur.clone();
+                    p["status"]["conditions"] = json!([condition("PodScheduled", true)]);
+                    Ok(p)
+                },
+            );
+            self.scheduled.insert(uid, now);
+        }
+    }
+
+    /// A scheduled pod becomes Running and Ready, with the next pod IP.
+    fn start_running(&mut self, ns: &str, name: &str) {
+        let ip = format!("10.244.{}.{}", self.next_ip / 250, self.next_ip % 250 + 1);
+        self.next_ip += 1;
+        let _ = self
+            .store
+            .modify(&pods(), ns, name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+                let mut p = cur.clone();
+                p["status"] = running_status(cur, true, &ip);
+                Ok(p)
+            });
     }
 }

@@ -97,131 +97,189 @@ fn pod_for(sts: &Value, i: i64, rev: &str) -> Value {
 
 /// One pass of the simulated StatefulSet controller over every StatefulSet.
 pub(crate) fn sync(store: &Arc<Store>) {
-    let (sets, pods_key, pvcs) = (
-        key("apps", "statefulsets"),
-        key("", "pods"),
-        key("", "persistentvolumeclaims"),
-    );
-    let Ok((items, _, _)) = store.list(&sets, "", &|_| true, None, 0) else {
+    let Ok((items, _, _)) = store.list(&key("apps", "statefulsets"), "", &|_| true, None, 0) else {
         return;
     };
     for sts in items {
         if sts.pointer("/metadata/deletionTimestamp").is_some() {
             continue;
         }
-        let (ns, name, uid) = (
-            s(&sts, "/metadata/namespace").to_string(),
-            s(&sts, "/metadata/name").to_string(),
-            s(&sts, "/metadata/uid").to_string(),
-        );
-        let replicas = sts.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
-        let rev = revision(&name, sts.pointer("/spec/template").unwrap_or(&Value::Null));
-        let owned = |p: &Value| {
-            p.pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .is_some_and(|o| {
-                    o.iter()
-                        .any(|o| o["uid"] == uid.as_str() && o["controller"] == true)
-                })
-        };
-        let Ok((pods, _, _)) = store.list(&pods_key, &ns, &|p| owned(p), None, 0) else {
+        sync_one(store, &Set::of(&sts));
+    }
+}
+
+/// One StatefulSet being synced: where it lives, what it wants and its template's revision.
+struct Set<'a> {
+    /// The StatefulSet.
+    sts: &'a Value,
+    /// Its namespace.
+    ns: String,
+    /// Its name.
+    name: String,
+    /// Its uid (what its pods' controller reference names).
+    uid: String,
+    /// `spec.replicas` (1 when absent).
+    replicas: i64,
+    /// The revision of its template.
+    rev: String,
+}
+
+impl<'a> Set<'a> {
+    fn of(sts: &'a Value) -> Self {
+        let name = s(sts, "/metadata/name").to_string();
+        Set {
+            sts,
+            ns: s(sts, "/metadata/namespace").to_string(),
+            uid: s(sts, "/metadata/uid").to_string(),
+            replicas: sts.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1),
+            rev: revision(&name, sts.pointer("/spec/template").unwrap_or(&Value::Null)),
+            name,
+        }
+    }
+
+    /// Whether the StatefulSet controls pod `p`.
+    fn owns(&self, p: &Value) -> bool {
+        p.pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|o| {
+                o.iter()
+                    .any(|o| o["uid"] == self.uid.as_str() && o["controller"] == true)
+            })
+    }
+
+    /// The ordinal of pod `p` (`<sts>-<ordinal>`), if its name has one.
+    fn ordinal(&self, p: &Value) -> Option<i64> {
+        s(p, "/metadata/name")
+            .strip_prefix(&format!("{}-", self.name))
+            .and_then(|o| o.parse::<i64>().ok())
+    }
+}
+
+/// One pass over one StatefulSet: missing pods created, one extra or old pod deleted, the
+/// status written (counted from the pods seen at the start of the pass).
+fn sync_one(store: &Store, set: &Set<'_>) {
+    let Ok((pods, _, _)) = store.list(&key("", "pods"), &set.ns, &|p| set.owns(p), None, 0) else {
+        return;
+    };
+    create_missing(store, set, &pods);
+    let live: Vec<&Arc<Value>> = pods
+        .iter()
+        .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
+        .collect();
+    delete_extra_and_old(store, set, pods.len(), &live);
+    write_status(store, set, &live);
+}
+
+/// Missing ordinals: their claims, then the pods.
+fn create_missing(store: &Store, set: &Set<'_>, pods: &[Arc<Value>]) {
+    for i in 0..set.replicas {
+        if pods.iter().any(|p| set.ordinal(p) == Some(i)) {
             continue;
-        };
-        let ordinal = |p: &Value| {
-            s(p, "/metadata/name")
-                .strip_prefix(&format!("{name}-"))
-                .and_then(|o| o.parse::<i64>().ok())
-        };
-        let delete = |pod: &str, pod_uid: &str| {
-            let _ = store.delete(
-                &pods_key,
-                &ns,
-                pod,
-                &DeleteOpts {
-                    uid: Some(pod_uid.to_string()),
-                    ..Default::default()
-                },
-            );
-        };
-        // Missing ordinals: their claims, then the pods.
-        for i in 0..replicas {
-            if pods.iter().any(|p| ordinal(p) == Some(i)) {
-                continue;
+        }
+        let pod = pod_for(set.sts, i, &set.rev);
+        if !create_claims(store, set, i) {
+            continue;
+        }
+        if let Err(error) = store.create(&key("", "pods"), &set.ns, pod, MANAGER, false) {
+            tracing::debug!(statefulset = %set.name, %error, "cannot create a StatefulSet pod");
+        }
+    }
+}
+
+/// Create the missing claims of ordinal `i`; false when one could not be created (as the
+/// StatefulSet controller: no pod without its claims).
+fn create_claims(store: &Store, set: &Set<'_>, i: i64) -> bool {
+    let pvcs = key("", "persistentvolumeclaims");
+    let mut created_all = true;
+    for claim in set
+        .sts
+        .pointer("/spec/volumeClaimTemplates")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let claim_name = format!("{}-{}-{i}", s(claim, "/metadata/name"), set.name);
+        if store.get(&pvcs, &set.ns, &claim_name).is_err() {
+            let mut pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim_name, "namespace": set.ns,
+                    "labels": set.sts.pointer("/spec/selector/matchLabels").cloned().unwrap_or_else(|| json!({}))},
+                "spec": claim.get("spec").cloned().unwrap_or_else(|| json!({}))});
+            if let Some(m) = pvc.pointer_mut("/metadata").and_then(Value::as_object_mut) {
+                m.retain(|_, v| !v.is_null());
             }
-            let pod = pod_for(&sts, i, &rev);
-            let mut claims_failed = false;
-            for claim in sts
-                .pointer("/spec/volumeClaimTemplates")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let claim_name = format!("{}-{name}-{i}", s(claim, "/metadata/name"));
-                if store.get(&pvcs, &ns, &claim_name).is_err() {
-                    let mut pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                        "metadata": {"name": claim_name, "namespace": ns,
-                            "labels": sts.pointer("/spec/selector/matchLabels").cloned().unwrap_or_else(|| json!({}))},
-                        "spec": claim.get("spec").cloned().unwrap_or_else(|| json!({}))});
-                    if let Some(m) = pvc.pointer_mut("/metadata").and_then(Value::as_object_mut) {
-                        m.retain(|_, v| !v.is_null());
-                    }
-                    if let Err(error) = store.create(&pvcs, &ns, pvc, MANAGER, false) {
-                        // As the StatefulSet controller: no pod without its claims.
-                        tracing::debug!(statefulset = %name, %error, "cannot create a claim of a StatefulSet pod");
-                        claims_failed = true;
-                    }
-                }
-            }
-            if claims_failed {
-                continue;
-            }
-            if let Err(error) = store.create(&pods_key, &ns, pod, MANAGER, false) {
-                tracing::debug!(statefulset = %name, %error, "cannot create a StatefulSet pod");
+            if let Err(error) = store.create(&pvcs, &set.ns, pvc, MANAGER, false) {
+                tracing::debug!(statefulset = %set.name, %error, "cannot create a claim of a StatefulSet pod");
+                created_all = false;
             }
         }
-        let live: Vec<&Arc<Value>> = pods
+    }
+    created_all
+}
+
+/// Delete the highest ordinal past `replicas`, and (a rolling update) the highest pod of an old
+/// revision once every pod is there and ready. `total` counts the pods, terminating ones too.
+fn delete_extra_and_old(store: &Store, set: &Set<'_>, total: usize, live: &[&Arc<Value>]) {
+    let delete = |pod: &Value| {
+        let _ = store.delete(
+            &key("", "pods"),
+            &set.ns,
+            s(pod, "/metadata/name"),
+            &DeleteOpts {
+                uid: Some(s(pod, "/metadata/uid").to_string()),
+                ..Default::default()
+            },
+        );
+    };
+    // Ordinals past `replicas`, the highest first.
+    let mut extra: Vec<&&Arc<Value>> = live
+        .iter()
+        .filter(|p| set.ordinal(p).is_none_or(|o| o >= set.replicas))
+        .collect();
+    extra.sort_by_key(|p| std::cmp::Reverse(set.ordinal(p)));
+    if let Some(p) = extra.first() {
+        delete(p);
+    }
+    // A rolling update: the highest old pod, once every pod is there and ready.
+    let all_ready = live.len() as i64 == set.replicas && total == live.len() && live.iter().all(|p| ready(p));
+    if all_ready
+        && let Some(old) = live
             .iter()
-            .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none())
-            .collect();
-        // Ordinals past `replicas`, the highest first.
-        let mut extra: Vec<&&Arc<Value>> = live
-            .iter()
-            .filter(|p| ordinal(p).is_none_or(|o| o >= replicas))
-            .collect();
-        extra.sort_by_key(|p| std::cmp::Reverse(ordinal(p)));
-        if let Some(p) = extra.first() {
-            delete(s(p, "/metadata/name"), s(p, "/metadata/uid"));
-        }
-        // A rolling update: the highest old pod, once every pod is there and ready.
-        let all_ready =
-            live.len() as i64 == replicas && pods.len() == live.len() && live.iter().all(|p| ready(p));
-        if all_ready
-            && let Some(old) = live
-                .iter()
-                .filter(|p| s(p, "/metadata/labels/controller-revision-hash") != rev)
-                .max_by_key(|p| ordinal(p))
-        {
-            delete(s(old, "/metadata/name"), s(old, "/metadata/uid"));
-        }
-        let count = |f: &dyn Fn(&Value) -> bool| live.iter().filter(|p| f(p)).count() as i64;
-        let updated = count(&|p| s(p, "/metadata/labels/controller-revision-hash") == rev);
-        let status = json!({
-            "observedGeneration": sts.pointer("/metadata/generation").cloned().unwrap_or(Value::Null),
-            "replicas": live.len(),
-            "readyReplicas": count(&ready),
-            "availableReplicas": count(&ready),
-            "currentReplicas": updated,
-            "updatedReplicas": updated,
-            "currentRevision": rev,
-            "updateRevision": rev,
-        });
-        if sts.get("status") != Some(&status) {
-            let _ = store.modify(&sets, &ns, &name, Sub::Status, MANAGER, Op::Server, |cur, _| {
+            .filter(|p| s(p, "/metadata/labels/controller-revision-hash") != set.rev)
+            .max_by_key(|p| set.ordinal(p))
+    {
+        delete(old);
+    }
+}
+
+/// Write the status counted from the `live` pods, when it changed.
+fn write_status(store: &Store, set: &Set<'_>, live: &[&Arc<Value>]) {
+    let count = |f: &dyn Fn(&Value) -> bool| live.iter().filter(|p| f(p)).count() as i64;
+    let updated = count(&|p| s(p, "/metadata/labels/controller-revision-hash") == set.rev);
+    let status = json!({
+        "observedGeneration": set.sts.pointer("/metadata/generation").cloned().unwrap_or(Value::Null),
+        "replicas": live.len(),
+        "readyReplicas": count(&ready),
+        "availableReplicas": count(&ready),
+        "currentReplicas": updated,
+        "updatedReplicas": updated,
+        "currentRevision": set.rev,
+        "updateRevision": set.rev,
+    });
+    if set.sts.get("status") != Some(&status) {
+        let sets = key("apps", "statefulsets");
+        let _ = store.modify(
+            &sets,
+            &set.ns,
+            &set.name,
+            Sub::Status,
+            MANAGER,
+            Op::Server,
+            |cur, _| {
                 let mut o = cur.clone();
                 o["status"] = status;
                 Ok(o)
-            });
-        }
+            },
+        );
     }
 }
 

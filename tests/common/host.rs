@@ -197,6 +197,37 @@ pub async fn apply_example_with(
     Ok(())
 }
 
+/// The example cluster without its NodeSet (the Controller and its Secrets and ConfigMaps),
+/// applied into `ns`.
+///
+/// # Errors
+/// API errors, or a document that does not parse.
+pub async fn apply_controller(c: &TestCluster, ns: &str) -> Result<()> {
+    let text = std::fs::read_to_string(crate::example("slurm-cluster.yaml"))?;
+    for doc in slinky_host::render::yaml_documents(&text) {
+        let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
+        if v["kind"] == "NodeSet" {
+            continue;
+        }
+        v["metadata"]["namespace"] = ns.into();
+        apply(c, ns, &v).await?;
+    }
+    Ok(())
+}
+
+/// The usual start of a test: a fresh namespace `<prefix>-<random>`, the example Controller and
+/// NodeSet applied into it with `replicas`, and a host (bundled builders, resync 1 s) serving
+/// it. Returns the namespace and the host.
+///
+/// # Errors
+/// API errors, or the bundled plugins do not load.
+pub async fn start_example(c: &TestCluster, prefix: &str, replicas: i32) -> Result<(String, Host)> {
+    let ns = c.namespace(prefix).await;
+    apply_example(c, &ns, replicas).await?;
+    let host = Host::start(c, &ns)?;
+    Ok((ns, host))
+}
+
 /// Server-side apply a Controller, NodeSet, Secret or ConfigMap (JSON) into `ns`, as `test-user`.
 ///
 /// # Errors
@@ -306,6 +337,23 @@ pub async fn converge(
         anyhow::bail!("did not converge to {want:?} (generation {generation}): pods {have:?}, status {st:?}");
     }
     Ok(())
+}
+
+/// [`converge`] at the example NodeSet's current generation (read once, now).
+///
+/// # Errors
+/// API errors, or it did not converge: what was there instead.
+pub async fn converge_current(c: &TestCluster, ns: &str, want: &BTreeSet<String>, ready: bool) -> Result<()> {
+    let generation = generation(c, ns).await?;
+    converge(c, ns, want, generation, ready).await
+}
+
+/// Whether the pod's `Ready` condition is `True`.
+pub fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The example NodeSet's current generation.

@@ -102,6 +102,20 @@ pub fn default_engine() -> Arc<EngineHandle> {
 
 pub use slinky_apiserver::testing::{TestCluster, eventually};
 
+/// Make the embedded `server` fail `verb` on `resource` (`pods`, `nodesets/status` …) with
+/// `error`, `times` (a rule that fires before the request is served).
+pub fn inject_fault(
+    server: &slinky_apiserver::ApiServer,
+    verb: &str,
+    resource: &str,
+    error: slinky_apiserver::FaultError,
+    times: slinky_apiserver::Times,
+) {
+    server
+        .faults()
+        .add(slinky_apiserver::FaultRule::new(verb, resource, error, times));
+}
+
 /// An HTTP answer: status code, `Content-Type`, body.
 #[derive(Debug)]
 pub struct Answer {

@@ -122,7 +122,6 @@ pub(super) async fn serve_resource(
     target: Target,
     query: &HashMap<String, String>,
 ) -> Result<Response<Body>, ApiError> {
-    let key = rt.key();
     let ns = if rt.namespaced {
         target.namespace.clone()
     } else {
@@ -142,19 +141,7 @@ pub(super) async fn serve_resource(
             format!("{} is not supported on this path", req.method()),
         ));
     };
-    let sub = match target.sub.as_deref() {
-        None => None,
-        Some("status") if rt.status => Some("status"),
-        Some("scale") if rt.scale.is_some() => Some("scale"),
-        Some("binding") if rt.group.is_empty() && rt.plural == "pods" => Some("binding"),
-        Some(other) => {
-            return Err(ApiError::new(
-                404,
-                "NotFound",
-                format!("{} has no subresource {other:?}", rt.qualified()),
-            ));
-        }
-    };
+    let sub = subresource(rt, target.sub.as_deref())?;
     let fault_res = match sub {
         Some(s) => format!("{}/{s}", rt.plural),
         None => rt.plural.clone(),
@@ -166,43 +153,97 @@ pub(super) async fn serve_resource(
     {
         return Err(fault_error(d.error, rt, &name));
     }
-    let table = wants_table(req.headers());
-    let pb = wants_protobuf(req.headers());
-    let manager = manager_of(req.headers(), query);
-    let dry_run = query.contains_key("dryRun");
+    let call = Call {
+        named: target.name.is_some(),
+        ns,
+        name,
+        sub,
+        table: wants_table(req.headers()),
+        pb: wants_protobuf(req.headers()),
+        manager: manager_of(req.headers(), query),
+        dry_run: query.contains_key("dryRun"),
+    };
+    if verb == Verb::Watch {
+        return watch(shared.clone(), rt.clone(), call.ns, query, call.table);
+    }
+    let response = perform(shared, req, rt, verb, &call, query).await?;
+    if let Some(d) = decision {
+        return Err(fault_error(d.error, rt, &call.name));
+    }
+    Ok(response)
+}
+
+/// The subresource a path addresses, if the type has it.
+fn subresource(rt: &ResourceType, sub: Option<&str>) -> Result<Option<&'static str>, ApiError> {
+    Ok(match sub {
+        None => None,
+        Some("status") if rt.status => Some("status"),
+        Some("scale") if rt.scale.is_some() => Some("scale"),
+        Some("binding") if rt.group.is_empty() && rt.plural == "pods" => Some("binding"),
+        Some(other) => {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("{} has no subresource {other:?}", rt.qualified()),
+            ));
+        }
+    })
+}
+
+/// What a request addresses and how it wants the answer, read before its body.
+struct Call {
+    /// The namespace (`""` for cluster-scoped types or all namespaces).
+    ns: String,
+    /// The object's name (`""` for a collection).
+    name: String,
+    /// Whether the path names an object.
+    named: bool,
+    /// The subresource.
+    sub: Option<&'static str>,
+    /// The field manager of a write.
+    manager: String,
+    /// `dryRun`: don't persist.
+    dry_run: bool,
+    /// The client asked for a Table.
+    table: bool,
+    /// The client asked for protobuf.
+    pb: bool,
+}
+
+/// Serve every verb but watch (which streams, and takes no fault after it is served).
+async fn perform(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    rt: &ResourceType,
+    verb: Verb,
+    call: &Call,
+    query: &HashMap<String, String>,
+) -> Result<Response<Body>, ApiError> {
+    let key = rt.key();
     let store = &shared.store;
-    let response = match verb {
-        Verb::Watch => return watch(shared.clone(), rt.clone(), ns, query, table),
-        Verb::List => list(shared, rt, &ns, query, table, pb)?,
+    let Call {
+        ns,
+        name,
+        sub,
+        manager,
+        table,
+        pb,
+        ..
+    } = call;
+    let (sub, table, pb) = (*sub, *table, *pb);
+    Ok(match verb {
+        Verb::Watch => return watch(shared.clone(), rt.clone(), ns.clone(), query, table),
+        Verb::List => list(shared, rt, ns, query, table, pb)?,
         Verb::Get => {
-            let obj = store.get(&key, &ns, &name)?;
+            let obj = store.get(&key, ns, name)?;
             match sub {
                 Some("scale") => full(StatusCode::OK, to_scale(rt, &obj)),
                 _ if table => full(StatusCode::OK, to_table(rt, &[obj], store.revision())),
                 _ => respond(StatusCode::OK, (*obj).clone(), pb),
             }
         }
-        Verb::Create if sub == Some("binding") => {
-            let (headers, body) = read_body(req).await?;
-            let binding = decode_body(&headers, &body, false)?;
-            let node = binding
-                .pointer("/target/name")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        422,
-                        "Invalid",
-                        format!("Binding.core \"{name}\" is invalid: target.name: Required value"),
-                    )
-                })?;
-            store.bind(&ns, &name, node)?;
-            full(
-                StatusCode::CREATED,
-                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-            )
-        }
-        Verb::Create if target.name.is_some() => {
+        Verb::Create if sub == Some("binding") => bind(shared, req, ns, name).await?,
+        Verb::Create if call.named => {
             return Err(ApiError::new(
                 405,
                 "MethodNotAllowed",
@@ -212,16 +253,16 @@ pub(super) async fn serve_resource(
         Verb::Create => {
             let (headers, body) = read_body(req).await?;
             let obj = decode_body(&headers, &body, rt.custom)?;
-            let created = store.create(&key, &ns, obj, &manager, dry_run)?;
+            let created = store.create(&key, ns, obj, manager, call.dry_run)?;
             respond(StatusCode::CREATED, (*created).clone(), pb)
         }
         Verb::Update => {
             let (headers, body) = read_body(req).await?;
             let obj = decode_body(&headers, &body, rt.custom)?;
             let updated = match sub {
-                Some("scale") => write_scale(store, rt, &ns, &name, &manager, |_| Ok(obj))?,
-                Some(_) => store.update(&key, &ns, &name, obj, Sub::Status, &manager)?,
-                None => store.update(&key, &ns, &name, obj, Sub::Main, &manager)?,
+                Some("scale") => write_scale(store, rt, ns, name, manager, |_| Ok(obj))?,
+                Some(_) => store.update(&key, ns, name, obj, Sub::Status, manager)?,
+                None => store.update(&key, ns, name, obj, Sub::Main, manager)?,
             };
             respond(StatusCode::OK, (*updated).clone(), pb)
         }
@@ -233,13 +274,13 @@ pub(super) async fn serve_resource(
                 .unwrap_or("")
                 .to_string();
             let ctype = ctype.split(';').next().unwrap_or("").trim().to_string();
-            let patched = patch_object(shared, rt, &ns, &name, sub, &ctype, &body, &manager, query)?;
+            let patched = patch_object(shared, rt, ns, name, sub, &ctype, &body, manager, query)?;
             respond(StatusCode::OK, patched, pb)
         }
         Verb::Delete => {
             let (headers, body) = read_body(req).await?;
             let opts = delete_opts(&headers, &body, query)?;
-            let deleted = store.delete(&key, &ns, &name, &opts)?;
+            let deleted = store.delete(&key, ns, name, &opts)?;
             respond(StatusCode::OK, (*deleted).clone(), pb)
         }
         Verb::DeleteCollection => {
@@ -249,11 +290,34 @@ pub(super) async fn serve_resource(
                 "deletecollection is not supported; delete objects one by one",
             ));
         }
-    };
-    if let Some(d) = decision {
-        return Err(fault_error(d.error, rt, &name));
-    }
-    Ok(response)
+    })
+}
+
+/// `POST pods/<name>/binding`: bind the pod to the Binding's target node.
+async fn bind(
+    shared: &Shared,
+    req: Request<Incoming>,
+    ns: &str,
+    name: &str,
+) -> Result<Response<Body>, ApiError> {
+    let (headers, body) = read_body(req).await?;
+    let binding = decode_body(&headers, &body, false)?;
+    let node = binding
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                422,
+                "Invalid",
+                format!("Binding.core \"{name}\" is invalid: target.name: Required value"),
+            )
+        })?;
+    shared.store.bind(ns, name, node)?;
+    Ok(full(
+        StatusCode::CREATED,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
 }
 
 fn delete_opts(

@@ -16,7 +16,11 @@ use super::{
     Body,
     list::{filters, to_table},
 };
-use crate::{ApiError, Shared, resources::ResourceType, store::EventKind};
+use crate::{
+    ApiError, FieldSelector, LabelSelector, Shared,
+    resources::{ResKey, ResourceType},
+    store::{Event, EventKind},
+};
 
 fn watch_line(kind: &str, obj: Value) -> Bytes {
     let mut line = json!({"type": kind, "object": obj}).to_string();
@@ -32,128 +36,20 @@ pub(super) fn watch(
     table: bool,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = filters(&rt, query)?;
-    if matches!(query.get("sendInitialEvents").map(String::as_str), Some("true")) {
-        return Err(ApiError::new(
-            422,
-            "Invalid",
-            "sendInitialEvents (streaming lists) is not supported; list, then watch",
-        ));
-    }
-    let bookmarks = matches!(
-        query.get("allowWatchBookmarks").map(String::as_str),
-        Some("true" | "1")
-    );
-    let timeout = query
-        .get("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map(Duration::from_secs);
-    let rv: Option<u64> = match query
-        .get("resourceVersion")
-        .filter(|r| !r.is_empty() && *r != "0")
-    {
-        Some(r) => Some(
-            r.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
-        ),
-        None => None,
-    };
+    let params = Params::of(query)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
-    let key = rt.key();
     let forced_gone = shared.faults.take_gone();
-    tokio::spawn(async move {
-        let matches = |o: &Value| {
-            (ns.is_empty() || o["metadata"]["namespace"].as_str() == Some(ns.as_str()))
-                && labels.matches(o)
-                && fields.matches(o)
-        };
-        let render = |o: &Value| {
-            if table {
-                to_table(&rt, &[Arc::new(o.clone())], 0)
-            } else {
-                o.clone()
-            }
-        };
-        let gone = |rev: u64| {
-            watch_line(
-                "ERROR",
-                ApiError::gone(format!("too old resource version: {rev}")).status(),
-            )
-        };
-        let mut revs = shared.store.subscribe();
-        let mut closer = shared.faults.watch_closer();
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        let mut pos = match rv {
-            Some(rev) => rev,
-            None => {
-                // Start at the most recent: synthetic ADDED for what exists, then changes.
-                let filter = |o: &Value| matches(o);
-                let Ok((items, rev, _)) = shared.store.list(&key, "", &filter, None, 0) else {
-                    return;
-                };
-                for item in items {
-                    if tx.send(watch_line("ADDED", render(&item))).await.is_err() {
-                        return;
-                    }
-                }
-                rev
-            }
-        };
-        if forced_gone {
-            let _ = tx.send(gone(pos)).await;
-            return;
-        }
-        loop {
-            let (events, current) = match shared.store.events_since(&key, pos) {
-                Ok(x) => x,
-                Err(_) => {
-                    let _ = tx.send(gone(pos)).await;
-                    return;
-                }
-            };
-            let delay = shared.faults.watch_delay();
-            for e in events {
-                let now_in = matches(&e.obj);
-                let was_in = e.prev.as_ref().is_some_and(|p| matches(p));
-                let kind = match (e.kind, was_in, now_in) {
-                    (EventKind::Modified, false, true) if e.prev.is_some() => Some("ADDED"),
-                    (EventKind::Modified, true, false) => Some("DELETED"),
-                    (k, _, true) => Some(k.as_str()),
-                    _ => None,
-                };
-                pos = e.rev;
-                if let Some(kind) = kind {
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    let line = if table {
-                        watch_line(kind, render(&e.obj))
-                    } else {
-                        let json = e.json.get_or_init(|| e.obj.to_string());
-                        Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":{json}}}\n"))
-                    };
-                    if tx.send(line).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            pos = pos.max(current);
-            let sleep_until =
-                deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            tokio::select! {
-                changed = revs.changed() => if changed.is_err() { return },
-                _ = closer.changed() => return,
-                _ = tokio::time::sleep_until(sleep_until) => return,
-                _ = tokio::time::sleep(Duration::from_secs(5)), if bookmarks => {
-                    let bm = json!({"kind": rt.kind, "apiVersion": rt.api_version(),
-                                    "metadata": {"resourceVersion": pos.to_string()}});
-                    if tx.send(watch_line("BOOKMARK", bm)).await.is_err() {
-                        return;
-                    }
-                }
-                _ = tx.closed() => return,
-            }
-        }
-    });
+    let watcher = Watcher {
+        key: rt.key(),
+        shared,
+        rt,
+        ns,
+        labels,
+        fields,
+        table,
+        tx,
+    };
+    tokio::spawn(watcher.run(params, forced_gone));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
@@ -163,4 +59,177 @@ pub(super) fn watch(
     r.headers_mut()
         .insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
     Ok(r)
+}
+
+/// A watch request's options.
+struct Params {
+    /// `allowWatchBookmarks`.
+    bookmarks: bool,
+    /// `timeoutSeconds`.
+    timeout: Option<Duration>,
+    /// `resourceVersion` to start after (`None`: start at the most recent).
+    rv: Option<u64>,
+}
+
+impl Params {
+    fn of(query: &HashMap<String, String>) -> Result<Self, ApiError> {
+        if matches!(query.get("sendInitialEvents").map(String::as_str), Some("true")) {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "sendInitialEvents (streaming lists) is not supported; list, then watch",
+            ));
+        }
+        let bookmarks = matches!(
+            query.get("allowWatchBookmarks").map(String::as_str),
+            Some("true" | "1")
+        );
+        let timeout = query
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let rv: Option<u64> = match query
+            .get("resourceVersion")
+            .filter(|r| !r.is_empty() && *r != "0")
+        {
+            Some(r) => Some(
+                r.parse()
+                    .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {r:?}")))?,
+            ),
+            None => None,
+        };
+        Ok(Params {
+            bookmarks,
+            timeout,
+            rv,
+        })
+    }
+}
+
+/// One watch stream: what it selects and where its lines go.
+struct Watcher {
+    shared: Arc<Shared>,
+    rt: ResourceType,
+    key: ResKey,
+    /// The namespace (`""`: all).
+    ns: String,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    /// Objects as Table rows.
+    table: bool,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+}
+
+/// The client went away.
+struct Closed;
+
+impl Watcher {
+    /// Whether the watch selects `o`.
+    fn matches(&self, o: &Value) -> bool {
+        (self.ns.is_empty() || o["metadata"]["namespace"].as_str() == Some(self.ns.as_str()))
+            && self.labels.matches(o)
+            && self.fields.matches(o)
+    }
+
+    /// `o` as the client asked for it.
+    fn render(&self, o: &Value) -> Value {
+        if self.table {
+            to_table(&self.rt, &[Arc::new(o.clone())], 0)
+        } else {
+            o.clone()
+        }
+    }
+
+    async fn send(&self, line: Bytes) -> Result<(), Closed> {
+        self.tx.send(line).await.map_err(|_| Closed)
+    }
+
+    async fn send_gone(&self, rev: u64) {
+        let status = ApiError::gone(format!("too old resource version: {rev}")).status();
+        let _ = self.send(watch_line("ERROR", status)).await;
+    }
+
+    /// Stream events until the client goes, the timeout passes or the watches are closed.
+    async fn run(self, params: Params, forced_gone: bool) {
+        let mut revs = self.shared.store.subscribe();
+        let mut closer = self.shared.faults.watch_closer();
+        let deadline = params.timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut pos = match params.rv {
+            Some(rev) => rev,
+            None => match self.send_existing().await {
+                Some(rev) => rev,
+                None => return,
+            },
+        };
+        if forced_gone {
+            self.send_gone(pos).await;
+            return;
+        }
+        loop {
+            let Ok((events, current)) = self.shared.store.events_since(&self.key, pos) else {
+                self.send_gone(pos).await;
+                return;
+            };
+            if self.send_events(events, &mut pos).await.is_err() {
+                return;
+            }
+            pos = pos.max(current);
+            let sleep_until =
+                deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                changed = revs.changed() => if changed.is_err() { return },
+                _ = closer.changed() => return,
+                _ = tokio::time::sleep_until(sleep_until) => return,
+                _ = tokio::time::sleep(Duration::from_secs(5)), if params.bookmarks => {
+                    let bm = json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(),
+                                    "metadata": {"resourceVersion": pos.to_string()}});
+                    if self.send(watch_line("BOOKMARK", bm)).await.is_err() {
+                        return;
+                    }
+                }
+                _ = self.tx.closed() => return,
+            }
+        }
+    }
+
+    /// Start at the most recent: synthetic ADDED for what exists. Returns the revision listed,
+    /// or `None` when the list failed or the client went away.
+    async fn send_existing(&self) -> Option<u64> {
+        let filter = |o: &Value| self.matches(o);
+        let (items, rev, _) = self.shared.store.list(&self.key, "", &filter, None, 0).ok()?;
+        for item in items {
+            self.send(watch_line("ADDED", self.render(&item))).await.ok()?;
+        }
+        Some(rev)
+    }
+
+    /// Send the events the watch selects (objects entering or leaving the selection as ADDED or
+    /// DELETED), moving `pos` past each.
+    async fn send_events(&self, events: Vec<Event>, pos: &mut u64) -> Result<(), Closed> {
+        let delay = self.shared.faults.watch_delay();
+        for e in events {
+            let now_in = self.matches(&e.obj);
+            let was_in = e.prev.as_ref().is_some_and(|p| self.matches(p));
+            let kind = match (e.kind, was_in, now_in) {
+                (EventKind::Modified, false, true) if e.prev.is_some() => Some("ADDED"),
+                (EventKind::Modified, true, false) => Some("DELETED"),
+                (k, _, true) => Some(k.as_str()),
+                _ => None,
+            };
+            *pos = e.rev;
+            if let Some(kind) = kind {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                let line = if self.table {
+                    watch_line(kind, self.render(&e.obj))
+                } else {
+                    let json = e.json.get_or_init(|| e.obj.to_string());
+                    Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":{json}}}\n"))
+                };
+                self.send(line).await?;
+            }
+        }
+        Ok(())
+    }
 }

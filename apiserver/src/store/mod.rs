@@ -8,13 +8,20 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::watch;
 
 mod delete;
+mod event;
+mod index;
 mod managed;
+mod meta;
 mod persist;
+mod read;
 mod write;
+
+pub use event::{Event, EventKind};
+pub(crate) use meta::{meta_mut, meta_str, new_uid, now, same_content, spec_part, strip_server_fields};
 
 use crate::{
     ApiError, convert,
@@ -28,45 +35,6 @@ pub enum Sub {
     Main,
     /// `/status`: only status changes.
     Status,
-}
-
-/// A watch event kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    /// Created.
-    Added,
-    /// Changed.
-    Modified,
-    /// Removed.
-    Deleted,
-}
-
-impl EventKind {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Added => "ADDED",
-            EventKind::Modified => "MODIFIED",
-            EventKind::Deleted => "DELETED",
-        }
-    }
-}
-
-/// One change, as watches see it.
-#[derive(Debug, Clone)]
-pub struct Event {
-    /// The revision of the change.
-    pub rev: u64,
-    /// The resource type.
-    pub res: ResKey,
-    /// What happened.
-    pub kind: EventKind,
-    /// The object after the change (before it, for deletions).
-    pub obj: Arc<Value>,
-    /// The object before the change, for modifications.
-    pub prev: Option<Arc<Value>>,
-    /// The object's JSON, serialized once for every watcher.
-    pub json: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Delete options (`DeleteOptions` body and query).
@@ -118,64 +86,6 @@ impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").finish_non_exhaustive()
     }
-}
-
-pub(crate) fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
-pub(crate) fn new_uid() -> String {
-    let h = super::random_hex();
-    format!(
-        "{}-{}-4{}-8{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[13..16],
-        &h[17..20],
-        &h[20..32]
-    )
-}
-
-pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
-    obj.get("metadata")
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-}
-
-pub(crate) fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
-    if !obj.get("metadata").is_some_and(Value::is_object) {
-        obj["metadata"] = json!({});
-    }
-    match obj.get_mut("metadata") {
-        Some(Value::Object(m)) => m,
-        _ => unreachable!("metadata was just made an object"),
-    }
-}
-
-/// The object without metadata and status: what `generation` tracks.
-pub(crate) fn spec_part(obj: &Value) -> Value {
-    let mut v = obj.clone();
-    if let Value::Object(m) = &mut v {
-        m.remove("metadata");
-        m.remove("status");
-        m.remove("apiVersion");
-        m.remove("kind");
-    }
-    v
-}
-
-/// Objects equal but for resourceVersion/managedFields timestamps: a no-op write.
-pub(crate) fn same_content(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        let m = meta_mut(&mut v);
-        m.remove("resourceVersion");
-        m.remove("managedFields");
-        v
-    };
-    strip(a) == strip(b)
 }
 
 impl Store {
@@ -265,95 +175,6 @@ impl Store {
             .values()
             .find(|t| t.group == group && t.version == version && t.plural == plural)
             .cloned()
-    }
-
-    /// Get one object.
-    ///
-    /// # Errors
-    /// 404 when absent.
-    pub fn get(&self, res: &ResKey, ns: &str, name: &str) -> Result<Arc<Value>, ApiError> {
-        if let Some(storage) = convert::storage_of(res) {
-            return self
-                .get(&storage, ns, name)
-                .map(|o| Arc::new(convert::to_view(&o)));
-        }
-        let g = self.lock();
-        let rt = g.rtype(res)?;
-        g.objects
-            .get(res)
-            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(&rt, name))
-    }
-
-    /// List objects (namespace `""` = all) matching `filter`, sorted by namespace and name, after
-    /// `after` (exclusive), at most `limit` (0 = all). Returns the items, the revision, and the
-    /// number of matching items left.
-    pub fn list(
-        &self,
-        res: &ResKey,
-        ns: &str,
-        filter: &dyn Fn(&Value) -> bool,
-        after: Option<&ObjKey>,
-        limit: usize,
-    ) -> Result<(Vec<Arc<Value>>, u64, usize), ApiError> {
-        if let Some(storage) = convert::storage_of(res) {
-            let seen = |o: &Value| filter(&convert::to_view(o));
-            let (items, rev, remaining) = self.list(&storage, ns, &seen, after, limit)?;
-            let items = items.iter().map(|o| Arc::new(convert::to_view(o))).collect();
-            return Ok((items, rev, remaining));
-        }
-        let g = self.lock();
-        g.rtype(res)?;
-        let mut items = Vec::new();
-        let mut remaining = 0;
-        if let Some(objs) = g.objects.get(res) {
-            let start = match after {
-                Some(k) => std::ops::Bound::Excluded(k.clone()),
-                None => std::ops::Bound::Unbounded,
-            };
-            for ((ons, _), obj) in objs.range((start, std::ops::Bound::Unbounded)) {
-                if (!ns.is_empty() && ons != ns) || !filter(obj) {
-                    continue;
-                }
-                if limit == 0 || items.len() < limit {
-                    items.push(obj.clone());
-                } else {
-                    remaining += 1;
-                }
-            }
-        }
-        Ok((items, g.rev, remaining))
-    }
-
-    /// Events of `res` after `rev`, or `Err(compacted)` when some may be gone (410).
-    pub fn events_since(&self, res: &ResKey, rev: u64) -> Result<(Vec<Event>, u64), u64> {
-        if let Some(storage) = convert::storage_of(res) {
-            let (events, rev) = self.events_since(&storage, rev)?;
-            let events = events
-                .into_iter()
-                .map(|e| Event {
-                    res: res.clone(),
-                    obj: Arc::new(convert::to_view(&e.obj)),
-                    prev: e.prev.map(|p| Arc::new(convert::to_view(&p))),
-                    json: Arc::default(),
-                    ..e
-                })
-                .collect();
-            return Ok((events, rev));
-        }
-        let g = self.lock();
-        if rev < g.compacted {
-            return Err(g.compacted);
-        }
-        let start = g.events.partition_point(|e| e.rev <= rev);
-        let evs = g
-            .events
-            .range(start..)
-            .filter(|e| &e.res == res)
-            .cloned()
-            .collect();
-        Ok((evs, g.rev))
     }
 
     /// Create an object.
@@ -560,23 +381,6 @@ impl Store {
     }
 }
 
-/// The object without server-set metadata.
-pub(crate) fn strip_server_fields(v: &Value) -> Value {
-    let mut v = v.clone();
-    let m = meta_mut(&mut v);
-    for f in [
-        "uid",
-        "resourceVersion",
-        "generation",
-        "creationTimestamp",
-        "managedFields",
-        "deletionTimestamp",
-    ] {
-        m.remove(f);
-    }
-    v
-}
-
 /// How a write updates managedFields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -586,46 +390,4 @@ pub enum Op {
     Apply,
     /// A write by the server itself (no ownership change).
     Server,
-}
-
-fn owner_uids(obj: &Value) -> impl Iterator<Item = &str> {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r.get("uid").and_then(Value::as_str))
-}
-
-impl Inner {
-    /// Store an object (new or replacing one), keeping the uid and owner indexes in step.
-    fn put(&mut self, res: &ResKey, key: ObjKey, obj: Arc<Value>) {
-        self.take(res, &key);
-        if let Some(uid) = meta_str(&obj, "uid") {
-            self.by_uid.insert(uid.to_string(), (res.clone(), key.clone()));
-        }
-        for owner in owner_uids(&obj) {
-            self.owned_by
-                .entry(owner.to_string())
-                .or_default()
-                .insert((res.clone(), key.clone()));
-        }
-        self.objects.entry(res.clone()).or_default().insert(key, obj);
-    }
-
-    /// Remove an object, keeping the indexes in step.
-    fn take(&mut self, res: &ResKey, key: &ObjKey) -> Option<Arc<Value>> {
-        let removed = self.objects.get_mut(res)?.remove(key)?;
-        if let Some(uid) = meta_str(&removed, "uid") {
-            self.by_uid.remove(uid);
-        }
-        for owner in owner_uids(&removed) {
-            if let Some(set) = self.owned_by.get_mut(owner) {
-                set.remove(&(res.clone(), key.clone()));
-                if set.is_empty() {
-                    self.owned_by.remove(owner);
-                }
-            }
-        }
-        Some(removed)
-    }
 }

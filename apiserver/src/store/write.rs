@@ -96,43 +96,7 @@ impl Inner {
         }
         let ns = if rt.namespaced { ns } else { "" };
         if rt.namespaced {
-            match meta_str(&obj, "namespace") {
-                Some(n) if !n.is_empty() && n != ns => {
-                    return Err(ApiError::bad_request(format!(
-                        "the namespace of the provided object ({n}) does not match the namespace sent on the request ({ns})"
-                    )));
-                }
-                _ => {}
-            }
-            let nskey = ResKey {
-                group: String::new(),
-                plural: "namespaces".into(),
-            };
-            let ns_obj = self
-                .objects
-                .get(&nskey)
-                .and_then(|m| m.get(&(String::new(), ns.to_string())));
-            match ns_obj {
-                None => {
-                    return Err(ApiError::new(
-                        404,
-                        "NotFound",
-                        format!("namespaces \"{ns}\" not found"),
-                    ));
-                }
-                Some(n) if n.pointer("/metadata/deletionTimestamp").is_some() => {
-                    return Err(ApiError::new(
-                        403,
-                        "Forbidden",
-                        format!(
-                            "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                            rt.qualified(),
-                            meta_str(&obj, "name").unwrap_or_default()
-                        ),
-                    ));
-                }
-                Some(_) => {}
-            }
+            self.namespace_accepts(&rt, ns, &obj)?;
         }
         let name = match (meta_str(&obj, "name"), meta_str(&obj, "generateName")) {
             (Some(n), _) if !n.is_empty() => n.to_string(),
@@ -200,6 +164,49 @@ impl Inner {
         Ok(obj)
     }
 
+    /// A namespaced object may be created in `ns` only when the object names no other
+    /// namespace, and `ns` exists and is not being terminated.
+    fn namespace_accepts(&self, rt: &ResourceType, ns: &str, obj: &Value) -> Result<(), ApiError> {
+        match meta_str(obj, "namespace") {
+            Some(n) if !n.is_empty() && n != ns => {
+                return Err(ApiError::bad_request(format!(
+                    "the namespace of the provided object ({n}) does not match the namespace sent on the request ({ns})"
+                )));
+            }
+            _ => {}
+        }
+        let nskey = ResKey {
+            group: String::new(),
+            plural: "namespaces".into(),
+        };
+        let ns_obj = self
+            .objects
+            .get(&nskey)
+            .and_then(|m| m.get(&(String::new(), ns.to_string())));
+        match ns_obj {
+            None => {
+                return Err(ApiError::new(
+                    404,
+                    "NotFound",
+                    format!("namespaces \"{ns}\" not found"),
+                ));
+            }
+            Some(n) if n.pointer("/metadata/deletionTimestamp").is_some() => {
+                return Err(ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                        rt.qualified(),
+                        meta_str(obj, "name").unwrap_or_default()
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
     /// Server-side defaults for the built-in types the host uses.
     pub(super) fn defaults(&mut self, rt: &ResourceType, obj: &mut Value) {
         match (rt.group.as_str(), rt.plural.as_str()) {
@@ -257,77 +264,11 @@ impl Inner {
     ) -> Result<Arc<Value>, ApiError> {
         let rt = self.rtype(res)?;
         let name = meta_str(current, "name").unwrap_or_default().to_string();
-        if !new.is_object() {
-            return Err(ApiError::bad_request("the body must be a JSON object"));
-        }
-        if let Some(rv) = meta_str(&new, "resourceVersion").filter(|rv| !rv.is_empty())
-            && Some(rv) != meta_str(current, "resourceVersion")
-        {
-            return Err(ApiError::conflict(&rt, &name));
-        }
-        if let Some(n) = meta_str(&new, "name")
-            && n != name
-        {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({n}) does not match the name on the URL ({name})"
-            )));
-        }
+        preconditions(&rt, current, &new, &name)?;
         new["apiVersion"] = rt.api_version().into();
         new["kind"] = rt.kind.clone().into();
-        match sub {
-            Sub::Status => {
-                let status = new.get("status").cloned();
-                let mut merged = (**current).clone();
-                match status {
-                    Some(s) => merged["status"] = s,
-                    None => {
-                        if let Value::Object(m) = &mut merged {
-                            m.remove("status");
-                        }
-                    }
-                }
-                if op == Op::Apply {
-                    // apply_to already computed managedFields on `new`.
-                    let mf = new.pointer("/metadata/managedFields").cloned();
-                    if let Some(mf) = mf {
-                        meta_mut(&mut merged).insert("managedFields".into(), mf);
-                    }
-                }
-                new = merged;
-            }
-            Sub::Main if rt.status => match current.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Value::Object(m) = &mut new {
-                        m.remove("status");
-                    }
-                }
-            },
-            Sub::Main => {}
-        }
-        // Server-owned metadata comes from the stored object.
-        for f in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "namespace",
-            "name",
-            "generation",
-        ] {
-            let old = current.pointer(&format!("/metadata/{f}")).cloned();
-            let m = meta_mut(&mut new);
-            match old {
-                Some(v) => m.insert(f.into(), v),
-                None => m.remove(f),
-            };
-        }
-        if op != Op::Apply {
-            let old_mf = current.pointer("/metadata/managedFields").cloned();
-            match old_mf {
-                Some(v) => meta_mut(&mut new).insert("managedFields".into(), v),
-                None => meta_mut(&mut new).remove("managedFields"),
-            };
-        }
+        let mut new = split_status(&rt, current, new, sub, op);
+        keep_server_metadata(current, &mut new, op);
         if sub == Sub::Main && op != Op::Server {
             decodable(&rt, &new)?;
             update_defaults(&rt, &mut new, current);
@@ -360,18 +301,7 @@ impl Inner {
                 resources::from_crd(&new).map_err(|e| ApiError::invalid(&rt, &name, vec![("spec", e)]))?;
             self.types.insert(served.key(), served);
         }
-        // The last finalizer removed from an object being deleted: it goes, unless it is still
-        // in its grace period (a terminating pod waits for its kubelet).
-        let deleting = new.pointer("/metadata/deletionTimestamp").is_some()
-            && new
-                .pointer("/metadata/deletionGracePeriodSeconds")
-                .and_then(Value::as_i64)
-                .is_none_or(|g| g == 0);
-        let finalizers = new
-            .pointer("/metadata/finalizers")
-            .and_then(Value::as_array)
-            .is_some_and(|f| !f.is_empty());
-        if deleting && !finalizers {
+        if finalized(&new) {
             let ns = meta_str(current, "namespace").unwrap_or_default().to_string();
             return self.remove(res, &ns, &name, new, "Background");
         }
@@ -396,6 +326,109 @@ impl Inner {
         self.push_event(res, kind, new.clone(), Some(current.clone()));
         Ok(new)
     }
+}
+
+/// What a write must agree with before anything else: a JSON object, the resourceVersion it
+/// was computed from (when it names one), and the name on the URL.
+fn preconditions(rt: &ResourceType, current: &Value, new: &Value, name: &str) -> Result<(), ApiError> {
+    if !new.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    if let Some(rv) = meta_str(new, "resourceVersion").filter(|rv| !rv.is_empty())
+        && Some(rv) != meta_str(current, "resourceVersion")
+    {
+        return Err(ApiError::conflict(rt, name));
+    }
+    if let Some(n) = meta_str(new, "name")
+        && n != name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({n}) does not match the name on the URL ({name})"
+        )));
+    }
+    Ok(())
+}
+
+/// The status/spec split: a `/status` write changes only the status (and, for an apply, the
+/// managedFields it computed); a write of the object leaves the status alone when the type has
+/// a status subresource.
+fn split_status(rt: &ResourceType, current: &Value, mut new: Value, sub: Sub, op: Op) -> Value {
+    match sub {
+        Sub::Status => {
+            let status = new.get("status").cloned();
+            let mut merged = current.clone();
+            match status {
+                Some(s) => merged["status"] = s,
+                None => {
+                    if let Value::Object(m) = &mut merged {
+                        m.remove("status");
+                    }
+                }
+            }
+            if op == Op::Apply {
+                // apply_to already computed managedFields on `new`.
+                let mf = new.pointer("/metadata/managedFields").cloned();
+                if let Some(mf) = mf {
+                    meta_mut(&mut merged).insert("managedFields".into(), mf);
+                }
+            }
+            merged
+        }
+        Sub::Main if rt.status => {
+            match current.get("status") {
+                Some(s) => new["status"] = s.clone(),
+                None => {
+                    if let Value::Object(m) = &mut new {
+                        m.remove("status");
+                    }
+                }
+            }
+            new
+        }
+        Sub::Main => new,
+    }
+}
+
+/// Server-owned metadata comes from the stored object (and managedFields too, but for an apply,
+/// which computed them).
+fn keep_server_metadata(current: &Value, new: &mut Value, op: Op) {
+    for f in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "namespace",
+        "name",
+        "generation",
+    ] {
+        let old = current.pointer(&format!("/metadata/{f}")).cloned();
+        let m = meta_mut(new);
+        match old {
+            Some(v) => m.insert(f.into(), v),
+            None => m.remove(f),
+        };
+    }
+    if op != Op::Apply {
+        let old_mf = current.pointer("/metadata/managedFields").cloned();
+        match old_mf {
+            Some(v) => meta_mut(new).insert("managedFields".into(), v),
+            None => meta_mut(new).remove("managedFields"),
+        };
+    }
+}
+
+/// The last finalizer removed from an object being deleted: it goes, unless it is still in its
+/// grace period (a terminating pod waits for its kubelet).
+fn finalized(new: &Value) -> bool {
+    let deleting = new.pointer("/metadata/deletionTimestamp").is_some()
+        && new
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .is_none_or(|g| g == 0);
+    let finalizers = new
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty());
+    deleting && !finalizers
 }
 
 fn crd_status(rt: &ResourceType) -> Value {
