@@ -250,18 +250,13 @@ async fn twenty_swaps_under_scaling_load_fail_nothing_and_every_pod_names_one_bu
     assert_eq!(s.plugins.reloads.results_of("refused"), 0);
     let metrics = &s.host.handles.metrics;
     let failed: Vec<_> = metrics
-        .reconciles
-        .lock()
-        .map(|m| {
-            m.iter()
-                .filter(|((_, r), _)| r != "ok")
-                .map(|(k, n)| (k.clone(), *n))
-                .collect()
-        })
-        .unwrap_or_default();
+        .snapshot()
+        .into_iter()
+        .filter(|((_, r), _)| r != "ok")
+        .collect();
     assert!(failed.is_empty(), "failed reconciles: {failed:?}");
     assert_eq!(
-        metrics.plugin_failures.load(std::sync::atomic::Ordering::Relaxed),
+        metrics.plugin_failures.get(),
         0,
         "no builder call failed across the swaps"
     );

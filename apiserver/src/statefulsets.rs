@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use slinky_api::pods::{json_is_ready, ordinal_after};
 
 use crate::{
     DeleteOpts, ResKey, Store,
@@ -40,12 +41,6 @@ fn revision(name: &str, template: &Value) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     template.to_string().hash(&mut h);
     format!("{name}-{:010x}", h.finish() & 0xff_ffff_ffff)
-}
-
-fn ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
 }
 
 /// The pod of ordinal `i` of `sts` at `rev`.
@@ -149,9 +144,7 @@ impl<'a> Set<'a> {
 
     /// The ordinal of pod `p` (`<sts>-<ordinal>`), if its name has one.
     fn ordinal(&self, p: &Value) -> Option<i64> {
-        s(p, "/metadata/name")
-            .strip_prefix(&format!("{}-", self.name))
-            .and_then(|o| o.parse::<i64>().ok())
+        ordinal_after(&self.name, s(p, "/metadata/name")).map(i64::from)
     }
 }
 
@@ -240,7 +233,8 @@ fn delete_extra_and_old(store: &Store, set: &Set<'_>, total: usize, live: &[&Arc
         delete(p);
     }
     // A rolling update: the highest old pod, once every pod is there and ready.
-    let all_ready = live.len() as i64 == set.replicas && total == live.len() && live.iter().all(|p| ready(p));
+    let all_ready =
+        live.len() as i64 == set.replicas && total == live.len() && live.iter().all(|p| json_is_ready(p));
     if all_ready
         && let Some(old) = live
             .iter()
@@ -258,8 +252,8 @@ fn write_status(store: &Store, set: &Set<'_>, live: &[&Arc<Value>]) {
     let status = json!({
         "observedGeneration": set.sts.pointer("/metadata/generation").cloned().unwrap_or(Value::Null),
         "replicas": live.len(),
-        "readyReplicas": count(&ready),
-        "availableReplicas": count(&ready),
+        "readyReplicas": count(&json_is_ready),
+        "availableReplicas": count(&json_is_ready),
         "currentReplicas": updated,
         "updatedReplicas": updated,
         "currentRevision": set.rev,

@@ -152,23 +152,9 @@ impl Child {
     }
 
     /// The shared owners of a workers' object: every NodeSet of `nodesets` (with a UID), sorted by
-    /// name, as plain owners blocking their deletion (Slinky's `SetOwnerReferences`).
+    /// name, as plain owners blocking their deletion (Slinky's `SetOwnerReferences`; the fact is
+    /// [`slinky_api::owners::shared_refs`]).
     pub fn shared_owners<'a>(nodesets: impl IntoIterator<Item = &'a NodeSet>) -> Vec<OwnerReference> {
-        let mut sorted: Vec<&NodeSet> = nodesets
-            .into_iter()
-            .filter(|n| n.metadata.uid.is_some())
-            .collect();
-        sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        sorted
-            .into_iter()
-            .map(|n| OwnerReference {
-                api_version: slinky_api::API_VERSION.into(),
-                kind: "NodeSet".into(),
-                name: n.metadata.name.clone().unwrap_or_default(),
-                uid: n.metadata.uid.clone().unwrap_or_default(),
-                controller: None,
-                block_owner_deletion: Some(true),
-            })
-            .collect()
+        slinky_api::owners::shared_refs(nodesets)
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use slinky_api::validation as rules;
+use slinky_api::{quantity::parse as quantity, validation as rules};
 
 use super::{Errors, FieldError, Path, each_invalid, items, meta, str_of};
 
@@ -314,38 +314,6 @@ fn probe(probe: &Value, field: &Path) -> Errors {
         }
     }
     errs
-}
-
-/// A quantity's value (`500m`, `1Gi`, `2e3`), or `None` when it is not a quantity.
-pub(crate) fn quantity(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let split = q
-        .char_indices()
-        .find(|(i, c)| !(c.is_ascii_digit() || *c == '.' || (*i == 0 && (*c == '+' || *c == '-'))))
-        .map_or(q.len(), |(i, _)| i);
-    let (num, suffix) = q.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let scale = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(n * scale)
 }
 
 /// `ValidateResourceRequirements`: non-negative quantities, requests within limits.

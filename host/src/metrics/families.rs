@@ -4,10 +4,9 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    convert::Infallible,
     fmt,
     hash::Hash,
-    sync::{Arc, Mutex, atomic::Ordering},
+    sync::{Arc, Mutex},
 };
 
 use prometheus_client::{
@@ -152,12 +151,6 @@ impl Total {
     pub fn get(&self) -> u64 {
         self.0.get()
     }
-
-    /// The count, read as the `AtomicU64` it was before it became a typed counter (callers that
-    /// read it so keep working).
-    pub fn load(&self, ordering: Ordering) -> u64 {
-        self.0.inner().load(ordering)
-    }
 }
 
 /// Reconciles by controller and result: `reconcile_total` (`success`, `error`) and
@@ -215,15 +208,6 @@ impl Reconciles {
             .into_iter()
             .map(|(l, n)| ((l.controller, l.reason), n));
         ok.chain(errors).collect()
-    }
-
-    /// [`Reconciles::snapshot`], named after `Mutex::lock`: these counts were a locked map, and
-    /// callers that read them so keep working. Never fails.
-    ///
-    /// # Errors
-    /// Never.
-    pub fn lock(&self) -> Result<BTreeMap<(String, String), u64>, Infallible> {
-        Ok(self.snapshot())
     }
 }
 

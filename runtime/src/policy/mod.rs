@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::{
     Resource,
     api::core::v1::{Pod, Service},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::ResourceExt;
 use serde_json::Value;
@@ -24,20 +24,14 @@ pub use children_output::{controller_children, nodeset_children};
 
 use super::{Plugin, PodIdentity};
 
-/// The selector labels of a NodeSet's pods.
+/// The selector labels of a NodeSet's pods ([`NodeSet::selector_labels`]).
 pub fn nodeset_selector(nodeset: &NodeSet) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (keys::LABEL_NAME.to_string(), "slurmd".to_string()),
-        (keys::LABEL_INSTANCE.to_string(), nodeset.name_any()),
-    ])
+    nodeset.selector_labels()
 }
 
-/// The selector labels of a Controller's Service.
+/// The selector labels of a Controller's Service ([`Controller::selector_labels`]).
 pub fn controller_selector(controller: &Controller) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (keys::LABEL_NAME.to_string(), "slurmctld".to_string()),
-        (keys::LABEL_INSTANCE.to_string(), controller.name_any()),
-    ])
+    controller.selector_labels()
 }
 
 /// Check and finish a `build-service` output.
@@ -225,16 +219,7 @@ where
     if let Err(why) = dns1123_subdomain(&name) {
         return Err(format!("the name {name:?} is invalid: {why}"));
     }
-    meta.owner_references = parent.meta().uid.as_ref().map(|uid| {
-        vec![OwnerReference {
-            api_version: P::api_version(&()).into_owned(),
-            kind: P::kind(&()).into_owned(),
-            name: parent.name_any(),
-            uid: uid.clone(),
-            controller: Some(true),
-            block_owner_deletion: Some(true),
-        }]
-    });
+    meta.owner_references = slinky_api::owners::controller_ref(parent).map(|owner| vec![owner]);
     meta.annotations
         .get_or_insert_default()
         .extend(builder_annotations(plugin));
