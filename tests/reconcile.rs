@@ -202,11 +202,7 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
         "{conds:?}"
     );
     ensure!(
-        host.handles
-            .writes
-            .conflict_retries
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 0,
+        host.handles.writes.conflict_retries.get() > 0,
         "conflicts were retried"
     );
     host.stop().await;

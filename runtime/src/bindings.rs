@@ -301,15 +301,15 @@ pub(crate) fn exports_of(
     contract: Contract,
     kinds: &[BuilderKind],
 ) -> Result<Exports, String> {
+    if let Some(kind) = kinds.iter().find(|k| !contract.kinds().contains(k)) {
+        return Err(format!(
+            "describe() lists {kind}, which contract {contract} does not have: rebuild it against \
+             slinky-guest-sdk {}",
+            crate::CONTRACT_VERSION
+        ));
+    }
     let mut exports = Exports::default();
     for &kind in kinds {
-        if !contract.kinds().contains(&kind) {
-            return Err(format!(
-                "describe() lists {kind}, which contract {contract} does not have: rebuild it against \
-                 slinky-guest-sdk {}",
-                crate::CONTRACT_VERSION
-            ));
-        }
         let missing = |e: wasmtime::Error| {
             format!(
                 "describe() lists {kind} but the component does not export it ({e:#}): list only the \
