@@ -460,7 +460,7 @@ pub fn start(
         metrics: metrics.clone(),
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
-        resync: config.resync.unwrap_or(Duration::from_secs(300)),
+        resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {

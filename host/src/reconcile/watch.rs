@@ -28,13 +28,12 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet, keys};
+use slinky_api::{Controller, NodeSet, keys, owners::controller_uid};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{
     apply::ChildCaches,
     expectations::{Expectations, Relist},
-    nodeset::owner_uid,
     parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners},
 };
 
@@ -151,7 +150,7 @@ struct Sighting {
 impl Sighting {
     fn of(pod: &Pod) -> Self {
         Sighting {
-            owner: owner_uid(pod),
+            owner: controller_uid(pod.owner_references(), "NodeSet").map(str::to_string),
             name: pod.name_any(),
             uid: pod.uid(),
             terminating: pod.metadata.deletion_timestamp.is_some(),

@@ -42,7 +42,6 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
-pub use claim::{claims_name, owner_uid};
 use other_children::sync_children;
 pub use plan::is_ready;
 use plan::{Inputs, is_available, plan};
