@@ -18,18 +18,17 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ChildFailure` condition,
 //!   retried with the Controller's exponential backoff.
 
-use std::{collections::BTreeSet, sync::Arc};
-
-use k8s_openapi::{
-    ByteString,
-    api::core::v1::{ConfigMap, Secret},
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
 };
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api, ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use slinky_api::hash::checksum_of_map;
-use slinky_api::{Controller, ControllerStatus, NodeSet, checks, conditions};
+use slinky_api::{Controller, ControllerStatus, checks, conditions, contract::MissingReference};
 
 use super::{
     Context, Error,
@@ -38,9 +37,7 @@ use super::{
     status::ConditionChanges,
     time_plugin_call,
 };
-use crate::plugins::{
-    BuilderKind, Child, ChildKind, ConfigMapFiles, ControllerInputs, GuestError, Ownership, PluginError,
-};
+use crate::plugins::{BuilderKind, Child, ChildKind, ControllerInputs, GuestError, Ownership, PluginError};
 
 /// The kinds of a Controller's children (what pruning looks at).
 const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, ChildKind::StatefulSet];
@@ -104,108 +101,65 @@ impl Pass<'_> {
     }
 }
 
-/// The NodeSets that reference `c`, sorted by name.
-pub fn nodesets_of(ctx: &Context, c: &Controller) -> Vec<NodeSet> {
-    let (ns, name) = (c.namespace().unwrap_or_default(), c.name_any());
-    let mut out: Vec<NodeSet> = ctx
-        .nodesets
-        .state()
-        .iter()
-        .filter(|n| n.controller_namespace() == ns && n.spec.controller_ref.name == name)
-        .map(|n| n.as_ref().clone())
-        .collect();
-    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    out
-}
-
-/// Slinky's hash of a Secret's data.
-fn secret_hash(secret: &Secret) -> String {
-    let data = secret.data.clone().unwrap_or_default();
-    checksum_of_map(data.iter().map(|(k, ByteString(v))| (k, v.as_slice())))
-}
-
 /// What the children builder needs from the cluster, or the first missing reference as
-/// `(reason, message)`.
+/// `(reason, message)`. The Secrets the Controller references are read from the API (`get`,
+/// nothing else), its ConfigMaps and NodeSets from the caches; [`ControllerInputs::gather`] makes
+/// the inputs of them by the rule `render` uses too.
 async fn read_inputs(
     ctx: &Context,
     c: &Controller,
 ) -> Result<Result<ControllerInputs, (&'static str, String)>, Error> {
     let ns = c.namespace().unwrap_or_default();
-    let mut inputs = ControllerInputs {
-        nodesets: nodesets_of(ctx, c),
-        ..Default::default()
+    let mut secrets: BTreeMap<String, Secret> = BTreeMap::new();
+    let mut config_maps: BTreeMap<String, Arc<ConfigMap>> = BTreeMap::new();
+    if !c.spec.external {
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        for r in [&c.spec.slurm_key_ref, &c.spec.jwt_key_ref].into_iter().flatten() {
+            if secrets.contains_key(&r.name) {
+                continue;
+            }
+            // The first missing reference is the one reported: read no further.
+            let Some(secret) = api.get_opt(&r.name).await? else {
+                break;
+            };
+            secrets.insert(r.name.clone(), secret);
+        }
+        for name in c.config_map_refs() {
+            let key = ObjectRef::<ConfigMap>::new(&name).within(&ns);
+            if let Some(cm) = ctx.children.configmaps.get(&key) {
+                config_maps.insert(name, cm);
+            }
+        }
+    }
+    let nodesets = ctx.nodesets.state();
+    let (inputs, missing) = ControllerInputs::gather(
+        c,
+        nodesets.iter().map(AsRef::as_ref),
+        |name| secrets.get(name),
+        |name| config_maps.get(name).map(AsRef::as_ref),
+    );
+    Ok(match missing.first() {
+        Some(m) => Err((m.reason(), missing_message(&ns, m))),
+        None => Ok(inputs),
+    })
+}
+
+/// The `ReferenceNotFound` condition's (and Event's) message for a missing reference of a
+/// Controller of namespace `ns`.
+fn missing_message(ns: &str, missing: &MissingReference) -> String {
+    let what = match missing {
+        MissingReference::Secret { field, name } => format!("Secret {ns}/{name} ({field}) does not exist"),
+        MissingReference::SecretKey { field, name, key } => {
+            format!("Secret {ns}/{name} ({field}) has no key {key:?}")
+        }
+        MissingReference::ConfigMap { name } => {
+            format!("ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist")
+        }
+        MissingReference::ConfigMapKey { name, key } => {
+            format!("ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {key:?}")
+        }
     };
-    if c.spec.external {
-        return Ok(Ok(inputs));
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    for (field, reference, hash) in [
-        (
-            "spec.slurmKeyRef",
-            &c.spec.slurm_key_ref,
-            &mut inputs.slurm_key_hash,
-        ),
-        ("spec.jwtKeyRef", &c.spec.jwt_key_ref, &mut inputs.jwt_key_hash),
-    ] {
-        let Some(r) = reference else { continue };
-        let Some(secret) = secrets.get_opt(&r.name).await? else {
-            return Ok(Err((
-                "SecretNotFound",
-                format!(
-                    "Secret {ns}/{} ({field}) does not exist: the slurmctld StatefulSet and its \
-                     configuration wait for it",
-                    r.name
-                ),
-            )));
-        };
-        if !secret.data.as_ref().is_some_and(|d| d.contains_key(&r.key)) {
-            return Ok(Err((
-                "SecretKeyNotFound",
-                format!(
-                    "Secret {ns}/{} ({field}) has no key {:?}: the slurmctld StatefulSet and its \
-                     configuration wait for it",
-                    r.name, r.key
-                ),
-            )));
-        }
-        *hash = secret_hash(&secret);
-    }
-    for name in c.config_map_refs() {
-        let Some(cm) = ctx
-            .children
-            .configmaps
-            .get(&ObjectRef::<ConfigMap>::new(&name).within(&ns))
-        else {
-            return Ok(Err((
-                "ConfigMapNotFound",
-                format!(
-                    "ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist: \
-                     the slurmctld StatefulSet and its configuration wait for it"
-                ),
-            )));
-        };
-        let mut files: Vec<String> = cm
-            .data
-            .iter()
-            .flat_map(|d| d.keys().cloned())
-            .chain(cm.binary_data.iter().flat_map(|d| d.keys().cloned()))
-            .collect();
-        files.sort();
-        if let Some(jwks) = c.spec.jwks_key_ref.as_ref().filter(|j| j.name == name)
-            && !files.contains(&jwks.key)
-        {
-            return Ok(Err((
-                "ConfigMapKeyNotFound",
-                format!(
-                    "ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {:?}: the slurmctld StatefulSet \
-                     and its configuration wait for it",
-                    jwks.key
-                ),
-            )));
-        }
-        inputs.config_maps.push(ConfigMapFiles { name, files });
-    }
-    Ok(Ok(inputs))
+    format!("{what}: the slurmctld StatefulSet and its configuration wait for it")
 }
 
 /// Build every child of `c`: the Service (unless external) and the other children (when the
@@ -392,6 +346,9 @@ async fn write_status(
 mod tests {
     use std::collections::BTreeMap;
 
+    use k8s_openapi::ByteString;
+    use slinky_api::contract::secret_hash;
+
     use super::*;
 
     #[test]
@@ -403,5 +360,43 @@ mod tests {
             ("a".to_string(), ByteString(b"1".to_vec())),
         ]));
         assert_eq!(secret_hash(&s), slinky_api::hash::sha256_hex(b"12"));
+    }
+
+    #[test]
+    fn missing_reference_messages_name_the_object_and_the_field() {
+        let cases = [
+            (
+                MissingReference::Secret {
+                    field: "spec.slurmKeyRef",
+                    name: "k".into(),
+                },
+                "Secret ns/k (spec.slurmKeyRef) does not exist",
+            ),
+            (
+                MissingReference::SecretKey {
+                    field: "spec.jwtKeyRef",
+                    name: "k".into(),
+                    key: "jwt".into(),
+                },
+                "Secret ns/k (spec.jwtKeyRef) has no key \"jwt\"",
+            ),
+            (
+                MissingReference::ConfigMap { name: "c".into() },
+                "ConfigMap ns/c (referenced by the Controller's spec) does not exist",
+            ),
+            (
+                MissingReference::ConfigMapKey {
+                    name: "c".into(),
+                    key: "jwks.json".into(),
+                },
+                "ConfigMap ns/c (spec.jwksKeyRef) has no key \"jwks.json\"",
+            ),
+        ];
+        for (missing, start) in cases {
+            assert_eq!(
+                missing_message("ns", &missing),
+                format!("{start}: the slurmctld StatefulSet and its configuration wait for it")
+            );
+        }
     }
 }
