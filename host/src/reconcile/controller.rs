@@ -31,13 +31,14 @@ use kube::{
 use slinky_api::{Controller, ControllerStatus, checks, conditions, contract::MissingReference};
 
 use super::{
-    Context, Error,
+    ControllerContext, Error,
     apply::{ChildSync, keys_of},
     object_key,
+    pass::{PassState, first_of},
     status::ConditionChanges,
     time_plugin_call,
 };
-use crate::plugins::{BuilderKind, Child, ChildKind, ControllerInputs, GuestError, Ownership, PluginError};
+use crate::plugins::{BuilderKind, Child, ChildKind, ControllerInputs, Ownership};
 
 /// The kinds of a Controller's children (what pruning looks at).
 const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, ChildKind::StatefulSet];
@@ -46,54 +47,26 @@ const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, C
 ///
 /// # Errors
 /// API errors (retried with the Controller's backoff by the error policy).
-pub async fn reconcile(c: Arc<Controller>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.instrumented(c.as_ref(), reconcile_inner(&c, &ctx)).await
+pub async fn reconcile(c: Arc<Controller>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
+    ctx.core.instrumented(c.as_ref(), reconcile_inner(&c, &ctx)).await
 }
 
 /// What a pass found.
 struct Pass<'a> {
-    ctx: &'a Context,
+    ctx: &'a ControllerContext,
     c: &'a Controller,
-    conditions: ConditionChanges,
-    /// The builder failed or refused the input: `(condition type, message)`.
-    problem: Option<(&'static str, String)>,
+    /// The conditions and the problem (a builder failed or refused the input).
+    state: PassState<'a, Controller>,
     /// A referenced Secret or ConfigMap is missing: `(reason, message)`.
     missing: Option<(&'static str, String)>,
 }
 
 impl Pass<'_> {
-    fn current(&self) -> &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
-        self.c
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default()
-    }
-
-    async fn problem(&mut self, type_: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.current(), type_, &message) {
-            self.ctx
-                .event(self.c, EventType::Warning, type_, message.clone())
-                .await;
-        }
-        self.problem = Some((type_, message));
-    }
-
-    async fn builder_error(&mut self, e: &PluginError) {
-        self.ctx.metrics.plugin_failures.inc();
-        match e {
-            PluginError::Build {
-                error: GuestError::InvalidInput(m),
-                ..
-            } => self.problem(conditions::INVALID_SPEC, m.clone()).await,
-            other => self.problem(conditions::BUILDER_FAILED, other.to_string()).await,
-        }
-    }
-
     async fn missing(&mut self, reason: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.current(), conditions::REFERENCE_NOT_FOUND, &message) {
+        if !ConditionChanges::already_true(self.state.current(), conditions::REFERENCE_NOT_FOUND, &message) {
             tracing::warn!(reason, "{message}");
             self.ctx
+                .core
                 .event(self.c, EventType::Warning, reason, message.clone())
                 .await;
         }
@@ -106,14 +79,14 @@ impl Pass<'_> {
 /// nothing else), its ConfigMaps and NodeSets from the caches; [`ControllerInputs::gather`] makes
 /// the inputs of them by the rule `render` uses too.
 async fn read_inputs(
-    ctx: &Context,
+    ctx: &ControllerContext,
     c: &Controller,
 ) -> Result<Result<ControllerInputs, (&'static str, String)>, Error> {
     let ns = c.namespace().unwrap_or_default();
     let mut secrets: BTreeMap<String, Secret> = BTreeMap::new();
     let mut config_maps: BTreeMap<String, Arc<ConfigMap>> = BTreeMap::new();
     if !c.spec.external {
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        let api: Api<Secret> = Api::namespaced(ctx.core.client.clone(), &ns);
         for r in [&c.spec.slurm_key_ref, &c.spec.jwt_key_ref].into_iter().flatten() {
             if secrets.contains_key(&r.name) {
                 continue;
@@ -126,12 +99,12 @@ async fn read_inputs(
         }
         for name in c.config_map_refs() {
             let key = ObjectRef::<ConfigMap>::new(&name).within(&ns);
-            if let Some(cm) = ctx.children.configmaps.get(&key) {
+            if let Some(cm) = ctx.caches.children.configmaps.get(&key) {
                 config_maps.insert(name, cm);
             }
         }
     }
-    let nodesets = ctx.nodesets.state();
+    let nodesets = ctx.caches.nodesets.state();
     let (inputs, missing) = ControllerInputs::gather(
         c,
         nodesets.iter().map(AsRef::as_ref),
@@ -167,14 +140,15 @@ fn missing_message(ns: &str, missing: &MissingReference) -> String {
 /// is pruned).
 async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
     let (ctx, c) = (pass.ctx, pass.c);
+    let core = ctx.core.as_ref();
     let mut desired = Vec::new();
     let mut complete = true;
     if !c.spec.external {
-        let plugin = ctx.plugins.active(BuilderKind::ControllerService);
-        let (copy, build) = (c.clone(), ctx.build.clone());
-        let metrics = ctx.metrics.clone();
-        ctx.metrics.plugin_calls.inc_by(1);
-        let built = ctx
+        let plugin = core.plugins.active(BuilderKind::ControllerService);
+        let (copy, build) = (c.clone(), core.build.clone());
+        let metrics = core.metrics.clone();
+        core.metrics.plugin_calls.inc_by(1);
+        let built = core
             .blocking(move || {
                 time_plugin_call(&metrics, BuilderKind::ControllerService, || {
                     plugin.build_service(&build, &copy)
@@ -188,7 +162,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
                 object: serde_json::to_value(&svc).unwrap_or_default(),
             }),
             Err(e) => {
-                pass.builder_error(&e).await;
+                pass.state.builder_error(&e).await;
                 complete = false;
             }
         }
@@ -199,11 +173,11 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             complete = false;
         }
         Ok(inputs) => {
-            let plugin = ctx.plugins.active(BuilderKind::ControllerChildren);
-            let (copy, build) = (c.clone(), ctx.build.clone());
-            let metrics = ctx.metrics.clone();
-            ctx.metrics.plugin_calls.inc_by(1);
-            let built = ctx
+            let plugin = core.plugins.active(BuilderKind::ControllerChildren);
+            let (copy, build) = (c.clone(), core.build.clone());
+            let metrics = core.metrics.clone();
+            core.metrics.plugin_calls.inc_by(1);
+            let built = core
                 .blocking(move || {
                     time_plugin_call(&metrics, BuilderKind::ControllerChildren, || {
                         plugin.build_controller_children(&build, &copy, &inputs)
@@ -213,7 +187,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             match built {
                 Ok(children) => desired.extend(children),
                 Err(e) => {
-                    pass.builder_error(&e).await;
+                    pass.state.builder_error(&e).await;
                     complete = false;
                 }
             }
@@ -223,22 +197,33 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
     Ok((desired, complete))
 }
 
-async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error> {
-    if c.metadata.deletion_timestamp.is_some() || !ctx.serves(&c.namespace().unwrap_or_default()) {
+async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Action, Error> {
+    let core = ctx.core.as_ref();
+    if c.metadata.deletion_timestamp.is_some() || !core.serves(&c.namespace().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
+    let current = c
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
     let mut pass = Pass {
         ctx,
         c,
-        conditions: ConditionChanges::new(c.metadata.generation),
-        problem: None,
+        state: PassState::new(core, c, current),
         missing: None,
     };
-    let current = pass.current().to_vec();
-    let mut sync = ChildSync::new(ctx, c, &current, BTreeSet::new());
+    let mut sync = ChildSync::new(
+        core,
+        &ctx.caches.children,
+        &ctx.applied,
+        c,
+        current,
+        BTreeSet::new(),
+    );
     let mut applied = Vec::new();
     if let Some(problem) = checks::summary(&c.spec_problems()) {
-        pass.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(conditions::INVALID_SPEC, problem).await;
     } else {
         let (desired, complete) = build(&mut pass).await?;
         for child in &desired {
@@ -256,22 +241,24 @@ async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error>
     let retry = !failures.is_empty()
         || pass.missing.is_some()
         || pass
+            .state
             .problem
             .as_ref()
             .is_some_and(|(t, _)| *t == conditions::BUILDER_FAILED);
     write_status(&mut pass, &failures, &applied).await?;
     let requeue = if retry {
-        ctx.backoff.failure(&key)
+        core.backoff.failure(&key)
     } else {
-        ctx.backoff.success(&key);
-        ctx.resync
+        core.backoff.success(&key);
+        core.resync
     };
     Ok(Action::requeue(requeue))
 }
 
 /// slurmctld's readiness, as its StatefulSet reports it.
-fn slurmctld_readiness(ctx: &Context, c: &Controller) -> Option<String> {
+fn slurmctld_readiness(ctx: &ControllerContext, c: &Controller) -> Option<String> {
     let sts = ctx
+        .caches
         .children
         .statefulsets
         .get(&ObjectRef::new(&c.controller_key()).within(&c.namespace().unwrap_or_default()))?;
@@ -286,7 +273,7 @@ async fn write_status(
 ) -> Result<(), Error> {
     let (ctx, c) = (pass.ctx, pass.c);
     let readiness = slurmctld_readiness(ctx, c);
-    let conds = &mut pass.conditions;
+    let conds = &mut pass.state.conditions;
     #[allow(deprecated, reason = "clearing the condition older hosts set")]
     let legacy = conditions::SERVICE_FAILURE;
     for t in [conditions::INVALID_SPEC, conditions::BUILDER_FAILED, legacy] {
@@ -296,16 +283,12 @@ async fn write_status(
         Some((reason, msg)) => conds.set(conditions::REFERENCE_NOT_FOUND, true, reason, msg.clone()),
         None => conds.clear(conditions::REFERENCE_NOT_FOUND),
     }
-    if let Some((reason, first)) = failures.first() {
-        let message = match failures.len() {
-            1 => first.clone(),
-            n => format!("{first} (and {} more)", n - 1),
-        };
+    if let Some((reason, message)) = first_of(failures, "") {
         conds.set(conditions::CHILD_FAILURE, true, reason, message);
-    } else if pass.problem.is_none() {
+    } else if pass.state.problem.is_none() {
         conds.clear(conditions::CHILD_FAILURE);
     }
-    if let Some((type_, msg)) = &pass.problem {
+    if let Some((type_, msg)) = &pass.state.problem {
         conds.set(type_, true, type_, msg.clone());
         conds.set(conditions::READY, false, type_, msg.clone());
     } else if let Some((reason, msg)) = failures.first().or(pass.missing.as_ref()) {
@@ -324,8 +307,8 @@ async fn write_status(
         }
         conds.set(conditions::READY, true, "ChildrenApplied", message);
     }
-    let api: Api<Controller> = Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
-    let changes = pass.conditions.clone();
+    let api: Api<Controller> = Api::namespaced(ctx.core.client.clone(), &c.namespace().unwrap_or_default());
+    let changes = pass.state.conditions.clone();
     let generation = c.metadata.generation;
     let compute = move |obj: &Controller| ControllerStatus {
         observed_generation: generation,
@@ -336,7 +319,8 @@ async fn write_status(
                 .unwrap_or_default(),
         ),
     };
-    ctx.writer
+    ctx.core
+        .writer
         .update_status(&api, c, compute, |obj: &Controller| obj.status.clone())
         .await?;
     Ok(())

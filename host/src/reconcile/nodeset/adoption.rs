@@ -18,9 +18,9 @@ use crate::{
 /// Adopt matching orphans (after re-reading the NodeSet from the API: only a live, undeleted
 /// owner adopts) and release owned pods that lost the selector labels.
 pub(super) async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) -> Result<(), Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
+    let (ns, core) = (pass.ns, pass.ctx.core.as_ref());
     if !claims.adopt.is_empty() {
-        let api: Api<NodeSet> = Api::namespaced(ctx.client.clone(), &ns.namespace().unwrap_or_default());
+        let api: Api<NodeSet> = Api::namespaced(core.client.clone(), &ns.namespace().unwrap_or_default());
         let fresh = api.get(&ns.name_any()).await?;
         // `controller_ref` is `None` only for a NodeSet without a UID, which the API never returns.
         if let Some(ours) = controller_ref(ns)
@@ -30,7 +30,7 @@ pub(super) async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) 
             for p in std::mem::take(&mut claims.adopt) {
                 let mut refs = p.owner_references().to_vec();
                 refs.push(ours.clone());
-                match ctx.writer.set_pod_owners(&p, owners(&refs)).await {
+                match core.writer.set_pod_owners(&p, owners(&refs)).await {
                     Ok(adopted) => {
                         if let Some(o) = ns.pod_ordinal(&p.name_any()) {
                             claims.blocked.remove(&o);
@@ -58,7 +58,7 @@ pub(super) async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) 
             .filter(|o| o.uid != pass.uid)
             .cloned()
             .collect();
-        if let Err(e) = ctx.writer.set_pod_owners(&p, owners(&refs)).await {
+        if let Err(e) = core.writer.set_pod_owners(&p, owners(&refs)).await {
             let msg = format!("Error releasing pod {}: {}", p.name_any(), writer::message(&e));
             pass.failed("FailedRelease", msg).await;
         }
@@ -80,7 +80,7 @@ pub(super) async fn relabel_equal_pods(
     owned: &mut [Arc<Pod>],
     plugin: &Plugin,
 ) -> Result<(), Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
+    let (ns, core) = (pass.ns, pass.ctx.core.as_ref());
     let foreign = format!("{}-", ns.name_any());
     let candidates: Vec<(usize, u32)> = owned
         .iter()
@@ -101,17 +101,17 @@ pub(super) async fn relabel_equal_pods(
         .iter()
         .map(|(_, o)| PodIdentity::for_ordinal(ns, *o, revision))
         .collect();
-    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
+    let built = match build_pods(core, ns, controller, plugin, identities).await? {
         Ok(built) => built,
         Err(e) => {
-            pass.builder_error(&e).await;
+            pass.state.builder_error(&e).await;
             return Ok(());
         }
     };
     for ((i, _), want) in candidates.into_iter().zip(built) {
         let have = &owned[i];
         // Compare with what the server would store of ours (its defaults, its dropped fields).
-        let stored = match ctx.writer.dry_run_pod(&want).await {
+        let stored = match core.writer.dry_run_pod(&want).await {
             Ok(stored) => stored,
             Err(e) => {
                 tracing::info!(pod = %have.name_any(), error = %writer::message(&e), "dry run failed; comparing with the built pod");
@@ -130,7 +130,7 @@ pub(super) async fn relabel_equal_pods(
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        match ctx.writer.relabel_pod(have, &labels, &annotations).await {
+        match core.writer.relabel_pod(have, &labels, &annotations).await {
             Ok(p) => owned[i] = Arc::new(p),
             Err(e) => {
                 let msg = format!(
