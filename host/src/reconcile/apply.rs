@@ -23,129 +23,24 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a failure the caller turns
 //!   into the `ChildFailure` condition and a backoff.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex},
-};
+use std::collections::BTreeSet;
 
-use k8s_openapi::{
-    api::{
-        apps::v1::StatefulSet,
-        core::v1::{ConfigMap, Service},
-        policy::v1::PodDisruptionBudget,
-    },
-    apimachinery::pkg::apis::meta::v1::Condition,
-};
-use kube::{
-    Api,
-    api::DynamicObject,
-    runtime::{
-        events::EventType,
-        reflector::{ObjectRef, Store},
-    },
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{Api, api::DynamicObject, runtime::events::EventType};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use slinky_api::keys;
 
 use super::{
-    Context, Error,
+    Error,
+    applied::{AppliedVersions, ChildKey},
+    caches::ChildCaches,
     compare::{contains, differences, dropped_note},
+    context::Core,
     status::ConditionChanges,
     writer,
 };
 use crate::plugins::{Child, ChildKind, Ownership};
-
-/// The caches of the child kinds (of the served namespaces, managedFields stripped; foreign
-/// ConfigMaps keep their keys only).
-#[derive(Clone)]
-pub struct ChildCaches {
-    /// Services.
-    pub services: Store<Service>,
-    /// ConfigMaps.
-    pub configmaps: Store<ConfigMap>,
-    /// StatefulSets.
-    pub statefulsets: Store<StatefulSet>,
-    /// PodDisruptionBudgets.
-    pub pdbs: Store<PodDisruptionBudget>,
-}
-
-fn get<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Value>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
-{
-    store
-        .get(&ObjectRef::new(name).within(ns))
-        .and_then(|o| serde_json::to_value(o.as_ref()).ok())
-}
-
-fn list<K>(store: &Store<K>, ns: &str) -> Vec<Value>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
-{
-    store
-        .state()
-        .into_iter()
-        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
-        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
-        .collect()
-}
-
-impl ChildCaches {
-    /// The cached object, as JSON.
-    pub fn get(&self, kind: ChildKind, ns: &str, name: &str) -> Option<Value> {
-        match kind {
-            ChildKind::Service => get(&self.services, ns, name),
-            ChildKind::ConfigMap => get(&self.configmaps, ns, name),
-            ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
-            ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
-        }
-    }
-
-    /// The cached objects of a kind in a namespace, as JSON.
-    pub fn list(&self, kind: ChildKind, ns: &str) -> Vec<Value> {
-        match kind {
-            ChildKind::Service => list(&self.services, ns),
-            ChildKind::ConfigMap => list(&self.configmaps, ns),
-            ChildKind::StatefulSet => list(&self.statefulsets, ns),
-            ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
-        }
-    }
-}
-
-/// `(kind, namespace, name)` of a child.
-type ChildKey = (ChildKind, String, String);
-
-/// What the host last applied to each child: the applied hash, and the resourceVersion the apply
-/// left. While the live object still has that resourceVersion, it is what that apply made.
-#[derive(Debug, Default)]
-pub struct AppliedVersions {
-    versions: Mutex<HashMap<ChildKey, (String, String)>>,
-}
-
-impl AppliedVersions {
-    fn matches(&self, key: &ChildKey, hash: &str, resource_version: &str) -> bool {
-        self.versions
-            .lock()
-            .map(|m| {
-                m.get(key)
-                    .is_some_and(|(h, rv)| h == hash && rv == resource_version)
-            })
-            .unwrap_or(false)
-    }
-
-    fn set(&self, key: ChildKey, hash: String, resource_version: String) {
-        if let Ok(mut m) = self.versions.lock() {
-            m.insert(key, (hash, resource_version));
-        }
-    }
-
-    fn forget(&self, key: &ChildKey) {
-        if let Ok(mut m) = self.versions.lock() {
-            m.remove(key);
-        }
-    }
-}
 
 /// The hash of a child as its builder wants it (owner references included).
 pub fn applied_hash(object: &Value) -> String {
@@ -261,7 +156,11 @@ fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
 
 /// One parent's pass over its children: what failed, for the caller's `ChildFailure` condition.
 pub struct ChildSync<'a, P: kube::Resource<DynamicType = ()>> {
-    ctx: &'a Context,
+    core: &'a Core,
+    /// The child caches (the live objects, the objects to prune).
+    caches: &'a ChildCaches,
+    /// What the host last applied to each child.
+    applied: &'a AppliedVersions,
     parent: &'a P,
     /// The parent's conditions when the pass began (an ownership problem's Event is sent once).
     current: &'a [Condition],
@@ -272,11 +171,20 @@ pub struct ChildSync<'a, P: kube::Resource<DynamicType = ()>> {
 }
 
 impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
-    /// A pass over `parent`'s children; `sharers` are the UIDs of the NodeSets that share its
-    /// shared children.
-    pub fn new(ctx: &'a Context, parent: &'a P, current: &'a [Condition], sharers: BTreeSet<String>) -> Self {
+    /// A pass over `parent`'s children, whose conditions are `current`; `sharers` are the UIDs
+    /// of the NodeSets that share its shared children.
+    pub fn new(
+        core: &'a Core,
+        caches: &'a ChildCaches,
+        applied: &'a AppliedVersions,
+        parent: &'a P,
+        current: &'a [Condition],
+        sharers: BTreeSet<String>,
+    ) -> Self {
         ChildSync {
-            ctx,
+            core,
+            caches,
+            applied,
             parent,
             current,
             sharers,
@@ -290,7 +198,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
             ConditionChanges::already_true(self.current, slinky_api::conditions::CHILD_FAILURE, &message);
         if !once || !known {
             tracing::warn!(reason, "{message}");
-            self.ctx
+            self.core
                 .event(self.parent, EventType::Warning, reason, message.clone())
                 .await;
         }
@@ -303,10 +211,11 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
 
     /// The live object: from the cache, or (when the cache has none, or `fresh`) from the API.
     async fn live(&self, kind: ChildKind, ns: &str, name: &str, fresh: bool) -> Result<Option<Value>, Error> {
-        if !fresh && let Some(v) = self.ctx.children.get(kind, ns, name) {
+        if !fresh && let Some(v) = self.caches.get(kind, ns, name) {
             return Ok(Some(v));
         }
-        let api: Api<DynamicObject> = Api::namespaced_with(self.ctx.client.clone(), ns, &kind.api_resource());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.core.client.clone(), ns, &kind.api_resource());
         Ok(api.get_opt(name).await?.map(|mut o| {
             o.metadata.managed_fields = None;
             serde_json::to_value(o).unwrap_or(Value::Null)
@@ -354,7 +263,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     let rv = field(l, "/metadata/resourceVersion")
                         .unwrap_or_default()
                         .to_string();
-                    let up_to_date = self.ctx.applied.matches(&key, &hash, &rv)
+                    let up_to_date = self.applied.matches(&key, &hash, &rv)
                         || (field(l, "/metadata/annotations/slinky.slurm.net~1applied-hash")
                             == Some(hash.as_str())
                             && contains(l, &desired));
@@ -372,7 +281,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                 None => None,
             };
             match self
-                .ctx
+                .core
                 .writer
                 .apply_child(kind, &desired, resource_version)
                 .await
@@ -381,12 +290,12 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     let rv = field(&stored, "/metadata/resourceVersion")
                         .unwrap_or_default()
                         .to_string();
-                    self.ctx.applied.set(key, hash, rv);
+                    self.applied.set(key, hash, rv);
                     let paths = differences(&stored, &desired, 10);
                     if !paths.is_empty() {
                         let note = dropped_note(&what, &paths);
                         tracing::warn!("{note}");
-                        self.ctx
+                        self.core
                             .event(self.parent, EventType::Warning, "FieldsDropped", note)
                             .await;
                     }
@@ -411,10 +320,10 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     /// pass creates it anew.
     async fn recreate(&mut self, key: &ChildKey, what: &str, live: &Value, immutable: &str) {
         let uid = field(live, "/metadata/uid").unwrap_or_default();
-        match self.ctx.writer.delete_child(key.0, &key.1, &key.2, uid).await {
+        match self.core.writer.delete_child(key.0, &key.1, &key.2, uid).await {
             Ok(_) => {
-                self.ctx.applied.forget(key);
-                self.ctx
+                self.applied.forget(key);
+                self.core
                     .event(
                         self.parent,
                         EventType::Normal,
@@ -439,8 +348,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
         let uid = self.parent_uid();
         for &kind in kinds {
             let stale: Vec<Value> = self
-                .ctx
-                .children
+                .caches
                 .list(kind, &ns)
                 .into_iter()
                 .filter(|o| {
@@ -457,15 +365,15 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                 let what = format!("{kind} {name}");
                 let key: ChildKey = (kind, ns.clone(), name.clone());
                 match self
-                    .ctx
+                    .core
                     .writer
                     .delete_child(kind, &ns, &name, field(&o, "/metadata/uid").unwrap_or_default())
                     .await
                 {
                     Ok(deleted) => {
-                        self.ctx.applied.forget(&key);
+                        self.applied.forget(&key);
                         if deleted {
-                            self.ctx
+                            self.core
                                 .event(
                                     self.parent,
                                     EventType::Normal,
@@ -488,11 +396,6 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
 /// The keys of `children`, for pruning.
 pub fn keys_of(children: &[Child]) -> BTreeSet<(ChildKind, String)> {
     children.iter().map(|c| (c.kind, c.name().to_string())).collect()
-}
-
-/// A shared memo of what was applied, for the [`Context`].
-pub fn applied_versions() -> Arc<AppliedVersions> {
-    Arc::new(AppliedVersions::default())
 }
 
 #[cfg(test)]

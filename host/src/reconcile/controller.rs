@@ -18,29 +18,27 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ChildFailure` condition,
 //!   retried with the Controller's exponential backoff.
 
-use std::{collections::BTreeSet, sync::Arc};
-
-use k8s_openapi::{
-    ByteString,
-    api::core::v1::{ConfigMap, Secret},
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
 };
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api, ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use slinky_api::hash::checksum_of_map;
-use slinky_api::{Controller, ControllerStatus, NodeSet, checks, conditions};
+use slinky_api::{Controller, ControllerStatus, checks, conditions, contract::MissingReference};
 
 use super::{
-    Context, Error,
+    ControllerContext, Error,
     apply::{ChildSync, keys_of},
     object_key,
+    pass::{PassState, first_of},
     status::ConditionChanges,
     time_plugin_call,
 };
-use crate::plugins::{
-    BuilderKind, Child, ChildKind, ConfigMapFiles, ControllerInputs, GuestError, Ownership, PluginError,
-};
+use crate::plugins::{BuilderKind, Child, ChildKind, ControllerInputs, Ownership};
 
 /// The kinds of a Controller's children (what pruning looks at).
 const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, ChildKind::StatefulSet];
@@ -49,54 +47,26 @@ const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, C
 ///
 /// # Errors
 /// API errors (retried with the Controller's backoff by the error policy).
-pub async fn reconcile(c: Arc<Controller>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.instrumented(c.as_ref(), reconcile_inner(&c, &ctx)).await
+pub async fn reconcile(c: Arc<Controller>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
+    ctx.core.instrumented(c.as_ref(), reconcile_inner(&c, &ctx)).await
 }
 
 /// What a pass found.
 struct Pass<'a> {
-    ctx: &'a Context,
+    ctx: &'a ControllerContext,
     c: &'a Controller,
-    conditions: ConditionChanges,
-    /// The builder failed or refused the input: `(condition type, message)`.
-    problem: Option<(&'static str, String)>,
+    /// The conditions and the problem (a builder failed or refused the input).
+    state: PassState<'a, Controller>,
     /// A referenced Secret or ConfigMap is missing: `(reason, message)`.
     missing: Option<(&'static str, String)>,
 }
 
 impl Pass<'_> {
-    fn current(&self) -> &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
-        self.c
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default()
-    }
-
-    async fn problem(&mut self, type_: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.current(), type_, &message) {
-            self.ctx
-                .event(self.c, EventType::Warning, type_, message.clone())
-                .await;
-        }
-        self.problem = Some((type_, message));
-    }
-
-    async fn builder_error(&mut self, e: &PluginError) {
-        self.ctx.metrics.plugin_failures.inc();
-        match e {
-            PluginError::Build {
-                error: GuestError::InvalidInput(m),
-                ..
-            } => self.problem(conditions::INVALID_SPEC, m.clone()).await,
-            other => self.problem(conditions::BUILDER_FAILED, other.to_string()).await,
-        }
-    }
-
     async fn missing(&mut self, reason: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.current(), conditions::REFERENCE_NOT_FOUND, &message) {
+        if !ConditionChanges::already_true(self.state.current(), conditions::REFERENCE_NOT_FOUND, &message) {
             tracing::warn!(reason, "{message}");
             self.ctx
+                .core
                 .event(self.c, EventType::Warning, reason, message.clone())
                 .await;
         }
@@ -104,108 +74,65 @@ impl Pass<'_> {
     }
 }
 
-/// The NodeSets that reference `c`, sorted by name.
-pub fn nodesets_of(ctx: &Context, c: &Controller) -> Vec<NodeSet> {
-    let (ns, name) = (c.namespace().unwrap_or_default(), c.name_any());
-    let mut out: Vec<NodeSet> = ctx
-        .nodesets
-        .state()
-        .iter()
-        .filter(|n| n.controller_namespace() == ns && n.spec.controller_ref.name == name)
-        .map(|n| n.as_ref().clone())
-        .collect();
-    out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    out
-}
-
-/// Slinky's hash of a Secret's data.
-fn secret_hash(secret: &Secret) -> String {
-    let data = secret.data.clone().unwrap_or_default();
-    checksum_of_map(data.iter().map(|(k, ByteString(v))| (k, v.as_slice())))
-}
-
 /// What the children builder needs from the cluster, or the first missing reference as
-/// `(reason, message)`.
+/// `(reason, message)`. The Secrets the Controller references are read from the API (`get`,
+/// nothing else), its ConfigMaps and NodeSets from the caches; [`ControllerInputs::gather`] makes
+/// the inputs of them by the rule `render` uses too.
 async fn read_inputs(
-    ctx: &Context,
+    ctx: &ControllerContext,
     c: &Controller,
 ) -> Result<Result<ControllerInputs, (&'static str, String)>, Error> {
     let ns = c.namespace().unwrap_or_default();
-    let mut inputs = ControllerInputs {
-        nodesets: nodesets_of(ctx, c),
-        ..Default::default()
+    let mut secrets: BTreeMap<String, Secret> = BTreeMap::new();
+    let mut config_maps: BTreeMap<String, Arc<ConfigMap>> = BTreeMap::new();
+    if !c.spec.external {
+        let api: Api<Secret> = Api::namespaced(ctx.core.client.clone(), &ns);
+        for r in [&c.spec.slurm_key_ref, &c.spec.jwt_key_ref].into_iter().flatten() {
+            if secrets.contains_key(&r.name) {
+                continue;
+            }
+            // The first missing reference is the one reported: read no further.
+            let Some(secret) = api.get_opt(&r.name).await? else {
+                break;
+            };
+            secrets.insert(r.name.clone(), secret);
+        }
+        for name in c.config_map_refs() {
+            let key = ObjectRef::<ConfigMap>::new(&name).within(&ns);
+            if let Some(cm) = ctx.caches.children.configmaps.get(&key) {
+                config_maps.insert(name, cm);
+            }
+        }
+    }
+    let nodesets = ctx.caches.nodesets.state();
+    let (inputs, missing) = ControllerInputs::gather(
+        c,
+        nodesets.iter().map(AsRef::as_ref),
+        |name| secrets.get(name),
+        |name| config_maps.get(name).map(AsRef::as_ref),
+    );
+    Ok(match missing.first() {
+        Some(m) => Err((m.reason(), missing_message(&ns, m))),
+        None => Ok(inputs),
+    })
+}
+
+/// The `ReferenceNotFound` condition's (and Event's) message for a missing reference of a
+/// Controller of namespace `ns`.
+fn missing_message(ns: &str, missing: &MissingReference) -> String {
+    let what = match missing {
+        MissingReference::Secret { field, name } => format!("Secret {ns}/{name} ({field}) does not exist"),
+        MissingReference::SecretKey { field, name, key } => {
+            format!("Secret {ns}/{name} ({field}) has no key {key:?}")
+        }
+        MissingReference::ConfigMap { name } => {
+            format!("ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist")
+        }
+        MissingReference::ConfigMapKey { name, key } => {
+            format!("ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {key:?}")
+        }
     };
-    if c.spec.external {
-        return Ok(Ok(inputs));
-    }
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    for (field, reference, hash) in [
-        (
-            "spec.slurmKeyRef",
-            &c.spec.slurm_key_ref,
-            &mut inputs.slurm_key_hash,
-        ),
-        ("spec.jwtKeyRef", &c.spec.jwt_key_ref, &mut inputs.jwt_key_hash),
-    ] {
-        let Some(r) = reference else { continue };
-        let Some(secret) = secrets.get_opt(&r.name).await? else {
-            return Ok(Err((
-                "SecretNotFound",
-                format!(
-                    "Secret {ns}/{} ({field}) does not exist: the slurmctld StatefulSet and its \
-                     configuration wait for it",
-                    r.name
-                ),
-            )));
-        };
-        if !secret.data.as_ref().is_some_and(|d| d.contains_key(&r.key)) {
-            return Ok(Err((
-                "SecretKeyNotFound",
-                format!(
-                    "Secret {ns}/{} ({field}) has no key {:?}: the slurmctld StatefulSet and its \
-                     configuration wait for it",
-                    r.name, r.key
-                ),
-            )));
-        }
-        *hash = secret_hash(&secret);
-    }
-    for name in c.config_map_refs() {
-        let Some(cm) = ctx
-            .children
-            .configmaps
-            .get(&ObjectRef::<ConfigMap>::new(&name).within(&ns))
-        else {
-            return Ok(Err((
-                "ConfigMapNotFound",
-                format!(
-                    "ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist: \
-                     the slurmctld StatefulSet and its configuration wait for it"
-                ),
-            )));
-        };
-        let mut files: Vec<String> = cm
-            .data
-            .iter()
-            .flat_map(|d| d.keys().cloned())
-            .chain(cm.binary_data.iter().flat_map(|d| d.keys().cloned()))
-            .collect();
-        files.sort();
-        if let Some(jwks) = c.spec.jwks_key_ref.as_ref().filter(|j| j.name == name)
-            && !files.contains(&jwks.key)
-        {
-            return Ok(Err((
-                "ConfigMapKeyNotFound",
-                format!(
-                    "ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {:?}: the slurmctld StatefulSet \
-                     and its configuration wait for it",
-                    jwks.key
-                ),
-            )));
-        }
-        inputs.config_maps.push(ConfigMapFiles { name, files });
-    }
-    Ok(Ok(inputs))
+    format!("{what}: the slurmctld StatefulSet and its configuration wait for it")
 }
 
 /// Build every child of `c`: the Service (unless external) and the other children (when the
@@ -213,14 +140,15 @@ async fn read_inputs(
 /// is pruned).
 async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
     let (ctx, c) = (pass.ctx, pass.c);
+    let core = ctx.core.as_ref();
     let mut desired = Vec::new();
     let mut complete = true;
     if !c.spec.external {
-        let plugin = ctx.plugins.active(BuilderKind::ControllerService);
-        let (copy, build) = (c.clone(), ctx.build.clone());
-        let metrics = ctx.metrics.clone();
-        ctx.metrics.plugin_calls.inc_by(1);
-        let built = ctx
+        let plugin = core.plugins.active(BuilderKind::ControllerService);
+        let (copy, build) = (c.clone(), core.build.clone());
+        let metrics = core.metrics.clone();
+        core.metrics.plugin_calls.inc_by(1);
+        let built = core
             .blocking(move || {
                 time_plugin_call(&metrics, BuilderKind::ControllerService, || {
                     plugin.build_service(&build, &copy)
@@ -234,7 +162,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
                 object: serde_json::to_value(&svc).unwrap_or_default(),
             }),
             Err(e) => {
-                pass.builder_error(&e).await;
+                pass.state.builder_error(&e).await;
                 complete = false;
             }
         }
@@ -245,11 +173,11 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             complete = false;
         }
         Ok(inputs) => {
-            let plugin = ctx.plugins.active(BuilderKind::ControllerChildren);
-            let (copy, build) = (c.clone(), ctx.build.clone());
-            let metrics = ctx.metrics.clone();
-            ctx.metrics.plugin_calls.inc_by(1);
-            let built = ctx
+            let plugin = core.plugins.active(BuilderKind::ControllerChildren);
+            let (copy, build) = (c.clone(), core.build.clone());
+            let metrics = core.metrics.clone();
+            core.metrics.plugin_calls.inc_by(1);
+            let built = core
                 .blocking(move || {
                     time_plugin_call(&metrics, BuilderKind::ControllerChildren, || {
                         plugin.build_controller_children(&build, &copy, &inputs)
@@ -259,7 +187,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             match built {
                 Ok(children) => desired.extend(children),
                 Err(e) => {
-                    pass.builder_error(&e).await;
+                    pass.state.builder_error(&e).await;
                     complete = false;
                 }
             }
@@ -269,22 +197,33 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
     Ok((desired, complete))
 }
 
-async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error> {
-    if c.metadata.deletion_timestamp.is_some() || !ctx.serves(&c.namespace().unwrap_or_default()) {
+async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Action, Error> {
+    let core = ctx.core.as_ref();
+    if c.metadata.deletion_timestamp.is_some() || !core.serves(&c.namespace().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
+    let current = c
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
     let mut pass = Pass {
         ctx,
         c,
-        conditions: ConditionChanges::new(c.metadata.generation),
-        problem: None,
+        state: PassState::new(core, c, current),
         missing: None,
     };
-    let current = pass.current().to_vec();
-    let mut sync = ChildSync::new(ctx, c, &current, BTreeSet::new());
+    let mut sync = ChildSync::new(
+        core,
+        &ctx.caches.children,
+        &ctx.applied,
+        c,
+        current,
+        BTreeSet::new(),
+    );
     let mut applied = Vec::new();
     if let Some(problem) = checks::summary(&c.spec_problems()) {
-        pass.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(conditions::INVALID_SPEC, problem).await;
     } else {
         let (desired, complete) = build(&mut pass).await?;
         for child in &desired {
@@ -302,22 +241,24 @@ async fn reconcile_inner(c: &Controller, ctx: &Context) -> Result<Action, Error>
     let retry = !failures.is_empty()
         || pass.missing.is_some()
         || pass
+            .state
             .problem
             .as_ref()
             .is_some_and(|(t, _)| *t == conditions::BUILDER_FAILED);
     write_status(&mut pass, &failures, &applied).await?;
     let requeue = if retry {
-        ctx.backoff.failure(&key)
+        core.backoff.failure(&key)
     } else {
-        ctx.backoff.success(&key);
-        ctx.resync
+        core.backoff.success(&key);
+        core.resync
     };
     Ok(Action::requeue(requeue))
 }
 
 /// slurmctld's readiness, as its StatefulSet reports it.
-fn slurmctld_readiness(ctx: &Context, c: &Controller) -> Option<String> {
+fn slurmctld_readiness(ctx: &ControllerContext, c: &Controller) -> Option<String> {
     let sts = ctx
+        .caches
         .children
         .statefulsets
         .get(&ObjectRef::new(&c.controller_key()).within(&c.namespace().unwrap_or_default()))?;
@@ -332,7 +273,7 @@ async fn write_status(
 ) -> Result<(), Error> {
     let (ctx, c) = (pass.ctx, pass.c);
     let readiness = slurmctld_readiness(ctx, c);
-    let conds = &mut pass.conditions;
+    let conds = &mut pass.state.conditions;
     #[allow(deprecated, reason = "clearing the condition older hosts set")]
     let legacy = conditions::SERVICE_FAILURE;
     for t in [conditions::INVALID_SPEC, conditions::BUILDER_FAILED, legacy] {
@@ -342,16 +283,12 @@ async fn write_status(
         Some((reason, msg)) => conds.set(conditions::REFERENCE_NOT_FOUND, true, reason, msg.clone()),
         None => conds.clear(conditions::REFERENCE_NOT_FOUND),
     }
-    if let Some((reason, first)) = failures.first() {
-        let message = match failures.len() {
-            1 => first.clone(),
-            n => format!("{first} (and {} more)", n - 1),
-        };
+    if let Some((reason, message)) = first_of(failures, "") {
         conds.set(conditions::CHILD_FAILURE, true, reason, message);
-    } else if pass.problem.is_none() {
+    } else if pass.state.problem.is_none() {
         conds.clear(conditions::CHILD_FAILURE);
     }
-    if let Some((type_, msg)) = &pass.problem {
+    if let Some((type_, msg)) = &pass.state.problem {
         conds.set(type_, true, type_, msg.clone());
         conds.set(conditions::READY, false, type_, msg.clone());
     } else if let Some((reason, msg)) = failures.first().or(pass.missing.as_ref()) {
@@ -370,8 +307,8 @@ async fn write_status(
         }
         conds.set(conditions::READY, true, "ChildrenApplied", message);
     }
-    let api: Api<Controller> = Api::namespaced(ctx.client.clone(), &c.namespace().unwrap_or_default());
-    let changes = pass.conditions.clone();
+    let api: Api<Controller> = Api::namespaced(ctx.core.client.clone(), &c.namespace().unwrap_or_default());
+    let changes = pass.state.conditions.clone();
     let generation = c.metadata.generation;
     let compute = move |obj: &Controller| ControllerStatus {
         observed_generation: generation,
@@ -382,7 +319,8 @@ async fn write_status(
                 .unwrap_or_default(),
         ),
     };
-    ctx.writer
+    ctx.core
+        .writer
         .update_status(&api, c, compute, |obj: &Controller| obj.status.clone())
         .await?;
     Ok(())
@@ -391,6 +329,9 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use slinky_api::contract::secret_hash;
 
     use super::*;
 
@@ -403,5 +344,43 @@ mod tests {
             ("a".to_string(), ByteString(b"1".to_vec())),
         ]));
         assert_eq!(secret_hash(&s), slinky_api::hash::sha256_hex(b"12"));
+    }
+
+    #[test]
+    fn missing_reference_messages_name_the_object_and_the_field() {
+        let cases = [
+            (
+                MissingReference::Secret {
+                    field: "spec.slurmKeyRef",
+                    name: "k".into(),
+                },
+                "Secret ns/k (spec.slurmKeyRef) does not exist",
+            ),
+            (
+                MissingReference::SecretKey {
+                    field: "spec.jwtKeyRef",
+                    name: "k".into(),
+                    key: "jwt".into(),
+                },
+                "Secret ns/k (spec.jwtKeyRef) has no key \"jwt\"",
+            ),
+            (
+                MissingReference::ConfigMap { name: "c".into() },
+                "ConfigMap ns/c (referenced by the Controller's spec) does not exist",
+            ),
+            (
+                MissingReference::ConfigMapKey {
+                    name: "c".into(),
+                    key: "jwks.json".into(),
+                },
+                "ConfigMap ns/c (spec.jwksKeyRef) has no key \"jwks.json\"",
+            ),
+        ];
+        for (missing, start) in cases {
+            assert_eq!(
+                missing_message("ns", &missing),
+                format!("{start}: the slurmctld StatefulSet and its configuration wait for it")
+            );
+        }
     }
 }

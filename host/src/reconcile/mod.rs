@@ -6,14 +6,18 @@
 //! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
+pub mod applied;
 pub mod apply;
 pub mod backoff;
+pub mod caches;
 mod compare;
+pub mod context;
 mod controller;
 pub mod expectations;
 pub mod leader;
 mod nodeset;
 mod parents;
+mod pass;
 pub mod rollout;
 pub mod status;
 pub mod watch;
@@ -33,8 +37,7 @@ use kube::{
     Client, Resource,
     runtime::{
         Controller as KubeController,
-        controller::Action,
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Recorder, Reporter},
         reflector::Store,
         watcher,
     },
@@ -44,6 +47,8 @@ use slinky_api::{Controller, NodeSet};
 pub use crate::metrics::{ReconcileMetrics as Metrics, WriteMetrics};
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
 pub use backoff::Backoff;
+pub use caches::{Caches, ChildCaches};
+pub use context::{ControllerContext, Core, NodeSetContext};
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
 pub use writer::Writer;
@@ -95,114 +100,6 @@ pub(crate) fn time_plugin_call<T>(
     r
 }
 
-/// What every reconcile gets.
-pub struct Context {
-    /// The API client (fresh reads: adoption checks, status conflicts, Service ownership).
-    pub client: Client,
-    /// The active builder plugins.
-    pub plugins: Arc<PluginRegistry>,
-    /// The only writer.
-    pub writer: Writer,
-    /// Pending pod creations/deletions per NodeSet UID.
-    pub expectations: Arc<Expectations>,
-    /// Pods of the served namespaces (managedFields stripped).
-    pub pods: Store<Pod>,
-    /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets of the served namespaces.
-    pub children: apply::ChildCaches,
-    /// What the host last applied to each child (hash and resulting resourceVersion).
-    pub applied: Arc<apply::AppliedVersions>,
-    /// Controllers of the served namespaces.
-    pub controllers: Store<Controller>,
-    /// NodeSets of the served namespaces.
-    pub nodesets: Store<NodeSet>,
-    /// Events.
-    pub recorder: Recorder,
-    /// What builders may know of the cluster.
-    pub build: BuildContext,
-    /// The namespaces served (all when empty).
-    pub namespaces: Arc<Vec<String>>,
-    /// Reconcile metrics.
-    pub metrics: Arc<Metrics>,
-    /// The write fence (leader election).
-    pub leader: Leadership,
-    /// Per-object retry backoff after failed writes and errors.
-    pub backoff: Backoff,
-    /// The period of the resync requeue of healthy objects.
-    pub resync: Duration,
-}
-
-impl Context {
-    /// Whether this host serves objects of namespace `ns`.
-    pub fn serves(&self, ns: &str) -> bool {
-        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == ns)
-    }
-
-    /// Publish an Event on `obj` (failures are logged, never fatal).
-    pub(crate) async fn event<K: kube::Resource<DynamicType = ()>>(
-        &self,
-        obj: &K,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(%error, reason, "cannot publish an Event");
-        }
-    }
-
-    /// Run a builder call off the async threads.
-    pub(crate) async fn blocking<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, Error> {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| Error::Task(e.to_string()))
-    }
-
-    /// The one reconcile wrapper: followers reconcile nothing; every log line carries the
-    /// object's kind and key; the time and result are counted.
-    async fn instrumented<K: Resource<DynamicType = ()>>(
-        &self,
-        obj: &K,
-        pass: impl std::future::Future<Output = Result<Action, Error>>,
-    ) -> Result<Action, Error> {
-        if !self.leader.may_write() {
-            // A follower: caches only. Becoming the leader re-reconciles everything.
-            return Ok(Action::await_change());
-        }
-        let kind = K::kind(&());
-        let started = std::time::Instant::now();
-        let span = tracing::info_span!(
-            "reconcile",
-            kind = %kind,
-            key = %format!("{}/{}", obj.meta().namespace.as_deref().unwrap_or_default(), obj.meta().name.as_deref().unwrap_or_default())
-        );
-        let r = tracing::Instrument::instrument(pass, span).await;
-        let label = match &r {
-            Ok(_) => "ok",
-            Err(e) => e.metric_label(),
-        };
-        self.metrics.record(&kind, label, started.elapsed().as_secs_f64());
-        r
-    }
-
-    /// The error policy of both kinds: log, and retry with the object's backoff.
-    fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
-        let key = object_key(obj);
-        let after = self.backoff.failure(&key);
-        tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");
-        Action::requeue(after)
-    }
-}
-
 /// `namespace/name` of an object.
 pub(crate) fn object_key<K: Resource>(obj: &K) -> String {
     format!(
@@ -248,24 +145,6 @@ pub struct Handles {
     pub statefulsets: Store<StatefulSet>,
     /// Leadership.
     pub leader: Leadership,
-}
-
-/// Wait until a store has synced. Re-polls with a fresh future every 100 ms: a single
-/// `wait_until_ready` future was seen to miss its wake-up when polled before the store synced.
-async fn synced<K: kube::Resource + Clone + 'static>(store: &Store<K>)
-where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
-            Ok(Ok(())) => return,
-            Ok(Err(_)) => {
-                tracing::error!("a cache's writer stopped before it synced");
-                return std::future::pending().await;
-            }
-            Err(_) => {}
-        }
-    }
 }
 
 /// A trigger stream that never yields: the controllers have no watch of their own.
@@ -318,17 +197,6 @@ where
     ))
 }
 
-/// Wait until every cache has synced.
-async fn all_synced(ctx: &Context) {
-    synced(&ctx.pods).await;
-    synced(&ctx.children.services).await;
-    synced(&ctx.children.configmaps).await;
-    synced(&ctx.children.statefulsets).await;
-    synced(&ctx.children.pdbs).await;
-    synced(&ctx.controllers).await;
-    synced(&ctx.nodesets).await;
-}
-
 /// A future that completes when `tx` sends (or is dropped).
 fn on_signal(tx: &tokio::sync::broadcast::Sender<()>) -> impl std::future::Future<Output = ()> + use<> {
     let mut rx = tx.subscribe();
@@ -357,7 +225,7 @@ struct Queues {
 
 /// Run the watches, and both controllers once every cache has synced, until `shutdown` completes.
 async fn run(
-    ctx: Arc<Context>,
+    contexts: (Arc<ControllerContext>, Arc<NodeSetContext>),
     queues: Queues,
     watch_task: BoxFuture<'static, ()>,
     ready: Arc<AtomicBool>,
@@ -366,7 +234,8 @@ async fn run(
     let caches = tokio::spawn(watch_task);
     // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
     // Controllers are known would report its Controller missing.
-    all_synced(&ctx).await;
+    let (controller_ctx, nodeset_ctx) = contexts;
+    nodeset_ctx.caches.synced().await;
     ready.store(true, Ordering::SeqCst);
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
     let controllers_run = queues
@@ -374,8 +243,8 @@ async fn run(
         .graceful_shutdown_on(on_signal(&tx_shutdown))
         .run(
             controller::reconcile,
-            |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
-            ctx.clone(),
+            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
+            controller_ctx,
         )
         .for_each(log_reconcile("controller"));
     let nodesets_run = queues
@@ -383,8 +252,8 @@ async fn run(
         .graceful_shutdown_on(on_signal(&tx_shutdown))
         .run(
             nodeset::reconcile,
-            |obj, error, ctx: Arc<Context>| ctx.retry_after_error(obj.as_ref(), error),
-            ctx,
+            |obj, error, ctx: Arc<NodeSetContext>| ctx.core.retry_after_error(obj.as_ref(), error),
+            nodeset_ctx,
         )
         .for_each(log_reconcile("nodeset"));
     let trigger = async move {
@@ -426,7 +295,7 @@ pub fn start(
     );
     let queues = Queues {
         controllers: queue(
-            &watches.controllers,
+            &watches.caches.controllers,
             watches.controller_triggers,
             [BuilderKind::ControllerService, BuilderKind::ControllerChildren],
             &plugins,
@@ -435,7 +304,7 @@ pub fn start(
             &allowed,
         ),
         nodesets: queue(
-            &watches.nodesets,
+            &watches.caches.nodesets,
             watches.nodeset_triggers,
             [BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
             &plugins,
@@ -444,35 +313,46 @@ pub fn start(
             &allowed,
         ),
     };
-    let ctx = Arc::new(Context {
+    let core = Arc::new(Core {
         client: client.clone(),
-        plugins,
         writer: Writer::new(client, writes.clone(), config.leadership.clone()),
-        expectations: expectations.clone(),
-        pods: watches.pods.clone(),
-        children: watches.children.clone(),
-        applied: apply::applied_versions(),
-        controllers: watches.controllers.clone(),
-        nodesets: watches.nodesets.clone(),
         recorder,
+        plugins,
         build: config.build.clone(),
-        namespaces: allowed,
         metrics: metrics.clone(),
+        namespaces: allowed,
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
-        resync: config.resync.unwrap_or(Duration::from_secs(300)),
+        resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
     });
+    let applied = applied::applied_versions();
+    let contexts = (
+        Arc::new(ControllerContext {
+            core: core.clone(),
+            caches: watches.caches.clone(),
+            applied: applied.clone(),
+        }),
+        Arc::new(NodeSetContext {
+            core,
+            caches: watches.caches.clone(),
+            applied,
+            expectations: expectations.clone(),
+        }),
+    );
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {
         ready: ready.clone(),
         writes,
         metrics,
         expectations,
-        pods: watches.pods,
-        nodesets: watches.nodesets,
-        controllers: watches.controllers,
-        statefulsets: watches.children.statefulsets,
+        pods: watches.caches.pods,
+        nodesets: watches.caches.nodesets,
+        controllers: watches.caches.controllers,
+        statefulsets: watches.caches.children.statefulsets,
         leader: config.leadership,
     };
-    (handles, Box::pin(run(ctx, queues, watches.task, ready, shutdown)))
+    (
+        handles,
+        Box::pin(run(contexts, queues, watches.task, ready, shutdown)),
+    )
 }

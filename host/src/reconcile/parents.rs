@@ -8,7 +8,6 @@ use kube::{
 };
 use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX};
 
-use super::nodeset::claims_name;
 use crate::plugins::policy::nodeset_selector;
 
 /// The NodeSets that reference the Controller `c_name` of namespace `c_ns`.
@@ -95,7 +94,7 @@ pub(super) fn pod_owners(pod: &Pod, nodesets: &Store<NodeSet>) -> Vec<ObjectRef<
         .iter()
         .filter(|n| n.namespace().as_deref() == Some(ns.as_str()))
         .filter(|n| {
-            claims_name(n, &pod.name_any()).is_some()
+            n.pod_ordinal(&pod.name_any()).is_some()
                 || nodeset_selector(n)
                     .iter()
                     .all(|(k, v)| pod.labels().get(k) == Some(v))

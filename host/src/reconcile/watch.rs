@@ -28,26 +28,19 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet, keys};
+use slinky_api::{Controller, NodeSet, keys, owners::controller_uid};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::{
-    apply::ChildCaches,
+    caches::{Caches, ChildCaches},
     expectations::{Expectations, Relist},
-    nodeset::owner_uid,
     parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners},
 };
 
 /// The caches and the reconcile triggers derived from their watches.
 pub struct Watches {
-    /// Pods of the served namespaces.
-    pub pods: Store<Pod>,
-    /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets of the served namespaces.
-    pub children: ChildCaches,
-    /// Controllers of the served namespaces.
-    pub controllers: Store<Controller>,
-    /// NodeSets of the served namespaces.
-    pub nodesets: Store<NodeSet>,
+    /// The caches of the served namespaces.
+    pub caches: Caches,
     /// NodeSets to reconcile (their pods, children, siblings, themselves or their Controller
     /// changed).
     pub nodeset_triggers: UnboundedReceiver<ObjectRef<NodeSet>>,
@@ -151,7 +144,7 @@ struct Sighting {
 impl Sighting {
     fn of(pod: &Pod) -> Self {
         Sighting {
-            owner: owner_uid(pod),
+            owner: controller_uid(pod.owner_references(), "NodeSet").map(str::to_string),
             name: pod.name_any(),
             uid: pod.uid(),
             terminating: pod.metadata.deletion_timestamp.is_some(),
@@ -480,15 +473,17 @@ pub fn start(
         tokio::join!(pod_task, svc_task, cm_task, sts_task, pdb_task, ctl_task, ns_task);
     };
     Watches {
-        pods,
-        children: ChildCaches {
-            services,
-            configmaps,
-            statefulsets,
-            pdbs,
+        caches: Caches {
+            pods,
+            children: ChildCaches {
+                services,
+                configmaps,
+                statefulsets,
+                pdbs,
+            },
+            controllers,
+            nodesets,
         },
-        controllers,
-        nodesets,
         nodeset_triggers,
         controller_triggers,
         task: Box::pin(task),

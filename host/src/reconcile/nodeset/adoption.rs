@@ -5,54 +5,43 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet, keys};
+use slinky_api::{Controller, NodeSet, keys, owners::controller_ref};
 
-use super::{
-    Pass,
-    claim::{Claims, claims_name},
-    plan,
-    pods::build_pods,
-};
+use super::{Pass, claim::Claims, plan, pods::build_pods};
 use crate::{
     plugins::{Plugin, PodIdentity},
     reconcile::{Error, compare::contains, writer},
 };
 
-pub(super) fn owner_ref(ns: &NodeSet) -> OwnerReference {
-    OwnerReference {
-        api_version: NodeSet::api_version(&()).into_owned(),
-        kind: NodeSet::kind(&()).into_owned(),
-        name: ns.name_any(),
-        uid: ns.uid().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 /// Adopt matching orphans (after re-reading the NodeSet from the API: only a live, undeleted
 /// owner adopts) and release owned pods that lost the selector labels.
 pub(super) async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) -> Result<(), Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
+    let (ns, core) = (pass.ns, pass.ctx.core.as_ref());
     if !claims.adopt.is_empty() {
-        let api: Api<NodeSet> = Api::namespaced(ctx.client.clone(), &ns.namespace().unwrap_or_default());
+        let api: Api<NodeSet> = Api::namespaced(core.client.clone(), &ns.namespace().unwrap_or_default());
         let fresh = api.get(&ns.name_any()).await?;
-        if fresh.uid().as_deref() == Some(pass.uid.as_str()) && fresh.metadata.deletion_timestamp.is_none() {
+        // `controller_ref` is `None` only for a NodeSet without a UID, which the API never returns.
+        if let Some(ours) = controller_ref(ns)
+            && fresh.uid().as_deref() == Some(pass.uid.as_str())
+            && fresh.metadata.deletion_timestamp.is_none()
+        {
             for p in std::mem::take(&mut claims.adopt) {
                 let mut refs = p.owner_references().to_vec();
-                refs.push(owner_ref(ns));
-                match ctx.writer.set_pod_owners(&p, owners(&refs)).await {
+                refs.push(ours.clone());
+                match core.writer.set_pod_owners(&p, owners(&refs)).await {
                     Ok(adopted) => {
-                        if let Some(o) = claims_name(ns, &p.name_any()) {
+                        if let Some(o) = ns.pod_ordinal(&p.name_any()) {
                             claims.blocked.remove(&o);
                         }
                         claims.owned.push(Arc::new(adopted));
                     }
                     Err(e) => {
                         let msg = format!("Error adopting pod {}: {}", p.name_any(), writer::message(&e));
-                        if let Some(b) =
-                            claims_name(ns, &p.name_any()).and_then(|o| claims.blocked.get_mut(&o))
+                        if let Some(b) = ns
+                            .pod_ordinal(&p.name_any())
+                            .and_then(|o| claims.blocked.get_mut(&o))
                         {
                             b.why = format!("its adoption failed: {}", writer::message(&e));
                         }
@@ -69,7 +58,7 @@ pub(super) async fn adopt_and_release(pass: &mut Pass<'_>, claims: &mut Claims) 
             .filter(|o| o.uid != pass.uid)
             .cloned()
             .collect();
-        if let Err(e) = ctx.writer.set_pod_owners(&p, owners(&refs)).await {
+        if let Err(e) = core.writer.set_pod_owners(&p, owners(&refs)).await {
             let msg = format!("Error releasing pod {}: {}", p.name_any(), writer::message(&e));
             pass.failed("FailedRelease", msg).await;
         }
@@ -91,7 +80,7 @@ pub(super) async fn relabel_equal_pods(
     owned: &mut [Arc<Pod>],
     plugin: &Plugin,
 ) -> Result<(), Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
+    let (ns, core) = (pass.ns, pass.ctx.core.as_ref());
     let foreign = format!("{}-", ns.name_any());
     let candidates: Vec<(usize, u32)> = owned
         .iter()
@@ -102,7 +91,7 @@ pub(super) async fn relabel_equal_pods(
                 .get(keys::LABEL_REVISION_HASH)
                 .is_some_and(|r| r.starts_with(&foreign))
         })
-        .filter_map(|(i, p)| claims_name(ns, &p.name_any()).map(|o| (i, o)))
+        .filter_map(|(i, p)| ns.pod_ordinal(&p.name_any()).map(|o| (i, o)))
         .take(plan::BURST)
         .collect();
     if candidates.is_empty() {
@@ -112,17 +101,17 @@ pub(super) async fn relabel_equal_pods(
         .iter()
         .map(|(_, o)| PodIdentity::for_ordinal(ns, *o, revision))
         .collect();
-    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
+    let built = match build_pods(core, ns, controller, plugin, identities).await? {
         Ok(built) => built,
         Err(e) => {
-            pass.builder_error(&e).await;
+            pass.state.builder_error(&e).await;
             return Ok(());
         }
     };
     for ((i, _), want) in candidates.into_iter().zip(built) {
         let have = &owned[i];
         // Compare with what the server would store of ours (its defaults, its dropped fields).
-        let stored = match ctx.writer.dry_run_pod(&want).await {
+        let stored = match core.writer.dry_run_pod(&want).await {
             Ok(stored) => stored,
             Err(e) => {
                 tracing::info!(pod = %have.name_any(), error = %writer::message(&e), "dry run failed; comparing with the built pod");
@@ -141,7 +130,7 @@ pub(super) async fn relabel_equal_pods(
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        match ctx.writer.relabel_pod(have, &labels, &annotations).await {
+        match core.writer.relabel_pod(have, &labels, &annotations).await {
             Ok(p) => owned[i] = Arc::new(p),
             Err(e) => {
                 let msg = format!(

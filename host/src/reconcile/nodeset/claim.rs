@@ -11,31 +11,6 @@ use slinky_api::NodeSet;
 
 use crate::plugins::policy::nodeset_selector;
 
-/// The ordinal of pod `pod` if it is named exactly as `nodeset` names that ordinal
-/// (`<nodeset>-<ordinal>` with the NodeSet's own zero padding and no other: `w-07` is not
-/// ordinal 7 of an unpadded NodeSet `w`, and `w-7` is not ordinal 7 of one padded to 2).
-pub fn claims_name(nodeset: &NodeSet, pod: &str) -> Option<u32> {
-    let ordinal = parse_ordinal(nodeset, pod)?;
-    (nodeset.pod_name(ordinal) == pod).then_some(ordinal)
-}
-
-/// The number after `<nodeset>-`, whatever its padding.
-pub(crate) fn parse_ordinal(nodeset: &NodeSet, pod: &str) -> Option<u32> {
-    let rest = pod.strip_prefix(&nodeset.name_any())?.strip_prefix('-')?;
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    rest.parse().ok()
-}
-
-/// The UID of the NodeSet controlling `pod` (its controller owner reference), if any.
-pub fn owner_uid(pod: &Pod) -> Option<String> {
-    pod.owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "NodeSet")
-        .map(|o| o.uid.clone())
-}
-
 /// A pod holding an ordinal's name that the NodeSet does not own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocker {
@@ -74,7 +49,7 @@ pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> 
         if p.namespace().as_deref() != Some(namespace.as_str()) {
             continue;
         }
-        let ordinal = claims_name(nodeset, &p.name_any());
+        let ordinal = nodeset.pod_ordinal(&p.name_any());
         let controller = p.owner_references().iter().find(|o| o.controller == Some(true));
         let leaving = p.metadata.deletion_timestamp.is_some()
             || controller
@@ -124,23 +99,25 @@ pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> 
 
 #[cfg(test)]
 mod tests {
+    use slinky_api::pods::ordinal_after;
+
     use super::*;
     use crate::reconcile::nodeset::fixtures::{nodeset, pod};
 
     #[test]
     fn only_the_nodesets_own_padding_is_an_ordinal_name() {
         let w = nodeset("w", 3);
-        assert_eq!(claims_name(&w, "w-7"), Some(7));
-        assert_eq!(claims_name(&w, "w-07"), None);
-        assert_eq!(claims_name(&w, "w-x"), None);
-        assert_eq!(claims_name(&w, "ww-1"), None);
-        assert_eq!(claims_name(&w, "w-"), None);
+        assert_eq!(w.pod_ordinal("w-7"), Some(7));
+        assert_eq!(w.pod_ordinal("w-07"), None);
+        assert_eq!(w.pod_ordinal("w-x"), None);
+        assert_eq!(w.pod_ordinal("ww-1"), None);
+        assert_eq!(w.pod_ordinal("w-"), None);
         let mut padded = nodeset("w", 3);
         padded.spec.ordinal_padding = Some(2);
-        assert_eq!(claims_name(&padded, "w-07"), Some(7));
-        assert_eq!(claims_name(&padded, "w-7"), None);
-        assert_eq!(claims_name(&padded, "w-100"), Some(100));
-        assert_eq!(parse_ordinal(&padded, "w-7"), Some(7));
+        assert_eq!(padded.pod_ordinal("w-07"), Some(7));
+        assert_eq!(padded.pod_ordinal("w-7"), None);
+        assert_eq!(padded.pod_ordinal("w-100"), Some(100));
+        assert_eq!(ordinal_after(&padded.name_any(), "w-7"), Some(7));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::ResourceExt;
-use slinky_api::{ControllerReference, NodeSet, NodeSetSpec, keys};
+use slinky_api::{ControllerReference, NodeSet, NodeSetSpec, keys, owners::controller_ref};
 
 use crate::plugins::policy::nodeset_selector;
 
@@ -79,9 +79,9 @@ impl PodFixture {
     }
 
     /// Controlled by the NodeSet.
-    pub fn owned(self) -> Self {
-        let (name, uid) = (self.nodeset.name_any(), self.nodeset.uid().unwrap_or_default());
-        self.controller("NodeSet", &name, &uid)
+    pub fn owned(mut self) -> Self {
+        self.pod.metadata.owner_references = controller_ref(&self.nodeset).map(|r| vec![r]);
+        self
     }
 
     /// Controlled by something else.

@@ -42,16 +42,15 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
-pub use claim::{claims_name, owner_uid};
 use other_children::sync_children;
 pub use plan::is_ready;
 use plan::{Inputs, is_available, plan};
 use pods::{create_pods, delete_pods};
 use status::write_status;
 
-use super::{Context, Error, object_key, status::ConditionChanges};
+use super::{Core, Error, NodeSetContext, object_key, pass::PassState};
 use crate::{
-    plugins::{BuilderKind, GuestError, Plugin, PluginError},
+    plugins::{BuilderKind, Plugin},
     revision::pod_revision,
 };
 
@@ -59,78 +58,49 @@ use crate::{
 ///
 /// # Errors
 /// API errors (retried with the NodeSet's backoff by the error policy).
-pub async fn reconcile(ns: Arc<NodeSet>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.instrumented(ns.as_ref(), reconcile_inner(&ns, &ctx)).await
+pub async fn reconcile(ns: Arc<NodeSet>, ctx: Arc<NodeSetContext>) -> Result<Action, Error> {
+    ctx.core
+        .instrumented(ns.as_ref(), reconcile_inner(&ns, &ctx))
+        .await
 }
 
 /// One pass: what it decided about conditions, and the writes that failed.
 struct Pass<'a> {
-    ctx: &'a Context,
+    ctx: &'a NodeSetContext,
     ns: &'a NodeSet,
     uid: String,
-    conditions: ConditionChanges,
+    /// The conditions, the problem that stops the pass, and whether a builder failed.
+    state: PassState<'a, NodeSet>,
     /// `(reason, message)` of each refused write.
     failures: Vec<(&'static str, String)>,
     /// `(reason, message)` of each refused child write (not a pod) or ownership problem.
     child_failures: Vec<(&'static str, String)>,
     /// The children were synced (so `ChildFailure` is set or cleared by this pass).
     children_synced: bool,
-    /// A condition that stops the pass: `(type, message)`.
-    problem: Option<(&'static str, String)>,
-    /// The builder failed (back off like a failed write).
-    builder_failed: bool,
 }
 
-impl<'a> Pass<'a> {
-    fn current_conditions(&self) -> &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition] {
-        self.ns
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default()
-    }
-
-    /// A condition that stops the pass; an Event the first time its message is seen.
-    async fn problem(&mut self, type_: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.current_conditions(), type_, &message) {
-            self.ctx
-                .event(self.ns, EventType::Warning, type_, message.clone())
-                .await;
-        }
-        self.problem = Some((type_, message));
+impl Pass<'_> {
+    /// What both reconcilers share.
+    fn core(&self) -> &Core {
+        &self.ctx.core
     }
 
     /// A refused write: an Event now, the `ReplicaFailure` condition at the end of the pass.
     async fn failed(&mut self, reason: &'static str, message: String) {
         tracing::warn!(reason, "{message}");
-        self.ctx
+        self.core()
             .event(self.ns, EventType::Warning, reason, message.clone())
             .await;
         self.failures.push((reason, message));
     }
-
-    /// A builder error: `InvalidSpec` when the builder says the input is invalid, else
-    /// `BuilderFailed`.
-    async fn builder_error(&mut self, e: &PluginError) {
-        self.ctx.metrics.plugin_failures.inc();
-        match e {
-            PluginError::Build {
-                error: GuestError::InvalidInput(m),
-                ..
-            } => self.problem(conditions::INVALID_SPEC, m.clone()).await,
-            other => {
-                self.builder_failed = true;
-                self.problem(conditions::BUILDER_FAILED, other.to_string()).await;
-            }
-        }
-    }
 }
 
-async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, Error> {
+    let core = ctx.core.as_ref();
     let namespace = ns.namespace().unwrap_or_default();
     let key = object_key(ns);
     let uid = ns.uid().unwrap_or_default();
-    if !ctx.serves(&namespace) {
+    if !core.serves(&namespace) {
         return Ok(Action::await_change());
     }
     if ns.metadata.deletion_timestamp.is_some() {
@@ -141,31 +111,35 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
     // has been applied to the cache, so what is read next is no older than our own writes. (Read
     // the other way round, a pass could act on pods its previous pass already deleted.)
     let satisfied = ctx.expectations.satisfied(&uid);
-    let claims = classify(ns, ctx.pods.state());
+    let claims = classify(ns, ctx.caches.pods.state());
     let controller = ctx
+        .caches
         .controllers
         .get(&ObjectRef::<Controller>::new(&ns.spec.controller_ref.name).within(ns.controller_namespace()));
-    let plugin = ctx.plugins.active(BuilderKind::NodesetPod);
+    let plugin = core.plugins.active(BuilderKind::NodesetPod);
     let revision = controller
         .as_ref()
-        .map(|c| pod_revision(ns, c, plugin.digest(), &ctx.build));
+        .map(|c| pod_revision(ns, c, plugin.digest(), &core.build));
 
+    let current = ns
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
     let mut pass = Pass {
         ctx,
         ns,
         uid,
-        conditions: ConditionChanges::new(ns.metadata.generation),
+        state: PassState::new(core, ns, current),
         failures: Vec::new(),
         child_failures: Vec::new(),
         children_synced: false,
-        problem: None,
-        builder_failed: false,
     };
     let mut owned = claims.owned.clone();
-    let mut requeue = ctx.resync;
+    let mut requeue = core.resync;
     let synced;
     if let Some(problem) = checks::summary(&ns.spec_problems()) {
-        pass.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(conditions::INVALID_SPEC, problem).await;
         synced = false;
     } else if let (Some(controller), Some(revision)) = (controller.as_ref(), revision.as_deref()) {
         if satisfied {
@@ -182,15 +156,17 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &Context) -> Result<Action, Error> {
             ns.controller_namespace(),
             ns.spec.controller_ref.name
         );
-        pass.problem(conditions::CONTROLLER_NOT_FOUND, message).await;
+        pass.state
+            .problem(conditions::CONTROLLER_NOT_FOUND, message)
+            .await;
         synced = false;
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), synced).await?;
-    if !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.builder_failed {
-        requeue = ctx.backoff.failure(&key);
+    if !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed {
+        requeue = core.backoff.failure(&key);
     } else {
-        ctx.backoff.success(&key);
+        core.backoff.success(&key);
     }
     let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let now = Timestamp::now();
@@ -211,14 +187,14 @@ async fn sync(
     mut claims: Claims,
     plugin: &Plugin,
 ) -> Result<Vec<Arc<Pod>>, Error> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
+    let ns = pass.ns;
     sync_children(pass, controller).await?;
-    if pass.problem.is_some() {
+    if pass.state.problem.is_some() {
         return Ok(claims.owned);
     }
     adopt_and_release(pass, &mut claims).await?;
     relabel_equal_pods(pass, controller, revision, &mut claims.owned, plugin).await?;
-    if pass.problem.is_some() {
+    if pass.state.problem.is_some() {
         return Ok(claims.owned);
     }
     let plan = plan(&Inputs {
@@ -234,7 +210,7 @@ async fn sync(
         .iter()
         .find_map(|o| checks::summary(&ns.identity_problems(*o)))
     {
-        pass.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(conditions::INVALID_SPEC, problem).await;
         return Ok(claims.owned);
     }
     tracing::debug!(
@@ -244,13 +220,14 @@ async fn sync(
         "sync pods"
     );
     if !plan.skipped.is_empty() {
-        ctx.event(
-            ns,
-            EventType::Warning,
-            "PodNameTaken",
-            skipped_note(&plan.skipped),
-        )
-        .await;
+        pass.core()
+            .event(
+                ns,
+                EventType::Warning,
+                "PodNameTaken",
+                skipped_note(&plan.skipped),
+            )
+            .await;
     }
     delete_pods(pass, &plan.deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;

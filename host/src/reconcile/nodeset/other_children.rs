@@ -29,11 +29,12 @@ const CHILD_KINDS: [ChildKind; 3] = [
 /// this NodeSet controls that are no longer built.
 pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) -> Result<(), Error> {
     let (ns, ctx) = (pass.ns, pass.ctx);
-    let plugin = ctx.plugins.active(BuilderKind::NodesetChildren);
-    let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), ctx.build.clone());
-    let metrics = ctx.metrics.clone();
-    ctx.metrics.plugin_calls.inc_by(1);
-    let built = ctx
+    let core = ctx.core.as_ref();
+    let plugin = core.plugins.active(BuilderKind::NodesetChildren);
+    let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), core.build.clone());
+    let metrics = core.metrics.clone();
+    core.metrics.plugin_calls.inc_by(1);
+    let built = core
         .blocking(move || {
             time_plugin_call(&metrics, BuilderKind::NodesetChildren, || {
                 p.build_nodeset_children(&build, &nsc, &cc)
@@ -43,12 +44,13 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     let mut children: Vec<Child> = match built {
         Ok(children) => children,
         Err(e) => {
-            pass.builder_error(&e).await;
+            pass.state.builder_error(&e).await;
             return Ok(());
         }
     };
     let namespace = ns.namespace().unwrap_or_default();
     let sharing: Vec<Arc<NodeSet>> = ctx
+        .caches
         .nodesets
         .state()
         .into_iter()
@@ -71,8 +73,8 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         c.set_owners(owners.clone());
     }
     children.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-    let current = pass.current_conditions().to_vec();
-    let mut sync = ChildSync::new(ctx, ns, &current, uids);
+    let current = pass.state.current();
+    let mut sync = ChildSync::new(core, &ctx.caches.children, &ctx.applied, ns, current, uids);
     for child in &children {
         sync.ensure(child).await?;
     }

@@ -27,9 +27,10 @@ use slinky_api::{
     NodeSet, UpdateStrategyType,
     checks::{self, MaxUnavailable},
     keys,
+    pods::{ordinal_after, ready_condition},
 };
 
-use super::claim::{Blocker, claims_name, parse_ordinal};
+use super::claim::Blocker;
 
 /// Most creates (and deletes) in one pass.
 pub const BURST: usize = 250;
@@ -39,9 +40,9 @@ pub fn phase(p: &Pod) -> &str {
     p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
 }
 
+/// When the pod's `Ready=True` condition last changed (the epoch when it has no time).
 fn ready_since(p: &Pod) -> Option<Timestamp> {
-    let conds = p.status.as_ref()?.conditions.as_ref()?;
-    let c = conds.iter().find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let c = ready_condition(p)?;
     Some(c.last_transition_time.as_ref().map(|t| t.0).unwrap_or_default())
 }
 
@@ -86,7 +87,7 @@ pub fn condemn_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
             .cloned()
             .unwrap_or_else(|| "~".into())
     };
-    let ordinal = |p: &Pod| parse_ordinal(nodeset, &p.name_any());
+    let ordinal = |p: &Pod| ordinal_after(&nodeset.name_any(), &p.name_any());
     scheduled(a)
         .cmp(&scheduled(b))
         .then(phase_rank(a).cmp(&phase_rank(b)))
@@ -144,7 +145,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     let ns = inp.nodeset;
     let replicas = ns.replicas().max(0) as usize;
     let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
-    let ordinal = |p: &Pod| parse_ordinal(ns, &p.name_any());
+    let ordinal = |p: &Pod| ordinal_after(&ns.name_any(), &p.name_any());
     let mut plan = Plan::default();
 
     let (going, live): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = inp
@@ -205,7 +206,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         .copied()
         .filter(|p| {
             p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(inp.revision)
-                || claims_name(ns, &p.name_any()).is_none()
+                || ns.pod_ordinal(&p.name_any()).is_none()
         })
         .collect();
     if old.is_empty() {

@@ -12,7 +12,7 @@ use super::{Pass, plan::DeleteReason};
 use crate::{
     plugins::{BuilderKind, Plugin, PluginError, PodIdentity},
     reconcile::{
-        Context, Error,
+        Core, Error,
         compare::{differences, dropped_note},
         time_plugin_call, writer,
     },
@@ -25,7 +25,7 @@ pub(super) async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &
     if !paths.is_empty() {
         let note = dropped_note(&format!("pod {}", built.name_any()), &paths);
         tracing::warn!("{note}");
-        pass.ctx
+        pass.core()
             .event(pass.ns, EventType::Warning, "FieldsDropped", note)
             .await;
     }
@@ -33,16 +33,16 @@ pub(super) async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &
 
 /// Build pods in one blocking task (copies in, untrusted output checked by the policy).
 pub(super) async fn build_pods(
-    ctx: &Context,
+    core: &Core,
     ns: &NodeSet,
     controller: &Controller,
     plugin: &Plugin,
     identities: Vec<PodIdentity>,
 ) -> Result<Result<Vec<Pod>, PluginError>, Error> {
-    let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), ctx.build.clone());
-    let metrics = ctx.metrics.clone();
-    ctx.metrics.plugin_calls.inc_by(identities.len() as u64);
-    ctx.blocking(move || {
+    let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), core.build.clone());
+    let metrics = core.metrics.clone();
+    core.metrics.plugin_calls.inc_by(identities.len() as u64);
+    core.blocking(move || {
         identities
             .iter()
             .map(|id| {
@@ -60,13 +60,14 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
         return;
     }
     let (ns, ctx) = (pass.ns, pass.ctx);
+    let core = ctx.core.as_ref();
     let namespace = ns.namespace().unwrap_or_default();
     let uids: Vec<String> = deletes.iter().filter_map(|(p, _)| p.uid()).collect();
     ctx.expectations.expect_deletions(&pass.uid, uids);
     let results = join_all(deletes.iter().map(|(p, _)| {
         let (pn, uid, namespace) = (p.name_any(), p.uid().unwrap_or_default(), namespace.clone());
         async move {
-            let r = ctx.writer.delete_pod(&namespace, &pn, &uid).await;
+            let r = core.writer.delete_pod(&namespace, &pn, &uid).await;
             (pn, uid, r)
         }
     }))
@@ -88,7 +89,7 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
         }
     }
     if !deleted.is_empty() {
-        ctx.event(
+        core.event(
             ns,
             EventType::Normal,
             "SuccessfulDelete",
@@ -112,14 +113,15 @@ pub(super) async fn create_pods(
         return Ok(());
     }
     let (ns, ctx) = (pass.ns, pass.ctx);
+    let core = ctx.core.as_ref();
     let identities: Vec<PodIdentity> = creates
         .iter()
         .map(|o| PodIdentity::for_ordinal(ns, *o, revision))
         .collect();
-    let built = match build_pods(ctx, ns, controller, plugin, identities).await? {
+    let built = match build_pods(core, ns, controller, plugin, identities).await? {
         Ok(built) => built,
         Err(e) => {
-            pass.builder_error(&e).await;
+            pass.state.builder_error(&e).await;
             return Ok(());
         }
     };
@@ -135,7 +137,7 @@ pub(super) async fn create_pods(
         if this.is_empty() {
             break;
         }
-        let results = join_all(this.iter().map(|pod| ctx.writer.create_pod(pod))).await;
+        let results = join_all(this.iter().map(|pod| core.writer.create_pod(pod))).await;
         let mut refused = false;
         for (pod, r) in this.iter().zip(results) {
             let name = pod.name_any();
@@ -173,7 +175,7 @@ pub(super) async fn create_pods(
         batch *= 2;
     }
     if !created.is_empty() {
-        ctx.event(
+        core.event(
             ns,
             EventType::Normal,
             "SuccessfulCreate",
@@ -182,7 +184,7 @@ pub(super) async fn create_pods(
         .await;
     }
     if !taken.is_empty() {
-        ctx.event(
+        core.event(
             ns,
             EventType::Warning,
             "PodNameTaken",

@@ -11,7 +11,10 @@ use super::{
     Pass,
     plan::{is_available, is_ready, phase},
 };
-use crate::{plugins::policy::nodeset_selector, reconcile::Error};
+use crate::{
+    plugins::policy::nodeset_selector,
+    reconcile::{Error, pass::first_of},
+};
 
 /// The status, computed from the owned pods; conditions merged into the fresh object's on every
 /// attempt. `synced`: the pass ran its writes (so `ReplicaFailure` is set or cleared by them;
@@ -31,7 +34,7 @@ pub(super) async fn write_status(
         .collect();
     let desired = ns.replicas().max(0);
     let available = live.iter().filter(|p| is_available(p, min_ready, now)).count() as i32;
-    let c = &mut pass.conditions;
+    let c = &mut pass.state.conditions;
     for t in [
         conditions::INVALID_SPEC,
         conditions::BUILDER_FAILED,
@@ -39,7 +42,7 @@ pub(super) async fn write_status(
     ] {
         c.clear(t);
     }
-    match &pass.problem {
+    match &pass.state.problem {
         Some((type_, msg)) => {
             c.set(type_, true, type_, msg.clone());
             c.set(conditions::READY, false, type_, msg.clone());
@@ -54,20 +57,12 @@ pub(super) async fn write_status(
             );
         }
     }
-    if let Some((reason, first)) = pass.failures.first() {
-        let message = match pass.failures.len() {
-            1 => first.clone(),
-            n => format!("{first} (and {} more refused writes)", n - 1),
-        };
+    if let Some((reason, message)) = first_of(&pass.failures, " refused writes") {
         c.set(conditions::REPLICA_FAILURE, true, reason, message);
-    } else if synced && pass.problem.is_none() {
+    } else if synced && pass.state.problem.is_none() {
         c.clear(conditions::REPLICA_FAILURE);
     }
-    if let Some((reason, first)) = pass.child_failures.first() {
-        let message = match pass.child_failures.len() {
-            1 => first.clone(),
-            n => format!("{first} (and {} more)", n - 1),
-        };
+    if let Some((reason, message)) = first_of(&pass.child_failures, "") {
         c.set(conditions::CHILD_FAILURE, true, reason, message);
     } else if pass.children_synced {
         c.clear(conditions::CHILD_FAILURE);
@@ -94,7 +89,7 @@ pub(super) async fn write_status(
         selector: Some(selector.join(",")),
         conditions: Vec::new(),
     };
-    let changes = pass.conditions.clone();
+    let changes = pass.state.conditions.clone();
     let compute = move |obj: &NodeSet| NodeSetStatus {
         conditions: changes.apply(
             obj.status
@@ -104,8 +99,8 @@ pub(super) async fn write_status(
         ),
         ..status.clone()
     };
-    let api: Api<NodeSet> = Api::namespaced(pass.ctx.client.clone(), &ns.namespace().unwrap_or_default());
-    pass.ctx
+    let api: Api<NodeSet> = Api::namespaced(pass.core().client.clone(), &ns.namespace().unwrap_or_default());
+    pass.core()
         .writer
         .update_status(&api, ns, compute, |obj: &NodeSet| obj.status.clone())
         .await?;

@@ -1,0 +1,116 @@
+//! The caches the reconcilers read: one reflector store per kind, filled by the watches
+//! ([`super::watch`]) with managedFields stripped, and "synced" readiness.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{ConfigMap, Pod, Service},
+    policy::v1::PodDisruptionBudget,
+};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::Value;
+use slinky_api::{Controller, NodeSet};
+
+use crate::plugins::ChildKind;
+
+/// Every cache of a host (of the served namespaces). Cloning clones the handles, not the objects.
+#[derive(Clone)]
+pub struct Caches {
+    /// Pods.
+    pub pods: Store<Pod>,
+    /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets.
+    pub children: ChildCaches,
+    /// Controllers.
+    pub controllers: Store<Controller>,
+    /// NodeSets.
+    pub nodesets: Store<NodeSet>,
+}
+
+impl Caches {
+    /// Wait until every cache has synced.
+    pub(super) async fn synced(&self) {
+        synced(&self.pods).await;
+        synced(&self.children.services).await;
+        synced(&self.children.configmaps).await;
+        synced(&self.children.statefulsets).await;
+        synced(&self.children.pdbs).await;
+        synced(&self.controllers).await;
+        synced(&self.nodesets).await;
+    }
+}
+
+/// Wait until a store has synced. Re-polls with a fresh future every 100 ms: a single
+/// `wait_until_ready` future was seen to miss its wake-up when polled before the store synced.
+async fn synced<K: kube::Resource + Clone + 'static>(store: &Store<K>)
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), store.wait_until_ready()).await {
+            Ok(Ok(())) => return,
+            Ok(Err(_)) => {
+                tracing::error!("a cache's writer stopped before it synced");
+                return std::future::pending().await;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The caches of the child kinds (of the served namespaces, managedFields stripped; foreign
+/// ConfigMaps keep their keys only).
+#[derive(Clone)]
+pub struct ChildCaches {
+    /// Services.
+    pub services: Store<Service>,
+    /// ConfigMaps.
+    pub configmaps: Store<ConfigMap>,
+    /// StatefulSets.
+    pub statefulsets: Store<StatefulSet>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Store<PodDisruptionBudget>,
+}
+
+fn get<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Value>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
+{
+    store
+        .get(&ObjectRef::new(name).within(ns))
+        .and_then(|o| serde_json::to_value(o.as_ref()).ok())
+}
+
+fn list<K>(store: &Store<K>, ns: &str) -> Vec<Value>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
+{
+    store
+        .state()
+        .into_iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
+        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+        .collect()
+}
+
+impl ChildCaches {
+    /// The cached object, as JSON.
+    pub fn get(&self, kind: ChildKind, ns: &str, name: &str) -> Option<Value> {
+        match kind {
+            ChildKind::Service => get(&self.services, ns, name),
+            ChildKind::ConfigMap => get(&self.configmaps, ns, name),
+            ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
+            ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
+        }
+    }
+
+    /// The cached objects of a kind in a namespace, as JSON.
+    pub fn list(&self, kind: ChildKind, ns: &str) -> Vec<Value> {
+        match kind {
+            ChildKind::Service => list(&self.services, ns),
+            ChildKind::ConfigMap => list(&self.configmaps, ns),
+            ChildKind::StatefulSet => list(&self.statefulsets, ns),
+            ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
+        }
+    }
+}

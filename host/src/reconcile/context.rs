@@ -1,0 +1,135 @@
+//! What the reconcilers receive: a small [`Core`] both share (the API, the writer, Events, the
+//! builders and the pass policy), the [`Caches`], and one context per reconciler with what it
+//! reads besides: [`ControllerContext`] and [`NodeSetContext`].
+
+use std::{sync::Arc, time::Duration};
+
+use kube::{
+    Client, Resource,
+    runtime::{
+        controller::Action,
+        events::{Event, EventType, Recorder},
+    },
+};
+
+use super::{
+    Backoff, Error, Expectations, Leadership, Metrics, Writer, applied::AppliedVersions, caches::Caches,
+    object_key,
+};
+use crate::plugins::{BuildContext, PluginRegistry};
+
+/// What both reconcilers use: the API, the only writer, Events, the builders, metrics, and when
+/// a pass runs and comes back.
+pub struct Core {
+    /// The API client (fresh reads: adoption checks, Secrets, status conflicts, child ownership).
+    pub client: Client,
+    /// The only writer.
+    pub writer: Writer,
+    /// Events.
+    pub recorder: Recorder,
+    /// The active builder plugins.
+    pub plugins: Arc<PluginRegistry>,
+    /// What builders may know of the cluster.
+    pub build: BuildContext,
+    /// Reconcile metrics.
+    pub metrics: Arc<Metrics>,
+    /// The namespaces served (all when empty).
+    pub namespaces: Arc<Vec<String>>,
+    /// The write fence (leader election).
+    pub leader: Leadership,
+    /// Per-object retry backoff after failed writes and errors.
+    pub backoff: Backoff,
+    /// The period of the resync requeue of healthy objects.
+    pub resync: Duration,
+}
+
+/// What the Controller reconciler gets.
+pub struct ControllerContext {
+    /// What both reconcilers share.
+    pub core: Arc<Core>,
+    /// The caches (it reads the NodeSets, the referenced ConfigMaps and its children).
+    pub caches: Caches,
+    /// What the host last applied to each child (hash and resulting resourceVersion).
+    pub applied: Arc<AppliedVersions>,
+}
+
+/// What the NodeSet reconciler gets.
+pub struct NodeSetContext {
+    /// What both reconcilers share.
+    pub core: Arc<Core>,
+    /// The caches (it reads its pods, its Controller, the NodeSets sharing its workers' objects
+    /// and its children).
+    pub caches: Caches,
+    /// What the host last applied to each child (hash and resulting resourceVersion).
+    pub applied: Arc<AppliedVersions>,
+    /// Pending pod creations/deletions per NodeSet UID.
+    pub expectations: Arc<Expectations>,
+}
+
+impl Core {
+    /// Whether this host serves objects of namespace `ns`.
+    pub fn serves(&self, ns: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == ns)
+    }
+
+    /// Publish an Event on `obj` (failures are logged, never fatal).
+    pub(crate) async fn event<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(%error, reason, "cannot publish an Event");
+        }
+    }
+
+    /// Run a builder call off the async threads.
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| Error::Task(e.to_string()))
+    }
+
+    /// The one reconcile wrapper: followers reconcile nothing; every log line carries the
+    /// object's kind and key; the time and result are counted.
+    pub(super) async fn instrumented<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        pass: impl std::future::Future<Output = Result<Action, Error>>,
+    ) -> Result<Action, Error> {
+        if !self.leader.may_write() {
+            // A follower: caches only. Becoming the leader re-reconciles everything.
+            return Ok(Action::await_change());
+        }
+        let kind = K::kind(&());
+        let started = std::time::Instant::now();
+        let span = tracing::info_span!("reconcile", kind = %kind, key = %object_key(obj));
+        let r = tracing::Instrument::instrument(pass, span).await;
+        let label = match &r {
+            Ok(_) => "ok",
+            Err(e) => e.metric_label(),
+        };
+        self.metrics.record(&kind, label, started.elapsed().as_secs_f64());
+        r
+    }
+
+    /// The error policy of both kinds: log, and retry with the object's backoff.
+    pub(super) fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
+        let key = object_key(obj);
+        let after = self.backoff.failure(&key);
+        tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");
+        Action::requeue(after)
+    }
+}
