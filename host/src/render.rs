@@ -560,7 +560,7 @@ pub fn render_with(
                             && o.spec.controller_ref.name == ctl_name
                     })
                     .collect();
-                let owners = crate::plugins::Child::shared_owners(sharing);
+                let owners = slinky_api::owners::shared_refs(sharing);
                 built.retain(|c| {
                     c.ownership == Ownership::Controlled
                         || shared_done.insert((c.kind, ns.clone(), c.name().to_string()))

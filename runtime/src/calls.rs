@@ -165,7 +165,7 @@ impl Plugin {
 
     /// Build a NodeSet's children besides its pods: serialize copies, call the plugin, apply the
     /// output policy. Shared children come without owner references: the host sets them to
-    /// every NodeSet of the Controller ([`Child::shared_owners`]).
+    /// every NodeSet of the Controller (`slinky_api::owners::shared_refs`).
     ///
     /// # Errors
     /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.

@@ -4,7 +4,6 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::discovery::ApiResource;
 use serde_json::Value;
-use slinky_api::NodeSet;
 
 /// At most this many objects in one children builder's output.
 pub const MAX_CHILDREN: usize = 64;
@@ -149,12 +148,5 @@ impl Child {
                 serde_json::to_value(owners).unwrap_or(Value::Null),
             );
         }
-    }
-
-    /// The shared owners of a workers' object: every NodeSet of `nodesets` (with a UID), sorted by
-    /// name, as plain owners blocking their deletion (Slinky's `SetOwnerReferences`; the fact is
-    /// [`slinky_api::owners::shared_refs`]).
-    pub fn shared_owners<'a>(nodesets: impl IntoIterator<Item = &'a NodeSet>) -> Vec<OwnerReference> {
-        slinky_api::owners::shared_refs(nodesets)
     }
 }

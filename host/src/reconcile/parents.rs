@@ -8,8 +8,6 @@ use kube::{
 };
 use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX};
 
-use crate::plugins::policy::nodeset_selector;
-
 /// The NodeSets that reference the Controller `c_name` of namespace `c_ns`.
 pub(super) fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> Vec<ObjectRef<NodeSet>> {
     store
@@ -95,7 +93,7 @@ pub(super) fn pod_owners(pod: &Pod, nodesets: &Store<NodeSet>) -> Vec<ObjectRef<
         .filter(|n| n.namespace().as_deref() == Some(ns.as_str()))
         .filter(|n| {
             n.pod_ordinal(&pod.name_any()).is_some()
-                || nodeset_selector(n)
+                || n.selector_labels()
                     .iter()
                     .all(|(k, v)| pod.labels().get(k) == Some(v))
         })

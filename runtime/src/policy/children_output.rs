@@ -21,8 +21,7 @@ use serde_json::Value;
 use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, validation};
 
 use super::{
-    builder_annotations, controller_selector, dns1035_label, finish_meta, metadata_problems,
-    pod_spec_problems, require_labels,
+    builder_annotations, dns1035_label, finish_meta, metadata_problems, pod_spec_problems, require_labels,
 };
 use crate::{Child, ChildKind, Ownership, Plugin};
 
@@ -311,7 +310,7 @@ fn statefulset_selector(child: &Child, controller: &Controller) -> Result<(), St
     require_labels(
         "spec.selector.matchLabels",
         &selector,
-        &controller_selector(controller),
+        &controller.selector_labels(),
     )
     .map_err(|e| format!("{}: {e}", child.describe()))
 }

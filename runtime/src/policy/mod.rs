@@ -24,16 +24,6 @@ pub use children_output::{controller_children, nodeset_children};
 
 use super::{Plugin, PodIdentity};
 
-/// The selector labels of a NodeSet's pods ([`NodeSet::selector_labels`]).
-pub fn nodeset_selector(nodeset: &NodeSet) -> BTreeMap<String, String> {
-    nodeset.selector_labels()
-}
-
-/// The selector labels of a Controller's Service ([`Controller::selector_labels`]).
-pub fn controller_selector(controller: &Controller) -> BTreeMap<String, String> {
-    controller.selector_labels()
-}
-
 /// Check and finish a `build-service` output.
 ///
 /// # Errors
@@ -58,7 +48,7 @@ pub fn service(raw: &str, controller: &Controller, plugin: &Plugin) -> Result<Se
         .as_ref()
         .and_then(|s| s.selector.clone())
         .unwrap_or_default();
-    require_labels("spec.selector", &selector, &controller_selector(controller))?;
+    require_labels("spec.selector", &selector, &controller.selector_labels())?;
     svc.status = None;
     Ok(svc)
 }
@@ -81,7 +71,7 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
         return Err("the pod has no containers".into());
     }
     let labels = pod.metadata.labels.get_or_insert_default();
-    require_labels("metadata.labels", labels, &nodeset_selector(nodeset))?;
+    require_labels("metadata.labels", labels, &nodeset.selector_labels())?;
     labels.insert(keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone());
     metadata_problems(&pod.metadata)?;
     if let Some(spec) = &pod.spec {

@@ -9,8 +9,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use slinky_api::NodeSet;
 
-use crate::plugins::policy::nodeset_selector;
-
 /// A pod holding an ordinal's name that the NodeSet does not own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocker {
@@ -42,7 +40,7 @@ pub struct Claims {
 pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> Claims {
     let namespace = nodeset.namespace().unwrap_or_default();
     let uid = nodeset.uid().unwrap_or_default();
-    let selector = nodeset_selector(nodeset);
+    let selector = nodeset.selector_labels();
     let matches = |p: &Pod| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v));
     let mut claims = Claims::default();
     for p in pods {

@@ -10,8 +10,6 @@ use k8s_openapi::{
 use kube::ResourceExt;
 use slinky_api::{ControllerReference, NodeSet, NodeSetSpec, keys, owners::controller_ref};
 
-use crate::plugins::policy::nodeset_selector;
-
 /// A NodeSet `name` in namespace `slurm` with a UID, `replicas` and Controller `slurm`.
 pub fn nodeset(name: &str, replicas: i32) -> NodeSet {
     let mut ns = NodeSet::new(
@@ -40,7 +38,7 @@ pub struct PodFixture {
 /// Pod `<nodeset>-<ordinal>` with the NodeSet's selector labels, no owner, Running and Ready,
 /// of revision `rev1`.
 pub fn pod(nodeset: &NodeSet, ordinal: u32) -> PodFixture {
-    let mut labels = nodeset_selector(nodeset);
+    let mut labels = nodeset.selector_labels();
     labels.insert(keys::LABEL_REVISION_HASH.into(), "rev1".into());
     let pod = Pod {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {

@@ -67,7 +67,7 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         .filter(|n| n.uid() != ns.uid())
         .collect();
     sharers.push(ns);
-    let owners = Child::shared_owners(sharers.iter().copied());
+    let owners = slinky_api::owners::shared_refs(sharers.iter().copied());
     let uids = owners.iter().map(|o| o.uid.clone()).collect();
     for c in children.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
         c.set_owners(owners.clone());

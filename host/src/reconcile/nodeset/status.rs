@@ -11,10 +11,7 @@ use super::{
     Pass,
     plan::{is_available, is_ready, phase},
 };
-use crate::{
-    plugins::policy::nodeset_selector,
-    reconcile::{Error, pass::first_of},
-};
+use crate::reconcile::{Error, pass::first_of};
 
 /// The status, computed from the owned pods; conditions merged into the fresh object's on every
 /// attempt. `synced`: the pass ran its writes (so `ReplicaFailure` is set or cleared by them;
@@ -67,7 +64,8 @@ pub(super) async fn write_status(
     } else if pass.children_synced {
         c.clear(conditions::CHILD_FAILURE);
     }
-    let selector: Vec<String> = nodeset_selector(ns)
+    let selector: Vec<String> = ns
+        .selector_labels()
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
