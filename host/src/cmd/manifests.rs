@@ -130,7 +130,7 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
     let meta = |name: &str| json!({"name": name, "namespace": ns, "labels": labels()});
     let mut out = Vec::new();
     if !args.no_crds {
-        for crd in crate::crds::crds() {
+        for crd in super::crds::crds() {
             out.push(serde_json::to_value(crd)?);
         }
     }

@@ -2,14 +2,17 @@
 //! it through the output policy, and diff its outputs against the bundled builder's, so an author
 //! sees exactly what they changed.
 
-use std::{fmt::Write as _, sync::Arc};
+use std::{fmt::Write as _, path::PathBuf, sync::Arc};
 
 use kube::ResourceExt;
 use serde_json::Value;
 
+use super::{
+    print,
+    render::{self, Manifest, Parent, References},
+};
 use crate::{
     plugins::{BuilderKind, EngineHandle, Plugin, PluginError, bundled},
-    render::{Manifest, Parent, References},
     revision::pod_revision,
 };
 
@@ -262,7 +265,7 @@ pub fn check_with(
             crate::plugins::PluginSource::Bundled,
         )
     };
-    let controllers = crate::render::controllers(manifests);
+    let controllers = render::controllers(manifests);
     let mut t = Tally::default();
     for m in manifests {
         match &m.parent {
@@ -391,6 +394,29 @@ pub fn check_with(
         text: out,
         ok: failed == 0,
     })
+}
+
+/// `plugin check`: check the plugin at `path` on the manifests of `files` (the examples when
+/// none) and print the report.
+///
+/// # Errors
+/// As [`check_with`], or an input file that does not read; a failed build fails the command
+/// after the report is printed.
+pub fn execute(
+    engine: &Arc<EngineHandle>,
+    path: &std::path::Path,
+    files: &[PathBuf],
+    cluster_domain: String,
+) -> anyhow::Result<()> {
+    let manifests = render::read_manifests(files)?;
+    let references = render::read_references(files)?;
+    let ctx = crate::BuildContext { cluster_domain };
+    let report = check_with(engine, path, &manifests, &references, &ctx)?;
+    print(&report.text)?;
+    if !report.ok {
+        anyhow::bail!("{} failed on some inputs (see FAIL above)", path.display());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
