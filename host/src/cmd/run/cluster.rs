@@ -109,7 +109,7 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
 /// The embedded API server of `run --embedded` (with simulated pod lifecycle in real time), the
 /// CRDs installed and `--apply` files applied.
 #[cfg(feature = "embedded")]
-pub(super) async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiServer, Client)> {
+async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiServer, Client)> {
     use crate::embedded::{ApiServer, ApiServerConfig, LifecycleConfig};
     let s = ApiServer::start(ApiServerConfig {
         lifecycle: Some(LifecycleConfig::default()),
@@ -150,8 +150,36 @@ impl NoServer {
 
 /// Without the `embedded` feature there is no embedded API server to start.
 #[cfg(not(feature = "embedded"))]
-pub(super) async fn start_embedded(_: &RunArgs) -> anyhow::Result<(NoServer, Client)> {
+async fn start_embedded(_: &RunArgs) -> anyhow::Result<(NoServer, Client)> {
     anyhow::bail!("this slinky-host was built without the `embedded` feature: --embedded is not available")
+}
+
+/// The embedded API server `run --embedded` starts.
+#[cfg(feature = "embedded")]
+pub(super) type EmbeddedServer = crate::embedded::ApiServer;
+/// The embedded API server `run --embedded` starts: none without the `embedded` feature.
+#[cfg(not(feature = "embedded"))]
+pub(super) type EmbeddedServer = NoServer;
+
+/// A client of the API server `args` name: the embedded one (started here, and returned so it
+/// can be shut down), the `--kubeconfig` one, or the inferred one (`$KUBECONFIG`,
+/// `~/.kube/config`, in-cluster).
+pub(super) async fn connect(args: &RunArgs) -> anyhow::Result<(Option<EmbeddedServer>, Client)> {
+    if args.embedded {
+        let (server, client) = start_embedded(args).await?;
+        return Ok((Some(server), client));
+    }
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not in a cluster: pass --kubeconfig or --embedded")?,
+    };
+    Ok((None, Client::try_from(identified(config))?))
 }
 
 /// `config` sending `User-Agent: slinky-host/VERSION` (audit logs, API priority and fairness).

@@ -7,8 +7,9 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use kube::Client;
+use tokio::task::JoinHandle;
 
-use self::cluster::start_embedded;
+use self::cluster::connect;
 pub use self::cluster::{apply_files, identified, install_crds};
 use crate::{
     plugins::{
@@ -135,82 +136,21 @@ pub fn execute(engine: &Arc<EngineHandle>, args: RunArgs) -> anyhow::Result<()> 
     runtime.block_on(run(args, plugins))
 }
 
+/// The plugins-directory reloader of `run --plugins-dir`: its handle and its task.
+type Reloader = (ReloadHandle, JoinHandle<()>);
+
 /// Run the host.
 ///
 /// # Errors
 /// Setup failures (kubeconfig, embedded server, CRDs, manifests, plugins, HTTP address).
 pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
-    let mut server = None;
-    let client = if args.embedded {
-        let (s, client) = start_embedded(&args).await?;
-        server = Some(s);
-        client
-    } else {
-        let config = match &args.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("no kubeconfig and not in a cluster: pass --kubeconfig or --embedded")?,
-        };
-        Client::try_from(identified(config))?
-    };
-
+    let (server, client) = connect(&args).await?;
     let build = BuildContext {
         cluster_domain: args.cluster_domain.clone(),
     };
-    let reloader = match &args.plugins_dir {
-        Some(dir) => {
-            let config = ReloadConfig {
-                dir: dir.clone(),
-                poll: Duration::from_millis(args.plugins_poll_ms.max(10)),
-                build: build.clone(),
-            };
-            let (handle, first, task) = reload::start(plugins.clone(), config)
-                .await
-                .with_context(|| format!("cannot watch the plugins directory {}", dir.display()))?;
-            for s in &first.swapped {
-                println!("plugin override: {s}");
-            }
-            for r in &first.refused {
-                println!("plugin refused: {}: {}", r.source, r.reason);
-            }
-            Some((handle, task))
-        }
-        None => None,
-    };
+    let reloader = start_reloader(&args, &plugins, &build).await?;
     let reload_handle = reloader.as_ref().map(|(h, _)| h.clone());
-
-    let (leadership, election) = if args.leader_elect {
-        let config = reconcile::LeaderConfig {
-            lease_name: args.leader_election_lease.clone(),
-            namespace: args
-                .leader_election_namespace
-                .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                .unwrap_or_else(|| "default".into()),
-            identity: args
-                .leader_election_identity
-                .clone()
-                .unwrap_or_else(reconcile::leader::default_identity),
-            duration: Duration::from_secs(args.leader_election_lease_seconds),
-            grace: Duration::from_secs(args.leader_election_grace_seconds),
-        };
-        let what = format!(
-            "{}/{} as {}",
-            config.namespace, config.lease_name, config.identity
-        );
-        let (l, task) = reconcile::leader::elect(client.clone(), config)
-            .await
-            .with_context(|| format!("cannot start leader election on the Lease {what}"))?;
-        tracing::info!(lease = %what, "leader election started");
-        (l, Some(task))
-    } else {
-        (reconcile::Leadership::always(), None)
-    };
+    let (leadership, election) = start_election(&args, &client).await?;
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let shutdown = {
@@ -235,31 +175,9 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         .with_context(|| format!("cannot serve the admin endpoints on {}", args.admin_addr))?;
     let host = tokio::spawn(host);
 
-    let summary_handles = handles.clone();
-    let summaries = tokio::spawn(async move {
-        let mut last = String::new();
-        loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let s = summary(&summary_handles);
-            if s != last {
-                println!("{s}");
-                last = s;
-            }
-        }
-    });
-    let deadline = async {
-        match args.run_for_seconds {
-            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
-            None => std::future::pending().await,
-        }
-    };
+    let summaries = tokio::spawn(print_summaries(handles.clone()));
     let hangups = tokio::spawn(rescan_on_sighup(reload_handle));
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing in-flight writes"),
-        _ = sigterm.recv() => tracing::info!("terminated; finishing in-flight writes"),
-        _ = deadline => {}
-    }
+    wait_for_stop(args.run_for_seconds).await?;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(30), host).await;
     if let Some(task) = election {
@@ -277,6 +195,97 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     println!("{}", summary(&handles));
     if let Some(s) = server {
         s.shutdown().await;
+    }
+    Ok(())
+}
+
+/// With `--plugins-dir`: watch it for builder plugins, printing the first scan's overrides and
+/// refusals.
+async fn start_reloader(
+    args: &RunArgs,
+    plugins: &Arc<PluginRegistry>,
+    build: &BuildContext,
+) -> anyhow::Result<Option<Reloader>> {
+    let Some(dir) = &args.plugins_dir else {
+        return Ok(None);
+    };
+    let config = ReloadConfig {
+        dir: dir.clone(),
+        poll: Duration::from_millis(args.plugins_poll_ms.max(10)),
+        build: build.clone(),
+    };
+    let (handle, first, task) = reload::start(plugins.clone(), config)
+        .await
+        .with_context(|| format!("cannot watch the plugins directory {}", dir.display()))?;
+    for s in &first.swapped {
+        println!("plugin override: {s}");
+    }
+    for r in &first.refused {
+        println!("plugin refused: {}: {}", r.source, r.reason);
+    }
+    Ok(Some((handle, task)))
+}
+
+/// With `--leader-elect`: elect a leader on the Lease (the election task is returned, to be
+/// stopped on shutdown); else this replica always leads.
+async fn start_election(
+    args: &RunArgs,
+    client: &Client,
+) -> anyhow::Result<(reconcile::Leadership, Option<JoinHandle<()>>)> {
+    if !args.leader_elect {
+        return Ok((reconcile::Leadership::always(), None));
+    }
+    let config = reconcile::LeaderConfig {
+        lease_name: args.leader_election_lease.clone(),
+        namespace: args
+            .leader_election_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".into()),
+        identity: args
+            .leader_election_identity
+            .clone()
+            .unwrap_or_else(reconcile::leader::default_identity),
+        duration: Duration::from_secs(args.leader_election_lease_seconds),
+        grace: Duration::from_secs(args.leader_election_grace_seconds),
+    };
+    let what = format!(
+        "{}/{} as {}",
+        config.namespace, config.lease_name, config.identity
+    );
+    let (l, task) = reconcile::leader::elect(client.clone(), config)
+        .await
+        .with_context(|| format!("cannot start leader election on the Lease {what}"))?;
+    tracing::info!(lease = %what, "leader election started");
+    Ok((l, Some(task)))
+}
+
+/// Print the [`summary`] every 2 s when it changed.
+async fn print_summaries(handles: Handles) {
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let s = summary(&handles);
+        if s != last {
+            println!("{s}");
+            last = s;
+        }
+    }
+}
+
+/// Wait for Ctrl-C, SIGTERM, or `--run-for-seconds` to pass.
+async fn wait_for_stop(run_for_seconds: Option<u64>) -> anyhow::Result<()> {
+    let deadline = async {
+        match run_for_seconds {
+            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing in-flight writes"),
+        _ = sigterm.recv() => tracing::info!("terminated; finishing in-flight writes"),
+        _ = deadline => {}
     }
     Ok(())
 }
