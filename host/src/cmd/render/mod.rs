@@ -7,21 +7,18 @@ mod read;
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
 
 use clap::Args;
-use k8s_openapi::{
-    ByteString,
-    api::core::v1::{ConfigMap, Pod, Secret, Service},
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::ResourceExt;
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{
+    Controller, NodeSet,
+    contract::{ControllerInputs, MissingReference},
+};
 
 pub use self::read::{parse_manifests, parse_yaml, read_manifests, read_references, yaml_documents};
 use super::{OutputFormat, print};
 use crate::{
-    plugins::{
-        BuildContext, BuilderKind, ConfigMapFiles, ControllerInputs, EngineHandle, Ownership, PluginError,
-        PluginRegistry, PodIdentity,
-    },
+    plugins::{BuildContext, BuilderKind, EngineHandle, Ownership, PluginError, PluginRegistry, PodIdentity},
     revision::pod_revision,
 };
 
@@ -152,85 +149,41 @@ pub struct References {
 }
 
 impl References {
-    /// The inputs of `controller`'s children builder: its NodeSets among `manifests`, the key
-    /// hashes of the Secrets it references (empty, with a warning, for one not in the input), the
-    /// files of the ConfigMaps it references.
+    /// The inputs of `controller`'s children builder, by the host's rule
+    /// ([`ControllerInputs::gather`]): its NodeSets among `manifests`, the key hashes of the
+    /// Secrets it references (empty, with a warning, for one not in the input), the files of the
+    /// ConfigMaps it references (none, with a warning, for one not in the input).
     pub fn inputs(&self, controller: &Controller, manifests: &[Manifest]) -> ControllerInputs {
         let ns = controller.namespace().unwrap_or_default();
-        let mut nodesets: Vec<NodeSet> = manifests
-            .iter()
-            .filter_map(|m| match &m.parent {
-                Parent::NodeSet(n) => Some(n.as_ref().clone()),
-                Parent::Controller(_) => None,
-            })
-            .filter(|n| n.controller_namespace() == ns && n.spec.controller_ref.name == controller.name_any())
-            .collect();
-        nodesets.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let hash = |field: &str, r: &Option<k8s_openapi::api::core::v1::SecretKeySelector>| -> String {
-            let Some(r) = r else { return String::new() };
-            match self
-                .secrets
-                .iter()
-                .find(|s| s.namespace().as_deref() == Some(ns.as_str()) && s.name_any() == r.name)
-            {
-                Some(s) => {
-                    let mut data = s.data.clone().unwrap_or_default();
-                    for (k, v) in s.string_data.iter().flatten() {
-                        data.insert(k.clone(), ByteString(v.as_bytes().to_vec()));
-                    }
-                    slinky_api::hash::checksum_of_map(data.iter().map(|(k, ByteString(v))| (k, v.as_slice())))
-                }
-                None => {
-                    tracing::warn!(
-                        "Secret {ns}/{} ({field}) is not in the input: its key hash is left empty \
-                         (add the Secret to the input to render the hash the host would)",
-                        r.name
-                    );
-                    String::new()
-                }
-            }
-        };
-        let (slurm_key_hash, jwt_key_hash) = if controller.spec.external {
-            (String::new(), String::new())
-        } else {
-            (
-                hash("spec.slurmKeyRef", &controller.spec.slurm_key_ref),
-                hash("spec.jwtKeyRef", &controller.spec.jwt_key_ref),
-            )
-        };
-        let config_maps = controller
-            .config_map_refs()
-            .into_iter()
-            .map(|name| {
-                let found = self
-                    .config_maps
-                    .iter()
-                    .find(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == name);
-                if found.is_none() {
-                    tracing::warn!(
-                        "ConfigMap {ns}/{name} is not in the input: rendered as providing no files"
-                    );
-                }
-                let mut files: Vec<String> = found
-                    .iter()
-                    .flat_map(|c| {
-                        c.data
-                            .iter()
-                            .flat_map(|d| d.keys().cloned())
-                            .chain(c.binary_data.iter().flat_map(|d| d.keys().cloned()))
-                    })
-                    .collect();
-                files.sort();
-                ConfigMapFiles { name, files }
-            })
-            .collect();
-        ControllerInputs {
+        let nodesets = manifests.iter().filter_map(|m| match &m.parent {
+            Parent::NodeSet(n) => Some(n.as_ref()),
+            Parent::Controller(_) => None,
+        });
+        let (inputs, missing) = ControllerInputs::gather(
+            controller,
             nodesets,
-            slurm_key_hash,
-            jwt_key_hash,
-            config_maps,
+            |name| self.secrets.iter().find(|s| is(*s, &ns, name)),
+            |name| self.config_maps.iter().find(|c| is(*c, &ns, name)),
+        );
+        for m in missing {
+            match m {
+                MissingReference::Secret { field, name } => tracing::warn!(
+                    "Secret {ns}/{name} ({field}) is not in the input: its key hash is left empty \
+                     (add the Secret to the input to render the hash the host would)"
+                ),
+                MissingReference::ConfigMap { name } => tracing::warn!(
+                    "ConfigMap {ns}/{name} is not in the input: rendered as providing no files"
+                ),
+                MissingReference::SecretKey { .. } | MissingReference::ConfigMapKey { .. } => {}
+            }
         }
+        inputs
     }
+}
+
+/// Whether `object` is `ns/name`.
+fn is(object: &impl ResourceExt, ns: &str, name: &str) -> bool {
+    object.namespace().as_deref() == Some(ns) && object.name_any() == name
 }
 
 fn key(ns: &str, name: &str) -> String {

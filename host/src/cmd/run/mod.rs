@@ -69,7 +69,7 @@ pub struct RunArgs {
     #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
     /// Resync period of healthy objects, in seconds.
-    #[arg(long, env = "SLINKY_HOST_RESYNC_SECONDS", default_value_t = 300)]
+    #[arg(long, env = "SLINKY_HOST_RESYNC_SECONDS", default_value_t = slinky_api::defaults::RESYNC_SECONDS)]
     pub resync_seconds: u64,
     /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
     /// take over within the lease duration. On in the deployed manifests.
@@ -101,15 +101,7 @@ pub struct RunArgs {
 
 fn summary(h: &Handles) -> String {
     let pods = h.pods.state();
-    let ready = pods
-        .iter()
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-        .count();
+    let ready = pods.iter().filter(|p| slinky_api::pods::is_ready(p)).count();
     let writes: Vec<String> = h
         .writes
         .snapshot()
