@@ -485,7 +485,7 @@ async fn a_0_1_0_plugin_keeps_serving_next_to_0_2_0_builders() -> Result<()> {
 fn children_builders_may_not_return_secrets_other_namespaces_or_foreign_objects() -> Result<()> {
     let registry = PluginRegistry::new(&default_engine(), &[test_plugin("hostile_children")])?;
     let path = slinky_tests::example("slurm-cluster.yaml");
-    let references = slinky_host::render::read_references(std::slice::from_ref(&path))?;
+    let references = slinky_host::cmd::render::read_references(std::slice::from_ref(&path))?;
     for (parent, behaviour, expect) in [
         ("Controller", "secret", "apiVersion v1 kind Secret is not allowed"),
         ("Controller", "secret", "never see or make Secrets"),
@@ -497,22 +497,26 @@ fn children_builders_may_not_return_secrets_other_namespaces_or_foreign_objects(
         ("NodeSet", "foreign-name", "must be named `slurm-worker-slinky-…`"),
         ("Controller", "twice", "is listed twice"),
     ] {
-        let mut manifests = slinky_host::render::read_manifests(std::slice::from_ref(&path))?;
+        let mut manifests = slinky_host::cmd::render::read_manifests(std::slice::from_ref(&path))?;
         for m in &mut manifests {
             let meta = match &mut m.parent {
-                slinky_host::render::Parent::Controller(c) if parent == "Controller" => &mut c.metadata,
-                slinky_host::render::Parent::NodeSet(n) if parent == "NodeSet" => &mut n.metadata,
+                slinky_host::cmd::render::Parent::Controller(c) if parent == "Controller" => &mut c.metadata,
+                slinky_host::cmd::render::Parent::NodeSet(n) if parent == "NodeSet" => &mut n.metadata,
                 _ => continue,
             };
             meta.annotations
                 .get_or_insert_default()
                 .insert("hostile.test/behaviour".into(), behaviour.into());
         }
-        let err =
-            match slinky_host::render::render_with(&manifests, &references, &registry, &Default::default()) {
-                Ok(_) => bail!("{parent} {behaviour}: the output was not refused"),
-                Err(e) => format!("{e:#}"),
-            };
+        let err = match slinky_host::cmd::render::render_with(
+            &manifests,
+            &references,
+            &registry,
+            &Default::default(),
+        ) {
+            Ok(_) => bail!("{parent} {behaviour}: the output was not refused"),
+            Err(e) => format!("{e:#}"),
+        };
         ensure!(
             err.contains(expect) && err.contains("output refused"),
             "{parent} {behaviour}: `{err}` does not say `{expect}`"

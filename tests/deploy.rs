@@ -17,7 +17,7 @@ use kube::{
     api::{ListParams, PostParams},
 };
 use serde_json::{Value, json};
-use slinky_host::manifests;
+use slinky_host::cmd::manifests;
 use slinky_tests::{
     eventually,
     host::{NS_NAME, apply_example, cluster, scale},

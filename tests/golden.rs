@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use slinky_api::keys;
 use slinky_host::{
     PluginRegistry,
+    cmd::render::{self, Parent},
     plugins::BuildContext,
-    render::{self, Parent},
 };
 use slinky_tests::{default_engine, example};
 

@@ -8,11 +8,11 @@ use anyhow::{Context, Result, bail, ensure};
 use slinky_api::{Controller, NodeSet};
 use slinky_host::{
     Plugin, PluginError,
+    cmd::render,
     plugins::{
         BuildContext, BuilderKind, CompileSource, EngineHandle, PluginSource, PodIdentity, RuntimeConfig,
         Tier, Tiering, TrapCause,
     },
-    render,
 };
 use slinky_tests::{default_engine, engine, example, test_plugin, wat};
 

@@ -253,10 +253,10 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
     })
     .await?;
     let client = server.client()?;
-    slinky_host::run::install_crds(&client).await?;
+    slinky_host::cmd::run::install_crds(&client).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let example = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/slurm-cluster.yaml");
-    slinky_host::run::apply_files(&client, &[example]).await?;
+    slinky_host::cmd::run::apply_files(&client, &[example]).await?;
     let cache = tempfile::tempdir()?;
     let engine = EngineHandle::new(RuntimeConfig {
         cache_dir: Some(cache.path().to_path_buf()),

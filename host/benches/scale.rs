@@ -50,7 +50,7 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
     })
     .await?;
     let client = server.client()?;
-    slinky_host::run::install_crds(&client).await?;
+    slinky_host::cmd::run::install_crds(&client).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     if filler > 0 {
         let ns: k8s_openapi::api::core::v1::Namespace =
@@ -79,7 +79,7 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
         );
     }
     let example = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/slurm-cluster.yaml");
-    slinky_host::run::apply_files(&client, &[example]).await?;
+    slinky_host::cmd::run::apply_files(&client, &[example]).await?;
     let engine = EngineHandle::new(RuntimeConfig::default())?;
     let plugins = Arc::new(PluginRegistry::new(&engine, &[])?);
     let (stop, rx) = tokio::sync::watch::channel(false);

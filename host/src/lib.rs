@@ -5,24 +5,24 @@
 //! compiled against `wit/builder.wit`, decide what child objects should exist, and only ever see
 //! copies of objects.
 
-pub mod check;
-pub mod cli;
-pub mod crds;
+/// The command line: arguments and one module per command (`run`, `render`, `plugin check`, …).
+pub mod cmd;
 /// The embedded Kubernetes API server (the `slinky-apiserver` crate), behind the default
 /// `embedded` feature: `run --embedded`, the `apiserver` subcommand and the tests stand on it.
 #[cfg(feature = "embedded")]
 pub use slinky_apiserver as embedded;
-pub mod manifests;
+/// The host's metrics: typed families recorded by the code that counts.
 pub mod metrics;
 /// The plugin runtime (the `slinky-runtime` crate): engine, loading, sandboxed calls, output
 /// policy, bundled builders, registry and reload.
 pub use slinky_runtime as plugins;
+/// The reconcilers: caches, expectations, the writer, and one part per parent kind.
 pub mod reconcile;
-pub mod render;
+/// The NodeSet pod revision hash.
 pub mod revision;
-pub mod run;
-pub mod scaffold;
+/// The HTTP endpoints: metrics, health, readiness and the admin endpoints.
 pub mod serve;
+/// Logging setup.
 pub mod telemetry;
 
 pub use plugins::{BuildContext, Plugin, PluginError, PluginRegistry, PodIdentity};

@@ -1,12 +1,12 @@
 //! `slinky-host`: see `slinky-host --help`.
 
 use clap::Parser;
-use slinky_host::cli::{Cli, run};
+use slinky_host::cmd::{Cli, dispatch};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     slinky_host::telemetry::init(cli.log_level(), cli.global.log_format);
-    match run(cli) {
+    match dispatch(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // Our errors name their cause in their message; print a cause only when it adds to

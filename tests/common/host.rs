@@ -115,7 +115,7 @@ pub async fn cluster_with_statefulsets() -> TestCluster {
         ..Default::default()
     })
     .await;
-    c.install_crds(&slinky_host::crds::crds()).await;
+    c.install_crds(&slinky_host::cmd::crds::crds()).await;
     c
 }
 
@@ -141,7 +141,7 @@ pub async fn apply_file(
     edit: impl Fn(&mut serde_json::Value),
 ) -> Result<()> {
     let text = std::fs::read_to_string(crate::example(file))?;
-    for doc in slinky_host::render::yaml_documents(&text) {
+    for doc in slinky_host::cmd::render::yaml_documents(&text) {
         let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
         if v.is_null() {
             continue;
@@ -161,7 +161,7 @@ pub async fn cluster(lifecycle: bool) -> TestCluster {
         ..Default::default()
     })
     .await;
-    c.install_crds(&slinky_host::crds::crds()).await;
+    c.install_crds(&slinky_host::cmd::crds::crds()).await;
     c
 }
 
@@ -204,7 +204,7 @@ pub async fn apply_example_with(
 /// API errors, or a document that does not parse.
 pub async fn apply_controller(c: &TestCluster, ns: &str) -> Result<()> {
     let text = std::fs::read_to_string(crate::example("slurm-cluster.yaml"))?;
-    for doc in slinky_host::render::yaml_documents(&text) {
+    for doc in slinky_host::cmd::render::yaml_documents(&text) {
         let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
         if v["kind"] == "NodeSet" {
             continue;

@@ -121,45 +121,73 @@ pub fn lease_rules() -> Vec<Value> {
     )]
 }
 
-/// The install, as objects in apply order.
+/// The install, as objects in apply order: the CRDs (unless `--no-crds`), the namespace, the
+/// ServiceAccount and RBAC, the Deployment, the metrics Service, and with more than one replica
+/// a PodDisruptionBudget.
 ///
 /// # Errors
 /// Never in practice (the CRDs serialize).
 pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
     let ns = args.namespace.as_str();
-    let meta = |name: &str| json!({"name": name, "namespace": ns, "labels": labels()});
     let mut out = Vec::new();
     if !args.no_crds {
-        for crd in crate::crds::crds() {
+        for crd in super::crds::crds() {
             out.push(serde_json::to_value(crd)?);
         }
     }
     out.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels()}}));
-    out.push(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(NAME)}));
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": NAME, "labels": labels()},
-        "rules": cluster_rules(),
-    }));
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": NAME, "labels": labels()},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
-    }));
-    let lease_role = format!("{NAME}-leader-election");
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": meta(&lease_role),
-        "rules": lease_rules(),
-    }));
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": meta(&lease_role),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_role},
-        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
-    }));
+    out.extend(access(ns));
+    out.push(deployment(args));
+    out.push(metrics_service(ns));
+    if args.replicas > 1 {
+        out.push(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": meta(ns, NAME),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector()}},
+        }));
+    }
+    Ok(out)
+}
 
+/// The metadata of the object `name` of the install, in `ns`.
+fn meta(ns: &str, name: &str) -> Value {
+    json!({"name": name, "namespace": ns, "labels": labels()})
+}
+
+/// The ServiceAccount and its RBAC: the ClusterRole (and binding) of [`cluster_rules`], the
+/// leader-election Role (and binding) of [`lease_rules`] in `ns`.
+fn access(ns: &str) -> Vec<Value> {
+    let lease_role = format!("{NAME}-leader-election");
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(ns, NAME)}),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": NAME, "labels": labels()},
+            "rules": cluster_rules(),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": NAME, "labels": labels()},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": meta(ns, &lease_role),
+            "rules": lease_rules(),
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": meta(ns, &lease_role),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": lease_role},
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": ns}],
+        }),
+    ]
+}
+
+/// The `run` arguments of the deployed host, and its volume mounts and volumes (the plugin cache,
+/// and the plugins ConfigMap when there is one).
+fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
     let mut run_args: Vec<String> = [
         "run",
         "--http-addr",
@@ -191,11 +219,18 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
         mounts.push(json!({"name": "plugins", "mountPath": PLUGINS_DIR, "readOnly": true}));
         volumes.push(json!({"name": "plugins", "configMap": {"name": cm, "optional": true}}));
     }
+    (run_args, mounts, volumes)
+}
+
+/// The Deployment: the replicas with leader election, probes, resources, a locked-down security
+/// context, spread over nodes.
+fn deployment(args: &ManifestsArgs) -> Value {
+    let (run_args, mounts, volumes) = run_args(args);
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
     let probe = |path: &str, period: u32| json!({"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": 3});
-    out.push(json!({
+    json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": meta(NAME),
+        "metadata": meta(&args.namespace, NAME),
         "spec": {
             "replicas": args.replicas,
             "selector": {"matchLabels": selector()},
@@ -246,8 +281,12 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
                 },
             },
         },
-    }));
-    out.push(json!({
+    })
+}
+
+/// The metrics Service (the admin endpoints listen on the pods' loopback only).
+fn metrics_service(ns: &str) -> Value {
+    json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {
             "name": format!("{NAME}-metrics"), "namespace": ns, "labels": labels(),
@@ -257,15 +296,7 @@ pub fn objects(args: &ManifestsArgs) -> anyhow::Result<Vec<Value>> {
             "selector": selector(),
             "ports": [{"name": "http-metrics", "port": METRICS_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
-    }));
-    if args.replicas > 1 {
-        out.push(json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": meta(NAME),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector()}},
-        }));
-    }
-    Ok(out)
+    })
 }
 
 /// The install as multi-document YAML.

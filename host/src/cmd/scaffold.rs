@@ -1,10 +1,14 @@
 //! `slinky-host plugin new`: a new builder plugin crate that builds for `wasm32-wasip2` on the
 //! first try, starts from the bundled builder's behaviour, and has a native test and a README.
 
-use std::path::{Path, PathBuf};
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, bail};
 
+use super::plugin::KindArg;
 use crate::plugins::BuilderKind;
 
 /// The guest SDK of the source tree this binary was built from (present for a user who cloned
@@ -12,7 +16,7 @@ use crate::plugins::BuilderKind;
 const BUILT_FROM_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guest-sdk");
 /// The lock file of the workspace this binary was built from: the versions the SDK is tested
 /// with, so the new crate resolves the same ones.
-const WORKSPACE_LOCK: &str = include_str!("../../Cargo.lock");
+const WORKSPACE_LOCK: &str = include_str!("../../../Cargo.lock");
 
 /// What `plugin new` made.
 #[derive(Debug)]
@@ -71,6 +75,27 @@ fn find_sdk(sdk: Option<&Path>) -> anyhow::Result<PathBuf> {
     candidate
         .canonicalize()
         .with_context(|| format!("cannot resolve {}", candidate.display()))
+}
+
+/// `plugin new`: write the crate (into `dir`, default `./NAME`) and print what to do next.
+///
+/// # Errors
+/// As [`new_plugin`], or stdout closed.
+pub fn execute(name: &str, kind: KindArg, dir: Option<PathBuf>, sdk: Option<&Path>) -> anyhow::Result<()> {
+    let dir = dir.unwrap_or_else(|| PathBuf::from(name));
+    let made = new_plugin(name, kind.into(), &dir, sdk)?;
+    let d = made.dir.display();
+    let w = made.wasm.display();
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "created {d}: a {} builder starting from the bundled one\n\nnext:\n  cd {d}\n  cargo test\n  \
+         cargo build --target wasm32-wasip2 --release\n  slinky-host plugin check {w}\n  \
+         slinky-host render -f cluster.yaml --plugin {w}\n  \
+         cp {w} PLUGINS_DIR/   # a running `slinky-host run --plugins-dir PLUGINS_DIR` hot-reloads it",
+        BuilderKind::from(kind)
+    )?;
+    Ok(())
 }
 
 /// Write a new plugin crate `name` building `kind` into `dir` (which must not exist or be empty).

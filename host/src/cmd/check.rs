@@ -2,14 +2,18 @@
 //! it through the output policy, and diff its outputs against the bundled builder's, so an author
 //! sees exactly what they changed.
 
-use std::{fmt::Write as _, sync::Arc};
+use std::{fmt::Write as _, path::PathBuf, sync::Arc};
 
 use kube::ResourceExt;
 use serde_json::Value;
+use slinky_api::{Controller, NodeSet};
 
+use super::{
+    print,
+    render::{self, Manifest, Parent, References},
+};
 use crate::{
     plugins::{BuilderKind, EngineHandle, Plugin, PluginError, bundled},
-    render::{Manifest, Parent, References},
     revision::pod_revision,
 };
 
@@ -232,22 +236,6 @@ pub fn check_with(
     use anyhow::Context as _;
     let plugin =
         Plugin::load_file(engine, path).with_context(|| format!("{} does not load", path.display()))?;
-    let info = plugin.info();
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "plugin: {}@{}\nkinds: {}\ncontract: {} (this host: {})\ndigest: sha256:{}\n",
-        info.name,
-        info.version,
-        info.kinds
-            .iter()
-            .map(|k| k.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-        info.contract_version,
-        crate::plugins::CONTRACT_VERSION,
-        plugin.digest()
-    );
     let examples;
     let manifests = if manifests.is_empty() {
         examples = example_manifests()?;
@@ -255,142 +243,254 @@ pub fn check_with(
     } else {
         manifests
     };
-    let bundled_plugin = |kind| {
+    let mut check = Check {
+        engine,
+        plugin: &plugin,
+        ctx,
+        manifests,
+        references,
+        controllers: render::controllers(manifests),
+        tally: Tally::default(),
+        out: header(&plugin),
+    };
+    for m in manifests {
+        match &m.parent {
+            Parent::Controller(c) => {
+                check.service(m, c)?;
+                check.controller_children(m, c)?;
+            }
+            Parent::NodeSet(n) => {
+                check.nodeset_children(m, n)?;
+                check.pods(m, n)?;
+            }
+        }
+    }
+    Ok(check.finish())
+}
+
+/// What the plugin says about itself, as the report's first lines.
+fn header(plugin: &Plugin) -> String {
+    let info = plugin.info();
+    format!(
+        "plugin: {}@{}\nkinds: {}\ncontract: {} (this host: {})\ndigest: sha256:{}\n\n",
+        info.name,
+        info.version,
+        kinds(plugin),
+        info.contract_version,
+        crate::plugins::CONTRACT_VERSION,
+        plugin.digest()
+    )
+}
+
+/// The kinds `plugin` builds, comma-separated.
+fn kinds(plugin: &Plugin) -> String {
+    plugin
+        .info()
+        .kinds
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A check under way: the plugin, its inputs, and the report so far.
+struct Check<'a> {
+    engine: &'a Arc<EngineHandle>,
+    plugin: &'a Plugin,
+    ctx: &'a crate::BuildContext,
+    manifests: &'a [Manifest],
+    references: &'a References,
+    controllers: Vec<&'a Controller>,
+    tally: Tally,
+    out: String,
+}
+
+impl<'a> Check<'a> {
+    /// The bundled builder of `kind`, to compare with.
+    fn bundled(&self, kind: BuilderKind) -> Result<Plugin, PluginError> {
         Plugin::load(
-            engine,
+            self.engine,
             bundled::bundled_bytes(kind),
             crate::plugins::PluginSource::Bundled,
         )
-    };
-    let controllers = crate::render::controllers(manifests);
-    let mut t = Tally::default();
-    for m in manifests {
-        match &m.parent {
-            Parent::Controller(c) if plugin.builds(BuilderKind::ControllerService) && !c.spec.external => {
-                let base = bundled_plugin(BuilderKind::ControllerService)?;
-                let what = format!(
-                    "Service of Controller {}/{} ({})",
-                    c.namespace().unwrap_or_default(),
-                    c.name_any(),
-                    m.at
-                );
-                let ours = plugin
-                    .build_service(ctx, c)
-                    .map(|s| serde_json::to_value(s).unwrap_or_default());
-                let theirs = base
-                    .build_service(ctx, c)
-                    .map(|s| serde_json::to_value(s).unwrap_or_default());
-                t.report(&mut out, what, ours, theirs);
-            }
-            _ => {}
-        }
-        if let Parent::Controller(c) = &m.parent
-            && plugin.builds(BuilderKind::ControllerChildren)
-        {
-            let base = bundled_plugin(BuilderKind::ControllerChildren)?;
-            let inputs = references.inputs(c, manifests);
-            let ours = plugin.build_controller_children(ctx, c, &inputs);
-            let theirs = base.build_controller_children(ctx, c, &inputs);
-            let at = format!(
-                "of Controller {}/{} ({})",
-                c.namespace().unwrap_or_default(),
-                c.name_any(),
-                m.at
-            );
-            t.report_children(&mut out, &at, ours, theirs);
-        }
-        if let Parent::NodeSet(n) = &m.parent
-            && plugin.builds(BuilderKind::NodesetChildren)
-            && let Some(controller) = controllers.iter().find(|c| {
+    }
+
+    /// The Controller of `n` among the inputs.
+    fn controller_of(&self, n: &NodeSet) -> Option<&'a Controller> {
+        self.controllers
+            .iter()
+            .find(|c| {
                 c.namespace().as_deref() == Some(n.controller_namespace())
                     && c.name_any() == n.spec.controller_ref.name
             })
-        {
-            let base = bundled_plugin(BuilderKind::NodesetChildren)?;
-            let ours = plugin.build_nodeset_children(ctx, n, controller);
-            let theirs = base.build_nodeset_children(ctx, n, controller);
-            let at = format!(
-                "of NodeSet {}/{} ({})",
+            .copied()
+    }
+
+    /// The Service of a Controller that runs slurmctld, when the plugin builds it.
+    fn service(&mut self, m: &Manifest, c: &Controller) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::ControllerService) || c.spec.external {
+            return Ok(());
+        }
+        let base = self.bundled(BuilderKind::ControllerService)?;
+        let what = format!(
+            "Service of Controller {}/{} ({})",
+            c.namespace().unwrap_or_default(),
+            c.name_any(),
+            m.at
+        );
+        let ours = self
+            .plugin
+            .build_service(self.ctx, c)
+            .map(|s| serde_json::to_value(s).unwrap_or_default());
+        let theirs = base
+            .build_service(self.ctx, c)
+            .map(|s| serde_json::to_value(s).unwrap_or_default());
+        self.tally.report(&mut self.out, what, ours, theirs);
+        Ok(())
+    }
+
+    /// A Controller's other children, when the plugin builds them.
+    fn controller_children(&mut self, m: &Manifest, c: &Controller) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::ControllerChildren) {
+            return Ok(());
+        }
+        let base = self.bundled(BuilderKind::ControllerChildren)?;
+        let inputs = self.references.inputs(c, self.manifests);
+        let ours = self.plugin.build_controller_children(self.ctx, c, &inputs);
+        let theirs = base.build_controller_children(self.ctx, c, &inputs);
+        let at = format!(
+            "of Controller {}/{} ({})",
+            c.namespace().unwrap_or_default(),
+            c.name_any(),
+            m.at
+        );
+        self.tally.report_children(&mut self.out, &at, ours, theirs);
+        Ok(())
+    }
+
+    /// A NodeSet's children other than pods, when the plugin builds them and its Controller is
+    /// among the inputs.
+    fn nodeset_children(&mut self, m: &Manifest, n: &NodeSet) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::NodesetChildren) {
+            return Ok(());
+        }
+        let Some(controller) = self.controller_of(n) else {
+            return Ok(());
+        };
+        let base = self.bundled(BuilderKind::NodesetChildren)?;
+        let ours = self.plugin.build_nodeset_children(self.ctx, n, controller);
+        let theirs = base.build_nodeset_children(self.ctx, n, controller);
+        let at = format!(
+            "of NodeSet {}/{} ({})",
+            n.namespace().unwrap_or_default(),
+            n.name_any(),
+            m.at
+        );
+        self.tally.report_children(&mut self.out, &at, ours, theirs);
+        Ok(())
+    }
+
+    /// A NodeSet's pods (at least one), when the plugin builds them; a failure when its
+    /// Controller is not among the inputs.
+    fn pods(&mut self, m: &Manifest, n: &NodeSet) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::NodesetPod) {
+            return Ok(());
+        }
+        let base = self.bundled(BuilderKind::NodesetPod)?;
+        let Some(controller) = self.controller_of(n) else {
+            self.tally.failed += 1;
+            let _ = writeln!(
+                self.out,
+                "FAIL NodeSet {} ({}): its Controller {}/{} is not among the inputs: add it with -f\n",
+                n.name_any(),
+                m.at,
+                n.controller_namespace(),
+                n.spec.controller_ref.name
+            );
+            return Ok(());
+        };
+        let ctx = self.ctx;
+        for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0).max(1) {
+            let ours_id = crate::PodIdentity::for_ordinal(
+                n,
+                ordinal,
+                pod_revision(n, controller, self.plugin.digest(), ctx),
+            );
+            let base_id =
+                crate::PodIdentity::for_ordinal(n, ordinal, pod_revision(n, controller, base.digest(), ctx));
+            let what = format!(
+                "Pod {} of NodeSet {}/{} ({})",
+                ours_id.name,
                 n.namespace().unwrap_or_default(),
                 n.name_any(),
                 m.at
             );
-            t.report_children(&mut out, &at, ours, theirs);
+            let ours = self
+                .plugin
+                .build_pod(ctx, n, controller, &ours_id)
+                .map(|p| serde_json::to_value(p).unwrap_or_default());
+            let theirs = base
+                .build_pod(ctx, n, controller, &base_id)
+                .map(|p| serde_json::to_value(p).unwrap_or_default());
+            self.tally.report(&mut self.out, what, ours, theirs);
         }
-        match &m.parent {
-            Parent::NodeSet(n) if plugin.builds(BuilderKind::NodesetPod) => {
-                let base = bundled_plugin(BuilderKind::NodesetPod)?;
-                let Some(controller) = controllers.iter().find(|c| {
-                    c.namespace().as_deref() == Some(n.controller_namespace())
-                        && c.name_any() == n.spec.controller_ref.name
-                }) else {
-                    t.failed += 1;
-                    let _ = writeln!(
-                        out,
-                        "FAIL NodeSet {} ({}): its Controller {}/{} is not among the inputs: add it with -f\n",
-                        n.name_any(),
-                        m.at,
-                        n.controller_namespace(),
-                        n.spec.controller_ref.name
-                    );
-                    continue;
-                };
-                for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0).max(1) {
-                    let ours_id = crate::PodIdentity::for_ordinal(
-                        n,
-                        ordinal,
-                        pod_revision(n, controller, plugin.digest(), ctx),
-                    );
-                    let base_id = crate::PodIdentity::for_ordinal(
-                        n,
-                        ordinal,
-                        pod_revision(n, controller, base.digest(), ctx),
-                    );
-                    let what = format!(
-                        "Pod {} of NodeSet {}/{} ({})",
-                        ours_id.name,
-                        n.namespace().unwrap_or_default(),
-                        n.name_any(),
-                        m.at
-                    );
-                    let ours = plugin
-                        .build_pod(ctx, n, controller, &ours_id)
-                        .map(|p| serde_json::to_value(p).unwrap_or_default());
-                    let theirs = base
-                        .build_pod(ctx, n, controller, &base_id)
-                        .map(|p| serde_json::to_value(p).unwrap_or_default());
-                    t.report(&mut out, what, ours, theirs);
-                }
-            }
-            _ => {}
-        }
+        Ok(())
     }
-    let Tally {
-        built,
-        differ,
-        failed,
-    } = t;
-    let _ = writeln!(
-        out,
-        "{}: {built} object(s) built and passing the output policy, {differ} differing from the bundled builder \
-         (builder annotations and the revision label always differ and are not shown), {failed} failed",
-        if failed == 0 { "OK" } else { "FAILED" }
-    );
-    if built + failed == 0 {
+
+    /// The report, with its last line: the counts, and a note when nothing was built.
+    fn finish(self) -> CheckReport {
+        let Check {
+            mut out,
+            tally,
+            plugin,
+            ..
+        } = self;
+        let Tally {
+            built,
+            differ,
+            failed,
+        } = tally;
         let _ = writeln!(
             out,
-            "note: no input has a parent of the kinds this plugin builds ({}); pass -f with a Controller and/or NodeSet",
-            info.kinds
-                .iter()
-                .map(|k| k.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "{}: {built} object(s) built and passing the output policy, {differ} differing from the bundled builder \
+             (builder annotations and the revision label always differ and are not shown), {failed} failed",
+            if failed == 0 { "OK" } else { "FAILED" }
         );
+        if built + failed == 0 {
+            let _ = writeln!(
+                out,
+                "note: no input has a parent of the kinds this plugin builds ({}); pass -f with a Controller and/or NodeSet",
+                kinds(plugin)
+            );
+        }
+        CheckReport {
+            text: out,
+            ok: failed == 0,
+        }
     }
-    Ok(CheckReport {
-        text: out,
-        ok: failed == 0,
-    })
+}
+
+/// `plugin check`: check the plugin at `path` on the manifests of `files` (the examples when
+/// none) and print the report.
+///
+/// # Errors
+/// As [`check_with`], or an input file that does not read; a failed build fails the command
+/// after the report is printed.
+pub fn execute(
+    engine: &Arc<EngineHandle>,
+    path: &std::path::Path,
+    files: &[PathBuf],
+    cluster_domain: String,
+) -> anyhow::Result<()> {
+    let manifests = render::read_manifests(files)?;
+    let references = render::read_references(files)?;
+    let ctx = crate::BuildContext { cluster_domain };
+    let report = check_with(engine, path, &manifests, &references, &ctx)?;
+    print(&report.text)?;
+    if !report.ok {
+        anyhow::bail!("{} failed on some inputs (see FAIL above)", path.display());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,394 @@
+//! `slinky-host render`: read Controller/NodeSet manifests (and the Secrets and ConfigMaps they
+//! reference) and print what the builders make of them, offline, through exactly the plugin path
+//! the reconciler uses.
+
+mod read;
+
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
+
+use clap::Args;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use kube::ResourceExt;
+use serde_json::Value;
+use slinky_api::{
+    Controller, NodeSet,
+    contract::{ControllerInputs, MissingReference},
+};
+
+pub use self::read::{parse_manifests, parse_yaml, read_manifests, read_references, yaml_documents};
+use super::{OutputFormat, print};
+use crate::{
+    plugins::{BuildContext, BuilderKind, EngineHandle, Ownership, PluginError, PluginRegistry, PodIdentity},
+    revision::pod_revision,
+};
+
+/// Errors of reading manifests and rendering them; each names the file/object.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A document is not valid YAML/JSON.
+    #[error("{at}: not valid YAML or JSON: {reason}")]
+    Parse {
+        /// `file` or `file (document N)`.
+        at: String,
+        /// The parser's message.
+        reason: String,
+    },
+    /// A document is not a Controller or NodeSet, or is an invalid one.
+    #[error("{at}: {reason}")]
+    Invalid {
+        /// Where.
+        at: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+    /// A NodeSet's Controller is not among the inputs.
+    #[error(
+        "{at}: NodeSet {nodeset} references Controller {controller}, which is not in the input; add it (render needs the Controller to build pods)"
+    )]
+    MissingController {
+        /// Where the NodeSet is.
+        at: String,
+        /// `namespace/name` of the NodeSet.
+        nodeset: String,
+        /// `namespace/name` of the missing Controller.
+        controller: String,
+    },
+    /// A builder failed for an object.
+    #[error("{at}: {object}: {source}")]
+    Build {
+        /// Where the parent is.
+        at: String,
+        /// `Kind namespace/name` of the parent.
+        object: String,
+        /// The plugin error.
+        #[source]
+        source: Box<PluginError>,
+    },
+}
+
+/// A parent object read from a manifest.
+#[derive(Debug, Clone)]
+pub enum Parent {
+    /// A Controller.
+    Controller(Box<Controller>),
+    /// A NodeSet.
+    NodeSet(Box<NodeSet>),
+}
+
+/// A parent and where it was read from.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// `file` or `file (document N)`.
+    pub at: String,
+    /// The object.
+    pub parent: Parent,
+}
+
+/// A built child object.
+#[derive(Debug, Clone)]
+pub enum Child {
+    /// The Controller's Service.
+    Service(Box<Service>),
+    /// A NodeSet pod.
+    Pod(Box<Pod>),
+    /// Another child (a StatefulSet, ConfigMap, Service or PodDisruptionBudget) from a children
+    /// builder.
+    Object(Box<crate::plugins::Child>),
+}
+
+impl Child {
+    /// As JSON.
+    pub fn to_json(&self) -> Value {
+        let v = match self {
+            Child::Service(s) => serde_json::to_value(s),
+            Child::Pod(p) => serde_json::to_value(p),
+            Child::Object(o) => Ok(o.object.clone()),
+        };
+        v.unwrap_or(Value::Null)
+    }
+
+    /// As a YAML document.
+    ///
+    /// # Errors
+    /// A serializer failure (not expected for built objects).
+    pub fn to_yaml(&self) -> Result<String, serde_saphyr::SerializeError> {
+        match self {
+            Child::Service(s) => serde_saphyr::to_string(s),
+            Child::Pod(p) => serde_saphyr::to_string(p),
+            Child::Object(o) => serde_saphyr::to_string(&o.object),
+        }
+    }
+
+    /// `Kind name`.
+    pub fn describe(&self) -> String {
+        match self {
+            Child::Service(s) => format!("Service {}", s.name_any()),
+            Child::Pod(p) => format!("Pod {}", p.name_any()),
+            Child::Object(o) => o.describe(),
+        }
+    }
+}
+
+/// The Secrets and ConfigMaps of the input files: what the Controllers reference (the host reads
+/// them from the cluster; `render` from its input).
+#[derive(Debug, Clone, Default)]
+pub struct References {
+    /// Secrets (for the key hashes; their data never reaches a builder).
+    pub secrets: Vec<Secret>,
+    /// ConfigMaps (for the files they provide).
+    pub config_maps: Vec<ConfigMap>,
+}
+
+impl References {
+    /// The inputs of `controller`'s children builder, by the host's rule
+    /// ([`ControllerInputs::gather`]): its NodeSets among `manifests`, the key hashes of the
+    /// Secrets it references (empty, with a warning, for one not in the input), the files of the
+    /// ConfigMaps it references (none, with a warning, for one not in the input).
+    pub fn inputs(&self, controller: &Controller, manifests: &[Manifest]) -> ControllerInputs {
+        let ns = controller.namespace().unwrap_or_default();
+        let nodesets = manifests.iter().filter_map(|m| match &m.parent {
+            Parent::NodeSet(n) => Some(n.as_ref()),
+            Parent::Controller(_) => None,
+        });
+        let (inputs, missing) = ControllerInputs::gather(
+            controller,
+            nodesets,
+            |name| self.secrets.iter().find(|s| is(*s, &ns, name)),
+            |name| self.config_maps.iter().find(|c| is(*c, &ns, name)),
+        );
+        for m in missing {
+            match m {
+                MissingReference::Secret { field, name } => tracing::warn!(
+                    "Secret {ns}/{name} ({field}) is not in the input: its key hash is left empty \
+                     (add the Secret to the input to render the hash the host would)"
+                ),
+                MissingReference::ConfigMap { name } => tracing::warn!(
+                    "ConfigMap {ns}/{name} is not in the input: rendered as providing no files"
+                ),
+                MissingReference::SecretKey { .. } | MissingReference::ConfigMapKey { .. } => {}
+            }
+        }
+        inputs
+    }
+}
+
+/// Whether `object` is `ns/name`.
+fn is(object: &impl ResourceExt, ns: &str, name: &str) -> bool {
+    object.namespace().as_deref() == Some(ns) && object.name_any() == name
+}
+
+fn key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+/// Build every child of the parents, as [`render_with`] does, without any Secret or ConfigMap
+/// in the input (key hashes are empty).
+///
+/// # Errors
+/// The first parent whose Controller is missing or whose builder fails.
+pub fn render(
+    manifests: &[Manifest],
+    plugins: &PluginRegistry,
+    ctx: &BuildContext,
+) -> Result<Vec<Child>, RenderError> {
+    render_with(manifests, &References::default(), plugins, ctx)
+}
+
+/// Build every child of the parents, in a stable order: for each Controller (in input order) its
+/// children by kind (ConfigMaps, Services, StatefulSet) and name; for each NodeSet its children
+/// other than pods (the workers' Service and PodDisruptionBudget once per Controller and
+/// namespace, owned by every NodeSet of the input sharing them), then its pods for ordinals
+/// `0..replicas`. An external Controller has only its minimal ConfigMap.
+///
+/// # Errors
+/// The first parent whose Controller is missing or whose builder fails.
+pub fn render_with(
+    manifests: &[Manifest],
+    references: &References,
+    plugins: &PluginRegistry,
+    ctx: &BuildContext,
+) -> Result<Vec<Child>, RenderError> {
+    let controllers = controllers(manifests);
+    let mut children = Vec::new();
+    let mut shared_done = BTreeSet::new();
+    let build_error = |at: &str, object: String| {
+        let at = at.to_string();
+        move |source| RenderError::Build {
+            at,
+            object,
+            source: Box::new(source),
+        }
+    };
+    for m in manifests {
+        match &m.parent {
+            Parent::Controller(c) => {
+                let object = format!(
+                    "Controller {}",
+                    key(&c.namespace().unwrap_or_default(), &c.name_any())
+                );
+                if let Some(problem) = slinky_api::checks::summary(&c.spec_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("Controller {}: {problem}", c.name_any()),
+                    });
+                }
+                let mut built = Vec::new();
+                if c.spec.external {
+                    tracing::info!(controller = %c.name_any(), "external Controller: no Service, StatefulSet or internal Service to build");
+                } else {
+                    let plugin = plugins.active(BuilderKind::ControllerService);
+                    let svc = plugin
+                        .build_service(ctx, c)
+                        .map_err(build_error(&m.at, object.clone()))?;
+                    built.push(crate::plugins::Child {
+                        kind: crate::plugins::ChildKind::Service,
+                        ownership: Ownership::Controlled,
+                        object: serde_json::to_value(&svc).unwrap_or_default(),
+                    });
+                }
+                let inputs = references.inputs(c, manifests);
+                let plugin = plugins.active(BuilderKind::ControllerChildren);
+                built.extend(
+                    plugin
+                        .build_controller_children(ctx, c, &inputs)
+                        .map_err(build_error(&m.at, object))?,
+                );
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
+            }
+            Parent::NodeSet(n) => {
+                let ns = n.namespace().unwrap_or_default();
+                let (ctl_ns, ctl_name) = (n.controller_namespace(), n.spec.controller_ref.name.as_str());
+                let controller = controllers
+                    .iter()
+                    .find(|c| c.namespace().as_deref() == Some(ctl_ns) && c.name_any() == ctl_name)
+                    .ok_or_else(|| RenderError::MissingController {
+                        at: m.at.clone(),
+                        nodeset: key(&ns, &n.name_any()),
+                        controller: key(ctl_ns, ctl_name),
+                    })?;
+                // What the host would refuse with an InvalidSpec condition, render refuses too.
+                if let Some(problem) = slinky_api::checks::summary(&n.spec_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("NodeSet {}: {problem}", n.name_any()),
+                    });
+                }
+                let object = format!("NodeSet {}", key(&ns, &n.name_any()));
+                let plugin = plugins.active(BuilderKind::NodesetChildren);
+                let mut built = plugin
+                    .build_nodeset_children(ctx, n, controller)
+                    .map_err(build_error(&m.at, object.clone()))?;
+                let sharing: Vec<&NodeSet> = manifests
+                    .iter()
+                    .filter_map(|m| match &m.parent {
+                        Parent::NodeSet(o) => Some(o.as_ref()),
+                        Parent::Controller(_) => None,
+                    })
+                    .filter(|o| {
+                        o.namespace().as_deref() == Some(ns.as_str())
+                            && o.spec.controller_ref.name == ctl_name
+                    })
+                    .collect();
+                let owners = slinky_api::owners::shared_refs(sharing);
+                built.retain(|c| {
+                    c.ownership == Ownership::Controlled
+                        || shared_done.insert((c.kind, ns.clone(), c.name().to_string()))
+                });
+                for c in built.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
+                    c.set_owners(owners.clone());
+                }
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
+                let plugin = plugins.active(BuilderKind::NodesetPod);
+                let revision = pod_revision(n, controller, plugin.digest(), ctx);
+                for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
+                    let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
+                    let pod = plugin
+                        .build_pod(ctx, n, controller, &identity)
+                        .map_err(build_error(&m.at, object.clone()))?;
+                    children.push(Child::Pod(Box::new(pod)));
+                }
+            }
+        }
+    }
+    Ok(children)
+}
+
+/// The Controllers among `manifests`.
+pub fn controllers(manifests: &[Manifest]) -> Vec<&Controller> {
+    manifests
+        .iter()
+        .filter_map(|m| match &m.parent {
+            Parent::Controller(c) => Some(c.as_ref()),
+            Parent::NodeSet(_) => None,
+        })
+        .collect()
+}
+
+/// Kubernetes YAML: one document per object, separated by `---`.
+///
+/// # Errors
+/// A serializer failure.
+pub fn to_yaml(children: &[Child]) -> Result<String, serde_saphyr::SerializeError> {
+    let docs = children
+        .iter()
+        .map(Child::to_yaml)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
+}
+
+/// A `v1` `List` of the objects.
+pub fn to_json_list(children: &[Child]) -> Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {},
+        "items": children.iter().map(Child::to_json).collect::<Vec<_>>(),
+    })
+}
+
+/// `render` options.
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// Manifest files (YAML, multi-document, or JSON) with Controllers and NodeSets.
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Plugin files overriding the bundled builders of the kinds they build.
+    #[arg(long = "plugin")]
+    pub plugins: Vec<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: OutputFormat,
+    /// The cluster DNS domain given to builders.
+    #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+}
+
+/// `render`: read `args.files`, build, print.
+///
+/// # Errors
+/// As [`render_with`], a plugin that does not load, or stdout closed.
+pub fn execute(engine: &Arc<EngineHandle>, args: RenderArgs) -> anyhow::Result<()> {
+    let manifests = read_manifests(&args.files)?;
+    let references = read_references(&args.files)?;
+    let registry = PluginRegistry::new(engine, &args.plugins)?;
+    let ctx = crate::BuildContext {
+        cluster_domain: args.cluster_domain,
+    };
+    let children = render_with(&manifests, &references, &registry, &ctx)?;
+    let text = match args.output {
+        OutputFormat::Yaml => to_yaml(&children)?,
+        OutputFormat::Json => serde_json::to_string_pretty(&to_json_list(&children))? + "\n",
+    };
+    print(&text)
+}

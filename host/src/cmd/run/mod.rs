@@ -1,0 +1,300 @@
+//! `slinky-host run`: reconcile on a cluster (`--kubeconfig`, in-cluster config) or on the
+//! embedded API server (`--embedded`).
+
+mod cluster;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use kube::Client;
+use tokio::task::JoinHandle;
+
+use self::cluster::connect;
+pub use self::cluster::{apply_files, identified, install_crds};
+use crate::{
+    plugins::{
+        BuildContext, EngineHandle, PluginRegistry,
+        reload::{self, ReloadConfig, ReloadHandle},
+    },
+    reconcile::{self, Handles, RunConfig},
+};
+
+/// Options of `run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the cluster (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "SLINKY_HOST_KUBECONFIG", conflicts_with = "embedded")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Start the embedded API server (with simulated pod lifecycle) and reconcile on it.
+    #[arg(long, env = "SLINKY_HOST_EMBEDDED")]
+    pub embedded: bool,
+    /// With --embedded: apply these manifests after installing the CRDs.
+    #[arg(
+        long = "apply",
+        env = "SLINKY_HOST_APPLY",
+        value_delimiter = ',',
+        requires = "embedded"
+    )]
+    pub apply: Vec<PathBuf>,
+    /// With --embedded: write the kubeconfig here (default: ./embedded.kubeconfig).
+    #[arg(
+        long,
+        env = "SLINKY_HOST_KUBECONFIG_OUT",
+        default_value = "embedded.kubeconfig"
+    )]
+    pub kubeconfig_out: PathBuf,
+    /// Serve only this namespace; repeatable (default: all namespaces).
+    #[arg(long = "namespace", env = "SLINKY_HOST_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Serve /metrics, /healthz, /livez and /readyz here (for Prometheus and the kubelet).
+    #[arg(long, env = "SLINKY_HOST_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: std::net::SocketAddr,
+    /// Serve the admin endpoints (/plugins, POST /plugins/reload) here. Keep it on loopback
+    /// (the default): anyone who reaches it can trigger reloads and read plugin digests.
+    #[arg(long, env = "SLINKY_HOST_ADMIN_ADDR", default_value = "127.0.0.1:8081")]
+    pub admin_addr: std::net::SocketAddr,
+    /// Plugin files overriding the bundled builders of their kinds.
+    #[arg(long = "plugin", env = "SLINKY_HOST_PLUGINS", value_delimiter = ',')]
+    pub plugins: Vec<PathBuf>,
+    /// Watch this directory for builder plugins (`*.wasm`) and hot-reload them: a file building a
+    /// kind overrides that kind's builder; removing it falls back (to the bundled builder, or a
+    /// `--plugin` file). May be a mounted ConfigMap.
+    #[arg(long, env = "SLINKY_HOST_PLUGINS_DIR")]
+    pub plugins_dir: Option<PathBuf>,
+    /// How often the plugins directory is scanned, in milliseconds (a file must be unchanged for
+    /// one period before it is read). `slinky-host plugin reload` or SIGHUP rescans at once.
+    #[arg(long, env = "SLINKY_HOST_PLUGINS_POLL_MS", default_value_t = 1000)]
+    pub plugins_poll_ms: u64,
+    /// The cluster DNS domain given to builders.
+    #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Resync period of healthy objects, in seconds.
+    #[arg(long, env = "SLINKY_HOST_RESYNC_SECONDS", default_value_t = slinky_api::defaults::RESYNC_SECONDS)]
+    pub resync_seconds: u64,
+    /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
+    /// take over within the lease duration. On in the deployed manifests.
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The Lease's name.
+    #[arg(
+        long,
+        env = "SLINKY_HOST_LEADER_ELECTION_LEASE",
+        default_value = "slinky-host"
+    )]
+    pub leader_election_lease: String,
+    /// The Lease's namespace (default: $POD_NAMESPACE, else `default`).
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// This replica's identity in the Lease (default: $POD_NAME, else host name and pid).
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_IDENTITY")]
+    pub leader_election_identity: Option<String>,
+    /// Lease duration in seconds: a dead leader is replaced within it.
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
+    pub leader_election_lease_seconds: u64,
+    /// Renew this many seconds before expiry; half of it is the clock skew tolerated between nodes.
+    #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_GRACE_SECONDS", default_value_t = 4)]
+    pub leader_election_grace_seconds: u64,
+    /// Stop after this many seconds (for demos and smoke tests; default: run until signalled).
+    #[arg(long, env = "SLINKY_HOST_RUN_FOR_SECONDS")]
+    pub run_for_seconds: Option<u64>,
+}
+
+fn summary(h: &Handles) -> String {
+    let pods = h.pods.state();
+    let ready = pods.iter().filter(|p| slinky_api::pods::is_ready(p)).count();
+    let writes: Vec<String> = h
+        .writes
+        .snapshot()
+        .iter()
+        .map(|((v, o), n)| format!("{v}/{o}={n}"))
+        .collect();
+    format!(
+        "controllers={} nodesets={} pods={} ready={} writes[{}]",
+        h.controllers.state().len(),
+        h.nodesets.state().len(),
+        pods.len(),
+        ready,
+        writes.join(" ")
+    )
+}
+
+/// `run`: load the plugins, start the async runtime and [`run`] the host on it.
+///
+/// # Errors
+/// As [`run`], or a plugin that does not load.
+pub fn execute(engine: &Arc<EngineHandle>, args: RunArgs) -> anyhow::Result<()> {
+    let plugins = Arc::new(PluginRegistry::new(engine, &args.plugins)?);
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(run(args, plugins))
+}
+
+/// The plugins-directory reloader of `run --plugins-dir`: its handle and its task.
+type Reloader = (ReloadHandle, JoinHandle<()>);
+
+/// Run the host.
+///
+/// # Errors
+/// Setup failures (kubeconfig, embedded server, CRDs, manifests, plugins, HTTP address).
+pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
+    let (server, client) = connect(&args).await?;
+    let build = BuildContext {
+        cluster_domain: args.cluster_domain.clone(),
+    };
+    let reloader = start_reloader(&args, &plugins, &build).await?;
+    let reload_handle = reloader.as_ref().map(|(h, _)| h.clone());
+    let (leadership, election) = start_election(&args, &client).await?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let shutdown = {
+        let mut rx = stop_rx.clone();
+        Box::pin(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })
+    };
+    let config = RunConfig {
+        namespaces: args.namespaces.clone(),
+        build,
+        leadership,
+        resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
+    };
+    let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
+    let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());
+    let http = crate::serve::serve(args.http_addr, crate::serve::Listener::Metrics, endpoints.clone())
+        .await
+        .with_context(|| format!("cannot serve on {}", args.http_addr))?;
+    let admin = crate::serve::serve(args.admin_addr, crate::serve::Listener::Admin, endpoints)
+        .await
+        .with_context(|| format!("cannot serve the admin endpoints on {}", args.admin_addr))?;
+    let host = tokio::spawn(host);
+
+    let summaries = tokio::spawn(print_summaries(handles.clone()));
+    let hangups = tokio::spawn(rescan_on_sighup(reload_handle));
+    wait_for_stop(args.run_for_seconds).await?;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(30), host).await;
+    if let Some(task) = election {
+        // Stops the lease manager, which releases the Lease: a successor takes over at once.
+        task.abort();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    summaries.abort();
+    hangups.abort();
+    if let Some((_, task)) = reloader {
+        task.abort();
+    }
+    http.abort();
+    admin.abort();
+    println!("{}", summary(&handles));
+    if let Some(s) = server {
+        s.shutdown().await;
+    }
+    Ok(())
+}
+
+/// With `--plugins-dir`: watch it for builder plugins, printing the first scan's overrides and
+/// refusals.
+async fn start_reloader(
+    args: &RunArgs,
+    plugins: &Arc<PluginRegistry>,
+    build: &BuildContext,
+) -> anyhow::Result<Option<Reloader>> {
+    let Some(dir) = &args.plugins_dir else {
+        return Ok(None);
+    };
+    let config = ReloadConfig {
+        dir: dir.clone(),
+        poll: Duration::from_millis(args.plugins_poll_ms.max(10)),
+        build: build.clone(),
+    };
+    let (handle, first, task) = reload::start(plugins.clone(), config)
+        .await
+        .with_context(|| format!("cannot watch the plugins directory {}", dir.display()))?;
+    for s in &first.swapped {
+        println!("plugin override: {s}");
+    }
+    for r in &first.refused {
+        println!("plugin refused: {}: {}", r.source, r.reason);
+    }
+    Ok(Some((handle, task)))
+}
+
+/// With `--leader-elect`: elect a leader on the Lease (the election task is returned, to be
+/// stopped on shutdown); else this replica always leads.
+async fn start_election(
+    args: &RunArgs,
+    client: &Client,
+) -> anyhow::Result<(reconcile::Leadership, Option<JoinHandle<()>>)> {
+    if !args.leader_elect {
+        return Ok((reconcile::Leadership::always(), None));
+    }
+    let config = reconcile::LeaderConfig {
+        lease_name: args.leader_election_lease.clone(),
+        namespace: args
+            .leader_election_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "default".into()),
+        identity: args
+            .leader_election_identity
+            .clone()
+            .unwrap_or_else(reconcile::leader::default_identity),
+        duration: Duration::from_secs(args.leader_election_lease_seconds),
+        grace: Duration::from_secs(args.leader_election_grace_seconds),
+    };
+    let what = format!(
+        "{}/{} as {}",
+        config.namespace, config.lease_name, config.identity
+    );
+    let (l, task) = reconcile::leader::elect(client.clone(), config)
+        .await
+        .with_context(|| format!("cannot start leader election on the Lease {what}"))?;
+    tracing::info!(lease = %what, "leader election started");
+    Ok((l, Some(task)))
+}
+
+/// Print the [`summary`] every 2 s when it changed.
+async fn print_summaries(handles: Handles) {
+    let mut last = String::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let s = summary(&handles);
+        if s != last {
+            println!("{s}");
+            last = s;
+        }
+    }
+}
+
+/// Wait for Ctrl-C, SIGTERM, or `--run-for-seconds` to pass.
+async fn wait_for_stop(run_for_seconds: Option<u64>) -> anyhow::Result<()> {
+    let deadline = async {
+        match run_for_seconds {
+            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; finishing in-flight writes"),
+        _ = sigterm.recv() => tracing::info!("terminated; finishing in-flight writes"),
+        _ = deadline => {}
+    }
+    Ok(())
+}
+
+/// SIGHUP forces a rescan of the plugins directory (logged when nothing is watched).
+async fn rescan_on_sighup(reload: Option<ReloadHandle>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match &reload {
+            Some(r) => match r.rescan().await {
+                Some(report) => tracing::info!(swapped = ?report.swapped, refused = report.refused.len(),
+                    pending = ?report.pending, "SIGHUP: plugins directory rescanned"),
+                None => tracing::warn!("SIGHUP: the reloader has stopped"),
+            },
+            None => tracing::warn!("SIGHUP ignored: no --plugins-dir is watched"),
+        }
+    }
+}
