@@ -851,3 +851,102 @@ fn plugin_check_diffs_every_child_of_a_children_builder() -> Result<()> {
     );
     Ok(())
 }
+
+/// Nothing a children builder returns deletes slurmctld's state: a build that leaves the
+/// StatefulSet out keeps it (reported as `NotBuilt`, with an Event), a claim retention of
+/// `Delete` is applied as `Retain`, and a changed claim template is reported
+/// (`ImmutableFieldChanged`, naming the field), not carried out by deleting the StatefulSet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_build_deletes_slurmctlds_statefulset_or_its_claims() -> Result<()> {
+    let registry = Arc::new(PluginRegistry::new(
+        &default_engine(),
+        &[test_plugin("hostile_children")],
+    )?);
+    let c = cluster(false).await;
+    let ns = c.namespace("keep-state").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["metadata"]["annotations"] = json!({"hostile.test/behaviour": "retention-delete"});
+        }
+    })
+    .await?;
+    let host = Host::start_with(&c, &ns, registry);
+    let controllers = Api::<Controller>::namespaced(c.client.clone(), &ns);
+    let behave = |b: &str| Patch::Merge(json!({"metadata": {"annotations": {"hostile.test/behaviour": b}}}));
+
+    // Retention `Delete` asked for, `Retain` applied.
+    let sts = eventually(60, || async {
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await
+    })
+    .await
+    .context("no StatefulSet")?;
+    let retention = &sts["spec"]["persistentVolumeClaimRetentionPolicy"];
+    assert_eq!(
+        (&retention["whenDeleted"], &retention["whenScaled"]),
+        (&json!("Retain"), &json!("Retain")),
+        "{retention}"
+    );
+    let uid = text(&sts, "/metadata/uid").to_string();
+
+    // A build without the StatefulSet: kept, reported.
+    controllers
+        .patch("slurm", &PatchParams::default(), &behave("drop-statefulset"))
+        .await?;
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True" && c["reason"] == "NotBuilt")
+    })
+    .await
+    .context("no NotBuilt ChildFailure condition")?;
+    ensure!(
+        text(&cond, "/message").contains("StatefulSet slurm-controller"),
+        "{cond}"
+    );
+    ensure!(
+        events(&c, &ns, "slurm")
+            .await?
+            .iter()
+            .any(|(r, n)| r == "NotBuilt" && n.contains("StatefulSet slurm-controller")),
+        "a NotBuilt Event"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await;
+    ensure!(
+        kept.as_ref().is_some_and(|s| text(s, "/metadata/uid") == uid),
+        "the StatefulSet was deleted because a build left it out"
+    );
+
+    // Back to Slinky's children, with another state save size: the claim template differs, the
+    // StatefulSet stays (same UID) and the field is named.
+    controllers
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {"hostile.test/behaviour": "none"}},
+                "spec": {"persistence": {"resources": {"requests": {"storage": "8Gi"}}}},
+            })),
+        )
+        .await?;
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True" && c["reason"] == "ImmutableFieldChanged")
+    })
+    .await
+    .context("no ImmutableFieldChanged ChildFailure condition")?;
+    ensure!(
+        text(&cond, "/message").contains("spec.volumeClaimTemplates")
+            && text(&cond, "/message").contains("--recreate-statefulsets"),
+        "{cond}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await;
+    ensure!(
+        kept.as_ref().is_some_and(|s| text(s, "/metadata/uid") == uid),
+        "the StatefulSet was deleted and recreated without --recreate-statefulsets"
+    );
+    host.stop().await;
+    Ok(())
+}

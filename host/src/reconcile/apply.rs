@@ -273,7 +273,18 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     if kind == ChildKind::StatefulSet
                         && let Some(immutable) = statefulset_recreate(l, &desired)
                     {
-                        self.recreate(&key, &what, l, immutable).await;
+                        if self.core.recreate_statefulsets {
+                            self.recreate(&key, &what, l, immutable).await;
+                        } else {
+                            let msg = format!(
+                                "{what} has another {immutable} than its builder builds, and a \
+                                 StatefulSet cannot change it in place: it is kept as it is, slurmctld \
+                                 keeps its state. Change the Controller back, or run the host with \
+                                 --recreate-statefulsets to delete and recreate it (its claims are \
+                                 retained)"
+                            );
+                            self.failed("ImmutableFieldChanged", msg, true).await;
+                        }
                         return Ok(false);
                     }
                     Some(rv)
@@ -342,8 +353,15 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     }
 
     /// Delete the objects of `kinds` in the parent's namespace that the parent controls and the
-    /// host built, but for those in `keep`.
-    pub async fn prune(&mut self, kinds: &[ChildKind], keep: &BTreeSet<(ChildKind, String)>) {
+    /// host built, but for those in `keep`; those of the `kept` kinds are never deleted because a
+    /// build left them out (a builder is third-party code): each is reported instead (a
+    /// `ChildFailure` condition and an Event), and only the parent's deletion removes it.
+    pub async fn prune(
+        &mut self,
+        kinds: &[ChildKind],
+        keep: &BTreeSet<(ChildKind, String)>,
+        kept: &[ChildKind],
+    ) {
         let ns = self.parent.meta().namespace.clone().unwrap_or_default();
         let uid = self.parent_uid();
         for &kind in kinds {
@@ -363,6 +381,17 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
             for o in stale {
                 let name = field(&o, "/metadata/name").unwrap_or_default().to_string();
                 let what = format!("{kind} {name}");
+                if kept.contains(&kind) {
+                    let msg = format!(
+                        "{what} is no longer built by the {} builder, and is kept: the host never \
+                         deletes it because a build left it out (it holds state). Fix or roll back the \
+                         builder plugin; deleting the {} deletes it",
+                        P::kind(&()),
+                        P::kind(&())
+                    );
+                    self.failed("NotBuilt", msg, true).await;
+                    continue;
+                }
                 let key: ChildKey = (kind, ns.clone(), name.clone());
                 match self
                     .core

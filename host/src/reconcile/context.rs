@@ -41,6 +41,9 @@ pub struct Core {
     pub backoff: Backoff,
     /// The period of the resync requeue of healthy objects.
     pub resync: Duration,
+    /// Whether a StatefulSet whose immutable fields changed is deleted and recreated (opt-in), or
+    /// the difference only reported.
+    pub recreate_statefulsets: bool,
 }
 
 /// What the Controller reconciler gets.

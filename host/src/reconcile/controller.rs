@@ -232,7 +232,14 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
             }
         }
         if complete {
-            sync.prune(&CHILD_KINDS, &keys_of(&desired)).await;
+            // slurmctld's StatefulSet (and its state save claims) go with the Controller, or
+            // when its spec says slurmctld runs elsewhere: never because a build left it out.
+            let kept: &[ChildKind] = if c.spec.external {
+                &[]
+            } else {
+                &[ChildKind::StatefulSet]
+            };
+            sync.prune(&CHILD_KINDS, &keys_of(&desired), kept).await;
         }
     }
     let failures = std::mem::take(&mut sync.failures);

@@ -122,6 +122,11 @@ pub struct RunConfig {
     pub resync: Option<Duration>,
     /// Leader election (default: always the leader).
     pub leadership: Leadership,
+    /// Delete and recreate a StatefulSet whose immutable fields (`serviceName`, `selector`,
+    /// `volumeClaimTemplates`) differ from what its builder builds (`--recreate-statefulsets`).
+    /// Off by default: the difference is reported (a `ChildFailure` condition and an Event naming
+    /// the field) and slurmctld keeps running on the StatefulSet it has.
+    pub recreate_statefulsets: bool,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.
@@ -324,6 +329,7 @@ pub fn start(
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
+        recreate_statefulsets: config.recreate_statefulsets,
     });
     let applied = applied::applied_versions();
     let contexts = (

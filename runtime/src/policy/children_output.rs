@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::{
     Metadata,
     api::{
-        apps::v1::StatefulSet,
+        apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy},
         core::v1::{ConfigMap, Service},
         policy::v1::PodDisruptionBudget,
     },
@@ -264,10 +264,28 @@ fn pdb_problems(pdb: &mut PodDisruptionBudget) -> Result<(), String> {
     Ok(())
 }
 
+/// The claim retention of every StatefulSet the host applies (`whenDeleted`, `whenScaled`).
+const RETAIN: &str = "Retain";
+
 /// A StatefulSet's pod template: labels matching its selector, valid containers; the host puts
-/// the builder annotations on the template too, so a new builder rolls its pods.
+/// the builder annotations on the template too, so a new builder rolls its pods; its claims are
+/// retained whatever the builder says.
 fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin) -> Result<(), String> {
     let spec = &mut sts.spec;
+    // Its claims outlive it, whatever the builder says: slurmctld's state save claim must survive
+    // a deleted or scaled-in StatefulSet (a plugin setting `Delete` would erase the cluster's
+    // state with it).
+    if let Some(p) = &spec.persistent_volume_claim_retention_policy
+        && (p.when_deleted.as_deref().is_some_and(|w| w != RETAIN)
+            || p.when_scaled.as_deref().is_some_and(|w| w != RETAIN))
+    {
+        tracing::warn!(plugin = %plugin.label(), policy = ?p,
+            "a builder set a StatefulSet's claim retention other than Retain; the host keeps Retain");
+    }
+    spec.persistent_volume_claim_retention_policy = Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+        when_deleted: Some(RETAIN.into()),
+        when_scaled: Some(RETAIN.into()),
+    });
     let selector = spec.selector.match_labels.clone().unwrap_or_default();
     if selector.is_empty() {
         return Err("spec.selector.matchLabels is required".into());

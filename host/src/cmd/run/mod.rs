@@ -71,6 +71,11 @@ pub struct RunArgs {
     /// Resync period of healthy objects, in seconds.
     #[arg(long, env = "SLINKY_HOST_RESYNC_SECONDS", default_value_t = slinky_api::defaults::RESYNC_SECONDS)]
     pub resync_seconds: u64,
+    /// Delete and recreate a StatefulSet whose `serviceName`, selector or volume claim templates
+    /// differ from what its builder builds (its claims are retained and reattached). Off: the
+    /// difference is reported as `ImmutableFieldChanged` and slurmctld keeps its StatefulSet.
+    #[arg(long, env = "SLINKY_HOST_RECREATE_STATEFULSETS")]
+    pub recreate_statefulsets: bool,
     /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
     /// take over within the lease duration. On in the deployed manifests.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECT")]
@@ -156,6 +161,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         build,
         leadership,
         resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
+        recreate_statefulsets: args.recreate_statefulsets,
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());

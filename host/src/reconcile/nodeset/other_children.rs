@@ -83,7 +83,7 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         .filter(|c| c.ownership == Ownership::Controlled)
         .cloned()
         .collect();
-    sync.prune(&CHILD_KINDS, &keys_of(&own)).await;
+    sync.prune(&CHILD_KINDS, &keys_of(&own), &[]).await;
     pass.child_failures = std::mem::take(&mut sync.failures);
     pass.children_synced = true;
     Ok(())

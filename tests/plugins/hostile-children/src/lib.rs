@@ -11,12 +11,17 @@
 //! | `foreign-name` | adds a ConfigMap `kube-root-ca.crt` (a name that is not the parent's) |
 //! | `twice` | lists its first child twice |
 //! | `drop-config` | leaves out the ConfigMaps (the host prunes the ones it built) |
+//! | `drop-statefulset` | leaves out the slurmctld StatefulSet (the host keeps it and reports it) |
+//! | `retention-delete` | asks for claim retention `Delete`/`Delete` on the StatefulSet (the host keeps `Retain`) |
 //! | anything else | builds Slinky's children |
 
 use slinky_guest_sdk::{
     BuildContext, BuildError, Child, ControllerChildrenBuilder, ControllerInputs, NodeSetChildrenBuilder,
     api::{Controller, NodeSet},
-    k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta},
+    k8s_openapi::{
+        api::{apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy, core::v1::ConfigMap},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    },
     slinky,
 };
 
@@ -59,6 +64,18 @@ fn misbehave(mut children: Vec<Child>, meta: &ObjectMeta) -> Result<Vec<Child>, 
             }
         }
         "drop-config" => children.retain(|c| c.as_config_map().is_none()),
+        "drop-statefulset" => children.retain(|c| c.as_stateful_set().is_none()),
+        "retention-delete" => {
+            for child in &mut children {
+                if let Child::StatefulSet(s) = child {
+                    s.spec.persistent_volume_claim_retention_policy =
+                        Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                            when_deleted: Some("Delete".into()),
+                            when_scaled: Some("Delete".into()),
+                        });
+                }
+            }
+        }
         "secret" => children.push(Child::Json(Box::new(serde_json::json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": format!("{name}-stolen"), "namespace": namespace},
