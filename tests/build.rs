@@ -8,7 +8,13 @@ fn main() {
     let workspace = manifest.parent().map(Path::to_path_buf).unwrap_or(manifest);
     let out = build_wasm_plugins(
         &workspace,
-        &["hostile", "hostile-children", "raw", "gpu-nodeset-pod"],
+        &[
+            "hostile",
+            "hostile-children",
+            "partial-children",
+            "raw",
+            "gpu-nodeset-pod",
+        ],
     );
     println!("cargo:rustc-env=SLINKY_TEST_PLUGIN_DIR={}", out.display());
     println!("cargo:rerun-if-changed=build.rs");

@@ -673,3 +673,60 @@ async fn gzipped_components_load_and_corrupt_ones_are_refused() -> Result<()> {
     s.stop().await;
     Ok(())
 }
+
+/// A new `controller-children` version that builds the example inputs into fewer children (here
+/// without slurmctld's StatefulSet) is refused with the children it leaves out named; the
+/// serving version keeps serving and the StatefulSet stays in the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_children_version_leaving_out_a_child_is_refused() -> Result<()> {
+    let s = setup(1, 50).await?;
+    let statefulsets = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(s.c.client.clone(), &s.ns);
+    let uid = eventually(60, || async {
+        statefulsets
+            .get_opt("slurm-controller")
+            .await
+            .ok()
+            .flatten()?
+            .uid()
+    })
+    .await
+    .context("no slurmctld StatefulSet")?;
+    let serving = s
+        .plugins
+        .active(BuilderKind::ControllerChildren)
+        .digest()
+        .to_string();
+    put(
+        s.dir.path(),
+        "children.wasm",
+        &std::fs::read(test_plugin("partial_children"))?,
+    )?;
+    let report = s.reload.rescan().await.context("reloader stopped")?;
+    let refusal = match s.plugins.last_refused(BuilderKind::ControllerChildren) {
+        Some(r) => r,
+        None => {
+            // The file may need one more scan to settle.
+            let report2 = s.reload.rescan().await.context("reloader stopped")?;
+            s.plugins
+                .last_refused(BuilderKind::ControllerChildren)
+                .with_context(|| format!("not refused: {report:?} / {report2:?}"))?
+        }
+    };
+    ensure!(
+        refusal.reason.contains("missing: [StatefulSet slurm-controller]"),
+        "{refusal:?}"
+    );
+    assert_eq!(
+        s.plugins.active(BuilderKind::ControllerChildren).digest(),
+        serving,
+        "the serving version keeps serving"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = statefulsets
+        .get_opt("slurm-controller")
+        .await?
+        .and_then(|s| s.uid());
+    assert_eq!(still, Some(uid), "the StatefulSet stays");
+    s.stop().await;
+    Ok(())
+}

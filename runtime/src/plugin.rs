@@ -340,18 +340,7 @@ impl Plugin {
     /// # Errors
     /// The first call that fails; [`PluginError::Refused`] when the examples do not parse.
     pub(crate) fn example_builds(&self, ctx: &BuildContext) -> Result<Vec<String>, PluginError> {
-        use slinky_api::contract as testing;
-        // Parsed once per process: every reload and every switch to optimized code builds them.
-        static EXAMPLES: std::sync::LazyLock<Result<(Controller, NodeSet), String>> =
-            std::sync::LazyLock::new(|| {
-                testing::example_controller()
-                    .and_then(|c| Ok((c, testing::example_nodeset()?)))
-                    .map_err(|e| format!("the example inputs do not parse: {e}"))
-            });
-        let (controller, nodeset) = EXAMPLES.as_ref().map_err(|reason| PluginError::Refused {
-            plugin: self.label(),
-            reason: reason.clone(),
-        })?;
+        let (controller, nodeset) = self.examples()?;
         let mut out = Vec::new();
         if self.builds(BuilderKind::ControllerService) {
             out.push(format!("{:?}", self.build_service(ctx, controller)?));
@@ -364,7 +353,7 @@ impl Plugin {
             ));
         }
         if self.builds(BuilderKind::ControllerChildren) {
-            let inputs = testing::example_inputs(std::slice::from_ref(nodeset));
+            let inputs = slinky_api::contract::example_inputs(std::slice::from_ref(nodeset));
             out.push(format!(
                 "{:?}",
                 self.build_controller_children(ctx, controller, &inputs)?
@@ -377,6 +366,48 @@ impl Plugin {
             ));
         }
         Ok(out)
+    }
+
+    /// The example inputs (`slinky_api::contract`'s examples), parsed once per process: every
+    /// reload and every switch to optimized code builds them.
+    fn examples(&self) -> Result<&'static (Controller, NodeSet), PluginError> {
+        use slinky_api::contract as examples;
+        static EXAMPLES: std::sync::LazyLock<Result<(Controller, NodeSet), String>> =
+            std::sync::LazyLock::new(|| {
+                examples::example_controller()
+                    .and_then(|c| Ok((c, examples::example_nodeset()?)))
+                    .map_err(|e| format!("the example inputs do not parse: {e}"))
+            });
+        EXAMPLES.as_ref().map_err(|reason| PluginError::Refused {
+            plugin: self.label(),
+            reason: reason.clone(),
+        })
+    }
+
+    /// The children (kind and name) this plugin's `kind` builder (`controller-children` or
+    /// `nodeset-children`) builds from the example inputs; `None` for the other kinds or when the
+    /// plugin does not build `kind`.
+    ///
+    /// # Errors
+    /// The call failed or its output broke the output policy.
+    pub(crate) fn example_children(
+        &self,
+        ctx: &BuildContext,
+        kind: BuilderKind,
+    ) -> Result<Option<std::collections::BTreeSet<(crate::ChildKind, String)>>, PluginError> {
+        let (controller, nodeset) = self.examples()?;
+        let children = match kind {
+            _ if !self.builds(kind) => return Ok(None),
+            BuilderKind::ControllerChildren => {
+                let inputs = slinky_api::contract::example_inputs(std::slice::from_ref(nodeset));
+                self.build_controller_children(ctx, controller, &inputs)?
+            }
+            BuilderKind::NodesetChildren => self.build_nodeset_children(ctx, nodeset, controller)?,
+            BuilderKind::ControllerService | BuilderKind::NodesetPod => return Ok(None),
+        };
+        Ok(Some(
+            children.iter().map(|c| (c.kind, c.name().to_string())).collect(),
+        ))
     }
 
     fn optimized_code(

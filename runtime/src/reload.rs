@@ -331,9 +331,44 @@ impl Reloader {
         report.refused.push(refusal);
     }
 
-    /// Build the example inputs with every kind the plugin builds, through the output policy.
+    /// Build the example inputs with every kind the plugin builds, through the output policy;
+    /// a children builder must build them into the same children (kinds and names) as the
+    /// version serving now: a version that leaves one out would have the host prune it from every
+    /// parent (or, for slurmctld's StatefulSet, report it missing everywhere).
     fn smoke(&self, plugin: &Plugin) -> Result<(), PluginError> {
-        plugin.example_builds(&self.config.build).map(drop)
+        plugin.example_builds(&self.config.build)?;
+        for kind in [BuilderKind::ControllerChildren, BuilderKind::NodesetChildren] {
+            let Some(new) = plugin.example_children(&self.config.build, kind)? else {
+                continue;
+            };
+            let serving = self.registry.active(kind);
+            // The serving version built them when it was accepted: an error now is not this one's.
+            let Ok(Some(old)) = serving.example_children(&self.config.build, kind) else {
+                continue;
+            };
+            if new != old {
+                let names = |set: Vec<&(crate::ChildKind, String)>| {
+                    set.iter()
+                        .map(|(k, n)| format!("{k} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let missing = names(old.difference(&new).collect());
+                let extra = names(new.difference(&old).collect());
+                return Err(PluginError::Refused {
+                    plugin: plugin.label(),
+                    reason: format!(
+                        "its {kind} builder builds the example inputs into other children than the \
+                         serving version {} (missing: [{missing}]; new: [{extra}]): a new version must \
+                         build the same children, or the host would delete what it leaves out from every \
+                         parent. Build the same objects (or change the example inputs' outcome another \
+                         way), then copy it again",
+                        serving.label()
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Pick the plugin of each kind and swap where it changed.
