@@ -4,7 +4,7 @@
 #   docker build -t registry.example.com/slinky-host:0.1.0 .
 #   docker run --rm registry.example.com/slinky-host:0.1.0 version   # version and plugin digests
 #
-# Stage 1 builds the host; its build script compiles the bundled plugins (plugins/*) for
+# Stage 1 builds the host; the plugin runtime's build script compiles the bundled plugins (plugins/*) for
 # wasm32-wasip2, reproducibly (no build-machine path inside: the digests equal those of any other
 # build of the same source), and embeds them in the binary. The cargo registry and the target
 # directory are BuildKit cache mounts: a source change rebuilds the workspace crates and the

@@ -1,4 +1,4 @@
-// Shared by the build scripts of `slinky-host` (bundled plugins) and `slinky-tests` (hostile test
+// Shared by the build scripts of `slinky-runtime` (bundled plugins) and `slinky-tests` (hostile test
 // plugins): compile workspace plugin crates for wasm32-wasip2 with a nested cargo in its own
 // target directory, so the outer build's lock is never contended.
 

@@ -2,8 +2,8 @@
 //!
 //! A WebAssembly-pluggable reconciliation host for the Slinky (Slurm on Kubernetes) operator.
 //! The host owns everything that must be correct under concurrency; *builders*, Wasm components
-//! compiled against `wit/builder.wit`, decide what child objects should exist, and only ever see
-//! copies of objects.
+//! compiled against `wit/builder@0.2.0` (run by the `slinky-runtime` crate), decide what child
+//! objects should exist, and only ever see copies of objects.
 
 /// The command line: arguments and one module per command (`run`, `render`, `plugin check`, …).
 pub mod cmd;

@@ -206,15 +206,15 @@ impl Plugin {
         let export = code.exports.pod.as_ref();
         let export = export.ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
         let label = self.label();
-        let engine = &self.inner.engine;
-        let (mut store, instance) = instantiate(engine, &code.engine, &code.pre, &label, BUILD_POD)?;
+        let limits = self.inner.engine.limits();
+        let (mut store, instance) = instantiate(&limits, &code.engine, &code.pre, &label, BUILD_POD)?;
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {
-            store.set_epoch_deadline(engine.deadline_ticks());
+            store.set_epoch_deadline(limits.deadline_ticks);
             let started = std::time::Instant::now();
             let out = export
                 .build_pod(&mut store, &instance, ctx, nodeset, controller, identity)
-                .map_err(|e| trap_error(&label, BUILD_POD, e, &store, engine))?;
+                .map_err(|e| trap_error(&label, BUILD_POD, e, &store, &limits))?;
             times.push(started.elapsed());
             std::hint::black_box(out.ok());
         }
@@ -247,7 +247,13 @@ impl Plugin {
     #[cfg(feature = "bench")]
     fn instantiate_for(&self, call: &'static str) -> Result<(Store<CallState>, Instance), PluginError> {
         let code = self.code();
-        instantiate(&self.inner.engine, &code.engine, &code.pre, &self.label(), call)
+        instantiate(
+            &self.inner.engine.limits(),
+            &code.engine,
+            &code.pre,
+            &self.label(),
+            call,
+        )
     }
 
     /// `obj` as the JSON text a builder receives.
@@ -287,11 +293,12 @@ impl Plugin {
     ) -> Result<T, PluginError> {
         let label = self.label();
         let engine = &self.inner.engine;
-        let (mut store, instance) = instantiate(engine, &code.engine, &code.pre, &label, call)?;
+        let limits = engine.limits();
+        let (mut store, instance) = instantiate(&limits, &code.engine, &code.pre, &label, call)?;
         let result = f(&mut store, &instance);
         engine.count_call(store.data().limits.grows);
         log_output(&label, call, &store);
-        let output = result.map_err(|e| trap_error(&label, call, e, &store, engine))?;
+        let output = result.map_err(|e| trap_error(&label, call, e, &store, &limits))?;
         output.map_err(|error| PluginError::Build {
             plugin: label.clone(),
             call,

@@ -384,6 +384,15 @@ impl EngineHandle {
         self.stats.memory_grows.fetch_add(grows, Ordering::Relaxed);
     }
 
+    /// The limits each call runs under.
+    pub(crate) fn limits(&self) -> sandbox::Limits {
+        sandbox::Limits {
+            memory: self.config.memory_limit,
+            deadline_ticks: self.deadline_ticks(),
+            deadline: self.config.call_deadline,
+        }
+    }
+
     /// Epoch ticks for the call deadline (rounded up, at least 1).
     pub(crate) fn deadline_ticks(&self) -> u64 {
         let ticks = self

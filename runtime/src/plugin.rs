@@ -520,9 +520,10 @@ fn describe(
     contract: Contract,
     label: &str,
 ) -> Result<PluginInfo, PluginError> {
-    let (mut store, instance) = instantiate(engine, wasm_engine, pre, label, "describe")?;
+    let limits = engine.limits();
+    let (mut store, instance) = instantiate(&limits, wasm_engine, pre, label, "describe")?;
     let described = bindings::call_describe(&mut store, &instance, pre, contract);
-    let info = described.map_err(|e| trap_error(label, "describe", e, &store, engine))?;
+    let info = described.map_err(|e| trap_error(label, "describe", e, &store, &limits))?;
     log_output(label, "describe", &store);
     Ok(info)
 }

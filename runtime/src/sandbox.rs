@@ -2,7 +2,7 @@
 //! clocks, seeded randomness, no files, environment or sockets), a memory cap, a deadline and
 //! bounded stdout/stderr; and what a trap becomes.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use wasmtime::{
     ResourceLimiter, Store,
@@ -10,7 +10,7 @@ use wasmtime::{
 };
 use wasmtime_wasi::{Deterministic, WasiCtx, WasiCtxView, WasiView, p2::pipe::MemoryOutputPipe};
 
-use crate::{EngineHandle, PluginError, TrapCause};
+use crate::{PluginError, TrapCause};
 
 /// The data of one call's `Store`.
 pub(crate) struct CallState {
@@ -103,9 +103,20 @@ pub(crate) fn linker(engine: &wasmtime::Engine) -> Result<Linker<CallState>, Plu
     Ok(linker)
 }
 
+/// The limits every call runs under (from the engine's configuration).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Linear memory cap (bytes).
+    pub(crate) memory: usize,
+    /// Epoch ticks before the call is interrupted.
+    pub(crate) deadline_ticks: u64,
+    /// The deadline those ticks stand for (for the error message).
+    pub(crate) deadline: Duration,
+}
+
 /// A fresh store and instance, with the deadline and memory cap set before instantiation.
 pub(crate) fn instantiate(
-    engine: &Arc<EngineHandle>,
+    limits: &Limits,
     wasm_engine: &wasmtime::Engine,
     pre: &InstancePre<CallState>,
     label: &str,
@@ -131,7 +142,7 @@ pub(crate) fn instantiate(
         wasi,
         table: ResourceTable::new(),
         limits: CallLimits {
-            memory: engine.config.memory_limit,
+            memory: limits.memory,
             hit: false,
             initial_above_cap: None,
             grows: 0,
@@ -141,11 +152,11 @@ pub(crate) fn instantiate(
     };
     let mut store = Store::new(wasm_engine, state);
     store.limiter(|s| &mut s.limits);
-    store.set_epoch_deadline(engine.deadline_ticks());
+    store.set_epoch_deadline(limits.deadline_ticks);
     store.epoch_deadline_trap();
     let instance = pre
         .instantiate(&mut store)
-        .map_err(|e| trap_error(label, call, e, &store, engine))?;
+        .map_err(|e| trap_error(label, call, e, &store, limits))?;
     Ok((store, instance))
 }
 
@@ -161,26 +172,28 @@ pub(crate) fn log_output(label: &str, call: &str, store: &Store<CallState>) {
     }
 }
 
+/// What a failed call becomes: the cause (initial memory above the cap, the cap, the deadline, or
+/// another trap) with the guest's stderr.
 pub(crate) fn trap_error(
     label: &str,
     call: &'static str,
     error: wasmtime::Error,
     store: &Store<CallState>,
-    engine: &EngineHandle,
+    limits: &Limits,
 ) -> PluginError {
-    let limits = &store.data().limits;
-    let cause = if let Some(initial) = limits.initial_above_cap {
+    let seen = &store.data().limits;
+    let cause = if let Some(initial) = seen.initial_above_cap {
         TrapCause::InitialMemoryAboveCap {
             initial,
-            cap: engine.config.memory_limit,
+            cap: limits.memory,
         }
-    } else if limits.hit {
-        TrapCause::MemoryCap(engine.config.memory_limit)
+    } else if seen.hit {
+        TrapCause::MemoryCap(limits.memory)
     } else if matches!(
         error.downcast_ref::<wasmtime::Trap>(),
         Some(wasmtime::Trap::Interrupt)
     ) {
-        TrapCause::Deadline(engine.config.call_deadline)
+        TrapCause::Deadline(limits.deadline)
     } else {
         TrapCause::Trap(format!("{error:#}"))
     };

@@ -350,10 +350,7 @@ pub async fn converge_current(c: &TestCluster, ns: &str, want: &BTreeSet<String>
 
 /// Whether the pod's `Ready` condition is `True`.
 pub fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    slinky_api::pods::is_ready(p)
 }
 
 /// The example NodeSet's current generation.

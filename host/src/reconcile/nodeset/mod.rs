@@ -43,7 +43,7 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
 use other_children::sync_children;
-pub use plan::is_ready;
+pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
 use pods::{create_pods, delete_pods};
 use status::write_status;
@@ -172,7 +172,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     let now = Timestamp::now();
     if owned
         .iter()
-        .any(|p| is_ready(p) && !is_available(p, min_ready, now))
+        .any(|p| is_running_and_ready(p) && !is_available(p, min_ready, now))
     {
         requeue = requeue.min(Duration::from_secs(min_ready.max(0) as u64 + 1));
     }

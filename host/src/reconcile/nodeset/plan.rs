@@ -47,13 +47,13 @@ fn ready_since(p: &Pod) -> Option<Timestamp> {
 }
 
 /// Running with a `Ready=True` condition.
-pub fn is_ready(p: &Pod) -> bool {
+pub fn is_running_and_ready(p: &Pod) -> bool {
     phase(p) == "Running" && ready_since(p).is_some()
 }
 
 /// Ready for at least `min_ready` seconds at `now`.
 pub fn is_available(p: &Pod, min_ready: i64, now: Timestamp) -> bool {
-    is_ready(p)
+    is_running_and_ready(p)
         && (min_ready <= 0 || ready_since(p).is_some_and(|t| now.as_second() - t.as_second() >= min_ready))
 }
 
@@ -91,7 +91,7 @@ pub fn condemn_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
     scheduled(a)
         .cmp(&scheduled(b))
         .then(phase_rank(a).cmp(&phase_rank(b)))
-        .then(is_ready(a).cmp(&is_ready(b)))
+        .then(is_running_and_ready(a).cmp(&is_running_and_ready(b)))
         .then(deletion_cost(a).cmp(&deletion_cost(b)))
         .then(deadline(a).cmp(&deadline(b)))
         .then(cordoned(b).cmp(&cordoned(a)))

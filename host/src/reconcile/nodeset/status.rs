@@ -9,7 +9,7 @@ use slinky_api::{NodeSet, NodeSetStatus, conditions, keys};
 
 use super::{
     Pass,
-    plan::{is_available, is_ready, phase},
+    plan::{is_available, is_running_and_ready, phase},
 };
 use crate::reconcile::{Error, pass::first_of};
 
@@ -76,7 +76,7 @@ pub(super) async fn write_status(
                 .filter(|p| p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) == Some(r))
                 .count() as i32
         }),
-        ready_replicas: live.iter().filter(|p| is_ready(p)).count() as i32,
+        ready_replicas: live.iter().filter(|p| is_running_and_ready(p)).count() as i32,
         available_replicas: available,
         unavailable_replicas: (desired - available).max(0),
         desired,
