@@ -361,8 +361,8 @@ impl Reloader {
                         "its {kind} builder builds the example inputs into other children than the \
                          serving version {} (missing: [{missing}]; new: [{extra}]): a new version must \
                          build the same children, or the host would delete what it leaves out from every \
-                         parent. Build the same objects (or change the example inputs' outcome another \
-                         way), then copy it again",
+                         parent. Make it build the same objects from the example inputs \
+                         (`slinky_api::contract::example_controller`/`example_nodeset`), then copy it again",
                         serving.label()
                     ),
                 });
