@@ -123,10 +123,12 @@ async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() 
     };
     let (ns, host) = start_example(&c, "taken", 0).await?;
     host.wait_ready().await?;
-    // The host sees the scale-up before it sees the stranger created right after it.
-    server.faults().set_watch_delay(Duration::from_millis(3000));
+    // The host sees the scale-up before it sees the stranger created right after it (2.5 s apart:
+    // with 1.5 s, a full test run on two busy cores once delayed the host's pass past the
+    // stranger's event, and it saw both at once).
+    server.faults().set_watch_delay(Duration::from_millis(5000));
     scale(&c, &ns, 4).await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     stranger(&c, &ns, &format!("{NS_NAME}-1"), web()).await?;
     wait_owned(&c, &ns, &names(&[0, 2, 3, 4])).await?;
     server.faults().set_watch_delay(Duration::ZERO);
