@@ -123,15 +123,26 @@ async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() 
     };
     let (ns, host) = start_example(&c, "taken", 0).await?;
     host.wait_ready().await?;
-    // The host sees the scale-up before it sees the stranger created right after it (2.5 s apart:
-    // with 1.5 s, a full test run on two busy cores once delayed the host's pass past the
-    // stranger's event, and it saw both at once).
-    server.faults().set_watch_delay(Duration::from_millis(5000));
-    scale(&c, &ns, 4).await?;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The host's pod cache is held back (its watch delivers nothing) while a stranger takes
+    // ordinal 1 and the NodeSet scales up: its first pass creates 0, 1, 2, 3 from a cache without
+    // the stranger, and 1 is refused as AlreadyExists. Released, the cache shows the stranger and
+    // the host makes 4. No guessed delays: the order is the test's, not the scheduler's.
+    server.faults().hold_watch("pods");
     stranger(&c, &ns, &format!("{NS_NAME}-1"), web()).await?;
+    scale(&c, &ns, 4).await?;
+    let tried = eventually(60, || async {
+        let w = host.handles.writes.snapshot();
+        let n = |o: &str| w.get(&("create".to_string(), o.to_string())).copied().unwrap_or(0);
+        (n("ok") + n("conflict") >= 4).then_some(())
+    })
+    .await;
+    server.faults().release_watch("pods");
+    ensure!(
+        tried.is_some(),
+        "the host never tried ordinals 0-3: {:?}",
+        host.handles.writes.snapshot()
+    );
     wait_owned(&c, &ns, &names(&[0, 2, 3, 4])).await?;
-    server.faults().set_watch_delay(Duration::ZERO);
     let writes = host.handles.writes.snapshot();
     let count = |outcome: &str| {
         writes

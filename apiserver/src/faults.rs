@@ -1,10 +1,11 @@
 //! Fault injection: seeded, so a failing run can be replayed. Rules match a verb and a resource
 //! and fire with a probability or a fixed number of times; faults fire before the request is
 //! served (nothing changes), or after it (the change is made, the client sees an error, like a
-//! timed-out create). Plus added latency, delayed watch delivery, closing watch streams and a
-//! forced `410 Gone` on the next watches.
+//! timed-out create). Plus added latency, delayed watch delivery, watch delivery held for one
+//! resource until released, closing watch streams and a forced `410 Gone` on the next watches.
 
 use std::{
+    collections::BTreeSet,
     sync::{Mutex, MutexGuard},
     time::Duration,
 };
@@ -121,6 +122,7 @@ struct State {
     rules: Vec<FaultRule>,
     latency: Duration,
     watch_delay: Duration,
+    held: BTreeSet<String>,
     gone_next_watches: u32,
     fired: Vec<(String, String, FaultError)>,
 }
@@ -130,6 +132,7 @@ struct State {
 pub struct Faults {
     state: Mutex<State>,
     close_watches: watch::Sender<u64>,
+    released: watch::Sender<u64>,
 }
 
 /// A decision for one request.
@@ -150,10 +153,12 @@ impl Faults {
                 rules: Vec::new(),
                 latency: Duration::ZERO,
                 watch_delay: Duration::ZERO,
+                held: BTreeSet::new(),
                 gone_next_watches: 0,
                 fired: Vec::new(),
             }),
             close_watches: watch::channel(0).0,
+            released: watch::channel(0).0,
         }
     }
 
@@ -181,6 +186,9 @@ impl Faults {
         s.latency = Duration::ZERO;
         s.watch_delay = Duration::ZERO;
         s.gone_next_watches = 0;
+        s.held.clear();
+        drop(s);
+        self.released.send_modify(|n| *n += 1);
     }
 
     /// Add latency to every request.
@@ -201,6 +209,28 @@ impl Faults {
     /// The watch delivery delay.
     pub fn watch_delay(&self) -> Duration {
         self.lock().watch_delay
+    }
+
+    /// Hold every watch event of `resource` (a plural, `pods`) until [`Faults::release_watch`]:
+    /// a cache that has not seen an object yet, for as long as a test needs, not a guessed delay.
+    pub fn hold_watch(&self, resource: &str) {
+        self.lock().held.insert(resource.to_string());
+    }
+
+    /// Deliver the held events of `resource`, in order, and stop holding it.
+    pub fn release_watch(&self, resource: &str) {
+        self.lock().held.remove(resource);
+        self.released.send_modify(|n| *n += 1);
+    }
+
+    /// Wait while watch events of `resource` are held.
+    pub async fn while_held(&self, resource: &str) {
+        let mut rx = self.released.subscribe();
+        while self.lock().held.contains(resource) {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Close every open watch stream now.

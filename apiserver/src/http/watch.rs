@@ -218,6 +218,7 @@ impl Watcher {
             };
             *pos = e.rev;
             if let Some(kind) = kind {
+                self.shared.faults.while_held(&self.rt.plural).await;
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
