@@ -1333,3 +1333,73 @@ async fn events_written_through_events_k8s_io_are_core_events_too() -> Result<()
     assert_eq!(listed.items.len(), 1);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_over_the_api_limits_are_refused_with_kube_apiservers_message() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let c = TestCluster::start().await;
+    let ns = c.namespace("eventlimits").await;
+    let recorder = Recorder::new(c.client.clone(), Reporter::from("slinky-host".to_string()));
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some("p".into()),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    let event = |reason: &str, note: String| Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    let limit = "Invalid value: \"\": can have at most 1024 characters";
+    // As the host publishes Events (events.k8s.io/v1, through kube's Recorder): a note one byte
+    // over the limit (Go's `len` counts bytes: 512 two-byte characters and one more byte) is
+    // refused with kube-apiserver's message, which names the core field `message`.
+    let err = recorder
+        .publish(&event("Long", format!("{}x", "é".repeat(512))), &regarding)
+        .await
+        .err()
+        .context("a 1025-byte note must be refused")?;
+    let kube::Error::Api(status) = &err else {
+        bail!("expected an API error, got {err}")
+    };
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    ensure!(
+        status.message.starts_with("Event \"p.")
+            && status.message.ends_with(&format!("\" is invalid: message: {limit}")),
+        "{}",
+        status.message
+    );
+    // At the limit it is written.
+    recorder
+        .publish(&event("Full", "é".repeat(512)), &regarding)
+        .await?;
+    let core: Api<CoreEvent> = Api::namespaced(c.client.clone(), &ns);
+    let stored = core.list(&ListParams::default()).await?.items;
+    assert_eq!(stored.len(), 1, "only the Event within the limit was stored");
+    let name = stored[0].name_any();
+    assert_eq!(stored[0].message.as_deref().map(str::len), Some(1024));
+    // An update over the limit is refused too, through either API.
+    let err = core
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"message": "m".repeat(1025)})),
+        )
+        .await
+        .err()
+        .context("a 1025-byte message update must be refused")?;
+    let kube::Error::Api(status) = &err else {
+        bail!("expected an API error, got {err}")
+    };
+    assert_eq!(status.code, 422);
+    assert_eq!(
+        status.message,
+        format!("Event \"{name}\" is invalid: message: {limit}")
+    );
+    Ok(())
+}
