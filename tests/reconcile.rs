@@ -16,8 +16,8 @@ use slinky_host::embedded::{FaultError, FaultRule, Times};
 use slinky_tests::{
     eventually,
     host::{
-        Host, NS_NAME, apply_example, cluster, converge, converge_current, names, pod_names, pod_ready,
-        scale, start_example,
+        Host, NS_NAME, apply_example, cluster, converge, converge_current, events, names, pod_names,
+        pod_ready, scale, start_example,
     },
     inject_fault,
 };
@@ -276,6 +276,65 @@ async fn steady_state_makes_no_writes_and_a_restart_adopts_without_duplicates() 
         .unwrap_or(0);
     assert_eq!(conflicts, 0, "no create collided with an existing pod");
     second.stop().await;
+    Ok(())
+}
+
+/// Issue 22 item 12: at scale, `Created pods: …` listing every pod was longer than the 1,024
+/// bytes kube-apiserver allows an Event's note, and was refused (lost). Each Event names a few
+/// pods and counts the rest; none is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_of_a_large_scale_name_a_few_pods_and_count_the_rest() -> Result<()> {
+    let c = cluster(false).await;
+    let (ns, host) = start_example(&c, "bigevents", 0).await?;
+    let all: Vec<u32> = (0..60).collect();
+    let g = scale(&c, &ns, 60).await?;
+    converge(&c, &ns, &names(&all), g, false).await?;
+    let g = scale(&c, &ns, 0).await?;
+    converge(&c, &ns, &names(&[]), g, false).await?;
+    // Created from the lowest ordinal, deleted from the highest.
+    let five = |ordinals: &mut dyn Iterator<Item = u32>| {
+        ordinals
+            .take(5)
+            .map(|o| format!("{NS_NAME}-{o}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let want = [
+        (
+            "SuccessfulCreate",
+            format!("Created pods: {} and 55 more", five(&mut (0..60))),
+        ),
+        (
+            "SuccessfulDelete",
+            format!("Deleted pods: {} and 55 more", five(&mut (0..60).rev())),
+        ),
+    ];
+    let found = eventually(30, || async {
+        let got = events(&c, &ns, NS_NAME).await.ok()?;
+        want.iter()
+            .all(|(reason, note)| got.iter().any(|(r, n)| r == reason && n == note))
+            .then_some(got)
+    })
+    .await;
+    let got = match found {
+        Some(got) => got,
+        None => bail!(
+            "expected {want:#?}\n got {:#?}",
+            events(&c, &ns, NS_NAME).await?
+        ),
+    };
+    for (reason, note) in &got {
+        ensure!(note.len() <= 1024, "{reason}: a {}-byte note", note.len());
+    }
+    let refused = host
+        .handles
+        .writes
+        .snapshot()
+        .into_iter()
+        .filter(|((verb, outcome), _)| verb == "event" && outcome != "ok")
+        .collect::<Vec<_>>();
+    ensure!(refused.is_empty(), "Events not written: {refused:?}");
+    host.stop().await;
     Ok(())
 }
 

@@ -13,7 +13,10 @@ use kube::{
 };
 
 use super::{
-    Backoff, Error, Expectations, Leadership, Metrics, Writer, applied::AppliedVersions, caches::Caches,
+    Backoff, Error, Expectations, Leadership, Metrics, Writer,
+    applied::AppliedVersions,
+    caches::Caches,
+    events::{REASON_LIMIT, cap, cap_note},
     object_key,
 };
 use crate::plugins::{BuildContext, PluginRegistry};
@@ -75,7 +78,8 @@ impl Core {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == ns)
     }
 
-    /// Publish an Event on `obj` (failures are logged, never fatal).
+    /// Publish an Event on `obj` whose action is its reason, its note capped to what the API
+    /// server accepts (failures are logged, never fatal).
     pub(crate) async fn event<K: kube::Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -85,9 +89,9 @@ impl Core {
     ) {
         let ev = Event {
             type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
+            reason: cap(reason.into(), REASON_LIMIT),
+            note: Some(cap_note(note)),
+            action: cap(reason.into(), REASON_LIMIT),
             secondary: None,
         };
         if let Err(error) = self.recorder.publish(&ev, &obj.object_ref(&())).await {

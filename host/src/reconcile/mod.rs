@@ -13,6 +13,7 @@ pub mod caches;
 mod compare;
 pub mod context;
 mod controller;
+pub mod events;
 pub mod expectations;
 pub mod leader;
 mod nodeset;

@@ -53,7 +53,7 @@ where
                     let ev = Event {
                         type_: EventType::Normal,
                         reason: "BuilderChanged".into(),
-                        note: Some(st.note.clone()),
+                        note: Some(super::events::cap_note(st.note.clone())),
                         action: "Reconcile".into(),
                         secondary: None,
                     };

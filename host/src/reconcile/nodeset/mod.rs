@@ -242,6 +242,6 @@ fn skipped_note(skipped: &[(u32, Blocker)]) -> String {
     format!(
         "skipped {} held by pods this NodeSet does not own; other ordinals were used instead \
          (delete or rename those pods to free their names)",
-        items.join(", ")
+        crate::reconcile::events::name_list(&items)
     )
 }

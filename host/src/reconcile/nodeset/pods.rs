@@ -14,6 +14,7 @@ use crate::{
     reconcile::{
         Core, Error,
         compare::{differences, dropped_note},
+        events::name_list,
         time_plugin_call, writer,
     },
 };
@@ -93,7 +94,7 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
             ns,
             EventType::Normal,
             "SuccessfulDelete",
-            format!("Deleted pods: {}", deleted.join(", ")),
+            format!("Deleted pods: {}", name_list(&deleted)),
         )
         .await;
     }
@@ -179,7 +180,7 @@ pub(super) async fn create_pods(
             ns,
             EventType::Normal,
             "SuccessfulCreate",
-            format!("Created pods: {}", created.join(", ")),
+            format!("Created pods: {}", name_list(&created)),
         )
         .await;
     }
@@ -191,7 +192,7 @@ pub(super) async fn create_pods(
             format!(
                 "pods {} already exist and are not this NodeSet's (the cache had not shown them yet); \
                  their ordinals were skipped",
-                taken.join(", ")
+                name_list(&taken)
             ),
         )
         .await;
