@@ -1,20 +1,26 @@
 //! Leader election, health and metrics: two real host processes against one embedded API
 //! server (one leads, a kill hands over within the lease, no pod is created twice), a leader
-//! partitioned from the API stopping its writes before another starts, `/readyz` before and after
-//! the caches sync, and `/metrics` as Prometheus text.
+//! partitioned from the API stopping its writes before another starts, Events published by the
+//! leader only (a follower's plugin reload included), `/readyz` before and after the caches sync,
+//! and `/metrics` as Prometheus text.
 
 use std::{
     net::SocketAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::ListParams};
-use slinky_host::reconcile::{LeaderConfig, leader};
+use slinky_host::{
+    PluginRegistry,
+    plugins::{BuilderKind, Plugin, PluginSource, bundled, with_custom_section},
+    reconcile::{LeaderConfig, RunConfig, leader},
+};
 use slinky_tests::{
-    TestCluster, eventually,
-    host::{NS_NAME, apply_example, cluster, pod_ready, scale},
+    TestCluster, default_engine, eventually,
+    host::{Host, NS_NAME, apply_example, cluster, events, pod_ready, scale},
     http_get, http_request,
     process::{HostProcess, Proxy},
     python,
@@ -166,6 +172,95 @@ async fn a_partitioned_leader_stops_writing_before_another_starts() -> Result<()
     ensure!(!a.may_write(), "a must not write again without renewing");
     a_task.abort();
     b_task.abort();
+    Ok(())
+}
+
+/// Issue 22 item 13: Events are fenced like writes. Every replica watches the plugins directory,
+/// so every replica swaps builders; only the leader may say so. A follower's swap publishes no
+/// `BuilderChanged` Event (its Events are counted `event/not_leader`); the leader's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_leader_publishes_events_a_followers_plugin_reload_included() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("fencedevents").await;
+    apply_example(&c, &ns, 1).await?;
+    let config = |identity: &str| LeaderConfig {
+        lease_name: "events-test".into(),
+        namespace: ns.clone(),
+        identity: identity.into(),
+        duration: Duration::from_secs(3),
+        grace: Duration::from_secs(2),
+    };
+    let run = |leadership| RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(1)),
+        leadership,
+        ..Default::default()
+    };
+    let engine = default_engine();
+    let (a, a_task) = leader::elect(c.client.clone(), config("a")).await?;
+    eventually(20, || async { a.may_write().then_some(()) })
+        .await
+        .context("a never led")?;
+    let (b, b_task) = leader::elect(c.client.clone(), config("b")).await?;
+    let plugins_a = Arc::new(PluginRegistry::new(&engine, &[])?);
+    let plugins_b = Arc::new(PluginRegistry::new(&engine, &[])?);
+    let host_a = Host::start_config(c.client.clone(), plugins_a.clone(), run(a.clone()));
+    let host_b = Host::start_config(c.client.clone(), plugins_b.clone(), run(b.clone()));
+    host_b.wait_ready().await?;
+    eventually(30, || async {
+        (live_pods(&c, &ns).await.len() == 1).then_some(())
+    })
+    .await
+    .context("the leader made no pod")?;
+    ensure!(a.may_write() && !b.may_write(), "a leads, b follows");
+    let builder = |tag: &str| {
+        Plugin::load(
+            &engine,
+            &with_custom_section(bundled::NODESET_POD, "slinky-test-variant", tag.as_bytes()),
+            PluginSource::File(format!("/plugins/{tag}.wasm").into()),
+        )
+    };
+    let changed = |tag: &'static str| {
+        let (c, ns) = (&c, &ns);
+        async move {
+            let got = events(c, ns, NS_NAME).await.ok()?;
+            got.into_iter()
+                .find(|(reason, note)| reason == "BuilderChanged" && note.contains(tag))
+        }
+    };
+
+    // The follower's swap: its parents are queued (and skipped), no Event is written.
+    plugins_b.swap(BuilderKind::NodesetPod, builder("follower")?)?;
+    let fenced = || host_b.handles.writes.snapshot().get(&("event".into(), "not_leader".into())).copied();
+    let outcome = eventually(30, || async {
+        if let Some(ev) = changed("follower").await {
+            return Some(Err(ev));
+        }
+        fenced().map(Ok)
+    })
+    .await
+    .context("the follower neither published nor refused the BuilderChanged Event")?;
+    if let Err(ev) = outcome {
+        bail!("the follower published {ev:?}");
+    }
+    // Give a late Event the time to show, then look again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(changed("follower").await.is_none(), "the follower published BuilderChanged");
+    let b_writes = host_b.handles.writes.snapshot();
+    ensure!(
+        b_writes.iter().all(|((_, outcome), _)| outcome != "ok"),
+        "the follower wrote: {b_writes:?}"
+    );
+
+    // The leader's swap: the Event is written.
+    plugins_a.swap(BuilderKind::NodesetPod, builder("leader")?)?;
+    eventually(30, || changed("leader"))
+        .await
+        .context("the leader published no BuilderChanged Event")?;
+    a_task.abort();
+    b_task.abort();
+    host_a.stop().await;
+    host_b.stop().await;
     Ok(())
 }
 

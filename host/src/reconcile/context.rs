@@ -6,18 +6,12 @@ use std::{sync::Arc, time::Duration};
 
 use kube::{
     Client, Resource,
-    runtime::{
-        controller::Action,
-        events::{Event, EventType, Recorder},
-    },
+    runtime::{controller::Action, events::EventType},
 };
 
 use super::{
-    Backoff, Error, Expectations, Leadership, Metrics, Writer,
-    applied::AppliedVersions,
-    caches::Caches,
-    events::{REASON_LIMIT, cap, cap_note},
-    object_key,
+    Backoff, Error, Expectations, Leadership, Metrics, Writer, applied::AppliedVersions, caches::Caches,
+    events::Events, object_key,
 };
 use crate::plugins::{BuildContext, PluginRegistry};
 
@@ -28,8 +22,8 @@ pub struct Core {
     pub client: Client,
     /// The only writer.
     pub writer: Writer,
-    /// Events.
-    pub recorder: Recorder,
+    /// Events (fenced like the writes).
+    pub events: Events,
     /// The active builder plugins.
     pub plugins: Arc<PluginRegistry>,
     /// What builders may know of the cluster.
@@ -78,8 +72,8 @@ impl Core {
         self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == ns)
     }
 
-    /// Publish an Event on `obj` whose action is its reason, its note capped to what the API
-    /// server accepts (failures are logged, never fatal).
+    /// Publish an Event on `obj` whose action is its reason, only while this replica leads, its
+    /// note capped to what the API server accepts (failures are logged, never fatal).
     pub(crate) async fn event<K: kube::Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -87,16 +81,7 @@ impl Core {
         reason: &str,
         note: String,
     ) {
-        let ev = Event {
-            type_,
-            reason: cap(reason.into(), REASON_LIMIT),
-            note: Some(cap_note(note)),
-            action: cap(reason.into(), REASON_LIMIT),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(%error, reason, "cannot publish an Event");
-        }
+        self.events.publish(obj, type_, reason, reason, note).await;
     }
 
     /// Run a builder call off the async threads.

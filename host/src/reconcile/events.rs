@@ -1,8 +1,26 @@
-//! Event notes within the API's limits: kube-apiserver refuses an Event whose note is over 1,024
-//! bytes (`message: Invalid value: "": can have at most 1024 characters`; Go's `len` counts
-//! bytes) or whose reason or action is over 128. Every note the host publishes is capped
-//! ([`cap_note`]) and lists of names are written with [`name_list`] (a few names, then "and N
-//! more").
+//! Events: the one way the host publishes them ([`Events::publish`]), through kube's
+//! [`Recorder`] (`events.k8s.io/v1`).
+//!
+//! # Guarantees
+//! * **Fenced like a write.** An Event is published only while this replica may write
+//!   ([`Leadership::fence`]). A follower, or a leader that lost the Lease in the middle of a pass,
+//!   publishes nothing (`BuilderChanged` after a plugin reload included).
+//! * **Within the API's limits.** kube-apiserver refuses an Event whose note is over 1,024 bytes
+//!   (`message: Invalid value: "": can have at most 1024 characters`; Go's `len` counts bytes) or
+//!   whose reason or action is over 128. Every note is capped ([`cap_note`]) and lists of names
+//!   are written with [`name_list`] (a few names, then "and N more").
+//! * Every Event is counted as a write of verb `event` (`ok`, `not_leader`, `error`, …);
+//!   one the API server refused is also logged as a warning. A failed Event never fails a pass.
+
+use std::sync::Arc;
+
+use kube::{
+    Client, Resource,
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+
+use super::{Leadership, writer};
+use crate::metrics::WriteMetrics;
 
 /// The most bytes kube-apiserver accepts in an Event's note (`NoteLengthLimit`).
 pub const NOTE_LIMIT: usize = 1024;
@@ -27,7 +45,7 @@ pub fn name_list<S: AsRef<str>>(names: &[S]) -> String {
 
 /// `text` cut to at most `limit` bytes at a character boundary (never inside a UTF-8 sequence),
 /// ending in ` …` when it was cut.
-pub(crate) fn cap(mut text: String, limit: usize) -> String {
+fn cap(mut text: String, limit: usize) -> String {
     if text.len() <= limit {
         return text;
     }
@@ -44,6 +62,61 @@ pub(crate) fn cap(mut text: String, limit: usize) -> String {
 /// ending in ` …` when longer.
 pub fn cap_note(note: String) -> String {
     cap(note, NOTE_LIMIT)
+}
+
+/// The Event publisher: fenced, within the API's limits, counted.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+    leader: Leadership,
+    metrics: Arc<WriteMetrics>,
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
+impl Events {
+    /// A publisher reporting as `reporter`, publishing only while `leader` says so, counting into
+    /// `metrics`.
+    pub fn new(client: Client, reporter: Reporter, leader: Leadership, metrics: Arc<WriteMetrics>) -> Self {
+        Events {
+            recorder: Recorder::new(client, reporter),
+            leader,
+            metrics,
+        }
+    }
+
+    /// Publish an Event on `obj`, if this replica may write now (failures are logged and
+    /// counted, never returned).
+    pub async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if let Err(error) = self.leader.fence() {
+            self.metrics.record("event", "not_leader");
+            tracing::debug!(%error, reason, "Event not published");
+            return;
+        }
+        let ev = Event {
+            type_,
+            reason: cap(reason.to_string(), REASON_LIMIT),
+            note: Some(cap_note(note)),
+            action: cap(action.to_string(), REASON_LIMIT),
+            secondary: None,
+        };
+        let r = self.recorder.publish(&ev, &obj.object_ref(&())).await;
+        self.metrics.record("event", writer::outcome(&r));
+        if let Err(error) = r {
+            tracing::warn!(%error, reason, "cannot publish an Event");
+        }
+    }
 }
 
 #[cfg(test)]

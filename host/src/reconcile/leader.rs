@@ -2,8 +2,9 @@
 //! and the write fence built on it.
 //!
 //! # Guarantees
-//! * Only the leader writes: every write of the [`super::Writer`] and every reconcile first asks
-//!   [`Leadership::may_write`]. Followers keep their caches warm and reconcile nothing.
+//! * Only the leader writes: every write of the [`super::Writer`], every Event
+//!   ([`super::events::Events`]) and every reconcile first asks [`Leadership::may_write`].
+//!   Followers keep their caches warm, reconcile nothing and publish no Event.
 //! * **A leader that loses its lease stops writing before another starts.** Besides what the lease
 //!   manager says, the fence follows the Lease as this process last *saw it in the API* (a watch):
 //!   it is open only while the Lease names this process and `renewTime + leaseDuration - grace/2`

@@ -38,7 +38,7 @@ use kube::{
     Client, Resource,
     runtime::{
         Controller as KubeController,
-        events::{Recorder, Reporter},
+        events::Reporter,
         reflector::Store,
         watcher,
     },
@@ -50,6 +50,7 @@ use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
 pub use backoff::Backoff;
 pub use caches::{Caches, ChildCaches};
 pub use context::{ControllerContext, Core, NodeSetContext};
+pub use events::Events;
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
 pub use writer::Writer;
@@ -172,7 +173,7 @@ fn queue<K>(
     triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
     builders: [BuilderKind; 2],
     plugins: &Arc<PluginRegistry>,
-    recorder: &Recorder,
+    events: &Events,
     config: &RunConfig,
     allowed: &Arc<Vec<String>>,
 ) -> KubeController<K>
@@ -192,7 +193,7 @@ where
             plugins.clone(),
             kind,
             store.clone(),
-            recorder.clone(),
+            events.clone(),
             allowed.clone(),
         ));
     }
@@ -292,12 +293,14 @@ pub fn start(
     };
     let allowed = Arc::new(config.namespaces.clone());
     let watches = watch::start(&client, &one_namespace, allowed.clone(), expectations.clone());
-    let recorder = Recorder::new(
+    let events = Events::new(
         client.clone(),
         Reporter {
             controller: recorder_name.into(),
             instance: None,
         },
+        config.leadership.clone(),
+        writes.clone(),
     );
     let queues = Queues {
         controllers: queue(
@@ -305,7 +308,7 @@ pub fn start(
             watches.controller_triggers,
             [BuilderKind::ControllerService, BuilderKind::ControllerChildren],
             &plugins,
-            &recorder,
+            &events,
             &config,
             &allowed,
         ),
@@ -314,7 +317,7 @@ pub fn start(
             watches.nodeset_triggers,
             [BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
             &plugins,
-            &recorder,
+            &events,
             &config,
             &allowed,
         ),
@@ -322,7 +325,7 @@ pub fn start(
     let core = Arc::new(Core {
         client: client.clone(),
         writer: Writer::new(client, writes.clone(), config.leadership.clone()),
-        recorder,
+        events,
         plugins,
         build: config.build.clone(),
         metrics: metrics.clone(),

@@ -1,5 +1,6 @@
 //! After a builder swap: re-reconcile every parent whose children that builder makes, at a
-//! bounded rate, with an Event on each saying which builder version took over.
+//! bounded rate, with an Event on each saying which builder version took over (published by the
+//! leader only: a follower's swap triggers reconciles it skips, and no Event).
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
@@ -7,11 +8,12 @@ use futures::Stream;
 use kube::{
     Resource, ResourceExt,
     runtime::{
-        events::{Event, EventType, Recorder},
+        events::EventType,
         reflector::{ObjectRef, Store},
     },
 };
 
+use super::events::Events;
 use crate::plugins::{BuilderKind, PluginRegistry};
 
 /// Parents re-reconciled per second after a swap (each also gets an Event).
@@ -29,7 +31,7 @@ pub fn on_swap<K>(
     registry: Arc<PluginRegistry>,
     kind: BuilderKind,
     store: Store<K>,
-    recorder: Recorder,
+    events: Events,
     namespaces: Arc<Vec<String>>,
 ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
 where
@@ -41,25 +43,24 @@ where
         note: String::new(),
     };
     futures::stream::unfold(state, move |mut st| {
-        let (registry, store, recorder, namespaces) = (
+        let (registry, store, events, namespaces) = (
             registry.clone(),
             store.clone(),
-            recorder.clone(),
+            events.clone(),
             namespaces.clone(),
         );
         async move {
             loop {
                 if let Some(obj) = st.queue.pop_front() {
-                    let ev = Event {
-                        type_: EventType::Normal,
-                        reason: "BuilderChanged".into(),
-                        note: Some(super::events::cap_note(st.note.clone())),
-                        action: "Reconcile".into(),
-                        secondary: None,
-                    };
-                    if let Err(error) = recorder.publish(&ev, &obj.object_ref(&())).await {
-                        tracing::warn!(%error, "cannot publish the BuilderChanged Event");
-                    }
+                    events
+                        .publish(
+                            obj.as_ref(),
+                            EventType::Normal,
+                            "BuilderChanged",
+                            "Reconcile",
+                            st.note.clone(),
+                        )
+                        .await;
                     tokio::time::sleep(Duration::from_millis(1000 / PER_SECOND)).await;
                     return Some((ObjectRef::from_obj(obj.as_ref()), st));
                 }

@@ -28,7 +28,8 @@ pub const FIELD_MANAGER: &str = "slinky-host";
 /// Attempts of a conflict-retried status write.
 pub const STATUS_ATTEMPTS: u32 = 8;
 
-fn outcome(r: &Result<impl Sized, kube::Error>) -> &'static str {
+/// The outcome label of a write: `ok`, `conflict`, `not_found` or `error`.
+pub(crate) fn outcome(r: &Result<impl Sized, kube::Error>) -> &'static str {
     match r {
         Ok(_) => "ok",
         Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
