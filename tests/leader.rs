@@ -264,6 +264,108 @@ async fn only_the_leader_publishes_events_a_followers_plugin_reload_included() -
     Ok(())
 }
 
+/// Issue 22 item 13: a write that passed the fence must not leave after the fence's margin. With
+/// election every write is abandoned after half the margin: pod creates the API server holds are
+/// given up (counted `create/timeout`, the connection dropped), and once the leader is cut from
+/// the Lease and its fence has closed, none is left for the server to serve when it lets them go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_held_by_the_api_server_are_abandoned_within_the_margin() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("held writes") else {
+        return Ok(());
+    };
+    let ns = c.namespace("heldwrites").await;
+    apply_example(&c, &ns, 0).await?;
+    // The election goes through a proxy (the test cuts the leader from the Lease); the host's
+    // writes go straight to the API server.
+    let upstream: SocketAddr = server
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .context("server address")?;
+    let proxy = Proxy::start(upstream).await?;
+    let mut kc = kube::config::Kubeconfig::read_from(&c.kubeconfig)?;
+    for cluster in &mut kc.clusters {
+        if let Some(cl) = cluster.cluster.as_mut() {
+            cl.server = Some(format!("https://{}", proxy.addr));
+        }
+    }
+    let via_proxy = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)?;
+    // grace 2 s: the fence closes 1 s (the margin) before the Lease expires; writes get 0.5 s.
+    let margin = Duration::from_secs(1);
+    let (a, a_task) = leader::elect(
+        via_proxy,
+        LeaderConfig {
+            lease_name: "held-test".into(),
+            namespace: ns.clone(),
+            identity: "a".into(),
+            duration: Duration::from_secs(3),
+            grace: Duration::from_secs(2),
+        },
+    )
+    .await?;
+    ensure!(a.write_timeout() < Some(margin), "{:?}", a.write_timeout());
+    eventually(20, || async { a.may_write().then_some(()) })
+        .await
+        .context("a never led")?;
+    let host = Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        RunConfig {
+            namespaces: vec![ns.clone()],
+            resync: Some(Duration::from_secs(1)),
+            leadership: a.clone(),
+            ..Default::default()
+        },
+    );
+    host.wait_ready().await?;
+    let faults = server.faults();
+    faults.hold_requests("create", "pods");
+    scale(&c, &ns, 3).await?;
+    let held = eventually(30, || async { (faults.waiting_requests() > 0).then(Instant::now) })
+        .await
+        .context("no pod create reached the API server")?;
+    let timeouts = || {
+        host.handles
+            .writes
+            .snapshot()
+            .get(&("create".to_string(), "timeout".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    eventually(5, || async { (timeouts() > 0).then_some(()) })
+        .await
+        .with_context(|| format!("a held create was never abandoned: {:?}", host.handles.writes.snapshot()))?;
+    ensure!(
+        held.elapsed() < margin,
+        "the held create was abandoned after {:?}, not within the margin",
+        held.elapsed()
+    );
+
+    // Cut from the Lease, the leader's fence closes; within the write timeout every create it
+    // had sent is abandoned, so the API server has none left to serve.
+    proxy.cut();
+    eventually(10, || async { (!a.may_write()).then_some(()) })
+        .await
+        .context("the fence never closed")?;
+    let closed = Instant::now();
+    eventually(5, || async { (faults.waiting_requests() == 0).then_some(()) })
+        .await
+        .context("a create of the cut leader still waits at the API server")?;
+    ensure!(
+        closed.elapsed() < margin,
+        "the last create was abandoned {:?} after the fence closed, not within the margin",
+        closed.elapsed()
+    );
+    faults.release_requests("create", "pods");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let landed = live_pods(&c, &ns).await;
+    ensure!(landed.is_empty(), "{} creates of the cut leader landed", landed.len());
+    a_task.abort();
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn readyz_waits_for_the_caches_and_metrics_are_prometheus_text_that_moves() -> Result<()> {
     let c = cluster(true).await;

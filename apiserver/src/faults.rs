@@ -2,7 +2,8 @@
 //! and fire with a probability or a fixed number of times; faults fire before the request is
 //! served (nothing changes), or after it (the change is made, the client sees an error, like a
 //! timed-out create). Plus added latency, delayed watch delivery, watch delivery held for one
-//! resource until released, closing watch streams and a forced `410 Gone` on the next watches.
+//! resource until released, requests of one verb and resource held before they are served until
+//! released, closing watch streams and a forced `410 Gone` on the next watches.
 
 use std::{
     collections::BTreeSet,
@@ -123,6 +124,10 @@ struct State {
     latency: Duration,
     watch_delay: Duration,
     held: BTreeSet<String>,
+    /// `verb:resource` of the requests held before they are served.
+    held_requests: BTreeSet<String>,
+    /// How many requests wait in a hold now.
+    waiting: usize,
     gone_next_watches: u32,
     fired: Vec<(String, String, FaultError)>,
 }
@@ -154,6 +159,8 @@ impl Faults {
                 latency: Duration::ZERO,
                 watch_delay: Duration::ZERO,
                 held: BTreeSet::new(),
+                held_requests: BTreeSet::new(),
+                waiting: 0,
                 gone_next_watches: 0,
                 fired: Vec::new(),
             }),
@@ -187,6 +194,7 @@ impl Faults {
         s.watch_delay = Duration::ZERO;
         s.gone_next_watches = 0;
         s.held.clear();
+        s.held_requests.clear();
         drop(s);
         self.released.send_modify(|n| *n += 1);
     }
@@ -227,6 +235,53 @@ impl Faults {
     pub async fn while_held(&self, resource: &str) {
         let mut rx = self.released.subscribe();
         while self.lock().held.contains(resource) {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Hold every `verb` request of `resource` (`create`, `pods`; writes: create, update, patch,
+    /// delete) before it is served, its body read, until [`Faults::release_requests`]: a write in
+    /// flight for as long as a test needs. A request whose client gives up (closes the
+    /// connection) meanwhile is never served.
+    pub fn hold_requests(&self, verb: &str, resource: &str) {
+        self.lock().held_requests.insert(format!("{verb}:{resource}"));
+    }
+
+    /// Serve the held `verb` requests of `resource` (those whose client still waits) and stop
+    /// holding them.
+    pub fn release_requests(&self, verb: &str, resource: &str) {
+        self.lock().held_requests.remove(&format!("{verb}:{resource}"));
+        self.released.send_modify(|n| *n += 1);
+    }
+
+    /// How many requests wait in a hold now (a request whose client gave up no longer counts).
+    pub fn waiting_requests(&self) -> usize {
+        self.lock().waiting
+    }
+
+    /// Wait while `verb` requests of `resource` are held (counted in
+    /// [`Faults::waiting_requests`] until this returns or is dropped).
+    pub async fn while_request_held(&self, verb: &str, resource: &str) {
+        struct Waiting<'a>(&'a Faults);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                let mut s = self.0.lock();
+                s.waiting = s.waiting.saturating_sub(1);
+            }
+        }
+        let key = format!("{verb}:{resource}");
+        let mut rx = self.released.subscribe();
+        {
+            let mut s = self.lock();
+            if !s.held_requests.contains(&key) {
+                return;
+            }
+            s.waiting += 1;
+        }
+        let _waiting = Waiting(self);
+        while self.lock().held_requests.contains(&key) {
             if rx.changed().await.is_err() {
                 return;
             }

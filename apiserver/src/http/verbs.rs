@@ -162,6 +162,7 @@ pub(super) async fn serve_resource(
         pb: wants_protobuf(req.headers()),
         manager: manager_of(req.headers(), query),
         dry_run: query.contains_key("dryRun"),
+        fault_res,
     };
     if verb == Verb::Watch {
         return watch(shared.clone(), rt.clone(), call.ns, query, call.table);
@@ -208,6 +209,8 @@ struct Call {
     table: bool,
     /// The client asked for protobuf.
     pb: bool,
+    /// The resource as fault rules and holds name it (`pods`, `pods/status`).
+    fault_res: String,
 }
 
 /// Serve every verb but watch (which streams, and takes no fault after it is served).
@@ -231,6 +234,16 @@ async fn perform(
         ..
     } = call;
     let (sub, table, pb) = (*sub, *table, *pb);
+    // A held write waits here with its body read, so a client that gives up meanwhile is seen
+    // (its connection closes) and the request ends unserved.
+    let read = |req| async move {
+        let read = read_body(req).await?;
+        shared
+            .faults
+            .while_request_held(verb.as_str(), &call.fault_res)
+            .await;
+        Ok::<_, ApiError>(read)
+    };
     Ok(match verb {
         Verb::Watch => return watch(shared.clone(), rt.clone(), ns.clone(), query, table),
         Verb::List => list(shared, rt, ns, query, table, pb)?,
@@ -251,13 +264,13 @@ async fn perform(
             ));
         }
         Verb::Create => {
-            let (headers, body) = read_body(req).await?;
+            let (headers, body) = read(req).await?;
             let obj = decode_body(&headers, &body, rt.custom)?;
             let created = store.create(&key, ns, obj, manager, call.dry_run)?;
             respond(StatusCode::CREATED, (*created).clone(), pb)
         }
         Verb::Update => {
-            let (headers, body) = read_body(req).await?;
+            let (headers, body) = read(req).await?;
             let obj = decode_body(&headers, &body, rt.custom)?;
             let updated = match sub {
                 Some("scale") => write_scale(store, rt, ns, name, manager, |_| Ok(obj))?,
@@ -267,7 +280,7 @@ async fn perform(
             respond(StatusCode::OK, (*updated).clone(), pb)
         }
         Verb::Patch => {
-            let (headers, body) = read_body(req).await?;
+            let (headers, body) = read(req).await?;
             let ctype = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
@@ -278,7 +291,7 @@ async fn perform(
             respond(StatusCode::OK, patched, pb)
         }
         Verb::Delete => {
-            let (headers, body) = read_body(req).await?;
+            let (headers, body) = read(req).await?;
             let opts = delete_opts(&headers, &body, query)?;
             let deleted = store.delete(&key, ns, name, &opts)?;
             respond(StatusCode::OK, (*deleted).clone(), pb)

@@ -3,13 +3,14 @@
 //!
 //! # Guarantees
 //! * **Fenced like a write.** An Event is published only while this replica may write
-//!   ([`Leadership::fence`]). A follower, or a leader that lost the Lease in the middle of a pass,
-//!   publishes nothing (`BuilderChanged` after a plugin reload included).
+//!   ([`Leadership::fence`]), and its request is bounded by the writes' timeout
+//!   ([`Leadership::write_timeout`]). A follower, or a leader that lost the Lease in the middle of
+//!   a pass, publishes nothing (`BuilderChanged` after a plugin reload included).
 //! * **Within the API's limits.** kube-apiserver refuses an Event whose note is over 1,024 bytes
 //!   (`message: Invalid value: "": can have at most 1024 characters`; Go's `len` counts bytes) or
 //!   whose reason or action is over 128. Every note is capped ([`cap_note`]) and lists of names
 //!   are written with [`name_list`] (a few names, then "and N more").
-//! * Every Event is counted as a write of verb `event` (`ok`, `not_leader`, `error`, …);
+//! * Every Event is counted as a write of verb `event` (`ok`, `not_leader`, `timeout`, `error`);
 //!   one the API server refused is also logged as a warning. A failed Event never fails a pass.
 
 use std::sync::Arc;
@@ -64,7 +65,7 @@ pub fn cap_note(note: String) -> String {
     cap(note, NOTE_LIMIT)
 }
 
-/// The Event publisher: fenced, within the API's limits, counted.
+/// The Event publisher: fenced, bounded in time, within the API's limits, counted.
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
@@ -111,7 +112,11 @@ impl Events {
             action: cap(action.to_string(), REASON_LIMIT),
             secondary: None,
         };
-        let r = self.recorder.publish(&ev, &obj.object_ref(&())).await;
+        let r = writer::bounded(
+            self.leader.write_timeout(),
+            self.recorder.publish(&ev, &obj.object_ref(&())),
+        )
+        .await;
         self.metrics.record("event", writer::outcome(&r));
         if let Err(error) = r {
             tracing::warn!(%error, reason, "cannot publish an Event");

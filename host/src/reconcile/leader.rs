@@ -7,11 +7,15 @@
 //!   Followers keep their caches warm, reconcile nothing and publish no Event.
 //! * **A leader that loses its lease stops writing before another starts.** Besides what the lease
 //!   manager says, the fence follows the Lease as this process last *saw it in the API* (a watch):
-//!   it is open only while the Lease names this process and `renewTime + leaseDuration - grace/2`
-//!   has not passed on the local clock. Another candidate takes over only after `renewTime +
-//!   leaseDuration`, so a leader partitioned from the API (whose renewals fail, or whose watch
-//!   stalls) closes its fence at least `grace/2` before anyone else can open one, as long as the
-//!   clocks of the nodes differ by less than that.
+//!   it is open only while the Lease names this process and `renewTime + leaseDuration - margin`
+//!   (`margin` = `grace/2`) has not passed on the local clock. Another candidate takes over only
+//!   after `renewTime + leaseDuration`, so a leader partitioned from the API (whose renewals fail,
+//!   or whose watch stalls) closes its fence `margin` before anyone else can open one.
+//! * **No write outlives the margin.** A write (or Event) that passed the fence is abandoned if
+//!   unanswered after [`Leadership::write_timeout`] (`margin/2`): the request is dropped, so none
+//!   leaves this process later than `margin/2` after the fence closed, that is at least
+//!   `margin/2` = `grace/4` before another replica can take the Lease, as long as the clocks of
+//!   the nodes differ by less than that.
 //! * On becoming leader, every parent is re-reconciled (see [`Leadership::subscribe`]).
 
 use std::{
@@ -37,8 +41,9 @@ pub struct LeaderConfig {
     pub identity: String,
     /// How long a Lease lasts without renewal (whole seconds, at least 2).
     pub duration: Duration,
-    /// Renew this long before expiry; half of it is the allowed clock skew (whole seconds, at
-    /// least 1, less than `duration`).
+    /// Renew this long before expiry (whole seconds, at least 1, less than `duration`). The fence
+    /// closes half of it before expiry (the margin) and writes are abandoned after a quarter of it,
+    /// so a quarter is the clock skew allowed between nodes.
     pub grace: Duration,
 }
 
@@ -56,6 +61,8 @@ struct Inner {
     holder: std::sync::atomic::AtomicBool,
     /// Until when the Lease, as last seen in the API, names this process (minus the margin).
     valid_until: Mutex<Option<Instant>>,
+    /// How long one write may take (shorter than the margin); none without election.
+    write_timeout: Option<Duration>,
     changes: tokio::sync::watch::Sender<bool>,
 }
 
@@ -82,6 +89,7 @@ impl Leadership {
                 identity: String::new(),
                 holder: std::sync::atomic::AtomicBool::new(true),
                 valid_until: Mutex::new(None),
+                write_timeout: None,
                 changes: tokio::sync::watch::channel(true).0,
             }),
         }
@@ -105,6 +113,13 @@ impl Leadership {
     /// Whether leader election is on.
     pub fn elected(&self) -> bool {
         self.inner.elected
+    }
+
+    /// How long one write may wait for the API server before it is abandoned: half the fence's
+    /// margin with election (so a write that passed the fence just before it closed has ended
+    /// before the Lease can pass to another replica), none without.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        self.inner.write_timeout
     }
 
     /// This process's identity (empty without election).
@@ -194,16 +209,17 @@ pub async fn elect(
         .with_field_manager(format!("slinky-host-leader/{}", config.identity))
         .build()
         .await?;
+    let margin = Duration::from_millis(grace * 500);
     let leadership = Leadership {
         inner: Arc::new(Inner {
             elected: true,
             identity: config.identity.clone(),
             holder: std::sync::atomic::AtomicBool::new(false),
             valid_until: Mutex::new(None),
+            write_timeout: Some(margin / 2),
             changes: tokio::sync::watch::channel(false).0,
         }),
     };
-    let margin = Duration::from_millis(grace * 500);
     let (mut rx, manager_task) = manager.watch().await;
     let follow = leadership.clone();
     let leases: Api<Lease> = Api::namespaced(client, &config.namespace);

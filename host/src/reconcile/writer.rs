@@ -9,6 +9,11 @@
 //! * Status is written only when it changed, as a merge patch carrying the resourceVersion it was
 //!   computed from; a 409 is retried from a fresh read of the API (not the cache) with jittered
 //!   backoff, a bounded number of times.
+//! * Every write is fenced: made only while this replica may write
+//!   ([`super::Leadership::fence`]), and bounded by [`super::Leadership::write_timeout`] (with
+//!   leader election, half the fence's margin): a write still unanswered then is abandoned (the
+//!   connection dropped, counted as `timeout`), so none leaves this process after the Lease could
+//!   have passed to another replica.
 //! * Every write is counted by verb and outcome.
 
 use std::{collections::BTreeMap, time::Duration};
@@ -28,13 +33,46 @@ pub const FIELD_MANAGER: &str = "slinky-host";
 /// Attempts of a conflict-retried status write.
 pub const STATUS_ATTEMPTS: u32 = 8;
 
-/// The outcome label of a write: `ok`, `conflict`, `not_found` or `error`.
+/// The outcome label of a write: `ok`, `conflict`, `not_found`, `timeout` (abandoned after the
+/// write timeout), `not_leader` or `error`.
 pub(crate) fn outcome(r: &Result<impl Sized, kube::Error>) -> &'static str {
     match r {
         Ok(_) => "ok",
         Err(kube::Error::Api(s)) if s.code == 409 => "conflict",
         Err(kube::Error::Api(s)) if s.code == 404 => "not_found",
+        Err(kube::Error::Service(e)) if e.is::<WriteTimeout>() => "timeout",
+        Err(kube::Error::Service(e)) if e.is::<super::leader::NotLeader>() => "not_leader",
         Err(_) => "error",
+    }
+}
+
+/// The error of a write abandoned after the write timeout.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the API server did not answer within {}ms: the write was abandoned (it must end within the leader fence's margin)",
+    .after.as_millis()
+)]
+pub struct WriteTimeout {
+    /// The timeout.
+    pub after: Duration,
+}
+
+/// Whether an error is a write abandoned after the write timeout.
+pub fn is_timeout(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Service(s) if s.is::<WriteTimeout>())
+}
+
+/// Run one API write, abandoning it (dropping the request) after `timeout` when there is one.
+pub(crate) async fn bounded<T>(
+    timeout: Option<Duration>,
+    write: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match timeout {
+        None => write.await,
+        Some(after) => match tokio::time::timeout(after, write).await {
+            Ok(r) => r,
+            Err(_) => Err(kube::Error::Service(Box::new(WriteTimeout { after }))),
+        },
     }
 }
 
@@ -107,6 +145,17 @@ impl Writer {
         })
     }
 
+    /// Make one write: abandoned after the write timeout, counted under `verb`.
+    async fn write<T>(
+        &self,
+        verb: &str,
+        write: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        let r = bounded(self.leader.write_timeout(), write).await;
+        self.metrics.record(verb, outcome(&r));
+        r
+    }
+
     /// The counters.
     pub fn metrics(&self) -> &WriteMetrics {
         &self.metrics
@@ -145,9 +194,9 @@ impl Writer {
             pp = pp.force();
             object["metadata"]["resourceVersion"] = rv.into();
         }
-        let r = api.patch(&name, &pp, &Patch::Apply(&object)).await;
-        self.metrics.record("apply", outcome(&r));
-        let stored = r?;
+        let stored = self
+            .write("apply", api.patch(&name, &pp, &Patch::Apply(&object)))
+            .await?;
         serde_json::to_value(stored).map_err(kube::Error::SerdeError)
     }
 
@@ -165,8 +214,9 @@ impl Writer {
     ) -> Result<bool, kube::Error> {
         self.fence("delete")?;
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
-        let r = api.delete(name, &uid_precondition(uid)).await;
-        self.metrics.record("delete", outcome(&r));
+        let r = self
+            .write("delete", api.delete(name, &uid_precondition(uid)))
+            .await;
         match r {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
@@ -185,9 +235,7 @@ impl Writer {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let r = api.create(&pp, pod).await;
-        self.metrics.record("create", outcome(&r));
-        r
+        self.write("create", api.create(&pp, pod)).await
     }
 
     /// What the API server would store for `pod` (defaults set, fields it does not serve
@@ -217,8 +265,9 @@ impl Writer {
     pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
         self.fence("delete")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let r = api.delete(name, &uid_precondition(uid)).await;
-        self.metrics.record("delete", outcome(&r));
+        let r = self
+            .write("delete", api.delete(name, &uid_precondition(uid)))
+            .await;
         match r {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
@@ -239,9 +288,8 @@ impl Writer {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let r = api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)).await;
-        self.metrics.record("patch", outcome(&r));
-        r
+        self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
+            .await
     }
 
     /// Set a pod's revision label and builder annotations (a pod equal to what the builder
@@ -263,9 +311,8 @@ impl Writer {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let r = api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)).await;
-        self.metrics.record("patch", outcome(&r));
-        r
+        self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
+            .await
     }
 
     /// Write `status` computed by `compute` from an object, only when it changed: the first attempt
@@ -300,8 +347,9 @@ impl Writer {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()
             };
-            let r = api.patch_status(&name, &pp, &Patch::Merge(&patch)).await;
-            self.metrics.record("status", outcome(&r));
+            let r = self
+                .write("status", api.patch_status(&name, &pp, &Patch::Merge(&patch)))
+                .await;
             match r {
                 Ok(o) => return Ok(Some(o)),
                 Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {

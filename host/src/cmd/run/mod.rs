@@ -96,7 +96,9 @@ pub struct RunArgs {
     /// Lease duration in seconds: a dead leader is replaced within it.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_LEASE_SECONDS", default_value_t = 15)]
     pub leader_election_lease_seconds: u64,
-    /// Renew this many seconds before expiry; half of it is the clock skew tolerated between nodes.
+    /// Renew this many seconds before expiry. The write fence closes half of it before expiry and
+    /// every write is abandoned after a quarter of it, so a quarter is the clock skew tolerated
+    /// between nodes.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_GRACE_SECONDS", default_value_t = 4)]
     pub leader_election_grace_seconds: u64,
     /// Stop after this many seconds (for demos and smoke tests; default: run until signalled).
