@@ -31,7 +31,7 @@ use slinky_tests::{
         converge_current, events, names, nodeset_condition, pod_names, scale, start_example,
     },
     inject_fault,
-    process::{HostProcess, Proxy},
+    process::HostProcess,
 };
 
 /// Wait until `check` holds for the example NodeSet's condition `type_`.
@@ -476,34 +476,31 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     Ok(())
 }
 
+/// The leader loses the Lease while its pass is creating pods: the create it had sent is answered,
+/// and from then on the writer's and the Events' fence refuse everything the pass still tries
+/// (the next batch of creates, the `FailedCreate` Event, the status). Its successor creates the
+/// rest, none twice. (This test once cut the leader from the API server altogether, which stops
+/// its writes with or without a fence; here its writes reach the API server, so only the fence
+/// stops them: without it, the old leader creates the whole scale-up after losing the Lease.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leader_lost_mid_pass_leaves_its_successor_nothing_to_undo() -> Result<()> {
+    use k8s_openapi::{
+        api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+    };
     let c = cluster(false).await;
     let Some(server) = c.embedded("leader loss") else {
         return Ok(());
     };
     let ns = c.namespace("leaderloss").await;
     apply_example(&c, &ns, 0).await?;
-    let upstream = server
-        .url()
-        .trim_start_matches("https://")
-        .parse()
-        .context("address")?;
-    let proxy = Proxy::start(upstream).await?;
-    let mut kc = kube::config::Kubeconfig::read_from(&c.kubeconfig)?;
-    for cluster in &mut kc.clusters {
-        if let Some(cl) = cluster.cluster.as_mut() {
-            cl.server = Some(format!("https://{}", proxy.addr));
-        }
-    }
-    let via_proxy =
-        kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)?;
+    // grace 8 s: a write may wait 2 s (a quarter of it) for the API server, long enough for the
+    // test to hand the Lease over while one is held.
     let config = |identity: &str| LeaderConfig {
         lease_name: "loss-test".into(),
         namespace: ns.clone(),
         identity: identity.into(),
-        duration: Duration::from_secs(3),
-        grace: Duration::from_secs(2),
+        duration: Duration::from_secs(10),
+        grace: Duration::from_secs(8),
     };
     let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
     let run = |leadership| RunConfig {
@@ -512,40 +509,85 @@ async fn a_leader_lost_mid_pass_leaves_its_successor_nothing_to_undo() -> Result
         leadership,
         ..Default::default()
     };
-    let (a, a_task) = leader::elect(via_proxy.clone(), config("a")).await?;
+    let (a, a_task) = leader::elect(c.client.clone(), config("a")).await?;
     eventually(20, || async { a.may_write().then_some(()) })
         .await
         .context("a never led")?;
-    let host_a = Host::start_config(via_proxy, plugins.clone(), run(a.clone()));
-    let (b, b_task) = leader::elect(c.client.clone(), config("b")).await?;
-    let host_b = Host::start_config(c.client.clone(), plugins, run(b.clone()));
-    // Slow creates: the leader is cut off while its pass is creating pods.
-    server.faults().set_latency(Duration::from_millis(40));
+    let host_a = Host::start_config(c.client.clone(), plugins.clone(), run(a.clone()));
+    host_a.wait_ready().await?;
+
+    // The leader's pass sends its first create (a batch of one), which the API server holds.
+    let faults = server.faults();
+    faults.hold_requests("create", "pods");
     let g = scale(&c, &ns, 30).await?;
-    eventually(30, || async {
-        (pod_names(&c, &ns).await.ok()?.len() >= 3).then_some(())
+    eventually(30, || async { (faults.waiting_requests() == 1).then_some(()) })
+        .await
+        .context("the leader's first create never reached the API server")?;
+    // Meanwhile the Lease passes to b (as it would once a's renewals had failed): a's fence closes.
+    let now = MicroTime(Timestamp::now());
+    let handed = json!({"spec": {"holderIdentity": "b", "leaseDurationSeconds": 10,
+        "acquireTime": now, "renewTime": now}});
+    Api::<Lease>::namespaced(c.client.clone(), &ns)
+        .patch("loss-test", &PatchParams::default(), &Patch::Merge(&handed))
+        .await?;
+    eventually(10, || async { (!a.may_write()).then_some(()) })
+        .await
+        .context("a's fence never closed")?;
+    let ok = |w: &std::collections::BTreeMap<(String, String), u64>| {
+        w.iter().filter(|((_, o), _)| o == "ok").map(|(_, n)| n).sum::<u64>()
+    };
+    let before = host_a.handles.writes.snapshot();
+    // The held create is answered; the pass goes on, and everything after is refused.
+    faults.release_requests("create", "pods");
+    eventually(10, || async {
+        let w = host_a.handles.writes.snapshot();
+        let n = |verb: &str, o: &str| w.get(&(verb.to_string(), o.to_string())).copied().unwrap_or(0);
+        (n("create", "ok") == 1 && n("create", "not_leader") > 0).then_some(())
     })
     .await
-    .context("the leader made no pods")?;
-    proxy.cut();
-    eventually(20, || async { b.may_write().then_some(()) })
+    .with_context(|| {
+        format!(
+            "a's held create answered, its next creates refused: {:?}",
+            host_a.handles.writes.snapshot()
+        )
+    })?;
+
+    // b, the holder now, takes over and creates the rest.
+    let (b, b_task) = leader::elect(c.client.clone(), config("b")).await?;
+    let host_b = Host::start_config(c.client.clone(), plugins, run(b.clone()));
+    eventually(30, || async { b.may_write().then_some(()) })
         .await
         .context("b never took over")?;
-    server.faults().set_latency(Duration::ZERO);
     let all: Vec<u32> = (0..30).collect();
     converge(&c, &ns, &names(&all), g, false).await?;
-    ensure!(!a.may_write(), "the cut leader cannot write");
+    ensure!(!a.may_write(), "a never writes again");
+    let after = host_a.handles.writes.snapshot();
+    assert_eq!(
+        ok(&after),
+        ok(&before) + 1,
+        "after losing the Lease, a's only write was the create it had sent before: {before:?} -> {after:?}"
+    );
     let b_writes = host_b.handles.writes.snapshot();
+    assert_eq!(
+        b_writes.get(&("create".to_string(), "ok".to_string())),
+        Some(&29),
+        "{b_writes:?}"
+    );
     assert_eq!(
         b_writes.get(&("create".to_string(), "conflict".to_string())),
         None,
         "the successor never created a pod that existed: {b_writes:?}"
     );
     assert_eq!(host_b.handles.expectations.total_pending(), 0);
+    let published = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        !published.iter().any(|(_, note)| note.contains("not the leader")),
+        "an Event of the old leader after it lost the Lease: {published:?}"
+    );
     a_task.abort();
     b_task.abort();
     host_b.stop().await;
-    drop(host_a);
+    host_a.stop().await;
     Ok(())
 }
 
