@@ -231,7 +231,14 @@ async fn only_the_leader_publishes_events_a_followers_plugin_reload_included() -
 
     // The follower's swap: its parents are queued (and skipped), no Event is written.
     plugins_b.swap(BuilderKind::NodesetPod, builder("follower")?)?;
-    let fenced = || host_b.handles.writes.snapshot().get(&("event".into(), "not_leader".into())).copied();
+    let fenced = || {
+        host_b
+            .handles
+            .writes
+            .snapshot()
+            .get(&("event".into(), "not_leader".into()))
+            .copied()
+    };
     let outcome = eventually(30, || async {
         if let Some(ev) = changed("follower").await {
             return Some(Err(ev));
@@ -245,7 +252,10 @@ async fn only_the_leader_publishes_events_a_followers_plugin_reload_included() -
     }
     // Give a late Event the time to show, then look again.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    ensure!(changed("follower").await.is_none(), "the follower published BuilderChanged");
+    ensure!(
+        changed("follower").await.is_none(),
+        "the follower published BuilderChanged"
+    );
     let b_writes = host_b.handles.writes.snapshot();
     ensure!(
         b_writes.iter().all(|((_, outcome), _)| outcome != "ok"),
@@ -290,7 +300,8 @@ async fn writes_held_by_the_api_server_are_abandoned_within_the_margin() -> Resu
             cl.server = Some(format!("https://{}", proxy.addr));
         }
     }
-    let via_proxy = kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)?;
+    let via_proxy =
+        kube::Client::try_from(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)?;
     // grace 2 s: the fence closes 1 s (the margin) before the Lease expires; writes get 0.5 s.
     let margin = Duration::from_secs(1);
     let (a, a_task) = leader::elect(
@@ -322,9 +333,11 @@ async fn writes_held_by_the_api_server_are_abandoned_within_the_margin() -> Resu
     let faults = server.faults();
     faults.hold_requests("create", "pods");
     scale(&c, &ns, 3).await?;
-    let held = eventually(30, || async { (faults.waiting_requests() > 0).then(Instant::now) })
-        .await
-        .context("no pod create reached the API server")?;
+    let held = eventually(30, || async {
+        (faults.waiting_requests() > 0).then(Instant::now)
+    })
+    .await
+    .context("no pod create reached the API server")?;
     let timeouts = || {
         host.handles
             .writes
@@ -335,7 +348,12 @@ async fn writes_held_by_the_api_server_are_abandoned_within_the_margin() -> Resu
     };
     eventually(5, || async { (timeouts() > 0).then_some(()) })
         .await
-        .with_context(|| format!("a held create was never abandoned: {:?}", host.handles.writes.snapshot()))?;
+        .with_context(|| {
+            format!(
+                "a held create was never abandoned: {:?}",
+                host.handles.writes.snapshot()
+            )
+        })?;
     ensure!(
         held.elapsed() < margin,
         "the held create was abandoned after {:?}, not within the margin",
@@ -360,7 +378,11 @@ async fn writes_held_by_the_api_server_are_abandoned_within_the_margin() -> Resu
     faults.release_requests("create", "pods");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let landed = live_pods(&c, &ns).await;
-    ensure!(landed.is_empty(), "{} creates of the cut leader landed", landed.len());
+    ensure!(
+        landed.is_empty(),
+        "{} creates of the cut leader landed",
+        landed.len()
+    );
     a_task.abort();
     host.stop().await;
     Ok(())

@@ -318,10 +318,7 @@ async fn events_of_a_large_scale_name_a_few_pods_and_count_the_rest() -> Result<
     .await;
     let got = match found {
         Some(got) => got,
-        None => bail!(
-            "expected {want:#?}\n got {:#?}",
-            events(&c, &ns, NS_NAME).await?
-        ),
+        None => bail!("expected {want:#?}\n got {:#?}", events(&c, &ns, NS_NAME).await?),
     };
     for (reason, note) in &got {
         ensure!(note.len() <= 1024, "{reason}: a {}-byte note", note.len());

@@ -534,7 +534,10 @@ async fn a_leader_lost_mid_pass_leaves_its_successor_nothing_to_undo() -> Result
         .await
         .context("a's fence never closed")?;
     let ok = |w: &std::collections::BTreeMap<(String, String), u64>| {
-        w.iter().filter(|((_, o), _)| o == "ok").map(|(_, n)| n).sum::<u64>()
+        w.iter()
+            .filter(|((_, o), _)| o == "ok")
+            .map(|(_, n)| n)
+            .sum::<u64>()
     };
     let before = host_a.handles.writes.snapshot();
     // The held create is answered; the pass goes on, and everything after is refused.

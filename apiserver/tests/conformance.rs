@@ -1370,7 +1370,9 @@ async fn events_over_the_api_limits_are_refused_with_kube_apiservers_message() -
     assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
     ensure!(
         status.message.starts_with("Event \"p.")
-            && status.message.ends_with(&format!("\" is invalid: message: {limit}")),
+            && status
+                .message
+                .ends_with(&format!("\" is invalid: message: {limit}")),
         "{}",
         status.message
     );

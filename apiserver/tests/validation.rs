@@ -45,9 +45,19 @@ fn event(api_version: &str, name: &str, ns: &str, note: &str, extra: Value) -> V
         "eventTime": "2026-01-02T03:04:05.000000Z", "type": "Normal", "reason": "Scaled", "action": "Scale",
         "reportingInstance": "slinky-host-0"});
     let fields = [
-        (if core { "involvedObject" } else { "regarding" }, json!({"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": ns})),
+        (
+            if core { "involvedObject" } else { "regarding" },
+            json!({"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": ns}),
+        ),
         (if core { "message" } else { "note" }, json!(note)),
-        (if core { "reportingComponent" } else { "reportingController" }, json!("slinky-host")),
+        (
+            if core {
+                "reportingComponent"
+            } else {
+                "reportingController"
+            },
+            json!("slinky-host"),
+        ),
     ];
     if let (Value::Object(m), Value::Object(x)) = (&mut e, extra) {
         m.extend(fields.into_iter().map(|(k, v)| (k.to_string(), v)));
@@ -617,10 +627,7 @@ async fn invalid_objects_get_kube_apiservers_causes() -> Result<()> {
             e
         }),
     ] {
-        ensure!(
-            create(&cluster, &ns, &obj).await?.is_none(),
-            "{what} is accepted"
-        );
+        ensure!(create(&cluster, &ns, &obj).await?.is_none(), "{what} is accepted");
     }
     Ok(())
 }

@@ -42,7 +42,11 @@ pub(crate) fn event(ev: &Value) -> Errors {
         }
     }
     if str_of(ev, "message").is_some_and(|m| m.len() > NOTE_LIMIT) {
-        errs.push(FieldError::invalid(&Path::root("message"), "", too_long(NOTE_LIMIT)));
+        errs.push(FieldError::invalid(
+            &Path::root("message"),
+            "",
+            too_long(NOTE_LIMIT),
+        ));
     }
     errs
 }

@@ -36,12 +36,7 @@ use futures::{StreamExt, future::BoxFuture};
 use k8s_openapi::api::{apps::v1::StatefulSet, core::v1::Pod};
 use kube::{
     Client, Resource,
-    runtime::{
-        Controller as KubeController,
-        events::Reporter,
-        reflector::Store,
-        watcher,
-    },
+    runtime::{Controller as KubeController, events::Reporter, reflector::Store, watcher},
 };
 use slinky_api::{Controller, NodeSet};
 
