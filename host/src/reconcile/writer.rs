@@ -57,11 +57,6 @@ pub struct WriteTimeout {
     pub after: Duration,
 }
 
-/// Whether an error is a write abandoned after the write timeout.
-pub fn is_timeout(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Service(s) if s.is::<WriteTimeout>())
-}
-
 /// Run one API write, abandoning it (dropping the request) after `timeout` when there is one.
 pub(crate) async fn bounded<T>(
     timeout: Option<Duration>,
