@@ -644,6 +644,82 @@ async fn a_missing_secret_is_a_condition_and_the_statefulset_waits_for_it() -> R
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_made_between_the_hosts_read_and_its_create_is_not_merged_into() -> Result<()> {
+    use slinky_apiserver::{FaultError, FaultRule, Times};
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("a read racing a create (fault injection)") else {
+        return Ok(());
+    };
+    let ns = c.namespace("race-create").await;
+    // The host's caches are synced, then someone makes the ConfigMap the host will build, while
+    // the host's ConfigMap watch is held (its cache lags) and its read of it says 404 (the read
+    // came first): the host's pass believes the name is free. Their ConfigMap has none of the
+    // host's keys, so nothing conflicts: an apply would merge into it without a word.
+    let host = Host::start(&c, &ns)?;
+    host.wait_ready().await?;
+    server.faults().hold_watch("configmaps");
+    let theirs: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "slurm-config"}, "data": {"notes": "theirs"}}))?;
+    let cms = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), &ns);
+    cms.create(&PostParams::default(), &theirs).await?;
+    server.faults().add(FaultRule::new(
+        "get",
+        "configmaps",
+        FaultError::NotFound,
+        Times::Count(1),
+    ));
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await;
+    server.faults().release_watch("configmaps");
+    let fired = server.faults().fired();
+    ensure!(
+        fired.iter().any(|(v, r, _)| v == "get" && r == "configmaps"),
+        "the host never read the ConfigMap from the API: the race was not run ({fired:?})"
+    );
+    let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config")
+        .await
+        .context("their ConfigMap is gone")?;
+    assert_eq!(text(&cm, "/data/notes"), "theirs");
+    assert_eq!(cm.pointer("/data/slurm.conf"), None, "merged into: {cm}");
+    assert_eq!(
+        cm.pointer("/metadata/ownerReferences"),
+        None,
+        "the host took their ConfigMap: {cm}"
+    );
+    let cond = cond.context("no ChildFailure condition")?;
+    assert_eq!(cond["reason"], "NotOwned", "{cond}");
+    // Once the name is free the host creates its own, and owns its fields as an applier alone
+    // (the create's Update entry dropped), so a key it stops building would be removed.
+    cms.delete("slurm-config", &DeleteParams::default()).await?;
+    let managers = eventually(60, || async {
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        text(&cm, "/data/slurm.conf")
+            .contains("ClusterName=slurm")
+            .then(|| managers_of(&cm))
+    })
+    .await
+    .context("the host did not build its ConfigMap once the name was free")?;
+    assert_eq!(managers, [("slinky-host".to_string(), "Apply".to_string())]);
+    host.stop().await;
+    Ok(())
+}
+
+/// The `(manager, operation)` of each managedFields entry of `obj`.
+fn managers_of(obj: &Value) -> Vec<(String, String)> {
+    obj.pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| (text(e, "/manager").to_string(), text(e, "/operation").to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned() -> Result<()> {
     let c = cluster(false).await;
     let ns = c.namespace("prune").await;
@@ -679,15 +755,20 @@ async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned(
         "left alone"
     );
     cms.delete("slurm-config", &DeleteParams::default()).await?;
-    eventually(60, || async {
+    let cm = eventually(60, || async {
         let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
         let cleared = condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
             .await
             .is_none();
-        (text(&cm, "/data/slurm.conf").contains("ClusterName=slurm") && cleared).then_some(())
+        (text(&cm, "/data/slurm.conf").contains("ClusterName=slurm") && cleared).then_some(cm)
     })
     .await
     .context("the host did not build its ConfigMap once the name was free")?;
+    // Created, then applied: the host's fields are its Apply entry's alone.
+    assert_eq!(
+        managers_of(&cm),
+        [("slinky-host".to_string(), "Apply".to_string())]
+    );
 
     // SSH on, then off: the NodeSet's ConfigMap comes and goes.
     let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);

@@ -17,6 +17,8 @@ use tokio::sync::watch;
 pub enum FaultError {
     /// 409 Conflict (as if the object changed meanwhile).
     Conflict,
+    /// 404 Not Found (as if a read raced a create: the object appears right after).
+    NotFound,
     /// 500 Internal Server Error.
     Internal,
     /// 429 Too Many Requests with `Retry-After` seconds.
@@ -81,6 +83,7 @@ impl FaultRule {
         }
         let error = match parts[2] {
             "409" => FaultError::Conflict,
+            "404" => FaultError::NotFound,
             "500" => FaultError::Internal,
             "timeout" | "504" => FaultError::Timeout,
             "422" => FaultError::Invalid,
@@ -89,7 +92,7 @@ impl FaultRule {
             }
             e => {
                 return Err(format!(
-                    "fault {s:?}: unknown error {e:?} (409, 422, 500, 429[/seconds], timeout)"
+                    "fault {s:?}: unknown error {e:?} (404, 409, 422, 500, 429[/seconds], timeout)"
                 ));
             }
         };

@@ -268,7 +268,7 @@ impl Inner {
         new["apiVersion"] = rt.api_version().into();
         new["kind"] = rt.kind.clone().into();
         let mut new = split_status(&rt, current, new, sub, op);
-        keep_server_metadata(current, &mut new, op);
+        keep_server_metadata(current, &mut new, op, sub);
         if sub == Sub::Main && op != Op::Server {
             decodable(&rt, &new)?;
             update_defaults(&rt, &mut new, current);
@@ -389,9 +389,12 @@ fn split_status(rt: &ResourceType, current: &Value, mut new: Value, sub: Sub, op
     }
 }
 
-/// Server-owned metadata comes from the stored object (and managedFields too, but for an apply,
-/// which computed them).
-fn keep_server_metadata(current: &Value, new: &mut Value, op: Op) {
+/// Server-owned metadata comes from the stored object. managedFields are computed for an apply;
+/// a write of the object may set them itself, as kube-apiserver allows (`decodeLiveOrNew`): a
+/// list with fields replaces them (how a client moves
+/// fields from an Update entry to its Apply entry), an empty list or a list of one empty entry
+/// clears them (`isResetManagedFields`), anything else keeps the stored ones.
+fn keep_server_metadata(current: &Value, new: &mut Value, op: Op, sub: Sub) {
     for f in [
         "uid",
         "creationTimestamp",
@@ -407,13 +410,33 @@ fn keep_server_metadata(current: &Value, new: &mut Value, op: Op) {
             None => m.remove(f),
         };
     }
-    if op != Op::Apply {
-        let old_mf = current.pointer("/metadata/managedFields").cloned();
-        match old_mf {
-            Some(v) => meta_mut(new).insert("managedFields".into(), v),
-            None => meta_mut(new).remove("managedFields"),
-        };
+    if op == Op::Apply {
+        return;
     }
+    let sent = new.pointer("/metadata/managedFields").cloned();
+    let old_mf = current.pointer("/metadata/managedFields").cloned();
+    let own = match (&sent, sub) {
+        (Some(Value::Array(list)), Sub::Main) if op == Op::Update && sent != old_mf => {
+            if list.is_empty()
+                || (list.len() == 1 && list[0].as_object().is_some_and(serde_json::Map::is_empty))
+            {
+                Some(None)
+            } else if list.iter().any(|e| {
+                e.get("fieldsV1")
+                    .is_some_and(|f| f.as_object().is_some_and(|o| !o.is_empty()))
+            }) {
+                Some(sent.clone())
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
+    let mf = own.unwrap_or(old_mf);
+    match mf {
+        Some(v) => meta_mut(new).insert("managedFields".into(), v),
+        None => meta_mut(new).remove("managedFields"),
+    };
 }
 
 /// The last finalizer removed from an object being deleted: it goes, unless it is still in its

@@ -15,9 +15,11 @@
 //!   again, so fields an older API server drops (a native sidecar's `restartPolicy`) cost one
 //!   apply, not one per resync.
 //! * **Server-side apply** with the host's field manager, forced over the version whose ownership
-//!   was checked (a 409 if it changed since: re-read from the API and tried again), not forced
-//!   when creating. Several NodeSets creating their shared Service at once all succeed: the same
-//!   manager applying the same object is no conflict.
+//!   was checked (a 409 if it changed since: re-read from the API and tried again). A child that
+//!   does not exist is **created** (a create, not an apply: an object someone made in between is
+//!   a 409 AlreadyExists, re-read and put through the ownership check, never merged into), then
+//!   applied so the host owns its fields as an applier. Several NodeSets creating their shared
+//!   Service at once: one creates it, the others find it theirs (shared) and apply.
 //! * **Pruning** deletes only objects of the child kinds that the parent controls *and* that
 //!   carry the builder annotation, with a UID precondition.
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a failure the caller turns
@@ -152,6 +154,18 @@ fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
         return Some("spec.volumeClaimTemplates");
     }
     None
+}
+
+/// `object` without the applied-hash annotation.
+fn unhashed(object: &Value) -> Value {
+    let mut o = object.clone();
+    if let Some(a) = o
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        a.remove(keys::ANNOTATION_APPLIED_HASH);
+    }
+    o
 }
 
 /// One parent's pass over its children: what failed, for the caller's `ChildFailure` condition.
@@ -291,10 +305,32 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                 }
                 None => None,
             };
+            let resource_version = match resource_version {
+                Some(rv) => rv,
+                // None exists: create it (without the applied hash, so a pass that finds it
+                // before the apply below succeeded applies it), then apply over what was created.
+                None => match self.core.writer.create_child(kind, &unhashed(&desired)).await {
+                    Ok(created) => field(&created, "/metadata/resourceVersion")
+                        .unwrap_or_default()
+                        .to_string(),
+                    // Created by someone else since it was read: read the API again, and the
+                    // ownership check decides (never merged into).
+                    Err(e) if writer::is_already_exists(&e) && attempt < 2 => {
+                        tracing::debug!(child = %what, "create found the name taken; re-reading");
+                        fresh = true;
+                        continue;
+                    }
+                    Err(e) => {
+                        let msg = format!("Error creating {what}: {}", writer::message(&e));
+                        self.failed("FailedCreate", msg, false).await;
+                        return Ok(false);
+                    }
+                },
+            };
             match self
                 .core
                 .writer
-                .apply_child(kind, &desired, resource_version)
+                .apply_child(kind, &desired, Some(resource_version))
                 .await
             {
                 Ok(stored) => {
