@@ -643,6 +643,64 @@ async fn a_missing_secret_is_a_condition_and_the_statefulset_waits_for_it() -> R
     Ok(())
 }
 
+/// Quantities a Controller spells otherwise than the API server stores them (`1024Mi` is stored
+/// `1Gi`, `1000m` is stored `1`): no apply when the StatefulSet's status changes, no false
+/// `FieldsDropped` Warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quantities_stored_in_canonical_form_are_no_change() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("quantities").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["spec"]["slurmctld"]["resources"] =
+                json!({"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"memory": "2048Mi"}});
+            v["spec"]["persistence"]["resources"]["requests"]["storage"] = "4096Mi".into();
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let sts = eventually(60, || async {
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await
+    })
+    .await
+    .context("no StatefulSet")?;
+    let stored = sts
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "slurmctld"))
+        .map(|c| c["resources"].clone())
+        .context("no slurmctld container")?;
+    assert_eq!(
+        stored,
+        json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}),
+        "the API server stores quantities in canonical form"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let applies = || host.handles.writes.ok("apply");
+    let before = applies();
+    // Another writer changes the StatefulSet's status: each change is an event for the host.
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &ns, &ChildKind::StatefulSet.api_resource());
+    for i in 0..5 {
+        api.patch_status(
+            "slurm-controller",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 0, "observedGeneration": i + 1}})),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(applies(), before, "status changes re-applied the StatefulSet");
+    let evs = events(&c, &ns, "slurm").await?;
+    ensure!(
+        !evs.iter().any(|(r, _)| r == "FieldsDropped"),
+        "a false FieldsDropped Warning: {evs:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_object_made_between_the_hosts_read_and_its_create_is_not_merged_into() -> Result<()> {
     use slinky_apiserver::{FaultError, FaultRule, Times};

@@ -114,6 +114,7 @@ impl Inner {
         if !errs.is_empty() {
             return Err(validation::invalid(&rt, &name, &errs));
         }
+        canonical_quantities(&rt, &mut obj);
         if let Some(schema) = &rt.schema {
             schema::default_and_validate(&rt, &name, schema, &mut obj)?;
         }
@@ -276,6 +277,7 @@ impl Inner {
             if !errs.is_empty() {
                 return Err(validation::invalid(&rt, &name, &errs));
             }
+            canonical_quantities(&rt, &mut new);
         }
         if let Some(schema) = &rt.schema {
             schema::default_and_validate(&rt, &name, schema, &mut new)?;
@@ -584,4 +586,79 @@ fn generated_suffix() -> String {
             char::from(ALPHABET[usize::from(byte) % ALPHABET.len()])
         })
         .collect()
+}
+
+/// Quantities of built-in types in the form kube-apiserver stores them (`1024Mi` as `1Gi`, `1.5`
+/// as `1500m`): its typed decoding canonicalises every `resource.Quantity`. The fields covered
+/// are those of pods, pod templates and claims: container resources, pod overhead, `emptyDir`
+/// size limits, and claim (template) resources.
+fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
+    fn values(map: Option<&mut Value>) {
+        for v in map
+            .and_then(Value::as_object_mut)
+            .into_iter()
+            .flat_map(|m| m.values_mut())
+        {
+            if let Some(c) = v.as_str().and_then(slinky_api::quantity::canonical) {
+                *v = c.into();
+            }
+        }
+    }
+    fn claim(spec: Option<&mut Value>) {
+        if let Some(spec) = spec {
+            values(spec.pointer_mut("/resources/requests"));
+            values(spec.pointer_mut("/resources/limits"));
+        }
+    }
+    fn pod_spec(spec: Option<&mut Value>) {
+        let Some(spec) = spec else { return };
+        for list in ["containers", "initContainers", "ephemeralContainers"] {
+            for c in spec
+                .get_mut(list)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                values(c.pointer_mut("/resources/requests"));
+                values(c.pointer_mut("/resources/limits"));
+            }
+        }
+        values(spec.get_mut("overhead"));
+        for v in spec
+            .get_mut("volumes")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(q) = v.pointer_mut("/emptyDir/sizeLimit")
+                && let Some(c) = q.as_str().and_then(slinky_api::quantity::canonical)
+            {
+                *q = c.into();
+            }
+            claim(v.pointer_mut("/ephemeral/volumeClaimTemplate/spec"));
+        }
+    }
+    if rt.custom {
+        return;
+    }
+    match rt.plural.as_str() {
+        "pods" => pod_spec(obj.get_mut("spec")),
+        "persistentvolumeclaims" => claim(obj.get_mut("spec")),
+        "statefulsets" => {
+            pod_spec(obj.pointer_mut("/spec/template/spec"));
+            for t in obj
+                .pointer_mut("/spec/volumeClaimTemplates")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                claim(t.get_mut("spec"));
+            }
+        }
+        "deployments" | "replicasets" | "daemonsets" | "jobs" | "podtemplates" => {
+            pod_spec(obj.pointer_mut("/spec/template/spec"));
+            pod_spec(obj.pointer_mut("/template/spec"));
+        }
+        _ => {}
+    }
 }

@@ -101,26 +101,6 @@ pub fn owned_by(live: &Value, ownership: Ownership, parent_uid: &str, sharers: &
     }
 }
 
-/// Volume claim templates with every `resources` quantity as its number: the API server stores
-/// quantities in canonical form (`4096Mi` as `4Gi`, `1.5Gi` as `1536Mi`), which must not read as a
-/// change (a change of these templates means deleting the StatefulSet).
-fn canonical_quantities(mut templates: Value) -> Value {
-    for t in templates.as_array_mut().into_iter().flatten() {
-        for list in ["requests", "limits"] {
-            let Some(Value::Object(m)) = t.pointer_mut(&format!("/spec/resources/{list}")) else {
-                continue;
-            };
-            for v in m.values_mut() {
-                let parsed = v.as_str().and_then(slinky_api::quantity::parse);
-                if let Some(n) = parsed.and_then(serde_json::Number::from_f64) {
-                    *v = Value::Number(n);
-                }
-            }
-        }
-    }
-    templates
-}
-
 /// Immutable StatefulSet fields that differ, which an update cannot change: the object must be
 /// deleted and created again (Slinky does so when `serviceName` changed).
 fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
@@ -147,8 +127,8 @@ fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
     };
     if claims(live) != claims(desired)
         || !contains(
-            &canonical_quantities(get(live, "/spec/volumeClaimTemplates")),
-            &canonical_quantities(get(desired, "/spec/volumeClaimTemplates")),
+            &get(live, "/spec/volumeClaimTemplates"),
+            &get(desired, "/spec/volumeClaimTemplates"),
         )
     {
         return Some("spec.volumeClaimTemplates");
