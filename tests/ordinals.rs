@@ -4,7 +4,7 @@
 //! for and recreated (one terminating above `replicas` holds back nothing), `w-07` is not ordinal
 //! 7 of an unpadded NodeSet, a NodeSet recreated under its name waits for its predecessor's pods,
 //! the revision changes only with what changes a pod, and pods Slinky labelled are adopted without
-//! a roll when they equal ours.
+//! a roll when they equal ours (and compared once per change when they differ).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -580,6 +580,93 @@ async fn a_pod_terminating_above_replicas_does_not_hold_back_a_missing_ordinal()
     converge(&c, &ns, &names(&[0, 1]), g, true).await?;
     assert_eq!(host.handles.writes.ok("create"), 8, "6 pods and 2 replacements");
     assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_labelled_by_slinky_that_differ_are_compared_once_per_change() -> Result<()> {
+    // No simulated kubelet: a pod changes only when this test changes it.
+    let c = cluster(false).await;
+    if c.embedded("pods compared once (a real kubelet changes pods)")
+        .is_none()
+    {
+        return Ok(());
+    }
+    let ns = c.namespace("compare").await;
+    apply_example_with(&c, &ns, 3, |v| {
+        v["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    })
+    .await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let nodeset = nodesets.get(NS_NAME).await?;
+    let controller = Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .get(&nodeset.spec.controller_ref.name)
+        .await?;
+    // Slinky's pods, each running another image than ours: under OnDelete they stay as they are.
+    let plugins = PluginRegistry::new(&default_engine(), &[])?;
+    let builder = plugins.active(BuilderKind::NodesetPod);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let slinky_rev = format!("{NS_NAME}-6d8f9b7c5");
+    for o in 0..3 {
+        let id = PodIdentity::for_ordinal(&nodeset, o, slinky_rev.clone());
+        let mut pod = builder.build_pod(&BuildContext::default(), &nodeset, &controller, &id)?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers[0].image = Some("ghcr.io/slinkyproject/slurmd:24.11-ubuntu24.04".into());
+        }
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let host = Host::start(&c, &ns)?;
+    wait_owned(&c, &ns, &names(&[0, 1, 2])).await?;
+    let writes = &host.handles.writes;
+    let dry_runs = || {
+        writes
+            .snapshot()
+            .get(&("dry_run".to_string(), "ok".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Several passes (resync 1 s) per step: each pod is dry-run once per change, not per pass.
+    let settle = |want: u64| async move {
+        let reached = eventually(30, || async { (dry_runs() >= want).then_some(()) }).await;
+        ensure!(reached.is_some(), "fewer than {want} dry runs: {}", dry_runs());
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        ensure!(
+            dry_runs() == want,
+            "{} dry runs over 4 s of passes, not {want}: {:?}",
+            dry_runs(),
+            writes.snapshot()
+        );
+        anyhow::Ok(())
+    };
+    settle(3).await.context("the first comparison of each pod")?;
+    // One pod changes: it alone is compared again.
+    pods.patch(
+        &format!("{NS_NAME}-1"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"example.com/touched": "yes"}}})),
+    )
+    .await?;
+    settle(4).await.context("a changed pod")?;
+    // A NodeSet label (which the builder copies onto pods) changes what they are compared with.
+    nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"example.com/site": "a"}}})),
+        )
+        .await?;
+    settle(7).await.context("a relabelled NodeSet")?;
+    for o in 0..3 {
+        let p = pods.get(&format!("{NS_NAME}-{o}")).await?;
+        assert_eq!(
+            p.labels().get(keys::LABEL_REVISION_HASH),
+            Some(&slinky_rev),
+            "a differing pod is neither relabelled nor replaced under OnDelete"
+        );
+    }
+    assert_eq!(host.handles.writes.ok("delete"), 0);
+    assert_eq!(host.handles.writes.ok("create"), 0);
     host.stop().await;
     Ok(())
 }
