@@ -12,6 +12,7 @@ use kube::{
     },
 };
 
+use super::nodeset::DifferingPods;
 use super::{
     Backoff, Error, Expectations, Leadership, Metrics, Writer, applied::AppliedVersions, caches::Caches,
     object_key,
@@ -67,6 +68,9 @@ pub struct NodeSetContext {
     pub applied: Arc<AppliedVersions>,
     /// Pending pod creations/deletions per NodeSet UID.
     pub expectations: Arc<Expectations>,
+    /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
+    /// until they or the NodeSet change).
+    pub(crate) differing: DifferingPods,
 }
 
 impl Core {

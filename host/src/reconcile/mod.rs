@@ -51,6 +51,7 @@ pub use caches::{Caches, ChildCaches};
 pub use context::{ControllerContext, Core, NodeSetContext};
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
+use nodeset::DifferingPods;
 pub use writer::Writer;
 
 /// Errors of a reconcile; each becomes a backoff, never a crash.
@@ -343,6 +344,7 @@ pub fn start(
             caches: watches.caches.clone(),
             applied,
             expectations: expectations.clone(),
+            differing: DifferingPods::default(),
         }),
     );
     let ready = Arc::new(AtomicBool::new(false));

@@ -24,6 +24,7 @@
 
 mod adoption;
 mod claim;
+mod differing;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod other_children;
@@ -42,6 +43,7 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
+pub(crate) use differing::DifferingPods;
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
@@ -105,6 +107,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     }
     if ns.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(&uid);
+        ctx.differing.forget(&uid);
         return Ok(Action::await_change());
     }
     // Expectations first, the cache second: when they are satisfied, every event they waited for
