@@ -128,6 +128,7 @@ struct State {
     held: BTreeSet<String>,
     gone_next_watches: u32,
     fired: Vec<(String, String, FaultError)>,
+    fired_at: Vec<std::time::Instant>,
 }
 
 /// The fault-injection handle (shared by the server and tests).
@@ -159,6 +160,7 @@ impl Faults {
                 held: BTreeSet::new(),
                 gone_next_watches: 0,
                 fired: Vec::new(),
+                fired_at: Vec::new(),
             }),
             close_watches: watch::channel(0).0,
             released: watch::channel(0).0,
@@ -262,6 +264,11 @@ impl Faults {
         }
     }
 
+    /// When each fault of [`Faults::fired`] fired (how a test sees a client's retry delays).
+    pub fn fired_at(&self) -> Vec<std::time::Instant> {
+        self.lock().fired_at.clone()
+    }
+
     /// How many faults fired, and which (verb, resource, error), in order.
     pub fn fired(&self) -> Vec<(String, String, FaultError)> {
         self.lock().fired.clone()
@@ -300,6 +307,7 @@ impl Faults {
             };
             if fire {
                 s.fired.push((verb.to_string(), resource.to_string(), rule.error));
+                s.fired_at.push(std::time::Instant::now());
                 return Some(Decision {
                     error: rule.error,
                     after: rule.after,

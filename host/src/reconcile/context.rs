@@ -135,7 +135,7 @@ impl Core {
     /// The error policy of both kinds: log, and retry with the object's backoff.
     pub(super) fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
         let key = object_key(obj);
-        let after = self.backoff.failure(&key);
+        let after = self.backoff.failure(&super::backoff::key(obj));
         tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");
         Action::requeue(after)
     }
