@@ -777,6 +777,62 @@ fn managers_of(obj: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Two names the host builds held by strangers: each is announced by one `NotOwned` Event, not
+/// one per pass (the condition names only the first, the Events both, once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_foreign_object_is_announced_once_however_many_there_are() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("announce").await;
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "slurm-config"}, "data": {"x": "theirs"}}))?;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(
+        json!({"metadata": {"name": "slurm-controller"}, "spec": {"ports": [{"port": 80}]}}),
+    )?;
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await
+    .context("no ChildFailure condition")?;
+    // Several 1-second resyncs.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let list = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut counts: std::collections::BTreeMap<String, i32> = Default::default();
+    for e in list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("NotOwned"))
+    {
+        let what = ["ConfigMap slurm-config", "Service slurm-controller"]
+            .into_iter()
+            .find(|w| e.note.as_deref().unwrap_or_default().contains(w))
+            .unwrap_or("other");
+        *counts.entry(what.to_string()).or_default() += e.series.as_ref().map_or(1, |s| s.count);
+    }
+    assert_eq!(
+        counts,
+        [
+            ("ConfigMap slurm-config".to_string(), 1),
+            ("Service slurm-controller".to_string(), 1)
+        ]
+        .into(),
+        "one NotOwned Event per foreign object"
+    );
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned() -> Result<()> {
     let c = cluster(false).await;

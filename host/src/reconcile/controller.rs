@@ -242,7 +242,7 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
             sync.prune(&CHILD_KINDS, &keys_of(&desired), kept).await;
         }
     }
-    let failures = std::mem::take(&mut sync.failures);
+    let failures = sync.finish();
 
     let retry = !failures.is_empty()
         || pass.missing.is_some()

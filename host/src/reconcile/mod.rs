@@ -329,6 +329,7 @@ pub fn start(
         namespaces: allowed,
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
+        announced: apply::Announced::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
     });

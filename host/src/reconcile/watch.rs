@@ -387,7 +387,12 @@ fn nodeset_task(
             let controller =
                 ObjectRef::<Controller>::new(&n.spec.controller_ref.name).within(n.controller_namespace());
             t.controller(controller);
-            for sibling in nodesets_sharing(&t.nodesets, &ns, &n.spec.controller_ref.name) {
+            for sibling in nodesets_sharing(
+                &t.nodesets,
+                &ns,
+                Some(n.controller_namespace()),
+                &n.spec.controller_ref.name,
+            ) {
                 t.nodeset(sibling);
             }
         };
