@@ -334,7 +334,10 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     let up_to_date = self.applied.matches(&key, &hash, &rv)
                         || (field(l, "/metadata/annotations/slinky.slurm.net~1applied-hash")
                             == Some(hash.as_str())
-                            && contains(l, &desired));
+                            && (contains(l, &desired)
+                                || self
+                                    .applied
+                                    .only_dropped(&key, &hash, &differences(l, &desired, 10))));
                     if up_to_date {
                         return Ok(true);
                     }
@@ -391,8 +394,8 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     let rv = field(&stored, "/metadata/resourceVersion")
                         .unwrap_or_default()
                         .to_string();
-                    self.applied.set(key, hash, rv);
                     let paths = differences(&stored, &desired, 10);
+                    self.applied.set(key, hash, rv, paths.clone());
                     if !paths.is_empty() {
                         let note = dropped_note(&what, &paths);
                         tracing::warn!("{note}");
