@@ -18,8 +18,11 @@ pub(crate) type ChildKey = (ChildKind, String, String);
 /// those fields is still no reason to apply.
 #[derive(Debug, Default)]
 pub struct AppliedVersions {
-    versions: Mutex<HashMap<ChildKey, (String, String, Vec<String>)>>,
+    versions: Mutex<HashMap<ChildKey, Applied>>,
 }
+
+/// One child's last apply: the applied hash, the resourceVersion it left, the fields dropped.
+type Applied = (String, String, Vec<String>);
 
 impl AppliedVersions {
     /// Whether the child `key` was last applied as `hash` and left `resource_version`.
