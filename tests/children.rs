@@ -838,6 +838,57 @@ async fn each_foreign_object_is_announced_once_however_many_there_are() -> Resul
     Ok(())
 }
 
+/// A rotated key Secret reaches slurmctld's StatefulSet within the Secret poll, not at the next
+/// resync (5 minutes here), though the host never watches Secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rotated_key_secret_rolls_slurmctld_without_waiting_for_the_resync() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("rotate").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let config = slinky_host::reconcile::RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(300)),
+        secret_poll: Some(Duration::from_millis(500)),
+        ..Default::default()
+    };
+    let host = Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    );
+    let annotation = format!(
+        "/spec/template/metadata/annotations/{}",
+        keys::ANNOTATION_JWT_KEY_HASH.replace('/', "~1")
+    );
+    let before = eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        Some(text(&sts, &annotation).to_string()).filter(|h| !h.is_empty())
+    })
+    .await
+    .context("no StatefulSet with the JWT key's hash")?;
+    // Let the first passes settle, so the rotation below is seen by the poll, not a pass anyway.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), &ns);
+    secrets
+        .patch(
+            "slurm-auth-jwths256",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"jwt_hs256.key": "rotated-key-0123456789abcdef"}})),
+        )
+        .await?;
+    let after = eventually(20, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        Some(text(&sts, &annotation).to_string()).filter(|h| *h != before)
+    })
+    .await;
+    ensure!(
+        after.is_some(),
+        "the StatefulSet still carries the old key's hash 20 s after the rotation"
+    );
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned() -> Result<()> {
     let c = cluster(false).await;
