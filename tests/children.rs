@@ -643,6 +643,252 @@ async fn a_missing_secret_is_a_condition_and_the_statefulset_waits_for_it() -> R
     Ok(())
 }
 
+/// Quantities a Controller spells otherwise than the API server stores them (`1024Mi` is stored
+/// `1Gi`, `1000m` is stored `1`): no apply when the StatefulSet's status changes, no false
+/// `FieldsDropped` Warning. On Kubernetes 1.28, whose API server drops the native sidecar's
+/// `restartPolicy`, a status change is no apply either: the fields dropped at the last apply are
+/// remembered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quantities_stored_in_canonical_form_are_no_change() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("quantities").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["spec"]["slurmctld"]["resources"] =
+                json!({"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"memory": "2048Mi"}});
+            v["spec"]["persistence"]["resources"]["requests"]["storage"] = "4096Mi".into();
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let sts = eventually(60, || async {
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await
+    })
+    .await
+    .context("no StatefulSet")?;
+    let stored = sts
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "slurmctld"))
+        .map(|c| c["resources"].clone())
+        .context("no slurmctld container")?;
+    assert_eq!(
+        stored,
+        json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}),
+        "the API server stores quantities in canonical form"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let applies = || host.handles.writes.ok("apply");
+    let before = applies();
+    // Another writer changes the StatefulSet's status: each change is an event for the host.
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(c.client.clone(), &ns, &ChildKind::StatefulSet.api_resource());
+    for i in 0..5 {
+        api.patch_status(
+            "slurm-controller",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"replicas": 0, "observedGeneration": i + 1}})),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(applies(), before, "status changes re-applied the StatefulSet");
+    let evs = events(&c, &ns, "slurm").await?;
+    // (On Kubernetes 1.28 a true one names the native sidecar's restartPolicy: not a quantity.)
+    ensure!(
+        !evs.iter()
+            .any(|(r, n)| r == "FieldsDropped"
+                && (n.contains("resources") || n.contains("volumeClaimTemplates"))),
+        "a false FieldsDropped Warning: {evs:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_made_between_the_hosts_read_and_its_create_is_not_merged_into() -> Result<()> {
+    use slinky_apiserver::{FaultError, FaultRule, Times};
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("a read racing a create (fault injection)") else {
+        return Ok(());
+    };
+    let ns = c.namespace("race-create").await;
+    // The host's caches are synced, then someone makes the ConfigMap the host will build, while
+    // the host's ConfigMap watch is held (its cache lags) and its read of it says 404 (the read
+    // came first): the host's pass believes the name is free. Their ConfigMap has none of the
+    // host's keys, so nothing conflicts: an apply would merge into it without a word.
+    let host = Host::start(&c, &ns)?;
+    host.wait_ready().await?;
+    server.faults().hold_watch("configmaps");
+    let theirs: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "slurm-config"}, "data": {"notes": "theirs"}}))?;
+    let cms = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), &ns);
+    cms.create(&PostParams::default(), &theirs).await?;
+    server.faults().add(FaultRule::new(
+        "get",
+        "configmaps",
+        FaultError::NotFound,
+        Times::Count(1),
+    ));
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let cond = eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await;
+    server.faults().release_watch("configmaps");
+    let fired = server.faults().fired();
+    ensure!(
+        fired.iter().any(|(v, r, _)| v == "get" && r == "configmaps"),
+        "the host never read the ConfigMap from the API: the race was not run ({fired:?})"
+    );
+    let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config")
+        .await
+        .context("their ConfigMap is gone")?;
+    assert_eq!(text(&cm, "/data/notes"), "theirs");
+    assert_eq!(cm.pointer("/data/slurm.conf"), None, "merged into: {cm}");
+    assert_eq!(
+        cm.pointer("/metadata/ownerReferences"),
+        None,
+        "the host took their ConfigMap: {cm}"
+    );
+    let cond = cond.context("no ChildFailure condition")?;
+    assert_eq!(cond["reason"], "NotOwned", "{cond}");
+    // Once the name is free the host creates its own, and owns its fields as an applier alone
+    // (the create's Update entry dropped), so a key it stops building would be removed.
+    cms.delete("slurm-config", &DeleteParams::default()).await?;
+    let managers = eventually(60, || async {
+        let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
+        text(&cm, "/data/slurm.conf")
+            .contains("ClusterName=slurm")
+            .then(|| managers_of(&cm))
+    })
+    .await
+    .context("the host did not build its ConfigMap once the name was free")?;
+    assert_eq!(managers, [("slinky-host".to_string(), "Apply".to_string())]);
+    host.stop().await;
+    Ok(())
+}
+
+/// The `(manager, operation)` of each managedFields entry of `obj`.
+fn managers_of(obj: &Value) -> Vec<(String, String)> {
+    obj.pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| (text(e, "/manager").to_string(), text(e, "/operation").to_string()))
+        .collect()
+}
+
+/// Two names the host builds held by strangers: each is announced by one `NotOwned` Event, not
+/// one per pass (the condition names only the first, the Events both, once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_foreign_object_is_announced_once_however_many_there_are() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("announce").await;
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "slurm-config"}, "data": {"x": "theirs"}}))?;
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(
+        json!({"metadata": {"name": "slurm-controller"}, "spec": {"ports": [{"port": 80}]}}),
+    )?;
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
+            .await
+            .filter(|c| c["status"] == "True")
+    })
+    .await
+    .context("no ChildFailure condition")?;
+    // Several 1-second resyncs.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let list = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?;
+    let mut counts: std::collections::BTreeMap<String, i32> = Default::default();
+    for e in list
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("NotOwned"))
+    {
+        let what = ["ConfigMap slurm-config", "Service slurm-controller"]
+            .into_iter()
+            .find(|w| e.note.as_deref().unwrap_or_default().contains(w))
+            .unwrap_or("other");
+        *counts.entry(what.to_string()).or_default() += e.series.as_ref().map_or(1, |s| s.count);
+    }
+    assert_eq!(
+        counts,
+        [
+            ("ConfigMap slurm-config".to_string(), 1),
+            ("Service slurm-controller".to_string(), 1)
+        ]
+        .into(),
+        "one NotOwned Event per foreign object"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+/// A rotated key Secret reaches slurmctld's StatefulSet within the Secret poll, not at the next
+/// resync (5 minutes here), though the host never watches Secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rotated_key_secret_rolls_slurmctld_without_waiting_for_the_resync() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("rotate").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let config = slinky_host::reconcile::RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(300)),
+        secret_poll: Some(Duration::from_millis(500)),
+        ..Default::default()
+    };
+    let host = Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    );
+    let annotation = format!(
+        "/spec/template/metadata/annotations/{}",
+        keys::ANNOTATION_JWT_KEY_HASH.replace('/', "~1")
+    );
+    let before = eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        Some(text(&sts, &annotation).to_string()).filter(|h| !h.is_empty())
+    })
+    .await
+    .context("no StatefulSet with the JWT key's hash")?;
+    // Let the first passes settle, so the rotation below is seen by the poll, not a pass anyway.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let secrets = Api::<Secret>::namespaced(c.client.clone(), &ns);
+    secrets
+        .patch(
+            "slurm-auth-jwths256",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"jwt_hs256.key": "rotated-key-0123456789abcdef"}})),
+        )
+        .await?;
+    let after = eventually(20, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        Some(text(&sts, &annotation).to_string()).filter(|h| *h != before)
+    })
+    .await;
+    ensure!(
+        after.is_some(),
+        "the StatefulSet still carries the old key's hash 20 s after the rotation"
+    );
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned() -> Result<()> {
     let c = cluster(false).await;
@@ -679,15 +925,20 @@ async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned(
         "left alone"
     );
     cms.delete("slurm-config", &DeleteParams::default()).await?;
-    eventually(60, || async {
+    let cm = eventually(60, || async {
         let cm = object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await?;
         let cleared = condition(&c, &ns, "Controller", "slurm", conditions::CHILD_FAILURE)
             .await
             .is_none();
-        (text(&cm, "/data/slurm.conf").contains("ClusterName=slurm") && cleared).then_some(())
+        (text(&cm, "/data/slurm.conf").contains("ClusterName=slurm") && cleared).then_some(cm)
     })
     .await
     .context("the host did not build its ConfigMap once the name was free")?;
+    // Created, then applied: the host's fields are its Apply entry's alone.
+    assert_eq!(
+        managers_of(&cm),
+        [("slinky-host".to_string(), "Apply".to_string())]
+    );
 
     // SSH on, then off: the NodeSet's ConfigMap comes and goes.
     let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);

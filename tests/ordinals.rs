@@ -1,9 +1,10 @@
-//! Ordinals are stable, like a StatefulSet's, and only the NodeSet's own pods use them: a
-//! stranger holding `<nodeset>-N` is skipped (and named in an Event), a name taken while the cache
-//! lagged skips that ordinal without stopping the batch, a terminating or failed pod's ordinal is
-//! waited for and recreated, `w-07` is not ordinal 7 of an unpadded NodeSet, a NodeSet recreated
-//! under its name waits for its predecessor's pods, the revision changes only with what changes a
-//! pod, and pods Slinky labelled are adopted without a roll when they equal ours.
+//! Ordinals are stable, like a StatefulSet's, and only the NodeSet's own pods use them: a stranger
+//! holding `<nodeset>-N` is skipped (and named in an Event), a name taken while the cache lagged
+//! skips that ordinal without stopping the batch, a terminating or failed pod's ordinal is waited
+//! for and recreated (one terminating above `replicas` holds back nothing), `w-07` is not ordinal
+//! 7 of an unpadded NodeSet, a NodeSet recreated under its name waits for its predecessor's pods,
+//! the revision changes only with what changes a pod, and pods Slinky labelled are adopted without
+//! a roll when they equal ours (and compared once per change when they differ).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,7 +24,7 @@ use slinky_tests::{
     TestCluster, default_engine, eventually,
     host::{
         Host, NS_NAME, apply_example, apply_example_with, cluster, converge, converge_current, events, names,
-        pod_names, scale, start_example,
+        pod_names, pod_ready, scale, start_example,
     },
 };
 
@@ -484,6 +485,188 @@ async fn pods_with_a_grace_period_keep_their_ordinals_while_they_terminate() -> 
     );
     converge(&c, &ns, &names(&[0, 1, 2]), g, true).await?;
     assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_terminating_above_replicas_does_not_hold_back_a_missing_ordinal() -> Result<()> {
+    let c = cluster(true).await;
+    let Some(server) = c.embedded("terminating above replicas (needs the simulated kubelet)") else {
+        return Ok(());
+    };
+    let (ns, host) = start_example(&c, "above", 6).await?;
+    converge_current(&c, &ns, &names(&[0, 1, 2, 3, 4, 5]), true).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    // Pod 5 is on a dead node: a finalizer stands in for the kubelet that never confirms.
+    let five = format!("{NS_NAME}-5");
+    let hold = |held: bool| {
+        let finalizers = if held {
+            json!(["example.com/hold"])
+        } else {
+            json!(null)
+        };
+        Patch::Merge(json!({"metadata": {"finalizers": finalizers}}))
+    };
+    pods.patch(&five, &PatchParams::default(), &hold(true)).await?;
+    let g = scale(&c, &ns, 2).await?;
+    converge(&c, &ns, &names(&[0, 1]), g, true).await?;
+    let terminating = || async {
+        let p = pods.get(&five).await?;
+        ensure!(
+            p.metadata.deletion_timestamp.is_some(),
+            "{five} is still terminating"
+        );
+        anyhow::Ok(())
+    };
+    terminating().await?;
+    let all_names = || async {
+        pods.list(&ListParams::default())
+            .await
+            .map(|l| l.items.iter().map(ResourceExt::name_any).collect::<BTreeSet<_>>())
+    };
+    eventually(30, || async {
+        (all_names().await.ok()? == names(&[0, 1, 5])).then_some(())
+    })
+    .await
+    .context("pods 2-4 did not finish terminating")?;
+    // Every pod name seen from here on: no ordinal but 0, 1 (and the terminating 5) may appear.
+    let seen = std::sync::Mutex::new(BTreeSet::new());
+    let look = || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        if let Ok(mut s) = seen.lock() {
+            s.extend(list.items.iter().map(ResourceExt::name_any));
+        }
+        Some(list)
+    };
+    // Pod 1 fails, then pod 0 is deleted: each comes back under its ordinal while 5 terminates.
+    for (o, how) in [(1, "fails"), (0, "is deleted")] {
+        let name = format!("{NS_NAME}-{o}");
+        let before = pods.get(&name).await?.uid();
+        if o == 1 {
+            server
+                .lifecycle()
+                .context("lifecycle")?
+                .fail(&ns, &name)
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        } else {
+            pods.delete(&name, &DeleteParams::default()).await?;
+        }
+        let back = eventually(20, || async {
+            let list = look().await?;
+            let p = list.items.iter().find(|p| p.name_any() == name)?;
+            (p.uid() != before && p.metadata.deletion_timestamp.is_none() && pod_ready(p)).then_some(())
+        })
+        .await;
+        ensure!(
+            back.is_some(),
+            "{name} {how} and was not recreated while {five} terminates: pods {:?}",
+            look()
+                .await
+                .map(|l| l.items.iter().map(ResourceExt::name_any).collect::<Vec<_>>())
+        );
+        terminating().await?;
+    }
+    let seen_now = seen.lock().map(|s| s.clone()).unwrap_or_default();
+    assert_eq!(seen_now, names(&[0, 1, 5]), "no other ordinal was created");
+    // Once 5 is gone, it does not come back: it is above replicas.
+    pods.patch(&five, &PatchParams::default(), &hold(false)).await?;
+    eventually(30, || async {
+        pods.get_opt(&five).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .context("pod 5 was not removed")?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // two resyncs
+    converge(&c, &ns, &names(&[0, 1]), g, true).await?;
+    assert_eq!(host.handles.writes.ok("create"), 8, "6 pods and 2 replacements");
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pods_labelled_by_slinky_that_differ_are_compared_once_per_change() -> Result<()> {
+    // No simulated kubelet: a pod changes only when this test changes it.
+    let c = cluster(false).await;
+    if c.embedded("pods compared once (a real kubelet changes pods)")
+        .is_none()
+    {
+        return Ok(());
+    }
+    let ns = c.namespace("compare").await;
+    apply_example_with(&c, &ns, 3, |v| {
+        v["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    })
+    .await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let nodeset = nodesets.get(NS_NAME).await?;
+    let controller = Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .get(&nodeset.spec.controller_ref.name)
+        .await?;
+    // Slinky's pods, each running another image than ours: under OnDelete they stay as they are.
+    let plugins = PluginRegistry::new(&default_engine(), &[])?;
+    let builder = plugins.active(BuilderKind::NodesetPod);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let slinky_rev = format!("{NS_NAME}-6d8f9b7c5");
+    for o in 0..3 {
+        let id = PodIdentity::for_ordinal(&nodeset, o, slinky_rev.clone());
+        let mut pod = builder.build_pod(&BuildContext::default(), &nodeset, &controller, &id)?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers[0].image = Some("ghcr.io/slinkyproject/slurmd:24.11-ubuntu24.04".into());
+        }
+        pods.create(&PostParams::default(), &pod).await?;
+    }
+    let host = Host::start(&c, &ns)?;
+    wait_owned(&c, &ns, &names(&[0, 1, 2])).await?;
+    let writes = &host.handles.writes;
+    let dry_runs = || {
+        writes
+            .snapshot()
+            .get(&("dry_run".to_string(), "ok".to_string()))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Several passes (resync 1 s) per step: each pod is dry-run once per change, not per pass.
+    let settle = |want: u64| async move {
+        let reached = eventually(30, || async { (dry_runs() >= want).then_some(()) }).await;
+        ensure!(reached.is_some(), "fewer than {want} dry runs: {}", dry_runs());
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        ensure!(
+            dry_runs() == want,
+            "{} dry runs over 4 s of passes, not {want}: {:?}",
+            dry_runs(),
+            writes.snapshot()
+        );
+        anyhow::Ok(())
+    };
+    settle(3).await.context("the first comparison of each pod")?;
+    // One pod changes: it alone is compared again.
+    pods.patch(
+        &format!("{NS_NAME}-1"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"example.com/touched": "yes"}}})),
+    )
+    .await?;
+    settle(4).await.context("a changed pod")?;
+    // A NodeSet label (which the builder copies onto pods) changes what they are compared with.
+    nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"example.com/site": "a"}}})),
+        )
+        .await?;
+    settle(7).await.context("a relabelled NodeSet")?;
+    for o in 0..3 {
+        let p = pods.get(&format!("{NS_NAME}-{o}")).await?;
+        assert_eq!(
+            p.labels().get(keys::LABEL_REVISION_HASH),
+            Some(&slinky_rev),
+            "a differing pod is neither relabelled nor replaced under OnDelete"
+        );
+    }
+    assert_eq!(host.handles.writes.ok("delete"), 0);
+    assert_eq!(host.handles.writes.ok("create"), 0);
     host.stop().await;
     Ok(())
 }

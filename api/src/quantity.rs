@@ -59,6 +59,146 @@ pub fn value(quantity: &Quantity) -> Option<f64> {
     parse(&quantity.0)
 }
 
+/// How a quantity was written, which decides its canonical form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// `Ki` … `Ei`.
+    BinarySi,
+    /// No suffix, or `n` … `E`.
+    DecimalSi,
+    /// `e3`, `E-2`.
+    DecimalExponent,
+}
+
+const NANO: i128 = 1_000_000_000;
+
+/// The exact value of a quantity text in nano-units (rounded up to a nano-unit, as Kubernetes
+/// parses it) and its format; `None` when it is not a quantity or is beyond ±10^27.
+fn exact(text: &str) -> Option<(i128, Format)> {
+    let text = text.trim();
+    let (number, suffix) = split_number(text)?;
+    let (ten, two, format) = match suffix {
+        "" => (0, 0, Format::DecimalSi),
+        "n" => (-9, 0, Format::DecimalSi),
+        "u" => (-6, 0, Format::DecimalSi),
+        "m" => (-3, 0, Format::DecimalSi),
+        "k" => (3, 0, Format::DecimalSi),
+        "M" => (6, 0, Format::DecimalSi),
+        "G" => (9, 0, Format::DecimalSi),
+        "T" => (12, 0, Format::DecimalSi),
+        "P" => (15, 0, Format::DecimalSi),
+        "E" => (18, 0, Format::DecimalSi),
+        "Ki" => (0, 10, Format::BinarySi),
+        "Mi" => (0, 20, Format::BinarySi),
+        "Gi" => (0, 30, Format::BinarySi),
+        "Ti" => (0, 40, Format::BinarySi),
+        "Pi" => (0, 50, Format::BinarySi),
+        "Ei" => (0, 60, Format::BinarySi),
+        e if is_exponent(e) => (e[1..].parse::<i32>().ok()?, 0, Format::DecimalExponent),
+        _ => return None,
+    };
+    let negative = number.starts_with('-');
+    let digits = number.trim_start_matches(['+', '-']);
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    let mut mantissa: i128 = 0;
+    for b in whole.bytes().chain(fraction.bytes()) {
+        mantissa = mantissa.checked_mul(10)?.checked_add(i128::from(b - b'0'))?;
+    }
+    // value = mantissa × 10^(ten - fraction digits) × 2^two, in nano-units: × 10^9.
+    let scale = ten + 9 - i32::try_from(fraction.len()).ok()?;
+    let mut nanos = mantissa.checked_mul(1i128.checked_shl(two)?)?;
+    if scale >= 0 {
+        nanos = nanos.checked_mul(10i128.checked_pow(scale.unsigned_abs())?)?;
+    } else {
+        let divisor = 10i128.checked_pow(scale.unsigned_abs())?;
+        nanos = nanos.div_euclid(divisor) + i128::from(nanos.rem_euclid(divisor) != 0);
+    }
+    if nanos.abs() > 10i128.pow(36) {
+        return None;
+    }
+    Some((if negative { -nanos } else { nanos }, format))
+}
+
+/// Whether two texts are the same quantity (`1024Mi` and `1Gi`, `1000m` and `1`), exactly.
+/// Texts that are not both quantities are the same only when equal.
+///
+/// ```
+/// use slinky_api::quantity::same;
+/// assert!(same("1024Mi", "1Gi"));
+/// assert!(same("1.5", "1500m"));
+/// assert!(!same("1Gi", "1G"));
+/// ```
+pub fn same(a: &str, b: &str) -> bool {
+    a == b
+        || match (exact(a), exact(b)) {
+            (Some((x, _)), Some((y, _))) => x == y,
+            _ => false,
+        }
+}
+
+/// The canonical form the API server stores a quantity in (`1024Mi` as `1Gi`, `1.5` as `1500m`,
+/// `1000m` as `1`, `0.5Gi` as `512Mi`), as Kubernetes' `Quantity.CanonicalizeBytes` writes it;
+/// `None` when `text` is not a quantity.
+///
+/// ```
+/// use slinky_api::quantity::canonical;
+/// assert_eq!(canonical("1024Mi").as_deref(), Some("1Gi"));
+/// assert_eq!(canonical("1.5").as_deref(), Some("1500m"));
+/// assert_eq!(canonical("1e3").as_deref(), Some("1e3"));
+/// ```
+pub fn canonical(text: &str) -> Option<String> {
+    let (nanos, mut format) = exact(text)?;
+    if nanos == 0 {
+        return Some("0".into());
+    }
+    if format == Format::BinarySi && (nanos.abs() < 1024 * NANO || nanos % NANO != 0) {
+        // Small or fractional binary quantities are written in decimal (no rounding).
+        format = Format::DecimalSi;
+    }
+    if format == Format::BinarySi {
+        let mut v = nanos / NANO;
+        let mut power = 0;
+        while power < 6 && v % 1024 == 0 {
+            v /= 1024;
+            power += 1;
+        }
+        let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][power];
+        return Some(format!("{v}{suffix}"));
+    }
+    let (mut m, mut exp) = (nanos, -9i32);
+    while m % 10 == 0 {
+        m /= 10;
+        exp += 1;
+    }
+    let down = exp.rem_euclid(3);
+    m *= 10i128.pow(down.unsigned_abs());
+    exp -= down;
+    let suffix = match format {
+        Format::DecimalExponent if exp == 0 => String::new(),
+        Format::DecimalExponent => format!("e{exp}"),
+        _ => {
+            if exp > 18 {
+                m *= 10i128.pow((exp - 18).unsigned_abs());
+                exp = 18;
+            }
+            match exp {
+                -9 => "n",
+                -6 => "u",
+                -3 => "m",
+                3 => "k",
+                6 => "M",
+                9 => "G",
+                12 => "T",
+                15 => "P",
+                18 => "E",
+                _ => "",
+            }
+            .to_string()
+        }
+    };
+    Some(format!("{m}{suffix}"))
+}
+
 /// The signed number at the start of `text` (at least one digit, at most one dot) and the rest.
 fn split_number(text: &str) -> Option<(&str, &str)> {
     let bytes = text.as_bytes();
@@ -120,6 +260,51 @@ mod tests {
         ] {
             assert_eq!(parse(text), None, "{text:?}");
         }
+    }
+
+    #[test]
+    fn canonical_forms_are_kube_apiservers() {
+        // Each pair as kube-apiserver v1.28.7 stores it.
+        for (text, want) in [
+            ("1024Mi", "1Gi"),
+            ("2048Mi", "2Gi"),
+            ("1536Mi", "1536Mi"),
+            ("0.5Gi", "512Mi"),
+            ("1000m", "1"),
+            ("1.5", "1500m"),
+            ("100m", "100m"),
+            ("0.1", "100m"),
+            ("1e3", "1e3"),
+            ("1000", "1k"),
+            ("1500", "1500"),
+            ("4096", "4096"),
+            ("512Ki", "512Ki"),
+            ("1023Ki", "1023Ki"),
+            ("100Mi", "100Mi"),
+            ("1Ki", "1Ki"),
+            ("0.5Ki", "512"),
+            ("0", "0"),
+            ("0Gi", "0"),
+            ("2E", "2E"),
+            ("1G", "1G"),
+            ("8Gi", "8Gi"),
+            ("1.5Gi", "1536Mi"),
+        ] {
+            assert_eq!(canonical(text).as_deref(), Some(want), "{text}");
+        }
+        assert_eq!(canonical("lots"), None);
+    }
+
+    #[test]
+    fn the_same_quantity_in_other_words() {
+        assert!(same("1024Mi", "1Gi"));
+        assert!(same("4096Mi", "4Gi"));
+        assert!(same("1000m", "1"));
+        assert!(same("0.5", "500m"));
+        assert!(!same("1Gi", "1G"));
+        assert!(!same("1", "1.000000001"));
+        assert!(same("abc", "abc"));
+        assert!(!same("abc", "abd"));
     }
 
     #[test]

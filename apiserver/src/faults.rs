@@ -18,6 +18,8 @@ use tokio::sync::watch;
 pub enum FaultError {
     /// 409 Conflict (as if the object changed meanwhile).
     Conflict,
+    /// 404 Not Found (as if a read raced a create: the object appears right after).
+    NotFound,
     /// 500 Internal Server Error.
     Internal,
     /// 429 Too Many Requests with `Retry-After` seconds.
@@ -82,6 +84,7 @@ impl FaultRule {
         }
         let error = match parts[2] {
             "409" => FaultError::Conflict,
+            "404" => FaultError::NotFound,
             "500" => FaultError::Internal,
             "timeout" | "504" => FaultError::Timeout,
             "422" => FaultError::Invalid,
@@ -90,7 +93,7 @@ impl FaultRule {
             }
             e => {
                 return Err(format!(
-                    "fault {s:?}: unknown error {e:?} (409, 422, 500, 429[/seconds], timeout)"
+                    "fault {s:?}: unknown error {e:?} (404, 409, 422, 500, 429[/seconds], timeout)"
                 ));
             }
         };
@@ -130,6 +133,7 @@ struct State {
     waiting: usize,
     gone_next_watches: u32,
     fired: Vec<(String, String, FaultError)>,
+    fired_at: Vec<std::time::Instant>,
 }
 
 /// The fault-injection handle (shared by the server and tests).
@@ -163,6 +167,7 @@ impl Faults {
                 waiting: 0,
                 gone_next_watches: 0,
                 fired: Vec::new(),
+                fired_at: Vec::new(),
             }),
             close_watches: watch::channel(0).0,
             released: watch::channel(0).0,
@@ -314,6 +319,11 @@ impl Faults {
         }
     }
 
+    /// When each fault of [`Faults::fired`] fired (how a test sees a client's retry delays).
+    pub fn fired_at(&self) -> Vec<std::time::Instant> {
+        self.lock().fired_at.clone()
+    }
+
     /// How many faults fired, and which (verb, resource, error), in order.
     pub fn fired(&self) -> Vec<(String, String, FaultError)> {
         self.lock().fired.clone()
@@ -352,6 +362,7 @@ impl Faults {
             };
             if fire {
                 s.fired.push((verb.to_string(), resource.to_string(), rule.error));
+                s.fired_at.push(std::time::Instant::now());
                 return Some(Decision {
                     error: rule.error,
                     after: rule.after,

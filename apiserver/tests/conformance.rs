@@ -419,6 +419,121 @@ async fn server_side_apply_conflicts_between_managers_unless_forced() -> Result<
     Ok(())
 }
 
+/// A create makes an Update entry; a later apply by the same manager does not remove what that
+/// entry owns, unless the entry is dropped (a patch of managedFields, which the server takes as
+/// the client's): how the host creates a child without merging into a stranger's object and still
+/// owns its fields as an applier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_a_create_set_are_removed_by_apply_only_once_its_update_entry_is_dropped() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("mf").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let full = |name: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "1", "b": "2"}});
+    let less = |name: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "1"}});
+    let pp = PostParams {
+        field_manager: Some("m".into()),
+        ..Default::default()
+    };
+    let entries = |cm: &ConfigMap| -> Vec<(String, String)> {
+        cm.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e.manager.clone().unwrap_or_default(),
+                    e.operation.clone().unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    for (name, drop_entry) in [("kept", false), ("dropped", true)] {
+        let created = api.create(&pp, &serde_json::from_value(full(name))?).await?;
+        assert_eq!(entries(&created), [("m".to_string(), "Update".to_string())]);
+        let mut applied_cfg = full(name);
+        applied_cfg["metadata"]["resourceVersion"] = created.resource_version().into();
+        let applied = api
+            .patch(
+                name,
+                &PatchParams::apply("m").force(),
+                &Patch::Apply(&applied_cfg),
+            )
+            .await?;
+        let mut e = entries(&applied);
+        e.sort();
+        assert_eq!(
+            e,
+            [
+                ("m".to_string(), "Apply".to_string()),
+                ("m".to_string(), "Update".to_string())
+            ]
+        );
+        if drop_entry {
+            let kept: Vec<_> = serde_json::to_value(&applied.metadata.managed_fields)?
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e["operation"] != "Update")
+                .collect();
+            let patch =
+                json!({"metadata": {"resourceVersion": applied.resource_version(), "managedFields": kept}});
+            let patched = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            assert_eq!(entries(&patched), [("m".to_string(), "Apply".to_string())]);
+            // The same patch again is a conflict: it changed the object (a new resourceVersion).
+            let again = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .err()
+                .context("a stale managedFields patch was accepted")?;
+            assert_eq!(api_error(&again).map(|e| e.0), Some(409));
+        }
+        let after = api
+            .patch(name, &PatchParams::apply("m"), &Patch::Apply(&less(name)))
+            .await?;
+        let data = after.data.unwrap_or_default();
+        assert_eq!(
+            data.contains_key("b"),
+            !drop_entry,
+            "{name}: {data:?} (the Update entry keeps b; without it the apply removes b)"
+        );
+    }
+    // An empty list, or one empty entry, clears managedFields (kube-apiserver's
+    // isResetManagedFields); a write without them keeps them.
+    let kept = api
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"data": {"c": "3"}})),
+        )
+        .await?;
+    ensure!(
+        !entries(&kept).is_empty(),
+        "a write without managedFields cleared them"
+    );
+    let cleared = api
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"managedFields": []}})),
+        )
+        .await?;
+    assert_eq!(entries(&cleared), Vec::<(String, String)>::new());
+    api.patch("kept", &PatchParams::apply("m"), &Patch::Apply(&less("kept")))
+        .await?;
+    let cleared = api
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"managedFields": [{}]}})),
+        )
+        .await?;
+    assert_eq!(entries(&cleared), Vec::<(String, String)>::new());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_collection_follows_owner_references() -> Result<()> {
     let c = TestCluster::start().await;

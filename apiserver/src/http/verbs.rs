@@ -76,6 +76,7 @@ impl Verb {
 fn fault_error(e: FaultError, rt: &ResourceType, name: &str) -> ApiError {
     match e {
         FaultError::Conflict => ApiError::conflict(rt, name),
+        FaultError::NotFound => ApiError::not_found(rt, name),
         FaultError::Internal => {
             ApiError::new(500, "InternalError", "Internal error occurred: injected fault")
         }

@@ -135,10 +135,11 @@ pub(super) fn apply_to(
     }
     let mut obj = current.clone();
     // Fields this manager applied before and no longer applies are removed, unless another
-    // manager also owns them.
+    // entry also owns them: another manager's, or this manager's own Update entry (a create or
+    // an update by the same name is another owner, as in structured-merge-diff).
     let others: BTreeSet<&FieldPath> = entries
         .iter()
-        .filter(|(m, ..)| m != manager)
+        .filter(|(m, o, s, _)| !(m == manager && o == "Apply" && s == sub))
         .flat_map(|e| e.3.iter())
         .collect();
     for path in previous.difference(&new_set) {

@@ -49,13 +49,18 @@ pub(crate) fn spec_part(obj: &Value) -> Value {
     v
 }
 
-/// Objects equal but for resourceVersion/managedFields timestamps: a no-op write.
+/// Objects equal but for resourceVersion and managedFields timestamps: a no-op write (a change
+/// of who manages which field is a write, as on kube-apiserver).
 pub(crate) fn same_content(a: &Value, b: &Value) -> bool {
     let strip = |v: &Value| {
         let mut v = v.clone();
         let m = meta_mut(&mut v);
         m.remove("resourceVersion");
-        m.remove("managedFields");
+        if let Some(Value::Array(entries)) = m.get_mut("managedFields") {
+            for e in entries.iter_mut().filter_map(Value::as_object_mut) {
+                e.remove("time");
+            }
+        }
         v
     };
     strip(a) == strip(b)

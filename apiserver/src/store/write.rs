@@ -114,6 +114,7 @@ impl Inner {
         if !errs.is_empty() {
             return Err(validation::invalid(&rt, &name, &errs));
         }
+        canonical_quantities(&rt, &mut obj);
         if let Some(schema) = &rt.schema {
             schema::default_and_validate(&rt, &name, schema, &mut obj)?;
         }
@@ -268,7 +269,7 @@ impl Inner {
         new["apiVersion"] = rt.api_version().into();
         new["kind"] = rt.kind.clone().into();
         let mut new = split_status(&rt, current, new, sub, op);
-        keep_server_metadata(current, &mut new, op);
+        keep_server_metadata(current, &mut new, op, sub);
         if sub == Sub::Main && op != Op::Server {
             decodable(&rt, &new)?;
             update_defaults(&rt, &mut new, current);
@@ -276,6 +277,7 @@ impl Inner {
             if !errs.is_empty() {
                 return Err(validation::invalid(&rt, &name, &errs));
             }
+            canonical_quantities(&rt, &mut new);
         }
         if let Some(schema) = &rt.schema {
             schema::default_and_validate(&rt, &name, schema, &mut new)?;
@@ -389,9 +391,12 @@ fn split_status(rt: &ResourceType, current: &Value, mut new: Value, sub: Sub, op
     }
 }
 
-/// Server-owned metadata comes from the stored object (and managedFields too, but for an apply,
-/// which computed them).
-fn keep_server_metadata(current: &Value, new: &mut Value, op: Op) {
+/// Server-owned metadata comes from the stored object. managedFields are computed for an apply;
+/// a write of the object may set them itself, as kube-apiserver allows (`decodeLiveOrNew`): a
+/// list with fields replaces them (how a client moves
+/// fields from an Update entry to its Apply entry), an empty list or a list of one empty entry
+/// clears them (`isResetManagedFields`), anything else keeps the stored ones.
+fn keep_server_metadata(current: &Value, new: &mut Value, op: Op, sub: Sub) {
     for f in [
         "uid",
         "creationTimestamp",
@@ -407,13 +412,33 @@ fn keep_server_metadata(current: &Value, new: &mut Value, op: Op) {
             None => m.remove(f),
         };
     }
-    if op != Op::Apply {
-        let old_mf = current.pointer("/metadata/managedFields").cloned();
-        match old_mf {
-            Some(v) => meta_mut(new).insert("managedFields".into(), v),
-            None => meta_mut(new).remove("managedFields"),
-        };
+    if op == Op::Apply {
+        return;
     }
+    let sent = new.pointer("/metadata/managedFields").cloned();
+    let old_mf = current.pointer("/metadata/managedFields").cloned();
+    let own = match (&sent, sub) {
+        (Some(Value::Array(list)), Sub::Main) if op == Op::Update && sent != old_mf => {
+            if list.is_empty()
+                || (list.len() == 1 && list[0].as_object().is_some_and(serde_json::Map::is_empty))
+            {
+                Some(None)
+            } else if list.iter().any(|e| {
+                e.get("fieldsV1")
+                    .is_some_and(|f| f.as_object().is_some_and(|o| !o.is_empty()))
+            }) {
+                Some(sent.clone())
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
+    let mf = own.unwrap_or(old_mf);
+    match mf {
+        Some(v) => meta_mut(new).insert("managedFields".into(), v),
+        None => meta_mut(new).remove("managedFields"),
+    };
 }
 
 /// The last finalizer removed from an object being deleted: it goes, unless it is still in its
@@ -561,4 +586,79 @@ fn generated_suffix() -> String {
             char::from(ALPHABET[usize::from(byte) % ALPHABET.len()])
         })
         .collect()
+}
+
+/// Quantities of built-in types in the form kube-apiserver stores them (`1024Mi` as `1Gi`, `1.5`
+/// as `1500m`): its typed decoding canonicalises every `resource.Quantity`. The fields covered
+/// are those of pods, pod templates and claims: container resources, pod overhead, `emptyDir`
+/// size limits, and claim (template) resources.
+fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
+    fn values(map: Option<&mut Value>) {
+        for v in map
+            .and_then(Value::as_object_mut)
+            .into_iter()
+            .flat_map(|m| m.values_mut())
+        {
+            if let Some(c) = v.as_str().and_then(slinky_api::quantity::canonical) {
+                *v = c.into();
+            }
+        }
+    }
+    fn claim(spec: Option<&mut Value>) {
+        if let Some(spec) = spec {
+            values(spec.pointer_mut("/resources/requests"));
+            values(spec.pointer_mut("/resources/limits"));
+        }
+    }
+    fn pod_spec(spec: Option<&mut Value>) {
+        let Some(spec) = spec else { return };
+        for list in ["containers", "initContainers", "ephemeralContainers"] {
+            for c in spec
+                .get_mut(list)
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                values(c.pointer_mut("/resources/requests"));
+                values(c.pointer_mut("/resources/limits"));
+            }
+        }
+        values(spec.get_mut("overhead"));
+        for v in spec
+            .get_mut("volumes")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(q) = v.pointer_mut("/emptyDir/sizeLimit")
+                && let Some(c) = q.as_str().and_then(slinky_api::quantity::canonical)
+            {
+                *q = c.into();
+            }
+            claim(v.pointer_mut("/ephemeral/volumeClaimTemplate/spec"));
+        }
+    }
+    if rt.custom {
+        return;
+    }
+    match rt.plural.as_str() {
+        "pods" => pod_spec(obj.get_mut("spec")),
+        "persistentvolumeclaims" => claim(obj.get_mut("spec")),
+        "statefulsets" => {
+            pod_spec(obj.pointer_mut("/spec/template/spec"));
+            for t in obj
+                .pointer_mut("/spec/volumeClaimTemplates")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                claim(t.get_mut("spec"));
+            }
+        }
+        "deployments" | "replicasets" | "daemonsets" | "jobs" | "podtemplates" => {
+            pod_spec(obj.pointer_mut("/spec/template/spec"));
+            pod_spec(obj.pointer_mut("/template/spec"));
+        }
+        _ => {}
+    }
 }

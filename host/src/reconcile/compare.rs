@@ -10,16 +10,37 @@ use serde_json::Value;
 
 /// Whether `actual` contains everything in `desired`.
 pub fn contains(actual: &Value, desired: &Value) -> bool {
+    contains_at(actual, desired, false)
+}
+
+/// Whether the values of the field `key` are quantities: the API server stores them in canonical
+/// form (`1024Mi` as `1Gi`), which is no change.
+fn quantities_in(key: &str) -> bool {
+    matches!(key, "requests" | "limits" | "overhead")
+}
+
+/// Two leaf values: equal, or (`quantity`) the same quantity in other words.
+fn same_leaf(a: &Value, d: &Value, quantity: bool) -> bool {
+    a == d
+        || (quantity
+            && matches!((a, d), (Value::String(x), Value::String(y)) if slinky_api::quantity::same(x, y)))
+}
+
+fn contains_at(actual: &Value, desired: &Value, quantity: bool) -> bool {
     match (actual, desired) {
         (Value::Object(a), Value::Object(d)) => d.iter().all(|(k, dv)| match a.get(k) {
-            Some(av) => contains(av, dv),
+            Some(av) => contains_at(
+                av,
+                dv,
+                quantities_in(k) || (quantity && !dv.is_object()) || k == "sizeLimit",
+            ),
             // The API server omits empty values; wanting one is wanting nothing.
             None => is_empty(dv),
         }),
         (Value::Array(a), Value::Array(d)) if d.iter().all(Value::is_object) => {
-            d.iter().all(|dv| a.iter().any(|av| contains(av, dv)))
+            d.iter().all(|dv| a.iter().any(|av| contains_at(av, dv, false)))
         }
-        (a, d) => a == d,
+        (a, d) => same_leaf(a, d, quantity),
     }
 }
 
@@ -27,11 +48,11 @@ pub fn contains(actual: &Value, desired: &Value) -> bool {
 /// initContainers[name=logfile].restartPolicy`), at most `limit` of them.
 pub fn differences(actual: &Value, desired: &Value, limit: usize) -> Vec<String> {
     let mut out = Vec::new();
-    diff(actual, desired, String::new(), &mut out, limit);
+    diff(actual, desired, String::new(), &mut out, limit, false);
     out
 }
 
-fn diff(actual: &Value, desired: &Value, path: String, out: &mut Vec<String>, limit: usize) {
+fn diff(actual: &Value, desired: &Value, path: String, out: &mut Vec<String>, limit: usize, quantity: bool) {
     if out.len() >= limit {
         return;
     }
@@ -46,7 +67,14 @@ fn diff(actual: &Value, desired: &Value, path: String, out: &mut Vec<String>, li
         (Value::Object(a), Value::Object(d)) => {
             for (k, dv) in d {
                 match a.get(k) {
-                    Some(av) => diff(av, dv, join(k), out, limit),
+                    Some(av) => diff(
+                        av,
+                        dv,
+                        join(k),
+                        out,
+                        limit,
+                        quantities_in(k) || (quantity && !dv.is_object()) || k == "sizeLimit",
+                    ),
                     None if is_empty(dv) => {}
                     None => out.push(join(k)),
                 }
@@ -67,12 +95,12 @@ fn diff(actual: &Value, desired: &Value, path: String, out: &mut Vec<String>, li
                     a.iter()
                         .find(|av| av.get("name").and_then(Value::as_str) == Some(n))
                 }) {
-                    Some(av) => diff(av, dv, item, out, limit),
+                    Some(av) => diff(av, dv, item, out, limit, false),
                     None => out.push(item),
                 }
             }
         }
-        (a, d) if a != d => out.push(path),
+        (a, d) if !same_leaf(a, d, quantity) => out.push(path),
         _ => {}
     }
 }
@@ -134,6 +162,31 @@ mod tests {
             !contains(&json!({"args": ["-Z", "x"]}), &json!({"args": ["-Z"]})),
             "plain lists must be equal"
         );
+    }
+
+    #[test]
+    fn quantities_are_compared_as_numbers_where_they_are_quantities() {
+        let want = json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"memory": "1024Mi", "cpu": "1.5"}}}],
+            "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "2048Mi"}}]}});
+        let stored = json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"memory": "1Gi", "cpu": "1500m"}}}],
+            "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "2Gi"}}]}});
+        assert!(
+            contains(&stored, &want),
+            "the API server's canonical form is no change"
+        );
+        assert!(differences(&stored, &want, 10).is_empty(), "and no dropped field");
+        let more = json!({"spec": {"containers": [{"name": "c", "resources": {"requests": {"memory": "2Gi", "cpu": "1500m"}}}],
+            "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "2Gi"}}]}});
+        assert!(!contains(&more, &want));
+        assert_eq!(
+            differences(&more, &want, 10),
+            ["spec.containers[name=c].resources.requests.memory"]
+        );
+        // Elsewhere a text that reads as a quantity is only a text.
+        assert!(!contains(
+            &json!({"metadata": {"labels": {"size": "1k"}}}),
+            &json!({"metadata": {"labels": {"size": "1000"}}})
+        ));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use kube::{
     runtime::{controller::Action, events::EventType},
 };
 
+use super::nodeset::DifferingPods;
 use super::{
     Backoff, Error, Expectations, Leadership, Metrics, Writer, applied::AppliedVersions, caches::Caches,
     events::Events, object_key,
@@ -36,6 +37,8 @@ pub struct Core {
     pub leader: Leadership,
     /// Per-object retry backoff after failed writes and errors.
     pub backoff: Backoff,
+    /// The once-only child problems announced by an Event, per parent.
+    pub announced: super::apply::Announced,
     /// The period of the resync requeue of healthy objects.
     pub resync: Duration,
     /// Whether a StatefulSet whose immutable fields changed is deleted and recreated (opt-in), or
@@ -64,6 +67,9 @@ pub struct NodeSetContext {
     pub applied: Arc<AppliedVersions>,
     /// Pending pod creations/deletions per NodeSet UID.
     pub expectations: Arc<Expectations>,
+    /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
+    /// until they or the NodeSet change).
+    pub(crate) differing: DifferingPods,
 }
 
 impl Core {
@@ -81,7 +87,24 @@ impl Core {
         reason: &str,
         note: String,
     ) {
-        self.events.publish(obj, type_, reason, reason, note).await;
+        self.event_about(obj, None, type_, reason, note).await;
+    }
+
+    /// Publish an Event on `obj` about `related` (a child): Events of one reason about two
+    /// children are two Events, each with its own note (the recorder aggregates Events by
+    /// regarding, related, reason and action, keeping the first note). Fenced and capped like
+    /// every Event ([`Events::publish`]).
+    pub(crate) async fn event_about<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        self.events
+            .publish(obj, related, type_, reason, reason, note)
+            .await;
     }
 
     /// Run a builder call off the async threads.
@@ -120,7 +143,7 @@ impl Core {
     /// The error policy of both kinds: log, and retry with the object's backoff.
     pub(super) fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
         let key = object_key(obj);
-        let after = self.backoff.failure(&key);
+        let after = self.backoff.failure(&super::backoff::key(obj));
         tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");
         Action::requeue(after)
     }

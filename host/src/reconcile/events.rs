@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Client, Resource,
     runtime::events::{Event, EventType, Recorder, Reporter},
@@ -90,11 +91,12 @@ impl Events {
         }
     }
 
-    /// Publish an Event on `obj`, if this replica may write now (failures are logged and
-    /// counted, never returned).
+    /// Publish an Event on `obj` (about `related`, when given), if this replica may write now
+    /// (failures are logged and counted, never returned).
     pub async fn publish<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
+        related: Option<ObjectReference>,
         type_: EventType,
         reason: &str,
         action: &str,
@@ -110,7 +112,7 @@ impl Events {
             reason: cap(reason.to_string(), REASON_LIMIT),
             note: Some(cap_note(note)),
             action: cap(action.to_string(), REASON_LIMIT),
-            secondary: None,
+            secondary: related,
         };
         let r = writer::bounded(
             self.leader.write_timeout(),

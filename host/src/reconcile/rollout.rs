@@ -55,6 +55,7 @@ where
                     events
                         .publish(
                             obj.as_ref(),
+                            None,
                             EventType::Normal,
                             "BuilderChanged",
                             "Reconcile",

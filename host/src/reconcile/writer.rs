@@ -1,9 +1,13 @@
 //! The writer: the only code that writes to the API server.
 //!
 //! * Children other than pods (Services, ConfigMaps, StatefulSets, PodDisruptionBudgets) are
-//!   server-side applied with the host's field manager: forced over the version whose ownership
+//!   server-side applied with the host's field manager, forced over the version whose ownership
 //!   was checked (a user's edit of a host-owned field is taken back, an object replaced meanwhile
-//!   is a 409), not forced when creating. They are deleted with a UID precondition.
+//!   is a 409). They are created with a create (an object someone made meanwhile is a 409
+//!   AlreadyExists, never merged into), then applied over that version, and the create's Update
+//!   entry is dropped from managedFields after the apply: the host's fields are owned by its
+//!   Apply entry alone, so a field a builder stops building is removed. They are deleted with a
+//!   UID precondition.
 //! * Pods are created, and deleted with a UID precondition (never a namesake); adoption, release
 //!   and relabelling patch with a resourceVersion precondition.
 //! * Status is written only when it changed, as a merge patch carrying the resourceVersion it was
@@ -14,7 +18,8 @@
 //!   leader election, half the fence's margin): a write still unanswered then is abandoned (the
 //!   connection dropped, counted as `timeout`), so none leaves this process after the Lease could
 //!   have passed to another replica.
-//! * Every write is counted by verb and outcome.
+//! * Every write is counted by verb and outcome (`create` counts pods, `create_child` the
+//!   other children).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -161,7 +166,8 @@ impl Writer {
     /// existing object (one the caller checked is the parent's), `resource_version` is the
     /// version checked: the apply is forced (a user's edit of a host-owned field is taken back)
     /// but fails with a 409 if the object changed since, so it never takes over one that was
-    /// replaced meanwhile. Without it, the object is created and the apply is not forced.
+    /// replaced meanwhile. A host Update entry left in managedFields (by the child's create) is
+    /// dropped after the apply.
     ///
     /// # Errors
     /// The API error.
@@ -189,10 +195,85 @@ impl Writer {
             pp = pp.force();
             object["metadata"]["resourceVersion"] = rv.into();
         }
-        let stored = self
+        let r = self
             .write("apply", api.patch(&name, &pp, &Patch::Apply(&object)))
-            .await?;
-        serde_json::to_value(stored).map_err(kube::Error::SerdeError)
+            .await;
+        let stored = serde_json::to_value(r?).map_err(kube::Error::SerdeError)?;
+        // A create (or an older host) left an Update entry of the host's: drop it, so the Apply
+        // entry alone owns the host's fields and a field no longer built is removed. Best effort:
+        // the object is as built either way, and the next apply tries again.
+        match self.drop_update_entry(&api, &name, &stored).await {
+            Ok(Some(newer)) => Ok(newer),
+            Ok(None) => Ok(stored),
+            Err(e) => {
+                tracing::warn!(%kind, %ns, %name, "dropping the host's Update entry from managedFields: {}", message(&e));
+                Ok(stored)
+            }
+        }
+    }
+
+    /// Create a child that does not exist: a 409 AlreadyExists when its name is taken, so nothing
+    /// is merged into another's object. The caller then applies it over the created version
+    /// ([`Writer::apply_child`]), which hands its fields to the host's Apply entry.
+    ///
+    /// # Errors
+    /// The API error (409 AlreadyExists included).
+    pub async fn create_child(&self, kind: ChildKind, object: &Value) -> Result<Value, kube::Error> {
+        self.fence("create_child")?;
+        let ns = object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
+        let body: DynamicObject = serde_json::from_value(object.clone()).map_err(kube::Error::SerdeError)?;
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let r = self.write("create_child", api.create(&pp, &body)).await;
+        serde_json::to_value(r?).map_err(kube::Error::SerdeError)
+    }
+
+    /// Patch `stored`'s managedFields without the host's Update entry of the object (not of its
+    /// status), with a resourceVersion precondition; `None` when it has none.
+    async fn drop_update_entry(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        stored: &Value,
+    ) -> Result<Option<Value>, kube::Error> {
+        let entries = stored
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let ours = |e: &Value| {
+            e.get("manager").and_then(Value::as_str) == Some(FIELD_MANAGER)
+                && e.get("operation").and_then(Value::as_str) == Some("Update")
+                && e.get("subresource")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .is_empty()
+        };
+        if !entries.iter().any(ours) {
+            return Ok(None);
+        }
+        let mut kept: Vec<Value> = entries.into_iter().filter(|e| !ours(e)).collect();
+        if kept.is_empty() {
+            // One empty entry clears managedFields (an empty list would be ignored).
+            kept.push(json!({}));
+        }
+        self.fence("patch")?;
+        let patch = json!({"metadata": {"resourceVersion": stored.pointer("/metadata/resourceVersion"),
+            "managedFields": kept}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let r = self
+            .write("patch", api.patch(name, &pp, &Patch::Merge(&patch)))
+            .await;
+        Ok(Some(serde_json::to_value(r?).map_err(kube::Error::SerdeError)?))
     }
 
     /// Delete a child, only if it still has `uid`: `true` when deleted now, `false` when it was

@@ -5,11 +5,11 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
-use kube::{Api, ResourceExt};
+use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
 use serde_json::Value;
 use slinky_api::{Controller, NodeSet, keys, owners::controller_ref};
 
-use super::{Pass, claim::Claims, plan, pods::build_pods};
+use super::{Pass, claim::Claims, differing, plan, pods::build_pods};
 use crate::{
     plugins::{Plugin, PodIdentity},
     reconcile::{Error, compare::contains, writer},
@@ -72,7 +72,8 @@ fn owners(refs: &[OwnerReference]) -> Value {
 
 /// Owned pods labelled with another revision scheme (Slinky's `<nodeset>-<hash>`) whose content
 /// equals what the active builder makes for their ordinal get this revision's label instead of
-/// being replaced: switching from Slinky does not roll the fleet.
+/// being replaced: switching from Slinky does not roll the fleet. A pod found to differ is not
+/// built and compared again until it or the NodeSet changes ([`super::differing`]).
 pub(super) async fn relabel_equal_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
@@ -80,9 +81,16 @@ pub(super) async fn relabel_equal_pods(
     owned: &mut [Arc<Pod>],
     plugin: &Plugin,
 ) -> Result<(), Error> {
-    let (ns, core) = (pass.ns, pass.ctx.core.as_ref());
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let core = ctx.core.as_ref();
     let foreign = format!("{}-", ns.name_any());
-    let candidates: Vec<(usize, u32)> = owned
+    let nodesets = &ctx.caches.nodesets;
+    ctx.differing.retain_nodesets(|namespace, name, uid| {
+        nodesets
+            .get(&ObjectRef::<NodeSet>::new(name).within(namespace))
+            .is_some_and(|n| n.uid().as_deref() == Some(uid))
+    });
+    let labelled: Vec<(usize, u32)> = owned
         .iter()
         .enumerate()
         .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
@@ -92,6 +100,22 @@ pub(super) async fn relabel_equal_pods(
                 .is_some_and(|r| r.starts_with(&foreign))
         })
         .filter_map(|(i, p)| ns.pod_ordinal(&p.name_any()).map(|o| (i, o)))
+        .collect();
+    ctx.differing
+        .retain_pods(&pass.uid, labelled.iter().filter_map(|(i, _)| owned[*i].uid()));
+    let inputs = differing::inputs(ns, revision);
+    let version = |p: &Pod| {
+        (
+            p.uid().unwrap_or_default(),
+            p.resource_version().unwrap_or_default(),
+        )
+    };
+    let candidates: Vec<(usize, u32)> = labelled
+        .into_iter()
+        .filter(|(i, _)| {
+            let (uid, rv) = version(&owned[*i]);
+            !ctx.differing.differs(&pass.uid, &uid, &rv, &inputs)
+        })
         .take(plan::BURST)
         .collect();
     if candidates.is_empty() {
@@ -111,14 +135,19 @@ pub(super) async fn relabel_equal_pods(
     for ((i, _), want) in candidates.into_iter().zip(built) {
         let have = &owned[i];
         // Compare with what the server would store of ours (its defaults, its dropped fields).
-        let stored = match core.writer.dry_run_pod(&want).await {
-            Ok(stored) => stored,
+        let (stored, dry_run) = match core.writer.dry_run_pod(&want).await {
+            Ok(stored) => (stored, true),
             Err(e) => {
                 tracing::info!(pod = %have.name_any(), error = %writer::message(&e), "dry run failed; comparing with the built pod");
-                want.clone()
+                (want.clone(), false)
             }
         };
         if !same_pod(have, &stored) {
+            if dry_run {
+                let (uid, rv) = version(have);
+                tracing::debug!(pod = %have.name_any(), rv, "differs from the builder's pod; not compared again until it or the NodeSet changes");
+                ctx.differing.remember(ns, &uid, &rv, &inputs);
+            }
             continue;
         }
         let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);

@@ -24,6 +24,7 @@
 
 mod adoption;
 mod claim;
+mod differing;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod other_children;
@@ -42,13 +43,14 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
+pub(crate) use differing::DifferingPods;
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
 use pods::{create_pods, delete_pods};
 use status::write_status;
 
-use super::{Core, Error, NodeSetContext, object_key, pass::PassState};
+use super::{Core, Error, NodeSetContext, backoff, pass::PassState};
 use crate::{
     plugins::{BuilderKind, Plugin},
     revision::pod_revision,
@@ -98,13 +100,13 @@ impl Pass<'_> {
 async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, Error> {
     let core = ctx.core.as_ref();
     let namespace = ns.namespace().unwrap_or_default();
-    let key = object_key(ns);
     let uid = ns.uid().unwrap_or_default();
     if !core.serves(&namespace) {
         return Ok(Action::await_change());
     }
     if ns.metadata.deletion_timestamp.is_some() {
         ctx.expectations.forget(&uid);
+        ctx.differing.forget(&uid);
         return Ok(Action::await_change());
     }
     // Expectations first, the cache second: when they are satisfied, every event they waited for
@@ -163,10 +165,12 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), synced).await?;
-    if !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed {
-        requeue = core.backoff.failure(&key);
-    } else {
-        core.backoff.success(&key);
+    let failed = !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed;
+    if let Some(after) = core
+        .backoff
+        .record(&backoff::key(ns), backoff::Outcome::of(synced, failed))
+    {
+        requeue = after;
     }
     let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let now = Timestamp::now();

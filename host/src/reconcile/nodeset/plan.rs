@@ -2,12 +2,15 @@
 //! create and delete.
 //!
 //! # Rules
-//! * Ordinals are stable, like a StatefulSet's: a pod on its way out (terminating, or Failed /
-//!   Succeeded and deleted now) is recreated under the same ordinal once it is gone; meanwhile its
-//!   ordinal waits and no other ordinal takes its place. No Slurm node is renamed by a
-//!   replacement, and there are never more live pods than `replicas`.
-//! * Scale up fills the lowest ordinals nobody holds (a pod the NodeSet does not own holding
-//!   `<nodeset>-N` makes N used: see [`super::claim`]).
+//! * Ordinals are stable, like a StatefulSet's: the missing pods are the lowest ordinals that no
+//!   live pod holds (a pod the NodeSet does not own holding `<nodeset>-N` makes N used: see
+//!   [`super::claim`]). Of those, one whose pod is on its way out (terminating, or Failed /
+//!   Succeeded and deleted now) is recreated under the same ordinal once it is gone; meanwhile it
+//!   waits and no other ordinal takes its place. No Slurm node is renamed by a replacement, and
+//!   there are never more live pods than `replicas`.
+//! * A pod on its way out above those ordinals (left by a scale down, stuck terminating on a dead
+//!   node) holds no place: it is not coming back, and the ordinals below it are filled meanwhile.
+//! * Scale up fills the lowest ordinals nobody holds.
 //! * Scale down removes pods in Slinky's `ActivePods` order (unscheduled, pending, not ready,
 //!   lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal, more recently
 //!   ready, newer).
@@ -183,15 +186,20 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         return plan;
     }
     let need = replicas - live.len();
-    plan.waiting = returning.iter().copied().take(need).collect();
-    let fresh = (need - plan.waiting.len()).min(BURST);
+    // The `need` lowest ordinals no live pod and no staying stranger holds are the ones to fill:
+    // free ones are created, those on their way out wait. An ordinal on its way out above them
+    // (left by a scale down, still terminating) holds no slot: it is not coming back.
     let mut next = 0u32;
     let mut skipped = Vec::new();
-    while plan.creates.len() < fresh {
-        if !held.contains(&next) {
+    while plan.creates.len() + plan.waiting.len() < need && plan.creates.len() < BURST {
+        if live_ordinals.contains(&next) {
+            // Live: not a hole.
+        } else if returning.contains(&next) {
+            plan.waiting.push(next);
+        } else if !held.contains(&next) {
             plan.creates.push(next);
             plan.skipped.append(&mut skipped);
-        } else if let Some(b) = inp.blocked.get(&next).filter(|_| !inp.leaving.contains(&next)) {
+        } else if let Some(b) = inp.blocked.get(&next) {
             skipped.push((next, b.clone()));
         }
         next += 1;
@@ -335,6 +343,41 @@ mod tests {
         let p = run(&w, pods);
         assert_eq!(p.waiting, [4]);
         assert_eq!(p.creates, [3]);
+    }
+
+    #[test]
+    fn a_pod_terminating_above_replicas_holds_no_place() {
+        // Scaled 6 → 2 with pod 5 stuck terminating on a dead node; then pod 1 failed.
+        let w = nodeset("w", 2);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).owned().phase("Failed").arc(),
+            pod(&w, 5).owned().terminating().arc(),
+        ];
+        let p = run(&w, pods);
+        assert_eq!(deleted(&p), ["w-1"]);
+        assert_eq!(p.waiting, [1], "pod 1 is waited for, not pod 5");
+        assert!(p.creates.is_empty());
+        // Once pod 1 is gone, it comes back while pod 5 still terminates.
+        let p = run(
+            &w,
+            vec![pod(&w, 0).owned().arc(), pod(&w, 5).owned().terminating().arc()],
+        );
+        assert_eq!(p.creates, [1]);
+        assert!(p.waiting.is_empty());
+        // With a stranger holding 1, the NodeSet's ordinals are 0, 2 and 3: 3 is waited for,
+        // 7 (above them) is not.
+        let w = nodeset("w", 3);
+        let pods = vec![
+            pod(&w, 0).owned().arc(),
+            pod(&w, 1).stranger("ReplicaSet", "web").arc(),
+            pod(&w, 2).owned().arc(),
+            pod(&w, 3).owned().terminating().arc(),
+            pod(&w, 7).owned().terminating().arc(),
+        ];
+        let p = run(&w, pods);
+        assert_eq!(p.waiting, [3]);
+        assert!(p.creates.is_empty() && p.skipped.is_empty(), "{p:?}");
     }
 
     #[test]
