@@ -2,7 +2,8 @@
 //! and fire with a probability or a fixed number of times; faults fire before the request is
 //! served (nothing changes), or after it (the change is made, the client sees an error, like a
 //! timed-out create). Plus added latency, delayed watch delivery, watch delivery held for one
-//! resource until released, closing watch streams and a forced `410 Gone` on the next watches.
+//! resource until released, requests of one verb and resource held until released, closing watch streams (held ones too) and a forced `410 Gone` on the
+//! next watches, or on the next watch of one resource (a relist of that resource alone).
 
 use std::{
     collections::BTreeSet,
@@ -126,7 +127,11 @@ struct State {
     latency: Duration,
     watch_delay: Duration,
     held: BTreeSet<String>,
+    /// `(verb, resource)` of requests held until released.
+    held_requests: BTreeSet<(String, String)>,
     gone_next_watches: u32,
+    /// Resources whose next watch gets `410 Gone`.
+    relists: BTreeSet<String>,
     fired: Vec<(String, String, FaultError)>,
 }
 
@@ -157,7 +162,9 @@ impl Faults {
                 latency: Duration::ZERO,
                 watch_delay: Duration::ZERO,
                 held: BTreeSet::new(),
+                held_requests: BTreeSet::new(),
                 gone_next_watches: 0,
+                relists: BTreeSet::new(),
                 fired: Vec::new(),
             }),
             close_watches: watch::channel(0).0,
@@ -189,7 +196,9 @@ impl Faults {
         s.latency = Duration::ZERO;
         s.watch_delay = Duration::ZERO;
         s.gone_next_watches = 0;
+        s.relists.clear();
         s.held.clear();
+        s.held_requests.clear();
         drop(s);
         self.released.send_modify(|n| *n += 1);
     }
@@ -236,7 +245,36 @@ impl Faults {
         }
     }
 
-    /// Close every open watch stream now.
+    /// Hold every `verb` request (`create`, …) of `resource` (`pods`, `pods/status`) before it is
+    /// served, until [`Faults::release_requests`]: a write in flight for as long as a test
+    /// needs, not a guessed latency.
+    pub fn hold_requests(&self, verb: &str, resource: &str) {
+        self.lock()
+            .held_requests
+            .insert((verb.to_string(), resource.to_string()));
+    }
+
+    /// Serve the held `verb` requests of `resource` and stop holding them.
+    pub fn release_requests(&self, verb: &str, resource: &str) {
+        self.lock()
+            .held_requests
+            .remove(&(verb.to_string(), resource.to_string()));
+        self.released.send_modify(|n| *n += 1);
+    }
+
+    /// Wait while `verb` requests of `resource` are held.
+    pub async fn while_request_held(&self, verb: &str, resource: &str) {
+        let mut rx = self.released.subscribe();
+        let held = |s: &State| s.held_requests.iter().any(|(v, r)| v == verb && r == resource);
+        while held(&self.lock()) {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Close every open watch stream now, held ones too (their held events are never sent, as
+    /// with a broken connection).
     pub fn close_watches(&self) {
         self.close_watches.send_modify(|n| *n += 1);
     }
@@ -251,14 +289,23 @@ impl Faults {
         self.lock().gone_next_watches = n;
     }
 
-    /// Whether this watch must get 410 (consumes one).
-    pub fn take_gone(&self) -> bool {
+    /// Make the clients of `resource` (a plural, `pods`) relist: close every open watch stream
+    /// (held ones too; the others resume where they were) and answer the next watch of
+    /// `resource` with `410 Gone`. Unlike [`Faults::force_gone`], no other resource's watch gets
+    /// the `410`, however the reconnects are ordered.
+    pub fn force_relist(&self, resource: &str) {
+        self.lock().relists.insert(resource.to_string());
+        self.close_watches();
+    }
+
+    /// Whether this watch of `resource` must get 410 (consumes one).
+    pub fn take_gone(&self, resource: &str) -> bool {
         let mut s = self.lock();
         if s.gone_next_watches > 0 {
             s.gone_next_watches -= 1;
             true
         } else {
-            false
+            s.relists.remove(resource)
         }
     }
 
@@ -332,6 +379,17 @@ mod tests {
         assert_ne!(run(7), run(8));
         let hits = run(7).iter().filter(|h| **h).count();
         assert!((30..90).contains(&hits), "{hits} of 200 at p=0.3");
+    }
+
+    #[test]
+    fn a_forced_relist_is_of_its_resource_only() {
+        let f = Faults::new(1);
+        let closer = f.watch_closer();
+        f.force_relist("pods");
+        assert!(closer.has_changed().unwrap_or(false), "the open watches close");
+        assert!(!f.take_gone("services"), "other resources resume where they were");
+        assert!(f.take_gone("pods"));
+        assert!(!f.take_gone("pods"), "one 410");
     }
 
     #[test]

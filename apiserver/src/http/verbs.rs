@@ -148,6 +148,7 @@ pub(super) async fn serve_resource(
         None => rt.plural.clone(),
     };
     let name = target.name.clone().unwrap_or_default();
+    shared.faults.while_request_held(verb.as_str(), &fault_res).await;
     let decision = shared.faults.decide(verb.as_str(), &fault_res);
     if let Some(d) = decision
         && !d.after
