@@ -367,6 +367,55 @@ async fn status_writes_trigger_no_pass_and_a_new_generation_one() -> Result<()> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn observed_generation_waits_for_a_pass_that_synced() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("a held pod watch") else {
+        return Ok(());
+    };
+    let (ns, host) = start_example(&c, "observed", 1).await?;
+    converge_current(&c, &ns, &names(&[0]), false).await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    // The host's pod watch shows nothing from now on: the pods it creates stay awaited.
+    server.faults().hold_watch("pods");
+    let g2 = scale(&c, &ns, 2).await?;
+    eventually(30, || async {
+        let created = pods.get_opt(&format!("{NS_NAME}-1")).await.ok()??;
+        let st = nodesets.get(NS_NAME).await.ok()?.status?;
+        (st.observed_generation == Some(g2)).then_some(created)
+    })
+    .await
+    .context("generation 2's pass did not create pod 1 and say so")?;
+    // A new generation while pod 1's creation is still awaited: the passes it triggers (and the
+    // 500 ms retries) wait on the expectations, sync nothing, and must not claim to have
+    // observed it.
+    let g3 = scale(&c, &ns, 3).await?;
+    eventually(30, || async {
+        let st = nodesets.get(NS_NAME).await.ok()?.status?;
+        (st.desired == 3).then_some(())
+    })
+    .await
+    .context("no pass wrote the status of generation 3")?;
+    for _ in 0..10 {
+        let st = nodesets.get(NS_NAME).await?.status.unwrap_or_default();
+        assert_eq!(
+            st.observed_generation,
+            Some(g2),
+            "a pass that waited on its expectations observed generation {g3}"
+        );
+        ensure!(
+            pods.get_opt(&format!("{NS_NAME}-2")).await?.is_none(),
+            "no pod is created while expectations wait"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.faults().release_watch("pods");
+    converge(&c, &ns, &names(&[0, 1, 2]), g3, false).await?;
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn steady_state_makes_no_writes_and_a_restart_adopts_without_duplicates() -> Result<()> {
     let c = cluster(true).await;
     let (ns, host) = start_example(&c, "steady", 4).await?;
