@@ -564,7 +564,31 @@ fn meta_event<K>(
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn pod(name: &str, owner: &str) -> Result<Pod, serde_json::Error> {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}"),
+            "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "name": "w", "uid": owner, "controller": true}]}}))
+    }
+
+    #[test]
+    fn a_relist_shows_its_pods_to_the_expectations_only_when_it_completes() -> Result<(), serde_json::Error> {
+        let expectations = Expectations::new();
+        let mut observer = PodObserver::default();
+        expectations.expect_creations("ns-uid", ["w-0".to_string()]);
+        expectations.creation_succeeded("ns-uid", "w-0");
+        observer.observe(&expectations, &watcher::Event::Init);
+        observer.observe(&expectations, &watcher::Event::InitApply(pod("w-0", "ns-uid")?));
+        // The store still holds the previous list until the relist completes: a pass that
+        // found its expectations satisfied now would read a cache without w-0.
+        assert!(!expectations.satisfied("ns-uid"), "seen before the store has it");
+        observer.observe(&expectations, &watcher::Event::InitDone);
+        assert!(expectations.satisfied("ns-uid"));
+        Ok(())
+    }
 
     #[test]
     fn status_and_resource_version_are_no_inputs() {
