@@ -183,8 +183,10 @@ async fn refused_creates_and_deletes_are_events_and_a_condition_retried_with_bac
     apply_example(&c, &ns, 0).await?;
     // The resync is 5 minutes: anything retried sooner is retried by the backoff.
     let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
-    inject_fault(server, "create", "pods", FaultError::Invalid, Times::Count(6));
-    scale(&c, &ns, 2).await?;
+    // One pod, refused nine times: nine passes, each waiting about twice as long as the one
+    // before (5 ms doubling to 640 ms, jittered into [d/2, d]).
+    inject_fault(server, "create", "pods", FaultError::Invalid, Times::Count(9));
+    scale(&c, &ns, 1).await?;
     let cond = wait_condition(&c, &ns, conditions::REPLICA_FAILURE, |c| c.status == "True").await?;
     assert_eq!(cond.reason, "FailedCreate");
     ensure!(
@@ -192,8 +194,20 @@ async fn refused_creates_and_deletes_are_events_and_a_condition_retried_with_bac
         "the API's message: {}",
         cond.message
     );
-    converge_current(&c, &ns, &names(&[0, 1]), false).await?;
-    assert_eq!(server.faults().fired().len(), 6, "six refusals, each retried");
+    converge_current(&c, &ns, &names(&[0]), false).await?;
+    assert_eq!(server.faults().fired().len(), 9, "nine refusals, each retried");
+    let at = server.faults().fired_at();
+    let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    // The backoff grows: the last wait is at least 320 ms (640 ms jittered), several times the
+    // first ones (each of which is mostly the pass itself); a constant requeue, or a count
+    // reset between failures, fails this.
+    let first = gaps[..3].iter().max().copied().unwrap_or_default();
+    ensure!(
+        gaps[7] >= Duration::from_millis(300) && gaps[7] > first * 3,
+        "the retries did not back off exponentially: {gaps:?}"
+    );
+    let g = scale(&c, &ns, 2).await?;
+    converge(&c, &ns, &names(&[0, 1]), g, false).await?;
     ensure!(
         events(&c, &ns, NS_NAME)
             .await?

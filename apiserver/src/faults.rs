@@ -133,6 +133,7 @@ struct State {
     /// Resources whose next watch gets `410 Gone`.
     relists: BTreeSet<String>,
     fired: Vec<(String, String, FaultError)>,
+    fired_at: Vec<std::time::Instant>,
 }
 
 /// The fault-injection handle (shared by the server and tests).
@@ -166,6 +167,7 @@ impl Faults {
                 gone_next_watches: 0,
                 relists: BTreeSet::new(),
                 fired: Vec::new(),
+                fired_at: Vec::new(),
             }),
             close_watches: watch::channel(0).0,
             released: watch::channel(0).0,
@@ -309,6 +311,11 @@ impl Faults {
         }
     }
 
+    /// When each fault of [`Faults::fired`] fired (how a test sees a client's retry delays).
+    pub fn fired_at(&self) -> Vec<std::time::Instant> {
+        self.lock().fired_at.clone()
+    }
+
     /// How many faults fired, and which (verb, resource, error), in order.
     pub fn fired(&self) -> Vec<(String, String, FaultError)> {
         self.lock().fired.clone()
@@ -347,6 +354,7 @@ impl Faults {
             };
             if fire {
                 s.fired.push((verb.to_string(), resource.to_string(), rule.error));
+                s.fired_at.push(std::time::Instant::now());
                 return Some(Decision {
                     error: rule.error,
                     after: rule.after,

@@ -11,12 +11,18 @@ use crate::plugins::ChildKind;
 /// `(kind, namespace, name)` of a child.
 pub(crate) type ChildKey = (ChildKind, String, String);
 
-/// What the host last applied to each child: the applied hash, and the resourceVersion the apply
-/// left. While the live object still has that resourceVersion, it is what that apply made.
+/// What the host last applied to each child: the applied hash, the resourceVersion the apply
+/// left, and the fields of the build the API server did not store (a native sidecar's
+/// `restartPolicy` on Kubernetes 1.28). While the live object still has that resourceVersion, it
+/// is what that apply made; after another writer's change (a StatefulSet's status), lacking only
+/// those fields is still no reason to apply.
 #[derive(Debug, Default)]
 pub struct AppliedVersions {
-    versions: Mutex<HashMap<ChildKey, (String, String)>>,
+    versions: Mutex<HashMap<ChildKey, Applied>>,
 }
+
+/// One child's last apply: the applied hash, the resourceVersion it left, the fields dropped.
+type Applied = (String, String, Vec<String>);
 
 impl AppliedVersions {
     /// Whether the child `key` was last applied as `hash` and left `resource_version`.
@@ -25,16 +31,32 @@ impl AppliedVersions {
             .lock()
             .map(|m| {
                 m.get(key)
-                    .is_some_and(|(h, rv)| h == hash && rv == resource_version)
+                    .is_some_and(|(h, rv, _)| h == hash && rv == resource_version)
             })
             .unwrap_or(false)
     }
 
-    /// Remember that applying `hash` to `key` left `resource_version`.
-    pub(crate) fn set(&self, key: ChildKey, hash: String, resource_version: String) {
+    /// Remember that applying `hash` to `key` left `resource_version`, without the fields
+    /// `dropped` (paths, as [`super::compare::differences`] names them).
+    pub(crate) fn set(&self, key: ChildKey, hash: String, resource_version: String, dropped: Vec<String>) {
         if let Ok(mut m) = self.versions.lock() {
-            m.insert(key, (hash, resource_version));
+            m.insert(key, (hash, resource_version, dropped));
         }
+    }
+
+    /// Whether `missing` (the fields of `hash`'s build the live object lacks) are all fields the
+    /// API server dropped when `hash` was applied to `key`.
+    pub(crate) fn only_dropped(&self, key: &ChildKey, hash: &str, missing: &[String]) -> bool {
+        !missing.is_empty()
+            && self
+                .versions
+                .lock()
+                .map(|m| {
+                    m.get(key).is_some_and(|(h, _, dropped)| {
+                        h == hash && missing.iter().all(|p| dropped.contains(p))
+                    })
+                })
+                .unwrap_or(false)
     }
 
     /// Forget `key` (deleted).

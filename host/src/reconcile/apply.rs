@@ -162,6 +162,57 @@ pub struct ChildSync<'a, P: kube::Resource<DynamicType = ()>> {
     sharers: BTreeSet<String>,
     /// `(reason, message)` of each refused write and ownership problem.
     pub failures: Vec<(&'static str, String)>,
+    /// The messages of this pass's once-only problems (announced by one Event each).
+    standing: BTreeSet<String>,
+    /// The child the pass is at (the `related` object of its Events).
+    about: Option<k8s_openapi::api::core::v1::ObjectReference>,
+}
+
+/// A reference to a child, for Events.
+fn child_ref(kind: ChildKind, ns: &str, name: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+    let ar = kind.api_resource();
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(ar.api_version),
+        kind: Some(ar.kind),
+        namespace: Some(ns.to_string()),
+        name: Some(name.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The once-only problems of each parent (`NotOwned`, `NotBuilt`, `ImmutableFieldChanged`) that
+/// were announced by an Event, by parent UID: each is announced once while it stands, however
+/// many children fail at once (the condition names only the first), and again if it recurs.
+#[derive(Debug, Default)]
+pub struct Announced(std::sync::Mutex<std::collections::HashMap<String, BTreeSet<String>>>);
+
+impl Announced {
+    fn with<R>(&self, f: impl FnOnce(&mut std::collections::HashMap<String, BTreeSet<String>>) -> R) -> R {
+        match self.0.lock() {
+            Ok(mut g) => f(&mut g),
+            Err(p) => f(&mut p.into_inner()),
+        }
+    }
+
+    /// Whether `message` of `parent` is new (and remember it).
+    fn first(&self, parent: &str, message: &str) -> bool {
+        self.with(|m| {
+            m.entry(parent.to_string())
+                .or_default()
+                .insert(message.to_string())
+        })
+    }
+
+    /// Keep only the problems of `parent` that still stand.
+    fn keep_only(&self, parent: &str, standing: BTreeSet<String>) {
+        self.with(|m| {
+            if standing.is_empty() {
+                m.remove(parent);
+            } else {
+                m.insert(parent.to_string(), standing);
+            }
+        });
+    }
 }
 
 impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
@@ -183,17 +234,39 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
             current,
             sharers,
             failures: Vec::new(),
+            standing: BTreeSet::new(),
+            about: None,
         }
     }
 
-    /// A refused write (an Event each time) or an ownership problem (an Event once).
+    /// The pass is over: its failures, for the parent's condition. Once-only problems that no
+    /// longer stand are forgotten, so one that recurs is announced again.
+    pub fn finish(&mut self) -> Vec<(&'static str, String)> {
+        self.core
+            .announced
+            .keep_only(&self.parent_uid(), std::mem::take(&mut self.standing));
+        std::mem::take(&mut self.failures)
+    }
+
+    /// A refused write (an Event each time) or an ownership problem (an Event once while it
+    /// stands: not again on later passes, whether or not the condition names it).
     async fn failed(&mut self, reason: &'static str, message: String, once: bool) {
-        let known =
-            ConditionChanges::already_true(self.current, slinky_api::conditions::CHILD_FAILURE, &message);
-        if !once || !known {
+        let known = once && {
+            self.standing.insert(message.clone());
+            let in_condition =
+                ConditionChanges::already_true(self.current, slinky_api::conditions::CHILD_FAILURE, &message);
+            !self.core.announced.first(&self.parent_uid(), &message) || in_condition
+        };
+        if !known {
             tracing::warn!(reason, "{message}");
             self.core
-                .event(self.parent, EventType::Warning, reason, message.clone())
+                .event_about(
+                    self.parent,
+                    self.about.clone(),
+                    EventType::Warning,
+                    reason,
+                    message.clone(),
+                )
                 .await;
         }
         self.failures.push((reason, message));
@@ -238,6 +311,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
             }
         }
         let key: ChildKey = (kind, ns.clone(), name.clone());
+        self.about = Some(child_ref(kind, &ns, &name));
         let what = child.describe();
         let mut fresh = false;
         for attempt in 0..3 {
@@ -260,7 +334,10 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     let up_to_date = self.applied.matches(&key, &hash, &rv)
                         || (field(l, "/metadata/annotations/slinky.slurm.net~1applied-hash")
                             == Some(hash.as_str())
-                            && contains(l, &desired));
+                            && (contains(l, &desired)
+                                || self
+                                    .applied
+                                    .only_dropped(&key, &hash, &differences(l, &desired, 10))));
                     if up_to_date {
                         return Ok(true);
                     }
@@ -317,13 +394,19 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     let rv = field(&stored, "/metadata/resourceVersion")
                         .unwrap_or_default()
                         .to_string();
-                    self.applied.set(key, hash, rv);
                     let paths = differences(&stored, &desired, 10);
+                    self.applied.set(key, hash, rv, paths.clone());
                     if !paths.is_empty() {
                         let note = dropped_note(&what, &paths);
                         tracing::warn!("{note}");
                         self.core
-                            .event(self.parent, EventType::Warning, "FieldsDropped", note)
+                            .event_about(
+                                self.parent,
+                                self.about.clone(),
+                                EventType::Warning,
+                                "FieldsDropped",
+                                note,
+                            )
                             .await;
                     }
                     return Ok(true);
@@ -351,8 +434,9 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
             Ok(_) => {
                 self.applied.forget(key);
                 self.core
-                    .event(
+                    .event_about(
                         self.parent,
+                        self.about.clone(),
                         EventType::Normal,
                         "Recreating",
                         format!(
@@ -396,6 +480,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                 .collect();
             for o in stale {
                 let name = field(&o, "/metadata/name").unwrap_or_default().to_string();
+                self.about = Some(child_ref(kind, &ns, &name));
                 let what = format!("{kind} {name}");
                 if kept.contains(&kind) {
                     let msg = format!(
@@ -419,8 +504,9 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                         self.applied.forget(&key);
                         if deleted {
                             self.core
-                                .event(
+                                .event_about(
                                     self.parent,
+                                    self.about.clone(),
                                     EventType::Normal,
                                     "SuccessfulDelete",
                                     format!("Deleted {what}: the host no longer builds it"),

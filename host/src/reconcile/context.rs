@@ -40,6 +40,8 @@ pub struct Core {
     pub leader: Leadership,
     /// Per-object retry backoff after failed writes and errors.
     pub backoff: Backoff,
+    /// The once-only child problems announced by an Event, per parent.
+    pub announced: super::apply::Announced,
     /// The period of the resync requeue of healthy objects.
     pub resync: Duration,
     /// Whether a StatefulSet whose immutable fields changed is deleted and recreated (opt-in), or
@@ -87,12 +89,26 @@ impl Core {
         reason: &str,
         note: String,
     ) {
+        self.event_about(obj, None, type_, reason, note).await;
+    }
+
+    /// Publish an Event on `obj` about `related` (a child): Events of one reason about two
+    /// children are two Events, each with its own note (the recorder aggregates Events by
+    /// regarding, related, reason and action, keeping the first note).
+    pub(crate) async fn event_about<K: kube::Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
             action: reason.into(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(error) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
             tracing::warn!(%error, reason, "cannot publish an Event");
@@ -135,7 +151,7 @@ impl Core {
     /// The error policy of both kinds: log, and retry with the object's backoff.
     pub(super) fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
         let key = object_key(obj);
-        let after = self.backoff.failure(&key);
+        let after = self.backoff.failure(&super::backoff::key(obj));
         tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");
         Action::requeue(after)
     }

@@ -33,7 +33,7 @@ use slinky_api::{Controller, ControllerStatus, checks, conditions, contract::Mis
 use super::{
     ControllerContext, Error,
     apply::{ChildSync, keys_of},
-    object_key,
+    backoff,
     pass::{PassState, first_of},
     status::ConditionChanges,
     time_plugin_call,
@@ -242,9 +242,8 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
             sync.prune(&CHILD_KINDS, &keys_of(&desired), kept).await;
         }
     }
-    let failures = std::mem::take(&mut sync.failures);
+    let failures = sync.finish();
 
-    let key = object_key(c);
     let retry = !failures.is_empty()
         || pass.missing.is_some()
         || pass
@@ -253,12 +252,10 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
             .as_ref()
             .is_some_and(|(t, _)| *t == conditions::BUILDER_FAILED);
     write_status(&mut pass, &failures, &applied).await?;
-    let requeue = if retry {
-        core.backoff.failure(&key)
-    } else {
-        core.backoff.success(&key);
-        core.resync
-    };
+    let requeue = core
+        .backoff
+        .record(&backoff::key(c), backoff::Outcome::of(true, retry))
+        .unwrap_or(core.resync);
     Ok(Action::requeue(requeue))
 }
 

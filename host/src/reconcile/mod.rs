@@ -19,6 +19,7 @@ mod nodeset;
 mod parents;
 mod pass;
 pub mod rollout;
+pub mod secrets;
 pub mod status;
 pub mod watch;
 pub mod writer;
@@ -128,6 +129,9 @@ pub struct RunConfig {
     /// Off by default: the difference is reported (a `ChildFailure` condition and an Event naming
     /// the field) and slurmctld keeps running on the StatefulSet it has.
     pub recreate_statefulsets: bool,
+    /// How often the key Secrets Controllers reference are re-read to follow a rotation
+    /// (default [`secrets::DEFAULT_INTERVAL`]; the host never lists or watches Secrets).
+    pub secret_poll: Option<Duration>,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.
@@ -291,7 +295,13 @@ pub fn start(
         _ => None,
     };
     let allowed = Arc::new(config.namespaces.clone());
-    let watches = watch::start(&client, &one_namespace, allowed.clone(), expectations.clone());
+    let watches = watch::start(
+        &client,
+        &one_namespace,
+        allowed.clone(),
+        expectations.clone(),
+        config.secret_poll.unwrap_or(secrets::DEFAULT_INTERVAL),
+    );
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -329,6 +339,7 @@ pub fn start(
         namespaces: allowed,
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
+        announced: apply::Announced::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
     });

@@ -18,17 +18,20 @@ pub(super) fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> V
         .collect()
 }
 
-/// The NodeSets of namespace `ns` that reference the Controller `controller` (of any namespace)
+/// The NodeSets of namespace `ns` that reference the Controller `controller` of namespace
+/// `controller_ns` (of any namespace when `None`: a stranger holding a shared name does not say)
 /// and share its workers' objects in `ns`.
 pub(super) fn nodesets_sharing(
     store: &Store<NodeSet>,
     ns: &str,
+    controller_ns: Option<&str>,
     controller: &str,
 ) -> Vec<ObjectRef<NodeSet>> {
     store
         .state()
         .iter()
         .filter(|n| n.namespace().as_deref() == Some(ns) && n.spec.controller_ref.name == controller)
+        .filter(|n| controller_ns.is_none_or(|c| n.controller_namespace() == c))
         .map(|n| ObjectRef::from_obj(n.as_ref()))
         .collect()
 }
@@ -65,7 +68,7 @@ pub(super) fn child_parents(
             .strip_prefix(WORKER_SUBDOMAIN_PREFIX)
             .map(|rest| rest.strip_prefix("pdb-").unwrap_or(rest));
         if let Some(c) = shared {
-            sets.extend(nodesets_sharing(nodesets, &ns, c));
+            sets.extend(nodesets_sharing(nodesets, &ns, None, c));
         }
         if let Some(n) = name.strip_suffix("-ssh-config") {
             sets.push(ObjectRef::new(n).within(&ns));

@@ -450,7 +450,12 @@ fn nodeset_task(
                 ObjectRef::<Controller>::new(&n.spec.controller_ref.name).within(n.controller_namespace());
             t.controller(controller);
             let itself = ObjectRef::from_obj(n);
-            for sibling in nodesets_sharing(&t.nodesets, &ns, &n.spec.controller_ref.name) {
+            for sibling in nodesets_sharing(
+                &t.nodesets,
+                &ns,
+                Some(n.controller_namespace()),
+                &n.spec.controller_ref.name,
+            ) {
                 if sibling != itself {
                     t.nodeset(sibling);
                 }
@@ -487,6 +492,7 @@ pub fn start(
     namespace: &Option<String>,
     allowed: Arc<Vec<String>>,
     expectations: Arc<Expectations>,
+    secret_poll: std::time::Duration,
 ) -> Watches {
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (services, svc_writer) = reflector::store::<Service>();
@@ -526,9 +532,26 @@ pub fn start(
     );
     let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
     let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
+    // Key Secrets are polled by name, not watched (see `secrets`).
+    let secret_task = super::secrets::poll(
+        client.clone(),
+        controllers.clone(),
+        t.controller_tx.clone(),
+        allowed.clone(),
+        secret_poll,
+    );
     let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
     let task = async move {
-        tokio::join!(pod_task, svc_task, cm_task, sts_task, pdb_task, ctl_task, ns_task);
+        tokio::join!(
+            pod_task,
+            svc_task,
+            cm_task,
+            sts_task,
+            pdb_task,
+            ctl_task,
+            ns_task,
+            secret_task
+        );
     };
     Watches {
         caches: Caches {

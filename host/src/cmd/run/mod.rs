@@ -76,6 +76,11 @@ pub struct RunArgs {
     /// difference is reported as `ImmutableFieldChanged` and slurmctld keeps its StatefulSet.
     #[arg(long, env = "SLINKY_HOST_RECREATE_STATEFULSETS")]
     pub recreate_statefulsets: bool,
+    /// How often the key Secrets Controllers reference (`slurmKeyRef`, `jwtKeyRef`) are re-read,
+    /// in seconds: a rotated key reaches slurmctld's StatefulSet within about this long. The host
+    /// reads Secrets by name only (RBAC `get`), never lists or watches them.
+    #[arg(long, env = "SLINKY_HOST_SECRET_POLL_SECONDS", default_value_t = 15)]
+    pub secret_poll_seconds: u64,
     /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
     /// take over within the lease duration. On in the deployed manifests.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECT")]
@@ -162,6 +167,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         leadership,
         resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
         recreate_statefulsets: args.recreate_statefulsets,
+        secret_poll: Some(Duration::from_secs(args.secret_poll_seconds.max(1))),
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());

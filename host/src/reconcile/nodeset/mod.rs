@@ -51,7 +51,7 @@ use plan::{Inputs, is_available, plan};
 use pods::{create_pods, delete_pods};
 use status::{Reached, write_status};
 
-use super::{Core, Error, NodeSetContext, object_key, pass::PassState};
+use super::{Core, Error, NodeSetContext, backoff, pass::PassState};
 use crate::{
     plugins::{BuilderKind, Plugin},
     revision::pod_revision,
@@ -101,7 +101,6 @@ impl Pass<'_> {
 async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, Error> {
     let core = ctx.core.as_ref();
     let namespace = ns.namespace().unwrap_or_default();
-    let key = object_key(ns);
     let uid = ns.uid().unwrap_or_default();
     if !core.serves(&namespace) {
         return Ok(Action::await_change());
@@ -167,10 +166,13 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), reached).await?;
-    if !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed {
-        requeue = core.backoff.failure(&key);
-    } else {
-        core.backoff.success(&key);
+    let failed = !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed;
+    let synced = reached == Reached::Synced;
+    if let Some(after) = core
+        .backoff
+        .record(&backoff::key(ns), backoff::Outcome::of(synced, failed))
+    {
+        requeue = after;
     }
     let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let now = Timestamp::now();

@@ -48,17 +48,12 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
             return Ok(());
         }
     };
-    let namespace = ns.namespace().unwrap_or_default();
     let sharing: Vec<Arc<NodeSet>> = ctx
         .caches
         .nodesets
         .state()
         .into_iter()
-        .filter(|n| {
-            n.namespace().as_deref() == Some(namespace.as_str())
-                && n.spec.controller_ref.name == ns.spec.controller_ref.name
-                && n.metadata.deletion_timestamp.is_none()
-        })
+        .filter(|n| shares_with(n, ns) && n.metadata.deletion_timestamp.is_none())
         .collect();
     // This NodeSet is a sharer even before the cache shows it (or after a recreate).
     let mut sharers: Vec<&NodeSet> = sharing
@@ -84,7 +79,51 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         .cloned()
         .collect();
     sync.prune(&CHILD_KINDS, &keys_of(&own), &[]).await;
-    pass.child_failures = std::mem::take(&mut sync.failures);
+    pass.child_failures = sync.finish();
     pass.children_synced = true;
     Ok(())
+}
+
+/// Whether two NodeSets share their Controller's workers' objects: the same namespace and the
+/// same Controller, its namespace included (two Controllers of one name in two namespaces are
+/// two clusters).
+pub(crate) fn shares_with(a: &NodeSet, b: &NodeSet) -> bool {
+    a.namespace() == b.namespace()
+        && a.spec.controller_ref.name == b.spec.controller_ref.name
+        && a.controller_namespace() == b.controller_namespace()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharing_needs_the_same_controller_namespace_and_name() {
+        let nodeset = |ns: &str, ctl_ns: Option<&str>, ctl: &str| -> NodeSet {
+            let mut n: NodeSet = serde_json::from_value(serde_json::json!({
+                "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "metadata": {"name": "w", "namespace": ns},
+                "spec": {"controllerRef": {"name": ctl}, "replicas": 1}
+            }))
+            .unwrap_or_else(|e| panic!("{e}"));
+            n.spec.controller_ref.namespace = ctl_ns.map(str::to_string);
+            n
+        };
+        let a = nodeset("workers", Some("slurm-a"), "slurm");
+        assert!(shares_with(&a, &nodeset("workers", Some("slurm-a"), "slurm")));
+        assert!(
+            !shares_with(&a, &nodeset("workers", Some("slurm-b"), "slurm")),
+            "another cluster"
+        );
+        assert!(
+            !shares_with(&a, &nodeset("workers", None, "slurm")),
+            "the Controller of `workers`"
+        );
+        assert!(!shares_with(&a, &nodeset("other", Some("slurm-a"), "slurm")));
+        assert!(!shares_with(&a, &nodeset("workers", Some("slurm-a"), "other")));
+        assert!(shares_with(
+            &nodeset("slurm-a", None, "slurm"),
+            &nodeset("slurm-a", Some("slurm-a"), "slurm")
+        ));
+    }
 }
