@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams},
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
 use slinky_api::{Controller, NodeSet};
@@ -220,18 +220,30 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
 /// Set condition `SiteCheck` on the example NodeSet's status as another controller would: read,
 /// modify, write with the resourceVersion read, again on 409.
 async fn set_other_condition(api: &Api<NodeSet>, message: &str) -> Result<()> {
+    let dynamic = Api::<DynamicObject>::namespaced_with(
+        api.clone().into_client(),
+        api.namespace().unwrap_or_default(),
+        &ApiResource::erase::<NodeSet>(&()),
+    );
+    set_condition_of(&dynamic, NS_NAME, message).await
+}
+
+/// Set condition `SiteCheck` on the status of `name` as another controller would: read, modify,
+/// write with the resourceVersion read, again on 409 (the object's other conditions are kept).
+async fn set_condition_of(api: &Api<DynamicObject>, name: &str, message: &str) -> Result<()> {
     for _ in 0..100 {
-        let obj = api.get_status(NS_NAME).await?;
-        let mut conds = obj.status.clone().map(|s| s.conditions).unwrap_or_default();
-        conds.retain(|c| c.type_ != "SiteCheck");
-        conds.push(serde_json::from_value(
-            json!({"type": "SiteCheck", "status": "True",
-            "reason": "Checked", "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}),
-        )?);
+        let obj = api.get_status(name).await?;
+        let mut conds = obj.data["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conds.retain(|c| c["type"] != "SiteCheck");
+        conds.push(json!({"type": "SiteCheck", "status": "True",
+            "reason": "Checked", "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}));
         let patch = json!({"metadata": {"resourceVersion": obj.resource_version()},
             "status": {"conditions": conds}});
         match api
-            .patch_status(NS_NAME, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => return Ok(()),
@@ -240,6 +252,175 @@ async fn set_other_condition(api: &Api<NodeSet>, message: &str) -> Result<()> {
         }
     }
     bail!("could not set the SiteCheck condition in 100 attempts")
+}
+
+/// Passes of `kind` (`nodeset`, `controller`) the host ran, whatever their result.
+fn passes(host: &Host, kind: &str) -> u64 {
+    host.handles
+        .metrics
+        .snapshot()
+        .iter()
+        .filter(|((k, _), _)| k == kind)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Wait until the host has run no pass for a second (30 s at most); then the NodeSet and the
+/// Controller pass counts.
+async fn quiet(host: &Host) -> Result<(u64, u64)> {
+    let count = || (passes(host, "nodeset"), passes(host, "controller"));
+    let mut last = count();
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = count();
+        if now == last {
+            return Ok(now);
+        }
+        last = now;
+    }
+    bail!("the host kept reconciling: {last:?} passes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_writes_trigger_no_pass_and_a_new_generation_one() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("triggers").await;
+    apply_example(&c, &ns, 2).await?;
+    // No resync within the test: every pass counted was triggered by a watch event.
+    let host = Host::start_resync(&c, &ns, Duration::from_secs(3600))?;
+    converge_current(&c, &ns, &names(&[0, 1]), c.server.is_some()).await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let controllers = Api::<Controller>::namespaced(c.client.clone(), &ns);
+    let controller_status =
+        Api::<DynamicObject>::namespaced_with(c.client.clone(), &ns, &ApiResource::erase::<Controller>(&()));
+    let start = quiet(&host).await?;
+
+    // Another controller writes both parents' status: nothing a pass reads changed.
+    for i in 0..3 {
+        set_other_condition(&nodesets, &format!("NodeSet status {i}")).await?;
+        set_condition_of(&controller_status, "slurm", &format!("Controller status {i}")).await?;
+    }
+    let after_status = quiet(&host).await?;
+    assert_eq!(
+        after_status, start,
+        "(NodeSet, Controller) passes: status-only updates trigger none"
+    );
+
+    // A new NodeSet generation that changes no pod and no slurm.conf line: one pass of the
+    // NodeSet (whose own status write, observedGeneration, triggers no second one) and one of its
+    // Controller (slurm.conf lists its NodeSets).
+    let g = nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"revisionHistoryLimit": 7}})),
+        )
+        .await?
+        .metadata
+        .generation;
+    eventually(30, || async {
+        let st = nodesets.get(NS_NAME).await.ok()?.status?;
+        (st.observed_generation == g).then_some(())
+    })
+    .await
+    .context("the new generation was never observed")?;
+    let after_spec = quiet(&host).await?;
+    assert_eq!(
+        (after_spec.0 - after_status.0, after_spec.1 - after_status.1),
+        (1, 1),
+        "(NodeSet, Controller) passes for a new NodeSet generation"
+    );
+
+    // A new Controller generation (a slurm.conf line): its NodeSets pass once; the Controller's
+    // own status write (observedGeneration) triggers neither it nor them again.
+    let cg = controllers
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"extraConf": "SchedulerParameters=triggers"}})),
+        )
+        .await?
+        .metadata
+        .generation;
+    eventually(30, || async {
+        let st = controllers.get("slurm").await.ok()?.status?;
+        (st.observed_generation == cg).then_some(())
+    })
+    .await
+    .context("the new Controller generation was never observed")?;
+    let after_controller = quiet(&host).await?;
+    assert_eq!(
+        after_controller.0 - after_spec.0,
+        1,
+        "NodeSet passes for a new Controller generation"
+    );
+    ensure!(after_controller.1 > after_spec.1, "the Controller passed");
+
+    // The NodeSet's labels reach its pods and children: a pass (at least one; the children
+    // it re-applies trigger it again, as child events must).
+    nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"site": "a"}}})),
+        )
+        .await?;
+    let after_labels = quiet(&host).await?;
+    ensure!(
+        after_labels.0 > after_controller.0,
+        "a label change triggers the NodeSet"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn observed_generation_waits_for_a_pass_that_synced() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("a held pod watch") else {
+        return Ok(());
+    };
+    let (ns, host) = start_example(&c, "observed", 1).await?;
+    converge_current(&c, &ns, &names(&[0]), false).await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    // The host's pod watch shows nothing from now on: the pods it creates stay awaited.
+    server.faults().hold_watch("pods");
+    let g2 = scale(&c, &ns, 2).await?;
+    eventually(30, || async {
+        let created = pods.get_opt(&format!("{NS_NAME}-1")).await.ok()??;
+        let st = nodesets.get(NS_NAME).await.ok()?.status?;
+        (st.observed_generation == Some(g2)).then_some(created)
+    })
+    .await
+    .context("generation 2's pass did not create pod 1 and say so")?;
+    // A new generation while pod 1's creation is still awaited: the passes it triggers (and the
+    // 500 ms retries) wait on the expectations, sync nothing, and must not claim to have
+    // observed it.
+    let g3 = scale(&c, &ns, 3).await?;
+    eventually(30, || async {
+        let st = nodesets.get(NS_NAME).await.ok()?.status?;
+        (st.desired == 3).then_some(())
+    })
+    .await
+    .context("no pass wrote the status of generation 3")?;
+    for _ in 0..10 {
+        let st = nodesets.get(NS_NAME).await?.status.unwrap_or_default();
+        assert_eq!(
+            st.observed_generation,
+            Some(g2),
+            "a pass that waited on its expectations observed generation {g3}"
+        );
+        ensure!(
+            pods.get_opt(&format!("{NS_NAME}-2")).await?.is_none(),
+            "no pod is created while expectations wait"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.faults().release_watch("pods");
+    converge(&c, &ns, &names(&[0, 1, 2]), g3, false).await?;
+    host.stop().await;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

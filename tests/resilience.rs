@@ -446,14 +446,70 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     };
     let (ns, host) = start_example(&c, "relist", 0).await?;
     host.wait_ready().await?;
-    server.faults().set_latency(Duration::from_millis(10));
-    let g = scale(&c, &ns, 40).await?;
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        server.faults().force_gone(4);
-        server.faults().close_watches();
+    let pending = || host.handles.expectations.total_pending();
+    let count = || async { Ok::<_, anyhow::Error>(pod_names(&c, &ns).await?.len()) };
+    // From here on the host's pod watch shows it nothing: only relists show it the pods it
+    // created. Each scale creates a batch the host cannot see; the next scale then waits on
+    // its expectations until a relist shows that batch, and creates only the new ordinals.
+    server.faults().hold_watch("pods");
+    let mut had = 0;
+    for n in [10, 20, 30] {
+        scale(&c, &ns, n).await?;
+        if had > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            ensure!(
+                count().await? == had && pending() == 10,
+                "the unseen batch holds the next one back"
+            );
+            server.faults().force_relist("pods");
+        }
+        eventually(30, || async {
+            (count().await.ok()? == n as usize && pending() == 10).then_some(())
+        })
+        .await
+        .with_context(|| format!("pods {had}..{n} were not created after a relist showed the others"))?;
+        had = n as usize;
     }
-    server.faults().set_latency(Duration::ZERO);
+    server.faults().force_relist("pods");
+    eventually(30, || async { (pending() == 0).then_some(()) })
+        .await
+        .context("the relist showed the batch")?;
+
+    // A relist while creates are in flight (held by the API server): its list cannot show the
+    // pods they make, so their expectations stay raised until the watch shows them. (Released,
+    // the next pass would create them again: 409 AlreadyExists.) A stranger pod made meanwhile
+    // tells when the host's cache holds the relist.
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let marker: Pod = serde_json::from_value(json!({"metadata": {"name": "marker"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}}))?;
+    pods.create(&PostParams::default(), &marker).await?;
+    server.faults().hold_requests("create", "pods");
+    let g = scale(&c, &ns, 40).await?;
+    eventually(30, || async { (pending() == 10).then_some(()) })
+        .await
+        .context("the pass did not raise its expectations")?;
+    server.faults().force_relist("pods");
+    let marker_ref = kube::runtime::reflector::ObjectRef::<Pod>::new("marker").within(&ns);
+    eventually(30, || async { host.handles.pods.get(&marker_ref).map(|_| ()) })
+        .await
+        .context("the relist never reached the host's cache")?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ensure!(
+        pending() == 10,
+        "creations in flight during the relist are still awaited ({} are)",
+        pending()
+    );
+    server.faults().release_requests("create", "pods");
+    pods.delete("marker", &DeleteParams::default().grace_period(0))
+        .await?;
+    eventually(30, || async {
+        (count().await.ok()? == 40 && host.handles.writes.ok("create") == 40).then_some(())
+    })
+    .await
+    .context("pods 30..40 were not created")?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(pending() > 0, "their watch events are still held");
+    server.faults().release_watch("pods");
     let all: Vec<u32> = (0..40).collect();
     converge(&c, &ns, &names(&all), g, false).await?;
     let writes = host.handles.writes.snapshot();
@@ -482,7 +538,7 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
         "its creation is awaited"
     );
     server.faults().clear();
-    server.faults().force_gone(1);
+    server.faults().force_relist("pods");
     let all: Vec<u32> = (0..41).collect();
     converge(&c, &ns, &names(&all), g, false).await?;
     assert_eq!(host.handles.expectations.total_pending(), 0);

@@ -3,7 +3,8 @@
 //! served (nothing changes), or after it (the change is made, the client sees an error, like a
 //! timed-out create). Plus added latency, delayed watch delivery, watch delivery held for one
 //! resource until released, requests of one verb and resource held before they are served until
-//! released, closing watch streams and a forced `410 Gone` on the next watches.
+//! released, closing watch streams (held ones too) and a forced `410 Gone` on the next watches,
+//! or on the next watch of one resource (a relist of that resource alone).
 
 use std::{
     collections::BTreeSet,
@@ -132,6 +133,8 @@ struct State {
     /// How many requests wait in a hold now.
     waiting: usize,
     gone_next_watches: u32,
+    /// Resources whose next watch gets `410 Gone`.
+    relists: BTreeSet<String>,
     fired: Vec<(String, String, FaultError)>,
     fired_at: Vec<std::time::Instant>,
 }
@@ -166,6 +169,7 @@ impl Faults {
                 held_requests: BTreeSet::new(),
                 waiting: 0,
                 gone_next_watches: 0,
+                relists: BTreeSet::new(),
                 fired: Vec::new(),
                 fired_at: Vec::new(),
             }),
@@ -198,6 +202,7 @@ impl Faults {
         s.latency = Duration::ZERO;
         s.watch_delay = Duration::ZERO;
         s.gone_next_watches = 0;
+        s.relists.clear();
         s.held.clear();
         s.held_requests.clear();
         drop(s);
@@ -293,7 +298,8 @@ impl Faults {
         }
     }
 
-    /// Close every open watch stream now.
+    /// Close every open watch stream now, held ones too (their held events are never sent, as
+    /// with a broken connection).
     pub fn close_watches(&self) {
         self.close_watches.send_modify(|n| *n += 1);
     }
@@ -308,14 +314,23 @@ impl Faults {
         self.lock().gone_next_watches = n;
     }
 
-    /// Whether this watch must get 410 (consumes one).
-    pub fn take_gone(&self) -> bool {
+    /// Make the clients of `resource` (a plural, `pods`) relist: close every open watch stream
+    /// (held ones too; the others resume where they were) and answer the next watch of
+    /// `resource` with `410 Gone`. Unlike [`Faults::force_gone`], no other resource's watch gets
+    /// the `410`, however the reconnects are ordered.
+    pub fn force_relist(&self, resource: &str) {
+        self.lock().relists.insert(resource.to_string());
+        self.close_watches();
+    }
+
+    /// Whether this watch of `resource` must get 410 (consumes one).
+    pub fn take_gone(&self, resource: &str) -> bool {
         let mut s = self.lock();
         if s.gone_next_watches > 0 {
             s.gone_next_watches -= 1;
             true
         } else {
-            false
+            s.relists.remove(resource)
         }
     }
 
@@ -395,6 +410,17 @@ mod tests {
         assert_ne!(run(7), run(8));
         let hits = run(7).iter().filter(|h| **h).count();
         assert!((30..90).contains(&hits), "{hits} of 200 at p=0.3");
+    }
+
+    #[test]
+    fn a_forced_relist_is_of_its_resource_only() {
+        let f = Faults::new(1);
+        let closer = f.watch_closer();
+        f.force_relist("pods");
+        assert!(closer.has_changed().unwrap_or(false), "the open watches close");
+        assert!(!f.take_gone("services"), "other resources resume where they were");
+        assert!(f.take_gone("pods"));
+        assert!(!f.take_gone("pods"), "one 410");
     }
 
     #[test]

@@ -1,9 +1,13 @@
 //! Scale one NodeSet 0 → 1,000 pods on the embedded API server (in this process, with simulated
-//! pod readiness), then the same with 10,000 unrelated pods in the caches. (The API server alone:
+//! pod readiness), then the same with 10,000 unrelated pods in the caches; after each, the steady
+//! state: API writes and passes per object per resync. (The API server alone:
 //! `cargo bench -p slinky-apiserver --bench throughput`.)
 //!
 //! `cargo bench -p slinky-host --bench scale` (prints figures; no assertions). RSS figures are for
 //! the whole process: the host *and* the embedded API server holding every object.
+//! `BENCH_PODS` (default 1000), `BENCH_FILLER` (default 10000), `BENCH_RESYNC_SECONDS` (default 2)
+//! and `BENCH_RESYNCS` (resyncs measured at steady state, default 5) change the sizes; a quick
+//! debug run: `BENCH_PODS=100 BENCH_FILLER=1000 cargo test -p slinky-host --bench scale`.
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
@@ -19,13 +23,95 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use slinky_api::NodeSet;
+use slinky_api::{Controller, NodeSet};
 use slinky_host::{
     PluginRegistry,
     embedded::{ApiServer, ApiServerConfig, LifecycleConfig},
     plugins::{EngineHandle, RuntimeConfig},
     reconcile::{self, RunConfig},
 };
+
+/// `name` from the environment, or `default`.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Passes of every parent (NodeSet and Controller) so far, whatever their result.
+fn passes(handles: &reconcile::Handles) -> u64 {
+    handles.metrics.snapshot().values().sum()
+}
+
+/// Set condition `SiteCheck` (message `message`) on the status of the example Controller and
+/// NodeSet, as another controller would (server-side apply as `site-checker`: the conditions are
+/// a list map, so the host's stay).
+async fn other_status_writes(client: &kube::Client, message: &str) -> anyhow::Result<()> {
+    let pp = PatchParams::apply("site-checker");
+    for (kind, name) in [("Controller", "slurm"), ("NodeSet", "slurm-worker-slinky")] {
+        let body = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": kind,
+            "metadata": {"name": name, "namespace": "slurm"},
+            "status": {"conditions": [{"type": "SiteCheck", "status": "True", "reason": "Checked",
+                "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+        if kind == "NodeSet" {
+            Api::<NodeSet>::namespaced(client.clone(), "slurm")
+                .patch_status(name, &pp, &Patch::Apply(&body))
+                .await?;
+        } else {
+            Api::<Controller>::namespaced(client.clone(), "slurm")
+                .patch_status(name, &pp, &Patch::Apply(&body))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Once the host has made no write for a second, `resyncs` resync periods at steady state: the
+/// API writes per resync and the passes per parent (one NodeSet, one Controller) per resync;
+/// with `others`, while another controller writes both parents' status every 500 ms.
+async fn steady_state(
+    client: &kube::Client,
+    handles: &reconcile::Handles,
+    resync: Duration,
+    resyncs: u32,
+    others: bool,
+) -> anyhow::Result<()> {
+    let mut last = handles.writes.total();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = handles.writes.total();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let (writes, passes_before) = (handles.writes.total(), passes(handles));
+    let window = resync * resyncs;
+    let started = Instant::now();
+    let mut other_writes = 0;
+    while started.elapsed() < window {
+        if others {
+            other_status_writes(client, &format!("check {other_writes}")).await?;
+            other_writes += 2;
+        }
+        tokio::time::sleep(Duration::from_millis(500).min(window.saturating_sub(started.elapsed()))).await;
+    }
+    let written = handles.writes.total() - writes;
+    let passed = passes(handles) - passes_before;
+    let what = if others {
+        format!(", another controller writing their status ({other_writes} writes)")
+    } else {
+        String::new()
+    };
+    println!(
+        "  steady state over {resyncs} resyncs of {} s{what}: {:.1} API writes per resync, {:.2} passes per object per resync",
+        resync.as_secs_f64(),
+        written as f64 / f64::from(resyncs),
+        passed as f64 / 2.0 / f64::from(resyncs)
+    );
+    Ok(())
+}
 
 fn rss_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -88,7 +174,12 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
         let _ = rx2.wait_for(|s| *s).await;
     }
     .boxed();
-    let (handles, fut) = reconcile::start(client.clone(), plugins, RunConfig::default(), "bench", shutdown);
+    let resync = Duration::from_secs(env_or("BENCH_RESYNC_SECONDS", 2));
+    let config = RunConfig {
+        resync: Some(resync),
+        ..RunConfig::default()
+    };
+    let (handles, fut) = reconcile::start(client.clone(), plugins, config, "bench", shutdown);
     let task = tokio::spawn(fut);
     let nodesets: Api<NodeSet> = Api::namespaced(client.clone(), "slurm");
     // Converge the example's 3 pods first, so the figures are for the scale-up alone.
@@ -136,6 +227,9 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
         "  peak RSS of the process (host + embedded API server): {:.0} MiB",
         rss_mib("VmHWM:")
     );
+    let resyncs = env_or("BENCH_RESYNCS", 5);
+    steady_state(&client, &handles, resync, resyncs, false).await?;
+    steady_state(&client, &handles, resync, resyncs, true).await?;
     let _ = stop.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
     server.shutdown().await;
@@ -144,10 +238,11 @@ async fn scale_run(filler: usize, target: i32) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (pods, filler) = (env_or("BENCH_PODS", 1000), env_or("BENCH_FILLER", 10_000));
     rt.block_on(async {
         println!("NodeSet scale-up:");
-        scale_run(0, 1000).await?;
-        println!("NodeSet scale-up with 10,000 other pods cached:");
-        scale_run(10_000, 1000).await
+        scale_run(0, pods).await?;
+        println!("NodeSet scale-up with {filler} other pods cached:");
+        scale_run(filler, pods).await
     })
 }

@@ -38,7 +38,7 @@ pub(super) fn watch(
     let (labels, fields) = filters(&rt, query)?;
     let params = Params::of(query)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
-    let forced_gone = shared.faults.take_gone();
+    let forced_gone = shared.faults.take_gone(&rt.plural);
     let watcher = Watcher {
         key: rt.key(),
         shared,
@@ -170,7 +170,7 @@ impl Watcher {
                 self.send_gone(pos).await;
                 return;
             };
-            if self.send_events(events, &mut pos).await.is_err() {
+            if self.send_events(events, &mut pos, &mut closer).await.is_err() {
                 return;
             }
             pos = pos.max(current);
@@ -204,8 +204,13 @@ impl Watcher {
     }
 
     /// Send the events the watch selects (objects entering or leaving the selection as ADDED or
-    /// DELETED), moving `pos` past each.
-    async fn send_events(&self, events: Vec<Event>, pos: &mut u64) -> Result<(), Closed> {
+    /// DELETED), moving `pos` past each. Closing the watches (`closer`) ends a held watch.
+    async fn send_events(
+        &self,
+        events: Vec<Event>,
+        pos: &mut u64,
+        closer: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> Result<(), Closed> {
         let delay = self.shared.faults.watch_delay();
         for e in events {
             let now_in = self.matches(&e.obj);
@@ -218,7 +223,10 @@ impl Watcher {
             };
             *pos = e.rev;
             if let Some(kind) = kind {
-                self.shared.faults.while_held(&self.rt.plural).await;
+                tokio::select! {
+                    () = self.shared.faults.while_held(&self.rt.plural) => {}
+                    _ = closer.changed() => return Err(Closed),
+                }
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }

@@ -3,6 +3,11 @@
 //! (pods) and triggers the reconciles the event concerns. So a reconcile triggered by an event
 //! always finds the event in the cache it reads, and no kind is watched twice.
 //!
+//! A parent's own event triggers only when it changed what a pass reads of it ([`Inputs`]: the
+//! spec, by generation, the labels and annotations, the deletion): a status write, the host's
+//! own included, triggers nothing, and a Controller's status write does not requeue its
+//! NodeSets. Pods and children trigger their parents on every event.
+//!
 //! Relists (after a `410 Gone` or a broken watch): the reflector swaps the new list into its
 //! store at once when the list completes, so pod sightings of a relist are applied to the
 //! expectations at that moment too, never earlier; and an expected pod missing from the
@@ -10,6 +15,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
     time::Instant,
 };
@@ -131,6 +137,55 @@ fn keys_only(cm: &mut ConfigMap) {
 fn send<K: Resource<DynamicType = ()>>(tx: &UnboundedSender<ObjectRef<K>>, obj: ObjectRef<K>) {
     // The receiver lives as long as the reconcilers; after shutdown there is nobody to tell.
     let _ = tx.send(obj);
+}
+
+/// What a pass reads of a parent besides its status: its spec (by `metadata.generation`), its
+/// labels and annotations (builders copy them onto what they build; the revision of the pods
+/// compared against Slinky's depends on the NodeSet's) and whether it is being deleted. Not
+/// its status, resourceVersion, owner references or finalizers, which no pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Inputs {
+    generation: Option<i64>,
+    /// A hash of the labels and annotations.
+    metadata: u64,
+    deleting: bool,
+}
+
+impl Inputs {
+    fn of(meta: &kube::api::ObjectMeta) -> Self {
+        let mut h = DefaultHasher::new();
+        (&meta.labels, &meta.annotations).hash(&mut h);
+        Inputs {
+            generation: meta.generation,
+            metadata: h.finish(),
+            deleting: meta.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The [`Inputs`] each parent of one kind was last seen with, by UID.
+#[derive(Default)]
+struct SeenInputs(HashMap<String, Inputs>);
+
+impl SeenInputs {
+    /// Note `obj`'s inputs; whether they changed (a parent not seen before, or recreated under
+    /// its name, has changed).
+    fn changed<K: Resource>(&mut self, obj: &K) -> bool {
+        let inputs = Inputs::of(obj.meta());
+        self.0.insert(obj.meta().uid.clone().unwrap_or_default(), inputs) != Some(inputs)
+    }
+
+    fn forget<K: Resource>(&mut self, obj: &K) {
+        self.0.remove(obj.meta().uid.as_deref().unwrap_or_default());
+    }
+
+    /// Start again from a relisted store (every parent is triggered then).
+    fn reset<K: Resource>(&mut self, objs: &[Arc<K>]) {
+        self.0 = objs
+            .iter()
+            .map(|o| (o.meta().uid.clone().unwrap_or_default(), Inputs::of(o.meta())))
+            .collect();
+    }
 }
 
 /// A pod as the expectations see it.
@@ -344,23 +399,31 @@ fn config_map_task(
     })
 }
 
-/// Controllers: the Controller itself (when applied) and its NodeSets.
+/// Controllers: the Controller itself and its NodeSets (which build with it), when what they read
+/// of it changed ([`Inputs`]); on a deletion, its NodeSets.
 fn controller_task(
     controllers: impl Stream<Item = watcher::Event<Controller>> + Send + 'static,
     t: Triggers,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let mut seen = SeenInputs::default();
     controllers.for_each(move |ev| {
+        let nodesets = |c: &Controller| {
+            let ns = c.namespace().unwrap_or_default();
+            for n in nodesets_of(&t.nodesets, &ns, &c.name_any()) {
+                t.nodeset(n);
+            }
+        };
         match &ev {
-            watcher::Event::Apply(c) | watcher::Event::Delete(c) => {
-                if matches!(ev, watcher::Event::Apply(_)) {
-                    t.controller(ObjectRef::from_obj(c));
-                }
-                let ns = c.namespace().unwrap_or_default();
-                for n in nodesets_of(&t.nodesets, &ns, &c.name_any()) {
-                    t.nodeset(n);
-                }
+            watcher::Event::Apply(c) if seen.changed(c) => {
+                t.controller(ObjectRef::from_obj(c));
+                nodesets(c);
+            }
+            watcher::Event::Delete(c) => {
+                seen.forget(c);
+                nodesets(c);
             }
             watcher::Event::InitDone => {
+                seen.reset(&t.controllers.state());
                 t.all_controllers();
                 t.all_nodesets();
             }
@@ -370,55 +433,50 @@ fn controller_task(
     })
 }
 
-/// NodeSets: the NodeSet itself; on a new generation or a deletion, its Controller and its
-/// siblings too; a deleted NodeSet's expectations are forgotten.
+/// NodeSets: when what a pass reads of a NodeSet changed ([`Inputs`]), the NodeSet, its
+/// Controller (its `slurm.conf` lists the NodeSet) and its siblings (their shared objects' owners);
+/// on a deletion, the Controller and the siblings, and the NodeSet's expectations are forgotten.
 fn nodeset_task(
     nodesets: impl Stream<Item = watcher::Event<NodeSet>> + Send + 'static,
     expectations: Arc<Expectations>,
     t: Triggers,
 ) -> impl Future<Output = ()> + Send + 'static {
-    // The generation each NodeSet was last seen at: a new NodeSet, a spec change or a
-    // deletion changes its Controller's slurm.conf and its siblings' shared objects' owners;
-    // a status write changes neither.
-    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+    let mut seen = SeenInputs::default();
     nodesets.for_each(move |ev| {
+        // The NodeSet's Controller and the other NodeSets sharing its workers' objects.
         let neighbours = |n: &NodeSet| {
             let ns = n.namespace().unwrap_or_default();
             let controller =
                 ObjectRef::<Controller>::new(&n.spec.controller_ref.name).within(n.controller_namespace());
             t.controller(controller);
+            let itself = ObjectRef::from_obj(n);
             for sibling in nodesets_sharing(
                 &t.nodesets,
                 &ns,
                 Some(n.controller_namespace()),
                 &n.spec.controller_ref.name,
             ) {
-                t.nodeset(sibling);
+                if sibling != itself {
+                    t.nodeset(sibling);
+                }
             }
         };
         match &ev {
-            watcher::Event::Apply(n) => {
+            watcher::Event::Apply(n) if seen.changed(n) => {
                 t.nodeset(ObjectRef::from_obj(n));
-                let uid = n.uid().unwrap_or_default();
-                if generations.insert(uid, n.metadata.generation) != Some(n.metadata.generation) {
-                    neighbours(n);
-                }
+                neighbours(n);
             }
             // The NodeSet is gone: so are its expectations (its pods go with it).
             watcher::Event::Delete(n) => {
-                let uid = n.uid().unwrap_or_default();
-                expectations.forget(&uid);
-                generations.remove(&uid);
+                expectations.forget(&n.uid().unwrap_or_default());
+                seen.forget(n);
                 neighbours(n);
             }
             watcher::Event::InitDone => {
                 let state = t.nodesets.state();
                 let live: HashSet<String> = state.iter().filter_map(|n| n.uid()).collect();
                 expectations.retain_owners(&live);
-                generations = state
-                    .iter()
-                    .map(|n| (n.uid().unwrap_or_default(), n.metadata.generation))
-                    .collect();
+                seen.reset(&state);
                 t.all_nodesets();
             }
             _ => {}
@@ -524,5 +582,62 @@ fn meta_event<K>(
         watcher::Event::InitApply(o) => watcher::Event::InitApply(meta(o)),
         watcher::Event::Init => watcher::Event::Init,
         watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, owner: &str) -> Result<Pod, serde_json::Error> {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": format!("uid-{name}"),
+            "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "name": "w", "uid": owner, "controller": true}]}}))
+    }
+
+    #[test]
+    fn a_relist_shows_its_pods_to_the_expectations_only_when_it_completes() -> Result<(), serde_json::Error> {
+        let expectations = Expectations::new();
+        let mut observer = PodObserver::default();
+        expectations.expect_creations("ns-uid", ["w-0".to_string()]);
+        expectations.creation_succeeded("ns-uid", "w-0");
+        observer.observe(&expectations, &watcher::Event::Init);
+        observer.observe(&expectations, &watcher::Event::InitApply(pod("w-0", "ns-uid")?));
+        // The store still holds the previous list until the relist completes: a pass that
+        // found its expectations satisfied now would read a cache without w-0.
+        assert!(!expectations.satisfied("ns-uid"), "seen before the store has it");
+        observer.observe(&expectations, &watcher::Event::InitDone);
+        assert!(expectations.satisfied("ns-uid"));
+        Ok(())
+    }
+
+    #[test]
+    fn status_and_resource_version_are_no_inputs() {
+        let mut seen = SeenInputs::default();
+        let mut n = NodeSet::new("w", Default::default());
+        n.metadata.uid = Some("u".into());
+        n.metadata.generation = Some(1);
+        assert!(seen.changed(&n), "a new parent");
+        n.metadata.resource_version = Some("2".into());
+        n.status = Some(Default::default());
+        n.metadata.finalizers = Some(vec!["x".into()]);
+        assert!(
+            !seen.changed(&n),
+            "status, resourceVersion and finalizers are not read"
+        );
+        n.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert!(seen.changed(&n), "labels");
+        n.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        assert!(seen.changed(&n), "annotations");
+        n.metadata.generation = Some(2);
+        assert!(seen.changed(&n), "the spec");
+        n.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert!(seen.changed(&n), "a deletion");
+        n.metadata.uid = Some("v".into());
+        assert!(seen.changed(&n), "recreated under its name");
     }
 }

@@ -19,8 +19,9 @@
 //!   all apply the same object under the same field manager, which is no conflict (Slinky's #152
 //!   race has no path here); a refused child write is a `ChildFailure` condition and an Event.
 //! * Status is written only when it changed, with `observedGeneration` the generation it was
-//!   computed from; on a 409 it is recomputed on the fresh object, keeping other writers'
-//!   conditions.
+//!   computed from, unless the pass waited on its expectations (then it keeps the generation
+//!   of the last pass that acted); on a 409 it is recomputed on the fresh object, keeping other
+//!   writers' conditions.
 
 mod adoption;
 mod claim;
@@ -48,7 +49,7 @@ use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
 use pods::{create_pods, delete_pods};
-use status::write_status;
+use status::{Reached, write_status};
 
 use super::{Core, Error, NodeSetContext, backoff, pass::PassState};
 use crate::{
@@ -139,18 +140,18 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     };
     let mut owned = claims.owned.clone();
     let mut requeue = core.resync;
-    let synced;
+    let reached;
     if let Some(problem) = checks::summary(&ns.spec_problems()) {
         pass.state.problem(conditions::INVALID_SPEC, problem).await;
-        synced = false;
+        reached = Reached::Problem;
     } else if let (Some(controller), Some(revision)) = (controller.as_ref(), revision.as_deref()) {
         if satisfied {
             owned = sync(&mut pass, controller, revision, claims, &plugin).await?;
-            synced = true;
+            reached = Reached::Synced;
         } else {
             // The watch will trigger the next pass when it shows what we wait for.
             requeue = Duration::from_millis(500);
-            synced = false;
+            reached = Reached::Waiting;
         }
     } else {
         let message = format!(
@@ -161,11 +162,12 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         pass.state
             .problem(conditions::CONTROLLER_NOT_FOUND, message)
             .await;
-        synced = false;
+        reached = Reached::Problem;
     }
 
-    write_status(&mut pass, &owned, revision.as_deref(), synced).await?;
+    write_status(&mut pass, &owned, revision.as_deref(), reached).await?;
     let failed = !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed;
+    let synced = reached == Reached::Synced;
     if let Some(after) = core
         .backoff
         .record(&backoff::key(ns), backoff::Outcome::of(synced, failed))

@@ -13,14 +13,27 @@ use super::{
 };
 use crate::reconcile::{Error, pass::first_of};
 
+/// How far a pass got, for the status it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reached {
+    /// It ran its writes: `ReplicaFailure` is set or cleared by them.
+    Synced,
+    /// It stopped at a problem of this generation (an invalid spec, a missing Controller), which
+    /// the conditions report for it.
+    Problem,
+    /// It waited on its expectations and acted on nothing: `observedGeneration` stays the
+    /// generation of the last pass that acted.
+    Waiting,
+}
+
 /// The status, computed from the owned pods; conditions merged into the fresh object's on every
-/// attempt. `synced`: the pass ran its writes (so `ReplicaFailure` is set or cleared by them;
-/// otherwise it is left as it is).
+/// attempt. `ReplicaFailure` is left as it is unless the pass [`Reached::Synced`];
+/// `observedGeneration` is this generation unless the pass was [`Reached::Waiting`].
 pub(super) async fn write_status(
     pass: &mut Pass<'_>,
     owned: &[Arc<Pod>],
     revision: Option<&str>,
-    synced: bool,
+    reached: Reached,
 ) -> Result<(), Error> {
     let ns = pass.ns;
     let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
@@ -56,7 +69,7 @@ pub(super) async fn write_status(
     }
     if let Some((reason, message)) = first_of(&pass.failures, " refused writes") {
         c.set(conditions::REPLICA_FAILURE, true, reason, message);
-    } else if synced && pass.state.problem.is_none() {
+    } else if reached == Reached::Synced && pass.state.problem.is_none() {
         c.clear(conditions::REPLICA_FAILURE);
     }
     if let Some((reason, message)) = first_of(&pass.child_failures, "") {
@@ -88,14 +101,16 @@ pub(super) async fn write_status(
         conditions: Vec::new(),
     };
     let changes = pass.state.conditions.clone();
-    let compute = move |obj: &NodeSet| NodeSetStatus {
-        conditions: changes.apply(
-            obj.status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default(),
-        ),
-        ..status.clone()
+    let compute = move |obj: &NodeSet| {
+        let current = obj.status.as_ref();
+        NodeSetStatus {
+            conditions: changes.apply(current.map(|s| s.conditions.as_slice()).unwrap_or_default()),
+            observed_generation: match reached {
+                Reached::Waiting => current.and_then(|s| s.observed_generation),
+                Reached::Synced | Reached::Problem => status.observed_generation,
+            },
+            ..status.clone()
+        }
     };
     let api: Api<NodeSet> = Api::namespaced(pass.core().client.clone(), &ns.namespace().unwrap_or_default());
     pass.core()
