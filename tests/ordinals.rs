@@ -132,7 +132,11 @@ async fn a_name_taken_while_the_cache_lagged_skips_that_ordinal_not_the_batch() 
     scale(&c, &ns, 4).await?;
     let tried = eventually(60, || async {
         let w = host.handles.writes.snapshot();
-        let n = |o: &str| w.get(&("create".to_string(), o.to_string())).copied().unwrap_or(0);
+        let n = |o: &str| {
+            w.get(&("create".to_string(), o.to_string()))
+                .copied()
+                .unwrap_or(0)
+        };
         (n("ok") + n("conflict") >= 4).then_some(())
     })
     .await;
