@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 use slinky_api::{Controller, NodeSet, conditions, keys};
 use slinky_host::{
     PluginRegistry,
-    plugins::{BuilderKind, ChildKind, Contract},
+    plugins::{Allow, BuilderKind, ChildKind, Contract},
 };
 use slinky_tests::{
-    TestCluster, default_engine, eventually,
+    TestCluster, default_engine, engine_allowing, eventually,
     host::{Host, apply, apply_controller, apply_file, cluster, cluster_with_statefulsets, events},
     test_plugin,
 };
@@ -1198,6 +1198,176 @@ async fn no_build_deletes_slurmctlds_statefulset_or_its_claims() -> Result<()> {
         kept.as_ref().is_some_and(|s| text(s, "/metadata/uid") == uid),
         "the StatefulSet was deleted and recreated without --recreate-statefulsets"
     );
+    host.stop().await;
+    Ok(())
+}
+
+/// The StatefulSet and ConfigMap a refused build must leave as they were (`before`).
+async fn unchanged(c: &TestCluster, ns: &str, before: &(Value, Value)) -> Result<()> {
+    let (sts, config) = before;
+    let kept = object(c, ns, ChildKind::StatefulSet, "slurm-controller")
+        .await
+        .context("the StatefulSet is gone")?;
+    ensure!(
+        kept["metadata"]["uid"] == sts["metadata"]["uid"]
+            && kept["spec"]["template"] == sts["spec"]["template"],
+        "a refused build changed the StatefulSet: {}",
+        kept["spec"]["template"]
+    );
+    let kept = object(c, ns, ChildKind::ConfigMap, "slurm-config")
+        .await
+        .context("the ConfigMap is gone")?;
+    ensure!(
+        kept["metadata"]["uid"] == config["metadata"]["uid"]
+            && kept["metadata"].get("finalizers").is_none()
+            && kept["data"] == config["data"],
+        "a refused build changed the ConfigMap: {kept}"
+    );
+    Ok(())
+}
+
+/// Host the hostile children builder with `allow` until the Controller's `BuilderFailed`
+/// condition says `says` (and an Event too); check the children are `unchanged` after 2 s more.
+async fn refused_with(
+    c: &TestCluster,
+    ns: &str,
+    allow: &[Allow],
+    says: [&str; 2],
+    before: &(Value, Value),
+) -> Result<()> {
+    let registry = Arc::new(PluginRegistry::new(
+        &engine_allowing(allow),
+        &[test_plugin("hostile_children")],
+    )?);
+    let host = Host::start_with(c, ns, registry);
+    let cond = eventually(60, || async {
+        condition(c, ns, "Controller", "slurm", conditions::BUILDER_FAILED)
+            .await
+            .filter(|c| c["status"] == "True" && says.iter().all(|s| text(c, "/message").contains(s)))
+    })
+    .await;
+    let events = events(c, ns, "slurm").await?;
+    host.stop().await;
+    ensure!(
+        cond.is_some(),
+        "allowing {allow:?}: no BuilderFailed condition saying {says:?}: {:?}",
+        condition(c, ns, "Controller", "slurm", conditions::BUILDER_FAILED).await
+    );
+    ensure!(
+        events
+            .iter()
+            .any(|(r, n)| r == "BuilderFailed" && says.iter().all(|s| n.contains(s))),
+        "allowing {allow:?}: no BuilderFailed Event saying {says:?}: {events:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    unchanged(c, ns, before).await
+}
+
+/// A children build reaching past its Controller (a finalizer on the ConfigMap, slurmctld's pods
+/// mounting the node's `/`) is refused as a whole: a `BuilderFailed` condition and Event name the
+/// object, the field and the flag that allows it, and the ConfigMap and StatefulSet applied before
+/// stay as they were, also when the host allows only one of the two. A host allowing both
+/// (`--allow finalizers,host-path`) applies the build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_build_reaching_past_its_parent_changes_nothing_until_the_host_allows_it() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("reach").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let host = Host::start_with(
+        &c,
+        &ns,
+        Arc::new(PluginRegistry::new(
+            &default_engine(),
+            &[test_plugin("hostile_children")],
+        )?),
+    );
+    let sts = eventually(60, || async {
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await
+    })
+    .await
+    .context("no StatefulSet")?;
+    let config = eventually(60, || async {
+        object(&c, &ns, ChildKind::ConfigMap, "slurm-config").await
+    })
+    .await
+    .context("no ConfigMap")?;
+    host.stop().await;
+    let before = (sts, config);
+    Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"hostile.test/behaviour": "host-path-and-finalizer"}}}),
+            ),
+        )
+        .await?;
+
+    refused_with(
+        &c,
+        &ns,
+        &[],
+        [
+            "ConfigMap \"slurm-config\": metadata.finalizers",
+            "--allow finalizers",
+        ],
+        &before,
+    )
+    .await?;
+    refused_with(
+        &c,
+        &ns,
+        &[Allow::Finalizers],
+        [
+            "StatefulSet \"slurm-controller\": spec.template.spec.volumes[name=node-root].hostPath",
+            "--allow host-path",
+        ],
+        &before,
+    )
+    .await?;
+
+    // A host allowing both applies the same build.
+    let registry = Arc::new(PluginRegistry::new(
+        &engine_allowing(&[Allow::Finalizers, Allow::HostPath]),
+        &[test_plugin("hostile_children")],
+    )?);
+    let host = Host::start_with(&c, &ns, registry);
+    let sts = eventually(60, || async {
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller")
+            .await
+            .filter(|s| {
+                s["spec"]["template"]["spec"]["volumes"]
+                    .to_string()
+                    .contains("node-root")
+            })
+    })
+    .await
+    .context("the allowed hostPath volume was not applied")?;
+    ensure!(
+        sts["metadata"]["uid"] == before.0["metadata"]["uid"]
+            && sts["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .is_some_and(|v| v
+                    .iter()
+                    .any(|v| v["name"] == "node-root" && v["hostPath"]["path"] == "/")),
+        "{}",
+        sts["spec"]["template"]
+    );
+    eventually(60, || async {
+        object(&c, &ns, ChildKind::ConfigMap, "slurm-config")
+            .await
+            .filter(|m| m["metadata"]["finalizers"] == json!(["hostile.test/keep"]))
+    })
+    .await
+    .context("the allowed finalizer was not applied")?;
+    eventually(60, || async {
+        condition(&c, &ns, "Controller", "slurm", conditions::BUILDER_FAILED)
+            .await
+            .is_none_or(|c| c["status"] != "True")
+            .then_some(())
+    })
+    .await
+    .context("BuilderFailed stays True with the allowances")?;
     host.stop().await;
     Ok(())
 }

@@ -673,3 +673,118 @@ fn every_pod_registers_the_feature_its_nodeset_line_selects() -> Result<()> {
     }
     Ok(())
 }
+
+/// The example cluster with annotations on the Controller and the NodeSet, written to `dir`.
+fn annotated_example(
+    dir: &std::path::Path,
+    controller: &[(&str, &str)],
+    nodeset: &[(&str, &str)],
+) -> Result<std::path::PathBuf> {
+    let block = |pairs: &[(&str, &str)]| {
+        let mut s = String::from("  annotations:\n");
+        for (k, v) in pairs {
+            s.push_str(&format!("    {k}: '{v}'\n"));
+        }
+        s
+    };
+    let text = std::fs::read_to_string(example("slurm-cluster.yaml"))?
+        .replacen(
+            "\n  name: slurm\n",
+            &format!("\n  name: slurm\n{}", block(controller)),
+            1,
+        )
+        .replacen(
+            "\n  name: slurm-worker-slinky\n",
+            &format!("\n  name: slurm-worker-slinky\n{}", block(nodeset)),
+            1,
+        );
+    let file = dir.join("cluster.yaml");
+    std::fs::write(&file, text)?;
+    Ok(file)
+}
+
+/// Builds reaching past their parent: (plugin, whose annotation asks, behaviour, what the refusal
+/// names, the flag that allows it).
+#[rustfmt::skip]
+const REACHING_PAST_THE_PARENT: [(&str, &str, &str, &str, &str); 16] = [
+    ("hostile", "NodeSet", "host-network", "spec.hostNetwork", "host-namespaces"),
+    ("hostile", "NodeSet", "host-pid", "spec.hostPID", "host-namespaces"),
+    ("hostile", "NodeSet", "host-path", "spec.volumes[name=node-root].hostPath", "host-path"),
+    ("hostile", "NodeSet", "node-name", "spec.nodeName", "node-name"),
+    ("hostile", "NodeSet", "service-account", "spec.serviceAccountName", "service-account"),
+    ("hostile", "NodeSet", "privileged-sidecar", "[name=escape].securityContext.privileged", "privileges"),
+    ("hostile", "NodeSet", "capability", "capabilities.add has \"SYS_PTRACE\"", "privileges"),
+    ("hostile", "NodeSet", "finalizer", "metadata.finalizers", "finalizers"),
+    ("hostile_children", "Controller", "host-path", "spec.template.spec.volumes[name=node-root].hostPath", "host-path"),
+    ("hostile_children", "Controller", "host-network", "spec.template.spec.hostNetwork", "host-namespaces"),
+    ("hostile_children", "Controller", "service-account", "spec.template.spec.serviceAccountName", "service-account"),
+    ("hostile_children", "Controller", "privileged", "[name=slurmctld].securityContext.privileged", "privileges"),
+    ("hostile_children", "Controller", "finalizer", "metadata.finalizers", "finalizers"),
+    ("hostile_children", "Controller", "load-balancer", "spec.type is LoadBalancer", "service-exposure"),
+    ("hostile_children", "NodeSet", "external-ips", "spec.externalIPs", "service-exposure"),
+    ("hostile_children", "NodeSet", "wide-pdb", "PodDisruptionBudget slurm-workers-pdb-slurm: spec.selector", "wide-pdb"),
+];
+
+/// What a plugin may not reach past its parent (the node's namespaces, filesystem and scheduler,
+/// another service account, privileges, an exposed Service, a PodDisruptionBudget over other
+/// pods, finalizers) is refused by `render` and `plugin check`, naming the field and the flag,
+/// and rendered when the host is given that flag.
+#[test]
+fn output_reaching_past_its_parent_is_refused_unless_the_host_allows_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let behaviour = "hostile.test/behaviour";
+    let mut cases = REACHING_PAST_THE_PARENT.to_vec();
+    // The Controller's Service (the `raw` plugin returns the annotation's text; its pods are
+    // minimal).
+    let nodeport = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"slurm-controller"},"spec":{"type":"NodePort","selector":{"app.kubernetes.io/name":"slurmctld","app.kubernetes.io/instance":"slurm"},"ports":[{"name":"slurmctld","port":6817}]}}"#;
+    cases.push((
+        "raw",
+        "raw",
+        nodeport,
+        "spec.type is NodePort",
+        "service-exposure",
+    ));
+    for (plugin, whose, asked, names, flag) in cases {
+        let file = match whose {
+            "Controller" => annotated_example(dir.path(), &[(behaviour, asked)], &[])?,
+            "NodeSet" => annotated_example(dir.path(), &[], &[(behaviour, asked)])?,
+            _ => annotated_example(
+                dir.path(),
+                &[("raw.test/output", asked)],
+                &[("raw.test/build", "minimal")],
+            )?,
+        };
+        let file = file.display().to_string();
+        let plugin = test_plugin(plugin).display().to_string();
+        let case = format!("{whose} {asked}");
+        let render = ["render", "-f", &file, "--plugin", &plugin];
+        let out = run(&render);
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(!out.status.success(), "{case}: not refused");
+        for want in ["output refused", names, &format!("--allow {flag}")] {
+            ensure!(err.contains(want), "{case}: expected {want:?} in: {err}");
+        }
+        let out = run(&[&render[..], &["--allow", flag]].concat());
+        ensure!(
+            out.status.success(),
+            "{case}: refused with --allow {flag}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // `plugin check` runs the same policy, with the same flag.
+        let check = ["plugin", "check", &plugin, "-f", &file];
+        let out = run(&check);
+        ensure!(
+            !out.status.success() && String::from_utf8_lossy(&out.stdout).contains(names),
+            "{case}: plugin check did not refuse it: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let out = run(&[&check[..], &["--allow", flag]].concat());
+        ensure!(
+            out.status.success(),
+            "{case}: plugin check refused it with --allow {flag}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}

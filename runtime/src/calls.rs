@@ -126,7 +126,8 @@ impl Plugin {
     pub fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
         let input = self.input(BUILD_SERVICE, controller)?;
         let raw = self.build_service_raw(ctx, &input)?;
-        policy::service(&raw, controller, self).map_err(|reason| self.rejected(BUILD_SERVICE, reason))
+        policy::service(&raw, controller, self, self.allowances())
+            .map_err(|reason| self.rejected(BUILD_SERVICE, reason))
     }
 
     /// Build one pod of a NodeSet: serialize copies, call the plugin, apply the output policy.
@@ -143,7 +144,8 @@ impl Plugin {
         let ns_json = self.input(BUILD_POD, nodeset)?;
         let ctl_json = self.input(BUILD_POD, controller)?;
         let raw = self.build_pod_raw(ctx, &ns_json, &ctl_json, identity)?;
-        policy::pod(&raw, nodeset, identity, self).map_err(|reason| self.rejected(BUILD_POD, reason))
+        policy::pod(&raw, nodeset, identity, self, self.allowances())
+            .map_err(|reason| self.rejected(BUILD_POD, reason))
     }
 
     /// Build a Controller's children besides its Service: serialize copies, call the plugin,
@@ -160,7 +162,8 @@ impl Plugin {
         const CALL: &str = BUILD_CONTROLLER_CHILDREN;
         let input = self.input(CALL, controller)?;
         let raw = self.build_controller_children_raw(ctx, &input, inputs)?;
-        policy::controller_children(&raw, controller, self).map_err(|reason| self.rejected(CALL, reason))
+        policy::controller_children(&raw, controller, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
     }
 
     /// Build a NodeSet's children besides its pods: serialize copies, call the plugin, apply the
@@ -179,7 +182,8 @@ impl Plugin {
         let ns_json = self.input(CALL, nodeset)?;
         let ctl_json = self.input(CALL, controller)?;
         let raw = self.build_nodeset_children_raw(ctx, &ns_json, &ctl_json)?;
-        policy::nodeset_children(&raw, nodeset, self).map_err(|reason| self.rejected(CALL, reason))
+        policy::nodeset_children(&raw, nodeset, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
     }
 
     /// Time `n` `build-pod` calls made on **one** instance: the compiled code's own speed, without
@@ -267,6 +271,11 @@ impl Plugin {
             call,
             error: GuestError::Internal(format!("cannot serialize the input: {e}")),
         })
+    }
+
+    /// What the host lets this plugin's output reach past its parent (`--allow`).
+    fn allowances(&self) -> &policy::Allowances {
+        self.inner.engine.allowances()
     }
 
     fn not_a_kind(&self, kind: BuilderKind) -> PluginError {

@@ -26,6 +26,7 @@ use wasmtime::{
 
 use crate::{
     PluginError,
+    policy::Allowances,
     sandbox::{self, CallState},
 };
 
@@ -58,6 +59,9 @@ pub struct RuntimeConfig {
     pub perf_map: bool,
     /// Which compilers a plugin that is not in the cache goes through.
     pub tiering: Tiering,
+    /// What the output policy lets plugins build past their parents' grants (`--allow`; default:
+    /// nothing): see [`crate::policy::Allow`].
+    pub allow: Allowances,
 }
 
 /// How a plugin that is not already compiled (in memory or in the disk cache) gets its code.
@@ -119,6 +123,7 @@ impl Default for RuntimeConfig {
             memory_init_cow: true,
             perf_map: std::env::var_os("SLINKY_HOST_PLUGIN_PERF_MAP").is_some_and(|v| v == "1"),
             tiering: Tiering::default(),
+            allow: Allowances::default(),
         }
     }
 }
@@ -367,6 +372,11 @@ impl EngineHandle {
         } else {
             Tiering::Optimized
         }
+    }
+
+    /// What the output policy lets plugins build past their parents' grants (`--allow`).
+    pub fn allowances(&self) -> &Allowances {
+        &self.config.allow
     }
 
     /// The allocator in use.

@@ -47,6 +47,7 @@ pub use engine::{
 };
 pub use error::{GuestError, PluginError, TrapCause};
 pub use plugin::{Plugin, PluginSource};
+pub use policy::{Allow, Allowances};
 
 /// The builder contract's types (`slinky_api::contract`), the same the guest SDK gives plugin
 /// authors: what a build call may know about the cluster (the WIT `build-context`), which pod of a

@@ -95,6 +95,17 @@ pub fn engine(deadline: Duration, memory_mib: usize) -> Arc<EngineHandle> {
     EngineHandle::new(config).unwrap_or_else(|e| panic!("cannot create the engine: {e}"))
 }
 
+/// The default engine, letting plugins build the classes of `allow` past their parents' grants
+/// (as `--allow`).
+pub fn engine_allowing(allow: &[slinky_host::plugins::Allow]) -> Arc<EngineHandle> {
+    let config = RuntimeConfig {
+        cache_dir: Some(cache_dir()),
+        allow: allow.iter().copied().collect(),
+        ..RuntimeConfig::default()
+    };
+    EngineHandle::new(config).unwrap_or_else(|e| panic!("cannot create the engine: {e}"))
+}
+
 /// The default engine (1 s deadline, 64 MiB).
 pub fn default_engine() -> Arc<EngineHandle> {
     engine(Duration::from_secs(1), 64)

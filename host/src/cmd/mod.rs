@@ -28,7 +28,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
-    plugins::{EngineHandle, RuntimeConfig, Tiering},
+    plugins::{Allow, EngineHandle, RuntimeConfig, Tiering},
     telemetry::LogFormat,
 };
 
@@ -111,6 +111,18 @@ pub struct GlobalArgs {
     /// fast), or `baseline` with --no-plugin-cache.
     #[arg(long, global = true, env = "SLINKY_HOST_PLUGIN_TIERING", value_enum)]
     pub plugin_tiering: Option<Tiering>,
+    /// Let plugins build what the output policy refuses by default because it reaches past the
+    /// parent's spec (repeatable, or comma-separated). The same for `run`, `render` and `plugin
+    /// check`. Default: none. Each class, and why it is refused: docs/writing-plugins.md.
+    #[arg(
+        long = "allow",
+        global = true,
+        env = "SLINKY_HOST_ALLOW",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "CLASS"
+    )]
+    pub allow: Vec<Allow>,
 }
 
 impl Cli {
@@ -145,6 +157,7 @@ impl GlobalArgs {
             memory_limit: self.plugin_memory_mib.max(1) << 20,
             cache_dir,
             tiering,
+            allow: self.allow.iter().copied().collect(),
             ..defaults
         }
     }
@@ -235,4 +248,35 @@ pub fn print(text: &str) -> anyhow::Result<()> {
         .lock()
         .write_all(text.as_bytes())
         .context("cannot write to stdout")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--allow` takes every class by the name the policy's refusals print, repeated or
+    /// comma-separated, and the runtime gets exactly those.
+    #[test]
+    fn allow_takes_every_class_by_the_name_refusals_print() -> Result<(), clap::Error> {
+        for class in Allow::ALL {
+            let cli = Cli::try_parse_from(["slinky-host", "crds", "--allow", class.as_str()])?;
+            let allow = cli.global.runtime_config(false).allow;
+            assert_eq!(allow.iter().collect::<Vec<_>>(), [class]);
+        }
+        let cli = Cli::try_parse_from([
+            "slinky-host",
+            "crds",
+            "--allow",
+            "host-path,finalizers",
+            "--allow=privileges",
+        ])?;
+        assert_eq!(
+            cli.global.runtime_config(true).allow.to_string(),
+            "finalizers,host-path,privileges"
+        );
+        let cli = Cli::try_parse_from(["slinky-host", "crds"])?;
+        assert!(cli.global.runtime_config(true).allow.is_empty());
+        assert!(Cli::try_parse_from(["slinky-host", "crds", "--allow", "everything"]).is_err());
+        Ok(())
+    }
 }

@@ -18,9 +18,11 @@ use k8s_openapi::{
 use kube::ResourceExt;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, validation};
+use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, keys, labels::Labels, validation};
 
 use super::{
+    Allowances,
+    allowances::{self, PodGrants, ServiceGrants},
     builder_annotations, dns1035_label, finish_meta, metadata_problems, pod_spec_problems, require_labels,
 };
 use crate::{Child, ChildKind, Ownership, Plugin};
@@ -35,7 +37,8 @@ const NODESET_KINDS: [ChildKind; 3] = [
     ChildKind::ConfigMap,
 ];
 
-/// Check and finish a `build-controller-children` output.
+/// Check and finish a `build-controller-children` output; `allow` is what the host lets it
+/// reach.
 ///
 /// # Errors
 /// The rule an object broke, naming the object.
@@ -43,14 +46,26 @@ pub fn controller_children(
     raw: &[String],
     controller: &Controller,
     plugin: &Plugin,
+    allow: &Allowances,
 ) -> Result<Vec<Child>, String> {
     let name = controller.name_any();
     let prefix = format!("{name}-");
     let service = controller.controller_key();
+    let rules = Rules {
+        allow,
+        pods: PodGrants::of_controller(controller),
+    };
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
-        let child = check(text, controller, plugin, &CONTROLLER_KINDS, "controller-children")
-            .map_err(|e| format!("object {i}: {e}"))?;
+        let child = check(
+            text,
+            controller,
+            plugin,
+            &CONTROLLER_KINDS,
+            "controller-children",
+            &rules,
+        )
+        .map_err(|e| format!("object {i}: {e}"))?;
         let at = child.describe();
         if !child.name().starts_with(&prefix) {
             return Err(format!(
@@ -78,9 +93,16 @@ pub fn controller_children(
 /// references are set by the reconciler, which knows every NodeSet of the Controller), every other
 /// object must be named `<nodeset>-…` and is controlled by the NodeSet.
 ///
+/// `allow` is what the host lets them reach.
+///
 /// # Errors
 /// The rule an object broke, naming the object.
-pub fn nodeset_children(raw: &[String], nodeset: &NodeSet, plugin: &Plugin) -> Result<Vec<Child>, String> {
+pub fn nodeset_children(
+    raw: &[String],
+    nodeset: &NodeSet,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Vec<Child>, String> {
     let cluster = &nodeset.spec.controller_ref.name;
     let shared = [
         (ChildKind::Service, format!("{WORKER_SUBDOMAIN_PREFIX}{cluster}")),
@@ -90,12 +112,20 @@ pub fn nodeset_children(raw: &[String], nodeset: &NodeSet, plugin: &Plugin) -> R
         ),
     ];
     let prefix = format!("{}-", nodeset.name_any());
+    let rules = Rules {
+        allow,
+        pods: PodGrants::of_nodeset(nodeset),
+    };
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
-        let mut child = check(text, nodeset, plugin, &NODESET_KINDS, "nodeset-children")
+        let mut child = check(text, nodeset, plugin, &NODESET_KINDS, "nodeset-children", &rules)
             .map_err(|e| format!("object {i}: {e}"))?;
         let at = child.describe();
-        if shared.iter().any(|(k, n)| *k == child.kind && n == child.name()) {
+        let is_shared = shared.iter().any(|(k, n)| *k == child.kind && n == child.name());
+        if child.kind == ChildKind::PodDisruptionBudget {
+            pdb_selector(&child, nodeset, is_shared, allow)?;
+        }
+        if is_shared {
             child.ownership = Ownership::Shared;
             child.set_owners(Vec::new());
         } else if !child.name().starts_with(&prefix) {
@@ -137,6 +167,13 @@ fn forbidden_hint(api_version: &str, kind: &str) -> &'static str {
     }
 }
 
+/// What a build's objects are checked against besides their kind's rules: what the host allows,
+/// and what the parent grants the pods of its StatefulSets.
+struct Rules<'a> {
+    allow: &'a Allowances,
+    pods: PodGrants,
+}
+
 /// Parse, check and finish one object: its kind is one of `allowed`, then the checks common to
 /// every child and those of its kind.
 fn check<P>(
@@ -145,6 +182,7 @@ fn check<P>(
     plugin: &Plugin,
     allowed: &[ChildKind],
     builder: &str,
+    rules: &Rules<'_>,
 ) -> Result<Child, String>
 where
     P: kube::Resource<DynamicType = ()>,
@@ -174,15 +212,18 @@ where
             forbidden_hint(&api_version, &kind)
         ));
     };
+    let allow = rules.allow;
     let object = match child_kind {
-        ChildKind::ConfigMap => finish::<ConfigMap, P>(value, parent, plugin, config_map_problems)?,
-        ChildKind::Service => finish::<Service, P>(value, parent, plugin, service_problems)?,
+        ChildKind::ConfigMap => finish::<ConfigMap, P>(value, parent, plugin, allow, config_map_problems)?,
+        ChildKind::Service => {
+            finish::<Service, P>(value, parent, plugin, allow, |s| service_problems(s, allow))?
+        }
         ChildKind::PodDisruptionBudget => {
-            finish::<PodDisruptionBudget, P>(value, parent, plugin, pdb_problems)?
+            finish::<PodDisruptionBudget, P>(value, parent, plugin, allow, pdb_problems)?
         }
-        ChildKind::StatefulSet => {
-            finish::<StatefulSet, P>(value, parent, plugin, |s| statefulset_problems(s, plugin))?
-        }
+        ChildKind::StatefulSet => finish::<StatefulSet, P>(value, parent, plugin, allow, |s| {
+            statefulset_problems(s, plugin, rules)
+        })?,
     };
     Ok(Child {
         kind: child_kind,
@@ -191,12 +232,13 @@ where
     })
 }
 
-/// Parse as `K` (so the object is well formed), check and finish the metadata, run the kind's
-/// checks, drop `status`.
+/// Parse as `K` (so the object is well formed), check and finish the metadata (no finalizers
+/// unless allowed), run the kind's checks, drop `status`.
 fn finish<K, P>(
     value: Value,
     parent: &P,
     plugin: &Plugin,
+    allow: &Allowances,
     problems: impl FnOnce(&mut K) -> Result<(), String>,
 ) -> Result<Value, String>
 where
@@ -213,6 +255,7 @@ where
     let at = format!("{} {name:?}", K::KIND);
     finish_meta(obj.metadata_mut(), parent, plugin).map_err(|e| format!("{at}: {e}"))?;
     metadata_problems(obj.metadata()).map_err(|e| format!("{at}: {e}"))?;
+    allowances::finalizers("metadata", obj.metadata(), allow).map_err(|e| format!("{at}: {e}"))?;
     problems(&mut obj).map_err(|e| format!("{at}: {e}"))?;
     let mut value = serde_json::to_value(&obj).map_err(|e| format!("{at}: cannot serialize it: {e}"))?;
     if let Some(map) = value.as_object_mut() {
@@ -249,9 +292,12 @@ fn config_map_problems(cm: &mut ConfigMap) -> Result<(), String> {
     Ok(())
 }
 
-fn service_problems(svc: &mut Service) -> Result<(), String> {
+/// A valid name; `ClusterIP`, no external IPs, unless the host allows exposing it (only the
+/// `controller-service` builder's Service may be what the Controller's `spec.service` asks for).
+fn service_problems(svc: &mut Service, allow: &Allowances) -> Result<(), String> {
     let name = svc.metadata.name.clone().unwrap_or_default();
-    dns1035_label(&name).map_err(|why| format!("the Service name is invalid: {why}"))
+    dns1035_label(&name).map_err(|why| format!("the Service name is invalid: {why}"))?;
+    allowances::service_spec(svc.spec.as_ref(), &ServiceGrants::default(), allow)
 }
 
 fn pdb_problems(pdb: &mut PodDisruptionBudget) -> Result<(), String> {
@@ -267,10 +313,10 @@ fn pdb_problems(pdb: &mut PodDisruptionBudget) -> Result<(), String> {
 /// The claim retention of every StatefulSet the host applies (`whenDeleted`, `whenScaled`).
 const RETAIN: &str = "Retain";
 
-/// A StatefulSet's pod template: labels matching its selector, valid containers; the host puts
-/// the builder annotations on the template too, so a new builder rolls its pods; its claims are
-/// retained whatever the builder says.
-fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin) -> Result<(), String> {
+/// A StatefulSet's pod template: labels matching its selector, valid containers, nothing past the
+/// parent's grants (unless allowed); the host puts the builder annotations on the template too,
+/// so a new builder rolls its pods; its claims are retained whatever the builder says.
+fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin, rules: &Rules<'_>) -> Result<(), String> {
     let spec = &mut sts.spec;
     // Its claims outlive it, whatever the builder says: slurmctld's state save claim must survive
     // a deleted or scaled-in StatefulSet (a plugin setting `Delete` would erase the cluster's
@@ -306,6 +352,8 @@ fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin) -> Result<(), St
         ..Default::default()
     };
     metadata_problems(&template_check).map_err(|e| format!("spec.template.{e}"))?;
+    // The StatefulSet controller copies the template's finalizers to every pod.
+    allowances::finalizers("spec.template.metadata", template_meta, rules.allow)?;
     let pod = spec
         .template
         .spec
@@ -314,7 +362,36 @@ fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin) -> Result<(), St
     if pod.containers.is_empty() {
         return Err("spec.template.spec has no containers".into());
     }
-    pod_spec_problems(pod).map_err(|e| format!("spec.template.{e}"))
+    pod_spec_problems(pod)
+        .and_then(|()| allowances::pod_spec(pod, &rules.pods, rules.allow))
+        .map_err(|e| format!("spec.template.{e}"))
+}
+
+/// A NodeSet's PodDisruptionBudget selects only its pods; the workers' shared one, only the
+/// Controller's protected workers (as Slinky's does), unless the host allows a wider one.
+fn pdb_selector(child: &Child, nodeset: &NodeSet, shared: bool, allow: &Allowances) -> Result<(), String> {
+    let have: Labels = child
+        .object
+        .pointer("/spec/selector/matchLabels")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let cluster = &nodeset.spec.controller_ref.name;
+    let (want, whose) = if shared {
+        (
+            Labels::from([
+                (keys::LABEL_POD_PROTECT.to_string(), "true".to_string()),
+                (keys::LABEL_CLUSTER.to_string(), cluster.clone()),
+            ]),
+            format!("the protected workers of Controller {cluster}"),
+        )
+    } else {
+        (
+            nodeset.selector_labels(),
+            format!("the pods of NodeSet {}", nodeset.name_any()),
+        )
+    };
+    allowances::pdb_selector(&have, &want, &whose, allow).map_err(|e| format!("{}: {e}", child.describe()))
 }
 
 /// A Controller's StatefulSet selects exactly the Controller's slurmctld pods.

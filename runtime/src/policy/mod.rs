@@ -5,8 +5,11 @@
 //! server-owned metadata (`uid`, `resourceVersion`, `managedFields`, `deletionTimestamp`). It then
 //! makes the owner reference and builder annotations right itself: whatever the plugin set there
 //! is replaced. `status` is dropped (the host owns status). The children builders' outputs are
-//! checked by [`controller_children`] and [`nodeset_children`].
+//! checked by [`controller_children`] and [`nodeset_children`]. What reaches past the parent (a
+//! node's namespaces or paths, privileges, an exposed Service, finalizers …) is refused unless the
+//! host allows it: see [`Allow`].
 
+mod allowances;
 mod children_output;
 
 use std::collections::BTreeMap;
@@ -20,15 +23,21 @@ use kube::ResourceExt;
 use serde_json::Value;
 use slinky_api::{Controller, NodeSet, keys, validation};
 
+pub use allowances::{Allow, Allowances};
 pub use children_output::{controller_children, nodeset_children};
 
 use super::{Plugin, PodIdentity};
 
-/// Check and finish a `build-service` output.
+/// Check and finish a `build-service` output; `allow` is what the host lets it reach.
 ///
 /// # Errors
 /// The rule the output broke, with what it had.
-pub fn service(raw: &str, controller: &Controller, plugin: &Plugin) -> Result<Service, String> {
+pub fn service(
+    raw: &str,
+    controller: &Controller,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Service, String> {
     let mut svc: Service = parse(raw)?;
     finish_meta(&mut svc.metadata, controller, plugin)?;
     let name = svc.metadata.name.clone().unwrap_or_default();
@@ -49,15 +58,25 @@ pub fn service(raw: &str, controller: &Controller, plugin: &Plugin) -> Result<Se
         .and_then(|s| s.selector.clone())
         .unwrap_or_default();
     require_labels("spec.selector", &selector, &controller.selector_labels())?;
+    let grants = allowances::ServiceGrants::of_controller_service(controller);
+    allowances::finalizers("metadata", &svc.metadata, allow)
+        .and_then(|()| allowances::service_spec(svc.spec.as_ref(), &grants, allow))
+        .map_err(|e| format!("Service {name:?}: {e}"))?;
     svc.status = None;
     Ok(svc)
 }
 
-/// Check and finish a `build-pod` output.
+/// Check and finish a `build-pod` output; `allow` is what the host lets it reach.
 ///
 /// # Errors
 /// The rule the output broke, with what it had.
-pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin) -> Result<Pod, String> {
+pub fn pod(
+    raw: &str,
+    nodeset: &NodeSet,
+    identity: &PodIdentity,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Pod, String> {
     let mut pod: Pod = parse(raw)?;
     finish_meta(&mut pod.metadata, nodeset, plugin)?;
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -77,6 +96,12 @@ pub fn pod(raw: &str, nodeset: &NodeSet, identity: &PodIdentity, plugin: &Plugin
     if let Some(spec) = &pod.spec {
         pod_spec_problems(spec)?;
     }
+    allowances::finalizers("metadata", &pod.metadata, allow)
+        .and_then(|()| match &pod.spec {
+            Some(spec) => allowances::pod_spec(spec, &allowances::PodGrants::of_nodeset(nodeset), allow),
+            None => Ok(()),
+        })
+        .map_err(|e| format!("Pod {name:?}: {e}"))?;
     pod.status = None;
     Ok(pod)
 }

@@ -135,6 +135,10 @@ fn summary(h: &Handles) -> String {
 /// # Errors
 /// As [`run`], or a plugin that does not load.
 pub fn execute(engine: &Arc<EngineHandle>, args: RunArgs) -> anyhow::Result<()> {
+    if !engine.allowances().is_empty() {
+        tracing::warn!(allow = %engine.allowances(),
+            "the output policy lets plugins build these classes past their parents' specs (--allow)");
+    }
     let plugins = Arc::new(PluginRegistry::new(engine, &args.plugins)?);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(run(args, plugins))

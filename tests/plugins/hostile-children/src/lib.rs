@@ -13,13 +13,25 @@
 //! | `drop-config` | leaves out the ConfigMaps (the host prunes the ones it built) |
 //! | `drop-statefulset` | leaves out the slurmctld StatefulSet (the host keeps it and reports it) |
 //! | `retention-delete` | asks for claim retention `Delete`/`Delete` on the StatefulSet (the host keeps `Retain`) |
+//! | `finalizer` | puts the finalizer `hostile.test/keep` on every child |
+//! | `host-path` | mounts the node's `/` (a `hostPath` volume `node-root`) into slurmctld's pods |
+//! | `host-path-and-finalizer` | both: the StatefulSet's pods mount the node's `/`, the ConfigMaps carry a finalizer |
+//! | `host-network` | runs slurmctld's pods in the node's network namespace |
+//! | `service-account` | runs slurmctld's pods as the service account `admin` |
+//! | `privileged` | makes the slurmctld container privileged |
+//! | `load-balancer` | makes every Service a `LoadBalancer` |
+//! | `external-ips` | gives every Service the external IP `203.0.113.7` |
+//! | `wide-pdb` | makes the workers' PodDisruptionBudget select every slurmd pod of the namespace |
 //! | anything else | builds Slinky's children |
 
 use slinky_guest_sdk::{
     BuildContext, BuildError, Child, ControllerChildrenBuilder, ControllerInputs, NodeSetChildrenBuilder,
     api::{Controller, NodeSet},
     k8s_openapi::{
-        api::{apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy, core::v1::ConfigMap},
+        api::{
+            apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy,
+            core::v1::{ConfigMap, HostPathVolumeSource, PodSpec, SecurityContext, Volume},
+        },
         apimachinery::pkg::apis::meta::v1::ObjectMeta,
     },
     slinky,
@@ -34,6 +46,50 @@ fn behaviour(meta: &ObjectMeta) -> String {
         .and_then(|a| a.get("hostile.test/behaviour"))
         .cloned()
         .unwrap_or_default()
+}
+
+/// The metadata of a child.
+fn meta_mut(child: &mut Child) -> Option<&mut ObjectMeta> {
+    match child {
+        Child::ConfigMap(o) => Some(&mut o.metadata),
+        Child::Service(o) => Some(&mut o.metadata),
+        Child::StatefulSet(o) => Some(&mut o.metadata),
+        Child::PodDisruptionBudget(o) => Some(&mut o.metadata),
+        _ => None,
+    }
+}
+
+/// The pod spec of the StatefulSets' templates.
+fn pod_specs(children: &mut [Child]) -> impl Iterator<Item = &mut PodSpec> {
+    children.iter_mut().filter_map(|c| match c {
+        Child::StatefulSet(s) => s.spec.template.spec.as_mut(),
+        _ => None,
+    })
+}
+
+/// Put the finalizer `hostile.test/keep` on the children `which` selects.
+fn add_finalizer(children: &mut [Child], which: impl Fn(&Child) -> bool) {
+    for child in children.iter_mut().filter(|c| which(c)) {
+        if let Some(meta) = meta_mut(child) {
+            meta.finalizers
+                .get_or_insert_default()
+                .push("hostile.test/keep".into());
+        }
+    }
+}
+
+/// Mount the node's `/` into the StatefulSets' pods.
+fn add_host_path(children: &mut [Child]) {
+    for spec in pod_specs(children) {
+        spec.volumes.get_or_insert_default().push(Volume {
+            name: "node-root".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: "/".into(),
+                type_: None,
+            }),
+            ..Default::default()
+        });
+    }
 }
 
 fn misbehave(mut children: Vec<Child>, meta: &ObjectMeta) -> Result<Vec<Child>, BuildError> {
@@ -73,6 +129,49 @@ fn misbehave(mut children: Vec<Child>, meta: &ObjectMeta) -> Result<Vec<Child>, 
                             when_deleted: Some("Delete".into()),
                             when_scaled: Some("Delete".into()),
                         });
+                }
+            }
+        }
+        "finalizer" => add_finalizer(&mut children, |_| true),
+        "host-path" => add_host_path(&mut children),
+        "host-path-and-finalizer" => {
+            add_host_path(&mut children);
+            add_finalizer(&mut children, |c| c.as_config_map().is_some());
+        }
+        "host-network" => pod_specs(&mut children).for_each(|s| s.host_network = Some(true)),
+        "service-account" => {
+            pod_specs(&mut children).for_each(|s| s.service_account_name = Some("admin".into()))
+        }
+        "privileged" => pod_specs(&mut children)
+            .flat_map(|s| s.containers.iter_mut())
+            .filter(|c| c.name == "slurmctld")
+            .for_each(|c| {
+                c.security_context
+                    .get_or_insert_with(SecurityContext::default)
+                    .privileged = Some(true)
+            }),
+        "load-balancer" | "external-ips" => {
+            let behaviour = behaviour(meta);
+            for child in &mut children {
+                if let Child::Service(s) = child
+                    && let Some(spec) = s.spec.as_mut()
+                {
+                    if behaviour == "load-balancer" {
+                        spec.type_ = Some("LoadBalancer".into());
+                        spec.cluster_ip = None;
+                    } else {
+                        spec.external_ips = Some(vec!["203.0.113.7".into()]);
+                    }
+                }
+            }
+        }
+        "wide-pdb" => {
+            for child in &mut children {
+                if let Child::PodDisruptionBudget(p) = child
+                    && let Some(selector) = p.spec.as_mut().and_then(|s| s.selector.as_mut())
+                {
+                    selector.match_labels =
+                        Some([("app.kubernetes.io/name".to_string(), "slurmd".to_string())].into());
                 }
             }
         }

@@ -13,12 +13,20 @@
 //! | `error` | returns an invalid-input error |
 //! | `print` | writes to stdout and stderr, then builds normally |
 //! | `count` | adds one to a static counter and puts its value in the annotation `hostile.test/calls` (state surviving between calls would show as a count above 1) |
+//! | `host-network` | runs the pod in the node's network namespace |
+//! | `host-pid` | runs the pod in the node's process namespace |
+//! | `host-path` | mounts the node's `/` (a `hostPath` volume `node-root`) |
+//! | `node-name` | binds the pod to the node `node-0`, past the scheduler |
+//! | `service-account` | runs the pod as the service account `admin` |
+//! | `privileged-sidecar` | adds a privileged container `escape` |
+//! | `capability` | adds the capability `SYS_PTRACE` to slurmd (beyond Slinky's) |
+//! | `finalizer` | puts the finalizer `hostile.test/keep` on the pod |
 //! | anything else | builds Slinky's pod |
 
 use slinky_guest_sdk::{
     BuildContext, BuildError, NodeSetPodBuilder, PodIdentity,
     api::{Controller, NodeSet},
-    k8s_openapi::api::core::v1::Pod,
+    k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, Pod, SecurityContext, Volume},
     slinky,
 };
 
@@ -93,6 +101,49 @@ impl NodeSetPodBuilder for Hostile {
                     .get_or_insert_default()
                     .insert("hostile.test/calls".into(), calls.to_string());
             }
+            "host-network" | "host-pid" | "host-path" | "node-name" | "service-account"
+            | "privileged-sidecar" | "capability" => {
+                let spec = pod.spec.get_or_insert_default();
+                match what {
+                    "host-network" => spec.host_network = Some(true),
+                    "host-pid" => spec.host_pid = Some(true),
+                    "node-name" => spec.node_name = Some("node-0".into()),
+                    "service-account" => spec.service_account_name = Some("admin".into()),
+                    "host-path" => spec.volumes.get_or_insert_default().push(Volume {
+                        name: "node-root".into(),
+                        host_path: Some(HostPathVolumeSource {
+                            path: "/".into(),
+                            type_: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    "privileged-sidecar" => spec.containers.push(Container {
+                        name: "escape".into(),
+                        image: Some("busybox".into()),
+                        security_context: Some(SecurityContext {
+                            privileged: Some(true),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    _ => {
+                        for c in spec.containers.iter_mut().filter(|c| c.name == "slurmd") {
+                            c.security_context
+                                .get_or_insert_default()
+                                .capabilities
+                                .get_or_insert_default()
+                                .add
+                                .get_or_insert_default()
+                                .push("SYS_PTRACE".into());
+                        }
+                    }
+                }
+            }
+            "finalizer" => pod
+                .metadata
+                .finalizers
+                .get_or_insert_default()
+                .push("hostile.test/keep".into()),
             "no-selector" => {
                 if let Some(l) = pod.metadata.labels.as_mut() {
                     l.remove("app.kubernetes.io/name");
