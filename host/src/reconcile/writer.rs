@@ -199,17 +199,31 @@ impl Writer {
             .write("apply", api.patch(&name, &pp, &Patch::Apply(&object)))
             .await;
         let stored = serde_json::to_value(r?).map_err(kube::Error::SerdeError)?;
-        // A create (or an older host) left an Update entry of the host's: drop it, so the Apply
-        // entry alone owns the host's fields and a field no longer built is removed. Best effort:
-        // the object is as built either way, and the next apply tries again.
-        match self.drop_update_entry(&api, &name, &stored).await {
-            Ok(Some(newer)) => Ok(newer),
-            Ok(None) => Ok(stored),
-            Err(e) => {
-                tracing::warn!(%kind, %ns, %name, "dropping the host's Update entry from managedFields: {}", message(&e));
-                Ok(stored)
+        // A create (or an older host) left an Update entry of the host's: drop it now, before a
+        // later apply leaves a field out (a field the Update entry still owns would stay, and
+        // then belong to no one). Another writer changing the object meanwhile (a StatefulSet's
+        // status right after its create) is a 409: read it again and retry. Best effort past
+        // that: the object is as built, and the next apply tries again.
+        let mut current = stored.clone();
+        for _ in 0..5 {
+            match self.drop_update_entry(&api, &name, &current).await {
+                Ok(Some(newer)) => return Ok(newer),
+                Ok(None) => return Ok(current),
+                Err(e) if is_conflict(&e) => match api.get(&name).await {
+                    Ok(o) => current = serde_json::to_value(o).map_err(kube::Error::SerdeError)?,
+                    Err(e) => {
+                        tracing::warn!(%kind, %ns, %name, "re-reading to drop the host's Update entry: {}", message(&e));
+                        return Ok(stored);
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(%kind, %ns, %name, "dropping the host's Update entry from managedFields: {}", message(&e));
+                    return Ok(stored);
+                }
             }
         }
+        tracing::warn!(%kind, %ns, %name, "the host's Update entry stays in managedFields: the object kept changing");
+        Ok(stored)
     }
 
     /// Create a child that does not exist: a 409 AlreadyExists when its name is taken, so nothing
@@ -260,7 +274,7 @@ impl Writer {
         }
         let mut kept: Vec<Value> = entries.into_iter().filter(|e| !ours(e)).collect();
         if kept.is_empty() {
-            // One empty entry clears managedFields (an empty list would be ignored).
+            // One empty entry clears managedFields.
             kept.push(json!({}));
         }
         self.fence("patch")?;
