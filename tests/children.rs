@@ -1198,6 +1198,31 @@ async fn no_build_deletes_slurmctlds_statefulset_or_its_claims() -> Result<()> {
         kept.as_ref().is_some_and(|s| text(s, "/metadata/uid") == uid),
         "the StatefulSet was deleted and recreated without --recreate-statefulsets"
     );
+    ensure!(
+        text(&cond, "/message")
+            .contains("spec.volumeClaimTemplates[name=statesave].spec.resources.requests.storage"),
+        "the exact field: {cond}"
+    );
+    // Meanwhile the rest still reaches slurmctld: a new image is applied to the template.
+    controllers
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"slurmctld": {"image": "ghcr.io/slinkyproject/slurmctld:25.05-rocky9"}}}),
+            ),
+        )
+        .await?;
+    eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        let images = sts.pointer("/spec/template/spec/containers")?.as_array()?.clone();
+        images
+            .iter()
+            .any(|c| c["image"] == "ghcr.io/slinkyproject/slurmctld:25.05-rocky9")
+            .then_some(())
+    })
+    .await
+    .context("a claim template difference froze the whole StatefulSet: the new image never came")?;
     host.stop().await;
     Ok(())
 }

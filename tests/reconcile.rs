@@ -154,6 +154,30 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
     server.faults().set_watch_delay(Duration::from_millis(100));
     let host = Host::start(&c, &ns)?;
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    // Every 10 ms, the other writer's condition as the API serves it: a status write that loses
+    // it shows here even when a later write puts it back.
+    let (stop_watching, watching) = tokio::sync::watch::channel(false);
+    let seen = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<Option<String>> = Vec::new();
+            while !*watching.borrow() {
+                if let Ok(o) = api.get_status(NS_NAME).await {
+                    let m = o
+                        .status
+                        .iter()
+                        .flat_map(|s| s.conditions.iter())
+                        .find(|c| c.type_ == "SiteCheck")
+                        .map(|c| c.message.clone());
+                    if seen.last() != Some(&m) {
+                        seen.push(m);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            seen
+        })
+    };
     // Another writer keeps setting a condition of its own on the NodeSet's status while the host
     // writes its own (pods being created and becoming ready), both through the 60% conflicts.
     let other = {
@@ -212,6 +236,22 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
     ensure!(
         host.handles.writes.conflict_retries.get() > 0,
         "conflicts were retried"
+    );
+    let _ = stop_watching.send(true);
+    let seen = seen.await?;
+    // Once set, the condition only ever moves forward: storm-0 … storm-39, then after-scale.
+    let rank = |m: &Option<String>| match m.as_deref() {
+        None => -1,
+        Some("after-scale") => 1000,
+        Some(s) => s
+            .strip_prefix("storm-")
+            .and_then(|n| n.parse::<i32>().ok())
+            .unwrap_or(-2),
+    };
+    let first_set = seen.iter().position(|m| m.is_some()).unwrap_or(seen.len());
+    ensure!(
+        seen[first_set..].windows(2).all(|w| rank(&w[1]) > rank(&w[0])),
+        "a status write put back an older condition of the other writer's, or dropped it: {seen:?}"
     );
     host.stop().await;
     Ok(())

@@ -318,6 +318,15 @@ impl NodeSet {
             .or(self.metadata.namespace.as_deref())
             .unwrap_or_default()
     }
+
+    /// Whether this NodeSet shares its Controller's workers' objects (Service, PodDisruptionBudget)
+    /// with `other`: the same namespace and the same Controller, its namespace included (two
+    /// Controllers of one name in two namespaces are two clusters).
+    pub fn shares_workers_with(&self, other: &NodeSet) -> bool {
+        self.metadata.namespace == other.metadata.namespace
+            && self.spec.controller_ref.name == other.spec.controller_ref.name
+            && self.controller_namespace() == other.controller_namespace()
+    }
 }
 
 #[cfg(test)]

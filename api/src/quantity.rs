@@ -105,7 +105,9 @@ fn exact(text: &str) -> Option<(i128, Format)> {
         mantissa = mantissa.checked_mul(10)?.checked_add(i128::from(b - b'0'))?;
     }
     // value = mantissa × 10^(ten - fraction digits) × 2^two, in nano-units: × 10^9.
-    let scale = ten + 9 - i32::try_from(fraction.len()).ok()?;
+    let scale = ten
+        .checked_add(9)?
+        .checked_sub(i32::try_from(fraction.len()).ok()?)?;
     let mut nanos = mantissa.checked_mul(1i128.checked_shl(two)?)?;
     if scale >= 0 {
         nanos = nanos.checked_mul(10i128.checked_pow(scale.unsigned_abs())?)?;
@@ -293,6 +295,11 @@ mod tests {
             assert_eq!(canonical(text).as_deref(), Some(want), "{text}");
         }
         assert_eq!(canonical("lots"), None);
+        // Beyond what the exact form holds: no answer, never a panic.
+        assert_eq!(canonical("1e2147483647"), None);
+        assert_eq!(canonical("1e-2147483648"), None);
+        assert_eq!(canonical("99999999999999999999999999999999999999999Ei"), None);
+        assert!(!same("1e2147483647", "1e2147483647x"));
     }
 
     #[test]

@@ -101,21 +101,38 @@ pub fn owned_by(live: &Value, ownership: Ownership, parent_uid: &str, sharers: &
     }
 }
 
-/// Immutable StatefulSet fields that differ, which an update cannot change: the object must be
-/// deleted and created again (Slinky does so when `serviceName` changed).
-fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
-    let get = |v: &Value, p: &str| v.pointer(p).cloned().unwrap_or(Value::Null);
-    if get(live, "/spec/serviceName") != get(desired, "/spec/serviceName") {
-        return Some("spec.serviceName");
-    }
-    if !contains(&get(live, "/spec/selector"), &get(desired, "/spec/selector"))
-        || !contains(&get(desired, "/spec/selector"), &get(live, "/spec/selector"))
-    {
-        return Some("spec.selector");
-    }
-    let claims = |v: &Value| -> Vec<String> {
-        v.pointer("/spec/volumeClaimTemplates")
-            .and_then(Value::as_array)
+/// The StatefulSet spec fields an update may change (kube-apiserver's `ValidateStatefulSetUpdate`):
+/// every other one is immutable.
+const STATEFULSET_MUTABLE: [&str; 6] = [
+    "replicas",
+    "ordinals",
+    "template",
+    "updateStrategy",
+    "persistentVolumeClaimRetentionPolicy",
+    "minReadySeconds",
+];
+
+/// The immutable StatefulSet spec fields to compare: those the build sets, and those whose
+/// removal is a change too.
+fn statefulset_immutable_keys(desired: &Value) -> BTreeSet<String> {
+    let mut keys: BTreeSet<String> = desired
+        .get("spec")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|m| m.keys().cloned())
+        .collect();
+    keys.extend(["serviceName", "selector", "volumeClaimTemplates"].map(String::from));
+    keys.retain(|k| !STATEFULSET_MUTABLE.contains(&k.as_str()));
+    keys
+}
+
+/// The first immutable StatefulSet field that differs, which an update cannot change, as its exact
+/// path (`spec.volumeClaimTemplates[name=statesave].spec.resources.requests.storage`): the object
+/// must be deleted and created again to change it (Slinky does so when `serviceName` changed).
+fn statefulset_recreate(live: &Value, desired: &Value) -> Option<String> {
+    let get = |v: &Value, k: &str| v.pointer(&format!("/spec/{k}")).cloned().unwrap_or(Value::Null);
+    let names = |v: &Value| -> Vec<String> {
+        v.as_array()
             .into_iter()
             .flatten()
             .filter_map(|c| {
@@ -125,15 +142,43 @@ fn statefulset_recreate(live: &Value, desired: &Value) -> Option<&'static str> {
             })
             .collect()
     };
-    if claims(live) != claims(desired)
-        || !contains(
-            &get(live, "/spec/volumeClaimTemplates"),
-            &get(desired, "/spec/volumeClaimTemplates"),
-        )
-    {
-        return Some("spec.volumeClaimTemplates");
+    for k in statefulset_immutable_keys(desired) {
+        let (l, d) = (get(live, &k), get(desired, &k));
+        let same = match k.as_str() {
+            // A selector must be equal both ways; claim templates must be the same claims.
+            "selector" => contains(&l, &d) && contains(&d, &l),
+            "volumeClaimTemplates" => names(&l) == names(&d) && contains(&l, &d),
+            _ => contains(&l, &d),
+        };
+        if same {
+            continue;
+        }
+        let sub = differences(&l, &d, 1).into_iter().next().unwrap_or_default();
+        return Some(if sub.is_empty() {
+            format!("spec.{k}")
+        } else if sub.starts_with('[') {
+            format!("spec.{k}{sub}")
+        } else {
+            format!("spec.{k}.{sub}")
+        });
     }
     None
+}
+
+/// `desired` with the live object's immutable StatefulSet fields: what can still be applied while
+/// an immutable field differs (the image, the configuration hash, a rotated key's hash).
+fn with_live_immutables(live: &Value, desired: &Value) -> Value {
+    let mut out = desired.clone();
+    for k in statefulset_immutable_keys(desired) {
+        let l = live.pointer(&format!("/spec/{k}")).cloned();
+        if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
+            match l {
+                Some(v) => spec.insert(k, v),
+                None => spec.remove(&k),
+            };
+        }
+    }
+    out
 }
 
 /// `object` without the applied-hash annotation.
@@ -314,6 +359,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
         self.about = Some(child_ref(kind, &ns, &name));
         let what = child.describe();
         let mut fresh = false;
+        let mut partial = false;
         for attempt in 0..3 {
             let live = self.live(kind, &ns, &name, fresh).await?;
             let resource_version = match &live {
@@ -345,18 +391,24 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                         && let Some(immutable) = statefulset_recreate(l, &desired)
                     {
                         if self.core.recreate_statefulsets {
-                            self.recreate(&key, &what, l, immutable).await;
-                        } else {
-                            let msg = format!(
-                                "{what} has another {immutable} than its builder builds, and a \
-                                 StatefulSet cannot change it in place: it is kept as it is, slurmctld \
-                                 keeps its state. Change the Controller back, or run the host with \
-                                 --recreate-statefulsets to delete and recreate it (its claims are \
-                                 retained)"
-                            );
-                            self.failed("ImmutableFieldChanged", msg, true).await;
+                            self.recreate(&key, &what, l, &immutable).await;
+                            return Ok(false);
                         }
-                        return Ok(false);
+                        let msg = format!(
+                            "{what} has another {immutable} than its builder builds, and a \
+                             StatefulSet cannot change it in place: it is kept as it is (the rest \
+                             of the template is still applied), slurmctld keeps its state. Change the \
+                             Controller back, or run the host with --recreate-statefulsets to delete \
+                             and recreate it (its claims are retained)"
+                        );
+                        self.failed("ImmutableFieldChanged", msg, true).await;
+                        // Apply what can change; not remembered as applied, so the next pass
+                        // reports the difference again.
+                        partial = true;
+                        desired = with_live_immutables(l, &desired);
+                        if contains(l, &desired) {
+                            return Ok(false);
+                        }
                     }
                     Some(rv)
                 }
@@ -395,6 +447,9 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                         .unwrap_or_default()
                         .to_string();
                     let paths = differences(&stored, &desired, 10);
+                    if partial {
+                        return Ok(false);
+                    }
                     self.applied.set(key, hash, rv, paths.clone());
                     if !paths.is_empty() {
                         let note = dropped_note(&what, &paths);
@@ -430,6 +485,25 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     /// pass creates it anew.
     async fn recreate(&mut self, key: &ChildKey, what: &str, live: &Value, immutable: &str) {
         let uid = field(live, "/metadata/uid").unwrap_or_default();
+        // Its claims must outlive it: a StatefulSet made by an older host or by Slinky may delete
+        // them with it. Retain/Retain first (a 409 if it changed since: the next pass again).
+        let retain = |p: &str| {
+            field(live, &format!("/spec/persistentVolumeClaimRetentionPolicy/{p}")) == Some("Retain")
+        };
+        if !(retain("whenDeleted") && retain("whenScaled")) {
+            let patch = serde_json::json!({"metadata": {"resourceVersion": field(live, "/metadata/resourceVersion")},
+                "spec": {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"}}});
+            if let Err(e) = self.core.writer.patch_child(key.0, &key.1, &key.2, &patch).await {
+                let msg = format!(
+                    "Error retaining the claims of {what} before recreating it: {} (it is not deleted)",
+                    writer::message(&e)
+                );
+                self.failed("FailedApply", msg, false).await;
+                return;
+            }
+            // Deleted by the next pass, from the object with the retention it now has.
+            return;
+        }
         match self.core.writer.delete_child(key.0, &key.1, &key.2, uid).await {
             Ok(_) => {
                 self.applied.forget(key);
@@ -567,19 +641,19 @@ mod tests {
         };
         let claim = json!([{"metadata": {"name": "statesave"}, "spec": {"resources": {"requests": {"storage": "4Gi"}}}}]);
         let live = sts("x-controller-internal", claim.clone());
-        assert_eq!(statefulset_recreate(&live, &live), None);
+        assert_eq!(statefulset_recreate(&live, &live).as_deref(), None);
         assert_eq!(
-            statefulset_recreate(&sts("x-controller", claim.clone()), &live),
+            statefulset_recreate(&sts("x-controller", claim.clone()), &live).as_deref(),
             Some("spec.serviceName")
         );
         assert_eq!(
-            statefulset_recreate(&live, &sts("x-controller-internal", json!(null))),
+            statefulset_recreate(&live, &sts("x-controller-internal", json!(null))).as_deref(),
             Some("spec.volumeClaimTemplates")
         );
         let mut more = live.clone();
         more["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"] = "Filesystem".into();
         assert_eq!(
-            statefulset_recreate(&more, &live),
+            statefulset_recreate(&more, &live).as_deref(),
             None,
             "server defaults are no change"
         );
@@ -590,14 +664,28 @@ mod tests {
             )
         };
         assert_eq!(
-            statefulset_recreate(&stored_as("4Gi"), &stored_as("4096Mi")),
+            statefulset_recreate(&stored_as("4Gi"), &stored_as("4096Mi")).as_deref(),
             None,
             "the API server's canonical form of a quantity is no change"
         );
         assert_eq!(
-            statefulset_recreate(&stored_as("4Gi"), &stored_as("5Gi")),
-            Some("spec.volumeClaimTemplates")
+            statefulset_recreate(&stored_as("4Gi"), &stored_as("5Gi")).as_deref(),
+            Some("spec.volumeClaimTemplates[name=statesave].spec.resources.requests.storage"),
+            "the exact field"
         );
+        let mut policy = live.clone();
+        policy["spec"]["podManagementPolicy"] = "Parallel".into();
+        assert_eq!(
+            statefulset_recreate(&live, &policy).as_deref(),
+            Some("spec.podManagementPolicy"),
+            "every immutable field, not only three"
+        );
+        // What can still change is applied over the live immutables.
+        let mut want = stored_as("5Gi");
+        want["spec"]["template"] = json!({"metadata": {"annotations": {"h": "2"}}});
+        let merged = with_live_immutables(&stored_as("4Gi"), &want);
+        assert_eq!(statefulset_recreate(&stored_as("4Gi"), &merged), None);
+        assert_eq!(merged["spec"]["template"]["metadata"]["annotations"]["h"], "2");
     }
 
     #[test]

@@ -86,15 +86,19 @@ fn diff(actual: &Value, desired: &Value, path: String, out: &mut Vec<String>, li
                     continue;
                 }
                 // Name the item by its `name` when it has one, and find its counterpart by it.
-                let name = dv.get("name").and_then(Value::as_str);
+                let item_name = |v: &'_ Value| {
+                    v.get("name")
+                        .or_else(|| v.pointer("/metadata/name"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
+                let name = item_name(dv);
+                let name = name.as_deref();
                 let item = match name {
                     Some(n) => format!("{path}[name={n}]"),
                     None => format!("{path}[{i}]"),
                 };
-                match name.and_then(|n| {
-                    a.iter()
-                        .find(|av| av.get("name").and_then(Value::as_str) == Some(n))
-                }) {
+                match name.and_then(|n| a.iter().find(|av| item_name(av).as_deref() == Some(n))) {
                     Some(av) => diff(av, dv, item, out, limit, false),
                     None => out.push(item),
                 }

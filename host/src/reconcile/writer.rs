@@ -290,6 +290,30 @@ impl Writer {
         Ok(Some(serde_json::to_value(r?).map_err(kube::Error::SerdeError)?))
     }
 
+    /// Merge-patch a child (`patch` carries the resourceVersion it was computed from, when it
+    /// must); returns the stored object.
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn patch_child(
+        &self,
+        kind: ChildKind,
+        ns: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, kube::Error> {
+        self.fence("patch")?;
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let r = self
+            .write("patch", api.patch(name, &pp, &Patch::Merge(patch)))
+            .await;
+        serde_json::to_value(r?).map_err(kube::Error::SerdeError)
+    }
+
     /// Delete a child, only if it still has `uid`: `true` when deleted now, `false` when it was
     /// already gone.
     ///

@@ -294,10 +294,7 @@ pub fn render_with(
                         Parent::NodeSet(o) => Some(o.as_ref()),
                         Parent::Controller(_) => None,
                     })
-                    .filter(|o| {
-                        o.namespace().as_deref() == Some(ns.as_str())
-                            && o.spec.controller_ref.name == ctl_name
-                    })
+                    .filter(|o| o.shares_workers_with(n))
                     .collect();
                 let owners = slinky_api::owners::shared_refs(sharing);
                 built.retain(|c| {

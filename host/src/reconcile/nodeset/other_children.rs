@@ -84,13 +84,10 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     Ok(())
 }
 
-/// Whether two NodeSets share their Controller's workers' objects: the same namespace and the
-/// same Controller, its namespace included (two Controllers of one name in two namespaces are
-/// two clusters).
+/// Whether two NodeSets share their Controller's workers' objects (see
+/// [`NodeSet::shares_workers_with`]).
 pub(crate) fn shares_with(a: &NodeSet, b: &NodeSet) -> bool {
-    a.namespace() == b.namespace()
-        && a.spec.controller_ref.name == b.spec.controller_ref.name
-        && a.controller_namespace() == b.controller_namespace()
+    a.shares_workers_with(b)
 }
 
 #[cfg(test)]
