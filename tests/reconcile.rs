@@ -564,6 +564,184 @@ async fn events_of_a_large_scale_name_a_few_pods_and_count_the_rest() -> Result<
     Ok(())
 }
 
+/// The Events about the example NodeSet of `reason`, oldest first, as `(note, series count)` (1
+/// for an Event seen once).
+async fn event_series(c: &slinky_tests::TestCluster, ns: &str, reason: &str) -> Result<Vec<(String, i32)>> {
+    let mut items: Vec<_> = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NS_NAME)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect();
+    items.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    Ok(items
+        .into_iter()
+        .map(|e| {
+            let count = e.series.as_ref().map_or(1, |s| s.count);
+            (e.note.unwrap_or_default(), count)
+        })
+        .collect())
+}
+
+/// Two Events of one reason on one object with different notes are two Events, each with its
+/// own note: the second scale-up's `SuccessfulCreate` names only the pod it created (kube's
+/// recorder folded it into the first, which kept the first note and counted 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_of_one_reason_with_different_notes_are_different_events() -> Result<()> {
+    let c = cluster(false).await;
+    let (ns, host) = start_example(&c, "notes", 0).await?;
+    let g = scale(&c, &ns, 2).await?;
+    converge(&c, &ns, &names(&[0, 1]), g, false).await?;
+    let g = scale(&c, &ns, 3).await?;
+    converge(&c, &ns, &names(&[0, 1, 2]), g, false).await?;
+    let want = vec![
+        (format!("Created pods: {NS_NAME}-0, {NS_NAME}-1"), 1),
+        (format!("Created pods: {NS_NAME}-2"), 1),
+    ];
+    let found = eventually(30, || async {
+        let got = event_series(&c, &ns, "SuccessfulCreate").await.ok()?;
+        (got == want).then_some(())
+    })
+    .await;
+    if found.is_none() {
+        bail!(
+            "expected {want:#?}\n got {:#?}",
+            event_series(&c, &ns, "SuccessfulCreate").await?
+        );
+    }
+    host.stop().await;
+    Ok(())
+}
+
+/// A create refused three times with one message is one `FailedCreate` Event counted 3 (its
+/// series), not three Events; refused three more times with another message, it is a second
+/// Event with that message, counted 3 (kube's recorder showed the first message, counted 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_event_is_one_event_counted_and_a_new_note_a_new_event() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("fault injection") else {
+        return Ok(());
+    };
+    let ns = c.namespace("series").await;
+    apply_example(&c, &ns, 0).await?;
+    // The resync is 5 minutes: each refusal is retried by the backoff, one pass (and one Event)
+    // per refusal. The rules fire in order: three 422s, then three 500s.
+    let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
+    inject_fault(server, "create", "pods", FaultError::Invalid, Times::Count(3));
+    inject_fault(server, "create", "pods", FaultError::Internal, Times::Count(3));
+    let g = scale(&c, &ns, 1).await?;
+    converge(&c, &ns, &names(&[0]), g, false).await?;
+    assert_eq!(server.faults().fired().len(), 6, "six refusals");
+    let found = eventually(30, || async {
+        let got = event_series(&c, &ns, "FailedCreate").await.ok()?;
+        let ok = matches!(got.as_slice(),
+            [(first, 3), (second, 3)]
+                if first.starts_with(&format!("Error creating pod {NS_NAME}-0: "))
+                    && first.contains("invalid")
+                    && second.starts_with(&format!("Error creating pod {NS_NAME}-0: "))
+                    && second.contains("Internal error"));
+        ok.then_some(())
+    })
+    .await;
+    if found.is_none() {
+        bail!(
+            "expected two FailedCreate Events (422, then 500), each counted 3\n got {:#?}",
+            event_series(&c, &ns, "FailedCreate").await?
+        );
+    }
+    host.stop().await;
+    Ok(())
+}
+
+/// The publisher itself, on any cluster (its series patches meet a real kube-apiserver's
+/// validation too): a repeat is a patch of the one Event's series, another note another Event, a
+/// repeat whose Event was deleted a new Event; every one counted `event/ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_publisher_counts_repeats_and_starts_anew_when_the_event_is_gone() -> Result<()> {
+    use k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event};
+    use kube::{
+        api::{DeleteParams, PostParams},
+        runtime::events::{EventType, Reporter},
+    };
+    use slinky_host::reconcile::{Events, Leadership, WriteMetrics};
+    let c = cluster(false).await;
+    let ns = c.namespace("publisher").await;
+    let subject: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "subject"}}))?;
+    let subject = Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &subject)
+        .await?;
+    let metrics = std::sync::Arc::new(WriteMetrics::default());
+    let events = Events::new(
+        c.client.clone(),
+        Reporter {
+            controller: "slinky-tests".into(),
+            instance: None,
+        },
+        Leadership::always(),
+        metrics.clone(),
+    );
+    let publish = |note: &str| {
+        events.publish(
+            &subject,
+            None,
+            EventType::Warning,
+            "Tested",
+            "Test",
+            note.to_string(),
+        )
+    };
+    let api = Api::<Event>::namespaced(c.client.clone(), &ns);
+    // (note, series count, name) of each Event, oldest first.
+    let listed = || async {
+        let mut items = api.list(&ListParams::default()).await?.items;
+        items.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        anyhow::Ok(
+            items
+                .into_iter()
+                .map(|e| {
+                    let count = e.series.as_ref().map_or(1, |s| s.count);
+                    (
+                        e.note.unwrap_or_default(),
+                        count,
+                        e.metadata.name.unwrap_or_default(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let shape =
+        |got: &[(String, i32, String)]| got.iter().map(|(n, c, _)| (n.clone(), *c)).collect::<Vec<_>>();
+    publish("first").await;
+    publish("first").await;
+    publish("second").await;
+    publish("first").await;
+    let got = listed().await?;
+    assert_eq!(
+        shape(&got),
+        [("first".to_string(), 3), ("second".to_string(), 1)],
+        "{got:#?}"
+    );
+    api.delete(&got[0].2, &DeleteParams::default()).await?;
+    publish("first").await;
+    let now = listed().await?;
+    assert_eq!(
+        shape(&now),
+        [("second".to_string(), 1), ("first".to_string(), 1)],
+        "{now:#?}"
+    );
+    assert_ne!(now[1].2, got[0].2, "a new Event");
+    assert_eq!(
+        metrics.snapshot(),
+        [(("event".to_string(), "ok".to_string()), 5)].into(),
+        "every Event counted once, as written"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orphan_pods_are_adopted() -> Result<()> {
     let c = cluster(false).await;

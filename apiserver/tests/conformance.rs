@@ -1471,7 +1471,7 @@ async fn events_over_the_api_limits_are_refused_with_kube_apiservers_message() -
         secondary: None,
     };
     let limit = "Invalid value: \"\": can have at most 1024 characters";
-    // As the host publishes Events (events.k8s.io/v1, through kube's Recorder): a note one byte
+    // As the host publishes Events (events.k8s.io/v1, created as kube's Recorder does): a note one byte
     // over the limit (Go's `len` counts bytes: 512 two-byte characters and one more byte) is
     // refused with kube-apiserver's message, which names the core field `message`.
     let err = recorder

@@ -90,9 +90,8 @@ impl Core {
         self.event_about(obj, None, type_, reason, note).await;
     }
 
-    /// Publish an Event on `obj` about `related` (a child): Events of one reason about two
-    /// children are two Events, each with its own note (the recorder aggregates Events by
-    /// regarding, related, reason and action, keeping the first note). Fenced and capped like
+    /// Publish an Event on `obj` about `related` (a child, which `kubectl describe` and the
+    /// Event's `related` then name). Fenced, capped and counted in a series when repeated like
     /// every Event ([`Events::publish`]).
     pub(crate) async fn event_about<K: kube::Resource<DynamicType = ()>>(
         &self,
