@@ -204,11 +204,13 @@ impl Writer {
         // then belong to no one). Another writer changing the object meanwhile (a StatefulSet's
         // status right after its create) is a 409: read it again and retry. Best effort past
         // that: the object is as built, and the next apply tries again.
+        // The apply's answer is returned either way: it is what the API server made of the build
+        // (the caller compares it with the build to find fields the server dropped); the object
+        // re-read for a retry may carry another writer's change since.
         let mut current = stored.clone();
         for _ in 0..5 {
             match self.drop_update_entry(&api, &name, &current).await {
-                Ok(Some(newer)) => return Ok(newer),
-                Ok(None) => return Ok(current),
+                Ok(_) => return Ok(stored),
                 Err(e) if is_conflict(&e) => match api.get(&name).await {
                     Ok(o) => current = serde_json::to_value(o).map_err(kube::Error::SerdeError)?,
                     Err(e) => {
