@@ -496,6 +496,18 @@ fn children_builders_may_not_return_secrets_other_namespaces_or_foreign_objects(
         ("Controller", "foreign-name", "must be named `slurm-…`"),
         ("NodeSet", "foreign-name", "must be named `slurm-worker-slinky-…`"),
         ("Controller", "twice", "is listed twice"),
+        // One StatefulSet, slurmctld's, named for the Controller: another name would be created
+        // next to the kept one with an empty state save claim.
+        (
+            "Controller",
+            "rename-statefulset",
+            "StatefulSet slurm-slurmctld: a Controller has one StatefulSet",
+        ),
+        (
+            "Controller",
+            "second-statefulset",
+            "StatefulSet slurm-controller-b: a Controller has one StatefulSet",
+        ),
     ] {
         let mut manifests = slinky_host::cmd::render::read_manifests(std::slice::from_ref(&path))?;
         for m in &mut manifests {

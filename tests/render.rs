@@ -706,18 +706,20 @@ fn annotated_example(
 /// Builds reaching past their parent: (plugin, whose annotation asks, behaviour, what the refusal
 /// names, the flag that allows it).
 #[rustfmt::skip]
-const REACHING_PAST_THE_PARENT: [(&str, &str, &str, &str, &str); 16] = [
+const REACHING_PAST_THE_PARENT: [(&str, &str, &str, &str, &str); 18] = [
     ("hostile", "NodeSet", "host-network", "spec.hostNetwork", "host-namespaces"),
     ("hostile", "NodeSet", "host-pid", "spec.hostPID", "host-namespaces"),
     ("hostile", "NodeSet", "host-path", "spec.volumes[name=node-root].hostPath", "host-path"),
     ("hostile", "NodeSet", "node-name", "spec.nodeName", "node-name"),
     ("hostile", "NodeSet", "service-account", "spec.serviceAccountName", "service-account"),
+    ("hostile", "NodeSet", "automount-token", "spec.automountServiceAccountToken is true", "service-account"),
     ("hostile", "NodeSet", "privileged-sidecar", "[name=escape].securityContext.privileged", "privileges"),
     ("hostile", "NodeSet", "capability", "capabilities.add has \"SYS_PTRACE\"", "privileges"),
     ("hostile", "NodeSet", "finalizer", "metadata.finalizers", "finalizers"),
     ("hostile_children", "Controller", "host-path", "spec.template.spec.volumes[name=node-root].hostPath", "host-path"),
     ("hostile_children", "Controller", "host-network", "spec.template.spec.hostNetwork", "host-namespaces"),
     ("hostile_children", "Controller", "service-account", "spec.template.spec.serviceAccountName", "service-account"),
+    ("hostile_children", "Controller", "automount-token", "spec.template.spec.automountServiceAccountToken is not set", "service-account"),
     ("hostile_children", "Controller", "privileged", "[name=slurmctld].securityContext.privileged", "privileges"),
     ("hostile_children", "Controller", "finalizer", "metadata.finalizers", "finalizers"),
     ("hostile_children", "Controller", "load-balancer", "spec.type is LoadBalancer", "service-exposure"),

@@ -250,7 +250,7 @@ fn output_that_breaks_the_policy_is_refused() -> Result<()> {
         "labels":{"app.kubernetes.io/name":"slurmd","app.kubernetes.io/instance":"slurm-worker-slinky","controller-revision-hash":"forged"},
         "annotations":{"slinky.slurm.net/builder":"forged"},
         "ownerReferences":[{"apiVersion":"v1","kind":"Secret","name":"x","uid":"y"}]},
-        "spec":{"containers":[{"name":"slurmd","image":"img"}]}}"#;
+        "spec":{"automountServiceAccountToken":false,"containers":[{"name":"slurmd","image":"img"}]}}"#;
     let pod = build(&raw, &with_raw_output(nodeset.clone(), good), &controller)?;
     let meta = &pod.metadata;
     assert_eq!(

@@ -13,10 +13,10 @@
 //!
 //! # Guarantees
 //! * With no allowance, no object a plugin builds carries a finalizer, shares a node namespace,
-//!   mounts a node path, names a node, runs as a service account, is privileged, may escalate or
-//!   adds a capability, is a Service reachable from outside the cluster, or is a
-//!   PodDisruptionBudget over other pods, unless its parent's spec (or Slinky's design, for
-//!   slurmd) asks for exactly that.
+//!   mounts a node path, names a node, runs as a service account or mounts its token, is
+//!   privileged, may escalate or adds a capability, is a Service reachable from outside the
+//!   cluster, or is a PodDisruptionBudget over other pods, unless its parent's spec (or Slinky's
+//!   design, for slurmd) asks for exactly that.
 //! * The checks read the output and the parent only: they are pure, and cheap next to a build.
 
 use std::{
@@ -44,7 +44,8 @@ pub enum Allow {
     HostPath,
     /// `nodeName`: the pod bound to a node past the scheduler.
     NodeName,
-    /// `serviceAccountName`: the pod runs with that account's API credentials.
+    /// `serviceAccountName`, or `automountServiceAccountToken` other than `false`: the pod runs
+    /// with that account's (or the namespace's `default` account's) API credentials.
     ServiceAccount,
     /// `privileged`, `allowPrivilegeEscalation`, `capabilities.add` beyond the container's grant.
     Privileges,
@@ -174,6 +175,9 @@ pub(crate) struct PodGrants {
     host_pid: bool,
     host_ipc: bool,
     service_account: Option<String>,
+    /// The template sets `automountServiceAccountToken: true` (the bundled builders set `false`
+    /// and merge the template over it).
+    automount_token: bool,
     node_name: Option<String>,
     host_paths: BTreeMap<String, HostPathVolumeSource>,
     containers: BTreeMap<String, ContainerGrant>,
@@ -215,6 +219,7 @@ impl PodGrants {
             host_pid: t.host_pid == Some(true),
             host_ipc: t.host_ipc == Some(true),
             service_account: t.service_account_name.or(t.service_account),
+            automount_token: t.automount_service_account_token == Some(true),
             node_name: t.node_name,
             host_paths: t
                 .volumes
@@ -299,6 +304,20 @@ pub(crate) fn pod_spec(spec: &PodSpec, grants: &PodGrants, allow: &Allowances) -
                     Allow::ServiceAccount,
                 ));
             }
+        }
+        if spec.automount_service_account_token != Some(false) && !grants.automount_token {
+            let has = match spec.automount_service_account_token {
+                Some(_) => "is true",
+                None => "is not set (Kubernetes mounts the token then)",
+            };
+            return Err(refused(
+                "spec.automountServiceAccountToken",
+                has,
+                "the pod would get its service account's API token (the namespace's `default` \
+                 account's, without serviceAccountName) mounted; set it to false as Slinky's builders do",
+                &not_asked,
+                Allow::ServiceAccount,
+            ));
         }
     }
     if !allow.allows(Allow::NodeName)
@@ -544,7 +563,12 @@ mod tests {
 
     use super::*;
 
-    fn spec(v: serde_json::Value) -> PodSpec {
+    /// A pod spec; `automountServiceAccountToken: false` (as Slinky's builders set it) unless `v`
+    /// sets it (`null` leaves it out).
+    fn spec(mut v: serde_json::Value) -> PodSpec {
+        if let Some(o) = v.as_object_mut() {
+            o.entry("automountServiceAccountToken").or_insert(json!(false));
+        }
         serde_json::from_value(v).unwrap_or_default()
     }
 
@@ -673,6 +697,42 @@ mod tests {
             ));
             assert!(pod_spec(&pod, &other, &Allowances::default()).is_err());
         }
+    }
+
+    #[test]
+    fn service_account_tokens_are_refused_unless_the_parent_asks() {
+        let workers = PodGrants::of_nodeset(&nodeset(json!({})));
+        let slurmctld = PodGrants::of_controller(&controller(json!({})));
+        for (token, has) in [(json!(null), "is not set"), (json!(true), "is true")] {
+            for grants in [&workers, &slurmctld] {
+                let pod = spec(json!({"containers": [{"name": "slurmd", "image": "x"}],
+                    "automountServiceAccountToken": token}));
+                refused_unless_allowed(
+                    |a| pod_spec(&pod, grants, a),
+                    &format!("spec.automountServiceAccountToken {has}"),
+                    Allow::ServiceAccount,
+                );
+            }
+            // The template asks for the token: the bundled builder mounts it.
+            let template = json!({"template": {"spec": {"automountServiceAccountToken": true}}});
+            let pod = spec(json!({"containers": [{"name": "slurmd", "image": "x"}],
+                "automountServiceAccountToken": token}));
+            for asked in [
+                PodGrants::of_nodeset(&nodeset(template.clone())),
+                PodGrants::of_controller(&controller(template.clone())),
+            ] {
+                assert_eq!(pod_spec(&pod, &asked, &Allowances::default()), Ok(()));
+            }
+        }
+        // `false` in the template (or nothing) grants nothing more than `false`.
+        let pod = spec(json!({"containers": [{"name": "slurmd", "image": "x"}]}));
+        assert_eq!(pod_spec(&pod, &workers, &Allowances::default()), Ok(()));
+        let asked_false = PodGrants::of_nodeset(&nodeset(
+            json!({"template": {"spec": {"automountServiceAccountToken": false}}}),
+        ));
+        let mounted = spec(json!({"containers": [{"name": "slurmd", "image": "x"}],
+            "automountServiceAccountToken": true}));
+        assert!(pod_spec(&mounted, &asked_false, &Allowances::default()).is_err());
     }
 
     #[test]
@@ -867,7 +927,7 @@ mod tests {
         use slinky_guest_sdk::slinky;
         let ctx = BuildContext::default();
         let asks = json!({"volumes": [{"name": "scratch", "hostPath": {"path": "/scratch"}}],
-            "hostNetwork": true, "serviceAccountName": "slurm",
+            "hostNetwork": true, "serviceAccountName": "slurm", "automountServiceAccountToken": true,
             "containers": [{"name": "sidecar", "image": "x", "securityContext": {"privileged": true}}]});
         let mut nodeset = example_nodeset().map_err(|e| format!("{e:?}"))?;
         let mut controller = example_controller().map_err(|e| format!("{e:?}"))?;

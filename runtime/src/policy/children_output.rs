@@ -80,12 +80,39 @@ pub fn controller_children(
             ));
         }
         if child.kind == ChildKind::StatefulSet {
+            controller_statefulset(&child, controller)?;
             statefulset_selector(&child, controller)?;
         }
         out.push(child);
     }
     no_duplicates(&out)?;
     Ok(out)
+}
+
+/// A Controller's one StatefulSet is slurmctld's, `<controller>-controller` (as the bundled
+/// builder names it); an external Controller has none. The host keeps a StatefulSet a build
+/// leaves out (`NotBuilt`) and creates one of a new name, so a renamed or second StatefulSet
+/// would get a new, empty state save claim and select the same slurmctld pods as the kept one:
+/// slurmctld could start on an empty state. With [`no_duplicates`], a build holds at most one.
+fn controller_statefulset(child: &Child, controller: &Controller) -> Result<(), String> {
+    let at = child.describe();
+    if controller.spec.external {
+        return Err(format!(
+            "{at}: Controller {} is external (spec.external: true): slurmctld runs elsewhere, so its \
+             children have no StatefulSet; return its ConfigMap only",
+            controller.name_any()
+        ));
+    }
+    let want = controller.controller_key();
+    if child.name() != want {
+        return Err(format!(
+            "{at}: a Controller has one StatefulSet, slurmctld's, named {want:?} \
+             (`<controller>-controller`): a StatefulSet of another name would be created with a new, \
+             empty state save claim next to the existing one, both selecting the same slurmctld pods; \
+             name it {want:?} and return no other StatefulSet"
+        ));
+    }
+    Ok(())
 }
 
 /// Check and finish a `build-nodeset-children` output: the workers' Service and
@@ -419,5 +446,52 @@ mod tests {
         assert!(forbidden_hint("v1", "Secret").contains("never see or make Secrets"));
         assert!(forbidden_hint("v1", "Namespace").contains("cluster-scoped"));
         assert_eq!(forbidden_hint("v1", "Pod"), "");
+    }
+
+    fn controller(external: bool) -> Controller {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "Controller",
+            "metadata": {"name": "slurm", "namespace": "slurm"},
+            "spec": {"external": external, "externalConfig": {"host": "ctld", "port": 6817}},
+        }))
+        .unwrap_or_else(|e| panic!("the test Controller: {e}"))
+    }
+
+    fn statefulset(name: &str) -> Child {
+        Child {
+            kind: ChildKind::StatefulSet,
+            ownership: Ownership::Controlled,
+            object: serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": name, "namespace": "slurm"}}),
+        }
+    }
+
+    /// slurmctld's StatefulSet is `<controller>-controller`, and only it: a renamed or second
+    /// one would get an empty state save claim; an external Controller has none.
+    #[test]
+    fn a_controller_has_one_statefulset_named_for_it() {
+        let ours = controller(false);
+        assert_eq!(
+            controller_statefulset(&statefulset("slurm-controller"), &ours),
+            Ok(())
+        );
+        for name in ["slurm-controller-2", "slurm-ctld", "slurm-controller-internal"] {
+            let e = controller_statefulset(&statefulset(name), &ours)
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.contains(&format!("StatefulSet {name}"))
+                    && e.contains("named \"slurm-controller\"")
+                    && e.contains("empty state save claim"),
+                "{name}: {e}"
+            );
+        }
+        let e = controller_statefulset(&statefulset("slurm-controller"), &controller(true))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("is external") && e.contains("no StatefulSet"), "{e}");
+        // Two of the right name are listed twice.
+        let two = [statefulset("slurm-controller"), statefulset("slurm-controller")];
+        assert!(no_duplicates(&two).is_err_and(|e| e.contains("listed twice")));
     }
 }

@@ -12,12 +12,15 @@
 //! | `twice` | lists its first child twice |
 //! | `drop-config` | leaves out the ConfigMaps (the host prunes the ones it built) |
 //! | `drop-statefulset` | leaves out the slurmctld StatefulSet (the host keeps it and reports it) |
+//! | `rename-statefulset` | names the slurmctld StatefulSet `<controller>-slurmctld` (the host would create a second one, with an empty state save claim) |
+//! | `second-statefulset` | adds a copy of the slurmctld StatefulSet named `<controller>-controller-b` |
 //! | `retention-delete` | asks for claim retention `Delete`/`Delete` on the StatefulSet (the host keeps `Retain`) |
 //! | `finalizer` | puts the finalizer `hostile.test/keep` on every child |
 //! | `host-path` | mounts the node's `/` (a `hostPath` volume `node-root`) into slurmctld's pods |
 //! | `host-path-and-finalizer` | both: the StatefulSet's pods mount the node's `/`, the ConfigMaps carry a finalizer |
 //! | `host-network` | runs slurmctld's pods in the node's network namespace |
 //! | `service-account` | runs slurmctld's pods as the service account `admin` |
+//! | `automount-token` | leaves `automountServiceAccountToken` out of slurmctld's pod template (the token is mounted) |
 //! | `privileged` | makes the slurmctld container privileged |
 //! | `load-balancer` | makes every Service a `LoadBalancer` |
 //! | `external-ips` | gives every Service the external IP `203.0.113.7` |
@@ -121,6 +124,22 @@ fn misbehave(mut children: Vec<Child>, meta: &ObjectMeta) -> Result<Vec<Child>, 
         }
         "drop-config" => children.retain(|c| c.as_config_map().is_none()),
         "drop-statefulset" => children.retain(|c| c.as_stateful_set().is_none()),
+        "rename-statefulset" | "second-statefulset" => {
+            let rename = behaviour(meta) == "rename-statefulset";
+            let copy = children.iter_mut().find_map(|c| match c {
+                Child::StatefulSet(s) if rename => {
+                    s.metadata.name = Some(format!("{name}-slurmctld"));
+                    None
+                }
+                Child::StatefulSet(s) => {
+                    let mut copy = s.clone();
+                    copy.metadata.name = Some(format!("{name}-controller-b"));
+                    Some(copy)
+                }
+                _ => None,
+            });
+            children.extend(copy.map(Child::StatefulSet));
+        }
         "retention-delete" => {
             for child in &mut children {
                 if let Child::StatefulSet(s) = child {
@@ -142,6 +161,7 @@ fn misbehave(mut children: Vec<Child>, meta: &ObjectMeta) -> Result<Vec<Child>, 
         "service-account" => {
             pod_specs(&mut children).for_each(|s| s.service_account_name = Some("admin".into()))
         }
+        "automount-token" => pod_specs(&mut children).for_each(|s| s.automount_service_account_token = None),
         "privileged" => pod_specs(&mut children)
             .flat_map(|s| s.containers.iter_mut())
             .filter(|c| c.name == "slurmctld")

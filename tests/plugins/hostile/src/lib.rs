@@ -18,6 +18,7 @@
 //! | `host-path` | mounts the node's `/` (a `hostPath` volume `node-root`) |
 //! | `node-name` | binds the pod to the node `node-0`, past the scheduler |
 //! | `service-account` | runs the pod as the service account `admin` |
+//! | `automount-token` | sets `automountServiceAccountToken: true` (the service account's token is mounted) |
 //! | `privileged-sidecar` | adds a privileged container `escape` |
 //! | `capability` | adds the capability `SYS_PTRACE` to slurmd (beyond Slinky's) |
 //! | `finalizer` | puts the finalizer `hostile.test/keep` on the pod |
@@ -102,13 +103,14 @@ impl NodeSetPodBuilder for Hostile {
                     .insert("hostile.test/calls".into(), calls.to_string());
             }
             "host-network" | "host-pid" | "host-path" | "node-name" | "service-account"
-            | "privileged-sidecar" | "capability" => {
+            | "automount-token" | "privileged-sidecar" | "capability" => {
                 let spec = pod.spec.get_or_insert_default();
                 match what {
                     "host-network" => spec.host_network = Some(true),
                     "host-pid" => spec.host_pid = Some(true),
                     "node-name" => spec.node_name = Some("node-0".into()),
                     "service-account" => spec.service_account_name = Some("admin".into()),
+                    "automount-token" => spec.automount_service_account_token = Some(true),
                     "host-path" => spec.volumes.get_or_insert_default().push(Volume {
                         name: "node-root".into(),
                         host_path: Some(HostPathVolumeSource {

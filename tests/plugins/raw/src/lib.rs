@@ -91,7 +91,7 @@ mod guest {
                     "app.kubernetes.io/name": "slurmd",
                     "app.kubernetes.io/instance": field(&n, "/metadata/name"),
                     "raw.test/built": "true"}},
-                "spec": {"hostname": identity.hostname,
+                "spec": {"hostname": identity.hostname, "automountServiceAccountToken": false,
                     "containers": [{"name": "slurmd", "image": field(&n, "/spec/slurmd/image")}]}})
             .to_string())
         }
