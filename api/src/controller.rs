@@ -227,6 +227,13 @@ impl Controller {
         format!("{}-config", self.metadata.name.as_deref().unwrap_or_default())
     }
 
+    /// The key Secrets this Controller references (`slurmKeyRef`, `jwtKeyRef`), in that order.
+    pub fn key_secret_refs(&self) -> impl Iterator<Item = &SecretKeySelector> {
+        [&self.spec.slurm_key_ref, &self.spec.jwt_key_ref]
+            .into_iter()
+            .flatten()
+    }
+
     /// Every ConfigMap the Controller references (`configFileRefs`, the prolog/epilog script
     /// refs, `jwksKeyRef`), each once, sorted.
     pub fn config_map_refs(&self) -> Vec<String> {

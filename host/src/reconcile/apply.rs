@@ -233,10 +233,7 @@ pub struct Announced(std::sync::Mutex<std::collections::HashMap<String, BTreeSet
 
 impl Announced {
     fn with<R>(&self, f: impl FnOnce(&mut std::collections::HashMap<String, BTreeSet<String>>) -> R) -> R {
-        match self.0.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(p) => f(&mut p.into_inner()),
-        }
+        crate::reconcile::locked(&self.0, f)
     }
 
     /// Whether `message` of `parent` is new (and remember it).

@@ -83,10 +83,7 @@ pub struct Backoff {
 
 impl Backoff {
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, u32>) -> R) -> R {
-        match self.failures.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(p) => f(&mut p.into_inner()),
-        }
+        crate::reconcile::locked(&self.failures, f)
     }
 
     /// Count a failure of `key` and return how long to wait before its next attempt.

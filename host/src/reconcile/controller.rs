@@ -87,7 +87,7 @@ async fn read_inputs(
     let mut config_maps: BTreeMap<String, Arc<ConfigMap>> = BTreeMap::new();
     if !c.spec.external {
         let api: Api<Secret> = Api::namespaced(ctx.core.client.clone(), &ns);
-        for r in [&c.spec.slurm_key_ref, &c.spec.jwt_key_ref].into_iter().flatten() {
+        for r in c.key_secret_refs() {
             if secrets.contains_key(&r.name) {
                 continue;
             }

@@ -71,10 +71,7 @@ impl Expectations {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, Entry>) -> R) -> R {
-        match self.entries.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(p) => f(&mut p.into_inner()),
-        }
+        crate::reconcile::locked(&self.entries, f)
     }
 
     fn lower(&self, owner: &str, f: impl FnOnce(&mut Entry)) {

@@ -98,6 +98,14 @@ pub(crate) fn time_plugin_call<T>(
     metrics.record_plugin_call(kind.as_str(), result, started.elapsed().as_secs_f64());
     r
 }
+/// Run `f` on what `m` guards, also after a thread panicked holding it (the maps it guards stay
+/// consistent between calls: a poisoned lock loses nothing).
+pub(crate) fn locked<T, R>(m: &std::sync::Mutex<T>, f: impl FnOnce(&mut T) -> R) -> R {
+    match m.lock() {
+        Ok(mut g) => f(&mut g),
+        Err(p) => f(&mut p.into_inner()),
+    }
+}
 
 /// `namespace/name` of an object.
 pub(crate) fn object_key<K: Resource>(obj: &K) -> String {

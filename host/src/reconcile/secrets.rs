@@ -31,9 +31,7 @@ fn referenced(c: &Controller) -> Vec<SecretKey> {
         return Vec::new();
     }
     let ns = c.namespace().unwrap_or_default();
-    [&c.spec.slurm_key_ref, &c.spec.jwt_key_ref]
-        .into_iter()
-        .flatten()
+    c.key_secret_refs()
         .map(|r| (ns.clone(), r.name.clone()))
         .collect()
 }

@@ -62,10 +62,7 @@ pub fn inputs(nodeset: &NodeSet, revision: &str) -> String {
 
 impl DifferingPods {
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, Entry>) -> R) -> R {
-        match self.entries.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(p) => f(&mut p.into_inner()),
-        }
+        crate::reconcile::locked(&self.entries, f)
     }
 
     /// Whether pod `pod_uid` of NodeSet `nodeset_uid` was found to differ at `resource_version`

@@ -53,7 +53,7 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         .nodesets
         .state()
         .into_iter()
-        .filter(|n| shares_with(n, ns) && n.metadata.deletion_timestamp.is_none())
+        .filter(|n| n.shares_workers_with(ns) && n.metadata.deletion_timestamp.is_none())
         .collect();
     // This NodeSet is a sharer even before the cache shows it (or after a recreate).
     let mut sharers: Vec<&NodeSet> = sharing
@@ -84,12 +84,6 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     Ok(())
 }
 
-/// Whether two NodeSets share their Controller's workers' objects (see
-/// [`NodeSet::shares_workers_with`]).
-pub(crate) fn shares_with(a: &NodeSet, b: &NodeSet) -> bool {
-    a.shares_workers_with(b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,20 +101,21 @@ mod tests {
             n
         };
         let a = nodeset("workers", Some("slurm-a"), "slurm");
-        assert!(shares_with(&a, &nodeset("workers", Some("slurm-a"), "slurm")));
+        assert!(a.shares_workers_with(&nodeset("workers", Some("slurm-a"), "slurm")));
         assert!(
-            !shares_with(&a, &nodeset("workers", Some("slurm-b"), "slurm")),
+            !a.shares_workers_with(&nodeset("workers", Some("slurm-b"), "slurm")),
             "another cluster"
         );
         assert!(
-            !shares_with(&a, &nodeset("workers", None, "slurm")),
+            !a.shares_workers_with(&nodeset("workers", None, "slurm")),
             "the Controller of `workers`"
         );
-        assert!(!shares_with(&a, &nodeset("other", Some("slurm-a"), "slurm")));
-        assert!(!shares_with(&a, &nodeset("workers", Some("slurm-a"), "other")));
-        assert!(shares_with(
-            &nodeset("slurm-a", None, "slurm"),
-            &nodeset("slurm-a", Some("slurm-a"), "slurm")
-        ));
+        assert!(!a.shares_workers_with(&nodeset("other", Some("slurm-a"), "slurm")));
+        assert!(!a.shares_workers_with(&nodeset("workers", Some("slurm-a"), "other")));
+        assert!(nodeset("slurm-a", None, "slurm").shares_workers_with(&nodeset(
+            "slurm-a",
+            Some("slurm-a"),
+            "slurm"
+        )));
     }
 }
