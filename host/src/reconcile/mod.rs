@@ -137,6 +137,8 @@ pub struct RunConfig {
     /// How often the key Secrets Controllers reference are re-read to follow a rotation
     /// (default [`secrets::DEFAULT_INTERVAL`]; the host never lists or watches Secrets).
     pub secret_poll: Option<Duration>,
+    /// `--slurmrestd-url` values: `NAMESPACE/CONTROLLER=URL`, or `URL` for every Controller.
+    pub slurmrestd_urls: Vec<String>,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.

@@ -81,6 +81,13 @@ pub struct RunArgs {
     /// reads Secrets by name only (RBAC `get`), never lists or watches them.
     #[arg(long, env = "SLINKY_HOST_SECRET_POLL_SECONDS", default_value_t = 15)]
     pub secret_poll_seconds: u64,
+    /// The slurmrestd a Controller's Slurm is asked through, as `NAMESPACE/CONTROLLER=URL`, or
+    /// `URL` for every Controller; repeatable. Default: `http://<controller>-restapi.<namespace>:6820`
+    /// when that Service exists (the RestApi's Service, as Slinky's Helm chart names it), else
+    /// the Controller's Slurm is not asked (pods are deleted without a drain, as Slinky does
+    /// without a Slurm client).
+    #[arg(long = "slurmrestd-url", env = "SLINKY_HOST_SLURMRESTD_URL", value_delimiter = ',')]
+    pub slurmrestd_urls: Vec<String>,
     /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
     /// take over within the lease duration. On in the deployed manifests.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECT")]
@@ -174,6 +181,7 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
         resync: Some(Duration::from_secs(args.resync_seconds.max(1))),
         recreate_statefulsets: args.recreate_statefulsets,
         secret_poll: Some(Duration::from_secs(args.secret_poll_seconds.max(1))),
+        slurmrestd_urls: args.slurmrestd_urls.clone(),
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());
