@@ -1,0 +1,133 @@
+//! HS256 JSON Web Tokens as slurmctld's `auth/jwt` accepts them: signed with the cluster's JWT
+//! key (the `jwt.key` slurmctld reads), claims `iat`, `exp` and `sun` (the Slurm user name).
+//! Slinky's tokens live 15 minutes and are renewed at 80 % of their life; so are these.
+
+use std::{
+    sync::Mutex,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+use ring::hmac;
+
+/// How long a token lives (Slinky's lifetime).
+pub const LIFETIME: Duration = Duration::from_secs(15 * 60);
+
+/// Sign a token for `user` valid from `now` (seconds since the epoch) for `lifetime`.
+pub fn sign(key: &[u8], user: &str, now: u64, lifetime: Duration) -> String {
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let claims = serde_json::json!({"iat": now, "exp": now + lifetime.as_secs(), "sun": user});
+    let payload = URL_SAFE_NO_PAD.encode(claims.to_string());
+    let signing_input = format!("{header}.{payload}");
+    let tag = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, key), signing_input.as_bytes());
+    format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(tag.as_ref()))
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// A token kept for reuse and renewed at 80 % of its life.
+pub struct Tokens {
+    key: Vec<u8>,
+    user: String,
+    lifetime: Duration,
+    /// The current token and the second after which it is renewed.
+    current: Mutex<Option<(String, u64)>>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key nor a token.
+        f.debug_struct("Tokens")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokens {
+    /// Tokens for `user` signed with `key`.
+    pub fn new(key: Vec<u8>, user: impl Into<String>, lifetime: Duration) -> Self {
+        Tokens {
+            key,
+            user: user.into(),
+            lifetime,
+            current: Mutex::new(None),
+        }
+    }
+
+    /// The Slurm user the tokens are for.
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    /// Whether these tokens are signed with `key`.
+    pub fn signs_with(&self, key: &[u8]) -> bool {
+        self.key == key
+    }
+
+    /// A token valid for at least a fifth of its lifetime.
+    pub fn token(&self) -> String {
+        let now = now_secs();
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match current.as_ref() {
+            Some((token, renew_at)) if now < *renew_at => token.clone(),
+            _ => {
+                let token = sign(&self.key, &self.user, now, self.lifetime);
+                let renew_at = now + self.lifetime.as_secs() * 4 / 5;
+                *current = Some((token.clone(), renew_at));
+                token
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_header_claims_and_an_hmac_of_both() {
+        let t = sign(b"secret", "slurm", 1_000, Duration::from_secs(900));
+        let parts: Vec<&str> = t.split('.').collect();
+        assert_eq!(parts.len(), 3);
+        let claims: serde_json::Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap_or_default()).unwrap_or_default();
+        assert_eq!(
+            claims,
+            serde_json::json!({"iat": 1000, "exp": 1900, "sun": "slurm"})
+        );
+        let key = hmac::Key::new(hmac::HMAC_SHA256, b"secret");
+        let tag = URL_SAFE_NO_PAD.decode(parts[2]).unwrap_or_default();
+        assert!(hmac::verify(&key, format!("{}.{}", parts[0], parts[1]).as_bytes(), &tag).is_ok());
+        let other = hmac::Key::new(hmac::HMAC_SHA256, b"other");
+        assert!(hmac::verify(&other, format!("{}.{}", parts[0], parts[1]).as_bytes(), &tag).is_err());
+    }
+
+    #[test]
+    fn a_token_is_reused_until_four_fifths_of_its_life_then_renewed() {
+        let tokens = Tokens::new(b"k".to_vec(), "slurm", Duration::from_secs(900));
+        let a = tokens.token();
+        assert_eq!(a, tokens.token());
+        // Pretend the renewal time has passed.
+        if let Ok(mut c) = tokens.current.lock() {
+            c.as_mut().map(|(_, at)| *at = 0);
+        }
+        // A new token (signed now: its iat may equal the old one within the same second, so
+        // compare the renewal time instead).
+        let _ = tokens.token();
+        let renew_at = tokens
+            .current
+            .lock()
+            .map(|c| c.as_ref().map(|(_, at)| *at))
+            .ok()
+            .flatten();
+        assert!(renew_at.is_some_and(|at| at >= now_secs() + 700));
+    }
+}
