@@ -116,10 +116,10 @@ mod tests {
         let a = tokens.token();
         assert_eq!(a, tokens.token());
         // Pretend the renewal time has passed.
-        if let Ok(mut c) = tokens.current.lock() {
-            if let Some((_, at)) = c.as_mut() {
-                *at = 0;
-            }
+        if let Ok(mut c) = tokens.current.lock()
+            && let Some((_, at)) = c.as_mut()
+        {
+            *at = 0;
         }
         // A new token (signed now: its iat may equal the old one within the same second, so
         // compare the renewal time instead).
