@@ -19,18 +19,23 @@ pub const CHILD_FAILURE: &str = "ChildFailure";
 /// A Secret or ConfigMap a Controller references does not exist (reasons `SecretNotFound`,
 /// `SecretKeyNotFound`, `ConfigMapNotFound`): the children that need it wait for it.
 pub const REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
+/// A NodeSet's Slurm (its Controller's slurmrestd) could not be asked, or refused what the host
+/// asked (reasons `SlurmUnreachable`, `SlurmUnauthorized`, `SlurmNotConfigured`,
+/// `SlurmRefused`): no pod that could run a job is deleted while it stands.
+pub const SLURM_FAILURE: &str = "SlurmFailure";
 /// Set by hosts before `ChildFailure` replaced it (the Controller's Service only); the host
 /// clears it.
 #[deprecated(note = "replaced by CHILD_FAILURE; the host only clears it")]
 pub const SERVICE_FAILURE: &str = "ServiceFailure";
 /// The condition types a NodeSet's status carries from the host.
-pub const NODESET: [&str; 6] = [
+pub const NODESET: [&str; 7] = [
     READY,
     INVALID_SPEC,
     BUILDER_FAILED,
     CONTROLLER_NOT_FOUND,
     REPLICA_FAILURE,
     CHILD_FAILURE,
+    SLURM_FAILURE,
 ];
 /// The condition types a Controller's status carries from the host.
 pub const CONTROLLER: [&str; 5] = [

@@ -234,6 +234,18 @@ pub struct NodeSetStatus {
     /// Desired replicas.
     #[serde(default)]
     pub desired: i32,
+    /// Pods whose Slurm node is IDLE (not drained, not down).
+    #[serde(default)]
+    pub slurm_idle: i32,
+    /// Pods whose Slurm node is ALLOCATED or MIXED.
+    #[serde(default)]
+    pub slurm_allocated: i32,
+    /// Pods whose Slurm node is DOWN.
+    #[serde(default)]
+    pub slurm_down: i32,
+    /// Pods whose Slurm node is DRAIN (draining or drained).
+    #[serde(default)]
+    pub slurm_drain: i32,
     /// The generation this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -316,6 +316,24 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Return a DOWN or DRAIN `node` to service (`RESUME`).
+    ///
+    /// # Errors
+    /// The call failed or Slurm refused it.
+    pub async fn resume(&self, node: &str) -> Result<(), Error> {
+        let body = serde_json::json!({"state": ["RESUME"]});
+        self.call(
+            Method::POST,
+            &format!("resuming node {node}"),
+            &format!("/node/{node}"),
+            Some(&body),
+        )
+        .await
+        .map(drop)
+    }
+}
+
 fn parse<T: serde::de::DeserializeOwned>(value: &Value, field: &str, what: &str) -> Result<Vec<T>, Error> {
     let list = value.get(field).cloned().ok_or_else(|| Error::Parse {
         what: what.to_string(),

@@ -44,6 +44,8 @@ pub struct Core {
     /// Whether a StatefulSet whose immutable fields changed is deleted and recreated (opt-in), or
     /// the difference only reported.
     pub recreate_statefulsets: bool,
+    /// The slurmrestd clients of the Controllers.
+    pub slurm: Arc<super::slurm::SlurmClients>,
 }
 
 /// What the Controller reconciler gets.

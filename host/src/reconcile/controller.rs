@@ -243,6 +243,7 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
         }
     }
     let failures = sync.finish();
+    let ha_recheck = super::active::sync_active(ctx, c).await;
 
     let retry = !failures.is_empty()
         || pass.missing.is_some()
@@ -255,7 +256,8 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
     let requeue = core
         .backoff
         .record(&backoff::key(c), backoff::Outcome::of(true, retry))
-        .unwrap_or(core.resync);
+        .unwrap_or(core.resync)
+        .min(ha_recheck.unwrap_or(core.resync));
     Ok(Action::requeue(requeue))
 }
 

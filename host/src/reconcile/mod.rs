@@ -6,6 +6,7 @@
 //! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
+mod active;
 pub mod applied;
 pub mod apply;
 pub mod backoff;
@@ -21,6 +22,7 @@ mod parents;
 mod pass;
 pub mod rollout;
 pub mod secrets;
+pub mod slurm;
 pub mod status;
 pub mod watch;
 pub mod writer;
@@ -338,6 +340,11 @@ pub fn start(
             &allowed,
         ),
     };
+    let slurm = Arc::new(slurm::SlurmClients::new(
+        client.clone(),
+        &config.slurmrestd_urls,
+        slinky_slurm::DEFAULT_TIMEOUT,
+    ));
     let core = Arc::new(Core {
         client: client.clone(),
         writer: Writer::new(client, writes.clone(), config.leadership.clone()),
@@ -351,6 +358,7 @@ pub fn start(
         announced: apply::Announced::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
+        slurm,
     });
     let applied = applied::applied_versions();
     let contexts = (

@@ -431,6 +431,44 @@ impl Writer {
             .await
     }
 
+    /// Set (`Some`) or remove (`None`) one label of a pod: a merge patch of that key alone, with
+    /// the resourceVersion the decision was made on (a decision made on a stale cache is
+    /// refused with a 409, not written).
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn set_pod_label(&self, pod: &Pod, key: &str, value: Option<&str>) -> Result<Pod, kube::Error> {
+        self.fence("patch")?;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {key: value}}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
+            .await
+    }
+
+    /// Patch a pod's status with a JSON patch (its conditions: see
+    /// `nodeset::slurm_conditions`).
+    ///
+    /// # Errors
+    /// The API error (a failed `test` operation too).
+    pub async fn patch_pod_status(&self, pod: &Pod, patch: Value) -> Result<Pod, kube::Error> {
+        self.fence("status")?;
+        // A raw request: kube's typed JSON patch needs a feature the host does not build.
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}/status?fieldManager={FIELD_MANAGER}",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any()
+        );
+        let req = http::Request::patch(path)
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .body(patch.to_string().into_bytes())
+            .map_err(kube::Error::HttpError)?;
+        self.write("status", self.client.request::<Pod>(req)).await
+    }
+
     /// Write `status` computed by `compute` from an object, only when it changed: the first attempt
     /// uses `cached`; after a 409 the object is re-read from the API and `compute` runs again on
     /// it (so it must merge what it owns into what it reads, keeping other writers' parts). Returns the written object,

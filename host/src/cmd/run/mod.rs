@@ -86,7 +86,11 @@ pub struct RunArgs {
     /// when that Service exists (the RestApi's Service, as Slinky's Helm chart names it), else
     /// the Controller's Slurm is not asked (pods are deleted without a drain, as Slinky does
     /// without a Slurm client).
-    #[arg(long = "slurmrestd-url", env = "SLINKY_HOST_SLURMRESTD_URL", value_delimiter = ',')]
+    #[arg(
+        long = "slurmrestd-url",
+        env = "SLINKY_HOST_SLURMRESTD_URL",
+        value_delimiter = ','
+    )]
     pub slurmrestd_urls: Vec<String>,
     /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
     /// take over within the lease duration. On in the deployed manifests.

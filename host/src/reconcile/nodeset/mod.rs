@@ -26,11 +26,13 @@
 mod adoption;
 mod claim;
 mod differing;
+mod drain;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod other_children;
 mod plan;
 mod pods;
+mod slurm_conditions;
 mod status;
 
 use std::{sync::Arc, time::Duration};
@@ -51,7 +53,13 @@ use plan::{Inputs, is_available, plan};
 use pods::{create_pods, delete_pods};
 use status::{Reached, write_status};
 
-use super::{Core, Error, NodeSetContext, backoff, pass::PassState};
+use super::{
+    Core, Error, NodeSetContext, backoff, pass::PassState, slurm::Unavailable, status::ConditionChanges,
+};
+use drain::SlurmView;
+
+/// How soon a pass comes back while a pod waits for its Slurm node to drain.
+const DRAIN_RECHECK: Duration = Duration::from_secs(3);
 use crate::{
     plugins::{BuilderKind, Plugin},
     revision::pod_revision,
@@ -80,6 +88,15 @@ struct Pass<'a> {
     child_failures: Vec<(&'static str, String)>,
     /// The children were synced (so `ChildFailure` is set or cleared by this pass).
     children_synced: bool,
+    /// Why Slurm could not be asked or refused what was asked (`None`: it answered, or it is
+    /// not configured, or the pass did not get that far).
+    slurm_failure: Option<Unavailable>,
+    /// The pass asked Slurm (so `SlurmFailure` is set or cleared by it).
+    slurm_asked: bool,
+    /// The Slurm node counts of the NodeSet's pods (when Slurm was asked).
+    slurm_counts: Option<slinky_slurm::Counts>,
+    /// A pod waits on its Slurm node: come back soon.
+    waits_for_slurm: bool,
 }
 
 impl Pass<'_> {
@@ -95,6 +112,23 @@ impl Pass<'_> {
             .event(self.ns, EventType::Warning, reason, message.clone())
             .await;
         self.failures.push((reason, message));
+    }
+
+    /// Slurm could not be asked or refused: an Event when the message is new, the
+    /// `SlurmFailure` condition at the end of the pass (the first failure of the pass).
+    async fn slurm_failed(&mut self, u: Unavailable) {
+        tracing::warn!(reason = u.reason, "{}", u.message);
+        if !ConditionChanges::already_true(self.state.current(), conditions::SLURM_FAILURE, &u.message) {
+            self.core()
+                .event(self.ns, EventType::Warning, u.reason, u.message.clone())
+                .await;
+        }
+        self.slurm_failure.get_or_insert(u);
+    }
+
+    /// A pod waits for its Slurm node to drain.
+    fn wait_for_slurm(&mut self) {
+        self.waits_for_slurm = true;
     }
 }
 
@@ -137,6 +171,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         failures: Vec::new(),
         child_failures: Vec::new(),
         children_synced: false,
+        slurm_failure: None,
+        slurm_asked: false,
+        slurm_counts: None,
+        waits_for_slurm: false,
     };
     let mut owned = claims.owned.clone();
     let mut requeue = core.resync;
@@ -166,13 +204,20 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), reached).await?;
-    let failed = !pass.failures.is_empty() || !pass.child_failures.is_empty() || pass.state.builder_failed;
+    let failed = !pass.failures.is_empty()
+        || !pass.child_failures.is_empty()
+        || pass.state.builder_failed
+        || pass.slurm_failure.is_some();
     let synced = reached == Reached::Synced;
     if let Some(after) = core
         .backoff
         .record(&backoff::key(ns), backoff::Outcome::of(synced, failed))
     {
         requeue = after;
+    }
+    if pass.waits_for_slurm && !failed {
+        // A node drains as its jobs end: look again soon (Slinky: 30 s).
+        requeue = requeue.min(DRAIN_RECHECK);
     }
     let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let now = Timestamp::now();
@@ -203,6 +248,8 @@ async fn sync(
     if pass.state.problem.is_some() {
         return Ok(claims.owned);
     }
+    let slurm = SlurmView::read(pass, controller).await;
+    let update_ranks = slurm.update_ranks(&claims.owned);
     let plan = plan(&Inputs {
         nodeset: ns,
         revision,
@@ -210,6 +257,7 @@ async fn sync(
         blocked: &claims.blocked,
         leaving: &claims.leaving,
         now: Timestamp::now(),
+        update_ranks: &update_ranks,
     });
     if let Some(problem) = plan
         .creates
@@ -235,8 +283,12 @@ async fn sync(
             )
             .await;
     }
-    delete_pods(pass, &plan.deletes).await;
+    let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
+    let deletes = drain::gate(pass, &slurm, plan.deletes).await;
+    delete_pods(pass, &deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;
+    drain::sync_kept(pass, &slurm, &claims.owned, &deleting).await;
+    pass.slurm_counts = slurm.counts(&claims.owned);
     Ok(claims.owned)
 }
 

@@ -141,6 +141,9 @@ pub struct Inputs<'a> {
     pub leaving: &'a BTreeSet<u32>,
     /// The time availability is judged at.
     pub now: Timestamp,
+    /// How a rolling update ranks its old pods by their Slurm node (pod name → rank, lower
+    /// first; see [`super::drain::SlurmView::update_ranks`]); empty without Slurm.
+    pub update_ranks: &'a BTreeMap<String, u8>,
 }
 
 /// Plan one pass. The NodeSet's spec is valid ([`NodeSet::spec_problems`] is empty).
@@ -240,7 +243,9 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         .into_iter()
         .partition(|p| !is_available(p, min_ready, inp.now));
     unhealthy.sort_by(|a, b| condemn_order(a, b, ns));
-    healthy.sort_by(|a, b| condemn_order(a, b, ns));
+    // Nodes the host is draining, then idle ones, then busy ones: a job keeps its node longest.
+    let rank = |p: &Pod| inp.update_ranks.get(&p.name_any()).copied().unwrap_or(1);
+    healthy.sort_by(|a, b| rank(a).cmp(&rank(b)).then(condemn_order(a, b, ns)));
     // Old pods already unavailable cost no budget.
     plan.deletes
         .extend(unhealthy.into_iter().map(|p| (p.clone(), DeleteReason::Update)));
@@ -271,6 +276,7 @@ mod tests {
             blocked: &claims.blocked,
             leaving: &claims.leaving,
             now: Timestamp::now(),
+            update_ranks: &BTreeMap::new(),
         })
     }
 

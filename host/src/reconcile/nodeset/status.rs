@@ -77,6 +77,18 @@ pub(super) async fn write_status(
     } else if pass.children_synced {
         c.clear(conditions::CHILD_FAILURE);
     }
+    match &pass.slurm_failure {
+        Some(u) => c.set(conditions::SLURM_FAILURE, true, u.reason, u.message.clone()),
+        None if pass.slurm_asked => c.clear(conditions::SLURM_FAILURE),
+        None => {}
+    }
+    let old = ns.status.clone().unwrap_or_default();
+    let counts = pass.slurm_counts.unwrap_or(slinky_slurm::Counts {
+        idle: old.slurm_idle,
+        allocated: old.slurm_allocated,
+        down: old.slurm_down,
+        drain: old.slurm_drain,
+    });
     let selector: Vec<String> = ns
         .selector_labels()
         .iter()
@@ -93,6 +105,10 @@ pub(super) async fn write_status(
         available_replicas: available,
         unavailable_replicas: (desired - available).max(0),
         desired,
+        slurm_idle: counts.idle,
+        slurm_allocated: counts.allocated,
+        slurm_down: counts.down,
+        slurm_drain: counts.drain,
         observed_generation: ns.metadata.generation,
         node_set_hash: revision
             .map(str::to_string)

@@ -1,0 +1,135 @@
+//! The `controller.slinky.slurm.net/active=true` label of an HA Controller's slurmctld pods: the
+//! Controller's Service selects it, so it must be on exactly the slurmctld that is in charge.
+//!
+//! # Rules
+//! * With a slurmrestd ([`super::slurm`]), the active pod is the one whose hostname `ping`
+//!   reports as the primary that answers; the label is added to it before it is taken from the
+//!   others (the Service never selects nobody because of a move). The pass comes back every
+//!   [`HA_RECHECK`], so a fail-over moves the label within seconds.
+//! * Without one (or when it answers with no responding primary, or cannot be asked), a label
+//!   already on a live pod stays; when no live pod has it, pod 0 gets it (as Slinky does
+//!   without a Slurm client), so the Service always has an endpoint to try.
+//! * Without HA the Service selects no `active` label and the host writes none.
+
+use std::{sync::Arc, time::Duration};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{ResourceExt, runtime::events::EventType};
+use slinky_api::{Controller, keys};
+
+use super::{ControllerContext, slurm::Reach, writer};
+
+/// How often an HA Controller's primary is asked for.
+pub const HA_RECHECK: Duration = Duration::from_secs(5);
+
+/// The Controller's live slurmctld pods, by ordinal.
+fn slurmctld_pods(ctx: &ControllerContext, c: &Controller) -> Vec<Arc<Pod>> {
+    let ns = c.namespace().unwrap_or_default();
+    let selector = c.selector_labels();
+    let prefix = format!("{}-", c.controller_key());
+    let mut pods: Vec<Arc<Pod>> = ctx
+        .caches
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
+        .filter(|p| p.name_any().starts_with(&prefix))
+        .collect();
+    pods.sort_by_key(|p| {
+        p.name_any()
+            .strip_prefix(&prefix)
+            .and_then(|o| o.parse::<u32>().ok())
+            .unwrap_or(u32::MAX)
+    });
+    pods
+}
+
+fn is_active(p: &Pod) -> bool {
+    p.labels()
+        .get(keys::LABEL_CONTROLLER_ACTIVE)
+        .is_some_and(|v| v == "true")
+}
+
+fn hostname(p: &Pod) -> String {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .unwrap_or_else(|| p.name_any())
+}
+
+/// Label the active slurmctld pod of an HA Controller. Returns when to look again (`None`
+/// without HA). Refused writes are Warning Events (the next look retries them).
+pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Option<Duration> {
+    if c.spec.external || !c.ha_enabled() {
+        return None;
+    }
+    let pods = slurmctld_pods(ctx, c);
+    if pods.is_empty() {
+        return Some(HA_RECHECK);
+    }
+    let core = ctx.core.as_ref();
+    let primary = match core.slurm.reach(c, &ctx.caches.children.services).await {
+        Reach::On(cluster) => match cluster.client().ping().await {
+            Ok(pings) => pings
+                .iter()
+                .find(|p| p.is_active_primary())
+                .map(|p| p.hostname.clone()),
+            Err(e) => {
+                tracing::warn!(controller = %c.name_any(), "cannot ask Slurm which slurmctld is primary: {e}");
+                None
+            }
+        },
+        Reach::Off | Reach::Failed(_) => None,
+    };
+    let active = match primary.and_then(|h| pods.iter().find(|p| hostname(p) == h)) {
+        Some(p) => p.clone(),
+        None => match pods.iter().find(|p| is_active(p)) {
+            Some(p) => p.clone(),
+            None => pods[0].clone(),
+        },
+    };
+    // Add first, then take away: the Service keeps an endpoint throughout.
+    let mut writes: Vec<(Arc<Pod>, Option<&str>)> = Vec::new();
+    if !is_active(&active) {
+        writes.push((active.clone(), Some("true")));
+    }
+    for p in pods
+        .iter()
+        .filter(|p| is_active(p) && p.name_any() != active.name_any())
+    {
+        writes.push((p.clone(), None));
+    }
+    for (pod, value) in writes {
+        let r = core
+            .writer
+            .set_pod_label(&pod, keys::LABEL_CONTROLLER_ACTIVE, value)
+            .await;
+        if let Err(e) = &r
+            && writer::is_conflict(e)
+        {
+            // Decided on a stale cache: the next look decides on the fresh pod.
+            tracing::debug!(pod = %pod.name_any(), "active label not moved: {e}");
+            break;
+        }
+        if let Err(e) = r {
+            core.event(
+                c,
+                EventType::Warning,
+                "FailedUpdate",
+                format!(
+                    "Error {} {} on pod {}: {}",
+                    if value.is_some() { "setting" } else { "removing" },
+                    keys::LABEL_CONTROLLER_ACTIVE,
+                    pod.name_any(),
+                    writer::message(&e)
+                ),
+            )
+            .await;
+        } else if value.is_some() {
+            tracing::info!(controller = %c.name_any(), pod = %pod.name_any(), "slurmctld pod is active");
+        }
+    }
+    Some(HA_RECHECK)
+}

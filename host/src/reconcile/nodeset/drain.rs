@@ -1,0 +1,290 @@
+//! Drain before delete: a worker pod leaves (scale-in, rolling update) only once its Slurm node
+//! is drained and no job runs there; and what Slurm says of the pods that stay (the
+//! `pod-protect` label, undraining a node the host drained for a pod that is kept after all).
+//!
+//! # Rules
+//! * A planned delete of a live pod (scale-in, update) is done now when its node is not
+//!   registered (nothing can run there) or is DRAIN or DOWN with no job (not ALLOCATED, MIXED or
+//!   COMPLETING). Otherwise the node is marked DRAIN with a reason starting `slurm-operator:` and
+//!   the pod waits; the pass comes back within seconds. A pod already Failed or Succeeded is
+//!   deleted at once (its slurmd is gone).
+//! * When the Controller's Slurm cannot be asked (see [`crate::reconcile::slurm`]) no live pod
+//!   is deleted: fail closed, never "treat as drained" (Slinky's PR #79), never wait on it
+//!   (#239): the pass records why, and the NodeSet retries with its backoff.
+//! * A node the host drained (reason with its prefix) whose pod is no longer to be deleted is
+//!   undrained (resumed if the host also set it DOWN). A drain or DOWN someone else set, and a
+//!   DOWN "Not responding" node, are never touched (#3).
+//! * `nodeset.slinky.slurm.net/pod-protect=true` is on exactly the pods whose node is busy
+//!   (with `workloadDisruptionProtection`, the default): the workers' PodDisruptionBudget selects
+//!   them, so an eviction (a node drain by `kubectl drain`, the cluster autoscaler) waits for their
+//!   jobs.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{ResourceExt, runtime::events::EventType};
+use slinky_api::keys;
+use slinky_slurm::Node;
+
+use super::{Pass, plan::DeleteReason, slurm_conditions};
+use crate::reconcile::{
+    events::name_list,
+    slurm::{Cluster, Reach, Unavailable, node_name},
+    writer,
+};
+
+/// What a pass knows of its Controller's Slurm.
+pub(super) enum SlurmView {
+    /// No slurmrestd is configured: pods are deleted without a drain.
+    Off,
+    /// Configured, but it could not be asked.
+    Failed(Unavailable),
+    /// The nodes, by name, as Slurm listed them at the start of the pass.
+    Nodes(Arc<Cluster>, HashMap<String, Node>),
+}
+
+impl SlurmView {
+    /// Ask the Controller's Slurm for its nodes (at most once per Controller per
+    /// [`crate::reconcile::slurm::NODES_TTL`]).
+    pub(super) async fn read(pass: &Pass<'_>, controller: &slinky_api::Controller) -> SlurmView {
+        match pass
+            .core()
+            .slurm
+            .reach(controller, &pass.ctx.caches.children.services)
+            .await
+        {
+            Reach::Off => SlurmView::Off,
+            Reach::Failed(u) => SlurmView::Failed(u),
+            Reach::On(cluster) => match cluster.nodes().await {
+                Ok(nodes) => {
+                    let by_name = nodes.iter().map(|n| (n.name.clone(), n.clone())).collect();
+                    SlurmView::Nodes(cluster, by_name)
+                }
+                Err(u) => SlurmView::Failed(u),
+            },
+        }
+    }
+
+    /// The node of `pod`, when Slurm was asked and lists it.
+    pub(super) fn node(&self, pod: &Pod) -> Option<&Node> {
+        match self {
+            SlurmView::Nodes(_, nodes) => nodes.get(&node_name(pod)),
+            _ => None,
+        }
+    }
+
+    /// The Slurm counts of `pods`' nodes (when Slurm was asked).
+    pub(super) fn counts(&self, pods: &[Arc<Pod>]) -> Option<slinky_slurm::Counts> {
+        let SlurmView::Nodes(_, nodes) = self else {
+            return None;
+        };
+        Some(slinky_slurm::Counts::of(
+            pods.iter().filter_map(|p| nodes.get(&node_name(p))),
+        ))
+    }
+
+    /// How a rolling update ranks old pods: nodes the host is draining first (their turn has
+    /// come), then idle ones, then busy ones (pod name → rank; unknown pods rank as idle).
+    pub(super) fn update_ranks(&self, pods: &[Arc<Pod>]) -> BTreeMap<String, u8> {
+        pods.iter()
+            .map(|p| {
+                let rank = match self.node(p) {
+                    Some(n) if n.is_drain() && n.reason_is_ours() => 0,
+                    Some(n) if n.is_busy() => 2,
+                    _ => 1,
+                };
+                (p.name_any(), rank)
+            })
+            .collect()
+    }
+}
+
+/// Whether the pod of `node` may be deleted now: nothing runs there and nothing will.
+fn may_delete(node: Option<&Node>) -> bool {
+    node.is_none_or(|n| !n.is_busy() && (n.is_drain() || n.is_down()))
+}
+
+/// Split the planned deletes: those done now are returned; the others are drained (when their
+/// node is not DRAIN yet) and wait for a later pass.
+pub(super) async fn gate(
+    pass: &mut Pass<'_>,
+    view: &SlurmView,
+    deletes: Vec<(Arc<Pod>, DeleteReason)>,
+) -> Vec<(Arc<Pod>, DeleteReason)> {
+    let mut now = Vec::new();
+    let mut drained = Vec::new();
+    let mut waiting = Vec::new();
+    let mut withheld = 0;
+    pass.slurm_asked = !matches!(view, SlurmView::Off);
+    for (pod, reason) in deletes {
+        if reason == DeleteReason::Finished {
+            now.push((pod, reason));
+            continue;
+        }
+        match view {
+            SlurmView::Off => now.push((pod, reason)),
+            SlurmView::Failed(_) => withheld += 1,
+            SlurmView::Nodes(cluster, nodes) => {
+                let name = node_name(&pod);
+                let node = nodes.get(&name);
+                if may_delete(node) {
+                    now.push((pod, reason));
+                    continue;
+                }
+                if node.is_some_and(|n| !n.is_drain()) {
+                    let why = match reason {
+                        DeleteReason::Update => {
+                            format!("pod {} is replaced by a rolling update", pod.name_any())
+                        }
+                        _ => format!("pod {} is removed by a scale-in", pod.name_any()),
+                    };
+                    match cluster.drain(&name, &why).await {
+                        Ok(()) => drained.push(name.clone()),
+                        Err(u) => {
+                            pass.slurm_failed(u).await;
+                            continue;
+                        }
+                    }
+                }
+                waiting.push(name);
+            }
+        }
+    }
+    if let SlurmView::Failed(u) = view {
+        let message = if withheld > 0 {
+            format!(
+                "{withheld} pod(s) to delete wait: Slurm cannot be asked whether jobs run on their \
+                 nodes, and nothing is deleted until it can: {}",
+                u.message
+            )
+        } else {
+            u.message.clone()
+        };
+        pass.slurm_failed(Unavailable {
+            reason: u.reason,
+            message,
+        })
+        .await;
+    }
+    if !drained.is_empty() {
+        pass.core()
+            .event(
+                pass.ns,
+                EventType::Normal,
+                "Draining",
+                format!(
+                    "Draining Slurm nodes {}: their pods are deleted once no job runs there",
+                    name_list(&drained)
+                ),
+            )
+            .await;
+    }
+    if !waiting.is_empty() {
+        pass.wait_for_slurm();
+    }
+    now
+}
+
+/// For the pods that stay: undrain the nodes the host drained for them, and set
+/// `pod-protect` on the busy ones (removing it from the others).
+pub(super) async fn sync_kept(
+    pass: &mut Pass<'_>,
+    view: &SlurmView,
+    owned: &[Arc<Pod>],
+    deleting: &[String],
+) {
+    let SlurmView::Nodes(cluster, nodes) = view else {
+        return;
+    };
+    let protect = pass.ns.spec.workload_disruption_protection.unwrap_or(true);
+    for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let name = node_name(pod);
+        let Some(node) = nodes.get(&name) else { continue };
+        write_conditions(pass, pod, node).await;
+        if deleting.contains(&pod.name_any()) {
+            continue;
+        }
+        let ours = node.reason_is_ours() && node.host_may_change();
+        let ready = super::is_running_and_ready(pod);
+        if ours && (node.is_drain() || (node.is_down() && ready)) {
+            match cluster.undrain(&name, node.is_down()).await {
+                Ok(()) => {
+                    pass.core()
+                        .event(
+                            pass.ns,
+                            EventType::Normal,
+                            "Undrained",
+                            format!(
+                                "Slurm node {name} returned to service: pod {} is kept",
+                                pod.name_any()
+                            ),
+                        )
+                        .await;
+                }
+                Err(u) => pass.slurm_failed(u).await,
+            }
+        }
+        let want = protect && node.is_busy();
+        set_protect(pass, pod, want).await;
+    }
+}
+
+/// The pod's `SlurmNodeState*` conditions made to match its node. A refused `test` (the
+/// kubelet wrote meanwhile) is left to the next pass.
+async fn write_conditions(pass: &mut Pass<'_>, pod: &Pod, node: &Node) {
+    let Some(conditions) = slurm_conditions::desired(pod, node, k8s_openapi::jiff::Timestamp::now()) else {
+        return;
+    };
+    let patch = slurm_conditions::patch(pod, &conditions);
+    match pass.core().writer.patch_pod_status(pod, patch).await {
+        Ok(_) => {}
+        Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 422 || s.code == 409) => {
+            tracing::debug!(pod = %pod.name_any(), "pod conditions changed meanwhile: {e}");
+        }
+        Err(e) => {
+            pass.failed(
+                "FailedUpdate",
+                format!(
+                    "Error writing the Slurm conditions of pod {}: {}",
+                    pod.name_any(),
+                    writer::message(&e)
+                ),
+            )
+            .await;
+        }
+    }
+}
+
+/// `pod-protect=true` on the pod when `want`, off otherwise.
+async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) {
+    {
+        let has = pod
+            .labels()
+            .get(keys::LABEL_POD_PROTECT)
+            .is_some_and(|v| v == "true");
+        if want != has {
+            let value = want.then_some("true");
+            if let Err(e) = pass
+                .core()
+                .writer
+                .set_pod_label(pod, keys::LABEL_POD_PROTECT, value)
+                .await
+                && !writer::is_conflict(&e)
+            {
+                pass.failed(
+                    "FailedUpdate",
+                    format!(
+                        "Error setting {} on pod {}: {}",
+                        keys::LABEL_POD_PROTECT,
+                        pod.name_any(),
+                        writer::message(&e)
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The host's line to Slurm: one slurmrestd client per Controller ([`slinky_slurm::Client`]),
+//! found and authenticated the way Slinky does it, and the node list a pass acts on.
+//!
+//! # Guarantees
+//! * A Controller's slurmrestd is the `--slurmrestd-url` given for it (or for every Controller),
+//!   else `http://<controller>-restapi.<namespace>:6820` while that Service exists (the RestApi's
+//!   Service as Slinky's Helm chart names it). Without either, the Controller's Slurm is
+//!   [`Reach::Off`]: its NodeSets behave as Slinky's without a Slurm client (pods are deleted
+//!   without a drain) and say so in their status.
+//! * With a slurmrestd, Slurm is **fail-closed**: when it cannot be asked (no JWT key, no
+//!   answer within the deadline, a refused token, an unknown data parser), [`Reach::Failed`]
+//!   names the cause and the callers delete nothing that could run a job.
+//! * The tokens are HS256 JWTs signed with the Controller's `jwtKeyRef` (read by name, RBAC
+//!   `get`), for the Slurm user `slurm`, valid 15 minutes and renewed at 80 %. A client is
+//!   rebuilt when its URL or key changes, and the key is re-read at most once a minute.
+//! * At most one node list per Controller per [`NODES_TTL`]: the NodeSets of a Controller
+//!   reconciled together share it. A drain or undrain forgets it, so the next pass reads what it
+//!   did.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::{
+    Api, ResourceExt,
+    runtime::reflector::{ObjectRef, Store},
+};
+use slinky_api::Controller;
+use slinky_slurm::{Client, Node, jwt::Tokens};
+
+use super::locked;
+
+/// How long a node list is shared between passes.
+pub const NODES_TTL: Duration = Duration::from_secs(1);
+/// How long a client's key is trusted before the Secret is read again.
+const KEY_TTL: Duration = Duration::from_secs(60);
+/// The Slurm user the host's tokens are for (`SlurmUser` of the generated slurm.conf).
+pub const SLURM_USER: &str = "slurm";
+/// slurmrestd's port in Slinky's RestApi Service.
+pub const RESTAPI_PORT: u16 = 6820;
+
+/// Why a Controller's Slurm cannot be asked now: `(reason, message)` for an Event and a
+/// condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable {
+    /// `SlurmUnreachable`, `SlurmUnauthorized`, `SlurmRefused`, `SlurmNotConfigured`.
+    pub reason: &'static str,
+    /// What happened and how to fix it.
+    pub message: String,
+}
+
+impl Unavailable {
+    /// From a client error.
+    pub fn of(e: &slinky_slurm::Error) -> Unavailable {
+        use slinky_slurm::Error as E;
+        let reason = match e {
+            E::Unreachable { .. } | E::Timeout { .. } => "SlurmUnreachable",
+            E::Unauthorized { .. } => "SlurmUnauthorized",
+            E::Url { .. } | E::NoVersion { .. } => "SlurmNotConfigured",
+            E::Slurm { .. } | E::Http { .. } | E::Parse { .. } => "SlurmRefused",
+        };
+        Unavailable {
+            reason,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// A Controller's Slurm, as a pass may ask it.
+#[derive(Clone)]
+pub enum Reach {
+    /// No slurmrestd is configured for this Controller.
+    Off,
+    /// One is configured but cannot be asked: nothing that could run a job is deleted.
+    Failed(Unavailable),
+    /// Ask it.
+    On(Arc<Cluster>),
+}
+
+/// One Controller's slurmrestd client and its shared node list.
+pub struct Cluster {
+    client: Client,
+    /// When its key was last read and found the same.
+    checked: Mutex<Instant>,
+    nodes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Node>>)>>,
+}
+
+impl Cluster {
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Every node, read at most once per [`NODES_TTL`] (callers at the same time share one read).
+    ///
+    /// # Errors
+    /// Why Slurm could not be asked.
+    pub async fn nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
+        let mut held = self.nodes.lock().await;
+        if let Some((at, nodes)) = held.as_ref()
+            && at.elapsed() < NODES_TTL
+        {
+            return Ok(nodes.clone());
+        }
+        let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
+        *held = Some((Instant::now(), nodes.clone()));
+        Ok(nodes)
+    }
+
+    /// Forget the node list (after a change the next pass must see).
+    pub async fn forget_nodes(&self) {
+        *self.nodes.lock().await = None;
+    }
+
+    /// Drain `node` with `reason` (prefixed with [`slinky_slurm::REASON_PREFIX`]).
+    ///
+    /// # Errors
+    /// Why Slurm did not do it.
+    pub async fn drain(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
+        let reason = format!("{} {reason}", slinky_slurm::REASON_PREFIX);
+        let r = self.client.drain(node, &reason).await;
+        self.forget_nodes().await;
+        r.map_err(|e| Unavailable::of(&e))
+    }
+
+    /// Undrain `node` (`resume` too when it is DOWN by the host's reason).
+    ///
+    /// # Errors
+    /// Why Slurm did not do it.
+    pub async fn undrain(&self, node: &str, resume: bool) -> Result<(), Unavailable> {
+        let r = if resume {
+            self.client.resume(node).await
+        } else {
+            self.client.undrain(node).await
+        };
+        self.forget_nodes().await;
+        r.map_err(|e| Unavailable::of(&e))
+    }
+}
+
+/// `--slurmrestd-url` values.
+#[derive(Debug, Clone, Default)]
+struct Urls {
+    /// `namespace/controller` → URL.
+    exact: HashMap<String, String>,
+    /// For every Controller without an exact one.
+    all: Option<String>,
+}
+
+impl Urls {
+    fn parse(values: &[String]) -> Urls {
+        let mut urls = Urls::default();
+        for v in values {
+            match v.split_once('=') {
+                Some((key, url)) if !key.contains("://") => {
+                    urls.exact.insert(key.trim().to_string(), url.trim().to_string());
+                }
+                _ => urls.all = Some(v.trim().to_string()),
+            }
+        }
+        urls
+    }
+}
+
+/// The Slurm clients of every Controller.
+pub struct SlurmClients {
+    kube: kube::Client,
+    urls: Urls,
+    timeout: Duration,
+    clusters: Mutex<HashMap<String, (String, Arc<Cluster>)>>,
+}
+
+impl std::fmt::Debug for SlurmClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlurmClients")
+            .field("urls", &self.urls)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SlurmClients {
+    /// Clients made with `kube` (to read JWT keys), the `--slurmrestd-url` values and a deadline
+    /// per call.
+    pub fn new(kube: kube::Client, urls: &[String], timeout: Duration) -> SlurmClients {
+        SlurmClients {
+            kube,
+            urls: Urls::parse(urls),
+            timeout,
+            clusters: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Where `c`'s slurmrestd is, if anywhere.
+    fn url_of(&self, c: &Controller, services: &Store<Service>) -> Option<String> {
+        let ns = c.namespace().unwrap_or_default();
+        let key = format!("{ns}/{}", c.name_any());
+        if let Some(url) = self.urls.exact.get(&key).or(self.urls.all.as_ref()) {
+            return Some(url.clone());
+        }
+        let service = format!("{}-restapi", c.name_any());
+        services
+            .get(&ObjectRef::new(&service).within(&ns))
+            .map(|_| format!("http://{service}.{ns}:{RESTAPI_PORT}"))
+    }
+
+    /// `c`'s Slurm: its client, or why there is none.
+    pub async fn reach(&self, c: &Controller, services: &Store<Service>) -> Reach {
+        let Some(url) = self.url_of(c, services) else {
+            return Reach::Off;
+        };
+        let key = format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
+        let held = locked(&self.clusters, |m| {
+            m.get(&key)
+                .filter(|(held_url, _)| *held_url == url)
+                .map(|(_, cluster)| cluster.clone())
+        });
+        if let Some(cluster) = &held
+            && locked(&cluster.checked, |at| at.elapsed()) < KEY_TTL
+        {
+            return Reach::On(cluster.clone());
+        }
+        let jwt = match self.jwt_key(c).await {
+            Ok(k) => k,
+            Err(message) => {
+                return Reach::Failed(Unavailable {
+                    reason: "SlurmNotConfigured",
+                    message,
+                });
+            }
+        };
+        if let Some(cluster) = held
+            && cluster.client.tokens().signs_with(&jwt)
+        {
+            // Same URL and key: keep the client (and the data parser it agreed on).
+            locked(&cluster.checked, |at| *at = Instant::now());
+            return Reach::On(cluster);
+        }
+        match Client::new(
+            &url,
+            Tokens::new(jwt, SLURM_USER, slinky_slurm::jwt::LIFETIME),
+            self.timeout,
+        ) {
+            Ok(client) => {
+                let cluster = Arc::new(Cluster {
+                    client,
+                    checked: Mutex::new(Instant::now()),
+                    nodes: tokio::sync::Mutex::new(None),
+                });
+                locked(&self.clusters, |m| m.insert(key, (url, cluster.clone())));
+                Reach::On(cluster)
+            }
+            Err(e) => Reach::Failed(Unavailable::of(&e)),
+        }
+    }
+
+    /// Forget `namespace/name`'s client (the Controller is gone).
+    pub fn forget(&self, key: &str) {
+        locked(&self.clusters, |m| m.remove(key));
+    }
+
+    /// The bytes of `c`'s JWT key, or what is missing.
+    async fn jwt_key(&self, c: &Controller) -> Result<Vec<u8>, String> {
+        let ns = c.namespace().unwrap_or_default();
+        let Some(r) = c.spec.jwt_key_ref.as_ref() else {
+            return Err(format!(
+                "Controller {ns}/{} has no jwtKeyRef: the host signs its slurmrestd tokens with \
+                 the cluster's JWT key; set spec.jwtKeyRef to the Secret slurmctld reads as jwt.key",
+                c.name_any()
+            ));
+        };
+        let api: Api<Secret> = Api::namespaced(self.kube.clone(), &ns);
+        let secret = api
+            .get_opt(&r.name)
+            .await
+            .map_err(|e| format!("cannot read Secret {ns}/{} (jwtKeyRef): {e}", r.name))?
+            .ok_or_else(|| format!("Secret {ns}/{} (jwtKeyRef) does not exist", r.name))?;
+        secret
+            .data
+            .and_then(|mut d| d.remove(&r.key))
+            .map(|b| b.0)
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| format!("Secret {ns}/{} (jwtKeyRef) has no key {:?}", r.name, r.key))
+    }
+}
+
+/// The Slurm node name of a worker pod: its hostname (Slinky's `<template hostname><ordinal>`),
+/// else its name.
+pub fn node_name(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.hostname.clone())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| pod.name_any())
+}

@@ -1,0 +1,127 @@
+//! What the host does with Slurm that needs no Slurm to check: an HA Controller's `active`
+//! label without a slurmrestd (pod 0, as Slinky), and fail-closed deletes when the configured
+//! slurmrestd cannot be asked. (With a real Slurm: `tests/slurm.rs`.)
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    ResourceExt,
+    api::{Api, ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use slinky_api::keys;
+use slinky_host::{PluginRegistry, reconcile::RunConfig};
+use slinky_tests::{
+    default_engine, eventually,
+    host::{
+        Host, apply_example, apply_file, cluster, cluster_with_statefulsets, converge_current, events, names,
+        nodeset_condition, pod_names, scale,
+    },
+};
+
+async fn active_pods(c: &slinky_tests::TestCluster, ns: &str) -> Result<Vec<String>> {
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("{}=true", keys::LABEL_CONTROLLER_ACTIVE)))
+        .await?;
+    Ok(pods.items.iter().map(ResourceExt::name_any).collect())
+}
+
+#[tokio::test]
+async fn an_ha_controller_without_slurm_has_exactly_one_active_slurmctld_pod() -> Result<()> {
+    let c = cluster_with_statefulsets().await;
+    let ns = c.namespace("ha-active").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["spec"]["ha"] = json!({"enabled": true, "backups": 1});
+            v["spec"]["persistence"] = json!({"enabled": true, "existingClaim": "slurm-state"});
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    // The Service selects the active label: pod 0 gets it (nothing to ask), pod 1 does not.
+    let active = eventually(30, || async {
+        let pods = pod_names(&c, &ns).await.ok()?;
+        let active = active_pods(&c, &ns).await.ok()?;
+        (pods.contains("slurm-controller-1") && active == ["slurm-controller-0"]).then_some(active)
+    })
+    .await;
+    ensure!(
+        active.is_some(),
+        "active pods {:?}, pods {:?}",
+        active_pods(&c, &ns).await?,
+        pod_names(&c, &ns).await?
+    );
+    // The active pod goes: the label moves to the live one, and stays there when pod 0 is back
+    // (a label on a live pod stays; only Slurm moves it), never on two pods.
+    let api = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    api.delete("slurm-controller-0", &Default::default()).await?;
+    let moved = eventually(30, || async {
+        let active = active_pods(&c, &ns).await.ok()?;
+        let pods = pod_names(&c, &ns).await.ok()?;
+        (active == ["slurm-controller-1"] && pods.contains("slurm-controller-0")).then_some(())
+    })
+    .await;
+    ensure!(
+        moved.is_some(),
+        "active pods {:?}, pods {:?}",
+        active_pods(&c, &ns).await?,
+        pod_names(&c, &ns).await?
+    );
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let active = active_pods(&c, &ns).await?;
+        ensure!(active == ["slurm-controller-1"], "active pods {active:?}");
+    }
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("slurm-down").await;
+    apply_example(&c, &ns, 3).await?;
+    // A slurmrestd nobody serves: every call fails at once (connection refused).
+    let config = RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(1)),
+        slurmrestd_urls: vec!["http://127.0.0.1:9".into()],
+        ..Default::default()
+    };
+    let host = Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    );
+    // Scale-up needs no Slurm: pods are created.
+    converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
+    scale(&c, &ns, 1).await?;
+    let condition = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "SlurmFailure").await.ok()??;
+        (cond.status == "True" && cond.message.contains("nothing is deleted")).then_some(cond)
+    })
+    .await
+    .context("no SlurmFailure condition")?;
+    ensure!(condition.reason == "SlurmUnreachable", "{condition:?}");
+    ensure!(
+        condition.message.contains("127.0.0.1:9") && condition.message.contains("nothing is deleted"),
+        "{condition:?}"
+    );
+    let evs = events(&c, &ns, slinky_tests::host::NS_NAME).await?;
+    ensure!(
+        evs.iter()
+            .any(|(r, n)| r == "SlurmUnreachable" && n.contains("127.0.0.1:9")),
+        "{evs:?}"
+    );
+    // Fail closed: a few seconds later all three pods are still there.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        pod_names(&c, &ns).await? == names(&[0, 1, 2]),
+        "{:?}",
+        pod_names(&c, &ns).await?
+    );
+    host.stop().await;
+    Ok(())
+}
