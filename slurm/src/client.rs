@@ -50,6 +50,8 @@ pub struct Client {
     http: HttpClient<HttpConnector, Full<Bytes>>,
     /// The data parser agreed with the server (`None` until the first call, or after a 404).
     version: Mutex<Option<&'static str>>,
+    /// Requests sent.
+    requests: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Client {
@@ -123,12 +125,18 @@ impl Client {
             timeout,
             http,
             version: Mutex::new(None),
+            requests: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// The server's URL.
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// How many requests the client has sent.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The tokens the client signs with.
@@ -144,6 +152,7 @@ impl Client {
         body: Option<&Value>,
     ) -> Result<(StatusCode, Value), Error> {
         let url = format!("{}{path}", self.base);
+        self.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let req = Request::builder()
             .method(method.clone())

@@ -162,6 +162,8 @@ pub struct Handles {
     pub controllers: Store<Controller>,
     /// StatefulSet cache.
     pub statefulsets: Store<StatefulSet>,
+    /// The Controllers' slurmrestd clients (request counts).
+    pub slurm: Arc<slurm::SlurmClients>,
     /// Leadership.
     pub leader: Leadership,
 }
@@ -358,7 +360,7 @@ pub fn start(
         announced: apply::Announced::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
-        slurm,
+        slurm: slurm.clone(),
     });
     let applied = applied::applied_versions();
     let contexts = (
@@ -386,6 +388,7 @@ pub fn start(
         controllers: watches.caches.controllers,
         statefulsets: watches.caches.children.statefulsets,
         leader: config.leadership,
+        slurm,
     };
     (
         handles,

@@ -257,6 +257,14 @@ impl SlurmClients {
         }
     }
 
+    /// Requests sent to every Controller's slurmrestd so far (clients replaced since are not
+    /// counted).
+    pub fn requests(&self) -> u64 {
+        locked(&self.clusters, |m| {
+            m.values().map(|(_, c)| c.client.requests()).sum()
+        })
+    }
+
     /// Forget `namespace/name`'s client (the Controller is gone).
     pub fn forget(&self, key: &str) {
         locked(&self.clusters, |m| m.remove(key));
