@@ -11,13 +11,13 @@ use kube::{
     api::{Api, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
-use slinky_api::keys;
+use slinky_api::{NodeSet, keys};
 use slinky_host::{PluginRegistry, reconcile::RunConfig};
 use slinky_tests::{
     default_engine, eventually,
     host::{
-        Host, apply_example, apply_file, cluster, cluster_with_statefulsets, converge_current, events, names,
-        nodeset_condition, pod_names, scale,
+        Host, NS_NAME, apply_example, apply_file, cluster, cluster_with_statefulsets, converge_current,
+        events, names, nodeset_condition, pod_names, scale,
     },
 };
 

@@ -20,6 +20,10 @@ pub const LABEL_POD_HOSTNAME: &str = "nodeset.slinky.slurm.net/pod-hostname";
 pub const LABEL_SCALING_MODE: &str = "nodeset.slinky.slurm.net/scaling-mode";
 /// NodeSet pod label: protected from disruption while its Slurm node is busy.
 pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
+/// NodeSet finalizer of the host: the NodeSet (and so its partition in `slurm.conf`) stays until
+/// no job runs on its Slurm nodes (Slinky's #138: slurmctld crashed on job records of nodes a
+/// reconfigure removed).
+pub const FINALIZER_SLURM_NODES: &str = "nodeset.slinky.slurm.net/slurm-nodes";
 /// The revision label shared with StatefulSets.
 pub const LABEL_REVISION_HASH: &str = "controller-revision-hash";
 /// Pod annotation: the Slurm topology spec, read by slurmd through `SLINKY_TOPOLOGY`.

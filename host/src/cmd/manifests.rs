@@ -81,6 +81,8 @@ pub fn cluster_rules() -> Vec<Value> {
             &["controllers/status", "nodesets/status"],
             &["patch"],
         ),
+        // The NodeSet's finalizer (its Slurm nodes stay in slurm.conf until their jobs end).
+        rule(&["slinky.slurm.net"], &["nodesets"], &["patch"]),
         rule(
             &[""],
             &["pods"],

@@ -449,6 +449,27 @@ impl Writer {
             .await
     }
 
+    /// Set a NodeSet's finalizers (a merge patch with the resourceVersion they were read at).
+    ///
+    /// # Errors
+    /// The API error (409 when the NodeSet changed meanwhile).
+    pub async fn set_finalizers(
+        &self,
+        ns: &slinky_api::NodeSet,
+        finalizers: &[String],
+    ) -> Result<slinky_api::NodeSet, kube::Error> {
+        self.fence("patch")?;
+        let api: Api<slinky_api::NodeSet> =
+            Api::namespaced(self.client.clone(), &ns.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"resourceVersion": ns.resource_version(), "finalizers": finalizers}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.write("patch", api.patch(&ns.name_any(), &pp, &Patch::Merge(patch)))
+            .await
+    }
+
     /// Patch a pod's status with a JSON patch (its conditions: see
     /// `nodeset::slurm_conditions`).
     ///

@@ -27,6 +27,7 @@ mod adoption;
 mod claim;
 mod differing;
 mod drain;
+mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod other_children;
@@ -139,7 +140,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     if !core.serves(&namespace) {
         return Ok(Action::await_change());
     }
-    if ns.metadata.deletion_timestamp.is_some() {
+    if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);
         return Ok(Action::await_change());
@@ -179,7 +180,14 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     let mut owned = claims.owned.clone();
     let mut requeue = core.resync;
     let reached;
-    if let Some(problem) = checks::summary(&ns.spec_problems()) {
+    if ns.metadata.deletion_timestamp.is_some() {
+        if finalizer::finalize(&mut pass, controller.as_deref(), &owned).await {
+            ctx.expectations.forget(&pass.uid);
+            ctx.differing.forget(&pass.uid);
+            return Ok(Action::await_change());
+        }
+        reached = Reached::Waiting;
+    } else if let Some(problem) = checks::summary(&ns.spec_problems()) {
         pass.state.problem(conditions::INVALID_SPEC, problem).await;
         reached = Reached::Problem;
     } else if let (Some(controller), Some(revision)) = (controller.as_ref(), revision.as_deref()) {
@@ -249,6 +257,7 @@ async fn sync(
         return Ok(claims.owned);
     }
     let slurm = SlurmView::read(pass, controller).await;
+    finalizer::ensure(pass, &slurm).await;
     let update_ranks = slurm.update_ranks(&claims.owned);
     let plan = plan(&Inputs {
         nodeset: ns,

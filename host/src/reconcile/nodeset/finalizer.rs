@@ -1,0 +1,146 @@
+//! The NodeSet's finalizer (`nodeset.slinky.slurm.net/slurm-nodes`): a deleted NodeSet stays,
+//! and with it its partition in `slurm.conf`, until no job runs on its Slurm nodes (Slinky's #138:
+//! slurmctld crashed reconfiguring away nodes that still had job records).
+//!
+//! # Rules
+//! * A NodeSet whose Controller has a slurmrestd gets the finalizer at its first pass that asks
+//!   Slurm; without one it gets none (and a finalizer it has is removed when it is deleted).
+//! * Deleted: every node of its pods is drained (reason `slurm-operator: NodeSet … is being
+//!   deleted`, so no job lands there) and the finalizer is removed once none is busy; the
+//!   garbage collector then deletes the pods and the Controller rewrites `slurm.conf`.
+//! * When Slurm cannot be asked the finalizer stays (fail closed), with the `SlurmFailure`
+//!   condition and an Event saying why; remove it by hand to give up on the jobs.
+//! * Only background deletion waits: `--cascade=foreground` deletes the pods first, as for any
+//!   owner.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{ResourceExt, runtime::events::EventType};
+use slinky_api::{Controller, keys::FINALIZER_SLURM_NODES};
+
+use super::{Pass, drain::SlurmView};
+use crate::reconcile::{
+    events::name_list,
+    slurm::{Unavailable, node_name},
+    writer,
+};
+
+/// Whether the NodeSet carries the host's finalizer.
+pub(super) fn has(ns: &slinky_api::NodeSet) -> bool {
+    ns.finalizers().iter().any(|f| f == FINALIZER_SLURM_NODES)
+}
+
+/// Write the finalizers; whether they were written.
+async fn write(pass: &mut Pass<'_>, finalizers: Vec<String>) -> bool {
+    match pass.core().writer.set_finalizers(pass.ns, &finalizers).await {
+        Ok(_) => true,
+        // Written on a NodeSet that changed meanwhile: the next pass sees the fresh one.
+        Err(e) if writer::is_conflict(&e) => false,
+        Err(e) => {
+            pass.failed(
+                "FailedUpdate",
+                format!(
+                    "Error writing the finalizers of NodeSet {}: {}",
+                    pass.ns.name_any(),
+                    writer::message(&e)
+                ),
+            )
+            .await;
+            false
+        }
+    }
+}
+
+/// A live NodeSet whose Slurm is configured gets the finalizer.
+pub(super) async fn ensure(pass: &mut Pass<'_>, view: &SlurmView) {
+    if matches!(view, SlurmView::Off) || has(pass.ns) {
+        return;
+    }
+    let mut finalizers = pass.ns.finalizers().to_vec();
+    finalizers.push(FINALIZER_SLURM_NODES.to_string());
+    write(pass, finalizers).await;
+}
+
+/// A deleted NodeSet: drain its nodes and remove the finalizer once no job runs there (at a
+/// pass that drained nothing: a job may have landed on a node between the list and its drain).
+/// Returns whether the finalizer was removed.
+pub(super) async fn finalize(
+    pass: &mut Pass<'_>,
+    controller: Option<&Controller>,
+    owned: &[Arc<Pod>],
+) -> bool {
+    if !has(pass.ns) {
+        return true;
+    }
+    let view = match controller {
+        Some(c) => SlurmView::read(pass, c).await,
+        None => SlurmView::Off,
+    };
+    let release = match &view {
+        SlurmView::Off => true,
+        SlurmView::Failed(u) => {
+            pass.slurm_asked = true;
+            let message = format!(
+                "NodeSet {} is being deleted; it stays, and its nodes in slurm.conf, until Slurm can be \
+                 asked whether jobs run there (remove the finalizer {FINALIZER_SLURM_NODES} to give up on \
+                 them): {}",
+                pass.ns.name_any(),
+                u.message
+            );
+            pass.slurm_failed(Unavailable {
+                reason: u.reason,
+                message,
+            })
+            .await;
+            false
+        }
+        SlurmView::Nodes(cluster, nodes) => {
+            pass.slurm_asked = true;
+            let mut busy = Vec::new();
+            let mut drained = Vec::new();
+            for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+                let name = node_name(pod);
+                let Some(node) = nodes.get(&name) else { continue };
+                if !node.is_drain() && !node.is_down() && node.host_may_change() {
+                    let why = format!("NodeSet {} is being deleted", pass.ns.name_any());
+                    match cluster.drain(&name, &why).await {
+                        Ok(()) => drained.push(name.clone()),
+                        Err(u) => pass.slurm_failed(u).await,
+                    }
+                }
+                if node.is_busy() {
+                    busy.push(name);
+                }
+            }
+            if !drained.is_empty() {
+                pass.core()
+                    .event(
+                        pass.ns,
+                        EventType::Normal,
+                        "Draining",
+                        format!(
+                            "Draining Slurm nodes {}: the NodeSet is deleted once no job runs there",
+                            name_list(&drained)
+                        ),
+                    )
+                    .await;
+            }
+            if !busy.is_empty() {
+                pass.waits_for_slurm = true;
+            }
+            busy.is_empty() && drained.is_empty() && pass.slurm_failure.is_none()
+        }
+    };
+    if release {
+        let finalizers: Vec<String> = pass
+            .ns
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER_SLURM_NODES)
+            .cloned()
+            .collect();
+        return write(pass, finalizers).await;
+    }
+    false
+}
