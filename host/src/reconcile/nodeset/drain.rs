@@ -111,6 +111,7 @@ fn may_delete(node: Option<&Node>) -> bool {
 /// node is not DRAIN yet) and wait for a later pass.
 pub(super) async fn gate(
     pass: &mut Pass<'_>,
+    controller: &slinky_api::Controller,
     view: &SlurmView,
     deletes: Vec<(Arc<Pod>, DeleteReason)>,
 ) -> Vec<(Arc<Pod>, DeleteReason)> {
@@ -131,6 +132,13 @@ pub(super) async fn gate(
                 let name = node_name(&pod);
                 let node = nodes.get(&name);
                 if may_delete(node) {
+                    if let Some(n) =
+                        node.filter(|n| n.is_drain() && !n.reason.is_empty() && !n.reason_is_ours())
+                    {
+                        // The pod's pre-stop hook marks the node DOWN with the host's reason:
+                        // the replacement's node gets this drain back.
+                        pass.core().slurm.keep_drain(controller, &name, &n.reason);
+                    }
                     now.push((pod, reason));
                     continue;
                 }
@@ -192,6 +200,7 @@ pub(super) async fn gate(
 /// `pod-protect` on the busy ones (removing it from the others).
 pub(super) async fn sync_kept(
     pass: &mut Pass<'_>,
+    controller: &slinky_api::Controller,
     view: &SlurmView,
     owned: &[Arc<Pod>],
     deleting: &[String],
@@ -209,7 +218,14 @@ pub(super) async fn sync_kept(
         }
         let ours = node.reason_is_ours() && node.host_may_change();
         let ready = super::is_running_and_ready(pod);
-        if ours && (node.is_drain() || (node.is_down() && ready)) {
+        let kept = if ours && ready {
+            pass.core().slurm.take_kept_drain(controller, &name)
+        } else {
+            None
+        };
+        if let Some(reason) = kept {
+            give_back(pass, cluster, &name, node, &reason).await;
+        } else if ours && (node.is_drain() || (node.is_down() && ready)) {
             match cluster.undrain(&name, node.is_down()).await {
                 Ok(()) => {
                     pass.core()
@@ -229,6 +245,28 @@ pub(super) async fn sync_kept(
         }
         let want = protect && node.is_busy();
         set_protect(pass, pod, want).await;
+    }
+}
+
+/// Give the replacement of a pod its node's earlier drain (someone else's reason, as it was).
+async fn give_back(pass: &mut Pass<'_>, cluster: &Cluster, name: &str, node: &Node, reason: &str) {
+    let resumed = if node.is_down() {
+        cluster.undrain(name, true).await
+    } else {
+        Ok(())
+    };
+    match resumed.and(cluster.drain_as_is(name, reason).await) {
+        Ok(()) => {
+            pass.core()
+                .event(
+                    pass.ns,
+                    EventType::Normal,
+                    "DrainKept",
+                    format!("Slurm node {name} keeps the drain it had before its pod was replaced: {reason}"),
+                )
+                .await;
+        }
+        Err(u) => pass.slurm_failed(u).await,
     }
 }
 

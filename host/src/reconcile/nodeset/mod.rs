@@ -293,10 +293,10 @@ async fn sync(
             .await;
     }
     let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
-    let deletes = drain::gate(pass, &slurm, plan.deletes).await;
+    let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
     delete_pods(pass, &deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;
-    drain::sync_kept(pass, &slurm, &claims.owned, &deleting).await;
+    drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;
     pass.slurm_counts = slurm.counts(&claims.owned);
     Ok(claims.owned)
 }
