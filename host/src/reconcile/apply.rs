@@ -225,38 +225,6 @@ fn child_ref(kind: ChildKind, ns: &str, name: &str) -> k8s_openapi::api::core::v
     }
 }
 
-/// The once-only problems of each parent (`NotOwned`, `NotBuilt`, `ImmutableFieldChanged`) that
-/// were announced by an Event, by parent UID: each is announced once while it stands, however
-/// many children fail at once (the condition names only the first), and again if it recurs.
-#[derive(Debug, Default)]
-pub struct Announced(std::sync::Mutex<std::collections::HashMap<String, BTreeSet<String>>>);
-
-impl Announced {
-    fn with<R>(&self, f: impl FnOnce(&mut std::collections::HashMap<String, BTreeSet<String>>) -> R) -> R {
-        crate::reconcile::locked(&self.0, f)
-    }
-
-    /// Whether `message` of `parent` is new (and remember it).
-    fn first(&self, parent: &str, message: &str) -> bool {
-        self.with(|m| {
-            m.entry(parent.to_string())
-                .or_default()
-                .insert(message.to_string())
-        })
-    }
-
-    /// Keep only the problems of `parent` that still stand.
-    fn keep_only(&self, parent: &str, standing: BTreeSet<String>) {
-        self.with(|m| {
-            if standing.is_empty() {
-                m.remove(parent);
-            } else {
-                m.insert(parent.to_string(), standing);
-            }
-        });
-    }
-}
-
 impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     /// A pass over `parent`'s children, whose conditions are `current`; `sharers` are the UIDs
     /// of the NodeSets that share its shared children.

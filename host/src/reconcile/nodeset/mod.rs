@@ -25,7 +25,7 @@
 
 mod adoption;
 mod claim;
-mod differing;
+pub(crate) mod differing;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod other_children;
@@ -44,7 +44,6 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
-pub(crate) use differing::DifferingPods;
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
