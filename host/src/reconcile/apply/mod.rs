@@ -25,6 +25,9 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a failure the caller turns
 //!   into the `ChildFailure` condition and a backoff.
 
+mod immutables;
+mod ownership;
+
 use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -32,6 +35,10 @@ use kube::{Api, api::DynamicObject, runtime::events::EventType};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use slinky_api::keys;
+
+use immutables::{statefulset_recreate, with_live_immutables};
+pub use ownership::owned_by;
+use ownership::{holder, owners};
 
 use super::{
     Error,
@@ -52,133 +59,6 @@ pub fn applied_hash(object: &Value) -> String {
 
 fn field<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
     v.pointer(pointer).and_then(Value::as_str)
-}
-
-/// The owner references of a live object: `(uid, controller)`.
-fn owners(v: &Value) -> Vec<(String, bool)> {
-    v.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|o| {
-            (
-                o.get("uid")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string(),
-                o.get("controller").and_then(Value::as_bool).unwrap_or(false),
-            )
-        })
-        .collect()
-}
-
-/// Who holds a live object, for messages.
-fn holder(v: &Value) -> String {
-    v.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))
-        .map_or("no controller".to_string(), |o| {
-            format!(
-                "controller {} {}",
-                o.get("kind").and_then(Value::as_str).unwrap_or_default(),
-                o.get("name").and_then(Value::as_str).unwrap_or_default()
-            )
-        })
-}
-
-/// Whether a live object belongs to the parent: for a controlled child, a controller owner
-/// reference with the parent's UID; for a shared child, an owner reference to one of `sharers`
-/// and no controller.
-pub fn owned_by(live: &Value, ownership: Ownership, parent_uid: &str, sharers: &BTreeSet<String>) -> bool {
-    let refs = owners(live);
-    match ownership {
-        Ownership::Controlled => refs.iter().any(|(uid, ctl)| *ctl && uid == parent_uid),
-        Ownership::Shared => {
-            !refs.iter().any(|(_, ctl)| *ctl) && refs.iter().any(|(uid, _)| sharers.contains(uid))
-        }
-    }
-}
-
-/// The StatefulSet spec fields an update may change (kube-apiserver's `ValidateStatefulSetUpdate`):
-/// every other one is immutable.
-const STATEFULSET_MUTABLE: [&str; 6] = [
-    "replicas",
-    "ordinals",
-    "template",
-    "updateStrategy",
-    "persistentVolumeClaimRetentionPolicy",
-    "minReadySeconds",
-];
-
-/// The immutable StatefulSet spec fields to compare: those the build sets, and those whose
-/// removal is a change too.
-fn statefulset_immutable_keys(desired: &Value) -> BTreeSet<String> {
-    let mut keys: BTreeSet<String> = desired
-        .get("spec")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flat_map(|m| m.keys().cloned())
-        .collect();
-    keys.extend(["serviceName", "selector", "volumeClaimTemplates"].map(String::from));
-    keys.retain(|k| !STATEFULSET_MUTABLE.contains(&k.as_str()));
-    keys
-}
-
-/// The first immutable StatefulSet field that differs, which an update cannot change, as its exact
-/// path (`spec.volumeClaimTemplates[name=statesave].spec.resources.requests.storage`): the object
-/// must be deleted and created again to change it (Slinky does so when `serviceName` changed).
-fn statefulset_recreate(live: &Value, desired: &Value) -> Option<String> {
-    let get = |v: &Value, k: &str| v.pointer(&format!("/spec/{k}")).cloned().unwrap_or(Value::Null);
-    let names = |v: &Value| -> Vec<String> {
-        v.as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| {
-                c.pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
-            .collect()
-    };
-    for k in statefulset_immutable_keys(desired) {
-        let (l, d) = (get(live, &k), get(desired, &k));
-        let same = match k.as_str() {
-            // A selector must be equal both ways; claim templates must be the same claims.
-            "selector" => contains(&l, &d) && contains(&d, &l),
-            "volumeClaimTemplates" => names(&l) == names(&d) && contains(&l, &d),
-            _ => contains(&l, &d),
-        };
-        if same {
-            continue;
-        }
-        let sub = differences(&l, &d, 1).into_iter().next().unwrap_or_default();
-        return Some(if sub.is_empty() {
-            format!("spec.{k}")
-        } else if sub.starts_with('[') {
-            format!("spec.{k}{sub}")
-        } else {
-            format!("spec.{k}.{sub}")
-        });
-    }
-    None
-}
-
-/// `desired` with the live object's immutable StatefulSet fields: what can still be applied while
-/// an immutable field differs (the image, the configuration hash, a rotated key's hash).
-fn with_live_immutables(live: &Value, desired: &Value) -> Value {
-    let mut out = desired.clone();
-    for k in statefulset_immutable_keys(desired) {
-        let l = live.pointer(&format!("/spec/{k}")).cloned();
-        if let Some(spec) = out.get_mut("spec").and_then(Value::as_object_mut) {
-            match l {
-                Some(v) => spec.insert(k, v),
-                None => spec.remove(&k),
-            };
-        }
-    }
-    out
 }
 
 /// `object` without the applied-hash annotation.
@@ -573,85 +453,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn ownership_follows_controller_and_shared_owners() {
-        let obj = |refs: Value| json!({"metadata": {"ownerReferences": refs}});
-        let sharers: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
-        let controlled = obj(json!([{"uid": "p", "controller": true}]));
-        assert!(owned_by(&controlled, Ownership::Controlled, "p", &sharers));
-        assert!(!owned_by(&controlled, Ownership::Controlled, "q", &sharers));
-        assert!(!owned_by(&controlled, Ownership::Shared, "p", &sharers));
-        let shared = obj(json!([{"uid": "z"}, {"uid": "b", "blockOwnerDeletion": true}]));
-        assert!(owned_by(&shared, Ownership::Shared, "x", &sharers));
-        assert!(!owned_by(
-            &obj(json!([{"uid": "z"}])),
-            Ownership::Shared,
-            "x",
-            &sharers
-        ));
-        assert!(!owned_by(
-            &json!({"metadata": {}}),
-            Ownership::Shared,
-            "x",
-            &sharers
-        ));
-    }
-
-    #[test]
-    fn immutable_statefulset_fields_ask_for_a_recreate() {
-        let sts = |svc: &str, claims: Value| {
-            json!({"spec": {"serviceName": svc, "selector": {"matchLabels": {"a": "b"}},
-                "volumeClaimTemplates": claims}})
-        };
-        let claim = json!([{"metadata": {"name": "statesave"}, "spec": {"resources": {"requests": {"storage": "4Gi"}}}}]);
-        let live = sts("x-controller-internal", claim.clone());
-        assert_eq!(statefulset_recreate(&live, &live).as_deref(), None);
-        assert_eq!(
-            statefulset_recreate(&sts("x-controller", claim.clone()), &live).as_deref(),
-            Some("spec.serviceName")
-        );
-        assert_eq!(
-            statefulset_recreate(&live, &sts("x-controller-internal", json!(null))).as_deref(),
-            Some("spec.volumeClaimTemplates")
-        );
-        let mut more = live.clone();
-        more["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"] = "Filesystem".into();
-        assert_eq!(
-            statefulset_recreate(&more, &live).as_deref(),
-            None,
-            "server defaults are no change"
-        );
-        let stored_as = |q: &str| {
-            sts(
-                "x-controller-internal",
-                json!([{"metadata": {"name": "statesave"}, "spec": {"resources": {"requests": {"storage": q}}}}]),
-            )
-        };
-        assert_eq!(
-            statefulset_recreate(&stored_as("4Gi"), &stored_as("4096Mi")).as_deref(),
-            None,
-            "the API server's canonical form of a quantity is no change"
-        );
-        assert_eq!(
-            statefulset_recreate(&stored_as("4Gi"), &stored_as("5Gi")).as_deref(),
-            Some("spec.volumeClaimTemplates[name=statesave].spec.resources.requests.storage"),
-            "the exact field"
-        );
-        let mut policy = live.clone();
-        policy["spec"]["podManagementPolicy"] = "Parallel".into();
-        assert_eq!(
-            statefulset_recreate(&live, &policy).as_deref(),
-            Some("spec.podManagementPolicy"),
-            "every immutable field, not only three"
-        );
-        // What can still change is applied over the live immutables.
-        let mut want = stored_as("5Gi");
-        want["spec"]["template"] = json!({"metadata": {"annotations": {"h": "2"}}});
-        let merged = with_live_immutables(&stored_as("4Gi"), &want);
-        assert_eq!(statefulset_recreate(&stored_as("4Gi"), &merged), None);
-        assert_eq!(merged["spec"]["template"]["metadata"]["annotations"]["h"], "2");
-    }
 
     #[test]
     fn the_applied_hash_follows_the_built_object() {
