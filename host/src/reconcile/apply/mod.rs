@@ -73,6 +73,59 @@ fn unhashed(object: &Value) -> Value {
     o
 }
 
+/// A child as its builder wants it, through the attempts of one [`ChildSync::ensure`].
+struct Wanted {
+    key: ChildKey,
+    ownership: Ownership,
+    /// The hash of the built object (its applied-hash annotation).
+    hash: String,
+    /// What is applied: the built object with its hash (a StatefulSet whose immutable fields
+    /// differ: with the live ones).
+    object: Value,
+    /// The child, for messages.
+    what: String,
+    /// Only part of it is applied (an immutable field differs): never remembered as applied.
+    partial: bool,
+}
+
+impl Wanted {
+    fn of(child: &Child) -> Self {
+        let mut object = child.object.clone();
+        let hash = applied_hash(&object);
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Some(a) = annotations.as_object_mut() {
+                a.insert(keys::ANNOTATION_APPLIED_HASH.into(), hash.clone().into());
+            }
+        }
+        Wanted {
+            key: (
+                child.kind,
+                child.namespace().to_string(),
+                child.name().to_string(),
+            ),
+            ownership: child.ownership,
+            hash,
+            object,
+            what: child.describe(),
+            partial: false,
+        }
+    }
+}
+
+/// What an attempt of [`ChildSync::ensure`] leaves to do after reading the live object (or
+/// creating a missing one).
+enum Step {
+    /// Nothing: whether the child is as built.
+    Done(bool),
+    /// Read the live object from the API again, and start over.
+    ReadAgain,
+    /// Apply over this resourceVersion (of the live or the just created object).
+    ApplyOver(String),
+}
+
 /// One parent's pass over its children: what failed, for the caller's `ChildFailure` condition.
 pub struct ChildSync<'a, P: kube::Resource<DynamicType = ()>> {
     core: &'a Core,
@@ -185,145 +238,162 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     /// # Errors
     /// API errors reading the live object (a refused write is a failure, not an error).
     pub async fn ensure(&mut self, child: &Child) -> Result<bool, Error> {
-        let (kind, ns, name) = (
-            child.kind,
-            child.namespace().to_string(),
-            child.name().to_string(),
-        );
-        let mut desired = child.object.clone();
-        let hash = applied_hash(&desired);
-        if let Some(meta) = desired.get_mut("metadata").and_then(Value::as_object_mut) {
-            let annotations = meta
-                .entry("annotations")
-                .or_insert_with(|| Value::Object(Default::default()));
-            if let Some(a) = annotations.as_object_mut() {
-                a.insert(keys::ANNOTATION_APPLIED_HASH.into(), hash.clone().into());
-            }
-        }
-        let key: ChildKey = (kind, ns.clone(), name.clone());
+        let mut want = Wanted::of(child);
+        let (kind, ns, name) = want.key.clone();
         self.about = Some(child_ref(kind, &ns, &name));
-        let what = child.describe();
         let mut fresh = false;
-        let mut partial = false;
         for attempt in 0..3 {
             let live = self.live(kind, &ns, &name, fresh).await?;
-            let resource_version = match &live {
-                Some(l) if !owned_by(l, child.ownership, &self.parent_uid(), &self.sharers) => {
-                    let msg = format!(
-                        "{what} exists and is not this {}'s ({}): it is left alone; delete it to let \
-                         the host build it",
-                        P::kind(&()),
-                        holder(l)
-                    );
-                    self.failed("NotOwned", msg, true).await;
-                    return Ok(false);
-                }
-                Some(l) => {
-                    let rv = field(l, "/metadata/resourceVersion")
-                        .unwrap_or_default()
-                        .to_string();
-                    let up_to_date = self.applied.matches(&key, &hash, &rv)
-                        || (field(l, "/metadata/annotations/slinky.slurm.net~1applied-hash")
-                            == Some(hash.as_str())
-                            && (contains(l, &desired)
-                                || self
-                                    .applied
-                                    .only_dropped(&key, &hash, &differences(l, &desired, 10))));
-                    if up_to_date {
-                        return Ok(true);
-                    }
-                    if kind == ChildKind::StatefulSet
-                        && let Some(immutable) = statefulset_recreate(l, &desired)
-                    {
-                        if self.core.recreate_statefulsets {
-                            self.recreate(&key, &what, l, &immutable).await;
-                            return Ok(false);
-                        }
-                        let msg = format!(
-                            "{what} has another {immutable} than its builder builds, and a \
-                             StatefulSet cannot change it in place: it is kept as it is (the rest \
-                             of the template is still applied), slurmctld keeps its state. Change the \
-                             Controller back, or run the host with --recreate-statefulsets to delete \
-                             and recreate it (its claims are retained)"
-                        );
-                        self.failed("ImmutableFieldChanged", msg, true).await;
-                        // Apply what can change; not remembered as applied, so the next pass
-                        // reports the difference again.
-                        partial = true;
-                        desired = with_live_immutables(l, &desired);
-                        if contains(l, &desired) {
-                            return Ok(false);
-                        }
-                    }
-                    Some(rv)
-                }
-                None => None,
+            let step = match &live {
+                Some(l) => self.over_live(&mut want, l).await,
+                None => self.create(&want, attempt).await,
             };
-            let resource_version = match resource_version {
-                Some(rv) => rv,
-                // None exists: create it (without the applied hash, so a pass that finds it
-                // before the apply below succeeded applies it), then apply over what was created.
-                None => match self.core.writer.create_child(kind, &unhashed(&desired)).await {
-                    Ok(created) => field(&created, "/metadata/resourceVersion")
-                        .unwrap_or_default()
-                        .to_string(),
-                    // Created by someone else since it was read: read the API again, and the
-                    // ownership check decides (never merged into).
-                    Err(e) if writer::is_already_exists(&e) && attempt < 2 => {
-                        tracing::debug!(child = %what, "create found the name taken; re-reading");
-                        fresh = true;
-                        continue;
-                    }
-                    Err(e) => {
-                        let msg = format!("Error creating {what}: {}", writer::message(&e));
-                        self.failed("FailedCreate", msg, false).await;
-                        return Ok(false);
-                    }
-                },
+            let as_built = match step {
+                Step::Done(as_built) => Some(as_built),
+                Step::ReadAgain => None,
+                Step::ApplyOver(rv) => self.apply(&want, rv, attempt).await,
             };
-            match self
-                .core
-                .writer
-                .apply_child(kind, &desired, Some(resource_version))
-                .await
-            {
-                Ok(stored) => {
-                    let rv = field(&stored, "/metadata/resourceVersion")
-                        .unwrap_or_default()
-                        .to_string();
-                    let paths = differences(&stored, &desired, 10);
-                    if partial {
-                        return Ok(false);
-                    }
-                    self.applied.set(key, hash, rv, paths.clone());
-                    if !paths.is_empty() {
-                        let note = dropped_note(&what, &paths);
-                        tracing::warn!("{note}");
-                        self.core
-                            .event_about(
-                                self.parent,
-                                self.about.clone(),
-                                EventType::Warning,
-                                "FieldsDropped",
-                                note,
-                            )
-                            .await;
-                    }
-                    return Ok(true);
-                }
-                // Changed since it was read (another reconcile applied it): read the API again.
-                Err(e) if writer::is_conflict(&e) && attempt < 2 => {
-                    tracing::debug!(child = %what, "apply conflicted; re-reading");
-                    fresh = true;
-                }
-                Err(e) => {
-                    let msg = format!("Error applying {what}: {}", writer::message(&e));
-                    self.failed("FailedApply", msg, false).await;
-                    return Ok(false);
-                }
+            match as_built {
+                Some(as_built) => return Ok(as_built),
+                None => fresh = true,
             }
         }
         Ok(false)
+    }
+
+    /// What the live object leaves to do: nothing when it is not the parent's (refused) or is
+    /// as built, else an apply over its resourceVersion. A StatefulSet whose immutable fields
+    /// differ is deleted to be recreated (opt-in), or keeps them: the rest is applied, reported.
+    async fn over_live(&mut self, want: &mut Wanted, live: &Value) -> Step {
+        let what = &want.what;
+        if !owned_by(live, want.ownership, &self.parent_uid(), &self.sharers) {
+            let msg = format!(
+                "{what} exists and is not this {}'s ({}): it is left alone; delete it to let \
+                 the host build it",
+                P::kind(&()),
+                holder(live)
+            );
+            self.failed("NotOwned", msg, true).await;
+            return Step::Done(false);
+        }
+        let rv = field(live, "/metadata/resourceVersion")
+            .unwrap_or_default()
+            .to_string();
+        let (key, hash, desired) = (&want.key, want.hash.as_str(), &want.object);
+        let up_to_date = self.applied.matches(key, hash, &rv)
+            || (field(live, "/metadata/annotations/slinky.slurm.net~1applied-hash") == Some(hash)
+                && (contains(live, desired)
+                    || self
+                        .applied
+                        .only_dropped(key, hash, &differences(live, desired, 10))));
+        if up_to_date {
+            return Step::Done(true);
+        }
+        if key.0 == ChildKind::StatefulSet
+            && let Some(immutable) = statefulset_recreate(live, desired)
+        {
+            if self.core.recreate_statefulsets {
+                self.recreate(key, what, live, &immutable).await;
+                return Step::Done(false);
+            }
+            let msg = format!(
+                "{what} has another {immutable} than its builder builds, and a \
+                 StatefulSet cannot change it in place: it is kept as it is (the rest \
+                 of the template is still applied), slurmctld keeps its state. Change the \
+                 Controller back, or run the host with --recreate-statefulsets to delete \
+                 and recreate it (its claims are retained)"
+            );
+            self.failed("ImmutableFieldChanged", msg, true).await;
+            // Apply what can change; not remembered as applied, so the next pass
+            // reports the difference again.
+            want.partial = true;
+            want.object = with_live_immutables(live, &want.object);
+            if contains(live, &want.object) {
+                return Step::Done(false);
+            }
+        }
+        Step::ApplyOver(rv)
+    }
+
+    /// None exists: create it (without the applied hash, so a pass that finds it before the
+    /// apply succeeded applies it), to apply over what was created.
+    async fn create(&mut self, want: &Wanted, attempt: u32) -> Step {
+        let what = &want.what;
+        match self
+            .core
+            .writer
+            .create_child(want.key.0, &unhashed(&want.object))
+            .await
+        {
+            Ok(created) => Step::ApplyOver(
+                field(&created, "/metadata/resourceVersion")
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            // Created by someone else since it was read: read the API again, and the
+            // ownership check decides (never merged into).
+            Err(e) if writer::is_already_exists(&e) && attempt < 2 => {
+                tracing::debug!(child = %what, "create found the name taken; re-reading");
+                Step::ReadAgain
+            }
+            Err(e) => {
+                let msg = format!("Error creating {what}: {}", writer::message(&e));
+                self.failed("FailedCreate", msg, false).await;
+                Step::Done(false)
+            }
+        }
+    }
+
+    /// Apply over `resource_version`: whether the child is as built afterwards, or `None` when
+    /// the object changed since it was read (read it again).
+    async fn apply(&mut self, want: &Wanted, resource_version: String, attempt: u32) -> Option<bool> {
+        let what = &want.what;
+        match self
+            .core
+            .writer
+            .apply_child(want.key.0, &want.object, Some(resource_version))
+            .await
+        {
+            Ok(stored) => Some(self.stored(want, &stored).await),
+            // Changed since it was read (another reconcile applied it): read the API again.
+            Err(e) if writer::is_conflict(&e) && attempt < 2 => {
+                tracing::debug!(child = %what, "apply conflicted; re-reading");
+                None
+            }
+            Err(e) => {
+                let msg = format!("Error applying {what}: {}", writer::message(&e));
+                self.failed("FailedApply", msg, false).await;
+                Some(false)
+            }
+        }
+    }
+
+    /// What an apply stored: remembered with the fields the API server dropped (an Event names
+    /// them), unless only part was applied; whether the child is as built.
+    async fn stored(&mut self, want: &Wanted, stored: &Value) -> bool {
+        let rv = field(stored, "/metadata/resourceVersion")
+            .unwrap_or_default()
+            .to_string();
+        let paths = differences(stored, &want.object, 10);
+        if want.partial {
+            return false;
+        }
+        self.applied
+            .set(want.key.clone(), want.hash.clone(), rv, paths.clone());
+        if !paths.is_empty() {
+            let note = dropped_note(&want.what, &paths);
+            tracing::warn!("{note}");
+            self.core
+                .event_about(
+                    self.parent,
+                    self.about.clone(),
+                    EventType::Warning,
+                    "FieldsDropped",
+                    note,
+                )
+                .await;
+        }
+        true
     }
 
     /// Delete a StatefulSet whose immutable fields changed (with a UID precondition); the next
