@@ -151,16 +151,27 @@ fn openapi_properties() -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
+/// Messages by full name (`api.core.v1.Pod`), with their fields.
+type Messages = BTreeMap<String, Vec<Field>>;
+/// The message of each kind, by `"apiVersion kind"`.
+type Kinds = BTreeMap<String, String>;
+
 fn main() {
     let src = std::env::args()
         .nth(1)
         .expect("usage: protobuf_schema K8S_PB_SRC_DIR");
-    let src = Path::new(&src);
+    let (mut messages, mut kinds) = read_k8s_pb(Path::new(&src));
+    keep_served(&mut messages, &mut kinds);
+    print_schema(&kinds, &field_table(&messages));
+}
+
+/// Every message and kind of the k8s-pb sources under `src`.
+fn read_k8s_pb(src: &Path) -> (Messages, Kinds) {
     let mut files = Vec::new();
     walk(src, &mut files);
     files.sort();
-    let mut messages: BTreeMap<String, Vec<Field>> = BTreeMap::new();
-    let mut kinds: BTreeMap<String, String> = BTreeMap::new();
+    let mut messages = Messages::new();
+    let mut kinds = Kinds::new();
     for file in &files {
         let rel = file.strip_prefix(src).expect("under src");
         let mut module: Vec<String> = rel
@@ -175,97 +186,118 @@ fn main() {
             module.push(stem);
         }
         let text = std::fs::read_to_string(file).expect("readable file");
-        let lines: Vec<&str> = text.lines().collect();
-        let mut i = 0;
-        let mut current: Option<String> = None;
-        let mut resource: Option<(String, Option<String>, Option<String>)> = None;
-        while i < lines.len() {
-            let line = lines[i].trim_end();
-            if let Some(rest) = line
-                .strip_prefix("pub struct ")
-                .and_then(|r| r.strip_suffix(" {"))
-            {
-                let full = format!("{}.{rest}", module.join("."));
-                messages.entry(full.clone()).or_default();
-                current = Some(full);
-            } else if line == "}" {
-                current = None;
-                if let Some((name, Some(api_version), Some(kind))) = resource.take() {
-                    kinds.insert(
-                        format!("{api_version} {kind}"),
-                        format!("{}.{name}", module.join(".")),
-                    );
-                }
-            } else if let Some(rest) = line
-                .strip_prefix("impl crate::Resource for ")
-                .and_then(|r| r.strip_suffix(" {"))
-            {
-                resource = Some((rest.to_string(), None, None));
-            } else if let Some((_, api_version, kind)) = resource.as_mut() {
-                let value = || line.split('"').nth(1).map(str::to_string);
-                if line.trim_start().starts_with("const API_VERSION") {
-                    *api_version = value();
-                } else if line.trim_start().starts_with("const KIND") {
-                    *kind = value();
-                }
-            } else if let (Some(msg), Some(attr)) =
-                (current.as_ref(), line.trim_start().strip_prefix("#[prost("))
-            {
-                // The field declaration follows, possibly over several lines, up to a ','.
-                let mut decl = String::new();
-                let mut j = i + 1;
-                while j < lines.len() {
-                    decl.push_str(lines[j].trim());
-                    decl.push(' ');
-                    if lines[j].trim_end().ends_with(',') && decl.contains(':') && balanced(&decl) {
-                        break;
-                    }
-                    j += 1;
-                }
-                i = j;
-                let attr = attr.trim_end_matches(")]");
-                let tag: u32 = attr
-                    .split("tag = \"")
-                    .nth(1)
-                    .and_then(|t| t.split('"').next())
-                    .and_then(|t| t.parse().ok())
-                    .expect("a tag");
-                let decl = decl.trim().trim_start_matches("pub ");
-                let (name, ty) = decl.split_once(':').expect("name: type");
-                let first = attr.split(',').next().unwrap_or_default().trim();
-                let field = if first.starts_with("btree_map = \"") {
-                    let value_kind = attr
-                        .split('"')
-                        .nth(1)
-                        .and_then(|kv| kv.split(',').nth(1))
-                        .unwrap_or_default()
-                        .trim()
-                        .to_string();
-                    Field {
-                        tag,
-                        rust_name: name.trim().to_string(),
-                        kind: "map".into(),
-                        repeated: false,
-                        message: (value_kind == "message").then(|| resolve(ty, &module)).flatten(),
-                        map_value: Some(value_kind),
-                    }
-                } else {
-                    let kind = first.split(' ').next().unwrap_or_default().to_string();
-                    Field {
-                        tag,
-                        rust_name: name.trim().to_string(),
-                        message: (kind == "message").then(|| resolve(ty, &module)).flatten(),
-                        kind,
-                        repeated: attr.contains("repeated"),
-                        map_value: None,
-                    }
-                };
-                messages.entry(msg.clone()).or_default().push(field);
+        read_module(&text, &module, &mut messages, &mut kinds);
+    }
+    (messages, kinds)
+}
+
+/// The messages of one source file, module `module`, and the kinds it implements.
+fn read_module(text: &str, module: &[String], messages: &mut Messages, kinds: &mut Kinds) {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut i = 0;
+    let mut current: Option<String> = None;
+    let mut resource: Option<(String, Option<String>, Option<String>)> = None;
+    while i < lines.len() {
+        let line = lines[i].trim_end();
+        if let Some(rest) = line
+            .strip_prefix("pub struct ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
+            let full = format!("{}.{rest}", module.join("."));
+            messages.entry(full.clone()).or_default();
+            current = Some(full);
+        } else if line == "}" {
+            current = None;
+            if let Some((name, Some(api_version), Some(kind))) = resource.take() {
+                kinds.insert(
+                    format!("{api_version} {kind}"),
+                    format!("{}.{name}", module.join(".")),
+                );
             }
-            i += 1;
+        } else if let Some(rest) = line
+            .strip_prefix("impl crate::Resource for ")
+            .and_then(|r| r.strip_suffix(" {"))
+        {
+            resource = Some((rest.to_string(), None, None));
+        } else if let Some((_, api_version, kind)) = resource.as_mut() {
+            let value = || line.split('"').nth(1).map(str::to_string);
+            if line.trim_start().starts_with("const API_VERSION") {
+                *api_version = value();
+            } else if line.trim_start().starts_with("const KIND") {
+                *kind = value();
+            }
+        } else if let (Some(msg), Some(attr)) = (current.as_ref(), line.trim_start().strip_prefix("#[prost("))
+        {
+            let (decl, end) = declaration(&lines, i + 1);
+            i = end;
+            messages
+                .entry(msg.clone())
+                .or_default()
+                .push(field(attr, &decl, module));
+        }
+        i += 1;
+    }
+}
+
+/// The field declaration from line `from`, possibly over several lines, up to a ',': its text
+/// and the index of its last line.
+fn declaration(lines: &[&str], from: usize) -> (String, usize) {
+    let mut decl = String::new();
+    let mut j = from;
+    while j < lines.len() {
+        decl.push_str(lines[j].trim());
+        decl.push(' ');
+        if lines[j].trim_end().ends_with(',') && decl.contains(':') && balanced(&decl) {
+            break;
+        }
+        j += 1;
+    }
+    (decl, j)
+}
+
+/// A field of module `module`, from its attribute (what follows `#[prost(`) and its declaration.
+fn field(attr: &str, decl: &str, module: &[String]) -> Field {
+    let attr = attr.trim_end_matches(")]");
+    let tag: u32 = attr
+        .split("tag = \"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .and_then(|t| t.parse().ok())
+        .expect("a tag");
+    let decl = decl.trim().trim_start_matches("pub ");
+    let (name, ty) = decl.split_once(':').expect("name: type");
+    let first = attr.split(',').next().unwrap_or_default().trim();
+    if first.starts_with("btree_map = \"") {
+        let value_kind = attr
+            .split('"')
+            .nth(1)
+            .and_then(|kv| kv.split(',').nth(1))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        Field {
+            tag,
+            rust_name: name.trim().to_string(),
+            kind: "map".into(),
+            repeated: false,
+            message: (value_kind == "message").then(|| resolve(ty, module)).flatten(),
+            map_value: Some(value_kind),
+        }
+    } else {
+        let kind = first.split(' ').next().unwrap_or_default().to_string();
+        Field {
+            tag,
+            rust_name: name.trim().to_string(),
+            message: (kind == "message").then(|| resolve(ty, module)).flatten(),
+            kind,
+            repeated: attr.contains("repeated"),
+            map_value: None,
         }
     }
-    // Only what the served kinds reach (and the envelopes and options around them).
+}
+
+/// Only what the served kinds reach (and the envelopes and options around them).
+fn keep_served(messages: &mut Messages, kinds: &mut Kinds) {
     const SERVED: [&str; 8] = [
         "v1 ",
         "apps/v1 ",
@@ -304,6 +336,11 @@ fn main() {
         }
     }
     messages.retain(|m, _| keep.contains(m));
+}
+
+/// Each message's fields as the codec reads them, with their JSON names from k8s-openapi (a
+/// field it does not name is reported, and camel-cased).
+fn field_table(messages: &Messages) -> serde_json::Map<String, Value> {
     let props = openapi_properties();
     let mut unmatched = BTreeSet::new();
     let out_messages: serde_json::Map<String, Value> = messages
@@ -345,6 +382,11 @@ fn main() {
     for u in &unmatched {
         eprintln!("no JSON name in k8s-openapi for {u} (camel-cased)");
     }
+    out_messages
+}
+
+/// The table on standard output.
+fn print_schema(kinds: &Kinds, out_messages: &serde_json::Map<String, Value>) {
     let doc = json!({
         "source": "k8s-pb 0.9.0 (field numbers and types), k8s-openapi 0.29 (JSON names)",
         "fields": "[number, json name, kind (inline: an embedded struct), message, repeated, map value kind]",

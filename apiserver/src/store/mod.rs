@@ -11,6 +11,7 @@ use std::{
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+mod decode;
 mod delete;
 mod event;
 mod index;

@@ -1,14 +1,16 @@
 //! Writes: create (names, namespaces, defaults, validation), commit of an update (preconditions,
-//! the status split, server-owned metadata, generation, managedFields, no-op detection) and the
-//! event log.
+//! the status split, server-owned metadata, generation, managedFields, no-op detection). What a
+//! body becomes on its way in is [`super::decode`]'s; the event log is [`super::event`]'s.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::{
-    Event, EventKind, Inner, Op, Sub, managed::set_managed, meta_mut, meta_str, new_uid, now, same_content,
-    spec_part, strip_server_fields,
+    EventKind, Inner, Op, Sub,
+    decode::{canonical_quantities, decodable, update_defaults},
+    managed::set_managed,
+    meta_mut, meta_str, new_uid, now, same_content, spec_part, strip_server_fields,
 };
 use crate::{
     ApiError, patch,
@@ -37,48 +39,6 @@ impl Inner {
             .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
             .cloned()
             .ok_or_else(|| ApiError::not_found(&rt, name))
-    }
-
-    pub(super) fn trim(&mut self) {
-        while self.events.len() > self.window {
-            if let Some(e) = self.events.pop_front() {
-                self.compacted = e.rev;
-            }
-        }
-    }
-
-    pub(super) fn push_event(
-        &mut self,
-        res: &ResKey,
-        kind: EventKind,
-        obj: Arc<Value>,
-        prev: Option<Arc<Value>>,
-    ) {
-        if let Some(wal) = self.wal.as_mut() {
-            use std::io::Write;
-            let op = if kind == EventKind::Deleted {
-                "delete"
-            } else {
-                "put"
-            };
-            let mut line =
-                json!({"rev": self.rev, "group": res.group, "plural": res.plural, "op": op, "obj": &*obj})
-                    .to_string();
-            line.push('\n');
-            if let Err(error) = wal.write_all(line.as_bytes()) {
-                tracing::error!(%error, "cannot append to the write-ahead log; persistence is off from now on");
-                self.wal = None;
-            }
-        }
-        self.events.push_back(Event {
-            rev: self.rev,
-            res: res.clone(),
-            kind,
-            obj,
-            prev,
-            json: Arc::default(),
-        });
-        self.trim();
     }
 
     pub(super) fn create(
@@ -206,50 +166,6 @@ impl Inner {
             Some(_) => {}
         }
         Ok(())
-    }
-
-    /// Server-side defaults for the built-in types the host uses.
-    pub(super) fn defaults(&mut self, rt: &ResourceType, obj: &mut Value) {
-        match (rt.group.as_str(), rt.plural.as_str()) {
-            ("", "namespaces") => {
-                obj["spec"] = json!({"finalizers": ["kubernetes"]});
-                obj["status"] = json!({"phase": "Active"});
-            }
-            ("", "pods") => {
-                if obj.pointer("/status/phase").is_none() {
-                    obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
-                }
-                pod_defaults(obj);
-            }
-            ("", "secrets") => secret_defaults(obj),
-            ("", "services") => {
-                let ip = self.next_ip;
-                self.next_ip += 1;
-                if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
-                    spec.entry("type").or_insert("ClusterIP".into());
-                    spec.entry("sessionAffinity").or_insert("None".into());
-                    if spec
-                        .get("clusterIP")
-                        .and_then(Value::as_str)
-                        .is_none_or(str::is_empty)
-                    {
-                        let addr = format!("10.96.{}.{}", ip / 250, ip % 250 + 1);
-                        spec.insert("clusterIP".into(), addr.clone().into());
-                        spec.insert("clusterIPs".into(), json!([addr]));
-                    }
-                    if let Some(Value::Array(ports)) = spec.get_mut("ports") {
-                        for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-                            p.entry("protocol").or_insert("TCP".into());
-                            if let Some(port) = p.get("port").cloned() {
-                                p.entry("targetPort").or_insert(port);
-                            }
-                        }
-                    }
-                }
-                obj["status"] = json!({"loadBalancer": {}});
-            }
-            _ => {}
-        }
     }
 
     /// Commit `new` over `current`: preconditions, status split, generation, managedFields,
@@ -467,112 +383,6 @@ fn crd_status(rt: &ResourceType) -> Value {
     })
 }
 
-/// Pod spec defaults kube-apiserver sets (and the immutability check compares with).
-fn pod_defaults(obj: &mut Value) {
-    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
-        return;
-    };
-    spec.entry("restartPolicy").or_insert("Always".into());
-    spec.entry("dnsPolicy").or_insert("ClusterFirst".into());
-    spec.entry("schedulerName").or_insert("default-scheduler".into());
-    spec.entry("terminationGracePeriodSeconds").or_insert(30.into());
-    for key in ["containers", "initContainers"] {
-        for c in spec
-            .get_mut(key)
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_object_mut)
-        {
-            c.entry("terminationMessagePath")
-                .or_insert("/dev/termination-log".into());
-            c.entry("terminationMessagePolicy").or_insert("File".into());
-            if !c.contains_key("imagePullPolicy") {
-                let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
-                let tag = image
-                    .rsplit('/')
-                    .next()
-                    .and_then(|last| last.split_once(':'))
-                    .map(|(_, t)| t);
-                let latest = !image.contains('@') && tag.is_none_or(|t| t == "latest");
-                let policy = if latest { "Always" } else { "IfNotPresent" };
-                c.insert("imagePullPolicy".into(), policy.into());
-            }
-            for p in c
-                .get_mut("ports")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_object_mut)
-            {
-                p.entry("protocol").or_insert("TCP".into());
-            }
-        }
-    }
-}
-
-/// `stringData` is write-only: merged into `data` (base64), as kube-apiserver does.
-fn secret_defaults(obj: &mut Value) {
-    use base64::Engine;
-    let Some(string_data) = obj.as_object_mut().and_then(|m| m.remove("stringData")) else {
-        return;
-    };
-    if !obj.get("data").is_some_and(Value::is_object) {
-        obj["data"] = json!({});
-    }
-    for (k, v) in string_data.as_object().into_iter().flatten() {
-        let text = v.as_str().unwrap_or_default();
-        obj["data"][k] = base64::engine::general_purpose::STANDARD.encode(text).into();
-    }
-}
-
-/// Defaults of an update: what create defaults, and a Service keeps the cluster IP it has
-/// when the update leaves it out.
-fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
-    match (rt.group.as_str(), rt.plural.as_str()) {
-        ("", "pods") => pod_defaults(new),
-        ("", "secrets") => secret_defaults(new),
-        ("", "services") => {
-            let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
-                return;
-            };
-            if spec
-                .get("clusterIP")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-            {
-                for key in ["clusterIP", "clusterIPs"] {
-                    if let Some(v) = old.pointer(&format!("/spec/{key}")) {
-                        spec.insert(key.into(), v.clone());
-                    }
-                }
-            }
-            spec.entry("type").or_insert("ClusterIP".into());
-            spec.entry("sessionAffinity").or_insert("None".into());
-            if let Some(Value::Array(ports)) = spec.get_mut("ports") {
-                for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-                    p.entry("protocol").or_insert("TCP".into());
-                    if let Some(port) = p.get("port").cloned() {
-                        p.entry("targetPort").or_insert(port);
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// What kube-apiserver refuses while decoding a body (400 BadRequest), before validation: for
-/// pods, resource quantities that do not parse.
-fn decodable(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
-    if rt.group.is_empty() && rt.plural == "pods" && validation::bad_quantities(obj) {
-        return Err(ApiError::bad_request(
-            "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-        ));
-    }
-    Ok(())
-}
-
 /// Five random characters from the alphabet kube-apiserver's name generator uses (no vowels, no
 /// look-alikes: a generated name never spells a word).
 fn generated_suffix() -> String {
@@ -586,79 +396,4 @@ fn generated_suffix() -> String {
             char::from(ALPHABET[usize::from(byte) % ALPHABET.len()])
         })
         .collect()
-}
-
-/// Quantities of built-in types in the form kube-apiserver stores them (`1024Mi` as `1Gi`, `1.5`
-/// as `1500m`): its typed decoding canonicalises every `resource.Quantity`. The fields covered
-/// are those of pods, pod templates and claims: container resources, pod overhead, `emptyDir`
-/// size limits, and claim (template) resources.
-fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
-    fn values(map: Option<&mut Value>) {
-        for v in map
-            .and_then(Value::as_object_mut)
-            .into_iter()
-            .flat_map(|m| m.values_mut())
-        {
-            if let Some(c) = v.as_str().and_then(slinky_api::quantity::canonical) {
-                *v = c.into();
-            }
-        }
-    }
-    fn claim(spec: Option<&mut Value>) {
-        if let Some(spec) = spec {
-            values(spec.pointer_mut("/resources/requests"));
-            values(spec.pointer_mut("/resources/limits"));
-        }
-    }
-    fn pod_spec(spec: Option<&mut Value>) {
-        let Some(spec) = spec else { return };
-        for list in ["containers", "initContainers", "ephemeralContainers"] {
-            for c in spec
-                .get_mut(list)
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-            {
-                values(c.pointer_mut("/resources/requests"));
-                values(c.pointer_mut("/resources/limits"));
-            }
-        }
-        values(spec.get_mut("overhead"));
-        for v in spec
-            .get_mut("volumes")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(q) = v.pointer_mut("/emptyDir/sizeLimit")
-                && let Some(c) = q.as_str().and_then(slinky_api::quantity::canonical)
-            {
-                *q = c.into();
-            }
-            claim(v.pointer_mut("/ephemeral/volumeClaimTemplate/spec"));
-        }
-    }
-    if rt.custom {
-        return;
-    }
-    match rt.plural.as_str() {
-        "pods" => pod_spec(obj.get_mut("spec")),
-        "persistentvolumeclaims" => claim(obj.get_mut("spec")),
-        "statefulsets" => {
-            pod_spec(obj.pointer_mut("/spec/template/spec"));
-            for t in obj
-                .pointer_mut("/spec/volumeClaimTemplates")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-            {
-                claim(t.get_mut("spec"));
-            }
-        }
-        "deployments" | "replicasets" | "daemonsets" | "jobs" | "podtemplates" => {
-            pod_spec(obj.pointer_mut("/spec/template/spec"));
-            pod_spec(obj.pointer_mut("/template/spec"));
-        }
-        _ => {}
-    }
 }

@@ -9,10 +9,9 @@ use kube::{
     runtime::{controller::Action, events::EventType},
 };
 
-use super::nodeset::DifferingPods;
 use super::{
-    Backoff, Error, Expectations, Leadership, Metrics, Writer, applied::AppliedVersions, caches::Caches,
-    events::Events, object_key,
+    Backoff, Error, Expectations, Leadership, Metrics, Writer, announced::Announced,
+    applied::AppliedVersions, caches::Caches, events::Events, nodeset::differing::DifferingPods, object_key,
 };
 use crate::plugins::{BuildContext, PluginRegistry};
 
@@ -38,7 +37,7 @@ pub struct Core {
     /// Per-object retry backoff after failed writes and errors.
     pub backoff: Backoff,
     /// The once-only child problems announced by an Event, per parent.
-    pub announced: super::apply::Announced,
+    pub announced: Announced,
     /// The period of the resync requeue of healthy objects.
     pub resync: Duration,
     /// Whether a StatefulSet whose immutable fields changed is deleted and recreated (opt-in), or

@@ -7,6 +7,7 @@
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
 mod active;
+pub mod announced;
 pub mod applied;
 pub mod apply;
 pub mod backoff;
@@ -51,7 +52,6 @@ pub use context::{ControllerContext, Core, NodeSetContext};
 pub use events::Events;
 pub use expectations::Expectations;
 pub use leader::{LeaderConfig, Leadership};
-use nodeset::DifferingPods;
 pub use writer::Writer;
 
 /// Errors of a reconcile; each becomes a backoff, never a crash.
@@ -357,7 +357,7 @@ pub fn start(
         namespaces: allowed,
         leader: config.leadership.clone(),
         backoff: Backoff::default(),
-        announced: apply::Announced::default(),
+        announced: announced::Announced::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
         slurm: slurm.clone(),
@@ -374,7 +374,7 @@ pub fn start(
             caches: watches.caches.clone(),
             applied,
             expectations: expectations.clone(),
-            differing: DifferingPods::default(),
+            differing: nodeset::differing::DifferingPods::default(),
         }),
     );
     let ready = Arc::new(AtomicBool::new(false));

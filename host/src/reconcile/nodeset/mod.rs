@@ -25,7 +25,7 @@
 
 mod adoption;
 mod claim;
-mod differing;
+pub(crate) mod differing;
 mod drain;
 mod finalizer;
 #[cfg(test)]
@@ -47,7 +47,6 @@ use slinky_api::{Controller, NodeSet, checks, conditions};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
-pub(crate) use differing::DifferingPods;
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};

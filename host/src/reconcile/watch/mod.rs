@@ -1,0 +1,258 @@
+//! One watch per kind. Each kind's watch fills its reflector store (managedFields stripped);
+//! the same stream, *after* the store has applied an event, lowers the NodeSet expectations
+//! (pods) and triggers the reconciles the event concerns. So a reconcile triggered by an event
+//! always finds the event in the cache it reads, and no kind is watched twice.
+//!
+//! A parent's own event triggers only when it changed what a pass reads of it
+//! ([`Inputs`](triggers::Inputs): the spec, by generation, the labels and annotations, the
+//! deletion): a status write, the host's own included, triggers nothing, and a Controller's
+//! status write does not requeue its NodeSets. Pods and children trigger their parents on every
+//! event.
+//!
+//! Relists (after a `410 Gone` or a broken watch): the reflector swaps the new list into its
+//! store at once when the list completes, so pod sightings of a relist are applied to the
+//! expectations at that moment too, never earlier; and an expected pod missing from the
+//! completed list is released at once (see [`Expectations::relisted`]).
+//!
+//! Here: the watches and their wiring; [`triggers`]: what each kind's events trigger;
+//! [`sightings`]: what the pod watch tells the expectations.
+
+mod sightings;
+mod triggers;
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt, future::BoxFuture};
+use k8s_openapi::api::{
+    apps::v1::StatefulSet,
+    core::v1::{ConfigMap, Pod, Service},
+    policy::v1::PodDisruptionBudget,
+};
+use kube::{
+    Api, Client, Resource,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, store::Writer},
+        watcher,
+    },
+};
+use slinky_api::{Controller, NodeSet, keys};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use super::{
+    caches::{Caches, ChildCaches},
+    expectations::Expectations,
+};
+use triggers::{Triggers, child_task, config_map_task, controller_task, nodeset_task, pod_task};
+
+/// The caches and the reconcile triggers derived from their watches.
+pub struct Watches {
+    /// The caches of the served namespaces.
+    pub caches: Caches,
+    /// NodeSets to reconcile (their pods, children, siblings, themselves or their Controller
+    /// changed).
+    pub nodeset_triggers: UnboundedReceiver<ObjectRef<NodeSet>>,
+    /// Controllers to reconcile (their children, referenced ConfigMaps, NodeSets or themselves
+    /// changed).
+    pub controller_triggers: UnboundedReceiver<ObjectRef<Controller>>,
+    /// Drives the watches; runs until dropped.
+    pub task: BoxFuture<'static, ()>,
+}
+
+/// Whether a watch event concerns one of `allowed` namespaces (all when empty).
+fn in_namespaces<K: Resource>(ev: &Result<watcher::Event<K>, watcher::Error>, allowed: &[String]) -> bool {
+    match ev {
+        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o)) => {
+            allowed.is_empty() || o.meta().namespace.as_ref().is_some_and(|n| allowed.contains(n))
+        }
+        _ => true,
+    }
+}
+
+fn api<K>(client: &Client, ns: &Option<String>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope> + Resource<DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The watch of one kind, reflected into `writer`'s store (after `modify` and stripping
+/// managedFields); yields each event after the store applied it. Errors are logged and the watch
+/// retried with backoff.
+fn root<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    allowed: Arc<Vec<String>>,
+    kind: &'static str,
+    mut modify: impl FnMut(&mut K) + Send + 'static,
+) -> impl Stream<Item = watcher::Event<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .filter(move |ev| futures::future::ready(in_namespaces(ev, &allowed)))
+        .modify(move |o| {
+            o.meta_mut().managed_fields = None;
+            modify(o);
+        })
+        .default_backoff()
+        .reflect(writer)
+        .filter_map(move |ev| {
+            futures::future::ready(match ev {
+                Ok(ev) => Some(ev),
+                Err(error) => {
+                    tracing::warn!(%error, kind, "watch error (retrying)");
+                    None
+                }
+            })
+        })
+}
+
+/// A ConfigMap the host did not build keeps its keys with empty values in the cache: the host
+/// only needs the file names a Controller's referenced ConfigMaps provide.
+fn keys_only(cm: &mut ConfigMap) {
+    let ours = cm
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(keys::ANNOTATION_BUILDER));
+    if ours {
+        return;
+    }
+    for v in cm.data.iter_mut().flat_map(|d| d.values_mut()) {
+        v.clear();
+    }
+    for v in cm.binary_data.iter_mut().flat_map(|d| d.values_mut()) {
+        v.0.clear();
+    }
+}
+
+/// What every watch needs: the client, the namespace watched (one, or all) and the namespaces
+/// kept.
+struct Scope<'a> {
+    client: &'a Client,
+    namespace: &'a Option<String>,
+    allowed: &'a Arc<Vec<String>>,
+}
+
+impl Scope<'_> {
+    /// The watch of kind `K` into `writer` (see [`root`]).
+    fn watch<K>(
+        &self,
+        writer: Writer<K>,
+        kind: &'static str,
+        modify: impl FnMut(&mut K) + Send + 'static,
+    ) -> impl Stream<Item = watcher::Event<K>> + Send + 'static
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        root(
+            api::<K>(self.client, self.namespace),
+            writer,
+            self.allowed.clone(),
+            kind,
+            modify,
+        )
+    }
+}
+
+/// Start the watches (namespaced when `namespace` is one namespace, else cluster-wide filtered
+/// to `allowed`).
+pub fn start(
+    client: &Client,
+    namespace: &Option<String>,
+    allowed: Arc<Vec<String>>,
+    expectations: Arc<Expectations>,
+    secret_poll: std::time::Duration,
+) -> Watches {
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (services, svc_writer) = reflector::store::<Service>();
+    let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
+    let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
+    let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
+    let (controllers, ctl_writer) = reflector::store::<Controller>();
+    let (nodesets, ns_writer) = reflector::store::<NodeSet>();
+    let (nodeset_tx, nodeset_triggers) = unbounded_channel();
+    let (controller_tx, controller_triggers) = unbounded_channel();
+    let t = Triggers {
+        nodesets: nodesets.clone(),
+        controllers: controllers.clone(),
+        nodeset_tx,
+        controller_tx,
+    };
+    let scope = Scope {
+        client,
+        namespace,
+        allowed: &allowed,
+    };
+    let pod_task = pod_task(
+        scope.watch(pod_writer, "Pod", |_| {}),
+        expectations.clone(),
+        t.clone(),
+    );
+    let svc_task = child_task(scope.watch(svc_writer, "Service", |_| {}), "Service", t.clone());
+    let sts_task = child_task(
+        scope.watch(sts_writer, "StatefulSet", |_| {}),
+        "StatefulSet",
+        t.clone(),
+    );
+    let pdb_task = child_task(
+        scope.watch(pdb_writer, "PodDisruptionBudget", |_| {}),
+        "PodDisruptionBudget",
+        t.clone(),
+    );
+    let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
+    let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
+    // Key Secrets are polled by name, not watched (see `secrets`).
+    let secret_task = super::secrets::poll(
+        client.clone(),
+        controllers.clone(),
+        t.controller_tx.clone(),
+        allowed.clone(),
+        secret_poll,
+    );
+    let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
+    let task = async move {
+        tokio::join!(
+            pod_task,
+            svc_task,
+            cm_task,
+            sts_task,
+            pdb_task,
+            ctl_task,
+            ns_task,
+            secret_task
+        );
+    };
+    Watches {
+        caches: Caches {
+            pods,
+            children: ChildCaches {
+                services,
+                configmaps,
+                statefulsets,
+                pdbs,
+            },
+            controllers,
+            nodesets,
+        },
+        nodeset_triggers,
+        controller_triggers,
+        task: Box::pin(task),
+    }
+}

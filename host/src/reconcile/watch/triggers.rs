@@ -1,0 +1,320 @@
+//! What each kind's watch events trigger, once its store has applied them: the reconciles of
+//! the parents an event concerns ([`Triggers`]), only when what a pass reads of a parent changed
+//! ([`Inputs`]); the pod watch also lowers the expectations ([`super::sightings`]).
+
+use std::{
+    collections::{HashMap, HashSet},
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::Arc,
+};
+
+use futures::{Future, Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::{
+    Resource, ResourceExt,
+    runtime::{
+        reflector::{ObjectRef, Store},
+        watcher,
+    },
+};
+use slinky_api::{Controller, NodeSet};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::sightings::PodObserver;
+use crate::reconcile::{
+    expectations::Expectations,
+    parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners},
+};
+
+fn send<K: Resource<DynamicType = ()>>(tx: &UnboundedSender<ObjectRef<K>>, obj: ObjectRef<K>) {
+    // The receiver lives as long as the reconcilers; after shutdown there is nobody to tell.
+    let _ = tx.send(obj);
+}
+
+/// What a pass reads of a parent besides its status: its spec (by `metadata.generation`), its
+/// labels and annotations (builders copy them onto what they build; the revision of the pods
+/// compared against Slinky's depends on the NodeSet's) and whether it is being deleted. Not
+/// its status, resourceVersion, owner references or finalizers, which no pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Inputs {
+    generation: Option<i64>,
+    /// A hash of the labels and annotations.
+    metadata: u64,
+    deleting: bool,
+}
+
+impl Inputs {
+    fn of(meta: &kube::api::ObjectMeta) -> Self {
+        let mut h = DefaultHasher::new();
+        (&meta.labels, &meta.annotations).hash(&mut h);
+        Inputs {
+            generation: meta.generation,
+            metadata: h.finish(),
+            deleting: meta.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+/// The [`Inputs`] each parent of one kind was last seen with, by UID.
+#[derive(Default)]
+struct SeenInputs(HashMap<String, Inputs>);
+
+impl SeenInputs {
+    /// Note `obj`'s inputs; whether they changed (a parent not seen before, or recreated under
+    /// its name, has changed).
+    fn changed<K: Resource>(&mut self, obj: &K) -> bool {
+        let inputs = Inputs::of(obj.meta());
+        self.0.insert(obj.meta().uid.clone().unwrap_or_default(), inputs) != Some(inputs)
+    }
+
+    fn forget<K: Resource>(&mut self, obj: &K) {
+        self.0.remove(obj.meta().uid.as_deref().unwrap_or_default());
+    }
+
+    /// Start again from a relisted store (every parent is triggered then).
+    fn reset<K: Resource>(&mut self, objs: &[Arc<K>]) {
+        self.0 = objs
+            .iter()
+            .map(|o| (o.meta().uid.clone().unwrap_or_default(), Inputs::of(o.meta())))
+            .collect();
+    }
+}
+
+/// Where watch events send reconciles: the parent caches (to find whom an event concerns) and
+/// the two trigger channels.
+#[derive(Clone)]
+pub(super) struct Triggers {
+    pub(super) nodesets: Store<NodeSet>,
+    pub(super) controllers: Store<Controller>,
+    pub(super) nodeset_tx: UnboundedSender<ObjectRef<NodeSet>>,
+    pub(super) controller_tx: UnboundedSender<ObjectRef<Controller>>,
+}
+
+impl Triggers {
+    fn nodeset(&self, obj: ObjectRef<NodeSet>) {
+        send(&self.nodeset_tx, obj);
+    }
+
+    fn controller(&self, obj: ObjectRef<Controller>) {
+        send(&self.controller_tx, obj);
+    }
+
+    /// Every cached NodeSet.
+    fn all_nodesets(&self) {
+        for n in self.nodesets.state() {
+            self.nodeset(ObjectRef::from_obj(n.as_ref()));
+        }
+    }
+
+    /// Every cached Controller.
+    fn all_controllers(&self) {
+        for c in self.controllers.state() {
+            self.controller(ObjectRef::from_obj(c.as_ref()));
+        }
+    }
+
+    /// A child's event triggers its parents; the end of a relist triggers every parent.
+    fn child_event(&self, kind: &'static str, ev: &watcher::Event<kube::api::ObjectMeta>) {
+        match ev {
+            watcher::Event::Apply(meta) | watcher::Event::Delete(meta) => {
+                let (c, n) = child_parents(meta, &self.nodesets, &self.controllers);
+                tracing::trace!(kind, controllers = c.len(), nodesets = n.len(), "child event");
+                c.into_iter().for_each(|r| self.controller(r));
+                n.into_iter().for_each(|r| self.nodeset(r));
+            }
+            watcher::Event::InitDone => {
+                self.all_controllers();
+                self.all_nodesets();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Pods: lower the expectations, trigger the NodeSets a pod concerns, and every NodeSet after a
+/// relist.
+pub(super) fn pod_task(
+    pods: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
+    expectations: Arc<Expectations>,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut observer = PodObserver::default();
+    pods.for_each(move |ev| {
+        observer.observe(&expectations, &ev);
+        match &ev {
+            watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
+                for n in pod_owners(pod, &t.nodesets) {
+                    t.nodeset(n);
+                }
+            }
+            watcher::Event::InitDone => t.all_nodesets(),
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// A child kind's watch: each event triggers the child's parents.
+pub(super) fn child_task<K: Resource + Send + 'static>(
+    children: impl Stream<Item = watcher::Event<K>> + Send + 'static,
+    kind: &'static str,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    children.for_each(move |ev| {
+        t.child_event(kind, &meta_event(ev, |mut o| std::mem::take(o.meta_mut())));
+        futures::future::ready(())
+    })
+}
+
+/// ConfigMaps: a child like the others, and also the Controllers that reference one.
+pub(super) fn config_map_task(
+    configmaps: impl Stream<Item = watcher::Event<ConfigMap>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    configmaps.for_each(move |ev| {
+        // A ConfigMap a Controller references (its files are in slurm.conf and the pods).
+        if let watcher::Event::Apply(cm) | watcher::Event::Delete(cm) = &ev {
+            let (ns, name) = (cm.namespace().unwrap_or_default(), cm.name_any());
+            for c in t.controllers.state() {
+                if c.namespace().as_deref() == Some(ns.as_str()) && c.config_map_refs().contains(&name) {
+                    t.controller(ObjectRef::from_obj(c.as_ref()));
+                }
+            }
+        }
+        t.child_event("ConfigMap", &meta_event(ev, |o| o.metadata));
+        futures::future::ready(())
+    })
+}
+
+/// Controllers: the Controller itself and its NodeSets (which build with it), when what they read
+/// of it changed ([`Inputs`]); on a deletion, its NodeSets.
+pub(super) fn controller_task(
+    controllers: impl Stream<Item = watcher::Event<Controller>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut seen = SeenInputs::default();
+    controllers.for_each(move |ev| {
+        let nodesets = |c: &Controller| {
+            let ns = c.namespace().unwrap_or_default();
+            for n in nodesets_of(&t.nodesets, &ns, &c.name_any()) {
+                t.nodeset(n);
+            }
+        };
+        match &ev {
+            watcher::Event::Apply(c) if seen.changed(c) => {
+                t.controller(ObjectRef::from_obj(c));
+                nodesets(c);
+            }
+            watcher::Event::Delete(c) => {
+                seen.forget(c);
+                nodesets(c);
+            }
+            watcher::Event::InitDone => {
+                seen.reset(&t.controllers.state());
+                t.all_controllers();
+                t.all_nodesets();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// NodeSets: when what a pass reads of a NodeSet changed ([`Inputs`]), the NodeSet, its
+/// Controller (its `slurm.conf` lists the NodeSet) and its siblings (their shared objects' owners);
+/// on a deletion, the Controller and the siblings, and the NodeSet's expectations are forgotten.
+pub(super) fn nodeset_task(
+    nodesets: impl Stream<Item = watcher::Event<NodeSet>> + Send + 'static,
+    expectations: Arc<Expectations>,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut seen = SeenInputs::default();
+    nodesets.for_each(move |ev| {
+        // The NodeSet's Controller and the other NodeSets sharing its workers' objects.
+        let neighbours = |n: &NodeSet| {
+            let ns = n.namespace().unwrap_or_default();
+            let controller =
+                ObjectRef::<Controller>::new(&n.spec.controller_ref.name).within(n.controller_namespace());
+            t.controller(controller);
+            let itself = ObjectRef::from_obj(n);
+            for sibling in nodesets_sharing(
+                &t.nodesets,
+                &ns,
+                Some(n.controller_namespace()),
+                &n.spec.controller_ref.name,
+            ) {
+                if sibling != itself {
+                    t.nodeset(sibling);
+                }
+            }
+        };
+        match &ev {
+            watcher::Event::Apply(n) if seen.changed(n) => {
+                t.nodeset(ObjectRef::from_obj(n));
+                neighbours(n);
+            }
+            // The NodeSet is gone: so are its expectations (its pods go with it).
+            watcher::Event::Delete(n) => {
+                expectations.forget(&n.uid().unwrap_or_default());
+                seen.forget(n);
+                neighbours(n);
+            }
+            watcher::Event::InitDone => {
+                let state = t.nodesets.state();
+                let live: HashSet<String> = state.iter().filter_map(|n| n.uid()).collect();
+                expectations.retain_owners(&live);
+                seen.reset(&state);
+                t.all_nodesets();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// A watch event of an object, as an event of its metadata.
+fn meta_event<K>(
+    ev: watcher::Event<K>,
+    meta: impl Fn(K) -> kube::api::ObjectMeta,
+) -> watcher::Event<kube::api::ObjectMeta> {
+    match ev {
+        watcher::Event::Apply(o) => watcher::Event::Apply(meta(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(meta(o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(meta(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_and_resource_version_are_no_inputs() {
+        let mut seen = SeenInputs::default();
+        let mut n = NodeSet::new("w", Default::default());
+        n.metadata.uid = Some("u".into());
+        n.metadata.generation = Some(1);
+        assert!(seen.changed(&n), "a new parent");
+        n.metadata.resource_version = Some("2".into());
+        n.status = Some(Default::default());
+        n.metadata.finalizers = Some(vec!["x".into()]);
+        assert!(
+            !seen.changed(&n),
+            "status, resourceVersion and finalizers are not read"
+        );
+        n.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert!(seen.changed(&n), "labels");
+        n.metadata.annotations = Some([("a".to_string(), "b".to_string())].into());
+        assert!(seen.changed(&n), "annotations");
+        n.metadata.generation = Some(2);
+        assert!(seen.changed(&n), "the spec");
+        n.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert!(seen.changed(&n), "a deletion");
+        n.metadata.uid = Some("v".into());
+        assert!(seen.changed(&n), "recreated under its name");
+    }
+}
