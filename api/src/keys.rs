@@ -28,6 +28,9 @@ pub const FINALIZER_SLURM_NODES: &str = "nodeset.slinky.slurm.net/slurm-nodes";
 pub const LABEL_REVISION_HASH: &str = "controller-revision-hash";
 /// Pod annotation: the Slurm topology spec, read by slurmd through `SLINKY_TOPOLOGY`.
 pub const ANNOTATION_TOPOLOGY: &str = "topology.slinky.slurm.net/spec";
+/// Node annotation: why the Kubernetes node is cordoned; becomes the drain reason of its worker
+/// pods' Slurm nodes.
+pub const ANNOTATION_NODE_CORDON_REASON: &str = "nodeset.slinky.slurm.net/node-cordon-reason";
 /// Pod annotation: the pod is cordoned (its Slurm node drained).
 pub const ANNOTATION_POD_CORDON: &str = "nodeset.slinky.slurm.net/pod-cordon";
 /// Pod annotation: the pod's deletion cost (lower goes first on scale-down).

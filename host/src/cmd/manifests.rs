@@ -91,6 +91,8 @@ pub fn cluster_rules() -> Vec<Value> {
         // What Slurm says of a worker pod: its `SlurmNodeState*` conditions (a JSON patch that
         // tests the conditions it read, so the kubelet's are never dropped).
         rule(&[""], &["pods/status"], &["patch"]),
+        // Kubernetes Nodes, for their cordon (a cordoned node's Slurm nodes are drained).
+        rule(&[""], &["nodes"], &["get", "list", "watch"]),
         // The children other than pods: watched (caches), read when the cache has none,
         // server-side applied (patch, and create when missing), deleted when the host no longer
         // builds them (with a UID precondition). ConfigMaps the Controllers reference are read

@@ -25,6 +25,9 @@ pub struct Caches {
     pub controllers: Store<Controller>,
     /// NodeSets.
     pub nodesets: Store<NodeSet>,
+    /// Kubernetes Nodes, slimmed to their cordon (not waited for at start: a host without RBAC
+    /// on Nodes still reconciles).
+    pub nodes: Store<k8s_openapi::api::core::v1::Node>,
 }
 
 impl Caches {

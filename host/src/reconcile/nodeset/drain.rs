@@ -14,6 +14,9 @@
 //! * A node the host drained (reason with its prefix) whose pod is no longer to be deleted is
 //!   undrained (resumed if the host also set it DOWN). A drain or DOWN someone else set, and a
 //!   DOWN "Not responding" node, are never touched (#3).
+//! * A pod on a cordoned Kubernetes node has its Slurm node drained (reason from the node's
+//!   `nodeset.slinky.slurm.net/node-cordon-reason` annotation); uncordoned, the host's drain is
+//!   undone. Someone else's drain is left alone either way.
 //! * `nodeset.slinky.slurm.net/pod-protect=true` is on exactly the pods whose node is busy
 //!   (with `workloadDisruptionProtection`, the default): the workers' PodDisruptionBudget selects
 //!   them, so an eviction (a node drain by `kubectl drain`, the cluster autoscaler) waits for their
@@ -33,6 +36,7 @@ use super::{Pass, plan::DeleteReason, slurm_conditions};
 use crate::reconcile::{
     events::name_list,
     slurm::{Cluster, Reach, Unavailable, node_name},
+    watch::nodes::cordoned,
     writer,
 };
 
@@ -223,7 +227,30 @@ pub(super) async fn sync_kept(
         } else {
             None
         };
-        if let Some(reason) = kept {
+        let cordon = cordoned(&pass.ctx.caches.nodes, pod);
+        if let Some(why) = &cordon {
+            if !node.is_drain() && !node.is_down() && node.host_may_change() {
+                let k8s_node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
+                let reason = cordon_reason(&k8s_node, why.as_deref());
+                match cluster.drain(&name, &reason).await {
+                    Ok(()) => {
+                        pass.core()
+                            .event(
+                                pass.ns,
+                                EventType::Normal,
+                                "Draining",
+                                format!("Draining Slurm node {name}: {reason}"),
+                            )
+                            .await;
+                    }
+                    Err(u) => pass.slurm_failed(u).await,
+                }
+            }
+        } else if let Some(reason) = kept {
             give_back(pass, cluster, &name, node, &reason).await;
         } else if ours && (node.is_drain() || (node.is_down() && ready)) {
             match cluster.undrain(&name, node.is_down()).await {
@@ -246,6 +273,25 @@ pub(super) async fn sync_kept(
         let want = protect && node.is_busy();
         set_protect(pass, pod, want).await;
     }
+}
+
+/// The drain reason of a cordoned Kubernetes node's Slurm nodes: the node's
+/// `node-cordon-reason` annotation (control characters made spaces, at most 256 bytes), else
+/// that it is cordoned.
+fn cordon_reason(k8s_node: &str, annotation: Option<&str>) -> String {
+    let mut reason = match annotation.map(str::trim).filter(|a| !a.is_empty()) {
+        Some(a) => format!("Kubernetes node {k8s_node} is cordoned: {a}"),
+        None => format!("Kubernetes node {k8s_node} is cordoned"),
+    }
+    .chars()
+    .map(|c| if c.is_control() { ' ' } else { c })
+    .collect::<String>();
+    let mut end = reason.len().min(256);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason.truncate(end);
+    reason
 }
 
 /// Give the replacement of a pod its node's earlier drain (someone else's reason, as it was).
@@ -324,5 +370,41 @@ async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) {
                 .await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cordon_reason_is_one_line_of_at_most_256_bytes() {
+        assert_eq!(cordon_reason("n1", None), "Kubernetes node n1 is cordoned");
+        assert_eq!(
+            cordon_reason("n1", Some("disk\nfailing ")),
+            "Kubernetes node n1 is cordoned: disk failing"
+        );
+        let long = cordon_reason("n1", Some(&"é".repeat(300)));
+        assert!(long.len() <= 256 && long.starts_with("Kubernetes node n1"));
+    }
+
+    #[test]
+    fn a_pod_goes_only_when_its_node_runs_nothing_and_takes_nothing() {
+        let node = |state: &[&str]| Node {
+            name: "n".into(),
+            state: state.iter().map(|s| s.to_string()).collect(),
+            reason: String::new(),
+            reason_set_by_user: String::new(),
+            comment: String::new(),
+        };
+        assert!(may_delete(None), "not registered: nothing runs there");
+        assert!(may_delete(Some(&node(&["IDLE", "DRAIN"]))));
+        assert!(may_delete(Some(&node(&["DOWN"]))));
+        assert!(
+            !may_delete(Some(&node(&["IDLE"]))),
+            "idle but not drained: a job may land"
+        );
+        assert!(!may_delete(Some(&node(&["MIXED", "DRAIN"]))));
+        assert!(!may_delete(Some(&node(&["IDLE", "COMPLETING", "DRAIN"]))));
     }
 }

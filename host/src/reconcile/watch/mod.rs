@@ -17,6 +17,7 @@
 //! Here: the watches and their wiring; [`triggers`]: what each kind's events trigger;
 //! [`sightings`]: what the pod watch tells the expectations.
 
+pub mod nodes;
 mod sightings;
 mod triggers;
 
@@ -187,6 +188,7 @@ pub fn start(
     let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
+    let (nodes, node_writer) = reflector::store::<k8s_openapi::api::core::v1::Node>();
     let (nodeset_tx, nodeset_triggers) = unbounded_channel();
     let (controller_tx, controller_triggers) = unbounded_channel();
     let t = Triggers {
@@ -226,6 +228,7 @@ pub fn start(
         allowed.clone(),
         secret_poll,
     );
+    let node_task = nodes::node_task(client, node_writer, pods.clone(), t.clone());
     let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
     let task = async move {
         tokio::join!(
@@ -236,7 +239,8 @@ pub fn start(
             pdb_task,
             ctl_task,
             ns_task,
-            secret_task
+            secret_task,
+            node_task
         );
     };
     Watches {
@@ -250,6 +254,7 @@ pub fn start(
             },
             controllers,
             nodesets,
+            nodes,
         },
         nodeset_triggers,
         controller_triggers,

@@ -91,7 +91,7 @@ pub(super) struct Triggers {
 }
 
 impl Triggers {
-    fn nodeset(&self, obj: ObjectRef<NodeSet>) {
+    pub(super) fn nodeset(&self, obj: ObjectRef<NodeSet>) {
         send(&self.nodeset_tx, obj);
     }
 
