@@ -332,3 +332,40 @@ pub fn node_name(pod: &k8s_openapi::api::core::v1::Pod) -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| pod.name_any())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_for_one_controller_or_for_all() {
+        let urls = Urls::parse(&[
+            "http://10.0.0.1:6820".into(),
+            "slurm/big=http://big-restapi.slurm:6820".into(),
+        ]);
+        assert_eq!(urls.all.as_deref(), Some("http://10.0.0.1:6820"));
+        assert_eq!(
+            urls.exact.get("slurm/big").map(String::as_str),
+            Some("http://big-restapi.slurm:6820")
+        );
+        // A URL whose query holds `=` is still a URL for all.
+        let urls = Urls::parse(&["http://h:6820/?a=b".into()]);
+        assert_eq!(urls.all.as_deref(), Some("http://h:6820/?a=b"));
+        assert!(urls.exact.is_empty());
+    }
+
+    #[test]
+    fn unavailable_names_the_cause() {
+        let e = slinky_slurm::Error::Timeout {
+            url: "http://x".into(),
+            after: Duration::from_secs(5),
+        };
+        assert_eq!(Unavailable::of(&e).reason, "SlurmUnreachable");
+        let e = slinky_slurm::Error::Unauthorized {
+            url: "http://x".into(),
+            status: 401,
+            message: String::new(),
+        };
+        assert_eq!(Unavailable::of(&e).reason, "SlurmUnauthorized");
+    }
+}
