@@ -170,6 +170,7 @@ const HPC_SLURM_CONF: &[&str] = &[
     "### EXTRA CONFIG ###",
     "SchedulerParameters=bf_continue",
     "SlurmctldParameters=enable_stepmgr",
+    "PrologFlags=Contain",
     "",
     "#",
     "### MERGED CONFIG ###",

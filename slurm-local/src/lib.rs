@@ -56,7 +56,7 @@
 //! `slurm` and `nobody`, and a Slurm build readable by them. Leftovers of a crashed run (its
 //! bridge, namespaces and processes) are removed by the next harness that starts; set
 //! `SLINKY_SLURM_LOCAL_KEEP=1` to keep a run's work directory (logs) under
-//! `/run/slinky-slurm-local/kept-<id>`.
+//! `/var/lib/slinky-slurm-local/kept-<id>`.
 
 mod error;
 mod net;
@@ -109,6 +109,20 @@ pub fn find_slurm() -> std::result::Result<PathBuf, String> {
             looked.join(", ")
         }
     ))
+}
+
+/// The Slurm build to use ([`find_slurm`]), or why the harness cannot run here (no build, not
+/// root): what a test prints when it skips.
+///
+/// # Errors
+/// The reason, as one line.
+pub fn usable() -> std::result::Result<PathBuf, String> {
+    let slurm = find_slurm()?;
+    let uid = sys::euid();
+    if uid != 0 {
+        return Err(Error::NotRoot { uid }.to_string());
+    }
+    Ok(slurm)
 }
 
 /// The files of a Slurm build the harness runs.
@@ -301,7 +315,7 @@ impl SlurmLocal {
         &self.shared.net.bridge
     }
 
-    /// The work directory (`/run/slinky-slurm-local/<id>`: logs, claims, the hosts file).
+    /// The work directory (`/var/lib/slinky-slurm-local/<id>`: logs, claims, the hosts file).
     pub fn work_dir(&self) -> &Path {
         &self.shared.net.dir
     }

@@ -3,7 +3,7 @@
 //! `slinky-<id>-<n>` joined to the bridge by a veth pair, its end `eth0` holding 10.x.y.n.
 //!
 //! Every harness records its owner (pid and process start time) in
-//! `/run/slinky-slurm-local/<id>/owner` before it makes anything, under a lock file. A harness
+//! `/var/lib/slinky-slurm-local/<id>/owner` before it makes anything, under a lock file. A harness
 //! starting finds the bridges, namespaces and directories of owners that are gone (a crashed
 //! run), kills what still runs in those namespaces and removes them.
 
@@ -18,8 +18,9 @@ use crate::{
     sys,
 };
 
-/// Where harnesses keep their records and work files.
-pub const STATE_DIR: &str = "/run/slinky-slurm-local";
+/// Where harnesses keep their records and work files (not under `/run`, which each sandbox
+/// covers with its own tmpfs).
+pub const STATE_DIR: &str = "/var/lib/slinky-slurm-local";
 
 /// The first pod address of the /24 (.1 is the bridge, .2 slurmrestd, .3 the client).
 pub(crate) const FIRST_POD_HOST: u8 = 10;
@@ -39,7 +40,7 @@ pub(crate) struct Network {
     pub bridge: String,
     /// The /24's first three octets.
     pub prefix: [u8; 3],
-    /// `/run/slinky-slurm-local/<id>`: the owner record and the work files.
+    /// `/var/lib/slinky-slurm-local/<id>`: the owner record and the work files.
     pub dir: PathBuf,
 }
 
