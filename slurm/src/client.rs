@@ -30,16 +30,23 @@ pub struct Ping {
     /// `UP` or `DOWN`.
     #[serde(default)]
     pub pinged: String,
-    /// `primary`, `backup1`, … .
+    /// `primary`, `backup`, `backup2`, …: its place in `SlurmctldHost` order, not whether it is
+    /// in control (Slurm's data parser derives it from the position).
     #[serde(default)]
     pub mode: String,
 }
 
 impl Ping {
-    /// It answers and is the one in charge.
-    pub fn is_active_primary(&self) -> bool {
-        self.pinged.eq_ignore_ascii_case("UP") && self.mode.eq_ignore_ascii_case("primary")
+    /// It answered the ping.
+    pub fn is_up(&self) -> bool {
+        self.pinged.eq_ignore_ascii_case("UP")
     }
+}
+
+/// The slurmctld in control: the first in `SlurmctldHost` order that answers (the primary
+/// while it is up, else the backup that took over). `ping` lists them in that order.
+pub fn in_control(pings: &[Ping]) -> Option<&Ping> {
+    pings.iter().find(|p| p.is_up())
 }
 
 /// A slurmrestd client.

@@ -12,7 +12,7 @@ mod node;
 
 use std::time::Duration;
 
-pub use client::{Client, DEFAULT_TIMEOUT, Ping, VERSIONS};
+pub use client::{Client, DEFAULT_TIMEOUT, Ping, VERSIONS, in_control};
 pub use node::{Counts, Node, REASON_PREFIX};
 
 /// Why a call to slurmrestd did not do what was asked.

@@ -29,7 +29,10 @@ async fn a_real_slurmrestd_answers_the_hosts_tokens_and_drains() -> Result<(), E
     let version = client.version().await?;
     assert_eq!(version, "v0.0.43", "Slurm 25.05 serves v0.0.43");
     let pings = client.ping().await?;
-    assert!(pings.iter().any(|p| p.is_active_primary()), "{pings:?}");
+    assert!(
+        slinky_slurm::in_control(&pings).is_some_and(|p| p.mode == "primary"),
+        "{pings:?}"
+    );
     let nodes = client.nodes().await?;
     let Some(node) = nodes.first() else {
         panic!("no node registered");

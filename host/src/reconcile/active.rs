@@ -2,8 +2,9 @@
 //! Controller's Service selects it, so it must be on exactly the slurmctld that is in charge.
 //!
 //! # Rules
-//! * With a slurmrestd ([`super::slurm`]), the active pod is the one whose hostname `ping`
-//!   reports as the primary that answers; the label is added to it before it is taken from the
+//! * With a slurmrestd ([`super::slurm`]), the active pod is the slurmctld in control: the first
+//!   in `SlurmctldHost` order that answers `ping` (the primary while it is up, else the backup
+//!   that took over); the label is added to it before it is taken from the
 //!   others (the Service never selects nobody because of a move). The pass comes back every
 //!   [`HA_RECHECK`], so a fail-over moves the label within seconds.
 //! * Without one (or when it answers with no responding primary, or cannot be asked), a label
@@ -72,10 +73,7 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
     let core = ctx.core.as_ref();
     let primary = match core.slurm.reach(c, &ctx.caches.children.services).await {
         Reach::On(cluster) => match cluster.client().ping().await {
-            Ok(pings) => pings
-                .iter()
-                .find(|p| p.is_active_primary())
-                .map(|p| p.hostname.clone()),
+            Ok(pings) => slinky_slurm::in_control(&pings).map(|p| p.hostname.clone()),
             Err(e) => {
                 tracing::warn!(controller = %c.name_any(), "cannot ask Slurm which slurmctld is primary: {e}");
                 None

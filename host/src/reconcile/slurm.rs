@@ -15,7 +15,8 @@
 //!   rebuilt when its URL or key changes, and the key is re-read at most once a minute.
 //! * At most one node list per Controller per [`NODES_TTL`]: the NodeSets of a Controller
 //!   reconciled together share it. A drain or undrain forgets it, so the next pass reads what it
-//!   did.
+//!   did. A pass about to delete a pod reads a fresh one ([`Cluster::fresh_nodes`]): a delete is
+//!   never decided on a list older than the pass.
 
 use std::{
     collections::HashMap,
@@ -105,6 +106,17 @@ impl Cluster {
         {
             return Ok(nodes.clone());
         }
+        let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
+        *held = Some((Instant::now(), nodes.clone()));
+        Ok(nodes)
+    }
+
+    /// Every node, read now (whatever the shared list's age): what a delete is decided on.
+    ///
+    /// # Errors
+    /// Why Slurm could not be asked.
+    pub async fn fresh_nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
+        let mut held = self.nodes.lock().await;
         let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
         *held = Some((Instant::now(), nodes.clone()));
         Ok(nodes)

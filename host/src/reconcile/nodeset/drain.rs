@@ -72,6 +72,22 @@ impl SlurmView {
         }
     }
 
+    /// The same view read afresh from Slurm when `deletes` holds a live pod (a delete is never
+    /// decided on the shared list, which may predate the pass).
+    pub(super) async fn for_deletes(self, deletes: &[(Arc<Pod>, DeleteReason)]) -> SlurmView {
+        let live = deletes.iter().any(|(_, r)| *r != DeleteReason::Finished);
+        match self {
+            SlurmView::Nodes(cluster, _) if live => match cluster.fresh_nodes().await {
+                Ok(nodes) => {
+                    let by_name = nodes.iter().map(|n| (n.name.clone(), n.clone())).collect();
+                    SlurmView::Nodes(cluster, by_name)
+                }
+                Err(u) => SlurmView::Failed(u),
+            },
+            view => view,
+        }
+    }
+
     /// The node of `pod`, when Slurm was asked and lists it.
     pub(super) fn node(&self, pod: &Pod) -> Option<&Node> {
         match self {
@@ -217,7 +233,10 @@ pub(super) async fn sync_kept(
         let name = node_name(pod);
         let Some(node) = nodes.get(&name) else { continue };
         write_conditions(pass, pod, node).await;
+        let want = protect && node.is_busy();
+        set_protect(pass, pod, want).await;
         if deleting.contains(&pod.name_any()) {
+            // Draining for its delete: nothing to undo.
             continue;
         }
         let ours = node.reason_is_ours() && node.host_may_change();
@@ -228,6 +247,7 @@ pub(super) async fn sync_kept(
             None
         };
         let cordon = cordoned(&pass.ctx.caches.nodes, pod);
+        tracing::debug!(pod = %pod.name_any(), uid = ?pod.uid(), k8s = ?pod.spec.as_ref().and_then(|s| s.node_name.clone()), node = %name, ?cordon, state = ?node.state, reason = %node.reason, "slurm node of a kept pod");
         if let Some(why) = &cordon {
             if !node.is_drain() && !node.is_down() && node.host_may_change() {
                 let k8s_node = pod
@@ -270,8 +290,6 @@ pub(super) async fn sync_kept(
                 Err(u) => pass.slurm_failed(u).await,
             }
         }
-        let want = protect && node.is_busy();
-        set_protect(pass, pod, want).await;
     }
 }
 

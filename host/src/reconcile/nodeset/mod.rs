@@ -58,6 +58,8 @@ use super::{
 };
 use drain::SlurmView;
 
+/// The longest wait between two passes of a NodeSet whose Slurm could not be asked.
+const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How soon a pass comes back while a pod waits for its Slurm node to drain.
 const DRAIN_RECHECK: Duration = Duration::from_secs(3);
 use crate::{
@@ -222,6 +224,11 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     {
         requeue = after;
     }
+    if pass.slurm_failure.is_some() && pass.failures.is_empty() && pass.child_failures.is_empty() {
+        // Slurm unreachable holds scale-ins and updates: ask again within seconds of its
+        // return, whatever the backoff has grown to (Slinky: every 30 s).
+        requeue = requeue.min(SLURM_RETRY_CAP);
+    }
     if pass.waits_for_slurm && !failed {
         // A node drains as its jobs end: look again soon (Slinky: 30 s).
         requeue = requeue.min(DRAIN_RECHECK);
@@ -292,6 +299,7 @@ async fn sync(
             .await;
     }
     let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
+    let slurm = slurm.for_deletes(&plan.deletes).await;
     let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
     delete_pods(pass, &deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;

@@ -1,0 +1,476 @@
+//! No job is lost to a scale-in, a rolling update or a slurmrestd outage, judged by a real Slurm
+//! (issue 23): the host reconciles the example cluster on the embedded API server while
+//! `slinky-slurm-local` runs its slurmctld, slurmd and slurmrestd as real daemons; jobs run
+//! there with `sbatch`, and `scontrol` says what became of them and of the nodes.
+//!
+//! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`); without them each test
+//! prints `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    ResourceExt,
+    api::{Api, ListParams, Patch, PatchParams},
+};
+use serde_json::json;
+use slinky_api::{NodeSet, keys};
+use slinky_host::{PluginRegistry, reconcile::RunConfig};
+use slinky_slurm_local::SlurmLocal;
+use slinky_tests::{
+    TestCluster, default_engine, eventually,
+    host::{
+        Host, NS_NAME, apply_example, apply_file, cluster_with_statefulsets, nodeset_condition, pod_names,
+        scale,
+    },
+};
+use tokio::sync::Mutex;
+
+/// One Slurm at a time: each test runs slurmctld, slurmrestd and a slurmd per pod.
+static TURN: Mutex<()> = Mutex::const_new(());
+
+/// The Slurm build, or `None` after printing why these tests skip.
+fn slurm_or_skip() -> Option<std::path::PathBuf> {
+    // `RUST_LOG=slinky_host=debug,slinky_slurm_local=info` to follow a run.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    match slinky_slurm_local::usable() {
+        Ok(dir) => Some(dir),
+        Err(why) => {
+            eprintln!("skipping: {why}");
+            None
+        }
+    }
+}
+
+/// The example cluster with `replicas` workers in a fresh namespace, its Slurm running locally
+/// and a host asking that Slurm.
+async fn start(
+    c: &TestCluster,
+    slurm: &std::path::Path,
+    prefix: &str,
+    replicas: i32,
+) -> Result<(String, SlurmLocal, Host)> {
+    let ns = c.namespace(prefix).await;
+    apply_example(c, &ns, replicas).await?;
+    let harness = SlurmLocal::start(c.client.clone(), slurm, &ns, "slurm").await?;
+    let host = host_for(c, &ns, &harness)?;
+    Ok((ns, harness, host))
+}
+
+fn host_for(c: &TestCluster, ns: &str, harness: &SlurmLocal) -> Result<Host> {
+    let config = RunConfig {
+        namespaces: vec![ns.to_string()],
+        resync: Some(Duration::from_secs(1)),
+        slurmrestd_urls: vec![harness.restapi_url()],
+        ..Default::default()
+    };
+    Ok(Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    ))
+}
+
+/// `scontrol show <what> <name> -o`, one line of `Key=Value` pairs.
+async fn show(h: &SlurmLocal, what: &str, name: &str) -> Result<String> {
+    Ok(h.exec_ok(&["scontrol", "show", what, name, "-o"]).await?)
+}
+
+/// A node state (`IDLE+DYNAMIC_NORM`) is IDLE with no DRAIN, DOWN or other flag that matters.
+fn idle(state: Option<&str>) -> bool {
+    state.is_some_and(|s| s.split('+').all(|f| f == "IDLE" || f.starts_with("DYNAMIC")))
+}
+
+/// The value of `key` in a `scontrol show … -o` line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    let rest = &line[at..];
+    // Reason= runs to the end of the line's fields: up to the next " Key=" is enough here.
+    let end = rest.find(" ").unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// Wait until every one of `nodes` is registered and idle.
+async fn nodes_idle(h: &SlurmLocal, nodes: &[&str]) -> Result<()> {
+    let ok = eventually(120, || async {
+        let listed = h.nodes(None).await.ok()?;
+        nodes
+            .iter()
+            .all(|n| listed.iter().any(|l| l.name == *n && l.state.starts_with("idle")))
+            .then_some(())
+    })
+    .await;
+    if ok.is_none() {
+        bail!("nodes {nodes:?} never all idle: {:?}", h.nodes(None).await?);
+    }
+    Ok(())
+}
+
+/// Submit `sleep secs` on `node`; returns the job id once it runs.
+async fn run_job(h: &SlurmLocal, node: &str, secs: u32) -> Result<String> {
+    let out = h
+        .exec_ok(&[
+            "sbatch",
+            "--parsable",
+            "-p",
+            "slinky",
+            "-w",
+            node,
+            "--wrap",
+            &format!("sleep {secs}"),
+        ])
+        .await?;
+    let id = out.trim().split(';').next().unwrap_or_default().to_string();
+    let running = eventually(30, || async {
+        let line = show(h, "job", &id).await.ok()?;
+        (field(&line, "JobState") == Some("RUNNING")).then_some(())
+    })
+    .await;
+    ensure!(
+        running.is_some(),
+        "job {id} never ran: {}",
+        show(h, "job", &id).await?
+    );
+    Ok(id)
+}
+
+/// The names of the NodeSet's live pods.
+async fn workers(c: &TestCluster, ns: &str) -> Result<Vec<String>> {
+    Ok(pod_names(c, ns)
+        .await?
+        .into_iter()
+        .filter(|p| p.starts_with(NS_NAME))
+        .collect())
+}
+
+async fn pod_labels(
+    c: &TestCluster,
+    ns: &str,
+    pod: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    Api::<Pod>::namespaced(c.client.clone(), ns)
+        .get_opt(pod)
+        .await
+        .ok()?
+        .map(|p| p.labels().clone())
+}
+
+/// A NodeSet of 3 runs a job on `-2`; scaled to 1, `-1` goes at once, `-2` is drained and
+/// protected, and deleted only once the job completed. An admin's drain survives.
+#[tokio::test]
+async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
+    let Some(slurm) = slurm_or_skip() else {
+        return Ok(());
+    };
+    let _turn = TURN.lock().await;
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "scale-in", 3).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    h.exec_ok(&[
+        "scontrol",
+        "update",
+        "nodename=slinky-0",
+        "state=drain",
+        "reason=bad dimm",
+    ])
+    .await?;
+    let job = run_job(&h, "slinky-2", 25).await?;
+    scale(&c, &ns, 1).await?;
+
+    let drained = eventually(20, || async {
+        let node = show(&h, "node", "slinky-2").await.ok()?;
+        let pods = pod_names(&c, &ns).await.ok()?;
+        let labels = pod_labels(&c, &ns, &format!("{NS_NAME}-2")).await?;
+        (field(&node, "State").is_some_and(|s| s.contains("DRAIN"))
+            && node.contains("Reason=slurm-operator:")
+            && labels.get(keys::LABEL_POD_PROTECT).map(String::as_str) == Some("true")
+            && !pods.contains(&format!("{NS_NAME}-1")))
+        .then_some(())
+    })
+    .await;
+    ensure!(
+        drained.is_some(),
+        "node {}; pods {:?}",
+        show(&h, "node", "slinky-2").await?,
+        pod_names(&c, &ns).await?
+    );
+    // While the job runs, its pod stays.
+    ensure!(pod_names(&c, &ns).await?.contains(&format!("{NS_NAME}-2")));
+    let gone = eventually(60, || async {
+        let pods = pod_names(&c, &ns).await.ok()?;
+        (!pods.contains(&format!("{NS_NAME}-2"))).then_some(())
+    })
+    .await;
+    ensure!(
+        gone.is_some(),
+        "pod -2 never deleted: {}",
+        show(&h, "node", "slinky-2").await?
+    );
+    let line = show(&h, "job", &job).await?;
+    ensure!(field(&line, "JobState") == Some("COMPLETED"), "{line}");
+    let admin = show(&h, "node", "slinky-0").await?;
+    ensure!(
+        admin.contains("Reason=bad"),
+        "the admin's drain was undone: {admin}"
+    );
+    ensure!(
+        field(&admin, "State").is_some_and(|s| s.contains("DRAIN")),
+        "{admin}"
+    );
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}
+
+/// A rolling update (a new slurmd image) replaces the idle pods and waits for the job on the
+/// busy one; the job completes.
+#[tokio::test]
+async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
+    let Some(slurm) = slurm_or_skip() else {
+        return Ok(());
+    };
+    let _turn = TURN.lock().await;
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "rolling", 3).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    h.exec_ok(&[
+        "scontrol",
+        "update",
+        "nodename=slinky-2",
+        "state=drain",
+        "reason=bad dimm",
+    ])
+    .await?;
+    let job = run_job(&h, "slinky-1", 60).await?;
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let uid_of = |pods: &[Pod], n: u32| {
+        pods.iter()
+            .find(|p| p.name_any() == format!("{NS_NAME}-{n}"))
+            .and_then(|p| p.uid())
+    };
+    let before = Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let busy_uid = uid_of(&before, 1).context("no pod -1")?;
+    api.patch(
+        NS_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"slurmd": {"image": "ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04-v2"}}}),
+        ),
+    )
+    .await?;
+    // The idle pods are replaced while the busy one keeps its job.
+    let replaced = eventually(55, || async {
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        let node = show(&h, "node", "slinky-1").await.ok()?;
+        let others_new = [0, 2]
+            .iter()
+            .all(|n| uid_of(&pods, *n).is_some_and(|u| Some(&u) != uid_of(&before, *n).as_ref()));
+        (others_new
+            && uid_of(&pods, 1).as_ref() == Some(&busy_uid)
+            && node.contains("Reason=slurm-operator:"))
+        .then_some(())
+    })
+    .await;
+    ensure!(
+        replaced.is_some(),
+        "node -1: {}",
+        show(&h, "node", "slinky-1").await?
+    );
+    let line = show(&h, "job", &job).await?;
+    ensure!(field(&line, "JobState") == Some("RUNNING"), "{line}");
+    // After the job, -1 is replaced too, and returns to service.
+    let done = eventually(90, || async {
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns)
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items;
+        let node = show(&h, "node", "slinky-1").await.ok()?;
+        (uid_of(&pods, 1).is_some_and(|u| u != busy_uid) && idle(field(&node, "State"))).then_some(())
+    })
+    .await;
+    ensure!(done.is_some(), "node -1: {}", show(&h, "node", "slinky-1").await?);
+    let line = show(&h, "job", &job).await?;
+    ensure!(field(&line, "JobState") == Some("COMPLETED"), "{line}");
+    // The admin's drain of -2 survived its pod's replacement.
+    let admin = eventually(30, || async {
+        let node = show(&h, "node", "slinky-2").await.ok()?;
+        (node.contains("Reason=bad") && field(&node, "State").is_some_and(|s| s.contains("DRAIN")))
+            .then_some(())
+    })
+    .await;
+    ensure!(
+        admin.is_some(),
+        "the admin's drain was lost: {}",
+        show(&h, "node", "slinky-2").await?
+    );
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}
+
+/// A cordoned Kubernetes node drains the Slurm nodes of its worker pods, with the node's reason;
+/// uncordoned, they return to service.
+#[tokio::test]
+async fn a_cordoned_kubernetes_node_drains_its_slurm_nodes() -> Result<()> {
+    let Some(slurm) = slurm_or_skip() else {
+        return Ok(());
+    };
+    let _turn = TURN.lock().await;
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "cordon", 1).await?;
+    nodes_idle(&h, &["slinky-0"]).await?;
+    let pod = Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .get(&format!("{NS_NAME}-0"))
+        .await?;
+    let k8s_node = pod
+        .spec
+        .and_then(|s| s.node_name)
+        .context("pod -0 is not bound")?;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(c.client.clone());
+    let cordon = |on: bool| {
+        json!({"metadata": {"annotations": {keys::ANNOTATION_NODE_CORDON_REASON: on.then_some("disk failing")}},
+               "spec": {"unschedulable": on}})
+    };
+    nodes
+        .patch(&k8s_node, &PatchParams::default(), &Patch::Merge(cordon(true)))
+        .await?;
+    let drained = eventually(30, || async {
+        let node = show(&h, "node", "slinky-0").await.ok()?;
+        (field(&node, "State").is_some_and(|s| s.contains("DRAIN"))
+            && node.contains(&format!(
+                "Reason=slurm-operator: Kubernetes node {k8s_node} is cordoned: disk failing"
+            )))
+        .then_some(())
+    })
+    .await;
+    ensure!(drained.is_some(), "{}", show(&h, "node", "slinky-0").await?);
+    nodes
+        .patch(&k8s_node, &PatchParams::default(), &Patch::Merge(cordon(false)))
+        .await?;
+    let back = eventually(30, || async {
+        let node = show(&h, "node", "slinky-0").await.ok()?;
+        idle(field(&node, "State")).then_some(())
+    })
+    .await;
+    ensure!(back.is_some(), "{}", show(&h, "node", "slinky-0").await?);
+    let _ = ns;
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}
+
+/// slurmrestd stopped: a scale-in deletes nothing and says why; restarted: it completes.
+#[tokio::test]
+async fn a_scale_in_without_slurmrestd_waits_and_completes_when_it_is_back() -> Result<()> {
+    let Some(slurm) = slurm_or_skip() else {
+        return Ok(());
+    };
+    let _turn = TURN.lock().await;
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "restd-down", 3).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    h.stop_slurmrestd().await?;
+    scale(&c, &ns, 1).await?;
+    let failing = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "SlurmFailure").await.ok()??;
+        (cond.status == "True" && cond.reason == "SlurmUnreachable").then_some(cond)
+    })
+    .await;
+    ensure!(failing.is_some(), "no SlurmFailure condition");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let left = workers(&c, &ns).await?;
+    ensure!(
+        left.len() == 3,
+        "pods were deleted while Slurm could not be asked: {left:?}"
+    );
+    h.start_slurmrestd().await?;
+    let done = eventually(120, || async {
+        let pods = workers(&c, &ns).await.ok()?;
+        let cond = nodeset_condition(&c, &ns, "SlurmFailure").await.ok()?;
+        (pods.len() == 1 && cond.is_none_or(|c| c.status == "False")).then_some(())
+    })
+    .await;
+    ensure!(done.is_some(), "pods {:?}", pod_names(&c, &ns).await?);
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}
+
+/// HA with two slurmctld: the `active` label is on the primary alone; the primary killed, the
+/// label moves to the one Slurm reports as primary.
+#[tokio::test]
+async fn the_active_label_follows_slurms_primary() -> Result<()> {
+    let Some(slurm) = slurm_or_skip() else {
+        return Ok(());
+    };
+    let _turn = TURN.lock().await;
+    let c = cluster_with_statefulsets().await;
+    let ns = c.namespace("ha-slurm").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["spec"]["ha"] = json!({"enabled": true, "backups": 1});
+            v["spec"]["persistence"] = json!({"enabled": true, "existingClaim": "slurm-state"});
+            // The backup takes over after SlurmctldTimeout (120 s by default).
+            v["spec"]["extraConf"] = json!("SlurmctldTimeout=5");
+        }
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = json!(1);
+        }
+    })
+    .await?;
+    let h = SlurmLocal::start(c.client.clone(), &slurm, &ns, "slurm").await?;
+    let host = host_for(&c, &ns, &h)?;
+    let active = |c: &TestCluster| {
+        let client = c.client.clone();
+        let ns = ns.clone();
+        async move {
+            let pods = Api::<Pod>::namespaced(client, &ns)
+                .list(&ListParams::default().labels(&format!("{}=true", keys::LABEL_CONTROLLER_ACTIVE)))
+                .await
+                .ok()?;
+            Some(pods.items.iter().map(ResourceExt::name_any).collect::<Vec<_>>())
+        }
+    };
+    let first = eventually(90, || async {
+        let ping = h.exec_ok(&["scontrol", "ping"]).await.ok()?;
+        let a = active(&c).await?;
+        (ping.contains("slurm-controller-0 is UP")
+            && ping.contains("slurm-controller-1 is UP")
+            && a == ["slurm-controller-0"])
+        .then_some(())
+    })
+    .await;
+    ensure!(
+        first.is_some(),
+        "ping {:?}, active {:?}",
+        h.exec_ok(&["scontrol", "ping"]).await.ok(),
+        active(&c).await
+    );
+    h.kill_slurmctld("slurm-controller-0").await?;
+    let moved = eventually(120, || async {
+        let a = active(&c).await?;
+        (a == ["slurm-controller-1"]).then_some(())
+    })
+    .await;
+    ensure!(
+        moved.is_some(),
+        "ping {:?}, active {:?}",
+        h.exec_ok(&["scontrol", "ping"]).await.ok(),
+        active(&c).await
+    );
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}
