@@ -1,0 +1,273 @@
+//! What asking Slurm costs the host, for one NodeSet of 1,000 pods: the same runs without and
+//! with a slurmrestd, each on the embedded API server in this process.
+//!
+//! With Slurm, a real slurmctld and slurmrestd (25.05, `slinky-slurm-local`) serve the example
+//! Controller, whose `extraConf` declares 1,010 static nodes named like the NodeSet's pods (so
+//! slurmrestd lists 1,000+ nodes; no slurmd runs, so they are DOWN and a scale-in needs no drain).
+//! The NodeSet lives in another namespace than the Controller, so the harness runs slurmctld
+//! alone. Needs root and a Slurm build; without them only the run without Slurm is printed.
+//!
+//! Printed per run: the scale-up 3 → N (creates need no Slurm), the steady state (NodeSet passes,
+//! Slurm requests per pass, API writes per resync), a scale-in of 100 pods, and with Slurm the
+//! latency of one node list.
+//!
+//! `cargo bench -p slinky-host --bench slurm` (`BENCH_PODS`, default 1000; `BENCH_RESYNCS`,
+//! default 5; resync 2 s).
+
+#![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::FutureExt;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use slinky_api::NodeSet;
+use slinky_host::{
+    PluginRegistry,
+    embedded::{ApiServer, ApiServerConfig, LifecycleConfig},
+    plugins::{EngineHandle, RuntimeConfig},
+    reconcile::{self, RunConfig},
+};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+const WORKERS: &str = "workers";
+const NODESET: &str = "slurm-worker-slinky";
+
+/// NodeSet passes so far.
+fn nodeset_passes(h: &reconcile::Handles) -> u64 {
+    h.metrics
+        .snapshot()
+        .iter()
+        .filter(|(k, _)| k.0.eq_ignore_ascii_case("nodeset"))
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// The example: Controller (with `extra_conf`) and Secrets in `slurm`, the NodeSet in `workers`.
+async fn apply_example(client: &kube::Client, extra_conf: &str) -> anyhow::Result<()> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/slurm-cluster.yaml");
+    let text = std::fs::read_to_string(path)?;
+    let dir = tempfile::tempdir()?;
+    let mut docs = Vec::new();
+    for doc in slinky_host::cmd::render::yaml_documents(&text) {
+        let mut v: serde_json::Value = serde_saphyr::from_str(doc)?;
+        if v.is_null() {
+            continue;
+        }
+        if v["kind"] == "Controller" {
+            v["spec"]["extraConf"] = json!(extra_conf);
+            v["spec"]["persistence"] = json!({"enabled": false});
+        }
+        if v["kind"] == "NodeSet" {
+            v["metadata"]["namespace"] = json!(WORKERS);
+            v["spec"]["controllerRef"]["namespace"] = json!("slurm");
+        }
+        docs.push(serde_json::to_string(&v)?);
+    }
+    let file = dir.path().join("bench.yaml");
+    std::fs::write(&file, docs.join("\n---\n"))?;
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": WORKERS}}))?;
+    Api::all(client.clone()).create(&Default::default(), &ns).await?;
+    slinky_host::cmd::run::apply_files(client, &[file]).await?;
+    Ok(())
+}
+
+async fn wait_available(nodesets: &Api<NodeSet>, n: i32) -> anyhow::Result<()> {
+    loop {
+        let st = nodesets.get(NODESET).await?.status.unwrap_or_default();
+        if st.available_replicas == n && st.replicas == n {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn scale(nodesets: &Api<NodeSet>, n: i32) -> anyhow::Result<Instant> {
+    let t = Instant::now();
+    nodesets
+        .patch(
+            NODESET,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": n}})),
+        )
+        .await?;
+    Ok(t)
+}
+
+async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<()> {
+    let server = ApiServer::start(ApiServerConfig {
+        lifecycle: Some(LifecycleConfig {
+            nodes: 50,
+            schedule_delay: Duration::from_millis(10),
+            ready_delay: Duration::from_millis(50),
+            grace_period_scale: 0.001,
+        }),
+        statefulsets: true,
+        watch_window: 100_000,
+        ..Default::default()
+    })
+    .await?;
+    let client = server.client()?;
+    slinky_host::cmd::run::install_crds(&client).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let extra = format!(
+        "NodeName=slinky-[0-{last}] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17000-{}] CPUs=1 State=UNKNOWN\n\
+         PartitionName=bench Nodes=slinky-[0-{last}] State=UP",
+        17000 + pods + 9,
+        // The generated slurm.conf's MaxNodeCount is 1024.
+        last = pods + 9,
+    );
+    apply_example(&client, &extra).await?;
+    let harness = match with_slurm {
+        Some(dir) => {
+            let h = slinky_slurm_local::SlurmLocal::start(client.clone(), dir, "slurm", "slurm").await?;
+            Some(h)
+        }
+        None => None,
+    };
+    let engine = EngineHandle::new(RuntimeConfig::default())?;
+    let plugins = Arc::new(PluginRegistry::new(&engine, &[])?);
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let mut rx2 = rx.clone();
+    let shutdown = async move {
+        let _ = rx2.wait_for(|s| *s).await;
+    }
+    .boxed();
+    let resync = Duration::from_secs(2);
+    let config = RunConfig {
+        resync: Some(resync),
+        slurmrestd_urls: harness.iter().map(|h| h.restapi_url()).collect(),
+        ..RunConfig::default()
+    };
+    let (handles, fut) = reconcile::start(client.clone(), plugins, config, "bench", shutdown);
+    let task = tokio::spawn(fut);
+    let nodesets: Api<NodeSet> = Api::namespaced(client.clone(), WORKERS);
+    wait_available(&nodesets, 3).await?;
+    if let Some(h) = &harness {
+        // slurmctld serves the static nodes before the figures start.
+        let t = Instant::now();
+        while !h
+            .exec_ok(&["scontrol", "ping"])
+            .await
+            .is_ok_and(|o| o.contains("is UP"))
+        {
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "slurmctld never answered");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let label = if harness.is_some() {
+        "with Slurm"
+    } else {
+        "without Slurm"
+    };
+    println!("{label}:");
+
+    let t = scale(&nodesets, pods).await?;
+    wait_available(&nodesets, pods).await?;
+    println!(
+        "  scale 3 -> {pods} pods (all ready): {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Steady state: once nothing was written for a second.
+    let mut last = handles.writes.total();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if handles.writes.total() == last {
+            break;
+        }
+        last = handles.writes.total();
+    }
+    let resyncs: u32 = env_or("BENCH_RESYNCS", 5);
+    let (w0, p0, s0) = (
+        handles.writes.total(),
+        nodeset_passes(&handles),
+        handles.slurm.requests(),
+    );
+    tokio::time::sleep(resync * resyncs).await;
+    let (w, p, s) = (
+        handles.writes.total() - w0,
+        nodeset_passes(&handles) - p0,
+        handles.slurm.requests() - s0,
+    );
+    println!(
+        "  steady state over {resyncs} resyncs of {} s: {:.2} NodeSet passes per resync, {:.2} Slurm requests per pass, {:.1} API writes per resync",
+        resync.as_secs_f64(),
+        p as f64 / f64::from(resyncs),
+        if p == 0 { 0.0 } else { s as f64 / p as f64 },
+        w as f64 / f64::from(resyncs)
+    );
+
+    let (p0, s0) = (nodeset_passes(&handles), handles.slurm.requests());
+    let t = scale(&nodesets, pods - 100).await?;
+    wait_available(&nodesets, pods - 100).await?;
+    let (p, s) = (nodeset_passes(&handles) - p0, handles.slurm.requests() - s0);
+    println!(
+        "  scale-in {pods} -> {} (100 pods deleted): {:.2} s, {p} NodeSet passes, {s} Slurm requests",
+        pods - 100,
+        t.elapsed().as_secs_f64()
+    );
+
+    if let Some(h) = &harness {
+        let key = jwt_key(&client).await?;
+        let c = slinky_slurm::Client::new(
+            &h.restapi_url(),
+            slinky_slurm::jwt::Tokens::new(key, "slurm", slinky_slurm::jwt::LIFETIME),
+            slinky_slurm::DEFAULT_TIMEOUT,
+        )?;
+        let mut times = Vec::new();
+        let mut listed = 0;
+        for _ in 0..20 {
+            let t = Instant::now();
+            listed = c.nodes().await?.len();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "  one node list ({listed} nodes) through slurmrestd: p50 {:.1} ms, max {:.1} ms",
+            times[times.len() / 2],
+            times[times.len() - 1]
+        );
+        h.shutdown().await;
+    }
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// The example Controller's JWT key, as the host reads it.
+async fn jwt_key(client: &kube::Client) -> anyhow::Result<Vec<u8>> {
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), "slurm")
+        .get("slurm-auth-jwths256")
+        .await?;
+    secret
+        .data
+        .and_then(|mut d| d.remove("jwt_hs256.key"))
+        .map(|b| b.0)
+        .ok_or_else(|| anyhow::anyhow!("no key"))
+}
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let pods = env_or("BENCH_PODS", 1000);
+    rt.block_on(run(None, pods))?;
+    match slinky_slurm_local::usable() {
+        Ok(dir) => rt.block_on(run(Some(&dir), pods))?,
+        Err(why) => println!("with Slurm: skipped ({why})"),
+    }
+    Ok(())
+}
