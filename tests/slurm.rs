@@ -552,3 +552,100 @@ async fn with_an_accounting_reference_slurmctld_loads_then_waits_for_slurmdbd() 
     case.stop().await;
     waits
 }
+
+/// `GET path` on slurmrestd with a token for user `slurm` (`scontrol token`): status and body.
+async fn restd_get(h: &SlurmLocal, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let token = h.exec_ok(&["scontrol", "token", "username=slurm"]).await?;
+    let token = token.trim().trim_start_matches("SLURM_JWT=");
+    let mut s = tokio::net::TcpStream::connect(h.restapi_addr()).await?;
+    let req = format!(
+        "GET {path} HTTP/1.0\r\nHost: x\r\nX-SLURM-USER-NAME: slurm\r\nX-SLURM-USER-TOKEN: {token}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text)).await??;
+    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP answer")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status")?;
+    Ok((status, body.to_string()))
+}
+
+/// The harness's own API, as the host's end-to-end tests use it: slurmrestd answers from the
+/// root namespace and can be stopped and started; a deleted worker pod's preStop hook marks its
+/// node down in Slurm (with Slinky's reason) before its slurmd stops, and its sandbox goes; a
+/// killed slurmctld stays down until restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harness_stops_and_starts_daemons_and_runs_the_prestop_hook() -> Result<()> {
+    let Some(slurm) = slurm_or_skip() else {
+        return Ok(());
+    };
+    let docs = documents(&slinky_tests::example("slurm-cluster.yaml"))?;
+    let case = Case::start(&slurm, "slurm-harness", &docs).await?;
+    let result = async {
+        case.judge().await?;
+        let h = &case.slurm;
+        let (status, body) = restd_get(h, "/slurm/v0.0.43/ping").await?;
+        ensure!(status == 200 && body.contains("\"primary\""), "{status} {body}");
+
+        h.stop_slurmrestd().await?;
+        ensure!(
+            restd_get(h, "/slurm/v0.0.43/ping").await.is_err(),
+            "slurmrestd still answers"
+        );
+        h.start_slurmrestd().await?;
+        let (status, _) = restd_get(h, "/slurm/v0.0.43/ping").await?;
+        ensure!(status == 200, "slurmrestd answers {status} after its start");
+
+        slinky_tests::host::scale(&case.c, &case.ns, 2).await?;
+        let gone = poll(60, || async {
+            let nodes = h.nodes(Some("slinky")).await?;
+            let node = nodes
+                .iter()
+                .find(|n| n.name == "slinky-2")
+                .context("slinky-2 is not listed")?;
+            ensure!(node.state.starts_with("down"), "slinky-2 is {}", node.state);
+            let pods = h.pods().await;
+            ensure!(
+                !pods.iter().any(|p| p.name.ends_with("-2")),
+                "the sandbox is still there: {pods:?}"
+            );
+            Ok(())
+        })
+        .await;
+        gone?;
+        let reason = h.exec_ok(&["sinfo", "-h", "-n", "slinky-2", "-o", "%E"]).await?;
+        ensure!(
+            reason.contains("Pod is terminating"),
+            "slinky-2's reason: {reason}"
+        );
+
+        // Last: slurmctld killed by SIGKILL does not save its state, so the dynamic nodes
+        // registered since its last save are gone when it comes back.
+        h.kill_slurmctld("slurm-controller-0").await?;
+        let ping = h.exec(&["scontrol", "ping"]).await?;
+        ensure!(
+            !ping.status.success(),
+            "scontrol ping succeeded with slurmctld killed: {ping:?}"
+        );
+        h.restart_slurmctld("slurm-controller-0").await?;
+        poll(30, || async {
+            h.exec_ok(&["scontrol", "ping"])
+                .await
+                .map(drop)
+                .map_err(Into::into)
+        })
+        .await?;
+        Ok(())
+    }
+    .await;
+    let result = match result {
+        Ok(()) => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("{e:#}\n{}", case.logs().await)),
+    };
+    case.stop().await;
+    result
+}

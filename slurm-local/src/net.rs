@@ -61,6 +61,9 @@ impl Network {
         let dir = Path::new(STATE_DIR).join(&id);
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+        // Logs stay root's (the sandboxes reach their files through bind mounts, not this path).
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| Error::io(format!("cannot restrict {}", dir.display()), e))?;
         let me = std::process::id();
         let record = format!("{me} {}\n", sys::start_time(me).unwrap_or_default());
         let owner = dir.join("owner");

@@ -2,6 +2,8 @@
 //! embedded API server (`--embedded`).
 
 mod cluster;
+#[cfg(feature = "embedded")]
+mod slurm;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -92,6 +94,11 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub slurmrestd_urls: Vec<String>,
+    /// With --embedded: run the first Controller's slurmctld and slurmd pods as real local
+    /// Slurm daemons of the build in DIR (`../shared/tools/realslurm/setup.sh`), each in its own
+    /// network, mount and UTS namespace; one slurmrestd, the `--slurmrestd-url` default. Root only.
+    #[arg(long, env = "SLINKY_HOST_SLURM", value_name = "DIR", requires = "embedded")]
+    pub slurm: Option<PathBuf>,
     /// Elect a leader on a Lease: only the leader reconciles, the others keep warm caches and
     /// take over within the lease duration. On in the deployed manifests.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECT")]
@@ -162,8 +169,9 @@ type Reloader = (ReloadHandle, JoinHandle<()>);
 ///
 /// # Errors
 /// Setup failures (kubeconfig, embedded server, CRDs, manifests, plugins, HTTP address).
-pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
+pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
     let (server, client) = connect(&args).await?;
+    let local_slurm = start_local_slurm(&mut args, &client).await?;
     let build = BuildContext {
         cluster_domain: args.cluster_domain.clone(),
     };
@@ -215,10 +223,43 @@ pub async fn run(args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<
     http.abort();
     admin.abort();
     println!("{}", summary(&handles));
+    if let Some(s) = local_slurm {
+        s.shutdown().await;
+    }
     if let Some(s) = server {
         s.shutdown().await;
     }
     Ok(())
+}
+
+/// With `--slurm DIR`: the local Slurm, its slurmrestd the default `--slurmrestd-url`.
+#[cfg(feature = "embedded")]
+async fn start_local_slurm(args: &mut RunArgs, client: &Client) -> anyhow::Result<Option<slurm::LocalSlurm>> {
+    let Some(dir) = args.slurm.clone() else {
+        return Ok(None);
+    };
+    Ok(Some(slurm::LocalSlurm::start(args, client, &dir).await?))
+}
+
+/// No local Slurm: this host was built without the `embedded` feature.
+#[cfg(not(feature = "embedded"))]
+enum NoLocalSlurm {}
+
+#[cfg(not(feature = "embedded"))]
+impl NoLocalSlurm {
+    async fn shutdown(self) {
+        match self {}
+    }
+}
+
+/// Without the `embedded` feature there is no `--slurm`.
+#[cfg(not(feature = "embedded"))]
+async fn start_local_slurm(args: &mut RunArgs, _: &Client) -> anyhow::Result<Option<NoLocalSlurm>> {
+    anyhow::ensure!(
+        args.slurm.is_none(),
+        "this slinky-host was built without the `embedded` feature: --slurm is not available"
+    );
+    Ok(None)
 }
 
 /// With `--plugins-dir`: watch it for builder plugins, printing the first scan's overrides and
