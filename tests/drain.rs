@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     ResourceExt,
-    api::{Api, ListParams, Patch, PatchParams},
+    api::{Api, ListParams},
 };
 use serde_json::json;
 use slinky_api::{NodeSet, keys};
@@ -117,6 +117,36 @@ async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Res
     );
     // Fail closed: a few seconds later all three pods are still there.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(
+        pod_names(&c, &ns).await? == names(&[0, 1, 2]),
+        "{:?}",
+        pod_names(&c, &ns).await?
+    );
+    // The NodeSet carries the finalizer: deleted, it stays (and its partition in slurm.conf)
+    // while Slurm cannot say that no job runs on its nodes.
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let nodeset = api.get(NS_NAME).await?;
+    ensure!(
+        nodeset
+            .finalizers()
+            .iter()
+            .any(|f| f == keys::FINALIZER_SLURM_NODES),
+        "{:?}",
+        nodeset.finalizers()
+    );
+    api.delete(NS_NAME, &Default::default()).await?;
+    let held = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "SlurmFailure").await.ok()??;
+        cond.message.contains("is being deleted").then_some(cond)
+    })
+    .await;
+    ensure!(held.is_some(), "no SlurmFailure naming the deletion");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = api.get_opt(NS_NAME).await?;
+    ensure!(
+        still.is_some_and(|n| n.metadata.deletion_timestamp.is_some()),
+        "the NodeSet went while Slurm could not be asked"
+    );
     ensure!(
         pod_names(&c, &ns).await? == names(&[0, 1, 2]),
         "{:?}",
