@@ -1,0 +1,238 @@
+//! The state task's tick: bring every pod and harness daemon towards what it should be (make
+//! sandboxes, start daemons, wait for slurmd's conf server), and keep `/etc/hosts` current.
+
+use std::{collections::BTreeSet, net::SocketAddr, time::Instant};
+
+use super::{
+    hosts::write_in_place,
+    local_conf::conf_value,
+    process::{connects, log_path, spawn},
+    state::{CONF_SERVER_WAIT, MAX_BACKOFF, ProcKey, RESTD_PORT, Shared, State},
+};
+use crate::{
+    error::Result,
+    podspec::{self, Role},
+    sandbox::User,
+    sys,
+};
+
+impl Shared {
+    /// Bring every pod and daemon towards what it should be, and rewrite `/etc/hosts`.
+    pub(super) async fn reconcile(&self, st: &mut State) {
+        let now = Instant::now();
+        let reachable = self.reachable_conf_servers(st).await;
+        let uids: Vec<String> = st.pods.keys().cloned().collect();
+        for uid in uids {
+            let Some(e) = st.pods.get(&uid) else { continue };
+            if e.terminating || e.gone || now < e.next_start {
+                continue;
+            }
+            let bound = e.pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+            if e.sandbox.is_none() && bound {
+                let result = self.make_pod_sandbox(st, &uid).await;
+                self.note(st, &uid, result);
+                continue;
+            }
+            if e.sandbox.is_some() && e.proc.is_none() && !e.held {
+                let wait = match (&e.plan.role, &e.plan.conf_server) {
+                    (Role::Slurmd, Some(server)) if !reachable.contains(server) => {
+                        let since = e.waiting_since.unwrap_or(now);
+                        now.duration_since(since) < CONF_SERVER_WAIT
+                    }
+                    _ => false,
+                };
+                if wait {
+                    if let Some(e) = st.pods.get_mut(&uid)
+                        && e.waiting_since.is_none()
+                    {
+                        e.waiting_since = Some(now);
+                        tracing::info!(pod = %e.plan.name, "slurmd waits for its --conf-server to answer");
+                    }
+                    continue;
+                }
+                let result = self.start_pod(st, &uid).await;
+                self.note(st, &uid, result);
+            }
+        }
+        self.reconcile_daemons(st, now).await;
+        let text = self.hosts(st);
+        if text != st.hosts_text {
+            match write_in_place(&self.hosts_path, &text) {
+                Ok(()) => st.hosts_text = text,
+                Err(e) => tracing::warn!(error = %e, "cannot rewrite the sandboxes' /etc/hosts"),
+            }
+        }
+    }
+
+    /// Log a pod's problem once, and back off.
+    fn note(&self, st: &mut State, uid: &str, result: Result<()>) {
+        let Some(e) = st.pods.get_mut(uid) else { return };
+        match result {
+            Ok(()) => e.last_error = None,
+            Err(err) => {
+                let msg = err.to_string();
+                if e.last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::warn!(pod = %e.plan.name, error = %msg, "cannot run the pod yet; retrying");
+                }
+                e.last_error = Some(msg);
+                e.next_start = Instant::now() + e.backoff;
+                e.backoff = (e.backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+
+    /// The conf servers (host, port) of waiting slurmds that accept a connection now.
+    async fn reachable_conf_servers(&self, st: &State) -> BTreeSet<(String, u16)> {
+        let wanted: BTreeSet<(String, u16)> = st
+            .pods
+            .values()
+            .filter(|e| e.sandbox.is_some() && e.proc.is_none() && !e.terminating)
+            .filter_map(|e| e.plan.conf_server.clone())
+            .collect();
+        let mut ok = BTreeSet::new();
+        for (host, port) in wanted {
+            let Some(ip) = self.resolve(st, &host) else {
+                continue;
+            };
+            if connects(SocketAddr::from((ip, port))).await {
+                ok.insert((host, port));
+            }
+        }
+        ok
+    }
+
+    /// Start a pod's daemon in its sandbox.
+    async fn start_pod(&self, st: &mut State, uid: &str) -> Result<()> {
+        let Some(client) = st.attached.as_ref().map(|a| a.client.clone()) else {
+            return Ok(());
+        };
+        st.incarnation += 1;
+        let incarnation = st.incarnation;
+        let host_ip = self.net.addr(1).to_string();
+        let Some(e) = st.pods.get_mut(uid) else {
+            return Ok(());
+        };
+        let Some(sb) = &e.sandbox else { return Ok(()) };
+        let plan = &e.plan;
+        let env = podspec::env(&client, &e.pod, &plan.container, &sb.ip.to_string(), &host_ip).await?;
+        let (program, args, user) = match plan.role {
+            Role::Slurmctld => {
+                let mut args = vec!["-D".to_string(), "-i".to_string()];
+                args.extend(plan.args());
+                let user = if plan.run_as_slurm {
+                    User::Slurm
+                } else {
+                    User::Root
+                };
+                (
+                    format!("{}/sbin/slurmctld", sys::path_str(&self.slurm)),
+                    args,
+                    user,
+                )
+            }
+            Role::Slurmd => {
+                // As Slinky's image entrypoint: the arguments are evaluated by a shell.
+                let line = format!(
+                    "exec {} -D -N {} {}",
+                    sys::sh_quote(&format!("{}/sbin/slurmd", sys::path_str(&self.slurm))),
+                    sys::sh_quote(&plan.hostname),
+                    plan.args().join(" ")
+                );
+                ("sh".to_string(), vec!["-c".to_string(), line], User::Root)
+            }
+        };
+        let log = log_path(e);
+        let proc = spawn(
+            sb,
+            &self.slurm,
+            user,
+            &program,
+            &args,
+            &env,
+            &log,
+            ProcKey::Pod(uid.to_string()),
+            incarnation,
+            self.events.clone(),
+        )?;
+        tracing::info!(pod = %plan.name, pid = proc.pid, restarts = e.restarts, "{} started", plan.role);
+        e.proc = Some(proc);
+        e.waiting_since = None;
+        Ok(())
+    }
+
+    /// Start or keep slurmrestd and the client's sackd once the cluster's configuration is known.
+    async fn reconcile_daemons(&self, st: &mut State, now: Instant) {
+        let Some(conf) = st.conf.clone() else { return };
+        let ctld_up = st
+            .pods
+            .values()
+            .any(|e| e.plan.role == Role::Slurmctld && e.proc.is_some() && !e.terminating);
+        if st.client.wanted && st.client.proc.is_none() && now >= st.client.next_start && ctld_up {
+            st.incarnation += 1;
+            let inc = st.incarnation;
+            if let Some(sb) = &st.client.sandbox {
+                let log = sb.dir.join("sackd.out");
+                match spawn(
+                    sb,
+                    &self.slurm,
+                    User::Root,
+                    "sackd",
+                    &["-D".into()],
+                    &[],
+                    &log,
+                    ProcKey::Sackd,
+                    inc,
+                    self.events.clone(),
+                ) {
+                    Ok(p) => st.client.proc = Some(p),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot start sackd in the client sandbox");
+                        st.client.next_start = now + MAX_BACKOFF;
+                    }
+                }
+            }
+        }
+        if st.restd.wanted && st.restd.proc.is_none() && now >= st.restd.next_start && ctld_up {
+            st.incarnation += 1;
+            let inc = st.incarnation;
+            let slurm_conf = conf
+                .iter()
+                .find(|f| f.path == "slurm.conf")
+                .map(|f| String::from_utf8_lossy(&f.data).into_owned())
+                .unwrap_or_default();
+            let mut args = vec!["-a".to_string(), "rest_auth/jwt".to_string()];
+            let accounting = conf_value(&slurm_conf, "AccountingStorageType").unwrap_or_default();
+            if accounting.is_empty() || accounting.ends_with("/none") {
+                // The default plugin set also loads openapi/slurmdbd, which stops slurmrestd
+                // ("Failure loading plugin path bindings") without accounting.
+                args.extend(["-s".to_string(), "openapi/slurmctld".to_string()]);
+            }
+            args.push(format!("0.0.0.0:{RESTD_PORT}"));
+            if let Some(sb) = &st.restd.sandbox {
+                let log = sb.dir.join("slurmrestd.out");
+                let env = [("SLURM_JWT".to_string(), "daemon".to_string())];
+                match spawn(
+                    sb,
+                    &self.slurm,
+                    User::Nobody,
+                    "slurmrestd",
+                    &args,
+                    &env,
+                    &log,
+                    ProcKey::Restd,
+                    inc,
+                    self.events.clone(),
+                ) {
+                    Ok(p) => {
+                        tracing::info!(url = %format!("http://{}:{RESTD_PORT}", sb.ip), pid = p.pid, "slurmrestd started");
+                        st.restd.proc = Some(p);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot start slurmrestd");
+                        st.restd.next_start = now + MAX_BACKOFF;
+                    }
+                }
+            }
+        }
+    }
+}
