@@ -12,7 +12,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
     time::Duration,
 };
 
@@ -28,22 +27,6 @@ use slinky_tests::{
     TestCluster,
     host::{Host, apply, cluster_with_statefulsets},
 };
-
-/// The Slurm build, or `None` after printing why these tests skip. Logs go to the test's
-/// output with `RUST_LOG` (e.g. `slinky_slurm_local=info`).
-fn slurm_or_skip() -> Option<PathBuf> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    match slinky_slurm_local::usable() {
-        Ok(dir) => Some(dir),
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            None
-        }
-    }
-}
 
 /// The documents of a YAML file.
 fn documents(path: &std::path::Path) -> Result<Vec<Value>> {
@@ -347,7 +330,7 @@ impl Case {
 
 /// A case: `docs` must load and agree.
 async fn loads_and_agrees(prefix: &str, docs: Vec<Value>) -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let case = Case::start(&slurm, prefix, &docs).await?;
@@ -360,7 +343,7 @@ async fn loads_and_agrees(prefix: &str, docs: Vec<Value>) -> Result<()> {
 /// (item 1's smoke test: each node runs its step in its own sandbox, under its own hostname).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_cluster_loads_and_srun_answers_from_every_node() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let docs = documents(&slinky_tests::example("slurm-cluster.yaml"))?;
@@ -419,7 +402,7 @@ fn slurm_version(slurm: &std::path::Path) -> Result<(u32, u32)> {
 /// (without its accounting reference) must load as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_need_slurm_25_11_slurmctld_25_05_refuses_metrics_type() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let mut docs = documents(&slinky_tests::example("hpc-cluster.yaml"))?;
@@ -535,7 +518,7 @@ async fn a_controller_setting_every_field_loads_and_agrees() -> Result<()> {
 /// cluster with accounting needs slurmdbd before it serves, which this harness does not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_accounting_reference_slurmctld_loads_then_waits_for_slurmdbd() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let case = Case::start(&slurm, "slurm-acct", &full_cluster(true)?).await?;
@@ -580,7 +563,7 @@ async fn restd_get(h: &SlurmLocal, path: &str) -> Result<(u16, String)> {
 /// killed slurmctld stays down until restarted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_harness_stops_and_starts_daemons_and_runs_the_prestop_hook() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let docs = documents(&slinky_tests::example("slurm-cluster.yaml"))?;

@@ -30,22 +30,6 @@ use tokio::sync::Mutex;
 /// One Slurm at a time: each test runs slurmctld, slurmrestd and a slurmd per pod.
 static TURN: Mutex<()> = Mutex::const_new(());
 
-/// The Slurm build, or `None` after printing why these tests skip.
-fn slurm_or_skip() -> Option<std::path::PathBuf> {
-    // `RUST_LOG=slinky_host=debug,slinky_slurm_local=info` to follow a run.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    match slinky_slurm_local::usable() {
-        Ok(dir) => Some(dir),
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            None
-        }
-    }
-}
-
 /// The example cluster with `replicas` workers in a fresh namespace, its Slurm running locally
 /// and a host asking that Slurm.
 async fn start(
@@ -163,7 +147,7 @@ async fn pod_labels(
 /// protected, and deleted only once the job completed. An admin's drain survives.
 #[tokio::test]
 async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let _turn = TURN.lock().await;
@@ -230,7 +214,7 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
 /// busy one; the job completes.
 #[tokio::test]
 async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let _turn = TURN.lock().await;
@@ -324,7 +308,7 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
 /// uncordoned, they return to service.
 #[tokio::test]
 async fn a_cordoned_kubernetes_node_drains_its_slurm_nodes() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let _turn = TURN.lock().await;
@@ -374,7 +358,7 @@ async fn a_cordoned_kubernetes_node_drains_its_slurm_nodes() -> Result<()> {
 /// slurmrestd stopped: a scale-in deletes nothing and says why; restarted: it completes.
 #[tokio::test]
 async fn a_scale_in_without_slurmrestd_waits_and_completes_when_it_is_back() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let _turn = TURN.lock().await;
@@ -412,7 +396,7 @@ async fn a_scale_in_without_slurmrestd_waits_and_completes_when_it_is_back() -> 
 /// label moves to the one Slurm reports as primary.
 #[tokio::test]
 async fn the_active_label_follows_slurms_primary() -> Result<()> {
-    let Some(slurm) = slurm_or_skip() else {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
     let _turn = TURN.lock().await;

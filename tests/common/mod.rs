@@ -224,3 +224,20 @@ pub fn render_json(files: &[&std::path::Path], extra: &[&str]) -> anyhow::Result
     );
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
+
+/// The Slurm build for the tests judged by a real Slurm (`tests/slurm.rs`, `tests/slurm_drain.rs`),
+/// or `None` after printing why they skip (no build, not root). Also starts test logging
+/// (`RUST_LOG=slinky_host=debug,slinky_slurm_local=info` to follow a run).
+pub fn slurm_or_skip() -> Option<PathBuf> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    match slinky_slurm_local::usable() {
+        Ok(dir) => Some(dir),
+        Err(why) => {
+            eprintln!("skipping: {why}");
+            None
+        }
+    }
+}
