@@ -112,19 +112,25 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
             break;
         }
         if let Err(e) = r {
+            let adding = value.is_some();
             core.event(
                 c,
                 EventType::Warning,
                 "FailedUpdate",
                 format!(
                     "Error {} {} on pod {}: {}",
-                    if value.is_some() { "setting" } else { "removing" },
+                    if adding { "setting" } else { "removing" },
                     keys::LABEL_CONTROLLER_ACTIVE,
                     pod.name_any(),
                     writer::message(&e)
                 ),
             )
             .await;
+            if adding {
+                // The new active pod has no label: the old one keeps it (the Service keeps an
+                // endpoint) until the next look.
+                break;
+            }
         } else if value.is_some() {
             tracing::info!(controller = %c.name_any(), pod = %pod.name_any(), "slurmctld pod is active");
         }
