@@ -34,7 +34,6 @@ use slinky_slurm::Node;
 
 use super::{Pass, plan::DeleteReason, slurm_conditions};
 use crate::reconcile::{
-    events::name_list,
     slurm::{Cluster, Reach, Unavailable, node_name},
     watch::nodes::cordoned,
     writer,
@@ -197,19 +196,7 @@ pub(super) async fn gate(
         })
         .await;
     }
-    if !drained.is_empty() {
-        pass.core()
-            .event(
-                pass.ns,
-                EventType::Normal,
-                "Draining",
-                format!(
-                    "Draining Slurm nodes {}: their pods are deleted once no job runs there",
-                    name_list(&drained)
-                ),
-            )
-            .await;
-    }
+    pass.draining(&drained, "their pods are deleted").await;
     if !waiting.is_empty() {
         pass.wait_for_slurm();
     }

@@ -16,12 +16,11 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::{ResourceExt, runtime::events::EventType};
+use kube::ResourceExt;
 use slinky_api::{Controller, keys::FINALIZER_SLURM_NODES};
 
 use super::{Pass, drain::SlurmView};
 use crate::reconcile::{
-    events::name_list,
     slurm::{Unavailable, node_name},
     writer,
 };
@@ -113,19 +112,7 @@ pub(super) async fn finalize(
                     busy.push(name);
                 }
             }
-            if !drained.is_empty() {
-                pass.core()
-                    .event(
-                        pass.ns,
-                        EventType::Normal,
-                        "Draining",
-                        format!(
-                            "Draining Slurm nodes {}: the NodeSet is deleted once no job runs there",
-                            name_list(&drained)
-                        ),
-                    )
-                    .await;
-            }
+            pass.draining(&drained, "the NodeSet is deleted").await;
             if !busy.is_empty() {
                 pass.waits_for_slurm = true;
             }

@@ -128,6 +128,20 @@ impl Pass<'_> {
         self.slurm_failure.get_or_insert(u);
     }
 
+    /// A Normal `Draining` Event naming the Slurm nodes just drained, and what waits for them.
+    async fn draining(&self, nodes: &[String], until: &str) {
+        if nodes.is_empty() {
+            return;
+        }
+        let note = format!(
+            "Draining Slurm nodes {}: {until} once no job runs there",
+            crate::reconcile::events::name_list(nodes)
+        );
+        self.core()
+            .event(self.ns, EventType::Normal, "Draining", note)
+            .await;
+    }
+
     /// A pod waits for its Slurm node to drain.
     fn wait_for_slurm(&mut self) {
         self.waits_for_slurm = true;

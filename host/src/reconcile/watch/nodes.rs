@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
     runtime::{
-        WatchStreamExt,
         reflector::{Store, store::Writer},
         watcher,
     },
@@ -26,7 +25,6 @@ use crate::reconcile::parents::pod_owners;
 /// Keep what a pass reads of a Node: the cordon and its reason.
 fn slim(node: &mut Node) {
     node.status = None;
-    node.metadata.managed_fields = None;
     node.metadata.labels = None;
     if let Some(a) = node.metadata.annotations.as_mut() {
         a.retain(|k, _| k == keys::ANNOTATION_NODE_CORDON_REASON);
@@ -65,19 +63,14 @@ pub(super) fn node_task(
     t: Triggers,
 ) -> impl Future<Output = ()> + Send + 'static {
     let mut seen: HashMap<String, (bool, Option<String>)> = HashMap::new();
-    let stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .modify(slim)
-        .default_backoff()
-        .reflect(writer)
-        .filter_map(|ev| {
-            futures::future::ready(match ev {
-                Ok(ev) => Some(ev),
-                Err(error) => {
-                    tracing::warn!(%error, kind = "Node", "watch error (retrying)");
-                    None
-                }
-            })
-        });
+    // Nodes have no namespace: none is filtered out.
+    let stream = super::root(
+        Api::<Node>::all(client.clone()),
+        writer,
+        Arc::new(Vec::new()),
+        "Node",
+        slim,
+    );
     let pods = Arc::new(pods);
     stream.for_each(move |ev| {
         let changed: Vec<String> = match &ev {
