@@ -416,6 +416,31 @@ fn a_claim_template_without_a_size_is_an_invalid_spec_naming_the_field() -> Resu
     Ok(())
 }
 
+/// The HA example's metrics with a 25.05 slurmctld image: slurmctld 25.05 refuses
+/// `MetricsType` and never starts (`tests/slurm.rs` shows it on the real build), so the builder
+/// refuses the Controller with a message naming the field, the image and the fix.
+#[test]
+fn metrics_with_a_slurmctld_older_than_25_11_are_an_invalid_spec() -> Result<()> {
+    let old = "ghcr.io/slinkyproject/slurmctld:25.05-ubuntu24.04";
+    let out = build("hpc-cluster.yaml", |p| {
+        if let Parent::Controller(c) = p {
+            c.spec.slurmctld.0["image"] = old.into();
+        }
+    });
+    let Err(e) = out else {
+        anyhow::bail!("metrics with a 25.05 slurmctld were built");
+    };
+    let text = format!("{e:#}");
+    for part in [
+        "spec.metrics.enabled needs Slurm 25.11",
+        old,
+        "set spec.metrics.enabled to false",
+    ] {
+        ensure!(text.contains(part), "{part:?} not in {text}");
+    }
+    Ok(())
+}
+
 #[test]
 fn in_place_reconfigure_adds_the_sidecar_and_leaves_the_config_hash_out() -> Result<()> {
     let objects = build("slurm-cluster.yaml", |p| {

@@ -397,9 +397,10 @@ fn slurm_version(slurm: &std::path::Path) -> Result<(u32, u32)> {
 }
 
 /// A Controller with `metrics.enabled` gets `MetricsType=metrics/openmetrics`, which Slurm
-/// 25.11 brought: slurmctld 25.05 (the examples' `25.05` images) refuses the file (`Parsing
-/// error at unrecognized key: MetricsType`) and never starts. On a 25.11 build the example
-/// (without its accounting reference) must load as it is.
+/// 25.11 brought (the example's images are 25.11 for it): slurmctld 25.05 refuses the file
+/// (`Parsing error at unrecognized key: MetricsType`) and never starts, which is why the builder
+/// refuses metrics with an image tagged older than 25.11 (`tests/golden.rs`). On a 25.11 build
+/// the example (without its accounting reference) must load as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_need_slurm_25_11_slurmctld_25_05_refuses_metrics_type() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {

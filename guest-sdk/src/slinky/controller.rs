@@ -130,6 +130,7 @@ pub fn build_controller_config(
             ..Default::default()
         });
     }
+    check_metrics(controller)?;
     let has_cgroup = controller
         .spec
         .config_file_refs
@@ -145,6 +146,41 @@ pub fn build_controller_config(
         immutable: Some(false),
         ..Default::default()
     })
+}
+
+/// The first Slurm release whose slurmctld knows `MetricsType` (`metrics/openmetrics`).
+pub const METRICS_SINCE: (u32, u32) = (25, 11);
+
+/// The Slurm release an image's tag names (`…/slurmctld:25.05-ubuntu24.04` → `(25, 5)`), when
+/// it starts with `<major>.<minor>`; `None` for tags that name no release (`latest`, digests).
+pub fn slurm_release_of_image(image: &str) -> Option<(u32, u32)> {
+    let image = image.split('@').next().unwrap_or_default();
+    let last = image.rsplit('/').next().unwrap_or_default();
+    let (_, tag) = last.split_once(':')?;
+    let mut parts = tag.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// `spec.metrics.enabled` writes `MetricsType=metrics/openmetrics`, which slurmctld before 25.11
+/// refuses (`Parsing error at unrecognized key: MetricsType`) and then never starts: refused here
+/// when `spec.slurmctld.image`'s tag names an older release, rather than a crash-looping slurmctld.
+fn check_metrics(controller: &Controller) -> Result<(), BuildError> {
+    let spec = &controller.spec;
+    if !spec.metrics.as_ref().is_some_and(|m| m.enabled) {
+        return Ok(());
+    }
+    let image = spec.slurmctld.0["image"].as_str().unwrap_or_default();
+    match slurm_release_of_image(image) {
+        Some(release) if release < METRICS_SINCE => Err(BuildError::invalid(format!(
+            "spec.metrics.enabled needs Slurm {}.{} or later (slurmctld {}.{:02} refuses the \
+             MetricsType line and does not start), but spec.slurmctld.image is {image:?}: use a \
+             {}.{} or later image, or set spec.metrics.enabled to false",
+            METRICS_SINCE.0, METRICS_SINCE.1, release.0, release.1, METRICS_SINCE.0, METRICS_SINCE.1
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Slinky's `BuildControllerServiceInternal`: the headless Service governing the StatefulSet, so
@@ -524,6 +560,68 @@ pub fn build_controller_statefulset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_tags_name_their_slurm_release() {
+        let cases = [
+            ("ghcr.io/slinkyproject/slurmctld:25.05-ubuntu24.04", Some((25, 5))),
+            ("ghcr.io/slinkyproject/slurmctld:25.11.2-rocky9", Some((25, 11))),
+            ("registry:5000/slurmctld:26.05", Some((26, 5))),
+            ("registry:5000/slurmctld", None),
+            ("slurmctld:latest", None),
+            ("slurmctld@sha256:0123", None),
+            ("slurmctld:25.05@sha256:0123", Some((25, 5))),
+        ];
+        for (image, want) in cases {
+            assert_eq!(slurm_release_of_image(image), want, "{image}");
+        }
+    }
+
+    #[test]
+    fn metrics_are_refused_with_a_slurmctld_older_than_25_11() {
+        let controller = |image: &str, metrics: bool| -> Controller {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "slinky.slurm.net/v1beta1", "kind": "Controller",
+                "metadata": {"name": "c", "namespace": "ns"},
+                "spec": {"slurmKeyRef": {"name": "k", "key": "slurm.key"},
+                         "jwtKeyRef": {"name": "j", "key": "jwt.key"},
+                         "slurmctld": {"image": image}, "metrics": {"enabled": metrics}}
+            }))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let inputs = ControllerInputs::default();
+        let old = "ghcr.io/slinkyproject/slurmctld:25.05-ubuntu24.04";
+        let Err(BuildError::InvalidInput(message)) = build_controller_config(&controller(old, true), &inputs)
+        else {
+            panic!("metrics with a 25.05 slurmctld were not refused");
+        };
+        for part in [
+            "spec.metrics.enabled",
+            "25.11",
+            old,
+            "set spec.metrics.enabled to false",
+        ] {
+            assert!(message.contains(part), "{part:?} not in {message}");
+        }
+        for (image, metrics) in [
+            (old, false),
+            ("ghcr.io/slinkyproject/slurmctld:25.11-ubuntu24.04", true),
+            ("mine:latest", true),
+        ] {
+            let config = build_controller_config(&controller(image, metrics), &inputs)
+                .unwrap_or_else(|e| panic!("{image} {metrics}: {e:?}"));
+            let conf = config
+                .data
+                .unwrap_or_default()
+                .remove(SLURM_CONF)
+                .unwrap_or_default();
+            assert_eq!(
+                conf.contains("MetricsType=metrics/openmetrics"),
+                metrics,
+                "{image}"
+            );
+        }
+    }
 
     #[test]
     fn checksums_follow_slinky() {
