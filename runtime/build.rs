@@ -13,6 +13,7 @@ fn main() {
             "nodeset-pod",
             "controller-children",
             "nodeset-children",
+            "restapi-children",
         ],
     );
     for (var, file) in [
@@ -20,6 +21,7 @@ fn main() {
         ("SLINKY_BUNDLED_NODESET_POD", "nodeset_pod.wasm"),
         ("SLINKY_BUNDLED_CONTROLLER_CHILDREN", "controller_children.wasm"),
         ("SLINKY_BUNDLED_NODESET_CHILDREN", "nodeset_children.wasm"),
+        ("SLINKY_BUNDLED_RESTAPI_CHILDREN", "restapi_children.wasm"),
     ] {
         println!("cargo:rustc-env={var}={}", out.join(file).display());
     }

@@ -240,7 +240,7 @@ fn plugin_check_diffs_exactly_the_gpu_changes() -> Result<()> {
     for want in [
         "plugin: gpu-nodeset-pod@0.1.0",
         "kinds: nodeset-pod",
-        "contract: 0.2.0",
+        "contract: 0.3.0",
         "OK: 2 object(s)",
         "2 differing",
     ] {
@@ -310,7 +310,7 @@ fn author_errors_name_the_cause_and_the_fix() -> Result<()> {
             None,
             vec![
                 "contract version 9.9.0",
-                "rebuild it against slinky-guest-sdk 0.2.0",
+                "rebuild it against slinky-guest-sdk 0.3.0",
             ],
         ),
         (
@@ -318,7 +318,7 @@ fn author_errors_name_the_cause_and_the_fix() -> Result<()> {
             wat("no-describe"),
             None,
             vec![
-                "does not export `slinky:builder/plugin@0.2.0`",
+                "does not export `slinky:builder/plugin@0.3.0`",
                 "slinky_guest_sdk::export_plugin!",
             ],
         ),

@@ -13,6 +13,7 @@ fn main() {
             "hostile-children",
             "partial-children",
             "raw",
+            "raw-v2",
             "gpu-nodeset-pod",
         ],
     );

@@ -27,6 +27,7 @@ fn build(file: &str, edit: impl Fn(&mut Parent)) -> Result<BTreeMap<String, Valu
         let meta = match &mut m.parent {
             Parent::Controller(c) => &mut c.metadata,
             Parent::NodeSet(n) => &mut n.metadata,
+            Parent::RestApi(r) => &mut r.metadata,
         };
         meta.uid = Some(format!("uid-{}", meta.name.clone().unwrap_or_default()));
     }

@@ -531,13 +531,13 @@ fn plugin_inspect_reports_describe_digest_and_contract() -> Result<()> {
     let report: Value = serde_saphyr::from_slice(&out.stdout)?;
     assert_eq!(report["name"], "hostile");
     assert_eq!(report["kinds"], serde_json::json!(["nodeset-pod"]));
-    assert_eq!(report["contractVersion"], "0.2.0");
+    assert_eq!(report["contractVersion"], "0.3.0");
     // A plugin built against the first contract is reported as such.
     let out = run(&["plugin", "inspect", &test_plugin("raw").display().to_string()]);
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let raw: Value = serde_saphyr::from_slice(&out.stdout)?;
     assert_eq!(raw["contractVersion"], "0.1.0");
-    assert_eq!(raw["hostContractVersion"], "0.2.0");
+    assert_eq!(raw["hostContractVersion"], "0.3.0");
     let digest = slinky_host::plugins::digest(&std::fs::read(&plugin)?);
     assert_eq!(report["digest"], format!("sha256:{digest}"));
 
@@ -569,7 +569,11 @@ fn one_shot_commands_fill_the_plugin_cache() -> Result<()> {
     let dir = optimized.path().display().to_string();
     let out = run(&["render", "-f", &example, "--plugin-cache-dir", &dir]);
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(artifacts(optimized.path())?, 4, "one artifact per bundled plugin");
+    assert_eq!(
+        artifacts(optimized.path())?,
+        slinky_host::plugins::BuilderKind::ALL.len(),
+        "one artifact per bundled plugin"
+    );
     let again = run(&["render", "-f", &example, "--plugin-cache-dir", &dir]);
     ensure!(
         again.status.success(),

@@ -24,6 +24,7 @@ fn example_objects() -> Result<(NodeSet, Controller)> {
         match m.parent {
             render::Parent::Controller(c) => controller = Some(*c),
             render::Parent::NodeSet(n) => nodeset = Some(*n),
+            render::Parent::RestApi(_) => {}
         }
     }
     let mut nodeset = nodeset.context("example NodeSet")?;
@@ -298,7 +299,7 @@ fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
         (half, "not a loadable wasm component"),
         (
             wat("no-describe"),
-            "does not export `slinky:builder/plugin@0.2.0`",
+            "does not export `slinky:builder/plugin@0.3.0`",
         ),
         (wat("contract-9.9"), "built against contract version 9.9.0"),
         (wat("trapping-describe"), "describe trapped"),
@@ -316,7 +317,7 @@ fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
     // Obeyed: a good plugin from the same engine loads and describes itself.
     let plugin = load(&engine, "hostile")?;
     assert_eq!(plugin.info().name, "hostile");
-    assert_eq!(plugin.info().contract_version, "0.2.0");
+    assert_eq!(plugin.info().contract_version, "0.3.0");
     assert_eq!(plugin.source(), &PluginSource::File(test_plugin("hostile")));
     Ok(())
 }
@@ -541,6 +542,14 @@ fn a_new_plugin_serves_baseline_code_then_switches_to_optimized_code() -> Result
                 .active(BuilderKind::NodesetChildren)
                 .build_nodeset_children_raw(&ctx, &ns, &ctl)?,
         );
+        let restapi = serde_json::to_string(
+            &slinky_api::contract::example_restapi().map_err(|e| anyhow::anyhow!("{e:?}"))?,
+        )?;
+        out.extend(
+            registry
+                .active(BuilderKind::RestapiChildren)
+                .build_restapi_children_raw(&ctx, &restapi, &ctl)?,
+        );
         Ok(out)
     };
     let tiers = |registry: &slinky_host::PluginRegistry| -> Vec<serde_json::Value> {
@@ -572,7 +581,7 @@ fn a_new_plugin_serves_baseline_code_then_switches_to_optimized_code() -> Result
     }
     assert_eq!(
         tiers(&registry),
-        vec![serde_json::json!("optimized"); 4],
+        vec![serde_json::json!("optimized"); BuilderKind::ALL.len()],
         "/plugins shows the tier"
     );
     assert_eq!(
@@ -586,7 +595,11 @@ fn a_new_plugin_serves_baseline_code_then_switches_to_optimized_code() -> Result
         .filter_map(|e| e.ok())
         .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
         .count();
-    assert_eq!(cached, 4, "one optimized artifact per bundled plugin");
+    assert_eq!(
+        cached,
+        BuilderKind::ALL.len(),
+        "one optimized artifact per bundled plugin"
+    );
     let restarted = slinky_host::PluginRegistry::new(&EngineHandle::new(config)?, &[])?;
     for kind in BuilderKind::ALL {
         let plugin = restarted.active(kind);

@@ -30,8 +30,8 @@ use tokio::sync::Mutex;
 /// One Slurm at a time: each test runs slurmctld, slurmrestd and a slurmd per pod.
 static TURN: Mutex<()> = Mutex::const_new(());
 
-/// The example cluster with `replicas` workers in a fresh namespace, its Slurm running locally
-/// and a host asking that Slurm.
+/// The example cluster with `replicas` workers and its RestApi in a fresh namespace, its Slurm
+/// running locally (slurmrestd as the RestApi's Deployment runs it) and a host asking that Slurm.
 async fn start(
     c: &TestCluster,
     slurm: &std::path::Path,
@@ -40,6 +40,7 @@ async fn start(
 ) -> Result<(String, SlurmLocal, Host)> {
     let ns = c.namespace(prefix).await;
     apply_example(c, &ns, replicas).await?;
+    apply_file(c, &ns, "restapi.yaml", |_| {}).await?;
     let harness = SlurmLocal::start(c.client.clone(), slurm, &ns, "slurm").await?;
     let host = host_for(c, &ns, &harness)?;
     Ok((ns, harness, host))
@@ -154,6 +155,22 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "scale-in", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    // The slurmrestd the host asks runs as the RestApi's Deployment says (the real slurmrestd
+    // accepts the builder's args and environment).
+    let restd = eventually(60, || async {
+        h.slurmrestd_command()
+            .await
+            .filter(|c| c.deployment.as_deref() == Some("slurm-restapi"))
+    })
+    .await
+    .context("slurmrestd never ran with the RestApi Deployment's command")?;
+    assert_eq!(restd.args, ["-s", "openapi/slurmctld", "0.0.0.0:6820"]);
+    ensure!(
+        restd
+            .env
+            .contains(&("SLURM_JWT".to_string(), "daemon".to_string())),
+        "{restd:?}"
+    );
     h.exec_ok(&[
         "scontrol",
         "update",

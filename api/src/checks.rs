@@ -20,7 +20,7 @@ pub struct SpecProblem {
 }
 
 impl SpecProblem {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         SpecProblem {
             field: field.into(),
             message: message.into(),

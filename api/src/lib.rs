@@ -32,6 +32,7 @@ pub mod owners;
 pub mod pods;
 /// Kubernetes quantities as numbers.
 pub mod quantity;
+mod restapi;
 mod spec_parts;
 /// Kubernetes' name and value rules.
 pub mod validation;
@@ -44,6 +45,7 @@ pub use nodeset::{
     ControllerReference, NodeSet, NodeSetSpec, NodeSetStatus, Partition, RollingUpdate, ScalingMode, Ssh,
     UpdateStrategy, UpdateStrategyType,
 };
+pub use restapi::{RestApi, RestApiSpec, RestApiStatus, SLURMRESTD_PORT, restapi_key};
 pub use spec_parts::{Metadata, PodTemplate, ServiceSpec};
 pub use wrappers::{ContainerWrapper, PodSpecWrapper, ServiceSpecWrapper, WrapperError};
 

@@ -2,7 +2,7 @@
 //! them with [`crate::export_plugin!`].
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, RestApi};
 
 use crate::{BuildContext, BuildError, Child, ControllerInputs, PodIdentity};
 
@@ -101,6 +101,25 @@ pub trait NodeSetChildrenBuilder {
     fn build_nodeset_children(
         ctx: &BuildContext,
         nodeset: &NodeSet,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, BuildError>;
+}
+
+/// Builds a RestApi's children (Slinky's slurmrestd Deployment and Service, both
+/// `<restapi>-restapi`). Implement it and export it with [`crate::export_plugin!`];
+/// [`crate::slinky::build_restapi_children`] is Slinky's.
+///
+/// # Guarantees and caveats
+/// As [`ControllerChildrenBuilder`]: every object must be in the RestApi's namespace and named
+/// `<restapi>-…`; the allowed kinds are `apps/v1 Deployment` and `v1 Service`.
+pub trait RestApiChildrenBuilder {
+    /// Build the children of `restapi`, whose Controller is `controller`.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid RestApi or an unsupported request.
+    fn build_restapi_children(
+        ctx: &BuildContext,
+        restapi: &RestApi,
         controller: &Controller,
     ) -> Result<Vec<Child>, BuildError>;
 }

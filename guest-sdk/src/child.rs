@@ -1,10 +1,10 @@
-//! One child object of the children builders (contract 0.2.0): a builder returns the list of
+//! One child object of the children builders (contract 0.2.0 on): a builder returns the list of
 //! objects a parent should have, the host applies them (server-side apply) and deletes the ones
 //! it built before and that are no longer in the list.
 
 use crate::BuildError;
 use k8s_openapi::api::{
-    apps::v1::StatefulSet,
+    apps::v1::{Deployment, StatefulSet},
     core::v1::{ConfigMap, Service},
     policy::v1::PodDisruptionBudget,
 };
@@ -18,6 +18,8 @@ pub enum Child {
     Service(Box<Service>),
     /// An `apps/v1 StatefulSet`.
     StatefulSet(Box<StatefulSet>),
+    /// An `apps/v1 Deployment` (a RestApi's slurmrestd, contract 0.3.0 on).
+    Deployment(Box<Deployment>),
     /// A `policy/v1 PodDisruptionBudget`.
     PodDisruptionBudget(Box<PodDisruptionBudget>),
     /// Any object as JSON (with `apiVersion` and `kind`): the host's output policy decides, and
@@ -32,6 +34,7 @@ impl Child {
             Child::ConfigMap(o) => &o.metadata,
             Child::Service(o) => &o.metadata,
             Child::StatefulSet(o) => &o.metadata,
+            Child::Deployment(o) => &o.metadata,
             Child::PodDisruptionBudget(o) => &o.metadata,
             Child::Json(v) => {
                 return v
@@ -49,6 +52,7 @@ impl Child {
             Child::ConfigMap(_) => "ConfigMap",
             Child::Service(_) => "Service",
             Child::StatefulSet(_) => "StatefulSet",
+            Child::Deployment(_) => "Deployment",
             Child::PodDisruptionBudget(_) => "PodDisruptionBudget",
             Child::Json(v) => v
                 .get("kind")
@@ -81,6 +85,14 @@ impl Child {
         }
     }
 
+    /// The Deployment, if this is one.
+    pub fn as_deployment(&self) -> Option<&Deployment> {
+        match self {
+            Child::Deployment(o) => Some(o),
+            _ => None,
+        }
+    }
+
     /// The PodDisruptionBudget, if this is one.
     pub fn as_pod_disruption_budget(&self) -> Option<&PodDisruptionBudget> {
         match self {
@@ -98,6 +110,7 @@ impl Child {
             Child::ConfigMap(o) => crate::to_json(o),
             Child::Service(o) => crate::to_json(o),
             Child::StatefulSet(o) => crate::to_json(o),
+            Child::Deployment(o) => crate::to_json(o),
             Child::PodDisruptionBudget(o) => crate::to_json(o),
             Child::Json(v) => crate::to_json(v),
         }
@@ -124,6 +137,9 @@ impl Child {
             ("apps/v1", "StatefulSet") => {
                 Child::StatefulSet(Box::new(serde_json::from_value(value).map_err(bad)?))
             }
+            ("apps/v1", "Deployment") => {
+                Child::Deployment(Box::new(serde_json::from_value(value).map_err(bad)?))
+            }
             ("policy/v1", "PodDisruptionBudget") => {
                 Child::PodDisruptionBudget(Box::new(serde_json::from_value(value).map_err(bad)?))
             }
@@ -147,6 +163,12 @@ impl From<Service> for Child {
 impl From<StatefulSet> for Child {
     fn from(o: StatefulSet) -> Self {
         Child::StatefulSet(Box::new(o))
+    }
+}
+
+impl From<Deployment> for Child {
+    fn from(o: Deployment) -> Self {
+        Child::Deployment(Box::new(o))
     }
 }
 

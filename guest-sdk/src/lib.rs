@@ -66,13 +66,14 @@ pub mod wit;
 
 pub use builders::{
     ControllerChildrenBuilder, ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder,
+    RestApiChildrenBuilder,
 };
 pub use child::Child;
 pub use k8s_openapi;
 /// The Slinky custom resource types (Controller, NodeSet, …).
 pub use slinky_api as api;
 /// The builder contract, shared with the host: [`BuildContext`], [`PodIdentity`], [`BuildError`],
-/// the Controller's inputs and [`CONTRACT_VERSION`] (`slinky:builder@0.2.0`), the version this
+/// the Controller's inputs and [`CONTRACT_VERSION`] (`slinky:builder@0.3.0`), the version this
 /// SDK builds plugins against.
 pub use slinky_api::contract::{
     BuildContext, BuildError, CONTRACT_VERSION, ConfigMapFiles, ControllerInputs, PodIdentity,
@@ -82,7 +83,8 @@ pub use slinky_api::contract::{
 ///
 /// List the builder kinds the type implements, in any order: `controller_service`
 /// ([`ControllerServiceBuilder`]), `nodeset_pod` ([`NodeSetPodBuilder`]), `controller_children`
-/// ([`ControllerChildrenBuilder`]) and `nodeset_children` ([`NodeSetChildrenBuilder`]). The
+/// ([`ControllerChildrenBuilder`]), `nodeset_children` ([`NodeSetChildrenBuilder`]) and
+/// `restapi_children` ([`RestApiChildrenBuilder`]). The
 /// plugin's name and version are the crate's (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`);
 /// `describe()` reports them with the kinds and [`CONTRACT_VERSION`]. On native targets the macro
 /// expands to nothing, so `cargo test` works.
@@ -181,6 +183,18 @@ macro_rules! __export_plugin {
                 }
             }
 
+            impl __exports::restapi_children::Guest for __SlinkyPlugin {
+                fn build_restapi_children(
+                    ctx: __types::BuildContext,
+                    restapi: ::std::string::String,
+                    controller: ::std::string::String,
+                ) -> ::std::result::Result<::std::vec::Vec<::std::string::String>, __types::BuildError> {
+                    $crate::__if_kind!(restapi_children in [$($kind)+]
+                        { $crate::wit::call_restapi_children::<$ty>(ctx, restapi, controller) }
+                        else { $crate::wit::unsupported("restapi-children") })
+                }
+            }
+
     $crate::wit::__export_full_builder!(__SlinkyPlugin with_types_in $crate::wit);
         };
     };
@@ -202,6 +216,9 @@ macro_rules! __kind {
     (nodeset_children) => {
         $crate::wit::slinky::builder::types::BuilderKind::NodesetChildren
     };
+    (restapi_children) => {
+        $crate::wit::slinky::builder::types::BuilderKind::RestapiChildren
+    };
 }
 
 /// `$yes` when the kind is among the listed kinds, else `$no`.
@@ -212,6 +229,7 @@ macro_rules! __if_kind {
     (nodeset_pod in [nodeset_pod $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
     (controller_children in [controller_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
     (nodeset_children in [nodeset_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    (restapi_children in [restapi_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
     ($kind:ident in [$first:ident $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => {
         $crate::__if_kind!($kind in [$($rest)*] { $($yes)* } else { $($no)* })
     };

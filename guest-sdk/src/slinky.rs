@@ -12,11 +12,12 @@
 //!
 //! The Controller's other children are in [`controller`] (the slurmctld StatefulSet, the
 //! `slurm.conf` ConfigMap, the internal Service; the configuration files in [`conf`]), the
-//! NodeSet's other children in [`workers`].
+//! NodeSet's other children in [`workers`], a RestApi's (slurmrestd) in [`restapi`].
 
 pub mod conf;
 pub mod controller;
 mod pod;
+pub mod restapi;
 pub mod workers;
 
 use k8s_openapi::{
@@ -27,6 +28,7 @@ use slinky_api::{Controller, keys};
 
 pub use controller::build_controller_children;
 pub use pod::{build_nodeset_pod, parse_extra_conf, slurmd_conf};
+pub use restapi::build_restapi_children;
 pub use workers::build_nodeset_children;
 
 use crate::{
@@ -99,26 +101,51 @@ pub fn build_controller_service(_ctx: &BuildContext, controller: &Controller) ->
         ));
     }
     let name = name_of(&controller.metadata, "Controller")?;
-    let svc = &controller.spec.service;
-    let user_spec = svc
-        .spec
-        .to_service_spec()
-        .map_err(|e| BuildError::invalid(format!("spec.service.spec: {e}")))?;
-
     let mut selector = CONTROLLER.selector_labels(&name);
     if controller.spec.ha.as_ref().is_some_and(|ha| ha.enabled) {
         selector.insert(keys::LABEL_CONTROLLER_ACTIVE.into(), "true".into());
     }
-    let mut port = helpers::service_port("slurmctld", svc.port.unwrap_or(SLURMCTLD_PORT), "slurmctld");
-    port.node_port = svc.node_port;
+    let svc = &controller.spec.service;
+    let port = helpers::service_port("slurmctld", svc.port.unwrap_or(SLURMCTLD_PORT), "slurmctld");
+    component_service(
+        &controller.metadata,
+        svc,
+        controller_service_name(&name),
+        &CONTROLLER.labels(&name),
+        selector,
+        port,
+    )
+}
 
+/// Slinky's `common.BuildService`: the user's `spec.service` as the base, the operator's selector
+/// merged into it and its port (with the spec's `nodePort`) appended, external IPs cleared; the
+/// parent's labels, the service's, then the component's; the parent's annotations, then the
+/// service's.
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] for an invalid `spec.service`, or a user port that clashes with
+/// the operator's port by name or number.
+pub fn component_service(
+    meta: &ObjectMeta,
+    svc: &slinky_api::ServiceSpec,
+    name: String,
+    component_labels: &Labels,
+    selector: Labels,
+    mut port: k8s_openapi::api::core::v1::ServicePort,
+) -> Result<Service, BuildError> {
+    let user_spec = svc
+        .spec
+        .to_service_spec()
+        .map_err(|e| BuildError::invalid(format!("spec.service.spec: {e}")))?;
+    port.node_port = svc.node_port;
+    let ours = port.name.clone().unwrap_or_default();
     let mut ports = user_spec.ports.clone().unwrap_or_default();
     if let Some(clash) = ports
         .iter()
         .find(|p| p.port == port.port || (p.name.is_some() && p.name == port.name))
     {
         return Err(BuildError::invalid(format!(
-            "spec.service.spec.ports: port {} ({}) clashes with the slurmctld port {} (name slurmctld); \
+            "spec.service.spec.ports: port {} ({}) clashes with the {ours} port {} (name {ours}); \
              remove it or change spec.service.port",
             clash.port,
             clash.name.as_deref().unwrap_or("unnamed"),
@@ -136,15 +163,14 @@ pub fn build_controller_service(_ctx: &BuildContext, controller: &Controller) ->
         external_ips: None,
         ..user_spec
     };
-    let meta = &controller.metadata;
     Ok(Service {
         metadata: ObjectMeta {
-            name: Some(controller_service_name(&name)),
+            name: Some(name),
             namespace: meta.namespace.clone(),
             labels: non_empty(merge_maps([
                 &meta.labels.clone().unwrap_or_default(),
                 &svc.metadata.labels,
-                &CONTROLLER.labels(&name),
+                component_labels,
             ])),
             annotations: non_empty(merge_maps([
                 &inherited_annotations(meta),

@@ -10,7 +10,7 @@ use crate::{
 };
 
 /// The example inputs, shared with the host (which builds them with every new plugin version).
-pub use slinky_api::contract::{example_controller, example_inputs, example_nodeset};
+pub use slinky_api::contract::{example_controller, example_inputs, example_nodeset, example_restapi};
 
 fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(what: &str, v: &T) -> Result<T, BuildError> {
     crate::from_json(what, &crate::to_json(v)?)
@@ -85,6 +85,23 @@ pub fn call_nodeset_children<B: NodeSetChildrenBuilder>(
     round_trip_children(B::build_nodeset_children(
         &BuildContext::default(),
         &nodeset,
+        &controller,
+    )?)
+}
+
+/// Call `B::build_restapi_children` as the host would: inputs and outputs through JSON.
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_restapi_children<B: crate::RestApiChildrenBuilder>(
+    restapi: &slinky_api::RestApi,
+    controller: &Controller,
+) -> Result<Vec<Child>, BuildError> {
+    let restapi = round_trip("RestApi", restapi)?;
+    let controller = round_trip("Controller", controller)?;
+    round_trip_children(B::build_restapi_children(
+        &BuildContext::default(),
+        &restapi,
         &controller,
     )?)
 }

@@ -5,7 +5,7 @@
 
 use crate::{
     BuildContext, BuildError, ConfigMapFiles, ControllerChildrenBuilder, ControllerInputs,
-    ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity,
+    ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity, RestApiChildrenBuilder,
 };
 
 #[doc(hidden)]
@@ -14,7 +14,7 @@ pub use wit_bindgen::rt as __rt;
 wit_bindgen::generate!({
     world: "full-builder",
     // The current package only: the frozen older versions beside it are the host's concern.
-    path: "../wit/builder@0.2.0",
+    path: "../wit/builder@0.3.0",
     pub_export_macro: true,
     export_macro_name: "__export_full_builder",
     default_bindings_module: "slinky_guest_sdk::wit",
@@ -137,6 +137,23 @@ pub fn call_nodeset_children<T: NodeSetChildrenBuilder>(
         let nodeset = keep(crate::from_json("NodeSet", &nodeset)?);
         let controller = keep(crate::from_json("Controller", &controller)?);
         keep(T::build_nodeset_children(&context(ctx), &nodeset, &controller)?)
+            .iter()
+            .map(crate::Child::to_json)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn call_restapi_children<T: RestApiChildrenBuilder>(
+    ctx: w::BuildContext,
+    restapi: String,
+    controller: String,
+) -> Result<Vec<String>, w::BuildError> {
+    let run = || {
+        let restapi = keep(crate::from_json("RestApi", &restapi)?);
+        let controller = keep(crate::from_json("Controller", &controller)?);
+        keep(T::build_restapi_children(&context(ctx), &restapi, &controller)?)
             .iter()
             .map(crate::Child::to_json)
             .collect::<Result<Vec<_>, _>>()

@@ -1,8 +1,8 @@
 //! The only `bindgen!` of the runtime, and the one place that knows contract versions apart.
 //!
 //! The host's world (`wit/host/world.wit`) exports every interface of every contract version the
-//! runtime loads: `slinky:builder@0.2.0` (`wit/builder@0.2.0`) and `slinky:builder@0.1.0`
-//! (`wit/builder@0.1.0`, frozen). Each version's generated types differ, their shapes do not: the
+//! runtime loads: `slinky:builder@0.3.0` (`wit/builder@0.3.0`), `slinky:builder@0.2.0` and
+//! `slinky:builder@0.1.0` (`wit/builder@0.2.0`, `wit/builder@0.1.0`, frozen). Each version's generated types differ, their shapes do not: the
 //! macros below implement one set of version-free traits ([`ServiceExport`], [`PodExport`], …) for
 //! the generated types of every version from one body, so a call has one path whatever the
 //! version ([`Exports`]).
@@ -24,11 +24,21 @@ use crate::{
 
 wasmtime::component::bindgen!({
     // Older packages first: the host's world refers to all of them.
-    path: ["../wit/builder@0.1.0", "../wit/builder@0.2.0", "../wit/host"],
+    path: ["../wit/builder@0.1.0", "../wit/builder@0.2.0", "../wit/builder@0.3.0", "../wit/host"],
     world: "slinky:host-view/host",
 });
 
-/// The current contract (`slinky:builder@0.2.0`).
+/// The current contract (`slinky:builder@0.3.0`).
+pub mod v3 {
+    pub use super::{
+        exports::slinky::builder0_3_0::{
+            controller_children, controller_service, nodeset_children, nodeset_pod, plugin, restapi_children,
+        },
+        slinky::builder0_3_0::types,
+    };
+}
+
+/// The second contract (`slinky:builder@0.2.0`), still loaded.
 pub mod v2 {
     pub use super::{
         exports::slinky::builder0_2_0::{
@@ -46,8 +56,8 @@ pub mod v1 {
     };
 }
 
-/// Run `$body` with `$v` naming the bindings module of `$contract` (`v1`, `v2`): one body for
-/// every version, for what every version has.
+/// Run `$body` with `$v` naming the bindings module of `$contract` (`v1`, `v2`, `v3`): one body
+/// for every version, for what every version has.
 macro_rules! for_contract {
     ($contract:expr, $v:ident => $body:expr) => {
         match $contract {
@@ -58,6 +68,27 @@ macro_rules! for_contract {
             Contract::V0_2 => {
                 use self::v2 as $v;
                 $body
+            }
+            Contract::V0_3 => {
+                use self::v3 as $v;
+                $body
+            }
+        }
+    };
+}
+
+/// Like [`for_contract!`], for what contract 0.2.0 on has (`None` for 0.1.0).
+macro_rules! from_v2 {
+    ($contract:expr, $v:ident => $body:expr) => {
+        match $contract {
+            Contract::V0_1 => None,
+            Contract::V0_2 => {
+                use self::v2 as $v;
+                Some($body)
+            }
+            Contract::V0_3 => {
+                use self::v3 as $v;
+                Some($body)
             }
         }
     };
@@ -135,6 +166,23 @@ pub(crate) trait NodesetChildrenExport: Send + Sync {
     ) -> CallResult<Vec<String>>;
 }
 
+/// `build-restapi-children` (contract 0.3.0 on).
+pub(crate) trait RestapiChildrenExport: Send + Sync {
+    /// Call it on `instance`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_restapi_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        restapi: &String,
+        controller: &String,
+    ) -> CallResult<Vec<String>>;
+}
+
 /// The builder interfaces a plugin exports, whatever its contract version.
 #[derive(Default)]
 pub(crate) struct Exports {
@@ -142,6 +190,7 @@ pub(crate) struct Exports {
     pub(crate) pod: Option<Box<dyn PodExport>>,
     pub(crate) controller_children: Option<Box<dyn ControllerChildrenExport>>,
     pub(crate) nodeset_children: Option<Box<dyn NodesetChildrenExport>>,
+    pub(crate) restapi_children: Option<Box<dyn RestapiChildrenExport>>,
 }
 
 /// What every contract version has, implemented for the generated types of each from one body.
@@ -221,7 +270,7 @@ macro_rules! every_version {
         }
     )+};
 }
-every_version!(v1, v2);
+every_version!(v1, v2, v3);
 
 impl From<v1::types::BuilderKind> for BuilderKind {
     fn from(k: v1::types::BuilderKind) -> Self {
@@ -243,7 +292,22 @@ impl From<v2::types::BuilderKind> for BuilderKind {
     }
 }
 
-impl ControllerChildrenExport for v2::controller_children::GuestIndices {
+impl From<v3::types::BuilderKind> for BuilderKind {
+    fn from(k: v3::types::BuilderKind) -> Self {
+        match k {
+            v3::types::BuilderKind::ControllerService => BuilderKind::ControllerService,
+            v3::types::BuilderKind::NodesetPod => BuilderKind::NodesetPod,
+            v3::types::BuilderKind::ControllerChildren => BuilderKind::ControllerChildren,
+            v3::types::BuilderKind::NodesetChildren => BuilderKind::NodesetChildren,
+            v3::types::BuilderKind::RestapiChildren => BuilderKind::RestapiChildren,
+        }
+    }
+}
+
+/// What contract 0.2.0 on has, implemented for the generated types of each from one body.
+macro_rules! from_v2_on {
+    ($($v:ident),+) => {$(
+impl ControllerChildrenExport for $v::controller_children::GuestIndices {
     fn build_controller_children(
         &self,
         store: &mut Store<CallState>,
@@ -253,15 +317,15 @@ impl ControllerChildrenExport for v2::controller_children::GuestIndices {
         nodesets: Vec<String>,
         inputs: &ControllerInputs,
     ) -> CallResult<Vec<String>> {
-        let ctx = v2::types::BuildContext::from_host(ctx);
-        let inputs = v2::types::ControllerInputs {
+        let ctx = $v::types::BuildContext::from_host(ctx);
+        let inputs = $v::types::ControllerInputs {
             nodesets,
             slurm_key_hash: inputs.slurm_key_hash.clone(),
             jwt_key_hash: inputs.jwt_key_hash.clone(),
             config_maps: inputs
                 .config_maps
                 .iter()
-                .map(|c| v2::types::ConfigMapFiles {
+                .map(|c| $v::types::ConfigMapFiles {
                     name: c.name.clone(),
                     files: c.files.clone(),
                 })
@@ -274,7 +338,7 @@ impl ControllerChildrenExport for v2::controller_children::GuestIndices {
     }
 }
 
-impl NodesetChildrenExport for v2::nodeset_children::GuestIndices {
+impl NodesetChildrenExport for $v::nodeset_children::GuestIndices {
     fn build_nodeset_children(
         &self,
         store: &mut Store<CallState>,
@@ -283,10 +347,30 @@ impl NodesetChildrenExport for v2::nodeset_children::GuestIndices {
         nodeset: &String,
         controller: &String,
     ) -> CallResult<Vec<String>> {
-        let ctx = v2::types::BuildContext::from_host(ctx);
+        let ctx = $v::types::BuildContext::from_host(ctx);
         let r = self
             .load(&mut *store, instance)?
             .call_build_nodeset_children(store, &ctx, nodeset, controller)?;
+        Ok(r.map_err(GuestError::from))
+    }
+}
+    )+};
+}
+from_v2_on!(v2, v3);
+
+impl RestapiChildrenExport for v3::restapi_children::GuestIndices {
+    fn build_restapi_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        restapi: &String,
+        controller: &String,
+    ) -> CallResult<Vec<String>> {
+        let ctx = v3::types::BuildContext::from_host(ctx);
+        let r = self
+            .load(&mut *store, instance)?
+            .call_build_restapi_children(store, &ctx, restapi, controller)?;
         Ok(r.map_err(GuestError::from))
     }
 }
@@ -330,13 +414,21 @@ pub(crate) fn exports_of(
             }
             // Contract 0.2.0 on (checked above).
             BuilderKind::ControllerChildren => {
-                exports.controller_children = Some(Box::new(
-                    v2::controller_children::GuestIndices::new(pre).map_err(missing)?,
-                ));
+                exports.controller_children = from_v2!(contract, v => {
+                    Box::new(v::controller_children::GuestIndices::new(pre).map_err(missing)?)
+                        as Box<dyn ControllerChildrenExport>
+                });
             }
             BuilderKind::NodesetChildren => {
-                exports.nodeset_children = Some(Box::new(
-                    v2::nodeset_children::GuestIndices::new(pre).map_err(missing)?,
+                exports.nodeset_children = from_v2!(contract, v => {
+                    Box::new(v::nodeset_children::GuestIndices::new(pre).map_err(missing)?)
+                        as Box<dyn NodesetChildrenExport>
+                });
+            }
+            // Contract 0.3.0 on (checked above).
+            BuilderKind::RestapiChildren => {
+                exports.restapi_children = Some(Box::new(
+                    v3::restapi_children::GuestIndices::new(pre).map_err(missing)?,
                 ));
             }
         }

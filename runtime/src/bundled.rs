@@ -19,9 +19,11 @@ pub const NODESET_POD: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_NODESET_POD")
 pub const CONTROLLER_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_CONTROLLER_CHILDREN"));
 /// The bundled `nodeset-children` component.
 pub const NODESET_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_NODESET_CHILDREN"));
+/// The bundled `restapi-children` component.
+pub const RESTAPI_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_RESTAPI_CHILDREN"));
 
 /// Every builder kind.
-pub const KINDS: [BuilderKind; 4] = BuilderKind::ALL;
+pub const KINDS: [BuilderKind; 5] = BuilderKind::ALL;
 
 /// The bundled component for a kind.
 pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
@@ -30,6 +32,7 @@ pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
         BuilderKind::NodesetPod => NODESET_POD,
         BuilderKind::ControllerChildren => CONTROLLER_CHILDREN,
         BuilderKind::NodesetChildren => NODESET_CHILDREN,
+        BuilderKind::RestapiChildren => RESTAPI_CHILDREN,
     }
 }
 
@@ -137,7 +140,7 @@ impl ReloadMetrics {
 /// so a call in flight keeps the version it started with even if another is swapped in.
 pub struct PluginRegistry {
     engine: Arc<EngineHandle>,
-    slots: [Slot; 4],
+    slots: [Slot; 5],
     /// Per-file state of the plugins directory, for `/plugins` (set by the reloader).
     files: Mutex<Vec<serde_json::Value>>,
     plugins_dir: Mutex<Option<PathBuf>>,
@@ -161,7 +164,7 @@ impl PluginRegistry {
     /// # Errors
     /// A file that fails to load, or two files building the same kind.
     pub fn new(engine: &Arc<EngineHandle>, overrides: &[PathBuf]) -> Result<Self, PluginError> {
-        let mut chosen: [Option<Plugin>; 4] = Default::default();
+        let mut chosen: [Option<Plugin>; 5] = Default::default();
         for path in overrides {
             let plugin = Plugin::load_file(engine, path)?;
             for (slot, kind) in chosen.iter_mut().zip(KINDS) {
@@ -180,7 +183,13 @@ impl PluginRegistry {
                 *slot = Some(plugin.clone());
             }
         }
-        let [service, pod, controller_children, nodeset_children] = chosen;
+        let [
+            service,
+            pod,
+            controller_children,
+            nodeset_children,
+            restapi_children,
+        ] = chosen;
         let slot = |chosen: Option<Plugin>, kind| -> Result<Slot, PluginError> {
             let base = match chosen {
                 Some(p) => p,
@@ -200,6 +209,7 @@ impl PluginRegistry {
                 slot(pod, BuilderKind::NodesetPod)?,
                 slot(controller_children, BuilderKind::ControllerChildren)?,
                 slot(nodeset_children, BuilderKind::NodesetChildren)?,
+                slot(restapi_children, BuilderKind::RestapiChildren)?,
             ],
             files: Mutex::new(Vec::new()),
             plugins_dir: Mutex::new(None),

@@ -2,7 +2,7 @@
 //! differences stay in [`crate::bindings`]), the output bounded, then checked by the output policy.
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, RestApi};
 use wasmtime::{Store, component::Instance};
 
 use crate::{
@@ -22,6 +22,7 @@ const BUILD_SERVICE: &str = "build-service";
 const BUILD_POD: &str = "build-pod";
 const BUILD_CONTROLLER_CHILDREN: &str = "build-controller-children";
 const BUILD_NODESET_CHILDREN: &str = "build-nodeset-children";
+const BUILD_RESTAPI_CHILDREN: &str = "build-restapi-children";
 
 impl Plugin {
     /// Call `build-service` and return the raw JSON text, with no output policy applied.
@@ -119,6 +120,29 @@ impl Plugin {
         self.bounded_list(BUILD_NODESET_CHILDREN, out)
     }
 
+    /// Call `build-restapi-children` and return the raw JSON texts, with no output policy applied.
+    ///
+    /// # Errors
+    /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    pub fn build_restapi_children_raw(
+        &self,
+        ctx: &BuildContext,
+        restapi: &String,
+        controller: &String,
+    ) -> Result<Vec<String>, PluginError> {
+        let code = self.code();
+        let export = code.exports.restapi_children.as_ref();
+        let export = export.ok_or_else(|| self.not_a_kind(BuilderKind::RestapiChildren))?;
+        let out = self.call(&code, BUILD_RESTAPI_CHILDREN, |store, instance| {
+            export.build_restapi_children(store, instance, ctx, restapi, controller)
+        })?;
+        self.bounded_list(BUILD_RESTAPI_CHILDREN, out)
+    }
+
     /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
     ///
     /// # Errors
@@ -183,6 +207,25 @@ impl Plugin {
         let ctl_json = self.input(CALL, controller)?;
         let raw = self.build_nodeset_children_raw(ctx, &ns_json, &ctl_json)?;
         policy::nodeset_children(&raw, nodeset, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build a RestApi's children (slurmrestd's Deployment and Service): serialize copies, call
+    /// the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    pub fn build_restapi_children(
+        &self,
+        ctx: &BuildContext,
+        restapi: &RestApi,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_RESTAPI_CHILDREN;
+        let restapi_json = self.input(CALL, restapi)?;
+        let ctl_json = self.input(CALL, controller)?;
+        let raw = self.build_restapi_children_raw(ctx, &restapi_json, &ctl_json)?;
+        policy::restapi_children(&raw, restapi, self, self.allowances())
             .map_err(|reason| self.rejected(CALL, reason))
     }
 

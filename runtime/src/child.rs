@@ -1,5 +1,5 @@
 //! The child objects the children builder kinds (`controller-children`, `nodeset-children`,
-//! contract 0.2.0 on) return, once checked by the output policy: their kinds and their owners.
+//! contract 0.2.0 on; `restapi-children`, 0.3.0 on) return, once checked by the output policy: their kinds and their owners.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::discovery::ApiResource;
@@ -20,15 +20,18 @@ pub enum ChildKind {
     PodDisruptionBudget,
     /// `apps/v1 StatefulSet`.
     StatefulSet,
+    /// `apps/v1 Deployment`.
+    Deployment,
 }
 
 impl ChildKind {
     /// Every kind, in apply order.
-    pub const ALL: [ChildKind; 4] = [
+    pub const ALL: [ChildKind; 5] = [
         ChildKind::ConfigMap,
         ChildKind::Service,
         ChildKind::PodDisruptionBudget,
         ChildKind::StatefulSet,
+        ChildKind::Deployment,
     ];
 
     /// `apiVersion`.
@@ -36,7 +39,7 @@ impl ChildKind {
         match self {
             ChildKind::ConfigMap | ChildKind::Service => "v1",
             ChildKind::PodDisruptionBudget => "policy/v1",
-            ChildKind::StatefulSet => "apps/v1",
+            ChildKind::StatefulSet | ChildKind::Deployment => "apps/v1",
         }
     }
 
@@ -47,6 +50,7 @@ impl ChildKind {
             ChildKind::Service => "Service",
             ChildKind::PodDisruptionBudget => "PodDisruptionBudget",
             ChildKind::StatefulSet => "StatefulSet",
+            ChildKind::Deployment => "Deployment",
         }
     }
 
@@ -57,6 +61,7 @@ impl ChildKind {
             ChildKind::Service => "services",
             ChildKind::PodDisruptionBudget => "poddisruptionbudgets",
             ChildKind::StatefulSet => "statefulsets",
+            ChildKind::Deployment => "deployments",
         }
     }
 

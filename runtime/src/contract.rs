@@ -34,7 +34,7 @@ pub(crate) fn check_contract(
     Err(format!(
         "it does not export `{}` (no describe()); it exports [{}]. Export your builder with \
          `slinky_guest_sdk::export_plugin!`",
-        Contract::V0_2.export_name("plugin"),
+        Contract::ALL[0].export_name("plugin"),
         exports.join(", ")
     ))
 }

@@ -365,6 +365,13 @@ impl Plugin {
                 self.build_nodeset_children(ctx, nodeset, controller)?
             ));
         }
+        if self.builds(BuilderKind::RestapiChildren) {
+            let restapi = self.example_restapi()?;
+            out.push(format!(
+                "{:?}",
+                self.build_restapi_children(ctx, restapi, controller)?
+            ));
+        }
         Ok(out)
     }
 
@@ -384,8 +391,21 @@ impl Plugin {
         })
     }
 
-    /// The children (kind and name) this plugin's `kind` builder (`controller-children` or
-    /// `nodeset-children`) builds from the example inputs; `None` for the other kinds or when the
+    /// The example RestApi, parsed once per process.
+    fn example_restapi(&self) -> Result<&'static slinky_api::RestApi, PluginError> {
+        static EXAMPLE: std::sync::LazyLock<Result<slinky_api::RestApi, String>> =
+            std::sync::LazyLock::new(|| {
+                slinky_api::contract::example_restapi()
+                    .map_err(|e| format!("the example RestApi does not parse: {e}"))
+            });
+        EXAMPLE.as_ref().map_err(|reason| PluginError::Refused {
+            plugin: self.label(),
+            reason: reason.clone(),
+        })
+    }
+
+    /// The children (kind and name) this plugin's `kind` builder (`controller-children`,
+    /// `nodeset-children` or `restapi-children`) builds from the example inputs; `None` for the other kinds or when the
     /// plugin does not build `kind`.
     ///
     /// # Errors
@@ -403,6 +423,9 @@ impl Plugin {
                 self.build_controller_children(ctx, controller, &inputs)?
             }
             BuilderKind::NodesetChildren => self.build_nodeset_children(ctx, nodeset, controller)?,
+            BuilderKind::RestapiChildren => {
+                self.build_restapi_children(ctx, self.example_restapi()?, controller)?
+            }
             BuilderKind::ControllerService | BuilderKind::NodesetPod => return Ok(None),
         };
         Ok(Some(

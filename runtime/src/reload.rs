@@ -337,7 +337,11 @@ impl Reloader {
     /// parent (or, for slurmctld's StatefulSet, report it missing everywhere).
     fn smoke(&self, plugin: &Plugin) -> Result<(), PluginError> {
         plugin.example_builds(&self.config.build)?;
-        for kind in [BuilderKind::ControllerChildren, BuilderKind::NodesetChildren] {
+        for kind in [
+            BuilderKind::ControllerChildren,
+            BuilderKind::NodesetChildren,
+            BuilderKind::RestapiChildren,
+        ] {
             let Some(new) = plugin.example_children(&self.config.build, kind)? else {
                 continue;
             };

@@ -32,6 +32,13 @@ impl SlurmLocal {
         Ok(())
     }
 
+    /// What the running slurmrestd was started with (the RestApi Deployment's container, or the
+    /// harness's own command); `None` while none runs.
+    pub async fn slurmrestd_command(&self) -> Option<supervisor::RestdCommand> {
+        let st = self.shared.state.lock().await;
+        st.restd.proc.as_ref().and(st.restd_command.clone())
+    }
+
     /// Start slurmrestd again and wait (30 s at most) until it accepts connections.
     ///
     /// # Errors

@@ -8,9 +8,12 @@
 //! namespaces, the pod's hostname, a tmpfs `/etc/slurm` filled from the pod's ConfigMap, Secret
 //! and projected volumes as a kubelet mounts them, its emptyDirs and claims as directories, and
 //! an `/etc/hosts` naming every pod (name, hostname, `hostname.subdomain.namespace…`) and
-//! Service (its first running pod). It also runs one slurmrestd for the cluster (as Slinky's
-//! RestApi: `SLURM_JWT=daemon`, `rest_auth/jwt`, as `nobody`), reachable from the root network
-//! namespace at [`SlurmLocal::restapi_url`], and a client sandbox with `sackd` where
+//! Service (its first running pod). It also runs one slurmrestd for the cluster, as `nobody`,
+//! reachable from the root network namespace at [`SlurmLocal::restapi_url`]: with the args and
+//! environment of the oldest RestApi Deployment's `slurmrestd` container in the namespace (so the
+//! real slurmrestd judges what the `restapi-children` builder makes; a changed Deployment
+//! restarts it), else as Slinky's RestApi runs it (`SLURM_JWT=daemon`, `rest_auth/jwt`, `-s
+//! openapi/slurmctld` without accounting). And a client sandbox with `sackd` where
 //! [`SlurmLocal::exec`] runs `scontrol`, `sinfo`, `sbatch`, `squeue`, `srun`.
 //!
 //! ```no_run
@@ -76,6 +79,7 @@ pub use harness::SlurmLocal;
 pub use net::STATE_DIR;
 pub use pod_status::PodProcess;
 pub use podspec::Role;
+pub use supervisor::RestdCommand;
 
 /// Where a Slurm build is looked for: `$REALSLURM_DIR`, then `~/.cache/realslurm`, then
 /// `~/realslurm` (the first holding `sbin/slurmctld`).

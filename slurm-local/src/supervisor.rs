@@ -21,14 +21,18 @@ use std::{
 };
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Pod, Service},
+};
 use kube::{
-    Api, ResourceExt as _,
+    Api, Resource, ResourceExt as _,
     runtime::{WatchStreamExt as _, watcher},
 };
 use tokio::sync::{Mutex, mpsc};
 
 pub(crate) use process::{connects, tail};
+pub use state::RestdCommand;
 pub(crate) use state::{Attachment, RESTD_HOSTNAME, RESTD_PORT, Shared, State};
 use state::{CLIENT_HOSTNAME, Daemon, Event};
 
@@ -69,6 +73,9 @@ impl Shared {
             services: BTreeMap::new(),
             init_pods: None,
             init_services: None,
+            restapis: BTreeMap::new(),
+            init_restapis: None,
+            restd_command: None,
             conf: None,
             restd: Daemon::new(restd, true),
             client: Daemon::new(client, true),
@@ -116,7 +123,8 @@ impl Shared {
         }
     }
 
-    /// Start watching the Controller's namespace (pods and Services), feeding the state task.
+    /// Start watching the Controller's namespace (pods, Services and slurmrestd Deployments),
+    /// feeding the state task.
     pub fn watch(self: &Arc<Self>, a: &Attachment) -> Vec<tokio::task::JoinHandle<()>> {
         let pods = Api::<Pod>::namespaced(a.client.clone(), &a.namespace);
         let services = Api::<Service>::namespaced(a.client.clone(), &a.namespace);
@@ -152,13 +160,30 @@ impl Shared {
                 }
             }
         });
-        vec![p, s]
+        let deployments = Api::<Deployment>::namespaced(a.client.clone(), &a.namespace);
+        let tx = self.events.clone();
+        let d = tokio::spawn(async move {
+            let config = watcher::Config::default().labels("app.kubernetes.io/name=slurmrestd");
+            let mut s = watcher(deployments, config).default_backoff().boxed();
+            while let Some(ev) = s.next().await {
+                match ev {
+                    Ok(ev) => {
+                        if tx.send(Event::Deployment(Box::new(ev))).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "the harness's Deployment watch failed; retrying"),
+                }
+            }
+        });
+        vec![p, s, d]
     }
 
     async fn handle(&self, st: &mut State, ev: Event) {
         match ev {
             Event::Pod(p) => self.pod_event(st, *p),
-            Event::Service(s) => service_event(st, *s),
+            Event::Service(s) => named_event(&mut st.services, &mut st.init_services, *s),
+            Event::Deployment(d) => named_event(&mut st.restapis, &mut st.init_restapis, *d),
             Event::Exited {
                 key,
                 incarnation,
@@ -179,25 +204,31 @@ impl Shared {
     }
 }
 
-fn service_event(st: &mut State, ev: watcher::Event<Service>) {
+/// A watch event of a kind the harness keeps by name (Services, slurmrestd Deployments): `seen`
+/// holds the names of a relist until it is done.
+fn named_event<K: Resource>(
+    map: &mut BTreeMap<String, K>,
+    seen: &mut Option<BTreeSet<String>>,
+    ev: watcher::Event<K>,
+) {
     match ev {
-        watcher::Event::Init => st.init_services = Some(BTreeSet::new()),
-        watcher::Event::InitApply(s) => {
-            if let Some(seen) = st.init_services.as_mut() {
-                seen.insert(s.name_any());
+        watcher::Event::Init => *seen = Some(BTreeSet::new()),
+        watcher::Event::InitApply(o) => {
+            if let Some(seen) = seen.as_mut() {
+                seen.insert(o.name_any());
             }
-            st.services.insert(s.name_any(), s);
+            map.insert(o.name_any(), o);
         }
         watcher::Event::InitDone => {
-            if let Some(seen) = st.init_services.take() {
-                st.services.retain(|n, _| seen.contains(n));
+            if let Some(seen) = seen.take() {
+                map.retain(|n, _| seen.contains(n));
             }
         }
-        watcher::Event::Apply(s) => {
-            st.services.insert(s.name_any(), s);
+        watcher::Event::Apply(o) => {
+            map.insert(o.name_any(), o);
         }
-        watcher::Event::Delete(s) => {
-            st.services.remove(&s.name_any());
+        watcher::Event::Delete(o) => {
+            map.remove(&o.name_any());
         }
     }
 }

@@ -256,6 +256,11 @@ pub async fn apply(c: &TestCluster, ns: &str, v: &serde_json::Value) -> Result<(
                 .patch(&name, &pp, &Patch::Apply(v))
                 .await?,
         ),
+        "RestApi" => drop(
+            Api::<slinky_api::RestApi>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
         other => anyhow::bail!("apply: unexpected kind {other:?}"),
     }
     Ok(())

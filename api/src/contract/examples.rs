@@ -2,12 +2,13 @@
 //! what plugin authors test against and what the host builds with every new plugin version
 //! before it serves.
 
-use crate::{Controller, NodeSet, hash::sha256_hex};
+use crate::{Controller, NodeSet, RestApi, hash::sha256_hex};
 
 use super::{BuildError, ControllerInputs};
 
 const EXAMPLE_CONTROLLER: &str = include_str!("example-controller.json");
 const EXAMPLE_NODESET: &str = include_str!("example-nodeset.json");
+const EXAMPLE_RESTAPI: &str = include_str!("example-restapi.json");
 
 fn parse<T: serde::de::DeserializeOwned>(what: &str, json: &str) -> Result<T, BuildError> {
     serde_json::from_str(json).map_err(|e| BuildError::InvalidInput(format!("cannot parse the {what}: {e}")))
@@ -27,6 +28,14 @@ pub fn example_controller() -> Result<Controller, BuildError> {
 /// Never in practice: the example is checked by this crate's tests.
 pub fn example_nodeset() -> Result<NodeSet, BuildError> {
     parse("example NodeSet", EXAMPLE_NODESET)
+}
+
+/// The example RestApi (`slurm`, for the example Controller).
+///
+/// # Errors
+/// Never in practice: the example is checked by this crate's tests.
+pub fn example_restapi() -> Result<RestApi, BuildError> {
+    parse("example RestApi", EXAMPLE_RESTAPI)
 }
 
 /// Example inputs of `controller`'s children builder: the given NodeSets (sorted by name, as the
@@ -51,6 +60,7 @@ mod tests {
     fn examples_parse() -> Result<(), BuildError> {
         assert_eq!(example_controller()?.metadata.name.as_deref(), Some("slurm"));
         assert_eq!(example_nodeset()?.replicas(), 3);
+        assert_eq!(example_restapi()?.spec.controller_ref.name, "slurm");
         Ok(())
     }
 }

@@ -2,12 +2,20 @@
 //! and what a plugin says about itself.
 
 /// The current contract version: the one the host speaks and the guest SDK builds plugins against
-/// (`slinky:builder@0.2.0`).
-pub const CONTRACT_VERSION: &str = "0.2.0";
+/// (`slinky:builder@0.3.0`).
+pub const CONTRACT_VERSION: &str = "0.3.0";
 /// Every contract version this host loads plugins of, oldest first.
-pub const SUPPORTED_CONTRACTS: [&str; 2] = ["0.1.0", "0.2.0"];
+pub const SUPPORTED_CONTRACTS: [&str; 3] = ["0.1.0", "0.2.0", "0.3.0"];
 /// The package every contract interface belongs to.
 pub const PACKAGE: &str = "slinky:builder";
+
+/// The builder kinds of `0.2.0` (every kind before `restapi-children`).
+const V0_2_KINDS: [BuilderKind; 4] = [
+    BuilderKind::ControllerService,
+    BuilderKind::NodesetPod,
+    BuilderKind::ControllerChildren,
+    BuilderKind::NodesetChildren,
+];
 
 /// A contract version a plugin was built against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -16,17 +24,20 @@ pub enum Contract {
     V0_1,
     /// `slinky:builder@0.2.0`: adds `controller-children` and `nodeset-children`.
     V0_2,
+    /// `slinky:builder@0.3.0`: adds `restapi-children`.
+    V0_3,
 }
 
 impl Contract {
     /// Newest first: the order exports are looked for.
-    pub const ALL: [Contract; 2] = [Contract::V0_2, Contract::V0_1];
+    pub const ALL: [Contract; 3] = [Contract::V0_3, Contract::V0_2, Contract::V0_1];
 
     /// The version text, e.g. `0.2.0`.
     pub fn as_str(self) -> &'static str {
         match self {
             Contract::V0_1 => "0.1.0",
             Contract::V0_2 => "0.2.0",
+            Contract::V0_3 => "0.3.0",
         }
     }
 
@@ -39,7 +50,8 @@ impl Contract {
     pub fn kinds(self) -> &'static [BuilderKind] {
         match self {
             Contract::V0_1 => &[BuilderKind::ControllerService, BuilderKind::NodesetPod],
-            Contract::V0_2 => &BuilderKind::ALL,
+            Contract::V0_2 => &V0_2_KINDS,
+            Contract::V0_3 => &BuilderKind::ALL,
         }
     }
 }
@@ -61,15 +73,18 @@ pub enum BuilderKind {
     ControllerChildren,
     /// NodeSet → the shared worker Service and PodDisruptionBudget, the SSH ConfigMap.
     NodesetChildren,
+    /// RestApi + its Controller → the slurmrestd Deployment and Service.
+    RestapiChildren,
 }
 
 impl BuilderKind {
     /// Every kind, in the order `/plugins` and the metrics list them.
-    pub const ALL: [BuilderKind; 4] = [
+    pub const ALL: [BuilderKind; 5] = [
         BuilderKind::ControllerService,
         BuilderKind::NodesetPod,
         BuilderKind::ControllerChildren,
         BuilderKind::NodesetChildren,
+        BuilderKind::RestapiChildren,
     ];
 
     /// The WIT interface (and CLI) name of the kind.
@@ -79,6 +94,7 @@ impl BuilderKind {
             BuilderKind::NodesetPod => "nodeset-pod",
             BuilderKind::ControllerChildren => "controller-children",
             BuilderKind::NodesetChildren => "nodeset-children",
+            BuilderKind::RestapiChildren => "restapi-children",
         }
     }
 
@@ -87,11 +103,12 @@ impl BuilderKind {
         self as usize
     }
 
-    /// The kind of parent whose children it builds: `Controller` or `NodeSet`.
+    /// The kind of parent whose children it builds: `Controller`, `NodeSet` or `RestApi`.
     pub fn parent(self) -> &'static str {
         match self {
             BuilderKind::ControllerService | BuilderKind::ControllerChildren => "Controller",
             BuilderKind::NodesetPod | BuilderKind::NodesetChildren => "NodeSet",
+            BuilderKind::RestapiChildren => "RestApi",
         }
     }
 }
@@ -154,7 +171,9 @@ mod tests {
     #[test]
     fn versions_know_their_kinds_and_exports() {
         assert_eq!(Contract::V0_1.kinds().len(), 2);
-        assert_eq!(Contract::V0_2.kinds(), &BuilderKind::ALL);
+        assert_eq!(Contract::V0_2.kinds().len(), 4);
+        assert!(!Contract::V0_2.kinds().contains(&BuilderKind::RestapiChildren));
+        assert_eq!(Contract::V0_3.kinds(), &BuilderKind::ALL);
         assert_eq!(
             Contract::V0_2.export_name("plugin"),
             "slinky:builder/plugin@0.2.0"
@@ -162,7 +181,11 @@ mod tests {
         assert_eq!(Contract::ALL[0].as_str(), CONTRACT_VERSION);
         assert_eq!(
             SUPPORTED_CONTRACTS,
-            [Contract::V0_1.as_str(), Contract::V0_2.as_str()]
+            [
+                Contract::V0_1.as_str(),
+                Contract::V0_2.as_str(),
+                Contract::V0_3.as_str()
+            ]
         );
     }
 }

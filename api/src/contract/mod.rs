@@ -9,7 +9,7 @@ mod examples;
 mod inputs;
 mod kinds;
 
-pub use examples::{example_controller, example_inputs, example_nodeset};
+pub use examples::{example_controller, example_inputs, example_nodeset, example_restapi};
 pub use inputs::{ConfigMapFiles, ControllerInputs, MissingReference, secret_hash};
 pub use kinds::{BuilderKind, CONTRACT_VERSION, Contract, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS};
 

@@ -26,13 +26,14 @@ pub struct CheckReport {
     pub ok: bool,
 }
 
-/// The example Controller and NodeSet (the SDK's `testing` examples), as manifests.
+/// The example Controller, NodeSet and RestApi (the SDK's `testing` examples), as manifests.
 ///
 /// # Errors
 /// Never in practice: the examples are tested.
 pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
     let controller = slinky_api::contract::example_controller().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let nodeset = slinky_api::contract::example_nodeset().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let restapi = slinky_api::contract::example_restapi().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(vec![
         Manifest {
             at: "example Controller".into(),
@@ -41,6 +42,10 @@ pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
         Manifest {
             at: "example NodeSet".into(),
             parent: Parent::NodeSet(Box::new(nodeset)),
+        },
+        Manifest {
+            at: "example RestApi".into(),
+            parent: Parent::RestApi(Box::new(restapi)),
         },
     ])
 }
@@ -263,6 +268,7 @@ pub fn check_with(
                 check.nodeset_children(m, n)?;
                 check.pods(m, n)?;
             }
+            Parent::RestApi(r) => check.restapi_children(m, r)?,
         }
     }
     Ok(check.finish())
@@ -386,6 +392,25 @@ impl<'a> Check<'a> {
             n.name_any(),
             m.at
         );
+        self.tally.report_children(&mut self.out, &at, ours, theirs);
+        Ok(())
+    }
+
+    /// A RestApi's children, when the plugin builds them and its Controller is among the inputs.
+    fn restapi_children(&mut self, m: &Manifest, r: &slinky_api::RestApi) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::RestapiChildren) {
+            return Ok(());
+        }
+        let ns = r.namespace().unwrap_or_default();
+        let Some(controller) = self.controllers.iter().copied().find(|c| {
+            c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == r.spec.controller_ref.name
+        }) else {
+            return Ok(());
+        };
+        let base = self.bundled(BuilderKind::RestapiChildren)?;
+        let ours = self.plugin.build_restapi_children(self.ctx, r, controller);
+        let theirs = base.build_restapi_children(self.ctx, r, controller);
+        let at = format!("of RestApi {ns}/{} ({})", r.name_any(), m.at);
         self.tally.report_children(&mut self.out, &at, ours, theirs);
         Ok(())
     }

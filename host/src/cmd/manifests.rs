@@ -73,12 +73,12 @@ pub fn cluster_rules() -> Vec<Value> {
     vec![
         rule(
             &["slinky.slurm.net"],
-            &["controllers", "nodesets"],
+            &["controllers", "nodesets", "restapis"],
             &["get", "list", "watch"],
         ),
         rule(
             &["slinky.slurm.net"],
-            &["controllers/status", "nodesets/status"],
+            &["controllers/status", "nodesets/status", "restapis/status"],
             &["patch"],
         ),
         // The NodeSet's finalizer (its Slurm nodes stay in slurm.conf until their jobs end).
@@ -104,7 +104,7 @@ pub fn cluster_rules() -> Vec<Value> {
         ),
         rule(
             &["apps"],
-            &["statefulsets"],
+            &["statefulsets", "deployments"],
             &["get", "list", "watch", "create", "delete", "patch"],
         ),
         rule(

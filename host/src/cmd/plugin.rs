@@ -64,6 +64,8 @@ pub enum KindArg {
     ControllerChildren,
     /// A NodeSet's other children: the workers' Service and PodDisruptionBudget, the SSH ConfigMap.
     NodesetChildren,
+    /// A RestApi's children: slurmrestd's Deployment and Service.
+    RestapiChildren,
 }
 
 impl From<KindArg> for crate::plugins::BuilderKind {
@@ -73,6 +75,7 @@ impl From<KindArg> for crate::plugins::BuilderKind {
             KindArg::NodesetPod => crate::plugins::BuilderKind::NodesetPod,
             KindArg::ControllerChildren => crate::plugins::BuilderKind::ControllerChildren,
             KindArg::NodesetChildren => crate::plugins::BuilderKind::NodesetChildren,
+            KindArg::RestapiChildren => crate::plugins::BuilderKind::RestapiChildren,
         }
     }
 }

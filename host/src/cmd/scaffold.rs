@@ -124,6 +124,7 @@ pub fn new_plugin(name: &str, kind: BuilderKind, dir: &Path, sdk: Option<&Path>)
         BuilderKind::ControllerService => CONTROLLER_SERVICE_LIB,
         BuilderKind::ControllerChildren => CONTROLLER_CHILDREN_LIB,
         BuilderKind::NodesetChildren => NODESET_CHILDREN_LIB,
+        BuilderKind::RestapiChildren => RESTAPI_CHILDREN_LIB,
     };
     let wasm = PathBuf::from(format!(
         "target/wasm32-wasip2/release/{}.wasm",
@@ -405,6 +406,52 @@ mod tests {
             testing::call_nodeset_children::<{Type}>(&testing::example_nodeset()?, &testing::example_controller()?)?;
         let names: Vec<&str> = children.iter().map(Child::name).collect();
         assert_eq!(names, ["slurm-workers-slurm", "slurm-workers-pdb-slurm"]);
+        Ok(())
+    }
+}
+"#;
+
+const RESTAPI_CHILDREN_LIB: &str = r#"//! {name}: a slinky-host `restapi-children` builder.
+//!
+//! It starts from Slinky's children of a RestApi (`slinky::build_restapi_children`: slurmrestd's
+//! Deployment and Service); change them in `build_restapi_children`.
+
+use slinky_guest_sdk::{
+    BuildContext, BuildError, Child, RestApiChildrenBuilder,
+    api::{Controller, RestApi},
+    slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl RestApiChildrenBuilder for {Type} {
+    fn build_restapi_children(
+        ctx: &BuildContext,
+        restapi: &RestApi,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut children = slinky::build_restapi_children(ctx, restapi, controller)?;
+        // Change the children here (each must be named `<restapi>-…`).
+        Ok(children)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [restapi_children]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_children() -> Result<(), BuildError> {
+        let children =
+            testing::call_restapi_children::<{Type}>(&testing::example_restapi()?, &testing::example_controller()?)?;
+        let names: Vec<&str> = children.iter().map(Child::name).collect();
+        assert_eq!(names, ["slurm-restapi", "slurm-restapi"]);
         Ok(())
     }
 }

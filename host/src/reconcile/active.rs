@@ -71,7 +71,7 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
         return Some(HA_RECHECK);
     }
     let core = ctx.core.as_ref();
-    let primary = match core.slurm.reach(c, &ctx.caches.children.services).await {
+    let primary = match core.slurm.reach(c, &ctx.caches).await {
         Reach::On(cluster) => match cluster.client().ping().await {
             Ok(pings) => slinky_slurm::in_control(&pings).map(|p| p.hostname.clone()),
             Err(e) => {

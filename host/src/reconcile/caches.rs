@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::{
-    apps::v1::StatefulSet,
+    apps::v1::{Deployment, StatefulSet},
     core::v1::{ConfigMap, Pod, Service},
     policy::v1::PodDisruptionBudget,
 };
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, RestApi};
 
 use crate::plugins::ChildKind;
 
@@ -19,12 +19,14 @@ use crate::plugins::ChildKind;
 pub struct Caches {
     /// Pods.
     pub pods: Store<Pod>,
-    /// Services, ConfigMaps, StatefulSets and PodDisruptionBudgets.
+    /// Services, ConfigMaps, StatefulSets, Deployments and PodDisruptionBudgets.
     pub children: ChildCaches,
     /// Controllers.
     pub controllers: Store<Controller>,
     /// NodeSets.
     pub nodesets: Store<NodeSet>,
+    /// RestApis.
+    pub restapis: Store<RestApi>,
     /// Kubernetes Nodes, slimmed to their cordon (not waited for at start: a host without RBAC
     /// on Nodes still reconciles).
     pub nodes: Store<k8s_openapi::api::core::v1::Node>,
@@ -38,8 +40,10 @@ impl Caches {
         synced(&self.children.configmaps).await;
         synced(&self.children.statefulsets).await;
         synced(&self.children.pdbs).await;
+        synced(&self.children.deployments).await;
         synced(&self.controllers).await;
         synced(&self.nodesets).await;
+        synced(&self.restapis).await;
     }
 }
 
@@ -73,6 +77,8 @@ pub struct ChildCaches {
     pub statefulsets: Store<StatefulSet>,
     /// PodDisruptionBudgets.
     pub pdbs: Store<PodDisruptionBudget>,
+    /// Deployments.
+    pub deployments: Store<Deployment>,
 }
 
 fn get<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Value>
@@ -104,6 +110,7 @@ impl ChildCaches {
             ChildKind::ConfigMap => get(&self.configmaps, ns, name),
             ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
             ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
+            ChildKind::Deployment => get(&self.deployments, ns, name),
         }
     }
 
@@ -114,6 +121,7 @@ impl ChildCaches {
             ChildKind::ConfigMap => list(&self.configmaps, ns),
             ChildKind::StatefulSet => list(&self.statefulsets, ns),
             ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
+            ChildKind::Deployment => list(&self.deployments, ns),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod leader;
 mod nodeset;
 mod parents;
 mod pass;
+mod restapi;
 pub mod rollout;
 pub mod secrets;
 pub mod slurm;
@@ -42,7 +43,7 @@ use kube::{
     Client, Resource,
     runtime::{Controller as KubeController, events::Reporter, reflector::Store, watcher},
 };
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, RestApi};
 
 pub use crate::metrics::{ReconcileMetrics as Metrics, WriteMetrics};
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
@@ -185,7 +186,7 @@ fn receiver_stream<T: Send + 'static>(
 fn queue<K>(
     store: &Store<K>,
     triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
-    builders: [BuilderKind; 2],
+    builders: &[BuilderKind],
     plugins: &Arc<PluginRegistry>,
     events: &Events,
     config: &RunConfig,
@@ -202,7 +203,7 @@ where
 {
     let mut ctl =
         KubeController::for_stream(no_watch::<K>(), store.clone()).reconcile_on(receiver_stream(triggers));
-    for kind in builders {
+    for &kind in builders {
         ctl = ctl.reconcile_on(rollout::on_swap(
             plugins.clone(),
             kind,
@@ -238,10 +239,11 @@ fn log_reconcile<T, E: std::fmt::Display>(
     }
 }
 
-/// The two controllers of a host.
+/// The controllers of a host.
 struct Queues {
     controllers: KubeController<Controller>,
     nodesets: KubeController<NodeSet>,
+    restapis: KubeController<RestApi>,
 }
 
 /// Run the watches, and both controllers once every cache has synced, until `shutdown` completes.
@@ -256,6 +258,7 @@ async fn run(
     // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
     // Controllers are known would report its Controller missing.
     let (controller_ctx, nodeset_ctx) = contexts;
+    let restapi_ctx = controller_ctx.clone();
     nodeset_ctx.caches.synced().await;
     ready.store(true, Ordering::SeqCst);
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -277,11 +280,20 @@ async fn run(
             nodeset_ctx,
         )
         .for_each(log_reconcile("nodeset"));
+    let restapis_run = queues
+        .restapis
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            restapi::reconcile,
+            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
+            restapi_ctx,
+        )
+        .for_each(log_reconcile("restapi"));
     let trigger = async move {
         shutdown.await;
         let _ = tx_shutdown.send(());
     };
-    tokio::join!(controllers_run, nodesets_run, trigger);
+    tokio::join!(controllers_run, nodesets_run, restapis_run, trigger);
     caches.abort();
     ready.store(false, Ordering::SeqCst);
 }
@@ -326,7 +338,7 @@ pub fn start(
         controllers: queue(
             &watches.caches.controllers,
             watches.controller_triggers,
-            [BuilderKind::ControllerService, BuilderKind::ControllerChildren],
+            &[BuilderKind::ControllerService, BuilderKind::ControllerChildren],
             &plugins,
             &events,
             &config,
@@ -335,7 +347,16 @@ pub fn start(
         nodesets: queue(
             &watches.caches.nodesets,
             watches.nodeset_triggers,
-            [BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
+            &[BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
+            &plugins,
+            &events,
+            &config,
+            &allowed,
+        ),
+        restapis: queue(
+            &watches.caches.restapis,
+            watches.restapi_triggers,
+            &[BuilderKind::RestapiChildren],
             &plugins,
             &events,
             &config,

@@ -1,12 +1,13 @@
 //! Which parents a watch event concerns: the NodeSets of a Controller, the NodeSets sharing a
-//! Controller's workers' objects, the parents of a child object, the NodeSets of a pod.
+//! Controller's workers' objects, the RestApis of a Controller, the parents of a child object,
+//! the NodeSets of a pod.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     ResourceExt,
     runtime::reflector::{ObjectRef, Store},
 };
-use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX};
+use slinky_api::{Controller, NodeSet, RestApi, checks::WORKER_SUBDOMAIN_PREFIX};
 
 /// The NodeSets that reference the Controller `c_name` of namespace `c_ns`.
 pub(super) fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> Vec<ObjectRef<NodeSet>> {
@@ -16,6 +17,24 @@ pub(super) fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> V
         .filter(|n| n.controller_namespace() == c_ns && n.spec.controller_ref.name == c_name)
         .map(|n| ObjectRef::from_obj(n.as_ref()))
         .collect()
+}
+
+/// The RestApis of namespace `ns` that reference the Controller `controller` (of their namespace).
+pub(super) fn restapis_of(store: &Store<RestApi>, ns: &str, controller: &str) -> Vec<ObjectRef<RestApi>> {
+    store
+        .state()
+        .iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns) && r.spec.controller_ref.name == controller)
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// The parents a child object concerns.
+#[derive(Debug, Default)]
+pub(super) struct ChildParents {
+    pub(super) controllers: Vec<ObjectRef<Controller>>,
+    pub(super) nodesets: Vec<ObjectRef<NodeSet>>,
+    pub(super) restapis: Vec<ObjectRef<RestApi>>,
 }
 
 /// The NodeSets of namespace `ns` that reference the Controller `controller` of namespace
@@ -36,26 +55,32 @@ pub(super) fn nodesets_sharing(
         .collect()
 }
 
-/// The parents a child object concerns: its controlling Controller or NodeSet, the NodeSets that
-/// own it (shared workers' objects), or (for an object holding a name the host builds) the
-/// parent that would build it.
+/// The parents a child object concerns: its controlling Controller, NodeSet or RestApi, the
+/// NodeSets that own it (shared workers' objects), or (for an object holding a name the host
+/// builds) the parent that would build it.
 pub(super) fn child_parents(
     meta: &kube::api::ObjectMeta,
     nodesets: &Store<NodeSet>,
     controllers: &Store<Controller>,
-) -> (Vec<ObjectRef<Controller>>, Vec<ObjectRef<NodeSet>>) {
+    restapis: &Store<RestApi>,
+) -> ChildParents {
     let ns = meta.namespace.clone().unwrap_or_default();
     let name = meta.name.clone().unwrap_or_default();
     let mut ctl = Vec::new();
     let mut sets = Vec::new();
+    let mut rest = Vec::new();
     for o in meta.owner_references.iter().flatten() {
         match o.kind.as_str() {
             "Controller" if o.controller == Some(true) => ctl.push(ObjectRef::new(&o.name).within(&ns)),
             "NodeSet" => sets.push(ObjectRef::new(&o.name).within(&ns)),
+            "RestApi" if o.controller == Some(true) => rest.push(ObjectRef::new(&o.name).within(&ns)),
             _ => {}
         }
     }
-    if ctl.is_empty() && sets.is_empty() {
+    if ctl.is_empty() && sets.is_empty() && rest.is_empty() {
+        if let Some(r) = name.strip_suffix("-restapi") {
+            rest.push(ObjectRef::new(r).within(&ns));
+        }
         // A name the host builds, held by an object no parent owns (or owned by a stranger).
         let controller = name
             .strip_suffix("-controller-internal")
@@ -76,7 +101,12 @@ pub(super) fn child_parents(
     }
     ctl.retain(|r| controllers.get(r).is_some());
     sets.retain(|r| nodesets.get(r).is_some());
-    (ctl, sets)
+    rest.retain(|r| restapis.get(r).is_some());
+    ChildParents {
+        controllers: ctl,
+        nodesets: sets,
+        restapis: rest,
+    }
 }
 
 /// The NodeSets a pod concerns: its controlling NodeSet, or, for a pod no NodeSet controls, the

@@ -76,6 +76,9 @@ where
                     BuilderKind::NodesetChildren => {
                         "the workers' Service, PodDisruptionBudget and SSH ConfigMap are re-applied"
                     }
+                    BuilderKind::RestapiChildren => {
+                        "slurmrestd's Deployment and Service are re-applied (slurmrestd rolls)"
+                    }
                 };
                 st.note = format!(
                     "{kind} builder is now {} (digest {}, from {}); {what}",

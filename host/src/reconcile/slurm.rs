@@ -3,8 +3,10 @@
 //!
 //! # Guarantees
 //! * A Controller's slurmrestd is the `--slurmrestd-url` given for it (or for every Controller),
-//!   else `http://<controller>-restapi.<namespace>:6820` while that Service exists (the RestApi's
-//!   Service as Slinky's Helm chart names it). Without either, the Controller's Slurm is
+//!   else the Service of the oldest RestApi that references it, `http://<restapi>-restapi.<ns>:6820`
+//!   (as Slinky; the port is the RestApi's `spec.service.port` if set), else
+//!   `http://<controller>-restapi.<namespace>:6820` while that Service exists (a slurmrestd this
+//!   host does not build, named as Slinky's Helm chart names it). Without any, the Controller's Slurm is
 //!   [`Reach::Off`]: its NodeSets behave as Slinky's without a Slurm client (pods are deleted
 //!   without a drain) and say so in their status.
 //! * With a slurmrestd, Slurm is **fail-closed**: when it cannot be asked (no JWT key, no
@@ -24,15 +26,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use kube::{
     Api, ResourceExt,
     runtime::reflector::{ObjectRef, Store},
 };
-use slinky_api::Controller;
+use slinky_api::{Controller, RestApi};
 use slinky_slurm::{Client, Node, jwt::Tokens};
 
-use super::locked;
+use super::{Caches, locked};
 
 /// How long a node list is shared between passes.
 pub const NODES_TTL: Duration = Duration::from_secs(1);
@@ -223,21 +225,27 @@ impl SlurmClients {
     }
 
     /// Where `c`'s slurmrestd is, if anywhere.
-    fn url_of(&self, c: &Controller, services: &Store<Service>) -> Option<String> {
+    fn url_of(&self, c: &Controller, caches: &Caches) -> Option<String> {
         let ns = c.namespace().unwrap_or_default();
         let key = format!("{ns}/{}", c.name_any());
         if let Some(url) = self.urls.exact.get(&key).or(self.urls.all.as_ref()) {
             return Some(url.clone());
         }
+        if let Some(r) = oldest_restapi(&caches.restapis, &ns, &c.name_any()) {
+            let port = r.spec.service.port.unwrap_or(i32::from(RESTAPI_PORT));
+            return Some(format!("http://{}.{ns}:{port}", r.restapi_key()));
+        }
         let service = format!("{}-restapi", c.name_any());
-        services
+        caches
+            .children
+            .services
             .get(&ObjectRef::new(&service).within(&ns))
             .map(|_| format!("http://{service}.{ns}:{RESTAPI_PORT}"))
     }
 
     /// `c`'s Slurm: its client, or why there is none.
-    pub async fn reach(&self, c: &Controller, services: &Store<Service>) -> Reach {
-        let Some(url) = self.url_of(c, services) else {
+    pub async fn reach(&self, c: &Controller, caches: &Caches) -> Reach {
+        let Some(url) = self.url_of(c, caches) else {
             return Reach::Off;
         };
         let key = format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
@@ -345,6 +353,20 @@ pub fn node_name(pod: &k8s_openapi::api::core::v1::Pod) -> String {
         .unwrap_or_else(|| pod.name_any())
 }
 
+/// The oldest RestApi of namespace `ns` that references the Controller `controller` (by
+/// creation time, then name; being deleted ones left out): the one whose slurmrestd Slinky talks to.
+fn oldest_restapi(store: &Store<RestApi>, ns: &str, controller: &str) -> Option<Arc<RestApi>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|r| r.namespace().as_deref() == Some(ns) && r.spec.controller_ref.name == controller)
+        .filter(|r| r.metadata.deletion_timestamp.is_none())
+        .min_by(|a, b| {
+            let at = |r: &RestApi| r.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            at(a).cmp(&at(b)).then_with(|| a.name_any().cmp(&b.name_any()))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +386,38 @@ mod tests {
         let urls = Urls::parse(&["http://h:6820/?a=b".into()]);
         assert_eq!(urls.all.as_deref(), Some("http://h:6820/?a=b"));
         assert!(urls.exact.is_empty());
+    }
+
+    /// Slinky's rule: the oldest RestApi of the Controller (then by name), never one being deleted
+    /// or another Controller's or namespace's.
+    #[test]
+    fn the_oldest_restapi_of_the_controller_serves_it() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let (store, mut writer) = kube::runtime::reflector::store::<RestApi>();
+        let restapi = |name: &str, ns: &str, controller: &str, created: i64, deleting: bool| {
+            let mut r = RestApi::new(name, Default::default());
+            r.metadata.namespace = Some(ns.into());
+            r.metadata.uid = Some(format!("{ns}-{name}"));
+            r.spec.controller_ref.name = controller.into();
+            let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap_or_default());
+            r.metadata.creation_timestamp = Some(at(created));
+            r.metadata.deletion_timestamp = deleting.then(|| at(created + 1));
+            r
+        };
+        for r in [
+            restapi("young", "slurm", "slurm", 300, false),
+            restapi("b-old", "slurm", "slurm", 100, false),
+            restapi("a-old", "slurm", "slurm", 100, false),
+            restapi("oldest-going", "slurm", "slurm", 10, true),
+            restapi("other-controller", "slurm", "big", 1, false),
+            restapi("other-namespace", "elsewhere", "slurm", 1, false),
+        ] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(r));
+        }
+        let pick = |ns: &str, c: &str| oldest_restapi(&store, ns, c).map(|r| r.name_any());
+        assert_eq!(pick("slurm", "slurm").as_deref(), Some("a-old"));
+        assert_eq!(pick("slurm", "big").as_deref(), Some("other-controller"));
+        assert_eq!(pick("slurm", "none"), None);
     }
 
     #[test]

@@ -1,15 +1,16 @@
-//! The output policy of the children builders (`controller-children`, `nodeset-children`): each
+//! The output policy of the children builders (`controller-children`, `nodeset-children`,
+//! `restapi-children`): each
 //! object must be of a kind the builder kind may return, in the parent's namespace, named for its
 //! parent, valid as the API server checks it, and not listed twice. The host sets owner references
 //! (the parent as controller, or every NodeSet of the Controller for the shared workers' objects)
-//! and the builder annotations, on a StatefulSet's pod template too.
+//! and the builder annotations, on a StatefulSet's or Deployment's pod template too.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::{
     Metadata,
     api::{
-        apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy},
+        apps::v1::{Deployment, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy},
         core::v1::{ConfigMap, Service},
         policy::v1::PodDisruptionBudget,
     },
@@ -18,7 +19,9 @@ use k8s_openapi::{
 use kube::ResourceExt;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet, checks::WORKER_SUBDOMAIN_PREFIX, keys, labels::Labels, validation};
+use slinky_api::{
+    Controller, NodeSet, RestApi, checks::WORKER_SUBDOMAIN_PREFIX, keys, labels::Labels, validation,
+};
 
 use super::{
     Allowances,
@@ -37,6 +40,59 @@ const NODESET_KINDS: [ChildKind; 3] = [
     ChildKind::ConfigMap,
 ];
 
+/// The children a `restapi-children` builder may return: slurmrestd's Deployment and Service.
+const RESTAPI_KINDS: [ChildKind; 2] = [ChildKind::Deployment, ChildKind::Service];
+
+/// Check and finish a `build-restapi-children` output: a Deployment and Services, each named
+/// `<restapi>-…` and controlled by the RestApi; the Deployment selects exactly the RestApi's
+/// slurmrestd pods (Slinky's selector labels). `allow` is what the host lets them reach.
+///
+/// # Errors
+/// The rule an object broke, naming the object.
+pub fn restapi_children(
+    raw: &[String],
+    restapi: &RestApi,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Vec<Child>, String> {
+    let name = restapi.name_any();
+    let prefix = format!("{name}-");
+    let rules = Rules {
+        allow,
+        pods: PodGrants::of_restapi(restapi),
+        service: Some((
+            restapi.restapi_key(),
+            ServiceGrants::asked_by(&restapi.spec.service, "RestApi"),
+        )),
+    };
+    let selector = slinky_api::labels::RESTAPI.selector_labels(&name);
+    let mut out = Vec::new();
+    for (i, text) in raw.iter().enumerate() {
+        let child = check(text, restapi, plugin, &RESTAPI_KINDS, "restapi-children", &rules)
+            .map_err(|e| format!("object {i}: {e}"))?;
+        let at = child.describe();
+        if !child.name().starts_with(&prefix) {
+            return Err(format!(
+                "{at}: a RestApi's children must be named `{prefix}…` (so a builder cannot take \
+                 another object's name)"
+            ));
+        }
+        if child.kind == ChildKind::Deployment {
+            let have: Labels = child
+                .object
+                .pointer("/spec/selector/matchLabels")
+                .cloned()
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            require_labels("spec.selector.matchLabels", &have, &selector)
+                .map_err(|e| format!("{at}: {e}"))?;
+        }
+        out.push(child);
+    }
+    no_duplicates(&out)?;
+    Ok(out)
+}
+
 /// Check and finish a `build-controller-children` output; `allow` is what the host lets it
 /// reach.
 ///
@@ -54,6 +110,7 @@ pub fn controller_children(
     let rules = Rules {
         allow,
         pods: PodGrants::of_controller(controller),
+        service: None,
     };
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
@@ -142,6 +199,7 @@ pub fn nodeset_children(
     let rules = Rules {
         allow,
         pods: PodGrants::of_nodeset(nodeset),
+        service: None,
     };
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
@@ -199,6 +257,8 @@ fn forbidden_hint(api_version: &str, kind: &str) -> &'static str {
 struct Rules<'a> {
     allow: &'a Allowances,
     pods: PodGrants,
+    /// The Service the parent's `spec.service` customises, by name, and what it asks for.
+    service: Option<(String, ServiceGrants)>,
 }
 
 /// Parse, check and finish one object: its kind is one of `allowed`, then the checks common to
@@ -243,13 +303,17 @@ where
     let object = match child_kind {
         ChildKind::ConfigMap => finish::<ConfigMap, P>(value, parent, plugin, allow, config_map_problems)?,
         ChildKind::Service => {
-            finish::<Service, P>(value, parent, plugin, allow, |s| service_problems(s, allow))?
+            finish::<Service, P>(value, parent, plugin, allow, |s| service_problems(s, rules))?
         }
         ChildKind::PodDisruptionBudget => {
             finish::<PodDisruptionBudget, P>(value, parent, plugin, allow, pdb_problems)?
         }
         ChildKind::StatefulSet => finish::<StatefulSet, P>(value, parent, plugin, allow, |s| {
             statefulset_problems(s, plugin, rules)
+        })?,
+        ChildKind::Deployment => finish::<Deployment, P>(value, parent, plugin, allow, |d| {
+            let spec = &mut d.spec;
+            template_problems(&spec.selector, &mut spec.template, plugin, rules)
         })?,
     };
     Ok(Child {
@@ -320,11 +384,16 @@ fn config_map_problems(cm: &mut ConfigMap) -> Result<(), String> {
 }
 
 /// A valid name; `ClusterIP`, no external IPs, unless the host allows exposing it (only the
-/// `controller-service` builder's Service may be what the Controller's `spec.service` asks for).
-fn service_problems(svc: &mut Service, allow: &Allowances) -> Result<(), String> {
+/// Service a parent's `spec.service` customises may be what it asks for: the `controller-service`
+/// builder's, a RestApi's `<restapi>-restapi`).
+fn service_problems(svc: &mut Service, rules: &Rules<'_>) -> Result<(), String> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     dns1035_label(&name).map_err(|why| format!("the Service name is invalid: {why}"))?;
-    allowances::service_spec(svc.spec.as_ref(), &ServiceGrants::default(), allow)
+    let grants = match &rules.service {
+        Some((customised, grants)) if *customised == name => grants,
+        _ => &ServiceGrants::default(),
+    };
+    allowances::service_spec(svc.spec.as_ref(), grants, rules.allow)
 }
 
 fn pdb_problems(pdb: &mut PodDisruptionBudget) -> Result<(), String> {
@@ -340,9 +409,8 @@ fn pdb_problems(pdb: &mut PodDisruptionBudget) -> Result<(), String> {
 /// The claim retention of every StatefulSet the host applies (`whenDeleted`, `whenScaled`).
 const RETAIN: &str = "Retain";
 
-/// A StatefulSet's pod template: labels matching its selector, valid containers, nothing past the
-/// parent's grants (unless allowed); the host puts the builder annotations on the template too,
-/// so a new builder rolls its pods; its claims are retained whatever the builder says.
+/// A StatefulSet: its claims are retained whatever the builder says; its pod template as
+/// [`template_problems`] checks it.
 fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin, rules: &Rules<'_>) -> Result<(), String> {
     let spec = &mut sts.spec;
     // Its claims outlive it, whatever the builder says: slurmctld's state save claim must survive
@@ -359,11 +427,23 @@ fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin, rules: &Rules<'_
         when_deleted: Some(RETAIN.into()),
         when_scaled: Some(RETAIN.into()),
     });
-    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    template_problems(&spec.selector, &mut spec.template, plugin, rules)
+}
+
+/// A workload's pod template (a StatefulSet's, a Deployment's): labels matching its selector,
+/// valid containers, nothing past the parent's grants (unless allowed); the host puts the builder
+/// annotations on the template too, so a new builder rolls its pods.
+fn template_problems(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    template: &mut k8s_openapi::api::core::v1::PodTemplateSpec,
+    plugin: &Plugin,
+    rules: &Rules<'_>,
+) -> Result<(), String> {
+    let selector = selector.match_labels.clone().unwrap_or_default();
     if selector.is_empty() {
         return Err("spec.selector.matchLabels is required".into());
     }
-    let template_meta = spec.template.metadata.get_or_insert_default();
+    let template_meta = template.metadata.get_or_insert_default();
     require_labels(
         "spec.template.metadata.labels",
         template_meta.labels.as_ref().unwrap_or(&Default::default()),
@@ -379,13 +459,9 @@ fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin, rules: &Rules<'_
         ..Default::default()
     };
     metadata_problems(&template_check).map_err(|e| format!("spec.template.{e}"))?;
-    // The StatefulSet controller copies the template's finalizers to every pod.
+    // The workload controllers copy the template's finalizers to every pod.
     allowances::finalizers("spec.template.metadata", template_meta, rules.allow)?;
-    let pod = spec
-        .template
-        .spec
-        .as_ref()
-        .ok_or("spec.template.spec is required")?;
+    let pod = template.spec.as_ref().ok_or("spec.template.spec is required")?;
     if pod.containers.is_empty() {
         return Err("spec.template.spec has no containers".into());
     }

@@ -7,7 +7,7 @@ use super::{
     hosts::write_in_place,
     local_conf::conf_value,
     process::{connects, log_path, spawn},
-    state::{CONF_SERVER_WAIT, MAX_BACKOFF, ProcKey, RESTD_PORT, Shared, State},
+    state::{CONF_SERVER_WAIT, MAX_BACKOFF, ProcKey, RESTD_PORT, RestdCommand, Shared, State},
 };
 use crate::{
     error::Result,
@@ -192,40 +192,42 @@ impl Shared {
                 }
             }
         }
+        let slurm_conf = conf
+            .iter()
+            .find(|f| f.path == "slurm.conf")
+            .map(|f| String::from_utf8_lossy(&f.data).into_owned())
+            .unwrap_or_default();
+        let command = restd_command(st, &slurm_conf);
+        if let (Some(p), Some(running)) = (&st.restd.proc, &st.restd_command)
+            && *running != command
+        {
+            // As a Deployment rolls its pods: the new command once this one has stopped.
+            tracing::info!(from = ?command.deployment, "slurmrestd's command changed; restarting it");
+            crate::sys::signal(p.pid, rustix::process::Signal::TERM);
+            st.restd_command = None;
+        }
         if st.restd.wanted && st.restd.proc.is_none() && now >= st.restd.next_start && ctld_up {
             st.incarnation += 1;
             let inc = st.incarnation;
-            let slurm_conf = conf
-                .iter()
-                .find(|f| f.path == "slurm.conf")
-                .map(|f| String::from_utf8_lossy(&f.data).into_owned())
-                .unwrap_or_default();
-            let mut args = vec!["-a".to_string(), "rest_auth/jwt".to_string()];
-            let accounting = conf_value(&slurm_conf, "AccountingStorageType").unwrap_or_default();
-            if accounting.is_empty() || accounting.ends_with("/none") {
-                // The default plugin set also loads openapi/slurmdbd, which stops slurmrestd
-                // ("Failure loading plugin path bindings") without accounting.
-                args.extend(["-s".to_string(), "openapi/slurmctld".to_string()]);
-            }
-            args.push(format!("0.0.0.0:{RESTD_PORT}"));
             if let Some(sb) = &st.restd.sandbox {
                 let log = sb.dir.join("slurmrestd.out");
-                let env = [("SLURM_JWT".to_string(), "daemon".to_string())];
                 match spawn(
                     sb,
                     &self.slurm,
                     User::Nobody,
                     "slurmrestd",
-                    &args,
-                    &env,
+                    &command.args,
+                    &command.env,
                     &log,
                     ProcKey::Restd,
                     inc,
                     self.events.clone(),
                 ) {
                     Ok(p) => {
-                        tracing::info!(url = %format!("http://{}:{RESTD_PORT}", sb.ip), pid = p.pid, "slurmrestd started");
+                        tracing::info!(url = %format!("http://{}:{RESTD_PORT}", sb.ip), pid = p.pid,
+                            from = ?command.deployment, args = ?command.args, "slurmrestd started");
                         st.restd.proc = Some(p);
+                        st.restd_command = Some(command);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot start slurmrestd");
@@ -234,5 +236,50 @@ impl Shared {
                 }
             }
         }
+    }
+}
+
+/// How slurmrestd runs: as the oldest RestApi Deployment's `slurmrestd` container says (its args
+/// and plain environment, judged by the real slurmrestd), else the harness's own command (JWT
+/// auth, `SLURM_JWT=daemon`, `-s openapi/slurmctld` without accounting, on port 6820).
+fn restd_command(st: &State, slurm_conf: &str) -> RestdCommand {
+    let oldest = st.restapis.values().min_by(|a, b| {
+        let at =
+            |d: &k8s_openapi::api::apps::v1::Deployment| d.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        at(a)
+            .cmp(&at(b))
+            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    let container = oldest.and_then(|d| {
+        let pod = d.spec.template.spec.as_ref()?;
+        pod.containers
+            .iter()
+            .find(|c| c.name == "slurmrestd")
+            .map(|c| (d, c))
+    });
+    if let Some((d, c)) = container {
+        return RestdCommand {
+            deployment: d.metadata.name.clone(),
+            args: c.args.clone().unwrap_or_default(),
+            env: c
+                .env
+                .iter()
+                .flatten()
+                .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+                .collect(),
+        };
+    }
+    let mut args = vec!["-a".to_string(), "rest_auth/jwt".to_string()];
+    let accounting = conf_value(slurm_conf, "AccountingStorageType").unwrap_or_default();
+    if accounting.is_empty() || accounting.ends_with("/none") {
+        // The default plugin set also loads openapi/slurmdbd, which stops slurmrestd
+        // ("Failure loading plugin path bindings") without accounting.
+        args.extend(["-s".to_string(), "openapi/slurmctld".to_string()]);
+    }
+    args.push(format!("0.0.0.0:{RESTD_PORT}"));
+    RestdCommand {
+        deployment: None,
+        args,
+        env: vec![("SLURM_JWT".to_string(), "daemon".to_string())],
     }
 }

@@ -8,7 +8,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{Pod, Service},
+};
 use kube::runtime::watcher;
 use tokio::sync::{Mutex, mpsc, watch};
 
@@ -25,6 +28,8 @@ pub(crate) enum Event {
     Pod(Box<watcher::Event<Pod>>),
     /// A Service watch event.
     Service(Box<watcher::Event<Service>>),
+    /// A watch event of a slurmrestd Deployment (a RestApi's).
+    Deployment(Box<watcher::Event<Deployment>>),
     /// A process exited.
     Exited {
         /// Whose.
@@ -91,6 +96,18 @@ pub(crate) struct Entry {
     pub last_error: Option<String>,
 }
 
+/// How slurmrestd is started: the container of a RestApi's Deployment (its args and plain env),
+/// or the harness's own command when the namespace has no RestApi.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestdCommand {
+    /// The Deployment it comes from, if any.
+    pub deployment: Option<String>,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its environment.
+    pub env: Vec<(String, String)>,
+}
+
 /// A harness daemon that is not a pod (slurmrestd, sackd).
 #[derive(Debug)]
 pub(crate) struct Daemon {
@@ -139,6 +156,11 @@ pub(crate) struct State {
     /// UIDs and names seen during a watch's initial list.
     pub(super) init_pods: Option<BTreeSet<String>>,
     pub(super) init_services: Option<BTreeSet<String>>,
+    /// The namespace's slurmrestd Deployments (`app.kubernetes.io/name=slurmrestd`), by name.
+    pub restapis: BTreeMap<String, Deployment>,
+    pub(super) init_restapis: Option<BTreeSet<String>>,
+    /// What the running slurmrestd was started with.
+    pub restd_command: Option<RestdCommand>,
     /// The Controller's `/etc/slurm` as its slurmctld reads it (after the harness's changes).
     pub conf: Option<Vec<File>>,
     pub restd: Daemon,

@@ -52,12 +52,12 @@ pub enum RenderError {
     },
     /// A NodeSet's Controller is not among the inputs.
     #[error(
-        "{at}: NodeSet {nodeset} references Controller {controller}, which is not in the input; add it (render needs the Controller to build pods)"
+        "{at}: {nodeset} references Controller {controller}, which is not in the input; add it (render needs the Controller to build its children)"
     )]
     MissingController {
-        /// Where the NodeSet is.
+        /// Where the NodeSet (or RestApi) is.
         at: String,
-        /// `namespace/name` of the NodeSet.
+        /// `NodeSet namespace/name` (or `RestApi namespace/name`).
         nodeset: String,
         /// `namespace/name` of the missing Controller.
         controller: String,
@@ -82,6 +82,8 @@ pub enum Parent {
     Controller(Box<Controller>),
     /// A NodeSet.
     NodeSet(Box<NodeSet>),
+    /// A RestApi.
+    RestApi(Box<slinky_api::RestApi>),
 }
 
 /// A parent and where it was read from.
@@ -157,7 +159,7 @@ impl References {
         let ns = controller.namespace().unwrap_or_default();
         let nodesets = manifests.iter().filter_map(|m| match &m.parent {
             Parent::NodeSet(n) => Some(n.as_ref()),
-            Parent::Controller(_) => None,
+            Parent::Controller(_) | Parent::RestApi(_) => None,
         });
         let (inputs, missing) = ControllerInputs::gather(
             controller,
@@ -273,7 +275,7 @@ pub fn render_with(
                     .find(|c| c.namespace().as_deref() == Some(ctl_ns) && c.name_any() == ctl_name)
                     .ok_or_else(|| RenderError::MissingController {
                         at: m.at.clone(),
-                        nodeset: key(&ns, &n.name_any()),
+                        nodeset: format!("NodeSet {}", key(&ns, &n.name_any())),
                         controller: key(ctl_ns, ctl_name),
                     })?;
                 // What the host would refuse with an InvalidSpec condition, render refuses too.
@@ -292,7 +294,7 @@ pub fn render_with(
                     .iter()
                     .filter_map(|m| match &m.parent {
                         Parent::NodeSet(o) => Some(o.as_ref()),
-                        Parent::Controller(_) => None,
+                        Parent::Controller(_) | Parent::RestApi(_) => None,
                     })
                     .filter(|o| o.shares_workers_with(n))
                     .collect();
@@ -316,6 +318,31 @@ pub fn render_with(
                     children.push(Child::Pod(Box::new(pod)));
                 }
             }
+            Parent::RestApi(r) => {
+                let ns = r.namespace().unwrap_or_default();
+                let ctl_name = r.spec.controller_ref.name.as_str();
+                let object = format!("RestApi {}", key(&ns, &r.name_any()));
+                if let Some(problem) = slinky_api::checks::summary(&r.spec_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("RestApi {}: {problem}", r.name_any()),
+                    });
+                }
+                let controller = controllers
+                    .iter()
+                    .find(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == ctl_name)
+                    .ok_or_else(|| RenderError::MissingController {
+                        at: m.at.clone(),
+                        nodeset: object.clone(),
+                        controller: key(&ns, ctl_name),
+                    })?;
+                let plugin = plugins.active(BuilderKind::RestapiChildren);
+                let mut built = plugin
+                    .build_restapi_children(ctx, r, controller)
+                    .map_err(build_error(&m.at, object))?;
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
+            }
         }
     }
     Ok(children)
@@ -327,7 +354,7 @@ pub fn controllers(manifests: &[Manifest]) -> Vec<&Controller> {
         .iter()
         .filter_map(|m| match &m.parent {
             Parent::Controller(c) => Some(c.as_ref()),
-            Parent::NodeSet(_) => None,
+            Parent::NodeSet(_) | Parent::RestApi(_) => None,
         })
         .collect()
 }

@@ -207,8 +207,19 @@ fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), Re
             });
             Ok(())
         }
+        (API_VERSION, "RestApi") => {
+            let mut r: slinky_api::RestApi =
+                serde_json::from_value(value).map_err(|e| invalid(format!("invalid RestApi: {e}")))?;
+            default_namespace(&mut r.metadata);
+            require_name(&r.metadata).map_err(invalid)?;
+            out.push(Manifest {
+                at: at.to_string(),
+                parent: Parent::RestApi(Box::new(r)),
+            });
+            Ok(())
+        }
         _ => Err(invalid(format!(
-            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller and NodeSet objects, and the v1 Secrets and ConfigMaps they reference"
+            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller, NodeSet and RestApi objects, and the v1 Secrets and ConfigMaps they reference"
         ))),
     }
 }

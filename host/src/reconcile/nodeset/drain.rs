@@ -53,12 +53,7 @@ impl SlurmView {
     /// Ask the Controller's Slurm for its nodes (at most once per Controller per
     /// [`crate::reconcile::slurm::NODES_TTL`]).
     pub(super) async fn read(pass: &Pass<'_>, controller: &slinky_api::Controller) -> SlurmView {
-        match pass
-            .core()
-            .slurm
-            .reach(controller, &pass.ctx.caches.children.services)
-            .await
-        {
+        match pass.core().slurm.reach(controller, &pass.ctx.caches).await {
             Reach::Off => SlurmView::Off,
             Reach::Failed(u) => SlurmView::Failed(u),
             Reach::On(cluster) => match cluster.nodes().await {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{
-    apps::v1::StatefulSet,
+    apps::v1::{Deployment, StatefulSet},
     core::v1::{ConfigMap, Pod, Service},
     policy::v1::PodDisruptionBudget,
 };
@@ -37,14 +37,16 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet, keys};
+use slinky_api::{Controller, NodeSet, RestApi, keys};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::{
     caches::{Caches, ChildCaches},
     expectations::Expectations,
 };
-use triggers::{Triggers, child_task, config_map_task, controller_task, nodeset_task, pod_task};
+use triggers::{
+    Triggers, child_task, config_map_task, controller_task, nodeset_task, pod_task, restapi_task,
+};
 
 /// The caches and the reconcile triggers derived from their watches.
 pub struct Watches {
@@ -56,6 +58,8 @@ pub struct Watches {
     /// Controllers to reconcile (their children, referenced ConfigMaps, NodeSets or themselves
     /// changed).
     pub controller_triggers: UnboundedReceiver<ObjectRef<Controller>>,
+    /// RestApis to reconcile (their children, their Controller or themselves changed).
+    pub restapi_triggers: UnboundedReceiver<ObjectRef<RestApi>>,
     /// Drives the watches; runs until dropped.
     pub task: BoxFuture<'static, ()>,
 }
@@ -186,16 +190,21 @@ pub fn start(
     let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
     let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
     let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
+    let (deployments, deploy_writer) = reflector::store::<Deployment>();
+    let (restapis, restapi_writer) = reflector::store::<RestApi>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
     let (nodes, node_writer) = reflector::store::<k8s_openapi::api::core::v1::Node>();
     let (nodeset_tx, nodeset_triggers) = unbounded_channel();
     let (controller_tx, controller_triggers) = unbounded_channel();
+    let (restapi_tx, restapi_triggers) = unbounded_channel();
     let t = Triggers {
         nodesets: nodesets.clone(),
         controllers: controllers.clone(),
+        restapis: restapis.clone(),
         nodeset_tx,
         controller_tx,
+        restapi_tx,
     };
     let scope = Scope {
         client,
@@ -218,6 +227,12 @@ pub fn start(
         "PodDisruptionBudget",
         t.clone(),
     );
+    let deploy_task = child_task(
+        scope.watch(deploy_writer, "Deployment", |_| {}),
+        "Deployment",
+        t.clone(),
+    );
+    let restapi_task = restapi_task(scope.watch(restapi_writer, "RestApi", |_| {}), t.clone());
     let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
     let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
     // Key Secrets are polled by name, not watched (see `secrets`).
@@ -237,6 +252,8 @@ pub fn start(
             cm_task,
             sts_task,
             pdb_task,
+            deploy_task,
+            restapi_task,
             ctl_task,
             ns_task,
             secret_task,
@@ -251,13 +268,16 @@ pub fn start(
                 configmaps,
                 statefulsets,
                 pdbs,
+                deployments,
             },
             controllers,
             nodesets,
+            restapis,
             nodes,
         },
         nodeset_triggers,
         controller_triggers,
+        restapi_triggers,
         task: Box::pin(task),
     }
 }

@@ -17,13 +17,13 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, RestApi};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sightings::PodObserver;
 use crate::reconcile::{
     expectations::Expectations,
-    parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners},
+    parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners, restapis_of},
 };
 
 fn send<K: Resource<DynamicType = ()>>(tx: &UnboundedSender<ObjectRef<K>>, obj: ObjectRef<K>) {
@@ -81,13 +81,15 @@ impl SeenInputs {
 }
 
 /// Where watch events send reconciles: the parent caches (to find whom an event concerns) and
-/// the two trigger channels.
+/// the trigger channels.
 #[derive(Clone)]
 pub(super) struct Triggers {
     pub(super) nodesets: Store<NodeSet>,
     pub(super) controllers: Store<Controller>,
+    pub(super) restapis: Store<RestApi>,
     pub(super) nodeset_tx: UnboundedSender<ObjectRef<NodeSet>>,
     pub(super) controller_tx: UnboundedSender<ObjectRef<Controller>>,
+    pub(super) restapi_tx: UnboundedSender<ObjectRef<RestApi>>,
 }
 
 impl Triggers {
@@ -97,6 +99,17 @@ impl Triggers {
 
     fn controller(&self, obj: ObjectRef<Controller>) {
         send(&self.controller_tx, obj);
+    }
+
+    fn restapi(&self, obj: ObjectRef<RestApi>) {
+        send(&self.restapi_tx, obj);
+    }
+
+    /// Every cached RestApi.
+    fn all_restapis(&self) {
+        for r in self.restapis.state() {
+            self.restapi(ObjectRef::from_obj(r.as_ref()));
+        }
     }
 
     /// Every cached NodeSet.
@@ -117,14 +130,22 @@ impl Triggers {
     fn child_event(&self, kind: &'static str, ev: &watcher::Event<kube::api::ObjectMeta>) {
         match ev {
             watcher::Event::Apply(meta) | watcher::Event::Delete(meta) => {
-                let (c, n) = child_parents(meta, &self.nodesets, &self.controllers);
-                tracing::trace!(kind, controllers = c.len(), nodesets = n.len(), "child event");
-                c.into_iter().for_each(|r| self.controller(r));
-                n.into_iter().for_each(|r| self.nodeset(r));
+                let p = child_parents(meta, &self.nodesets, &self.controllers, &self.restapis);
+                tracing::trace!(
+                    kind,
+                    controllers = p.controllers.len(),
+                    nodesets = p.nodesets.len(),
+                    restapis = p.restapis.len(),
+                    "child event"
+                );
+                p.controllers.into_iter().for_each(|r| self.controller(r));
+                p.nodesets.into_iter().for_each(|r| self.nodeset(r));
+                p.restapis.into_iter().for_each(|r| self.restapi(r));
             }
             watcher::Event::InitDone => {
                 self.all_controllers();
                 self.all_nodesets();
+                self.all_restapis();
             }
             _ => {}
         }
@@ -186,8 +207,8 @@ pub(super) fn config_map_task(
     })
 }
 
-/// Controllers: the Controller itself and its NodeSets (which build with it), when what they read
-/// of it changed ([`Inputs`]); on a deletion, its NodeSets.
+/// Controllers: the Controller itself, its NodeSets and its RestApis (which build with it), when
+/// what they read of it changed ([`Inputs`]); on a deletion, its NodeSets and RestApis.
 pub(super) fn controller_task(
     controllers: impl Stream<Item = watcher::Event<Controller>> + Send + 'static,
     t: Triggers,
@@ -198,6 +219,9 @@ pub(super) fn controller_task(
             let ns = c.namespace().unwrap_or_default();
             for n in nodesets_of(&t.nodesets, &ns, &c.name_any()) {
                 t.nodeset(n);
+            }
+            for r in restapis_of(&t.restapis, &ns, &c.name_any()) {
+                t.restapi(r);
             }
         };
         match &ev {
@@ -213,6 +237,7 @@ pub(super) fn controller_task(
                 seen.reset(&t.controllers.state());
                 t.all_controllers();
                 t.all_nodesets();
+                t.all_restapis();
             }
             _ => {}
         }
@@ -265,6 +290,27 @@ pub(super) fn nodeset_task(
                 expectations.retain_owners(&live);
                 seen.reset(&state);
                 t.all_nodesets();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// RestApis: the RestApi, when what a pass reads of it changed ([`Inputs`]); its Controller's
+/// slurmrestd address follows the oldest RestApi (read from the cache at each Slurm call).
+pub(super) fn restapi_task(
+    restapis: impl Stream<Item = watcher::Event<RestApi>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut seen = SeenInputs::default();
+    restapis.for_each(move |ev| {
+        match &ev {
+            watcher::Event::Apply(r) if seen.changed(r) => t.restapi(ObjectRef::from_obj(r)),
+            watcher::Event::Delete(r) => seen.forget(r),
+            watcher::Event::InitDone => {
+                seen.reset(&t.restapis.state());
+                t.all_restapis();
             }
             _ => {}
         }

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, PodSpec, SecurityContext};
-use slinky_api::{ContainerWrapper, Controller, NodeSet, PodSpecWrapper};
+use slinky_api::{ContainerWrapper, Controller, NodeSet, PodSpecWrapper, RestApi};
 
 use super::{Allow, Allowances, refused};
 
@@ -84,6 +84,14 @@ impl PodGrants {
         grants.container(&spec.slurmctld, "slurmctld");
         grants.container(&spec.reconfigure, "reconfigure");
         grants.container(&spec.logfile, "logfile");
+        grants
+    }
+
+    /// A RestApi's slurmrestd pods: its template and `spec.slurmrestd`; Slinky grants them no
+    /// privileges (they run as `nobody`).
+    pub(crate) fn of_restapi(restapi: &RestApi) -> Self {
+        let mut grants = Self::of_template("RestApi", &restapi.spec.template.spec);
+        grants.container(&restapi.spec.slurmrestd, "slurmrestd");
         grants
     }
 

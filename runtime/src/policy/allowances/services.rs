@@ -12,23 +12,33 @@ use super::{Allow, Allowances, refused};
 pub(crate) struct ServiceGrants {
     type_: Option<String>,
     load_balancer_ip: Option<String>,
+    /// Whose `spec.service.spec` asked for them (`Controller`, `RestApi`).
+    whose: &'static str,
 }
 
 impl ServiceGrants {
     /// The Controller's Service (`<controller>-controller`): the type and `loadBalancerIP` of
     /// `spec.service.spec` (the bundled builder drops its `externalIPs`).
     pub(crate) fn of_controller_service(controller: &Controller) -> Self {
-        let asked = controller.spec.service.spec.to_service_spec().unwrap_or_default();
+        Self::asked_by(&controller.spec.service, "Controller")
+    }
+
+    /// The Service a parent's `spec.service` customises (a RestApi's `<restapi>-restapi`): the
+    /// type and `loadBalancerIP` of its `spec.service.spec`.
+    pub(crate) fn asked_by(service: &slinky_api::ServiceSpec, whose: &'static str) -> Self {
+        let asked = service.spec.to_service_spec().unwrap_or_default();
         ServiceGrants {
             type_: asked.type_,
             load_balancer_ip: asked.load_balancer_ip,
+            whose,
         }
     }
 
     fn granted(&self) -> String {
         match &self.type_ {
             Some(t) => format!(
-                "Slinky's builder makes this Service ClusterIP or, as the Controller's spec.service.spec asks, {t}"
+                "Slinky's builder makes this Service ClusterIP or, as the {}'s spec.service.spec asks, {t}",
+                self.whose
             ),
             None => "Slinky's builders make ClusterIP Services".into(),
         }
