@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use kube::{
     Api,
-    api::{DeleteParams, DynamicObject},
+    api::{DeleteParams, DynamicObject, Patch, PatchParams},
 };
 use serde_json::{Value, json};
 use slinky_api::{RestApi, conditions};
@@ -273,9 +273,23 @@ async fn a_restapi_gets_its_deployment_and_service_and_keeps_them() -> Result<()
         host.handles.writes.snapshot()
     );
 
-    // Someone deletes the Deployment: the host makes it again, without waiting for a resync.
+    // Someone scales the Deployment: the host applies what its builder says again.
     let api: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &ns, &ChildKind::Deployment.api_resource());
+    api.patch(
+        "slurm-restapi",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 5}})),
+    )
+    .await?;
+    let restored = eventually(30, || async {
+        let d = object(&c, &ns, ChildKind::Deployment, "slurm-restapi").await?;
+        (d["spec"]["replicas"] == 1).then_some(())
+    })
+    .await;
+    ensure!(restored.is_some(), "the edited Deployment was not applied again");
+
+    // Someone deletes the Deployment: the host makes it again, without waiting for a resync.
     let old_uid = d["metadata"]["uid"].clone();
     api.delete("slurm-restapi", &DeleteParams::default()).await?;
     let back = eventually(30, || async {
@@ -318,6 +332,45 @@ async fn a_restapi_gets_its_deployment_and_service_and_keeps_them() -> Result<()
             .await
             .is_none(),
         "a RestApi without its Controller got a Deployment"
+    );
+
+    // Its Controller appears: the RestApi gets its children and is Ready.
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["metadata"]["name"] = "nope".into();
+        }
+    })
+    .await?;
+    let found = eventually(30, || async {
+        object(&c, &ns, ChildKind::Deployment, "orphan-restapi").await?;
+        let ready = condition(&c, &ns, "orphan", conditions::READY).await?;
+        let missing = condition(&c, &ns, "orphan", conditions::CONTROLLER_NOT_FOUND).await;
+        (ready["status"] == "True" && missing.is_none()).then_some(())
+    })
+    .await;
+    ensure!(
+        found.is_some(),
+        "the RestApi did not recover once its Controller appeared"
+    );
+
+    // The Controller goes: the RestApi says so and keeps what it has.
+    Api::<slinky_api::Controller>::namespaced(c.client.clone(), &ns)
+        .delete("slurm", &DeleteParams::default())
+        .await?;
+    let lost = eventually(30, || async {
+        let cond = condition(&c, &ns, "slurm", conditions::CONTROLLER_NOT_FOUND).await?;
+        (cond["status"] == "True").then_some(())
+    })
+    .await;
+    ensure!(
+        lost.is_some(),
+        "no ControllerNotFound once the Controller was deleted"
+    );
+    ensure!(
+        object(&c, &ns, ChildKind::Deployment, "slurm-restapi")
+            .await
+            .is_some(),
+        "the RestApi's Deployment went with its Controller"
     );
     host.stop().await;
     Ok(())

@@ -302,6 +302,10 @@ fn broken_plugins_are_refused_at_load_with_the_reason() -> Result<()> {
             "does not export `slinky:builder/plugin@0.3.0`",
         ),
         (wat("contract-9.9"), "built against contract version 9.9.0"),
+        (
+            wat("mixed-versions"),
+            "also exports slinky:builder/restapi-children@0.3.0: a plugin speaks one contract version",
+        ),
         (wat("trapping-describe"), "describe trapped"),
     ];
     for (path, want) in cases {

@@ -15,13 +15,25 @@ pub(crate) fn check_contract(
         .exports(engine)
         .map(|(name, _)| name.to_string())
         .collect();
+    let prefix = format!("{PACKAGE}/");
     if let Some(contract) = Contract::ALL
         .into_iter()
         .find(|c| exports.contains(&c.export_name("plugin")))
     {
+        // One version per plugin: an interface of another version would never be called.
+        let other: Vec<&String> = exports
+            .iter()
+            .filter(|e| e.starts_with(&prefix) && !e.ends_with(&format!("@{}", contract.as_str())))
+            .collect();
+        if !other.is_empty() {
+            return Err(format!(
+                "its describe() is contract {contract}'s but it also exports {}: a plugin speaks \
+                 one contract version; rebuild it against slinky-guest-sdk {CONTRACT_VERSION}",
+                other.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
         return Ok(contract);
     }
-    let prefix = format!("{PACKAGE}/");
     let ours: Vec<&String> = exports.iter().filter(|e| e.starts_with(&prefix)).collect();
     let supported = SUPPORTED_CONTRACTS.join(" and ");
     if let Some(other) = ours.iter().find_map(|e| e.split_once('@').map(|(_, v)| v)) {

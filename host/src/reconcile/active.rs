@@ -75,7 +75,12 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
         Reach::On(cluster) => match cluster.client().ping().await {
             Ok(pings) => slinky_slurm::in_control(&pings).map(|p| p.hostname.clone()),
             Err(e) => {
-                tracing::warn!(controller = %c.name_any(), "cannot ask Slurm which slurmctld is primary: {e}");
+                // Re-asked every few seconds: a warning only while no pod carries the label.
+                if pods.iter().any(|p| is_active(p)) {
+                    tracing::debug!(controller = %c.name_any(), "cannot ask Slurm which slurmctld is primary: {e}");
+                } else {
+                    tracing::warn!(controller = %c.name_any(), "cannot ask Slurm which slurmctld is primary: {e}");
+                }
                 None
             }
         },

@@ -224,29 +224,45 @@ impl SlurmClients {
         }
     }
 
-    /// Where `c`'s slurmrestd is, if anywhere.
-    fn url_of(&self, c: &Controller, caches: &Caches) -> Option<String> {
+    /// Where `c`'s slurmrestd is, if anywhere; `Err` (why Slurm cannot be asked) for a RestApi
+    /// whose Service does not exist (yet).
+    fn url_of(&self, c: &Controller, caches: &Caches) -> Option<Result<String, String>> {
         let ns = c.namespace().unwrap_or_default();
         let key = format!("{ns}/{}", c.name_any());
         if let Some(url) = self.urls.exact.get(&key).or(self.urls.all.as_ref()) {
-            return Some(url.clone());
+            return Some(Ok(url.clone()));
         }
+        let services = &caches.children.services;
         if let Some(r) = oldest_restapi(&caches.restapis, &ns, &c.name_any()) {
+            let service = r.restapi_key();
+            if services.get(&ObjectRef::new(&service).within(&ns)).is_none() {
+                return Some(Err(format!(
+                    "RestApi {ns}/{} serves Controller {}, but its Service {service} does not exist \
+                     (yet): see the RestApi's conditions",
+                    r.name_any(),
+                    c.name_any()
+                )));
+            }
             let port = r.spec.service.port.unwrap_or(i32::from(RESTAPI_PORT));
-            return Some(format!("http://{}.{ns}:{port}", r.restapi_key()));
+            return Some(Ok(format!("http://{service}.{ns}:{port}")));
         }
         let service = format!("{}-restapi", c.name_any());
-        caches
-            .children
-            .services
+        services
             .get(&ObjectRef::new(&service).within(&ns))
-            .map(|_| format!("http://{service}.{ns}:{RESTAPI_PORT}"))
+            .map(|_| Ok(format!("http://{service}.{ns}:{RESTAPI_PORT}")))
     }
 
     /// `c`'s Slurm: its client, or why there is none.
     pub async fn reach(&self, c: &Controller, caches: &Caches) -> Reach {
-        let Some(url) = self.url_of(c, caches) else {
-            return Reach::Off;
+        let url = match self.url_of(c, caches) {
+            None => return Reach::Off,
+            Some(Err(message)) => {
+                return Reach::Failed(Unavailable {
+                    reason: "SlurmUnreachable",
+                    message,
+                });
+            }
+            Some(Ok(url)) => url,
         };
         let key = format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
         let held = locked(&self.clusters, |m| {

@@ -56,7 +56,6 @@ pub fn restapi_children(
     allow: &Allowances,
 ) -> Result<Vec<Child>, String> {
     let name = restapi.name_any();
-    let prefix = format!("{name}-");
     let rules = Rules {
         allow,
         pods: PodGrants::of_restapi(restapi),
@@ -66,31 +65,49 @@ pub fn restapi_children(
         )),
     };
     let selector = slinky_api::labels::RESTAPI.selector_labels(&name);
+    let key = restapi.restapi_key();
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
         let child = check(text, restapi, plugin, &RESTAPI_KINDS, "restapi-children", &rules)
             .map_err(|e| format!("object {i}: {e}"))?;
-        let at = child.describe();
-        if !child.name().starts_with(&prefix) {
-            return Err(format!(
-                "{at}: a RestApi's children must be named `{prefix}…` (so a builder cannot take \
-                 another object's name)"
-            ));
-        }
-        if child.kind == ChildKind::Deployment {
-            let have: Labels = child
-                .object
-                .pointer("/spec/selector/matchLabels")
-                .cloned()
-                .and_then(|v| serde_json::from_value(v).ok())
-                .unwrap_or_default();
-            require_labels("spec.selector.matchLabels", &have, &selector)
-                .map_err(|e| format!("{at}: {e}"))?;
-        }
+        restapi_child(&child, &key, &selector)?;
         out.push(child);
     }
     no_duplicates(&out)?;
     Ok(out)
+}
+
+/// A RestApi has one Deployment and one Service, both `<restapi>-restapi` (so a builder cannot
+/// take a name the Controller's builders use: Slinky's chart gives the RestApi the Controller's
+/// name), each selecting only the RestApi's slurmrestd pods (the host sends its Slurm token to
+/// that Service).
+fn restapi_child(child: &Child, key: &str, selector: &Labels) -> Result<(), String> {
+    let at = child.describe();
+    if child.name() != key {
+        return Err(format!(
+            "{at}: a RestApi has one Deployment and one Service, both named {key:?} \
+             (`<restapi>-restapi`); name it so and return no other"
+        ));
+    }
+    let pointer = match child.kind {
+        ChildKind::Deployment => "/spec/selector/matchLabels",
+        _ => "/spec/selector",
+    };
+    let have: Labels = child
+        .object
+        .pointer(pointer)
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let field = pointer.trim_start_matches('/').replace('/', ".");
+    // More labels select fewer pods, still only the RestApi's.
+    if selector.iter().any(|(k, v)| have.get(k) != Some(v)) {
+        return Err(format!(
+            "{at}: {field} must hold the RestApi's slurmrestd selector {selector:?} (so it selects \
+             only its slurmrestd pods), found {have:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// Check and finish a `build-controller-children` output; `allow` is what the host lets it
@@ -540,6 +557,67 @@ mod tests {
             object: serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
                 "metadata": {"name": name, "namespace": "slurm"}}),
         }
+    }
+
+    fn restapi_child_of(kind: ChildKind, name: &str, selector: serde_json::Value) -> Child {
+        let (api_version, spec) = match kind {
+            ChildKind::Deployment => (
+                "apps/v1",
+                serde_json::json!({"selector": {"matchLabels": selector}}),
+            ),
+            _ => ("v1", serde_json::json!({"selector": selector})),
+        };
+        Child {
+            kind,
+            ownership: Ownership::Controlled,
+            object: serde_json::json!({"apiVersion": api_version, "kind": kind.kind(),
+                "metadata": {"name": name, "namespace": "slurm"}, "spec": spec}),
+        }
+    }
+
+    /// A RestApi's children are its one Deployment and one Service, selecting its slurmrestd
+    /// pods only: not a name the Controller's builders use, not a wider or foreign selector.
+    #[test]
+    fn a_restapi_has_one_deployment_and_one_service_selecting_its_pods() {
+        let ours = serde_json::json!({"app.kubernetes.io/name": "slurmrestd", "app.kubernetes.io/instance": "slurm"});
+        let selector: Labels = serde_json::from_value(ours.clone()).unwrap_or_default();
+        for kind in [ChildKind::Deployment, ChildKind::Service] {
+            assert_eq!(
+                restapi_child(
+                    &restapi_child_of(kind, "slurm-restapi", ours.clone()),
+                    "slurm-restapi",
+                    &selector
+                ),
+                Ok(())
+            );
+            let e = restapi_child(
+                &restapi_child_of(kind, "slurm-controller", ours.clone()),
+                "slurm-restapi",
+                &selector,
+            )
+            .err()
+            .unwrap_or_default();
+            assert!(e.contains("both named \"slurm-restapi\""), "{kind}: {e}");
+            for bad in [
+                serde_json::json!({"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": "slurm"}),
+                serde_json::json!({"app.kubernetes.io/name": "slurmrestd"}),
+                serde_json::json!({"app.kubernetes.io/name": "slurmrestd", "app.kubernetes.io/instance": "other"}),
+            ] {
+                let e = restapi_child(
+                    &restapi_child_of(kind, "slurm-restapi", bad.clone()),
+                    "slurm-restapi",
+                    &selector,
+                )
+                .err()
+                .unwrap_or_default();
+                assert!(e.contains("slurmrestd selector"), "{kind} {bad}: {e}");
+            }
+        }
+        let two = [
+            restapi_child_of(ChildKind::Deployment, "slurm-restapi", ours.clone()),
+            restapi_child_of(ChildKind::Deployment, "slurm-restapi", ours),
+        ];
+        assert!(no_duplicates(&two).is_err_and(|e| e.contains("listed twice")));
     }
 
     /// slurmctld's StatefulSet is `<controller>-controller`, and only it: a renamed or second

@@ -228,6 +228,8 @@ impl Shared {
                     "{} exited; restarting it (last output: {})", e.plan.role, tail(&log_path(e)));
             }
             ProcKey::Restd | ProcKey::Sackd => {
+                // slurmrestd stopped because its command changed: start the new one at once.
+                let replaced = key == ProcKey::Restd && st.restd_command.is_none();
                 let (d, name) = match key {
                     ProcKey::Restd => (&mut st.restd, "slurmrestd"),
                     _ => (&mut st.client, "sackd"),
@@ -237,6 +239,11 @@ impl Shared {
                 };
                 if !d.wanted {
                     tracing::info!(%how, "{name} stopped");
+                    return;
+                }
+                if replaced {
+                    tracing::info!(%how, "{name} stopped for its new command");
+                    d.next_start = now;
                     return;
                 }
                 d.next_start = next(p.started, &mut d.backoff);

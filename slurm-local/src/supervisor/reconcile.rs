@@ -243,7 +243,12 @@ impl Shared {
 /// and plain environment, judged by the real slurmrestd), else the harness's own command (JWT
 /// auth, `SLURM_JWT=daemon`, `-s openapi/slurmctld` without accounting, on port 6820).
 fn restd_command(st: &State, slurm_conf: &str) -> RestdCommand {
-    let oldest = st.restapis.values().min_by(|a, b| {
+    // A Deployment being deleted or scaled to zero runs no slurmrestd.
+    let live = st
+        .restapis
+        .values()
+        .filter(|d| d.metadata.deletion_timestamp.is_none() && d.spec.replicas != Some(0));
+    let oldest = live.min_by(|a, b| {
         let at =
             |d: &k8s_openapi::api::apps::v1::Deployment| d.metadata.creation_timestamp.as_ref().map(|t| t.0);
         at(a)

@@ -118,9 +118,12 @@ impl Pass<'_> {
 
     /// Slurm could not be asked or refused: an Event when the message is new, the
     /// `SlurmFailure` condition at the end of the pass (the first failure of the pass).
+    /// Logged at `warn` with the Event (once per message), at `debug` on every retry after.
     async fn slurm_failed(&mut self, u: Unavailable) {
-        tracing::warn!(reason = u.reason, "{}", u.message);
-        if !ConditionChanges::already_true(self.state.current(), conditions::SLURM_FAILURE, &u.message) {
+        if ConditionChanges::already_true(self.state.current(), conditions::SLURM_FAILURE, &u.message) {
+            tracing::debug!(reason = u.reason, "{}", u.message);
+        } else {
+            tracing::warn!(reason = u.reason, "{}", u.message);
             self.core()
                 .event(self.ns, EventType::Warning, u.reason, u.message.clone())
                 .await;

@@ -114,12 +114,29 @@ where
         .filter_map(move |ev| {
             futures::future::ready(match ev {
                 Ok(ev) => Some(ev),
+                Err(error) if not_served(&error) => {
+                    // Nothing is reconciled until every cache has synced: say what is missing.
+                    tracing::error!(%error, kind,
+                        "the API server does not serve {kind}: install the CRDs of this version \
+                         (`slinky-host crds | kubectl apply --server-side -f -`; Helm does not \
+                         upgrade a chart's crds/); retrying");
+                    None
+                }
                 Err(error) => {
                     tracing::warn!(%error, kind, "watch error (retrying)");
                     None
                 }
             })
         })
+}
+
+/// A watch whose list the API server answers 404: the kind is not served (its CRD is missing).
+fn not_served(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        _ => false,
+    }
 }
 
 /// A ConfigMap the host did not build keeps its keys with empty values in the cache: the host
