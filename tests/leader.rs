@@ -428,6 +428,7 @@ async fn readyz_waits_for_the_caches_and_metrics_are_prometheus_text_that_moves(
         "slinky_host_ready",
         "slinky_host_leader",
         "slinky_host_expectations_pending",
+        "slinky_host_slurm_requests_total",
         "slinky_host_conflict_retries_total",
         "slinky_host_plugin_calls_total",
         "slinky_host_plugin_failures_total",

@@ -166,6 +166,10 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
     .context("slurmrestd never ran with the RestApi Deployment's command")?;
     assert_eq!(restd.args, ["-s", "openapi/slurmctld", "0.0.0.0:6820"]);
     ensure!(
+        host.handles.slurm.requests() > 0,
+        "slurm_requests_total counts the node lists of the passes so far"
+    );
+    ensure!(
         restd
             .env
             .contains(&("SLURM_JWT".to_string(), "daemon".to_string())),

@@ -206,6 +206,12 @@ impl HostState {
             "expectations_pending",
             "Pod creations and deletions awaited in the watch",
             [(Vec::new(), h.expectations.total_pending())],
+        )?;
+        counters(
+            e,
+            "slurm_requests",
+            "Requests sent to the Controllers' slurmrestd (node lists, drains, pings)",
+            [(Vec::new(), h.slurm.requests())],
         )
     }
 

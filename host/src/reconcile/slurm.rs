@@ -200,6 +200,8 @@ pub struct SlurmClients {
     urls: Urls,
     timeout: Duration,
     clusters: Mutex<HashMap<String, (String, Arc<Cluster>)>>,
+    /// Requests of the clients replaced or forgotten since the start.
+    retired: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SlurmClients {
@@ -221,6 +223,7 @@ impl SlurmClients {
             urls: Urls::parse(urls),
             timeout,
             clusters: Mutex::new(HashMap::new()),
+            retired: Default::default(),
         }
     }
 
@@ -302,7 +305,9 @@ impl SlurmClients {
                     checked: Mutex::new(Instant::now()),
                     nodes: tokio::sync::Mutex::new(None),
                 });
-                locked(&self.clusters, |m| m.insert(key, (url, cluster.clone())));
+                if let Some((_, old)) = locked(&self.clusters, |m| m.insert(key, (url, cluster.clone()))) {
+                    self.retire(&old);
+                }
                 Reach::On(cluster)
             }
             Err(e) => Reach::Failed(Unavailable::of(&e)),
@@ -321,17 +326,24 @@ impl SlurmClients {
         locked(&self.kept, |m| m.remove(&key))
     }
 
-    /// Requests sent to every Controller's slurmrestd so far (clients replaced since are not
-    /// counted).
+    /// Requests sent to every Controller's slurmrestd since the start (`slurm_requests_total`).
     pub fn requests(&self) -> u64 {
-        locked(&self.clusters, |m| {
+        let current: u64 = locked(&self.clusters, |m| {
             m.values().map(|(_, c)| c.client.requests()).sum()
-        })
+        });
+        current + self.retired.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn retire(&self, old: &Cluster) {
+        self.retired
+            .fetch_add(old.client.requests(), std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Forget `namespace/name`'s client (the Controller is gone).
     pub fn forget(&self, key: &str) {
-        locked(&self.clusters, |m| m.remove(key));
+        if let Some((_, old)) = locked(&self.clusters, |m| m.remove(key)) {
+            self.retire(&old);
+        }
     }
 
     /// The bytes of `c`'s JWT key, or what is missing.
