@@ -358,6 +358,86 @@ fn builders_are_pure_and_cannot_touch_the_hosts_objects() -> Result<()> {
     Ok(())
 }
 
+/// The `log` import: a guest's line reaches the host's log with the plugin's name, version and
+/// digest and is counted by level; a flood is cut (32 lines a call, ~50 a second per plugin),
+/// the rest counted as dropped, and the build is not disturbed.
+#[test]
+fn guest_log_lines_reach_the_host_labelled_and_bounded() -> Result<()> {
+    use slinky_host::plugins::guest_log::{LINES_PER_CALL, Level};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .map_err(|_| std::io::Error::other("poisoned"))?
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
+        .finish();
+    let engine = engine(Duration::from_secs(5), 64);
+    let hostile = load(&engine, "hostile")?;
+    let (nodeset, controller) = example_objects()?;
+    let (said, flooded) = {
+        let _guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
+        let said = build(&hostile, &with_behaviour(nodeset.clone(), "log"), &controller)?;
+        let flooded = build(
+            &hostile,
+            &with_behaviour(nodeset.clone(), "log-flood:1000"),
+            &controller,
+        )?;
+        (said, flooded)
+    };
+    for pod in [said, flooded] {
+        assert_eq!(pod.metadata.name.as_deref(), Some("slurm-worker-slinky-0"));
+    }
+    let text = String::from_utf8(
+        captured
+            .0
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .clone(),
+    )?;
+    let line = text
+        .lines()
+        .find(|l| l.contains("hostile says hello"))
+        .with_context(|| format!("the guest's line is not in the host's log:\n{text}"))?;
+    for part in [
+        "WARN",
+        "plugin=\"hostile@",
+        &format!("digest=\"{}\"", &hostile.digest()[..12]),
+        "call=\"build-pod\"",
+    ] {
+        ensure!(line.contains(part), "{part:?} not in {line:?}");
+    }
+    let flood = text.lines().filter(|l| l.contains("flood line")).count();
+    assert_eq!(
+        flood, LINES_PER_CALL,
+        "one call keeps its first {LINES_PER_CALL} lines"
+    );
+    let counts = engine
+        .guest_log_counts()
+        .into_iter()
+        .find(|c| c.plugin == "hostile")
+        .context("no counts for the hostile plugin")?;
+    assert_eq!(counts.lines.get(&Level::Warn), Some(&1));
+    assert_eq!(counts.lines.get(&Level::Debug), Some(&(LINES_PER_CALL as u64)));
+    assert_eq!(counts.dropped, 1000 - LINES_PER_CALL as u64);
+    Ok(())
+}
+
 #[test]
 fn no_state_survives_between_two_calls() -> Result<()> {
     let engine = default_engine();

@@ -56,6 +56,7 @@ mod builders;
 pub mod bump;
 mod child;
 pub mod helpers;
+pub mod log;
 pub mod merge;
 pub mod slinky;
 pub mod testing;

@@ -106,6 +106,13 @@ pub fn call_restapi_children<B: crate::RestApiChildrenBuilder>(
     )?)
 }
 
+/// The lines this thread logged with [`crate::log`] since the last call (taken out): what a
+/// native test asserts its builder logged. (In a host the lines go to the host's log.)
+#[cfg(not(target_arch = "wasm32"))]
+pub fn logged() -> Vec<(crate::log::Level, String)> {
+    crate::log::take()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -256,6 +256,27 @@ impl HostState {
                 .iter()
                 .map(|&kind| (labels(&[("kind", kind.as_str())]), self.plugins.swaps(kind))),
         )?;
+        let logs = self.plugins.engine().guest_log_counts();
+        counters(
+            e,
+            "plugin_log_lines",
+            "Log lines builder plugins wrote (the log import), by plugin name and level",
+            logs.iter().flat_map(|c| {
+                c.lines.iter().map(|(level, n)| {
+                    (
+                        labels(&[("plugin", c.plugin.as_str()), ("level", level.as_str())]),
+                        *n,
+                    )
+                })
+            }),
+        )?;
+        counters(
+            e,
+            "plugin_log_dropped",
+            "Log lines of builder plugins dropped (past 32 a call or the per-plugin rate limit), by plugin name",
+            logs.iter()
+                .map(|c| (labels(&[("plugin", c.plugin.as_str())]), c.dropped)),
+        )?;
         counters(
             e,
             "plugin_reloads",

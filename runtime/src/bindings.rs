@@ -448,3 +448,30 @@ pub(crate) fn call_describe(
         guest.call_describe(store).map(PluginInfo::from)
     })
 }
+
+/// The contract's `log` import (0.3.0 on): the guest's lines go into the call's bounded log.
+impl slinky::builder0_3_0::log::Host for CallState {
+    fn log(&mut self, level: slinky::builder0_3_0::log::Level, message: String) {
+        use crate::guest_log::Level;
+        use slinky::builder0_3_0::log::Level as W;
+        let level = match level {
+            W::Trace => Level::Trace,
+            W::Debug => Level::Debug,
+            W::Info => Level::Info,
+            W::Warn => Level::Warn,
+            W::Error => Level::Error,
+        };
+        self.log.push(level, message);
+    }
+}
+
+/// Link the `log` import.
+///
+/// # Errors
+/// What the linker says (a name defined twice).
+pub(crate) fn add_log_to_linker(linker: &mut wasmtime::component::Linker<CallState>) -> wasmtime::Result<()> {
+    slinky::builder0_3_0::log::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(
+        linker,
+        |s| s,
+    )
+}

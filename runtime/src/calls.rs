@@ -350,6 +350,10 @@ impl Plugin {
         let result = f(&mut store, &instance);
         engine.count_call(store.data().limits.grows);
         log_output(&label, call, &store);
+        let guest_log = std::mem::take(&mut store.data_mut().log);
+        engine
+            .guest_logs()
+            .emit(&self.info().name, &label, self.digest(), call, guest_log);
         let output = result.map_err(|e| trap_error(&label, call, e, &store, &limits))?;
         output.map_err(|error| PluginError::Build {
             plugin: label.clone(),

@@ -172,6 +172,8 @@ pub struct EngineHandle {
     compiled: Mutex<HashMap<String, Component>>,
     ticker_stop: Arc<AtomicBool>,
     stats: CallStats,
+    /// The guests' log lines: rate limits and counts per plugin.
+    guest_logs: crate::guest_log::GuestLogs,
     /// The queue of the one thread that compiles optimized code in the background.
     optimizer: Mutex<Option<std::sync::mpsc::Sender<OptimizeJob>>>,
 }
@@ -282,6 +284,7 @@ impl EngineHandle {
             compiled: Mutex::new(HashMap::new()),
             ticker_stop,
             stats: CallStats::default(),
+            guest_logs: Default::default(),
             optimizer: Mutex::new(None),
         }))
     }
@@ -387,6 +390,15 @@ impl EngineHandle {
     /// Counters of the calls made.
     pub fn stats(&self) -> &CallStats {
         &self.stats
+    }
+
+    pub(crate) fn guest_logs(&self) -> &crate::guest_log::GuestLogs {
+        &self.guest_logs
+    }
+
+    /// What every plugin run on this engine logged so far (lines by level, dropped).
+    pub fn guest_log_counts(&self) -> Vec<crate::guest_log::LogCounts> {
+        self.guest_logs.counts()
     }
 
     pub(crate) fn count_call(&self, grows: u64) {

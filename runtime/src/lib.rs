@@ -33,6 +33,7 @@ mod component;
 mod contract;
 mod engine;
 mod error;
+pub mod guest_log;
 pub mod metrics;
 mod plugin;
 pub mod policy;

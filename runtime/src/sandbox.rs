@@ -14,6 +14,8 @@ use crate::{PluginError, TrapCause};
 
 /// The data of one call's `Store`.
 pub(crate) struct CallState {
+    /// The guest's log lines (the `log` import).
+    pub(crate) log: crate::guest_log::CallLog,
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) limits: CallLimits,
@@ -92,7 +94,7 @@ impl wasmtime_wasi::HostMonotonicClock for FrozenMonotonicClock {
 pub(crate) const OUTPUT_CAP: usize = 64 << 10;
 
 /// The linker every component of `engine` is instantiated through: WASI (granting nothing, see
-/// [`instantiate`]) and nothing else. Built once per engine.
+/// [`instantiate`]) and the contract's `log` import. Built once per engine.
 ///
 /// # Errors
 /// [`PluginError::Engine`] when WASI cannot be linked.
@@ -100,6 +102,8 @@ pub(crate) fn linker(engine: &wasmtime::Engine) -> Result<Linker<CallState>, Plu
     let mut linker: Linker<CallState> = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
         .map_err(|e| PluginError::Engine(format!("cannot link WASI: {e:#}")))?;
+    crate::bindings::add_log_to_linker(&mut linker)
+        .map_err(|e| PluginError::Engine(format!("cannot link the log import: {e:#}")))?;
     Ok(linker)
 }
 
@@ -139,6 +143,7 @@ pub(crate) fn instantiate(
         .allow_ip_name_lookup(false)
         .build();
     let state = CallState {
+        log: Default::default(),
         wasi,
         table: ResourceTable::new(),
         limits: CallLimits {

@@ -12,6 +12,8 @@
 //! | `no-selector` | drops the selector labels |
 //! | `error` | returns an invalid-input error |
 //! | `print` | writes to stdout and stderr, then builds normally |
+//! | `log` | logs `hostile says hello` at warn (the `log` import), then builds normally |
+//! | `log-flood:N` | logs N lines at debug, then builds normally (past the host's limits when N > 32) |
 //! | `count` | adds one to a static counter and puts its value in the annotation `hostile.test/calls` (state surviving between calls would show as a count above 1) |
 //! | `host-network` | runs the pod in the node's network namespace |
 //! | `host-pid` | runs the pod in the node's process namespace |
@@ -88,6 +90,12 @@ impl NodeSetPodBuilder for Hostile {
             "print" => {
                 println!("hello from stdout");
                 eprintln!("hello from stderr");
+            }
+            "log" => slinky_guest_sdk::log::warn("hostile says hello"),
+            "log-flood" => {
+                for i in 0..arg.parse::<u32>().unwrap_or(1000) {
+                    slinky_guest_sdk::log::debug(&format!("flood line {i}"));
+                }
             }
             _ => {}
         }
