@@ -104,6 +104,8 @@ async fn create(c: &TestCluster, ns: &str, obj: &Value) -> Result<Refusal> {
         "Lease" => "leases",
         "Namespace" => "namespaces",
         "Event" => "events",
+        "Deployment" => "deployments",
+        "StatefulSet" => "statefulsets",
         other => bail!("no plural for {other}"),
     };
     let ar = resource(api_version, kind, plural);
@@ -731,5 +733,232 @@ async fn pod_and_service_updates_keep_immutable_fields() -> Result<()> {
     }
     let replaced = services.replace("svc", &PostParams::default(), &without).await?;
     assert_eq!(replaced.data.pointer("/spec/clusterIP"), Some(&ip));
+    Ok(())
+}
+
+/// Deployments and StatefulSets (slurmrestd's and slurmctld's workloads): their selector, pod
+/// template and counters as kube-apiserver checks them, and a Deployment's immutable selector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()> {
+    let cluster = TestCluster::start().await;
+    let ns = cluster.namespace("workloads").await;
+    let workload = |kind: &str, name: &str, spec: Value| json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name}, "spec": spec});
+    let pod_spec = json!({"containers": [{"name": "c", "image": "i"}]});
+    let ab = json!({"metadata": {"labels": {"a": "b"}}, "spec": pod_spec});
+    let mismatch =
+        "Invalid value: map[string]string{\"a\":\"b\"}: `selector` does not match template `labels`";
+    let empty = "Invalid value: v1.LabelSelector{MatchLabels:map[string]string(nil), MatchExpressions:[]v1.LabelSelectorRequirement(nil)}: empty selector is invalid for";
+    let cases: Vec<(&str, Value, u16, Causes)> = vec![
+        (
+            "deployment without a selector",
+            workload("Deployment", "d1", json!({"template": ab})),
+            422,
+            causes(&[
+                ("FieldValueRequired", "spec.selector", "Required value"),
+                ("FieldValueInvalid", "spec.template.metadata.labels", mismatch),
+            ]),
+        ),
+        (
+            "deployment with an empty selector",
+            workload("Deployment", "d2", json!({"selector": {}, "template": ab})),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.selector",
+                &format!("{empty} deployment"),
+            )]),
+        ),
+        (
+            "deployment selecting other labels",
+            workload(
+                "Deployment",
+                "d3",
+                json!({"selector": {"matchLabels": {"a": "x"}}, "template": ab}),
+            ),
+            422,
+            causes(&[("FieldValueInvalid", "spec.template.metadata.labels", mismatch)]),
+        ),
+        (
+            "deployment counters and restart policy",
+            workload(
+                "Deployment",
+                "d4",
+                json!({"replicas": -1, "revisionHistoryLimit": -2,
+                "selector": {"matchLabels": {"a": "b"}},
+                "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.replicas",
+                    "Invalid value: -1: must be greater than or equal to 0",
+                ),
+                (
+                    "FieldValueNotSupported",
+                    "spec.template.spec.restartPolicy",
+                    "Unsupported value: \"Never\": supported values: \"Always\"",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.revisionHistoryLimit",
+                    "Invalid value: -2: must be greater than or equal to 0",
+                ),
+            ]),
+        ),
+        (
+            "deployment pod without an image",
+            workload(
+                "Deployment",
+                "d5",
+                json!({"selector": {"matchLabels": {"a": "b"}},
+                "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c"}]}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueRequired",
+                "spec.template.spec.containers[0].image",
+                "Required value",
+            )]),
+        ),
+        (
+            "deployment progress deadline",
+            workload(
+                "Deployment",
+                "d6",
+                json!({"minReadySeconds": 10, "progressDeadlineSeconds": 5,
+                "selector": {"matchLabels": {"a": "b"}}, "template": ab}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.progressDeadlineSeconds",
+                "Invalid value: 5: must be greater than minReadySeconds",
+            )]),
+        ),
+        (
+            "statefulset without a selector",
+            workload(
+                "StatefulSet",
+                "s1",
+                json!({"serviceName": "s",
+                "template": {"metadata": {"labels": {"a": "b", "c": "d"}}, "spec": pod_spec}}),
+            ),
+            422,
+            causes(&[
+                ("FieldValueRequired", "spec.selector", "Required value"),
+                (
+                    "FieldValueInvalid",
+                    "spec.template.metadata.labels",
+                    "Invalid value: map[string]string{\"a\":\"b\", \"c\":\"d\"}: `selector` does not match template `labels`",
+                ),
+            ]),
+        ),
+        (
+            "statefulset with an empty selector",
+            workload(
+                "StatefulSet",
+                "s2",
+                json!({"serviceName": "s", "selector": {}, "template": ab}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.selector",
+                &format!("{empty} statefulset"),
+            )]),
+        ),
+        (
+            "statefulset counters and restart policy",
+            workload(
+                "StatefulSet",
+                "s3",
+                json!({"replicas": -1, "serviceName": "s", "selector": {"matchLabels": {"a": "b"}},
+                "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.replicas",
+                    "Invalid value: -1: must be greater than or equal to 0",
+                ),
+                (
+                    "FieldValueNotSupported",
+                    "spec.template.spec.restartPolicy",
+                    "Unsupported value: \"Never\": supported values: \"Always\"",
+                ),
+            ]),
+        ),
+        (
+            "statefulset template without labels",
+            workload(
+                "StatefulSet",
+                "s4",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": {"spec": pod_spec}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.template.metadata.labels",
+                "Invalid value: map[string]string(nil): `selector` does not match template `labels`",
+            )]),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, obj, code, expected) in &cases {
+        match create(&cluster, &ns, obj).await? {
+            None => failures.push(format!("{what}: accepted, expected {code}")),
+            Some((got, causes)) if got != *code || causes != *expected => failures.push(format!(
+                "{what}: got {got} {causes:#?}\n  expected {code} {expected:#?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    // Valid ones pass; a Deployment's selector then stays.
+    let good = workload(
+        "Deployment",
+        "ok",
+        json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab}),
+    );
+    ensure!(
+        create(&cluster, &ns, &good).await?.is_none(),
+        "a valid Deployment is accepted"
+    );
+    let sts = workload(
+        "StatefulSet",
+        "ok",
+        json!({"serviceName": "s", "selector": {"matchLabels": {"a": "b"}}, "template": ab}),
+    );
+    ensure!(
+        create(&cluster, &ns, &sts).await?.is_none(),
+        "a valid StatefulSet is accepted"
+    );
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client.clone(),
+        &ns,
+        &resource("apps/v1", "Deployment", "deployments"),
+    );
+    let r = deployments
+        .patch(
+            "ok",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"selector": {"matchLabels": {"a": "b", "x": "y"}},
+                "template": {"metadata": {"labels": {"a": "b", "x": "y"}}}}})),
+        )
+        .await;
+    let Some((code, got)) = refusal(r)? else {
+        bail!("a changed Deployment selector was accepted")
+    };
+    assert_eq!(code, 422);
+    assert_eq!(
+        got,
+        causes(&[(
+            "FieldValueInvalid",
+            "spec.selector",
+            "Invalid value: v1.LabelSelector{MatchLabels:map[string]string{\"a\":\"b\", \"x\":\"y\"}, MatchExpressions:[]v1.LabelSelectorRequirement(nil)}: field is immutable",
+        )])
+    );
     Ok(())
 }

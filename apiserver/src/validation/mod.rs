@@ -12,6 +12,7 @@ mod event;
 mod meta;
 mod pod;
 mod service;
+mod workload;
 
 pub(crate) use pod::bad_quantities;
 
@@ -84,6 +85,9 @@ pub(crate) struct FieldError {
     pub(crate) value: Value,
     /// The explanation.
     pub(crate) detail: String,
+    /// The value as kube-apiserver prints it, when [`render_value`] cannot (Go's `%#v` of a map
+    /// or a struct).
+    rendered: Option<String>,
 }
 
 impl FieldError {
@@ -93,7 +97,15 @@ impl FieldError {
             field: field.0.clone(),
             value,
             detail: detail.into(),
+            rendered: None,
         }
+    }
+
+    /// `Invalid value: <rendered>: detail`, the value already printed as Go prints it.
+    pub(crate) fn invalid_rendered(field: &Path, rendered: String, detail: impl Into<String>) -> Self {
+        let mut e = Self::new(ErrorType::Invalid, field, Value::Null, detail);
+        e.rendered = Some(rendered);
+        e
     }
 
     /// `Required value[: detail]`.
@@ -147,7 +159,10 @@ impl FieldError {
         let mut s = self.kind.text().to_string();
         if !self.kind.omits_value() {
             s.push_str(": ");
-            s.push_str(&render_value(&self.value));
+            match &self.rendered {
+                Some(r) => s.push_str(r),
+                None => s.push_str(&render_value(&self.value)),
+            }
         }
         if !self.detail.is_empty() {
             s.push_str(": ");
@@ -231,6 +246,8 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
         ("", "secrets", _) => errs.extend(data::secret(new)),
         ("", "persistentvolumeclaims", None) => errs.extend(claim::claim(new)),
         ("", "events", _) => errs.extend(event::event(new)),
+        ("apps", "deployments", old) => errs.extend(workload::deployment(new, old)),
+        ("apps", "statefulsets", None) => errs.extend(workload::statefulset(new)),
         ("coordination.k8s.io", "leases", _) => {
             let s = new.get("spec").cloned().unwrap_or(Value::Null);
             if let Some(d) = s.get("leaseDurationSeconds").and_then(Value::as_i64)
