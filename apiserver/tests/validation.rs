@@ -926,10 +926,16 @@ async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()>
         create(&cluster, &ns, &good).await?.is_none(),
         "a valid Deployment is accepted"
     );
+    // A StatefulSet's mounts may name its volume claim templates (kube-apiserver does not check
+    // its pod spec).
     let sts = workload(
         "StatefulSet",
         "ok",
-        json!({"serviceName": "s", "selector": {"matchLabels": {"a": "b"}}, "template": ab}),
+        json!({"serviceName": "s", "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}}}]}),
     );
     ensure!(
         create(&cluster, &ns, &sts).await?.is_none(),

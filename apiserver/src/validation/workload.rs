@@ -1,7 +1,7 @@
 //! `apps/v1` workloads as kube-apiserver validates them (`pkg/apis/apps/validation`): a
 //! Deployment's and a StatefulSet's replicas, selector (required, not empty, matching the pod
-//! template's labels; a Deployment's immutable), pod template (its pod spec, `restartPolicy:
-//! Always`, no `activeDeadlineSeconds`) and counters. Messages and their order are
+//! template's labels; a Deployment's immutable), pod template (a Deployment's pod spec,
+//! `restartPolicy: Always`, no `activeDeadlineSeconds`) and counters. Messages and their order are
 //! kube-apiserver v1.28.7's (the validation suite compares them with a real server).
 
 use std::collections::BTreeMap;
@@ -97,8 +97,9 @@ fn selector(spec: &Value, field: &Path, kind: &str, errs: &mut Errors) {
 }
 
 /// The pod template: labels the selector selects (a missing selector selects nothing, an empty
-/// one everything), then the pod spec.
-fn template(spec: &Value, field: &Path, errs: &mut Errors) {
+/// one everything), then (`with_pod_spec`: a Deployment's) the pod spec. kube-apiserver does not
+/// validate a StatefulSet's pod spec: its mounts may name volume claim templates.
+fn template(spec: &Value, field: &Path, with_pod_spec: bool, errs: &mut Errors) {
     let template = spec.get("template").unwrap_or(&Value::Null);
     let labels = template.pointer("/metadata/labels");
     let selects = match spec.get("selector") {
@@ -120,8 +121,10 @@ fn template(spec: &Value, field: &Path, errs: &mut Errors) {
             "`selector` does not match template `labels`",
         ));
     }
-    let pod_spec = template.get("spec").unwrap_or(&Value::Null);
-    errs.extend(pod::pod_spec(pod_spec, &at.child("spec")));
+    if with_pod_spec {
+        let pod_spec = template.get("spec").unwrap_or(&Value::Null);
+        errs.extend(pod::pod_spec(pod_spec, &at.child("spec")));
+    }
 }
 
 /// `restartPolicy: Always` and no `activeDeadlineSeconds` (`kind` for the message).
@@ -157,7 +160,7 @@ pub(crate) fn deployment(new: &Value, old: Option<&Value>) -> Errors {
     let field = Path::root("spec");
     nonnegative(spec, "replicas", &field, &mut errs);
     selector(spec, &field, "deployment", &mut errs);
-    template(spec, &field, &mut errs);
+    template(spec, &field, true, &mut errs);
     long_running(spec, &field, "ReplicaSet", &mut errs);
     nonnegative(spec, "minReadySeconds", &field, &mut errs);
     nonnegative(spec, "revisionHistoryLimit", &field, &mut errs);
@@ -193,7 +196,7 @@ pub(crate) fn statefulset(new: &Value) -> Errors {
     nonnegative(spec, "replicas", &field, &mut errs);
     nonnegative(spec, "minReadySeconds", &field, &mut errs);
     selector(spec, &field, "statefulset", &mut errs);
-    template(spec, &field, &mut errs);
+    template(spec, &field, false, &mut errs);
     long_running(spec, &field, "StatefulSet", &mut errs);
     errs
 }
