@@ -120,6 +120,23 @@ async fn create(c: &TestCluster, ns: &str, obj: &Value) -> Result<Refusal> {
     )
 }
 
+/// Create each case's object: each must be refused with its code and causes (every mismatch
+/// reported at once).
+async fn refused_as_expected(c: &TestCluster, ns: &str, cases: &[(&str, Value, u16, Causes)]) -> Result<()> {
+    let mut failures = Vec::new();
+    for (what, obj, code, expected) in cases {
+        match create(c, ns, obj).await? {
+            None => failures.push(format!("{what}: accepted, expected {code}")),
+            Some((got, causes)) if got != *code || causes != *expected => failures.push(format!(
+                "{what}: got {got} {causes:#?}\n  expected {code} {expected:#?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    Ok(())
+}
+
 fn causes(list: &[(&str, &str, &str)]) -> Causes {
     list.iter()
         .map(|(r, f, m)| (r.to_string(), f.to_string(), m.to_string()))
@@ -581,17 +598,7 @@ async fn invalid_objects_get_kube_apiservers_causes() -> Result<()> {
             ]),
         ),
     ];
-    let mut failures = Vec::new();
-    for (what, obj, code, expected) in &cases {
-        match create(&cluster, &ns, obj).await? {
-            None => failures.push(format!("{what}: accepted, expected {code}")),
-            Some((got, causes)) if got != *code || causes != *expected => failures.push(format!(
-                "{what}: got {got} {causes:#?}\n  expected {code} {expected:#?}"
-            )),
-            Some(_) => {}
-        }
-    }
-    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    refused_as_expected(&cluster, &ns, &cases).await?;
     // A valid pod of the same shapes passes.
     let good = pod(
         "good",
@@ -905,17 +912,7 @@ async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()>
             )]),
         ),
     ];
-    let mut failures = Vec::new();
-    for (what, obj, code, expected) in &cases {
-        match create(&cluster, &ns, obj).await? {
-            None => failures.push(format!("{what}: accepted, expected {code}")),
-            Some((got, causes)) if got != *code || causes != *expected => failures.push(format!(
-                "{what}: got {got} {causes:#?}\n  expected {code} {expected:#?}"
-            )),
-            Some(_) => {}
-        }
-    }
-    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    refused_as_expected(&cluster, &ns, &cases).await?;
     // Valid ones pass; a Deployment's selector then stays.
     let good = workload(
         "Deployment",

@@ -11,20 +11,8 @@
 //!
 //! In native tests the lines are kept per thread: [`crate::testing::logged`] returns them.
 
-/// How much a line matters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// Detail for whoever debugs the plugin.
-    Trace,
-    /// Detail for whoever debugs a cluster.
-    Debug,
-    /// Something an operator may want to know.
-    Info,
-    /// Something is off, the build goes on.
-    Warn,
-    /// Something failed (a failed build also returns its error).
-    Error,
-}
+/// How much a line matters (the contract's type, shared with the host).
+pub use slinky_api::contract::LogLevel as Level;
 
 /// Log `message` at `level`.
 pub fn log(level: Level, message: &str) {

@@ -18,33 +18,7 @@ pub const LINES_PER_SECOND: f64 = 50.0;
 /// Lines one plugin may log at once after a quiet spell.
 pub const BURST: f64 = 200.0;
 
-/// How much a line matters (the contract's `log.level`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Level {
-    /// `trace`.
-    Trace,
-    /// `debug`.
-    Debug,
-    /// `info`.
-    Info,
-    /// `warn`.
-    Warn,
-    /// `error`.
-    Error,
-}
-
-impl Level {
-    /// Its name, as `/metrics` labels it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Trace => "trace",
-            Level::Debug => "debug",
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Error => "error",
-        }
-    }
-}
+pub use slinky_api::contract::LogLevel as Level;
 
 /// The lines of one call, bounded.
 #[derive(Debug, Default)]

@@ -135,6 +135,34 @@ impl std::str::FromStr for BuilderKind {
     }
 }
 
+/// How much a guest's log line matters (the contract's `log.level`, 0.3.0 on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    /// `trace`.
+    Trace,
+    /// `debug`.
+    Debug,
+    /// `info`.
+    Info,
+    /// `warn`.
+    Warn,
+    /// `error`.
+    Error,
+}
+
+impl LogLevel {
+    /// Its name, as `/metrics` labels it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
 /// What a plugin says about itself (`describe()`, of any contract version).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginInfo {

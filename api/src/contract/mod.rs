@@ -11,7 +11,9 @@ mod kinds;
 
 pub use examples::{example_controller, example_inputs, example_nodeset, example_restapi};
 pub use inputs::{ConfigMapFiles, ControllerInputs, MissingReference, secret_hash};
-pub use kinds::{BuilderKind, CONTRACT_VERSION, Contract, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS};
+pub use kinds::{
+    BuilderKind, CONTRACT_VERSION, Contract, LogLevel, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS,
+};
 
 use crate::NodeSet;
 
