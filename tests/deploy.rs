@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use slinky_host::cmd::manifests;
 use slinky_tests::{
     eventually,
-    host::{NS_NAME, apply_example, cluster, scale},
+    host::{NS_NAME, apply_example_with, cluster, scale},
     python, run, workspace,
 };
 
@@ -140,7 +140,13 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         return Ok(());
     };
     let ns = c.namespace("rbac").await;
-    apply_example(&c, &ns, 2).await?;
+    // Per-pod claims that go with a scale-in: the claims are created and their owners patched.
+    apply_example_with(&c, &ns, 2, |v| {
+        v["spec"]["volumeClaimTemplates"] = json!([{"metadata": {"name": "scratch"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]);
+        v["spec"]["persistentVolumeClaimRetentionPolicy"] = json!({"whenScaled": "Delete"});
+    })
+    .await?;
     let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut host = Command::new(slinky_tests::binary())
         .arg("run")
@@ -255,6 +261,9 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("patch", "slinky.slurm.net", "nodesets/status"),
         ("watch", "slinky.slurm.net", "nodesets"),
         ("create", "events.k8s.io", "events"),
+        ("watch", "", "persistentvolumeclaims"),
+        ("create", "", "persistentvolumeclaims"),
+        ("patch", "", "persistentvolumeclaims"),
     ] {
         ensure!(
             used.iter()

@@ -353,7 +353,7 @@ async fn status_writes_trigger_no_pass_and_a_new_generation_one() -> Result<()> 
         .patch(
             NS_NAME,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"revisionHistoryLimit": 7}})),
+            &Patch::Merge(json!({"spec": {"workloadDisruptionProtection": true}})),
         )
         .await?
         .metadata

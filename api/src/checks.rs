@@ -158,6 +158,31 @@ impl NodeSet {
                  pods mount): set it, or turn SSH off",
             ));
         }
+        // Fields this host does not serve yet are refused, never accepted and ignored.
+        if self.spec.pin_to_node {
+            problems.push(SpecProblem::new(
+                "spec.pinToNode",
+                "is not supported by this host yet (a replacement pod is not pinned to its old \
+                 node): remove it, or pin pods with spec.template.spec.affinity",
+            ));
+        }
+        if self.spec.revision_history_limit.is_some_and(|l| l != 0) {
+            problems.push(SpecProblem::new(
+                "spec.revisionHistoryLimit",
+                "this host keeps no ControllerRevisions (a pod's revision is its \
+                 controller-revision-hash label, and a rollback is applying the old spec again): \
+                 remove it or set 0",
+            ));
+        }
+        match self.spec.prune_slurm_node_records.as_deref() {
+            None | Some("Never") => {}
+            // Slinky prunes node records only in DaemonSet mode (refused above when asked for).
+            Some("NodeNotFound") => {}
+            Some(other) => problems.push(SpecProblem::new(
+                "spec.pruneSlurmNodeRecords",
+                format!("is {other:?}: it must be Never (the default) or NodeNotFound"),
+            )),
+        }
         if self.spec.scaling_mode == ScalingMode::DaemonSet {
             problems.push(SpecProblem::new(
                 "spec.scalingMode",
@@ -183,6 +208,7 @@ impl NodeSet {
                 ));
             }
         }
+        problems.extend(self.claim_problems());
         if problems.is_empty() && self.replicas() > 0 {
             problems.extend(self.identity_problems((self.replicas() - 1) as u32));
         }
@@ -237,6 +263,7 @@ impl NodeSet {
                 ));
             }
         }
+        problems.extend(self.claim_name_problems(ordinal));
         problems
     }
 }
@@ -456,6 +483,25 @@ mod tests {
         assert_eq!(
             fields(&ns.spec_problems()),
             ["spec.scalingMode", "spec.updateStrategy.type"]
+        );
+    }
+
+    #[test]
+    fn fields_not_served_are_refused_not_ignored() {
+        let mut ns = nodeset("w", 1);
+        ns.spec.revision_history_limit = Some(0);
+        ns.spec.prune_slurm_node_records = Some("NodeNotFound".into());
+        assert!(ns.spec_problems().is_empty(), "Slinky's defaults are served");
+        ns.spec.pin_to_node = true;
+        ns.spec.revision_history_limit = Some(10);
+        ns.spec.prune_slurm_node_records = Some("Always".into());
+        assert_eq!(
+            fields(&ns.spec_problems()),
+            [
+                "spec.pinToNode",
+                "spec.revisionHistoryLimit",
+                "spec.pruneSlurmNodeRecords"
+            ]
         );
     }
 

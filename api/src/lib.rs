@@ -9,6 +9,8 @@
 
 /// Spec checks made before anything is built.
 pub mod checks;
+/// Per-pod volume claims of a NodeSet and their retention.
+pub mod claims;
 /// Status condition types the host sets.
 pub mod conditions;
 /// The builder contract's shared types: build context, pod identity, builder kinds, errors,

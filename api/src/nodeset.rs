@@ -178,7 +178,9 @@ pub struct NodeSetSpec {
     /// The Slurm partition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<Partition>,
-    /// Volume claim templates (passed through).
+    /// Per-pod PersistentVolumeClaims: for each template, claim `<template>-<pod>` is made before
+    /// the pod and mounted as its volume `<template>`; it outlives the pod (see
+    /// `persistentVolumeClaimRetentionPolicy`) and a pod of the same ordinal reuses it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "wrappers::preserve_unknown_list")]
     pub volume_claim_templates: Vec<serde_json::Value>,
@@ -188,7 +190,8 @@ pub struct NodeSetSpec {
     /// Revisions kept (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision_history_limit: Option<i32>,
-    /// PVC retention (passed through).
+    /// What happens to the claims: `whenDeleted` (the NodeSet) and `whenScaled` (a scale-in),
+    /// each `Retain` (default) or `Delete`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "wrappers::preserve_unknown")]
     pub persistent_volume_claim_retention_policy: Option<serde_json::Value>,

@@ -19,8 +19,9 @@ use crate::plugins::BuildContext;
 /// `external`, `externalConfig`), the build context (`--cluster-domain`) and the builder digest.
 ///
 /// Not covered: `replicas`, `updateStrategy`, `minReadySeconds`, `revisionHistoryLimit`,
-/// `partition` (a `slurm.conf` line, not a pod field), `pinToNode` and `volumeClaimTemplates`
-/// (not built yet), `persistentVolumeClaimRetentionPolicy`, `workloadDisruptionProtection`,
+/// `partition` (a `slurm.conf` line, not a pod field), `pinToNode`, the claim templates' specs
+/// (a claim is made once and reused: only their names are pod fields, and they are covered),
+/// `persistentVolumeClaimRetentionPolicy`, `workloadDisruptionProtection`,
 /// `pruneSlurmNodeRecords`, and the NodeSet's own labels and annotations: as in Slinky,
 /// `kubectl label nodeset …` must not restart a Slurm cluster's workers; new pods get them when
 /// they are built. A custom builder that reads other fields should say so in its docs: changing
@@ -32,7 +33,7 @@ pub fn pod_revision(
     ctx: &BuildContext,
 ) -> String {
     let s = &nodeset.spec;
-    let input = json!({
+    let mut input = json!({
         "nodeset": {
             "name": nodeset.metadata.name,
             "namespace": nodeset.metadata.namespace,
@@ -60,6 +61,17 @@ pub fn pod_revision(
         },
         "builder": builder_digest,
     });
+    // The claim templates' names are the pod's claim volumes; absent when there are none, so
+    // NodeSets without claims keep the revisions they had before claims were served.
+    let claims: Vec<String> = nodeset
+        .claim_templates()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    if !claims.is_empty() {
+        input["spec"]["volumeClaimTemplates"] = json!(claims);
+    }
     // serde_json maps are ordered by key, so the text is canonical.
     let digest = Sha256::digest(input.to_string().as_bytes());
     hex::encode(&digest[..5])
@@ -119,6 +131,20 @@ mod tests {
             port: 6817,
         });
         assert!(!same(&ns, &c2), "the conf server");
+        let claim = |size: &str| {
+            serde_json::json!({"metadata": {"name": "scratch"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}})
+        };
+        let mut with_claim = ns.clone();
+        with_claim.spec.volume_claim_templates = vec![claim("1Gi")];
+        let claimed = pod_revision(&with_claim, &controller, "d1", &ctx);
+        assert_ne!(claimed, base, "a new claim template is a new pod volume");
+        with_claim.spec.volume_claim_templates = vec![claim("2Gi")];
+        assert_eq!(
+            pod_revision(&with_claim, &controller, "d1", &ctx),
+            claimed,
+            "a claim's size is not a pod field (claims are made once)"
+        );
         ns.spec.extra_conf = Some("Weight=1".into());
         assert!(!same(&ns, &controller), "a pod field rolls pods");
     }

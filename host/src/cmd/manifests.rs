@@ -91,6 +91,13 @@ pub fn cluster_rules() -> Vec<Value> {
         // What Slurm says of a worker pod: its `SlurmNodeState*` conditions (a JSON patch that
         // tests the conditions it read, so the kubelet's are never dropped).
         rule(&[""], &["pods/status"], &["patch"]),
+        // The NodeSets' per-pod volume claims: watched, created before their pod, their owner
+        // references set from the retention policy (a patch with a resourceVersion precondition).
+        rule(
+            &[""],
+            &["persistentvolumeclaims"],
+            &["get", "list", "watch", "create", "patch"],
+        ),
         // Kubernetes Nodes, for their cordon (a cordoned node's Slurm nodes are drained).
         rule(&[""], &["nodes"], &["get", "list", "watch"]),
         // The children other than pods: watched (caches), read when the cache has none,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::{ConfigMap, Pod, Service},
+    core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service},
     policy::v1::PodDisruptionBudget,
 };
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -27,6 +27,8 @@ pub struct Caches {
     pub nodesets: Store<NodeSet>,
     /// RestApis.
     pub restapis: Store<RestApi>,
+    /// PersistentVolumeClaims (the NodeSets' per-pod claims are read from it).
+    pub claims: Store<PersistentVolumeClaim>,
     /// Kubernetes Nodes, slimmed to their cordon (not waited for at start: a host without RBAC
     /// on Nodes still reconciles).
     pub nodes: Store<k8s_openapi::api::core::v1::Node>,
@@ -44,6 +46,7 @@ impl Caches {
         synced(&self.controllers).await;
         synced(&self.nodesets).await;
         synced(&self.restapis).await;
+        synced(&self.claims).await;
     }
 }
 

@@ -23,7 +23,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions},
@@ -389,6 +389,50 @@ impl Writer {
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Create a volume claim (a NodeSet pod's, made before the pod); counted as `create_claim`.
+    ///
+    /// # Errors
+    /// The API error (409 AlreadyExists included).
+    pub async fn create_claim(
+        &self,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<PersistentVolumeClaim, kube::Error> {
+        self.fence("create_claim")?;
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.write("create_claim", api.create(&pp, claim)).await
+    }
+
+    /// Replace a volume claim's owner references (its retention policy), with a resourceVersion
+    /// precondition; counted as `patch_claim`.
+    ///
+    /// # Errors
+    /// The API error (409 when the claim changed meanwhile).
+    pub async fn set_claim_owners(
+        &self,
+        claim: &PersistentVolumeClaim,
+        owners: Value,
+    ) -> Result<PersistentVolumeClaim, kube::Error> {
+        self.fence("patch_claim")?;
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        let patch =
+            json!({"metadata": {"resourceVersion": claim.resource_version(), "ownerReferences": owners}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.write(
+            "patch_claim",
+            api.patch(&claim.name_any(), &pp, &Patch::Merge(patch)),
+        )
+        .await
     }
 
     /// Replace a pod's owner references (adoption, release), with a resourceVersion precondition.

@@ -35,6 +35,7 @@ mod plan;
 mod pods;
 mod slurm_conditions;
 mod status;
+mod volumes;
 
 use std::{sync::Arc, time::Duration};
 
@@ -318,6 +319,7 @@ async fn sync(
     let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
     let slurm = slurm.for_deletes(&plan.deletes).await;
     let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
+    volumes::sync_owners(pass, &claims.owned, &deletes).await;
     delete_pods(pass, &deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;
     drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::{Controller, NodeSet};
 
-use super::{Pass, plan::DeleteReason};
+use super::{Pass, plan::DeleteReason, volumes};
 use crate::{
     plugins::{BuilderKind, Plugin, PluginError, PodIdentity},
     reconcile::{
@@ -30,6 +30,14 @@ pub(super) async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &
             .event(pass.ns, EventType::Warning, "FieldsDropped", note)
             .await;
     }
+}
+
+/// Why a pod of a batch was not created.
+enum Refused {
+    /// One of its claims could not be made, or is being deleted.
+    Claim(String),
+    /// The API server refused the pod.
+    Api(kube::Error),
 }
 
 /// Build pods in one blocking task (copies in, untrusted output checked by the policy).
@@ -100,9 +108,10 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
     }
 }
 
-/// Build and create the pods of `creates` in slow-start batches (1, 2, 4, …). A name taken
-/// meanwhile (409 AlreadyExists) skips that ordinal and the batch goes on; any other refusal
-/// stops after its batch, and every create not made is released.
+/// Build and create the pods of `creates` in slow-start batches (1, 2, 4, …), each after its
+/// volume claims ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that
+/// ordinal and the batch goes on; any other refusal (a claim's included) stops after its batch,
+/// and every create not made is released.
 pub(super) async fn create_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
@@ -129,21 +138,35 @@ pub(super) async fn create_pods(
     let owner = pass.uid.clone();
     ctx.expectations
         .expect_creations(&owner, built.iter().map(ResourceExt::name_any));
-    let mut pending = built.into_iter();
+    let mut pending = built.into_iter().zip(creates.iter().copied());
     let mut batch = 1;
     let mut created = Vec::new();
     let mut taken = Vec::new();
+    let mut claims_made = Vec::new();
     loop {
-        let this: Vec<Pod> = pending.by_ref().take(batch).collect();
+        let this: Vec<(Pod, u32)> = pending.by_ref().take(batch).collect();
         if this.is_empty() {
             break;
         }
-        let results = join_all(this.iter().map(|pod| core.writer.create_pod(pod))).await;
+        let shared: &Pass<'_> = pass;
+        // Each pod's claims first (as the StatefulSet controller): no pod without its storage.
+        let results = join_all(this.iter().map(|(pod, ordinal)| async move {
+            let made = volumes::ensure(shared, *ordinal).await.map_err(Refused::Claim)?;
+            let stored = core.writer.create_pod(pod).await.map_err(Refused::Api)?;
+            Ok::<_, Refused>((stored, made))
+        }))
+        .await;
         let mut refused = false;
-        for (pod, r) in this.iter().zip(results) {
+        for ((pod, _), r) in this.iter().zip(results) {
             let name = pod.name_any();
             match r {
-                Ok(stored) => {
+                Err(Refused::Claim(message)) => {
+                    ctx.expectations.creation_observed(&owner, &name);
+                    refused = true;
+                    pass.failed("FailedCreate", message).await;
+                }
+                Ok((stored, made)) => {
+                    claims_made.extend(made);
                     ctx.expectations.creation_succeeded(&owner, &name);
                     // Pods of one pass are built alike: the first tells what the server drops.
                     if created.is_empty() {
@@ -151,7 +174,7 @@ pub(super) async fn create_pods(
                     }
                     created.push(name);
                 }
-                Err(e) => {
+                Err(Refused::Api(e)) => {
                     ctx.expectations.creation_observed(&owner, &name);
                     if writer::is_already_exists(&e) {
                         taken.push(name);
@@ -168,12 +191,21 @@ pub(super) async fn create_pods(
         }
         if refused {
             // Creates never attempted are released: nothing will ever observe them.
-            for p in pending.by_ref() {
+            for (p, _) in pending.by_ref() {
                 ctx.expectations.creation_observed(&owner, &p.name_any());
             }
             break;
         }
         batch *= 2;
+    }
+    if !claims_made.is_empty() {
+        core.event(
+            ns,
+            EventType::Normal,
+            "SuccessfulCreate",
+            format!("Created claims: {}", name_list(&claims_made)),
+        )
+        .await;
     }
     if !created.is_empty() {
         core.event(

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::{ConfigMap, Pod, Service},
+    core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service},
     policy::v1::PodDisruptionBudget,
 };
 use kube::{
@@ -45,7 +45,7 @@ use super::{
     expectations::Expectations,
 };
 use triggers::{
-    Triggers, child_task, config_map_task, controller_task, nodeset_task, pod_task, restapi_task,
+    Triggers, child_task, claim_task, config_map_task, controller_task, nodeset_task, pod_task, restapi_task,
 };
 
 /// The caches and the reconcile triggers derived from their watches.
@@ -209,6 +209,7 @@ pub fn start(
     let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
     let (deployments, deploy_writer) = reflector::store::<Deployment>();
     let (restapis, restapi_writer) = reflector::store::<RestApi>();
+    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
     let (nodes, node_writer) = reflector::store::<k8s_openapi::api::core::v1::Node>();
@@ -250,6 +251,10 @@ pub fn start(
         t.clone(),
     );
     let restapi_task = restapi_task(scope.watch(restapi_writer, "RestApi", |_| {}), t.clone());
+    let claim_task = claim_task(
+        scope.watch(claim_writer, "PersistentVolumeClaim", |_| {}),
+        t.clone(),
+    );
     let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
     let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
     // Key Secrets are polled by name, not watched (see `secrets`).
@@ -271,6 +276,7 @@ pub fn start(
             pdb_task,
             deploy_task,
             restapi_task,
+            claim_task,
             ctl_task,
             ns_task,
             secret_task,
@@ -290,6 +296,7 @@ pub fn start(
             controllers,
             nodesets,
             restapis,
+            claims,
             nodes,
         },
         nodeset_triggers,

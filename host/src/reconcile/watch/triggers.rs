@@ -9,7 +9,7 @@ use std::{
 };
 
 use futures::{Future, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::{
     Resource, ResourceExt,
     runtime::{
@@ -183,6 +183,29 @@ pub(super) fn child_task<K: Resource + Send + 'static>(
 ) -> impl Future<Output = ()> + Send + 'static {
     children.for_each(move |ev| {
         t.child_event(kind, &meta_event(ev, |mut o| std::mem::take(o.meta_mut())));
+        futures::future::ready(())
+    })
+}
+
+/// Volume claims: the NodeSet whose selector labels a claim carries (its per-pod claims), so a
+/// pod waiting for a claim being deleted, or a claim whose owners drifted, is looked at again.
+pub(super) fn claim_task(
+    claims: impl Stream<Item = watcher::Event<PersistentVolumeClaim>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    claims.for_each(move |ev| {
+        if let watcher::Event::Apply(c) | watcher::Event::Delete(c) = &ev {
+            let labels = c.labels();
+            if labels.get(slinky_api::keys::LABEL_NAME).map(String::as_str)
+                == Some(slinky_api::labels::WORKER.name)
+                && let Some(instance) = labels.get(slinky_api::keys::LABEL_INSTANCE)
+            {
+                let r = ObjectRef::<NodeSet>::new(instance).within(&c.namespace().unwrap_or_default());
+                if t.nodesets.get(&r).is_some() {
+                    t.nodeset(r);
+                }
+            }
+        }
         futures::future::ready(())
     })
 }
