@@ -670,3 +670,92 @@ async fn pods_labelled_by_slinky_that_differ_are_compared_once_per_change() -> R
     host.stop().await;
     Ok(())
 }
+
+/// The node of each live pod of the example NodeSet, by name.
+async fn placements(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, String>> {
+    Ok(Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.name_any(), p.spec?.node_name?)))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pin_to_node_brings_a_replacement_back_to_its_node_while_it_is_schedulable() -> Result<()> {
+    let c = cluster(true).await;
+    if c.server.is_none() {
+        // A cluster without a scheduler binds no pod: nothing to pin.
+        return Ok(());
+    }
+    let ns = c.namespace("pin").await;
+    apply_example_with(&c, &ns, 3, |v| v["spec"]["pinToNode"] = true.into()).await?;
+    let host = Host::start(&c, &ns)?;
+    converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
+    let before = placements(&c, &ns).await?;
+    ensure!(before.len() == 3, "{before:?}");
+    // The status remembers where each ordinal ran.
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let recorded = eventually(30, || async {
+        let m = nodesets.get(NS_NAME).await.ok()?.status?.ordinal_to_node;
+        (m.len() == 3).then_some(m)
+    })
+    .await
+    .context("status.ordinalToNode never listed the 3 ordinals")?;
+    for (o, node) in &recorded {
+        ensure!(
+            before.get(&format!("{NS_NAME}-{o}")) == Some(node),
+            "{recorded:?} vs {before:?}"
+        );
+    }
+
+    // Pod 1 deleted: the simulated scheduler would put the next pod on the next node in turn;
+    // its pin brings it back to its own.
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let pod1 = format!("{NS_NAME}-1");
+    let old_uid = pods.get(&pod1).await?.uid();
+    pods.delete(&pod1, &DeleteParams::default()).await?;
+    let back = eventually(60, || async {
+        let p = pods.get(&pod1).await.ok()?;
+        (p.uid() != old_uid).then_some(p.spec?.node_name).flatten()
+    })
+    .await
+    .context("pod 1 was not recreated and scheduled")?;
+    ensure!(
+        Some(&back) == before.get(&pod1),
+        "pod 1 went to {back}, it ran on {:?}",
+        before.get(&pod1)
+    );
+
+    // Its node cordoned: pod 2's replacement is not pinned to it.
+    let pod2 = format!("{NS_NAME}-2");
+    let node2 = before.get(&pod2).context("pod 2 unplaced")?.clone();
+    Api::<k8s_openapi::api::core::v1::Node>::all(c.client.clone())
+        .patch(
+            &node2,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await?;
+    // Let the node watch show the cordon before the pod goes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old_uid = pods.get(&pod2).await?.uid();
+    pods.delete(&pod2, &DeleteParams::default()).await?;
+    let replacement = eventually(60, || async {
+        let p = pods.get(&pod2).await.ok()?;
+        (p.uid() != old_uid).then_some(p)
+    })
+    .await
+    .context("pod 2 was not recreated")?;
+    let affinity = serde_json::to_value(replacement.spec.and_then(|s| s.affinity))?;
+    ensure!(
+        affinity
+            .pointer("/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution")
+            .is_none(),
+        "a pod is not pinned to a cordoned node: {affinity}"
+    );
+    host.stop().await;
+    Ok(())
+}

@@ -159,13 +159,6 @@ impl NodeSet {
             ));
         }
         // Fields this host does not serve yet are refused, never accepted and ignored.
-        if self.spec.pin_to_node {
-            problems.push(SpecProblem::new(
-                "spec.pinToNode",
-                "is not supported by this host yet (a replacement pod is not pinned to its old \
-                 node): remove it, or pin pods with spec.template.spec.affinity",
-            ));
-        }
         if self.spec.revision_history_limit.is_some_and(|l| l != 0) {
             problems.push(SpecProblem::new(
                 "spec.revisionHistoryLimit",
@@ -492,16 +485,11 @@ mod tests {
         ns.spec.revision_history_limit = Some(0);
         ns.spec.prune_slurm_node_records = Some("NodeNotFound".into());
         assert!(ns.spec_problems().is_empty(), "Slinky's defaults are served");
-        ns.spec.pin_to_node = true;
         ns.spec.revision_history_limit = Some(10);
         ns.spec.prune_slurm_node_records = Some("Always".into());
         assert_eq!(
             fields(&ns.spec_problems()),
-            [
-                "spec.pinToNode",
-                "spec.revisionHistoryLimit",
-                "spec.pruneSlurmNodeRecords"
-            ]
+            ["spec.revisionHistoryLimit", "spec.pruneSlurmNodeRecords"]
         );
     }
 

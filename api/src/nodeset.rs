@@ -201,7 +201,8 @@ pub struct NodeSetSpec {
     /// Zero-pad ordinals in pod names to this many digits (default 0: no padding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordinal_padding: Option<u32>,
-    /// Pin a pod to the node it last ran on.
+    /// Pin a replacement pod to the node its ordinal last ran on (`status.ordinalToNode`), while
+    /// that node exists and is schedulable.
     #[serde(default)]
     pub pin_to_node: bool,
     /// Protect busy Slurm nodes from disruption (default true).
@@ -264,6 +265,10 @@ pub struct NodeSetStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// With `pinToNode`: the Kubernetes node each ordinal's pod last ran on (the ordinal as a
+    /// string → the node name), so its replacement is pinned there.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub ordinal_to_node: std::collections::BTreeMap<String, String>,
 }
 
 impl NodeSet {

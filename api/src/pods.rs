@@ -1,6 +1,37 @@
 //! Facts about pods the host, the API server and builders share: readiness and ordinal names.
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodCondition,
+};
+
+/// Pin `pod` to the node `node` (`pinToNode`): a required node affinity on the node's name
+/// (`matchFields metadata.name In [node]`), added to every term of the pod's own required node
+/// affinity (terms are ORed: each must keep its own requirements and gain the pin), or as the only
+/// term when it has none.
+pub fn pin_to_node(pod: &mut Pod, node: &str) {
+    let pin = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    let required = spec
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default)
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(NodeSelector::default);
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        let fields = term.match_fields.get_or_insert_with(Vec::new);
+        if !fields.contains(&pin) {
+            fields.push(pin.clone());
+        }
+    }
+}
 
 /// The pod's `Ready` condition, when it is `True`.
 pub fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
@@ -40,6 +71,51 @@ mod tests {
     use k8s_openapi::api::core::v1::PodStatus;
 
     use super::*;
+
+    #[test]
+    fn a_pin_is_added_to_every_required_term() -> Result<(), serde_json::Error> {
+        let terms = |pod: &Pod| {
+            serde_json::to_value(
+                &pod.spec
+                    .as_ref()?
+                    .affinity
+                    .as_ref()?
+                    .node_affinity
+                    .as_ref()?
+                    .required_during_scheduling_ignored_during_execution
+                    .as_ref()?
+                    .node_selector_terms,
+            )
+            .ok()
+        };
+        let mut bare: Pod = serde_json::from_value(serde_json::json!({"spec": {"containers": []}}))?;
+        pin_to_node(&mut bare, "n1");
+        pin_to_node(&mut bare, "n1");
+        assert_eq!(
+            terms(&bare),
+            Some(
+                serde_json::json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}])
+            )
+        );
+        let mut gpu: Pod =
+            serde_json::from_value(serde_json::json!({"spec": {"containers": [], "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}}))?;
+        pin_to_node(&mut gpu, "n2");
+        let t = terms(&gpu).unwrap_or_default();
+        for (i, key) in ["gpu", "zone"].iter().enumerate() {
+            assert_eq!(
+                t[i]["matchExpressions"][0]["key"], *key,
+                "the user's terms are kept"
+            );
+            assert_eq!(
+                t[i]["matchFields"][0]["values"][0], "n2",
+                "and each gains the pin"
+            );
+        }
+        Ok(())
+    }
 
     fn pod(conditions: &[(&str, &str)]) -> Pod {
         Pod {

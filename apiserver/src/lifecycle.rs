@@ -225,6 +225,28 @@ struct Kubelet {
     next_ip: u32,
 }
 
+/// The node names a pod's required node affinity allows by `matchFields metadata.name In`
+/// (the first term that has such a field, as a DaemonSet's or a pinned pod's), if any: the only
+/// node affinity the simulated scheduler honours.
+fn pinned_nodes(pod: &Value) -> Option<Vec<String>> {
+    pod.pointer(
+        "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+    )?
+    .as_array()?
+    .iter()
+    .flat_map(|t| t["matchFields"].as_array().cloned().unwrap_or_default())
+    .find(|f| f["key"] == "metadata.name" && f["operator"] == "In")
+    .map(|f| {
+        f["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect()
+    })
+}
+
 impl Kubelet {
     /// Whether node `n` is one of the simulated nodes.
     fn our_node(&self, n: &str) -> bool {
@@ -279,7 +301,8 @@ impl Kubelet {
             .map(str::to_string);
         match node {
             None if now >= first + self.config.schedule_delay && self.config.nodes > 0 => {
-                self.schedule(uid, &ns, &name, now);
+                let pinned = pinned_nodes(pod);
+                self.schedule(uid, &ns, &name, pinned.as_deref(), now);
             }
             Some(_) if pod.pointer("/status/phase").and_then(Value::as_str) == Some("Pending") => {
                 let at = *self.scheduled.entry(uid).or_insert(now);
@@ -326,9 +349,18 @@ impl Kubelet {
     }
 
     /// Bind a pending pod to the next node (round robin) and mark it scheduled.
-    fn schedule(&mut self, uid: String, ns: &str, name: &str, now: Instant) {
-        let target = format!("sim-node-{}", self.next_node % self.config.nodes);
-        self.next_node += 1;
+    fn schedule(&mut self, uid: String, ns: &str, name: &str, pinned: Option<&[String]>, now: Instant) {
+        let target = match pinned {
+            // A pod pinned by name goes to the first of its nodes that is ours, or stays Pending.
+            Some(names) => match names.iter().find(|n| self.our_node(n)) {
+                Some(n) => n.clone(),
+                None => return,
+            },
+            None => {
+                self.next_node += 1;
+                format!("sim-node-{}", (self.next_node - 1) % self.config.nodes)
+            }
+        };
         let bound = self.store.bind(ns, name, &target);
         if bound.is_ok() {
             let _ = self.store.modify(

@@ -8,7 +8,7 @@
 //! * The Service selector carries `controller.slinky.slurm.net/active=true` only with HA enabled
 //!   (Slinky HEAD always adds it; v1.2 never did): without HA there is one slurmctld pod to select.
 //! * `pinToNode` node affinity is not built: it needs cluster state (the recorded node and whether
-//!   it still exists) that a sandboxed builder cannot see.
+//!   it still exists) that a sandboxed builder cannot see; the host adds it to the built pod.
 //!
 //! The Controller's other children are in [`controller`] (the slurmctld StatefulSet, the
 //! `slurm.conf` ConfigMap, the internal Service; the configuration files in [`conf`]), the

@@ -32,6 +32,27 @@ pub(super) async fn warn_dropped_fields(pass: &Pass<'_>, built: &Pod, created: &
     }
 }
 
+/// `pinToNode`: the node the pod of `ordinal` last ran on (`status.ordinalToNode`), while it
+/// exists and is schedulable (as Slinky: a pod is not pinned to a node it cannot go back to).
+fn pin_target(pass: &Pass<'_>, ordinal: u32) -> Option<String> {
+    let node = pass
+        .ns
+        .status
+        .as_ref()?
+        .ordinal_to_node
+        .get(&ordinal.to_string())?;
+    let cached = pass
+        .ctx
+        .caches
+        .nodes
+        .get(&kube::runtime::reflector::ObjectRef::new(node));
+    let usable = cached.is_some_and(|n| !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false));
+    if !usable {
+        tracing::debug!(ordinal, node, "not pinned: the node is gone or cordoned");
+    }
+    usable.then(|| node.clone())
+}
+
 /// Why a pod of a batch was not created.
 enum Refused {
     /// One of its claims could not be made, or is being deleted.
@@ -128,13 +149,20 @@ pub(super) async fn create_pods(
         .iter()
         .map(|o| PodIdentity::for_ordinal(ns, *o, revision))
         .collect();
-    let built = match build_pods(core, ns, controller, plugin, identities).await? {
+    let mut built = match build_pods(core, ns, controller, plugin, identities).await? {
         Ok(built) => built,
         Err(e) => {
             pass.state.builder_error(&e).await;
             return Ok(());
         }
     };
+    if ns.spec.pin_to_node {
+        for (pod, ordinal) in built.iter_mut().zip(creates) {
+            if let Some(node) = pin_target(pass, *ordinal) {
+                slinky_api::pods::pin_to_node(pod, &node);
+            }
+        }
+    }
     let owner = pass.uid.clone();
     ctx.expectations
         .expect_creations(&owner, built.iter().map(ResourceExt::name_any));

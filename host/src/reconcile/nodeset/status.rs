@@ -115,11 +115,27 @@ pub(super) async fn write_status(
             .or_else(|| ns.status.as_ref().and_then(|s| s.node_set_hash.clone())),
         selector: Some(selector.join(",")),
         conditions: Vec::new(),
+        ordinal_to_node: Default::default(),
+    };
+    // pinToNode: where each ordinal's pod runs now, added to what the status remembers.
+    let placed: Vec<(String, String)> = if ns.spec.pin_to_node {
+        live.iter()
+            .filter_map(|p| {
+                let ordinal = ns.pod_ordinal(&p.name_any())?;
+                let node = p.spec.as_ref()?.node_name.clone()?;
+                Some((ordinal.to_string(), node))
+            })
+            .collect()
+    } else {
+        Vec::new()
     };
     let changes = pass.state.conditions.clone();
     let compute = move |obj: &NodeSet| {
         let current = obj.status.as_ref();
+        let mut ordinal_to_node = current.map(|s| s.ordinal_to_node.clone()).unwrap_or_default();
+        ordinal_to_node.extend(placed.iter().cloned());
         NodeSetStatus {
+            ordinal_to_node,
             conditions: changes.apply(current.map(|s| s.conditions.as_slice()).unwrap_or_default()),
             observed_generation: match reached {
                 Reached::Waiting => current.and_then(|s| s.observed_generation),
