@@ -1520,3 +1520,139 @@ async fn events_over_the_api_limits_are_refused_with_kube_apiservers_message() -
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_budgets() -> Result<()> {
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        eprintln!("kubectl_get_prints_kube_apiservers_columns: skipped, kubectl is not on PATH");
+        return Ok(());
+    }
+    let c = TestCluster::start().await;
+    let ns = c.namespace("columns").await;
+    let kc = c.kubeconfig.display().to_string();
+    let labels = json!({"app": "web"});
+    let template = json!({"metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}});
+    let objects = [
+        (
+            "apps/v1",
+            "StatefulSet",
+            json!({"metadata": {"name": "web"}, "spec": {"replicas": 2,
+            "serviceName": "web", "selector": {"matchLabels": labels}, "template": template}}),
+        ),
+        (
+            "apps/v1",
+            "Deployment",
+            json!({"metadata": {"name": "api"}, "spec": {
+            "selector": {"matchLabels": labels}, "template": template}}),
+        ),
+        (
+            "policy/v1",
+            "PodDisruptionBudget",
+            json!({"metadata": {"name": "guard"}, "spec": {
+            "minAvailable": 1, "selector": {"matchLabels": labels}}}),
+        ),
+        (
+            "v1",
+            "PersistentVolumeClaim",
+            json!({"metadata": {"name": "data"}, "spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}),
+        ),
+        (
+            "v1",
+            "Pod",
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+        ),
+    ];
+    for (api_version, kind, mut obj) in objects {
+        obj["apiVersion"] = api_version.into();
+        obj["kind"] = kind.into();
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let plural = format!("{}s", kind.to_lowercase());
+        let ar = kube::api::ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
+            plural,
+        };
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client.clone(), &ns, &ar);
+        api.create(&PostParams::default(), &serde_json::from_value(obj)?)
+            .await
+            .with_context(|| format!("creating the {kind}"))?;
+    }
+    // Each table as its words, the age column left out: what both servers must print alike.
+    let get = |resource: &str| -> Result<Vec<Vec<String>>> {
+        let out = std::process::Command::new("kubectl")
+            .args(["--kubeconfig", &kc, "-n", &ns, "get", resource])
+            .output()?;
+        ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let mut words: Vec<String> = l.split_whitespace().map(str::to_string).collect();
+                words.pop();
+                words
+            })
+            .collect())
+    };
+    let expect = |resource: &str, want: &[&[&str]]| -> Result<()> {
+        let got = get(resource)?;
+        let want: Vec<Vec<String>> = want
+            .iter()
+            .map(|l| l.iter().map(|w| w.to_string()).collect())
+            .collect();
+        ensure!(got == want, "kubectl get {resource}: {got:?}, want {want:?}");
+        Ok(())
+    };
+    expect("statefulsets", &[&["NAME", "READY"], &["web", "0/2"]])?;
+    expect(
+        "deployments",
+        &[
+            &["NAME", "READY", "UP-TO-DATE", "AVAILABLE"],
+            &["api", "0/1", "0", "0"],
+        ],
+    )?;
+    expect(
+        "poddisruptionbudgets",
+        &[
+            &[
+                "NAME",
+                "MIN",
+                "AVAILABLE",
+                "MAX",
+                "UNAVAILABLE",
+                "ALLOWED",
+                "DISRUPTIONS",
+            ],
+            &["guard", "1", "N/A", "0"],
+        ],
+    )?;
+    expect(
+        "persistentvolumeclaims",
+        &[
+            &[
+                "NAME",
+                "STATUS",
+                "VOLUME",
+                "CAPACITY",
+                "ACCESS",
+                "MODES",
+                "STORAGECLASS",
+            ],
+            &["data", "Pending"],
+        ],
+    )?;
+    expect(
+        "pods",
+        &[
+            &["NAME", "READY", "STATUS", "RESTARTS"],
+            &["p", "0/1", "Pending", "0"],
+        ],
+    )?;
+    Ok(())
+}

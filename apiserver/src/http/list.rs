@@ -26,46 +26,187 @@ fn age(created: Option<&str>) -> String {
     }
 }
 
+/// A computed cell of a built-in kind's table.
+type Cell = fn(&Value) -> Value;
+
+fn int(o: &Value, pointer: &str) -> i64 {
+    o.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// `ready/desired` of a workload, as kubectl prints a StatefulSet's or a Deployment's `READY`
+/// (a missing `spec.replicas` is 1, its default).
+fn ready_of_desired(o: &Value) -> Value {
+    let desired = o.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
+    format!("{}/{desired}", int(o, "/status/readyReplicas")).into()
+}
+
+/// A PodDisruptionBudget's `minAvailable` or `maxUnavailable` as printed: the number or
+/// percentage, or `N/A`.
+fn int_or_na(o: &Value, pointer: &str) -> Value {
+    match o.pointer(pointer) {
+        Some(Value::Number(n)) => n.to_string().into(),
+        Some(Value::String(s)) => s.clone().into(),
+        _ => "N/A".into(),
+    }
+}
+
+/// A pod's `READY` (ready containers / containers), `STATUS` (the reason, a waiting or terminated
+/// container's reason, `Terminating`, or the phase) and `RESTARTS`, as kubectl prints them.
+fn pod_ready(o: &Value) -> Value {
+    let total = o
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let ready = container_statuses(o).filter(|c| c["ready"] == true).count();
+    format!("{ready}/{total}").into()
+}
+
+fn container_statuses(o: &Value) -> impl Iterator<Item = &Value> {
+    o.pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+}
+
+fn pod_status(o: &Value) -> Value {
+    if o.pointer("/metadata/deletionTimestamp").is_some() {
+        return "Terminating".into();
+    }
+    let waiting_or_ended = container_statuses(o).find_map(|c| {
+        c.pointer("/state/waiting/reason")
+            .or_else(|| c.pointer("/state/terminated/reason"))
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty())
+    });
+    let reason = o
+        .pointer("/status/reason")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+        .or(waiting_or_ended)
+        .or_else(|| o.pointer("/status/phase").and_then(Value::as_str));
+    reason.unwrap_or_default().into()
+}
+
+fn pod_restarts(o: &Value) -> Value {
+    let n: i64 = container_statuses(o)
+        .map(|c| c["restartCount"].as_i64().unwrap_or(0))
+        .sum();
+    n.into()
+}
+
+/// A claim's access modes, abbreviated as kubectl prints them (`RWO,ROX`).
+fn access_modes(o: &Value) -> Value {
+    let modes = o
+        .pointer("/status/accessModes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|m| match m {
+            "ReadWriteOnce" => "RWO",
+            "ReadOnlyMany" => "ROX",
+            "ReadWriteMany" => "RWX",
+            "ReadWriteOncePod" => "RWOP",
+            other => other,
+        })
+        .collect::<Vec<_>>();
+    modes.join(",").into()
+}
+
+fn path(pointer: &'static str) -> impl Fn(&Value) -> Value {
+    move |o| match o.pointer(pointer) {
+        Some(Value::String(s)) => s.clone().into(),
+        Some(Value::Null) | None => "".into(),
+        Some(v) => v.to_string().into(),
+    }
+}
+
+/// The columns kube-apiserver 1.28 prints for a built-in kind (before `Age`; `None` for the
+/// kinds this server prints only `Name` and `Age` of, or a custom resource's printer columns).
+fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, Box<dyn Fn(&Value) -> Value>)> {
+    let b = |f: Cell| -> Box<dyn Fn(&Value) -> Value> { Box::new(f) };
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "pods") => vec![
+            ("Ready", b(pod_ready)),
+            ("Status", b(pod_status)),
+            ("Restarts", b(pod_restarts)),
+            // Priority 1: shown by `-o wide`.
+            ("IP", Box::new(path("/status/podIP"))),
+            ("Node", Box::new(path("/spec/nodeName"))),
+        ],
+        ("", "services") => vec![
+            ("Type", Box::new(path("/spec/type"))),
+            ("Cluster-IP", Box::new(path("/spec/clusterIP"))),
+        ],
+        ("", "namespaces") => vec![("Status", Box::new(path("/status/phase")))],
+        ("", "events") => vec![
+            ("Type", Box::new(path("/type"))),
+            ("Reason", Box::new(path("/reason"))),
+            ("Object", Box::new(path("/involvedObject/name"))),
+            ("Message", Box::new(path("/message"))),
+        ],
+        ("", "persistentvolumeclaims") => vec![
+            ("Status", Box::new(path("/status/phase"))),
+            ("Volume", Box::new(path("/spec/volumeName"))),
+            ("Capacity", Box::new(path("/status/capacity/storage"))),
+            ("Access Modes", b(access_modes)),
+            ("StorageClass", Box::new(path("/spec/storageClassName"))),
+        ],
+        ("apps", "statefulsets") => vec![("Ready", b(ready_of_desired))],
+        ("apps", "deployments") => vec![
+            ("Ready", b(ready_of_desired)),
+            ("Up-to-date", b(|o| int(o, "/status/updatedReplicas").into())),
+            ("Available", b(|o| int(o, "/status/availableReplicas").into())),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            ("Min Available", b(|o| int_or_na(o, "/spec/minAvailable"))),
+            ("Max Unavailable", b(|o| int_or_na(o, "/spec/maxUnavailable"))),
+            (
+                "Allowed Disruptions",
+                b(|o| int(o, "/status/disruptionsAllowed").into()),
+            ),
+        ],
+        _ => vec![],
+    }
+}
+
 pub(super) fn to_table(rt: &ResourceType, objs: &[Arc<Value>], rev: u64) -> Value {
     let mut columns = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}),
     ];
-    let builtin: Vec<(&str, &str)> = match rt.plural.as_str() {
-        "pods" => vec![("Status", ".status.phase"), ("Node", ".spec.nodeName")],
-        "services" => vec![("Type", ".spec.type"), ("Cluster-IP", ".spec.clusterIP")],
-        "namespaces" => vec![("Status", ".status.phase")],
-        "events" if rt.group.is_empty() => vec![
-            ("Type", ".type"),
-            ("Reason", ".reason"),
-            ("Object", ".involvedObject.name"),
-            ("Message", ".message"),
-        ],
-        _ => vec![],
-    };
-    let mut paths: Vec<(String, String)> = builtin
-        .iter()
-        .map(|(n, p)| (n.to_string(), p.to_string()))
+    let mut cells: Vec<(String, Box<dyn Fn(&Value) -> Value>)> = builtin_columns(rt)
+        .into_iter()
+        .map(|(n, f)| (n.to_string(), f))
         .collect();
     for (name, ty, path) in &rt.columns {
         if ty == "date" || name == "Age" {
             continue;
         }
-        paths.push((name.clone(), path.clone()));
+        let path = path.clone();
+        cells.push((
+            name.clone(),
+            Box::new(move |o: &Value| {
+                json_path_get(o, &path)
+                    .cloned()
+                    .unwrap_or(Value::String(String::new()))
+            }),
+        ));
     }
-    for (name, _) in &paths {
-        columns
-            .push(json!({"name": name, "type": "string", "format": "", "description": name, "priority": 0}));
+    let wide = |name: &str| rt.group.is_empty() && rt.plural == "pods" && matches!(name, "IP" | "Node");
+    for (name, _) in &cells {
+        let priority = i32::from(wide(name));
+        columns.push(
+            json!({"name": name, "type": "string", "format": "", "description": name, "priority": priority}),
+        );
     }
     columns.push(json!({"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0}));
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
-            let mut cells = vec![o["metadata"]["name"].clone()];
-            for (_, path) in &paths {
-                cells.push(json_path_get(o, path).cloned().unwrap_or(Value::String(String::new())));
-            }
-            cells.push(age(o.pointer("/metadata/creationTimestamp").and_then(Value::as_str)).into());
-            json!({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
+            let mut row = vec![o["metadata"]["name"].clone()];
+            row.extend(cells.iter().map(|(_, cell)| cell(o)));
+            row.push(age(o.pointer("/metadata/creationTimestamp").and_then(Value::as_str)).into());
+            json!({"cells": row, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
         })
         .collect();
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rev.to_string()},

@@ -21,6 +21,13 @@ impl Inner {
                 }
                 pod_defaults(obj);
             }
+            ("", "persistentvolumeclaims") => {
+                // A new claim is Pending until bound, whatever status the client sent.
+                obj["status"] = json!({"phase": "Pending"});
+                if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                    spec.entry("volumeMode").or_insert("Filesystem".into());
+                }
+            }
             ("", "secrets") => secret_defaults(obj),
             ("", "services") => {
                 let ip = self.next_ip;
