@@ -8,6 +8,9 @@
 //! at a time, each once every other pod is ready (the `RollingUpdate` strategy); the status counts
 //! replicas, ready, current and updated pods.
 //!
+//! A refused pod or claim create is a Warning `FailedCreate` Event on the StatefulSet, with
+//! kube-controller-manager's message, repeats folded into its `count`.
+//!
 //! What it does not do: `OrderedReady` start-up (pods are created in parallel),
 //! `partition`, `maxUnavailable`, `OnDelete`, `minReadySeconds`, ControllerRevisions, claim
 //! retention policies (claims are kept, as by default).
@@ -163,6 +166,47 @@ fn sync_one(store: &Store, set: &Set<'_>) {
     write_status(store, set, &live);
 }
 
+/// A Warning Event on the StatefulSet, as kube-controller-manager's recorder makes it: a core
+/// Event from `statefulset-controller`, repeated ones folded into one whose `count` grows.
+fn warn(store: &Store, set: &Set<'_>, reason: &str, message: String) {
+    use std::hash::{Hash, Hasher};
+    let events = key("", "events");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&set.uid, reason, &message).hash(&mut h);
+    let name = format!("{}.{:016x}", set.name, h.finish());
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let folded = store.modify(
+        &events,
+        &set.ns,
+        &name,
+        Sub::Main,
+        MANAGER,
+        Op::Server,
+        |cur, _| {
+            let mut e = cur.clone();
+            e["count"] = (cur["count"].as_i64().unwrap_or(1) + 1).into();
+            e["lastTimestamp"] = now.clone().into();
+            Ok(e)
+        },
+    );
+    if folded.is_ok() {
+        return;
+    }
+    let event = json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": set.ns},
+        "involvedObject": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set.name,
+            "namespace": set.ns, "uid": set.uid},
+        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "source": {"component": "statefulset-controller"},
+        "firstTimestamp": now, "lastTimestamp": now, "reportingComponent": "statefulset-controller"});
+    if let Err(error) = store.create(&events, &set.ns, event, MANAGER, false) {
+        tracing::debug!(statefulset = %set.name, %error, "cannot record an Event");
+    }
+}
+
 /// Missing ordinals: their claims, then the pods.
 fn create_missing(store: &Store, set: &Set<'_>, pods: &[Arc<Value>]) {
     for i in 0..set.replicas {
@@ -175,6 +219,11 @@ fn create_missing(store: &Store, set: &Set<'_>, pods: &[Arc<Value>]) {
         }
         if let Err(error) = store.create(&key("", "pods"), &set.ns, pod, MANAGER, false) {
             tracing::debug!(statefulset = %set.name, %error, "cannot create a StatefulSet pod");
+            let message = format!(
+                "create Pod {}-{i} in StatefulSet {} failed error: {}",
+                set.name, set.name, error.message
+            );
+            warn(store, set, "FailedCreate", message);
         }
     }
 }
@@ -202,6 +251,11 @@ fn create_claims(store: &Store, set: &Set<'_>, i: i64) -> bool {
             }
             if let Err(error) = store.create(&pvcs, &set.ns, pvc, MANAGER, false) {
                 tracing::debug!(statefulset = %set.name, %error, "cannot create a claim of a StatefulSet pod");
+                let message = format!(
+                    "create Claim {claim_name} for Pod {}-{i} in StatefulSet {} failed error: {}",
+                    set.name, set.name, error.message
+                );
+                warn(store, set, "FailedCreate", message);
                 created_all = false;
             }
         }

@@ -1656,3 +1656,65 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
     )?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_whose_pods_are_refused_gets_failed_create_events() -> Result<()> {
+    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
+        lifecycle: Some(slinky_apiserver::LifecycleConfig {
+            nodes: 1,
+            schedule_delay: Duration::from_millis(10),
+            ready_delay: Duration::from_millis(10),
+            grace_period_scale: 0.01,
+        }),
+        statefulsets: true,
+        ..Default::default()
+    })
+    .await;
+    let ns = c.namespace("sts-events").await;
+    // Valid as a StatefulSet (its pod template is not validated), refused as a pod.
+    let sts: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "bad"},
+        "spec": {"serviceName": "bad", "selector": {"matchLabels": {"app": "bad"}},
+            "template": {"metadata": {"labels": {"app": "bad"}}, "spec": {"containers": [{
+                "name": "c", "image": "x", "volumeMounts": [{"name": "missing", "mountPath": "/m"}]}]}}}}))?;
+    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &sts)
+        .await?;
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(c.client.clone(), &ns);
+    let event = eventually(60, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.reason.as_deref() == Some("FailedCreate") && e.involved_object.name.as_deref() == Some("bad")
+        })
+    })
+    .await
+    .context("no FailedCreate Event (is the StatefulSet controller running?)")?;
+    let message = event.message.unwrap_or_default();
+    ensure!(event.type_.as_deref() == Some("Warning"), "{:?}", event.type_);
+    ensure!(
+        message.starts_with("create Pod bad-0 in StatefulSet bad failed error: ")
+            && message.contains("spec.containers[0].volumeMounts[0].name: Not found: \"missing\""),
+        "{message}"
+    );
+    ensure!(event.involved_object.kind.as_deref() == Some("StatefulSet"));
+    ensure!(
+        event.source.and_then(|s| s.component).as_deref() == Some("statefulset-controller"),
+        "the Event is the StatefulSet controller's"
+    );
+    // Repeats are folded into one Event.
+    let folded = eventually(60, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let failed: Vec<_> = list
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+            .collect();
+        (failed.len() == 1 && failed[0].count.unwrap_or(0) > 1).then_some(())
+    })
+    .await;
+    ensure!(
+        folded.is_some(),
+        "repeated failures are not one Event with a growing count"
+    );
+    Ok(())
+}
