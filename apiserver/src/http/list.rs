@@ -28,6 +28,8 @@ fn age(created: Option<&str>) -> String {
 
 /// A computed cell of a built-in kind's table.
 type Cell = fn(&Value) -> Value;
+/// A column's cell, computed from the object.
+type CellFn = Box<dyn Fn(&Value) -> Value>;
 
 fn int(o: &Value, pointer: &str) -> i64 {
     o.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
@@ -123,8 +125,8 @@ fn path(pointer: &'static str) -> impl Fn(&Value) -> Value {
 
 /// The columns kube-apiserver 1.28 prints for a built-in kind (before `Age`; `None` for the
 /// kinds this server prints only `Name` and `Age` of, or a custom resource's printer columns).
-fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, Box<dyn Fn(&Value) -> Value>)> {
-    let b = |f: Cell| -> Box<dyn Fn(&Value) -> Value> { Box::new(f) };
+fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
+    let b = |f: Cell| -> CellFn { Box::new(f) };
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "pods") => vec![
             ("Ready", b(pod_ready)),
@@ -174,7 +176,7 @@ pub(super) fn to_table(rt: &ResourceType, objs: &[Arc<Value>], rev: u64) -> Valu
     let mut columns = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}),
     ];
-    let mut cells: Vec<(String, Box<dyn Fn(&Value) -> Value>)> = builtin_columns(rt)
+    let mut cells: Vec<(String, CellFn)> = builtin_columns(rt)
         .into_iter()
         .map(|(n, f)| (n.to_string(), f))
         .collect();

@@ -1,11 +1,13 @@
 //! Validation like kube-apiserver's, for the built-in kinds this server serves: object metadata
 //! (names and `generateName` per kind, labels, annotations, owner references, finalizers),
 //! Pods (create and the update immutability rules), Services, ConfigMaps and Secrets,
-//! PersistentVolumeClaims (created), Events (their length limits), Leases and Namespaces. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
+//! PersistentVolumeClaims (created), Events (their length limits), Deployments, StatefulSets,
+//! PodDisruptionBudgets, Leases and Namespaces. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
 //! `objectmeta.go`; the messages and field paths are kube-apiserver's, so a client sees the same
 //! `422 Invalid` `Status` (with `details.causes[].field`) from both. The name and value rules
 //! themselves live in [`slinky_api::validation`], shared with the host.
 
+mod budget;
 mod claim;
 mod data;
 mod event;
@@ -248,6 +250,7 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
         ("", "events", _) => errs.extend(event::event(new)),
         ("apps", "deployments", old) => errs.extend(workload::deployment(new, old)),
         ("apps", "statefulsets", None) => errs.extend(workload::statefulset(new)),
+        ("policy", "poddisruptionbudgets", _) => errs.extend(budget::budget(new)),
         ("coordination.k8s.io", "leases", _) => {
             let s = new.get("spec").cloned().unwrap_or(Value::Null);
             if let Some(d) = s.get("leaseDurationSeconds").and_then(Value::as_i64)
