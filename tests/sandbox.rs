@@ -802,3 +802,49 @@ fn a_refused_version_is_never_compiled_with_cranelift() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn calls_past_the_concurrency_limit_wait_for_a_slot_on_either_tier() -> Result<()> {
+    for tiering in [Tiering::Optimized, Tiering::Baseline] {
+        let config = RuntimeConfig {
+            call_deadline: Duration::from_millis(200),
+            max_concurrent_calls: 1,
+            tiering,
+            cache_dir: Some(slinky_tests::cache_dir()),
+            ..RuntimeConfig::default()
+        };
+        let engine = EngineHandle::new(config)?;
+        let plugin = load(&engine, "hostile")?;
+        let (nodeset, controller) = example_objects()?;
+        let looping = with_behaviour(nodeset, "loop");
+        // Three calls at once, each running until its deadline: with one slot, two wait.
+        let barrier = std::sync::Barrier::new(3);
+        let results: Vec<bool> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        matches!(
+                            build(&plugin, &looping, &controller),
+                            Err(PluginError::Trap {
+                                cause: TrapCause::Deadline(_),
+                                ..
+                            })
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(false)).collect()
+        });
+        ensure!(
+            results.iter().all(|&trapped| trapped),
+            "{tiering:?}: every call ran to its own deadline (waiting does not count): {results:?}"
+        );
+        ensure!(
+            engine.calls_waited() == 2,
+            "{tiering:?}: {} calls waited, expected 2",
+            engine.calls_waited()
+        );
+    }
+    Ok(())
+}

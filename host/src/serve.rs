@@ -279,6 +279,12 @@ impl HostState {
         )?;
         counters(
             e,
+            "plugin_calls_waited",
+            "Builder calls that waited for one of the --plugin-concurrency slots",
+            std::iter::once((labels(&[]), self.plugins.engine().calls_waited())),
+        )?;
+        counters(
+            e,
             "plugin_reloads",
             "Plugin file versions considered by the reloader, by result (swapped, refused, unchanged)",
             self.plugins

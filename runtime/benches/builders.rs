@@ -243,8 +243,19 @@ fn main() -> anyhow::Result<()> {
         p.build_pod_raw(&ctx, &ns_json, &ctl_json, &identity)
             .expect("build");
     };
+    // The default resident size, and the size before it (16 MiB) for comparison.
+    let kept = slinky_runtime::DEFAULT_KEEP_RESIDENT;
     let mib16 = 16 << 20;
+    let default_kept = format!("pooling, {} MiB kept resident, PAGEMAP_SCAN", kept >> 20);
     let variants = [
+        (
+            default_kept.as_str(),
+            RuntimeConfig {
+                keep_resident: kept,
+                pagemap_scan: true,
+                ..base.clone()
+            },
+        ),
         (
             "pooling, 16 MiB kept resident, PAGEMAP_SCAN",
             RuntimeConfig {

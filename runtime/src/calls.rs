@@ -346,6 +346,7 @@ impl Plugin {
         let label = self.label();
         let engine = &self.inner.engine;
         let limits = engine.limits();
+        let _slot = engine.gate().enter();
         let (mut store, instance) = instantiate(&limits, &code.engine, &code.pre, &label, call)?;
         let result = f(&mut store, &instance);
         engine.count_call(store.data().limits.grows);

@@ -44,10 +44,14 @@ pub struct RuntimeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Try the pooling allocator first (falls back to on-demand when it can't reserve memory).
     pub pooling: bool,
-    /// At most this many plugin calls run at once when pooling (instance slots).
+    /// At most this many plugin calls run at once, on either tier (a call past it waits); with
+    /// pooling, the pool's instance slots (default 16: calls run on a host's few cores, and the
+    /// slots' resident memory stays bounded).
     pub max_concurrent_calls: u32,
     /// Pooling: bytes of each linear memory (and table) kept resident between instances, reset
-    /// with `memset` rather than decommitted: a reused slot takes no page faults for them.
+    /// with `memset` rather than decommitted: a reused slot takes no page faults for them. The
+    /// pool's resident memory is at most this much per slot in use (default 4 MiB, twice what a
+    /// bundled build touches).
     pub keep_resident: usize,
     /// Pooling on Linux 6.7+: reset only the pages an instance touched (`PAGEMAP_SCAN`); older
     /// kernels reset the resident part with `memset`.
@@ -108,7 +112,10 @@ const MIN_POOLED_MEMORY: usize = 16 << 20;
 /// [`RuntimeConfig::keep_resident`]): more than a build touches (the bundled builders touch about
 /// 2 MiB), so a call takes no page faults. Resident memory is bounded by what calls touched, at most
 /// this much per instance slot in use.
-pub const DEFAULT_KEEP_RESIDENT: usize = 16 << 20;
+pub const DEFAULT_KEEP_RESIDENT: usize = 4 << 20;
+
+/// Plugin calls running at once by default (see [`RuntimeConfig::max_concurrent_calls`]).
+pub const DEFAULT_CONCURRENT_CALLS: u32 = 16;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -117,7 +124,7 @@ impl Default for RuntimeConfig {
             memory_limit: 64 << 20,
             cache_dir: default_cache_dir(),
             pooling: true,
-            max_concurrent_calls: 64,
+            max_concurrent_calls: DEFAULT_CONCURRENT_CALLS,
             keep_resident: DEFAULT_KEEP_RESIDENT,
             pagemap_scan: true,
             memory_init_cow: true,
@@ -172,10 +179,74 @@ pub struct EngineHandle {
     compiled: Mutex<HashMap<String, Component>>,
     ticker_stop: Arc<AtomicBool>,
     stats: CallStats,
+    /// At most `max_concurrent_calls` calls at once, whatever their tier.
+    gate: CallGate,
     /// The guests' log lines: rate limits and counts per plugin.
     guest_logs: crate::guest_log::GuestLogs,
     /// The queue of the one thread that compiles optimized code in the background.
     optimizer: Mutex<Option<std::sync::mpsc::Sender<OptimizeJob>>>,
+}
+
+/// A counting gate: at most `max` plugin calls run at once, on either tier (the pool has that
+/// many instance slots; Winch instances, allocated on demand, would otherwise be unbounded).
+/// A call past the limit waits (on its blocking thread) for one to end.
+#[derive(Debug)]
+pub(crate) struct CallGate {
+    max: usize,
+    busy: Mutex<usize>,
+    freed: std::sync::Condvar,
+    /// Calls that had to wait for a slot.
+    waited: std::sync::atomic::AtomicU64,
+}
+
+/// A running call's place in the [`CallGate`], given back when dropped.
+pub(crate) struct CallSlot<'a>(&'a CallGate);
+
+impl CallGate {
+    fn new(max: u32) -> Self {
+        CallGate {
+            max: max.max(1) as usize,
+            busy: Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+            waited: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Wait for a slot.
+    pub(crate) fn enter(&self) -> CallSlot<'_> {
+        let mut busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *busy >= self.max {
+            self.waited.fetch_add(1, Ordering::Relaxed);
+        }
+        while *busy >= self.max {
+            busy = self
+                .freed
+                .wait(busy)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *busy += 1;
+        CallSlot(self)
+    }
+
+    /// Calls that waited for a slot, since the start.
+    pub(crate) fn waited(&self) -> u64 {
+        self.waited.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for CallSlot<'_> {
+    fn drop(&mut self) {
+        let mut busy = self
+            .0
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *busy = busy.saturating_sub(1);
+        self.0.freed.notify_one();
+    }
 }
 
 /// Work for the background optimizer thread.
@@ -213,6 +284,7 @@ impl EngineHandle {
     /// # Errors
     /// [`PluginError::Engine`] when wasmtime cannot create an engine even without pooling.
     pub fn new(config: RuntimeConfig) -> Result<Arc<Self>, PluginError> {
+        let gate = CallGate::new(config.max_concurrent_calls);
         let (engine, allocator) = if config.pooling {
             let mut pool = PoolingAllocationConfig::default();
             let slots = config.max_concurrent_calls.max(1);
@@ -284,6 +356,7 @@ impl EngineHandle {
             compiled: Mutex::new(HashMap::new()),
             ticker_stop,
             stats: CallStats::default(),
+            gate,
             guest_logs: Default::default(),
             optimizer: Mutex::new(None),
         }))
@@ -407,6 +480,16 @@ impl EngineHandle {
     }
 
     /// The limits each call runs under.
+    /// The gate every call passes (see [`CallGate`]).
+    pub(crate) fn gate(&self) -> &CallGate {
+        &self.gate
+    }
+
+    /// Calls that waited for one of the `max_concurrent_calls` slots, since the start.
+    pub fn calls_waited(&self) -> u64 {
+        self.gate.waited()
+    }
+
     pub(crate) fn limits(&self) -> sandbox::Limits {
         sandbox::Limits {
             memory: self.config.memory_limit,

@@ -44,7 +44,8 @@ pub use bundled::{PluginRegistry, Refusal};
 pub use child::{Child, ChildKind, MAX_CHILDREN, Ownership};
 pub use component::{digest, gunzip, with_custom_section};
 pub use engine::{
-    Allocator, CallStats, CompileSource, EngineHandle, RuntimeConfig, Tier, Tiering, default_cache_dir,
+    Allocator, CallStats, CompileSource, DEFAULT_CONCURRENT_CALLS, DEFAULT_KEEP_RESIDENT, EngineHandle,
+    RuntimeConfig, Tier, Tiering, default_cache_dir,
 };
 pub use error::{GuestError, PluginError, TrapCause};
 pub use plugin::{Plugin, PluginSource};

@@ -271,6 +271,8 @@ fn deployment(args: &ManifestsArgs) -> Value {
                             {"name": "SLINKY_HOST_PLUGIN_CACHE", "value": CACHE_DIR},
                             {"name": "SLINKY_HOST_PLUGIN_DEADLINE_MS", "value": "1000"},
                             {"name": "SLINKY_HOST_PLUGIN_MEMORY_MIB", "value": "64"},
+                            {"name": "SLINKY_HOST_PLUGIN_CONCURRENCY", "value": "16"},
+                            {"name": "SLINKY_HOST_PLUGIN_KEEP_RESIDENT_MIB", "value": "4"},
                         ],
                         "ports": [{"name": "http", "containerPort": METRICS_PORT, "protocol": "TCP"}],
                         "livenessProbe": probe("/healthz", 10),

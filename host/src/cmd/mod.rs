@@ -97,6 +97,25 @@ pub struct GlobalArgs {
         default_value_t = 64
     )]
     pub plugin_memory_mib: usize,
+    /// Plugin calls running at once (more wait for one to end); with the pooling allocator, its
+    /// instance slots.
+    #[arg(
+        long,
+        global = true,
+        env = "SLINKY_HOST_PLUGIN_CONCURRENCY",
+        default_value_t = slinky_runtime::DEFAULT_CONCURRENT_CALLS
+    )]
+    pub plugin_concurrency: u32,
+    /// MiB of each pool slot's memory kept resident between calls (what a call touched beyond
+    /// it is given back to the kernel): the pool's resident memory is at most this times
+    /// --plugin-concurrency.
+    #[arg(
+        long,
+        global = true,
+        env = "SLINKY_HOST_PLUGIN_KEEP_RESIDENT_MIB",
+        default_value_t = slinky_runtime::DEFAULT_KEEP_RESIDENT >> 20
+    )]
+    pub plugin_keep_resident_mib: usize,
     /// Directory of precompiled plugins (default: $XDG_CACHE_HOME/slinky-host/components).
     #[arg(long, global = true, env = "SLINKY_HOST_PLUGIN_CACHE")]
     pub plugin_cache_dir: Option<PathBuf>,
@@ -155,6 +174,8 @@ impl GlobalArgs {
         RuntimeConfig {
             call_deadline: Duration::from_millis(self.plugin_deadline_ms.max(1)),
             memory_limit: self.plugin_memory_mib.max(1) << 20,
+            max_concurrent_calls: self.plugin_concurrency.max(1),
+            keep_resident: self.plugin_keep_resident_mib << 20,
             cache_dir,
             tiering,
             allow: self.allow.iter().copied().collect(),
