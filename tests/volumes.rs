@@ -255,7 +255,7 @@ async fn a_pod_waits_for_its_claim_being_deleted_and_says_so() -> Result<()> {
     api.create(&Default::default(), &serde_json::from_value(held)?)
         .await?;
     api.delete(&claim_name(0), &DeleteParams::default()).await?;
-    apply_example_with(&c, &ns, 1, |v| {
+    apply_example_with(&c, &ns, 2, |v| {
         v["spec"]["volumeClaimTemplates"] = json!([scratch_template()]);
     })
     .await?;
@@ -281,6 +281,9 @@ async fn a_pod_waits_for_its_claim_being_deleted_and_says_so() -> Result<()> {
         failure.message
     );
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    // Only that pod waits: the other ordinal is created.
+    let other = eventually(30, || async { pods.get_opt(&format!("{NS_NAME}-1")).await.ok()? }).await;
+    ensure!(other.is_some(), "pod 1 waited for the claim of pod 0");
     ensure!(
         pods.get_opt(&format!("{NS_NAME}-0")).await?.is_none(),
         "the pod was created on a claim being deleted"
@@ -292,7 +295,7 @@ async fn a_pod_waits_for_its_claim_being_deleted_and_says_so() -> Result<()> {
         &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
     )
     .await?;
-    converge_current(&c, &ns, &names(&[0]), false).await?;
+    converge_current(&c, &ns, &names(&[0, 1]), false).await?;
     ensure!(mounted(&c, &ns, 0).await == Some(claim_name(0)));
     ensure!(
         claims(&c, &ns).await?.contains_key(&claim_name(0)),

@@ -56,7 +56,7 @@ fn pin_target(pass: &Pass<'_>, ordinal: u32) -> Option<String> {
 /// Why a pod of a batch was not created.
 enum Refused {
     /// One of its claims could not be made, or is being deleted.
-    Claim(String),
+    Claim(volumes::Missing),
     /// The API server refused the pod.
     Api(kube::Error),
 }
@@ -188,10 +188,10 @@ pub(super) async fn create_pods(
         for ((pod, _), r) in this.iter().zip(results) {
             let name = pod.name_any();
             match r {
-                Err(Refused::Claim(message)) => {
+                Err(Refused::Claim(missing)) => {
                     ctx.expectations.creation_observed(&owner, &name);
-                    refused = true;
-                    pass.failed("FailedCreate", message).await;
+                    refused |= !missing.deleting;
+                    pass.failed("FailedCreate", missing.message).await;
                 }
                 Ok((stored, made)) => {
                     claims_made.extend(made);

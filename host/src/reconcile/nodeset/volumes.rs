@@ -4,9 +4,10 @@
 //!
 //! # Guarantees
 //! * A pod is created only once each of its claims exists and is not being deleted (a claim
-//!   being deleted would leave the pod Pending on it); otherwise the create is refused like a
-//!   refused pod create (`FailedCreate` Event, `ReplicaFailure`, backoff) and the claim watch
-//!   brings the NodeSet back when the claim is gone.
+//!   being deleted would leave the pod Pending on it). A claim being deleted holds only its pod
+//!   (`FailedCreate` Event, `ReplicaFailure`, backoff; the other ordinals are created), and the
+//!   claim watch brings the NodeSet back when it is gone; a refused claim create stops the batch
+//!   like a refused pod create.
 //! * `whenDeleted: Delete`: every claim of a kept pod carries a plain owner reference to the
 //!   NodeSet (the garbage collector deletes it with the NodeSet); `Retain` removes it.
 //! * `whenScaled: Delete`: just before a pod is deleted by a scale-in, its claims get a plain
@@ -50,25 +51,38 @@ fn nodeset_ref(ns: &NodeSet) -> Option<OwnerReference> {
     controller_ref(ns)
 }
 
+/// Why a pod's claims are not all there.
+pub(super) struct Missing {
+    /// What happened, naming the claim and the pod.
+    pub(super) message: String,
+    /// A claim is being deleted: only this pod waits (the batch goes on), unlike a refused create.
+    pub(super) deleting: bool,
+}
+
 /// Make the claims of the pod of `ordinal` that do not exist yet. `Ok` with the claims made;
-/// `Err` with the message when one could not be made or is being deleted (the pod must not be
-/// created then).
-pub(super) async fn ensure(pass: &Pass<'_>, ordinal: u32) -> Result<Vec<String>, String> {
+/// `Err` when one could not be made or is being deleted (the pod must not be created then).
+pub(super) async fn ensure(pass: &Pass<'_>, ordinal: u32) -> Result<Vec<String>, Missing> {
     let ns = pass.ns;
     let claims = ns.claims_of(ordinal);
     if claims.is_empty() {
         return Ok(Vec::new());
     }
     let (policy, pod) = (policy(ns), ns.pod_name(ordinal));
-    let owner = nodeset_ref(ns).ok_or_else(|| format!("NodeSet {} has no UID yet", ns.name_any()))?;
+    let owner = nodeset_ref(ns).ok_or_else(|| Missing {
+        message: format!("NodeSet {} has no UID yet", ns.name_any()),
+        deleting: false,
+    })?;
     let mut made = Vec::new();
     for mut claim in claims {
         let name = claim.name_any();
         match cached(pass, &name) {
             Some(c) if c.metadata.deletion_timestamp.is_some() => {
-                return Err(format!(
-                    "claim {name} of pod {pod} is being deleted: the pod is created once it is gone"
-                ));
+                return Err(Missing {
+                    message: format!(
+                        "claim {name} of pod {pod} is being deleted: the pod is created once it is gone"
+                    ),
+                    deleting: true,
+                });
             }
             Some(_) => {}
             None => {
@@ -79,10 +93,13 @@ pub(super) async fn ensure(pass: &Pass<'_>, ordinal: u32) -> Result<Vec<String>,
                     // Made meanwhile (our cache had not shown it): used as it is.
                     Err(e) if writer::is_already_exists(&e) => {}
                     Err(e) => {
-                        return Err(format!(
-                            "Error creating claim {name} of pod {pod}: {}",
-                            writer::message(&e)
-                        ));
+                        return Err(Missing {
+                            message: format!(
+                                "Error creating claim {name} of pod {pod}: {}",
+                                writer::message(&e)
+                            ),
+                            deleting: false,
+                        });
                     }
                 }
             }

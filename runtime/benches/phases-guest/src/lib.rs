@@ -23,7 +23,7 @@ slinky_guest_sdk::use_bump_allocator!();
 
 #[cfg(target_arch = "wasm32")]
 mod guest {
-    wit_bindgen::generate!({ world: "nodeset-pod-builder", path: "../../../wit/builder@0.2.0" });
+    wit_bindgen::generate!({ world: "nodeset-pod-builder", path: "../../../wit/builder@0.3.0" });
 
     use exports::slinky::builder::{nodeset_pod, plugin};
     use slinky::builder::types::{BuildContext, BuildError, BuilderKind, PluginInfo, PodIdentity};
