@@ -15,7 +15,9 @@ use serde_json::{Value, json};
 use slinky_api::NodeSet;
 use slinky_tests::{
     TestCluster, eventually,
-    host::{Host, NS_NAME, apply_example_with, cluster, converge_current, events, names, scale},
+    host::{
+        Host, NS_NAME, apply_example_with, cluster, converge_current, events, names, nodeset_condition, scale,
+    },
 };
 
 fn scratch_template() -> Value {
@@ -219,14 +221,10 @@ async fn a_bad_claim_template_is_an_invalid_spec_naming_it() -> Result<()> {
     .await?;
     let host = Host::start(&c, &ns)?;
     let cond = eventually(30, || async {
-        let n = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
-            .get(NS_NAME)
+        nodeset_condition(&c, &ns, slinky_api::conditions::INVALID_SPEC)
             .await
-            .ok()?;
-        n.status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == slinky_api::conditions::INVALID_SPEC && c.status == "True")
+            .ok()?
+            .filter(|c| c.status == "True")
     })
     .await
     .context("no InvalidSpec condition")?;
@@ -261,14 +259,10 @@ async fn a_pod_waits_for_its_claim_being_deleted_and_says_so() -> Result<()> {
     .await?;
     let host = Host::start(&c, &ns)?;
     let failure = eventually(30, || async {
-        let n = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
-            .get(NS_NAME)
+        nodeset_condition(&c, &ns, slinky_api::conditions::REPLICA_FAILURE)
             .await
-            .ok()?;
-        n.status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == slinky_api::conditions::REPLICA_FAILURE && c.status == "True")
+            .ok()?
+            .filter(|c| c.status == "True")
     })
     .await
     .context("no ReplicaFailure while the claim is being deleted")?;
