@@ -728,6 +728,13 @@ async fn pin_to_node_brings_a_replacement_back_to_its_node_while_it_is_schedulab
         "pod 1 went to {back}, it ran on {:?}",
         before.get(&pod1)
     );
+    let pinned = serde_json::to_value(pods.get(&pod1).await?.spec.and_then(|s| s.affinity))?;
+    ensure!(
+        pinned.pointer(
+            "/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchFields/0"
+        ) == Some(&json!({"key": "metadata.name", "operator": "In", "values": [back]})),
+        "the replacement is not pinned by its spec: {pinned}"
+    );
 
     // Its node cordoned: pod 2's replacement is not pinned to it.
     let pod2 = format!("{NS_NAME}-2");

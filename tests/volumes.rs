@@ -111,6 +111,16 @@ async fn claims_are_made_before_their_pods_and_come_back_with_their_ordinal() ->
             mounted(&c, &ns, o).await == Some(claim_name(o)),
             "pod {o} does not mount its claim"
         );
+        // Not made after its pod (creation times are whole seconds; that a pod is never made
+        // before its claim is shown by the held-claim test below).
+        let pod = Api::<Pod>::namespaced(c.client.clone(), &ns)
+            .get(&format!("{NS_NAME}-{o}"))
+            .await?;
+        ensure!(
+            claim.metadata.creation_timestamp <= pod.metadata.creation_timestamp,
+            "claim {} was made after pod {o}",
+            claim_name(o)
+        );
     }
     let uid = made[&claim_name(1)].uid();
 

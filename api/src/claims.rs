@@ -41,6 +41,25 @@ pub struct RetentionPolicy {
 }
 
 const TEMPLATES: &str = "spec.volumeClaimTemplates";
+
+/// The first key of `raw` (with its path under `at`) that `known` (`raw` parsed into its type and
+/// serialized back) does not have: a field the type does not know. Nulls are skipped.
+fn unknown_field(raw: &serde_json::Value, known: &serde_json::Value, at: &str) -> Option<String> {
+    use serde_json::Value;
+    match (raw, known) {
+        (Value::Object(r), Value::Object(k)) => r.iter().find_map(|(key, v)| match (v, k.get(key)) {
+            (Value::Null, _) => None,
+            (_, None) => Some(format!("{at}.{key}")),
+            (v, Some(kv)) => unknown_field(v, kv, &format!("{at}.{key}")),
+        }),
+        (Value::Array(r), Value::Array(k)) => r
+            .iter()
+            .zip(k)
+            .enumerate()
+            .find_map(|(i, (v, kv))| unknown_field(v, kv, &format!("{at}[{i}]"))),
+        _ => None,
+    }
+}
 const POLICY: &str = "spec.persistentVolumeClaimRetentionPolicy";
 
 impl NodeSet {
@@ -59,6 +78,15 @@ impl NodeSet {
                     format!("is not a PersistentVolumeClaim: {e}"),
                 )
             })?;
+            // A key the claim type does not have (a typo such as `storageClass`) would be
+            // dropped without a word: refuse it, as kube-apiserver's strict field validation does.
+            let known = serde_json::to_value(&claim).unwrap_or_default();
+            if let Some(path) = unknown_field(raw, &known, &format!("{TEMPLATES}[{i}]")) {
+                return Err(SpecProblem::new(
+                    path,
+                    "is not a field of a PersistentVolumeClaim: remove it or fix its spelling",
+                ));
+            }
             let name = claim.metadata.name.clone().unwrap_or_default();
             let field = format!("{TEMPLATES}[{i}].metadata.name");
             if let Some(e) = dns1123_label(&name).into_iter().next() {
@@ -272,6 +300,18 @@ mod tests {
         assert_eq!(p[0].field, "spec.volumeClaimTemplates[0].metadata.name", "{p:?}");
         let ns = nodeset(json!({"volumeClaimTemplates": [scratch(), scratch()]}))?;
         assert!(ns.claim_problems()[0].message.contains("used twice"));
+        let ns = nodeset(json!({"volumeClaimTemplates": [{"metadata": {"name": "s"},
+            "spec": {"storageClass": "fast", "resources": {"requests": {"storage": "1Gi"}}}}]}))?;
+        let p = ns.claim_problems();
+        assert_eq!(
+            p[0].field, "spec.volumeClaimTemplates[0].spec.storageClass",
+            "{p:?}"
+        );
+        assert!(
+            nodeset(json!({"volumeClaimTemplates": [scratch()]}))?
+                .claim_problems()
+                .is_empty()
+        );
         let ns = nodeset(json!({"volumeClaimTemplates": [{"spec": "nope"}]}))?;
         assert!(
             ns.claim_problems()[0]

@@ -1585,17 +1585,28 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
             .await
             .with_context(|| format!("creating the {kind}"))?;
     }
-    // Each table as its words, the age column left out: what both servers must print alike.
+    // Each table as its words, the age column (the 5th word with -o wide, else the last) left
+    // out: what both servers must print alike.
     let get = |resource: &str| -> Result<Vec<Vec<String>>> {
-        let out = std::process::Command::new("kubectl")
-            .args(["--kubeconfig", &kc, "-n", &ns, "get", resource])
-            .output()?;
+        let (kind, wide) = match resource.strip_suffix(" -o wide") {
+            Some(kind) => (kind, true),
+            None => (resource, false),
+        };
+        let mut args = vec!["--kubeconfig", kc.as_str(), "-n", ns.as_str(), "get", kind];
+        if wide {
+            args.extend(["-o", "wide"]);
+        }
+        let out = std::process::Command::new("kubectl").args(&args).output()?;
         ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(|l| {
                 let mut words: Vec<String> = l.split_whitespace().map(str::to_string).collect();
-                words.pop();
+                if wide && words.len() > 4 {
+                    words.remove(4);
+                } else {
+                    words.pop();
+                }
                 words
             })
             .collect())
@@ -1652,6 +1663,24 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
         &[
             &["NAME", "READY", "STATUS", "RESTARTS"],
             &["p", "0/1", "Pending", "0"],
+        ],
+    )?;
+    expect(
+        "pods -o wide",
+        &[
+            &[
+                "NAME",
+                "READY",
+                "STATUS",
+                "RESTARTS",
+                "IP",
+                "NODE",
+                "NOMINATED",
+                "NODE",
+                "READINESS",
+                "GATES",
+            ],
+            &["p", "0/1", "Pending", "0", "<none>", "<none>", "<none>", "<none>"],
         ],
     )?;
     Ok(())

@@ -1050,6 +1050,20 @@ async fn disruption_budgets_get_kube_apiservers_causes() -> Result<()> {
             )]),
         ),
         (
+            "a selector expression's value with a space",
+            budget(
+                "b7",
+                json!({"minAvailable": 1, "selector": {"matchExpressions": [
+                    {"key": "a", "operator": "In", "values": ["ok", "b c"]}]}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.selector.matchExpressions[0].values[1]",
+                &format!("Invalid value: \"b c\": {label}"),
+            )]),
+        ),
+        (
             "an unknown eviction policy",
             budget(
                 "b6",

@@ -254,6 +254,7 @@ impl Plugin {
         let export = export.ok_or_else(|| self.not_a_kind(BuilderKind::NodesetPod))?;
         let label = self.label();
         let limits = self.inner.engine.limits();
+        let _slot = self.inner.engine.gate().enter();
         let (mut store, instance) = instantiate(&limits, &code.engine, &code.pre, &label, BUILD_POD)?;
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {

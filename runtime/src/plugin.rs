@@ -544,6 +544,9 @@ fn describe(
     label: &str,
 ) -> Result<PluginInfo, PluginError> {
     let limits = engine.limits();
+    // A slot like any call: with the pool's slots all taken by builds, describe() waits rather
+    // than failing to instantiate (which would refuse a reload or drop a tier-up).
+    let _slot = engine.gate().enter();
     let (mut store, instance) = instantiate(&limits, wasm_engine, pre, label, "describe")?;
     let described = bindings::call_describe(&mut store, &instance, pre, contract);
     let info = described.map_err(|e| trap_error(label, "describe", e, &store, &limits))?;

@@ -70,23 +70,73 @@ fn container_statuses(o: &Value) -> impl Iterator<Item = &Value> {
         .flatten()
 }
 
+/// kubectl's pod `STATUS`: the phase, replaced by `status.reason`, then by a container's waiting
+/// or terminated reason (the last container's first), then `Terminating` while being deleted.
+fn non_empty(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str).filter(|r| !r.is_empty())
+}
+
 fn pod_status(o: &Value) -> Value {
+    let mut reason = non_empty(o.pointer("/status/phase")).unwrap_or_default();
+    if let Some(r) = non_empty(o.pointer("/status/reason")) {
+        reason = r;
+    }
+    let statuses: Vec<&Value> = container_statuses(o).collect();
+    if let Some(r) = statuses.iter().rev().find_map(|c| {
+        non_empty(c.pointer("/state/waiting/reason"))
+            .or_else(|| non_empty(c.pointer("/state/terminated/reason")))
+    }) {
+        reason = r;
+    }
     if o.pointer("/metadata/deletionTimestamp").is_some() {
         return "Terminating".into();
     }
-    let waiting_or_ended = container_statuses(o).find_map(|c| {
-        c.pointer("/state/waiting/reason")
-            .or_else(|| c.pointer("/state/terminated/reason"))
+    reason.into()
+}
+
+/// A wide pod column: the value, or `<none>`.
+fn or_none(pointer: &'static str) -> impl Fn(&Value) -> Value {
+    move |o| {
+        o.pointer(pointer)
             .and_then(Value::as_str)
-            .filter(|r| !r.is_empty())
-    });
-    let reason = o
-        .pointer("/status/reason")
-        .and_then(Value::as_str)
-        .filter(|r| !r.is_empty())
-        .or(waiting_or_ended)
-        .or_else(|| o.pointer("/status/phase").and_then(Value::as_str));
-    reason.unwrap_or_default().into()
+            .filter(|v| !v.is_empty())
+            .unwrap_or("<none>")
+            .into()
+    }
+}
+
+/// A pod's readiness gates: `<none>`, or how many hold out of how many.
+fn readiness_gates(o: &Value) -> Value {
+    let gates = o
+        .pointer("/spec/readinessGates")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if gates.is_empty() {
+        return "<none>".into();
+    }
+    let conditions = o
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let held = gates
+        .iter()
+        .filter(|g| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == g["conditionType"] && c["status"] == "True")
+        })
+        .count();
+    format!("{held}/{}", gates.len()).into()
+}
+
+/// kubectl's claim `STATUS`: the phase, or `Terminating` while being deleted.
+fn claim_status(o: &Value) -> Value {
+    if o.pointer("/metadata/deletionTimestamp").is_some() {
+        return "Terminating".into();
+    }
+    o.pointer("/status/phase").cloned().unwrap_or_else(|| "".into())
 }
 
 fn pod_restarts(o: &Value) -> Value {
@@ -123,8 +173,9 @@ fn path(pointer: &'static str) -> impl Fn(&Value) -> Value {
     }
 }
 
-/// The columns kube-apiserver 1.28 prints for a built-in kind (before `Age`; `None` for the
-/// kinds this server prints only `Name` and `Age` of, or a custom resource's printer columns).
+/// The columns kube-apiserver 1.28 prints for a built-in kind between `Name` and `Age` (none
+/// for the kinds this server prints only `Name` and `Age` of, and custom resources, whose
+/// printer columns come from their CRD).
 fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
     let b = |f: Cell| -> CellFn { Box::new(f) };
     match (rt.group.as_str(), rt.plural.as_str()) {
@@ -132,9 +183,6 @@ fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
             ("Ready", b(pod_ready)),
             ("Status", b(pod_status)),
             ("Restarts", b(pod_restarts)),
-            // Priority 1: shown by `-o wide`.
-            ("IP", Box::new(path("/status/podIP"))),
-            ("Node", Box::new(path("/spec/nodeName"))),
         ],
         ("", "services") => vec![
             ("Type", Box::new(path("/spec/type"))),
@@ -148,7 +196,7 @@ fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
             ("Message", Box::new(path("/message"))),
         ],
         ("", "persistentvolumeclaims") => vec![
-            ("Status", Box::new(path("/status/phase"))),
+            ("Status", b(claim_status)),
             ("Volume", Box::new(path("/spec/volumeName"))),
             ("Capacity", Box::new(path("/status/capacity/storage"))),
             ("Access Modes", b(access_modes)),
@@ -167,6 +215,19 @@ fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
                 "Allowed Disruptions",
                 b(|o| int(o, "/status/disruptionsAllowed").into()),
             ),
+        ],
+        _ => vec![],
+    }
+}
+
+/// The columns kube-apiserver 1.28 prints after `Age` with priority 1 (`-o wide`).
+fn wide_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "pods") => vec![
+            ("IP", Box::new(or_none("/status/podIP"))),
+            ("Node", Box::new(or_none("/spec/nodeName"))),
+            ("Nominated Node", Box::new(or_none("/status/nominatedNodeName"))),
+            ("Readiness Gates", Box::new(readiness_gates)),
         ],
         _ => vec![],
     }
@@ -194,20 +255,18 @@ pub(super) fn to_table(rt: &ResourceType, objs: &[Arc<Value>], rev: u64) -> Valu
             }),
         ));
     }
-    let wide = |name: &str| rt.group.is_empty() && rt.plural == "pods" && matches!(name, "IP" | "Node");
-    for (name, _) in &cells {
-        let priority = i32::from(wide(name));
-        columns.push(
-            json!({"name": name, "type": "string", "format": "", "description": name, "priority": priority}),
-        );
-    }
-    columns.push(json!({"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0}));
+    let column = |name: &str, priority: i32| json!({"name": name, "type": "string", "format": "", "description": name, "priority": priority});
+    let wide = wide_columns(rt);
+    columns.extend(cells.iter().map(|(name, _)| column(name, 0)));
+    columns.push(column("Age", 0));
+    columns.extend(wide.iter().map(|(name, _)| column(name, 1)));
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
             let mut row = vec![o["metadata"]["name"].clone()];
             row.extend(cells.iter().map(|(_, cell)| cell(o)));
             row.push(age(o.pointer("/metadata/creationTimestamp").and_then(Value::as_str)).into());
+            row.extend(wide.iter().map(|(_, cell)| cell(o)));
             json!({"cells": row, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
         })
         .collect();

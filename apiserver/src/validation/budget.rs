@@ -90,6 +90,16 @@ fn selector(selector: &Value, field: &Path, errs: &mut Errors) {
             key,
             rules::qualified_name(key),
         ));
+        // Values must be label values (a PodDisruptionBudget is created without
+        // `AllowInvalidLabelValueInSelector`).
+        for (j, v) in values.iter().enumerate() {
+            let v = v.as_str().unwrap_or_default();
+            errs.extend(super::each_invalid(
+                &at.child("values").index(j),
+                v,
+                rules::label_value(v),
+            ));
+        }
     }
 }
 

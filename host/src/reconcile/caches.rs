@@ -27,7 +27,9 @@ pub struct Caches {
     pub nodesets: Store<NodeSet>,
     /// RestApis.
     pub restapis: Store<RestApi>,
-    /// PersistentVolumeClaims (the NodeSets' per-pod claims are read from it).
+    /// PersistentVolumeClaims (the NodeSets' per-pod claims are read from it; not waited for at
+    /// start: a host without RBAC on claims still reconciles NodeSets without claim templates,
+    /// and a claim missing from it is created, a 409 meaning it exists).
     pub claims: Store<PersistentVolumeClaim>,
     /// Kubernetes Nodes, slimmed to their cordon (not waited for at start: a host without RBAC
     /// on Nodes still reconciles).
@@ -46,7 +48,6 @@ impl Caches {
         synced(&self.controllers).await;
         synced(&self.nodesets).await;
         synced(&self.restapis).await;
-        synced(&self.claims).await;
     }
 }
 

@@ -100,6 +100,9 @@ struct Pass<'a> {
     slurm_counts: Option<slinky_slurm::Counts>,
     /// A pod waits on its Slurm node: come back soon.
     waits_for_slurm: bool,
+    /// A write met a 409 because the cache lagged behind our own previous write: come back soon
+    /// (not a failure: no Event, no backoff).
+    retry_soon: bool,
 }
 
 impl Pass<'_> {
@@ -150,6 +153,11 @@ impl Pass<'_> {
     fn wait_for_slurm(&mut self) {
         self.waits_for_slurm = true;
     }
+
+    /// Come back within seconds (see [`Pass::retry_soon`]).
+    fn retry_soon(&mut self) {
+        self.retry_soon = true;
+    }
 }
 
 async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, Error> {
@@ -195,6 +203,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         slurm_asked: false,
         slurm_counts: None,
         waits_for_slurm: false,
+        retry_soon: false,
     };
     let mut owned = claims.owned.clone();
     let mut requeue = core.resync;
@@ -247,7 +256,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         // return, whatever the backoff has grown to (Slinky: every 30 s).
         requeue = requeue.min(SLURM_RETRY_CAP);
     }
-    if pass.waits_for_slurm && !failed {
+    if (pass.waits_for_slurm || pass.retry_soon) && !failed {
         // A node drains as its jobs end: look again soon (Slinky: 30 s).
         requeue = requeue.min(DRAIN_RECHECK);
     }
@@ -319,7 +328,7 @@ async fn sync(
     let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
     let slurm = slurm.for_deletes(&plan.deletes).await;
     let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
-    volumes::sync_owners(pass, &claims.owned, &deletes).await;
+    let deletes = volumes::sync_owners(pass, &claims.owned, deletes).await;
     delete_pods(pass, &deletes).await;
     create_pods(pass, controller, revision, &plan.creates, plugin).await?;
     drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;

@@ -41,14 +41,20 @@ fn pin_target(pass: &Pass<'_>, ordinal: u32) -> Option<String> {
         .as_ref()?
         .ordinal_to_node
         .get(&ordinal.to_string())?;
-    let cached = pass
-        .ctx
-        .caches
-        .nodes
-        .get(&kube::runtime::reflector::ObjectRef::new(node));
+    let nodes = &pass.ctx.caches.nodes;
+    if nodes.is_empty() {
+        // No Node is known (the cache has not synced, or the host may not read Nodes): pin; the
+        // scheduler keeps the pod Pending if the node is really gone.
+        return Some(node.clone());
+    }
+    let cached = nodes.get(&kube::runtime::reflector::ObjectRef::new(node));
     let usable = cached.is_some_and(|n| !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false));
     if !usable {
-        tracing::debug!(ordinal, node, "not pinned: the node is gone or cordoned");
+        tracing::info!(
+            ordinal,
+            node,
+            "pod not pinned to its node: the node is gone or cordoned"
+        );
     }
     usable.then(|| node.clone())
 }
@@ -57,8 +63,8 @@ fn pin_target(pass: &Pass<'_>, ordinal: u32) -> Option<String> {
 enum Refused {
     /// One of its claims could not be made, or is being deleted.
     Claim(volumes::Missing),
-    /// The API server refused the pod.
-    Api(kube::Error),
+    /// The API server refused the pod (after the claims named were made for it).
+    Api(kube::Error, Vec<String>),
 }
 
 /// Build pods in one blocking task (copies in, untrusted output checked by the policy).
@@ -180,8 +186,10 @@ pub(super) async fn create_pods(
         // Each pod's claims first (as the StatefulSet controller): no pod without its storage.
         let results = join_all(this.iter().map(|(pod, ordinal)| async move {
             let made = volumes::ensure(shared, *ordinal).await.map_err(Refused::Claim)?;
-            let stored = core.writer.create_pod(pod).await.map_err(Refused::Api)?;
-            Ok::<_, Refused>((stored, made))
+            match core.writer.create_pod(pod).await {
+                Ok(stored) => Ok((stored, made)),
+                Err(e) => Err(Refused::Api(e, made)),
+            }
         }))
         .await;
         let mut refused = false;
@@ -202,7 +210,8 @@ pub(super) async fn create_pods(
                     }
                     created.push(name);
                 }
-                Err(Refused::Api(e)) => {
+                Err(Refused::Api(e, made)) => {
+                    claims_made.extend(made);
                     ctx.expectations.creation_observed(&owner, &name);
                     if writer::is_already_exists(&e) {
                         taken.push(name);

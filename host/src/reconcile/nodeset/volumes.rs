@@ -11,9 +11,9 @@
 //! * `whenDeleted: Delete`: every claim of a kept pod carries a plain owner reference to the
 //!   NodeSet (the garbage collector deletes it with the NodeSet); `Retain` removes it.
 //! * `whenScaled: Delete`: just before a pod is deleted by a scale-in, its claims get a plain
-//!   owner reference to it (the garbage collector deletes them after the pod); a pod deleted for
-//!   an update or because it finished keeps its claims for its replacement. If that write fails,
-//!   the claims are kept (never data lost to us) and the failure is an Event.
+//!   owner reference to it, their only one (the garbage collector deletes them after the pod); a
+//!   pod deleted for an update or because it finished keeps its claims for its replacement. A pod
+//!   whose claims could not be given to it is not deleted in that pass.
 //! * Owner references of other owners are kept. Owner writes carry the claim's resourceVersion.
 //!
 //! # Caveats
@@ -110,22 +110,26 @@ pub(super) async fn ensure(pass: &Pass<'_>, ordinal: u32) -> Result<Vec<String>,
 
 /// Bring the claims' owner references in line with the retention policy: the kept pods' claims
 /// (`owned` minus `deletes`), and the claims of pods deleted now by a scale-in (owned by the pod
-/// under `whenScaled: Delete`). Refused writes are Events and `ReplicaFailure`.
+/// under `whenScaled: Delete`). Returns `deletes` without the pods whose claims could not be
+/// given to them: such a pod is deleted by a later pass, once its claims go with it. A 409 (our
+/// cache had not shown our previous write yet) brings the NodeSet back within seconds, quietly;
+/// other refusals are Events and `ReplicaFailure`.
 pub(super) async fn sync_owners(
     pass: &mut Pass<'_>,
     owned: &[Arc<Pod>],
-    deletes: &[(Arc<Pod>, DeleteReason)],
-) {
+    deletes: Vec<(Arc<Pod>, DeleteReason)>,
+) -> Vec<(Arc<Pod>, DeleteReason)> {
     let ns = pass.ns;
     if ns.spec.volume_claim_templates.is_empty() {
-        return;
+        return deletes;
     }
     let Some(owner) = nodeset_ref(ns) else {
-        return;
+        return deletes;
     };
     let policy = policy(ns);
     let deleting = |p: &Pod| deletes.iter().any(|(d, _)| d.uid() == p.uid());
-    let mut wanted: Vec<(Arc<PersistentVolumeClaim>, Vec<OwnerReference>)> = Vec::new();
+    // (claim, its owners, the pod scaled away whose delete waits for this write)
+    let mut wanted: Vec<(Arc<PersistentVolumeClaim>, Vec<OwnerReference>, Option<String>)> = Vec::new();
     let pods = owned
         .iter()
         .filter(|p| !deleting(p) && p.metadata.deletion_timestamp.is_none())
@@ -150,13 +154,22 @@ pub(super) async fn sync_owners(
             let have = current.metadata.owner_references.clone().unwrap_or_default();
             let want = claim_owners(&have, policy, &owner, &pod.name_any(), pod_ref.as_ref());
             if !same_owners(&have, &want) {
-                wanted.push((current, want));
+                let waits = pod_ref.as_ref().and_then(|_| pod.uid());
+                wanted.push((current, want, waits));
             }
         }
     }
-    for (claim, owners) in wanted {
+    let mut held = Vec::new();
+    for (claim, owners, waits) in wanted {
         let value = serde_json::to_value(&owners).unwrap_or_default();
-        if let Err(e) = pass.core().writer.set_claim_owners(&claim, value).await {
+        let Err(e) = pass.core().writer.set_claim_owners(&claim, value).await else {
+            continue;
+        };
+        held.extend(waits);
+        if writer::is_conflict(&e) {
+            tracing::debug!(claim = %claim.name_any(), "claim changed since our cache saw it; again soon");
+            pass.retry_soon();
+        } else {
             pass.failed(
                 "FailedUpdate",
                 format!(
@@ -168,6 +181,10 @@ pub(super) async fn sync_owners(
             .await;
         }
     }
+    deletes
+        .into_iter()
+        .filter(|(p, _)| p.uid().is_none_or(|uid| !held.contains(&uid)))
+        .collect()
 }
 
 /// The same references, in any order (compared by UID and the fields the policy sets).

@@ -187,22 +187,31 @@ pub(super) fn child_task<K: Resource + Send + 'static>(
     })
 }
 
-/// Volume claims: the NodeSet whose selector labels a claim carries (its per-pod claims), so a
-/// pod waiting for a claim being deleted, or a claim whose owners drifted, is looked at again.
+/// Volume claims: the NodeSets whose per-pod claim a claim is, by name
+/// (`<template>-<nodeset>-<ordinal>`, whatever its labels: a claim someone else made counts), so
+/// a pod waiting for a claim being deleted, or a claim whose owners drifted, is looked at again.
 pub(super) fn claim_task(
     claims: impl Stream<Item = watcher::Event<PersistentVolumeClaim>> + Send + 'static,
     t: Triggers,
 ) -> impl Future<Output = ()> + Send + 'static {
     claims.for_each(move |ev| {
         if let watcher::Event::Apply(c) | watcher::Event::Delete(c) = &ev {
-            let labels = c.labels();
-            if labels.get(slinky_api::keys::LABEL_NAME).map(String::as_str)
-                == Some(slinky_api::labels::WORKER.name)
-                && let Some(instance) = labels.get(slinky_api::keys::LABEL_INSTANCE)
-            {
-                let r = ObjectRef::<NodeSet>::new(instance).within(&c.namespace().unwrap_or_default());
-                if t.nodesets.get(&r).is_some() {
-                    t.nodeset(r);
+            let (ns, name) = (c.namespace().unwrap_or_default(), c.name_any());
+            for n in t.nodesets.state() {
+                if n.namespace().as_deref() != Some(ns.as_str()) || n.spec.volume_claim_templates.is_empty() {
+                    continue;
+                }
+                let own = n.claim_templates().unwrap_or_default().iter().any(|tpl| {
+                    let prefix = format!(
+                        "{}-{}-",
+                        tpl.metadata.name.as_deref().unwrap_or_default(),
+                        n.name_any()
+                    );
+                    name.strip_prefix(&prefix)
+                        .is_some_and(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
+                });
+                if own {
+                    t.nodeset(ObjectRef::from_obj(n.as_ref()));
                 }
             }
         }
