@@ -874,7 +874,13 @@ async fn a_reflector_survives_410s_and_closed_streams() -> Result<()> {
             .await?;
     }
     let (reader, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api.clone(), watcher::Config::default())).applied_objects();
+    // With the backoff every real watch has: a failing watch retried without one spins its
+    // worker at full speed, starving the rest of the test (seen once in CI: 18 minutes).
+    let stream = reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default()).default_backoff(),
+    )
+    .applied_objects();
     let task = tokio::spawn(async move {
         futures::pin_mut!(stream);
         while stream.next().await.is_some() {}
@@ -1767,5 +1773,7 @@ async fn a_statefulset_whose_pods_are_refused_gets_failed_create_events() -> Res
         folded.is_some(),
         "repeated failures are not one Event with a growing count"
     );
+    // Stop the failing creates (the simulated controller retries every pass).
+    sets.delete("bad", &DeleteParams::default()).await?;
     Ok(())
 }
