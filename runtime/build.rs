@@ -14,6 +14,8 @@ fn main() {
             "controller-children",
             "nodeset-children",
             "restapi-children",
+            "loginset-children",
+            "accounting-children",
         ],
     );
     for (var, file) in [
@@ -22,6 +24,8 @@ fn main() {
         ("SLINKY_BUNDLED_CONTROLLER_CHILDREN", "controller_children.wasm"),
         ("SLINKY_BUNDLED_NODESET_CHILDREN", "nodeset_children.wasm"),
         ("SLINKY_BUNDLED_RESTAPI_CHILDREN", "restapi_children.wasm"),
+        ("SLINKY_BUNDLED_LOGINSET_CHILDREN", "loginset_children.wasm"),
+        ("SLINKY_BUNDLED_ACCOUNTING_CHILDREN", "accounting_children.wasm"),
     ] {
         println!("cargo:rustc-env={var}={}", out.join(file).display());
     }

@@ -16,8 +16,11 @@ pub const REPLICA_FAILURE: &str = "ReplicaFailure";
 /// not be applied or pruned, or its name is taken by an object the host did not build
 /// (reasons `FailedApply`, `FailedDelete`, `NotOwned`). On Controllers and NodeSets.
 pub const CHILD_FAILURE: &str = "ChildFailure";
-/// A Secret or ConfigMap a Controller references does not exist (reasons `SecretNotFound`,
-/// `SecretKeyNotFound`, `ConfigMapNotFound`): the children that need it wait for it.
+/// A Secret, ConfigMap or Accounting a parent references does not exist (reasons
+/// `SecretNotFound`, `SecretKeyNotFound`, `ConfigMapNotFound`, `ConfigMapKeyNotFound`,
+/// `AccountingNotFound`): the children that need it wait for it (a Controller whose Accounting
+/// is missing still builds, with slurmdbd's default address: slurmctld keeps the records until
+/// slurmdbd answers).
 pub const REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
 /// A NodeSet's Slurm (its Controller's slurmrestd) could not be asked, or refused what the host
 /// asked (reasons `SlurmUnreachable`, `SlurmUnauthorized`, `SlurmNotConfigured`,

@@ -7,6 +7,7 @@
 //! container without a name, a pod spec without containers) and convert to the typed k8s-openapi
 //! value on demand.
 
+mod accounting;
 /// Spec checks made before anything is built.
 pub mod checks;
 /// Per-pod volume claims of a NodeSet and their retention.
@@ -25,6 +26,7 @@ pub mod hash;
 pub mod keys;
 /// Component labels and the parents' selector labels.
 pub mod labels;
+mod loginset;
 /// Strategic-merge patch keys of the core types' lists.
 pub mod merge_keys;
 mod nodeset;
@@ -40,9 +42,14 @@ mod spec_parts;
 pub mod validation;
 mod wrappers;
 
+pub use accounting::{
+    Accounting, AccountingSpec, AccountingStatus, DEFAULT_STORAGE_DATABASE, DEFAULT_STORAGE_PORT,
+    SLURMDBD_CONF, SLURMDBD_PORT, StorageConfig, accounting_key,
+};
 pub use controller::{
     Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, Metrics, Persistence,
 };
+pub use loginset::{LOGIN_SSH_PORT, LoginSet, LoginSetSpec, LoginSetStatus, SSH_HOST_KEY_FILES};
 pub use nodeset::{
     ControllerReference, NodeSet, NodeSetSpec, NodeSetStatus, Partition, RollingUpdate, ScalingMode, Ssh,
     UpdateStrategy, UpdateStrategyType,

@@ -2,9 +2,11 @@
 //! them with [`crate::export_plugin!`].
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use slinky_api::{Controller, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 
-use crate::{BuildContext, BuildError, Child, ControllerInputs, PodIdentity};
+use crate::{
+    AccountingInputs, BuildContext, BuildError, Child, ControllerInputs, LoginSetInputs, PodIdentity,
+};
 
 /// Builds the Controller's slurmctld Service. Implement it and export with [`crate::export_plugin!`].
 ///
@@ -121,5 +123,48 @@ pub trait RestApiChildrenBuilder {
         ctx: &BuildContext,
         restapi: &RestApi,
         controller: &Controller,
+    ) -> Result<Vec<Child>, BuildError>;
+}
+
+/// Builds a LoginSet's children (Slinky's login Deployment and Service, both `<loginset>`, and
+/// the `sshd_config` ConfigMap `<loginset>-ssh-config`). Implement it and export it with
+/// [`crate::export_plugin!`]; [`crate::slinky::build_loginset_children`] is Slinky's.
+///
+/// # Guarantees and caveats
+/// As [`ControllerChildrenBuilder`]: the allowed kinds are one `apps/v1 Deployment` and one
+/// `v1 Service` named `<loginset>`, and `v1 ConfigMap`s named `<loginset>-…`. The host makes the
+/// host keys Secret `<loginset>-ssh-host-keys` itself; `inputs` carries its hash.
+pub trait LoginSetChildrenBuilder {
+    /// Build the children of `loginset`, whose Controller is `controller`.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid LoginSet or an unsupported request.
+    fn build_loginset_children(
+        ctx: &BuildContext,
+        loginset: &LoginSet,
+        controller: &Controller,
+        inputs: &LoginSetInputs,
+    ) -> Result<Vec<Child>, BuildError>;
+}
+
+/// Builds an Accounting's children (Slinky's slurmdbd StatefulSet and Service and the
+/// `slurmdbd.conf` Secret, all `<accounting>-accounting`). Implement it and export it with
+/// [`crate::export_plugin!`]; [`crate::slinky::build_accounting_children`] is Slinky's.
+///
+/// # Guarantees and caveats
+/// As [`ControllerChildrenBuilder`]: the allowed kinds are one `apps/v1 StatefulSet`, one
+/// `v1 Service` and one `v1 Secret` (`stringData` only), all named `<accounting>-accounting`. The
+/// database password never reaches the builder: write
+/// [`crate::api::contract::secret_refs::placeholder`] of `spec.storageConfig.passwordKeyRef`
+/// where it goes, and the host puts the value there.
+pub trait AccountingChildrenBuilder {
+    /// Build the children of `accounting`.
+    ///
+    /// # Errors
+    /// [`BuildError`] for an invalid Accounting or an unsupported request.
+    fn build_accounting_children(
+        ctx: &BuildContext,
+        accounting: &Accounting,
+        inputs: &AccountingInputs,
     ) -> Result<Vec<Child>, BuildError>;
 }

@@ -5,7 +5,7 @@
 use crate::BuildError;
 use k8s_openapi::api::{
     apps::v1::{Deployment, StatefulSet},
-    core::v1::{ConfigMap, Service},
+    core::v1::{ConfigMap, Secret, Service},
     policy::v1::PodDisruptionBudget,
 };
 
@@ -22,6 +22,10 @@ pub enum Child {
     Deployment(Box<Deployment>),
     /// A `policy/v1 PodDisruptionBudget`.
     PodDisruptionBudget(Box<PodDisruptionBudget>),
+    /// A `v1 Secret` (an Accounting's `slurmdbd.conf`, contract 0.3.0 on): `stringData` only,
+    /// with `${secretKeyRef:<name>/<key>}` where a Secret value the builder may not see goes
+    /// ([`crate::api::contract::secret_refs::placeholder`]).
+    Secret(Box<Secret>),
     /// Any object as JSON (with `apiVersion` and `kind`): the host's output policy decides, and
     /// refuses what the builder kind may not return (a Secret, a cluster-scoped object, …).
     Json(Box<serde_json::Value>),
@@ -36,6 +40,7 @@ impl Child {
             Child::StatefulSet(o) => &o.metadata,
             Child::Deployment(o) => &o.metadata,
             Child::PodDisruptionBudget(o) => &o.metadata,
+            Child::Secret(o) => &o.metadata,
             Child::Json(v) => {
                 return v
                     .pointer("/metadata/name")
@@ -54,6 +59,7 @@ impl Child {
             Child::StatefulSet(_) => "StatefulSet",
             Child::Deployment(_) => "Deployment",
             Child::PodDisruptionBudget(_) => "PodDisruptionBudget",
+            Child::Secret(_) => "Secret",
             Child::Json(v) => v
                 .get("kind")
                 .and_then(serde_json::Value::as_str)
@@ -101,6 +107,14 @@ impl Child {
         }
     }
 
+    /// The Secret, if this is one.
+    pub fn as_secret(&self) -> Option<&Secret> {
+        match self {
+            Child::Secret(o) => Some(o),
+            _ => None,
+        }
+    }
+
     /// As JSON text (with `apiVersion` and `kind`), as the host receives it.
     ///
     /// # Errors
@@ -112,6 +126,7 @@ impl Child {
             Child::StatefulSet(o) => crate::to_json(o),
             Child::Deployment(o) => crate::to_json(o),
             Child::PodDisruptionBudget(o) => crate::to_json(o),
+            Child::Secret(o) => crate::to_json(o),
             Child::Json(v) => crate::to_json(v),
         }
     }
@@ -134,6 +149,7 @@ impl Child {
         Ok(match (field("apiVersion").as_str(), field("kind").as_str()) {
             ("v1", "ConfigMap") => Child::ConfigMap(Box::new(serde_json::from_value(value).map_err(bad)?)),
             ("v1", "Service") => Child::Service(Box::new(serde_json::from_value(value).map_err(bad)?)),
+            ("v1", "Secret") => Child::Secret(Box::new(serde_json::from_value(value).map_err(bad)?)),
             ("apps/v1", "StatefulSet") => {
                 Child::StatefulSet(Box::new(serde_json::from_value(value).map_err(bad)?))
             }
@@ -169,6 +185,12 @@ impl From<StatefulSet> for Child {
 impl From<Deployment> for Child {
     fn from(o: Deployment) -> Self {
         Child::Deployment(Box::new(o))
+    }
+}
+
+impl From<Secret> for Child {
+    fn from(o: Secret) -> Self {
+        Child::Secret(Box::new(o))
     }
 }
 

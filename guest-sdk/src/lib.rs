@@ -2,8 +2,9 @@
 //!
 //! A *builder* decides what child objects should exist for a Slinky custom resource: the
 //! Controller's Service, its other children (the slurmctld StatefulSet, the `slurm.conf`
-//! ConfigMap, the internal Service), one pod of a NodeSet, or a NodeSet's other children (the
-//! workers' Service and PodDisruptionBudget, the SSH ConfigMap). slinky-host runs builders as
+//! ConfigMap, the internal Service), one pod of a NodeSet, a NodeSet's other children (the
+//! workers' Service and PodDisruptionBudget, the SSH ConfigMap), or the children of a RestApi
+//! (slurmrestd), a LoginSet (login nodes) or an Accounting (slurmdbd). slinky-host runs builders as
 //! WebAssembly components (`wasm32-wasip2`), calls them with **copies** of the objects, and owns
 //! everything else (caches, expectations, Secrets, writes). This crate hides the WIT bindings: you
 //! implement one small trait per builder kind on typed inputs and export it with
@@ -66,8 +67,8 @@ pub mod testing;
 pub mod wit;
 
 pub use builders::{
-    ControllerChildrenBuilder, ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder,
-    RestApiChildrenBuilder,
+    AccountingChildrenBuilder, ControllerChildrenBuilder, ControllerServiceBuilder, LoginSetChildrenBuilder,
+    NodeSetChildrenBuilder, NodeSetPodBuilder, RestApiChildrenBuilder,
 };
 pub use child::Child;
 pub use k8s_openapi;
@@ -77,15 +78,17 @@ pub use slinky_api as api;
 /// the Controller's inputs and [`CONTRACT_VERSION`] (`slinky:builder@0.3.0`), the version this
 /// SDK builds plugins against.
 pub use slinky_api::contract::{
-    BuildContext, BuildError, CONTRACT_VERSION, ConfigMapFiles, ControllerInputs, PodIdentity,
+    AccountingInputs, BuildContext, BuildError, CONTRACT_VERSION, ConfigMapFiles, ControllerInputs,
+    LoginSetInputs, PodIdentity,
 };
 
 /// Exports a type as a slinky-host builder plugin.
 ///
 /// List the builder kinds the type implements, in any order: `controller_service`
 /// ([`ControllerServiceBuilder`]), `nodeset_pod` ([`NodeSetPodBuilder`]), `controller_children`
-/// ([`ControllerChildrenBuilder`]), `nodeset_children` ([`NodeSetChildrenBuilder`]) and
-/// `restapi_children` ([`RestApiChildrenBuilder`]). The
+/// ([`ControllerChildrenBuilder`]), `nodeset_children` ([`NodeSetChildrenBuilder`]),
+/// `restapi_children` ([`RestApiChildrenBuilder`]), `loginset_children`
+/// ([`LoginSetChildrenBuilder`]) and `accounting_children` ([`AccountingChildrenBuilder`]). The
 /// plugin's name and version are the crate's (`CARGO_PKG_NAME`, `CARGO_PKG_VERSION`);
 /// `describe()` reports them with the kinds and [`CONTRACT_VERSION`]. On native targets the macro
 /// expands to nothing, so `cargo test` works.
@@ -196,6 +199,31 @@ macro_rules! __export_plugin {
                 }
             }
 
+            impl __exports::loginset_children::Guest for __SlinkyPlugin {
+                fn build_loginset_children(
+                    ctx: __types::BuildContext,
+                    loginset: ::std::string::String,
+                    controller: ::std::string::String,
+                    inputs: __types::LoginsetInputs,
+                ) -> ::std::result::Result<::std::vec::Vec<::std::string::String>, __types::BuildError> {
+                    $crate::__if_kind!(loginset_children in [$($kind)+]
+                        { $crate::wit::call_loginset_children::<$ty>(ctx, loginset, controller, inputs) }
+                        else { $crate::wit::unsupported("loginset-children") })
+                }
+            }
+
+            impl __exports::accounting_children::Guest for __SlinkyPlugin {
+                fn build_accounting_children(
+                    ctx: __types::BuildContext,
+                    accounting: ::std::string::String,
+                    inputs: __types::AccountingInputs,
+                ) -> ::std::result::Result<::std::vec::Vec<::std::string::String>, __types::BuildError> {
+                    $crate::__if_kind!(accounting_children in [$($kind)+]
+                        { $crate::wit::call_accounting_children::<$ty>(ctx, accounting, inputs) }
+                        else { $crate::wit::unsupported("accounting-children") })
+                }
+            }
+
     $crate::wit::__export_full_builder!(__SlinkyPlugin with_types_in $crate::wit);
         };
     };
@@ -220,6 +248,12 @@ macro_rules! __kind {
     (restapi_children) => {
         $crate::wit::slinky::builder::types::BuilderKind::RestapiChildren
     };
+    (loginset_children) => {
+        $crate::wit::slinky::builder::types::BuilderKind::LoginsetChildren
+    };
+    (accounting_children) => {
+        $crate::wit::slinky::builder::types::BuilderKind::AccountingChildren
+    };
 }
 
 /// `$yes` when the kind is among the listed kinds, else `$no`.
@@ -231,6 +265,8 @@ macro_rules! __if_kind {
     (controller_children in [controller_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
     (nodeset_children in [nodeset_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
     (restapi_children in [restapi_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    (loginset_children in [loginset_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
+    (accounting_children in [accounting_children $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => { $($yes)* };
     ($kind:ident in [$first:ident $($rest:ident)*] { $($yes:tt)* } else { $($no:tt)* }) => {
         $crate::__if_kind!($kind in [$($rest)*] { $($yes)* } else { $($no)* })
     };

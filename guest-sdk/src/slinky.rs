@@ -12,10 +12,13 @@
 //!
 //! The Controller's other children are in [`controller`] (the slurmctld StatefulSet, the
 //! `slurm.conf` ConfigMap, the internal Service; the configuration files in [`conf`]), the
-//! NodeSet's other children in [`workers`], a RestApi's (slurmrestd) in [`restapi`].
+//! NodeSet's other children in [`workers`], a RestApi's (slurmrestd) in [`restapi`], a LoginSet's
+//! (login nodes) in [`loginset`], an Accounting's (slurmdbd) in [`accounting`].
 
+pub mod accounting;
 pub mod conf;
 pub mod controller;
+pub mod loginset;
 mod pod;
 pub mod restapi;
 pub mod workers;
@@ -26,7 +29,9 @@ use k8s_openapi::{
 };
 use slinky_api::{Controller, keys};
 
+pub use accounting::build_accounting_children;
 pub use controller::build_controller_children;
+pub use loginset::build_loginset_children;
 pub use pod::{build_nodeset_pod, parse_extra_conf, slurmd_conf};
 pub use restapi::build_restapi_children;
 pub use workers::build_nodeset_children;

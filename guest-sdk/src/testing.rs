@@ -10,7 +10,10 @@ use crate::{
 };
 
 /// The example inputs, shared with the host (which builds them with every new plugin version).
-pub use slinky_api::contract::{example_controller, example_inputs, example_nodeset, example_restapi};
+pub use slinky_api::contract::{
+    example_accounting, example_controller, example_inputs, example_loginset, example_nodeset,
+    example_restapi,
+};
 
 fn round_trip<T: serde::Serialize + serde::de::DeserializeOwned>(what: &str, v: &T) -> Result<T, BuildError> {
     crate::from_json(what, &crate::to_json(v)?)
@@ -103,6 +106,41 @@ pub fn call_restapi_children<B: crate::RestApiChildrenBuilder>(
         &BuildContext::default(),
         &restapi,
         &controller,
+    )?)
+}
+
+/// Call `B::build_loginset_children` as the host would: inputs and outputs through JSON.
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_loginset_children<B: crate::LoginSetChildrenBuilder>(
+    loginset: &slinky_api::LoginSet,
+    controller: &Controller,
+    inputs: &crate::LoginSetInputs,
+) -> Result<Vec<Child>, BuildError> {
+    let loginset = round_trip("LoginSet", loginset)?;
+    let controller = round_trip("Controller", controller)?;
+    round_trip_children(B::build_loginset_children(
+        &BuildContext::default(),
+        &loginset,
+        &controller,
+        inputs,
+    )?)
+}
+
+/// Call `B::build_accounting_children` as the host would: inputs and outputs through JSON.
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_accounting_children<B: crate::AccountingChildrenBuilder>(
+    accounting: &slinky_api::Accounting,
+    inputs: &crate::AccountingInputs,
+) -> Result<Vec<Child>, BuildError> {
+    let accounting = round_trip("Accounting", accounting)?;
+    round_trip_children(B::build_accounting_children(
+        &BuildContext::default(),
+        &accounting,
+        inputs,
     )?)
 }
 

@@ -4,8 +4,9 @@
 #![allow(missing_docs, reason = "generated bindings")]
 
 use crate::{
-    BuildContext, BuildError, ConfigMapFiles, ControllerChildrenBuilder, ControllerInputs,
-    ControllerServiceBuilder, NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity, RestApiChildrenBuilder,
+    AccountingChildrenBuilder, AccountingInputs, BuildContext, BuildError, ConfigMapFiles,
+    ControllerChildrenBuilder, ControllerInputs, ControllerServiceBuilder, LoginSetChildrenBuilder,
+    LoginSetInputs, NodeSetChildrenBuilder, NodeSetPodBuilder, PodIdentity, RestApiChildrenBuilder,
 };
 
 #[doc(hidden)]
@@ -118,6 +119,11 @@ pub fn call_controller_children<T: ControllerChildrenBuilder>(
                     files: c.files,
                 })
                 .collect(),
+            accounting: inputs
+                .accounting
+                .as_deref()
+                .map(|a| crate::from_json("Accounting", a))
+                .transpose()?,
         });
         keep(T::build_controller_children(&context(ctx), &controller, &inputs)?)
             .iter()
@@ -154,6 +160,54 @@ pub fn call_restapi_children<T: RestApiChildrenBuilder>(
         let restapi = keep(crate::from_json("RestApi", &restapi)?);
         let controller = keep(crate::from_json("Controller", &controller)?);
         keep(T::build_restapi_children(&context(ctx), &restapi, &controller)?)
+            .iter()
+            .map(crate::Child::to_json)
+            .collect::<Result<Vec<_>, _>>()
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn call_loginset_children<T: LoginSetChildrenBuilder>(
+    ctx: w::BuildContext,
+    loginset: String,
+    controller: String,
+    inputs: w::LoginsetInputs,
+) -> Result<Vec<String>, w::BuildError> {
+    let run = || {
+        let loginset = keep(crate::from_json("LoginSet", &loginset)?);
+        let controller = keep(crate::from_json("Controller", &controller)?);
+        let inputs = LoginSetInputs {
+            ssh_host_keys_hash: inputs.ssh_host_keys_hash,
+            sssd_conf_hash: inputs.sssd_conf_hash,
+        };
+        keep(T::build_loginset_children(
+            &context(ctx),
+            &loginset,
+            &controller,
+            &inputs,
+        )?)
+        .iter()
+        .map(crate::Child::to_json)
+        .collect::<Result<Vec<_>, _>>()
+    };
+    run().map_err(error)
+}
+
+#[doc(hidden)]
+pub fn call_accounting_children<T: AccountingChildrenBuilder>(
+    ctx: w::BuildContext,
+    accounting: String,
+    inputs: w::AccountingInputs,
+) -> Result<Vec<String>, w::BuildError> {
+    let run = || {
+        let accounting = keep(crate::from_json("Accounting", &accounting)?);
+        let inputs = AccountingInputs {
+            slurm_key_hash: inputs.slurm_key_hash,
+            jwt_key_hash: inputs.jwt_key_hash,
+            slurmdbd_conf_hash: inputs.slurmdbd_conf_hash,
+        };
+        keep(T::build_accounting_children(&context(ctx), &accounting, &inputs)?)
             .iter()
             .map(crate::Child::to_json)
             .collect::<Result<Vec<_>, _>>()

@@ -18,8 +18,8 @@ use wasmtime::{
 };
 
 use crate::{
-    BuildContext, BuilderKind, Contract, ControllerInputs, GuestError, PluginInfo, PodIdentity,
-    sandbox::CallState,
+    AccountingInputs, BuildContext, BuilderKind, Contract, ControllerInputs, GuestError, LoginSetInputs,
+    PluginInfo, PodIdentity, sandbox::CallState,
 };
 
 wasmtime::component::bindgen!({
@@ -32,7 +32,8 @@ wasmtime::component::bindgen!({
 pub mod v3 {
     pub use super::{
         exports::slinky::builder0_3_0::{
-            controller_children, controller_service, nodeset_children, nodeset_pod, plugin, restapi_children,
+            accounting_children, controller_children, controller_service, loginset_children,
+            nodeset_children, nodeset_pod, plugin, restapi_children,
         },
         slinky::builder0_3_0::types,
     };
@@ -131,9 +132,17 @@ pub(crate) trait PodExport: Send + Sync {
     ) -> CallResult<String>;
 }
 
+/// The JSON texts of a Controller's inputs' objects: its NodeSets and its Accounting.
+pub(crate) struct ControllerInputTexts {
+    /// `inputs.nodesets`.
+    pub(crate) nodesets: Vec<String>,
+    /// `inputs.accounting` (contract 0.3.0 on).
+    pub(crate) accounting: Option<String>,
+}
+
 /// `build-controller-children` (contract 0.2.0 on).
 pub(crate) trait ControllerChildrenExport: Send + Sync {
-    /// Call it on `instance`; `nodesets` are the JSON texts of `inputs.nodesets`.
+    /// Call it on `instance`; `texts` are the JSON texts of `inputs`' objects.
     #[allow(
         clippy::ptr_arg,
         reason = "the generated binding takes the WIT `json` (a String) by reference"
@@ -144,9 +153,51 @@ pub(crate) trait ControllerChildrenExport: Send + Sync {
         instance: &Instance,
         ctx: &BuildContext,
         controller: &String,
-        nodesets: Vec<String>,
+        texts: ControllerInputTexts,
         inputs: &ControllerInputs,
     ) -> CallResult<Vec<String>>;
+}
+
+/// A version's `controller-inputs` record, from the host's.
+trait ControllerInputsOf {
+    fn of(texts: ControllerInputTexts, inputs: &ControllerInputs) -> Self;
+}
+
+impl ControllerInputsOf for v2::types::ControllerInputs {
+    fn of(texts: ControllerInputTexts, inputs: &ControllerInputs) -> Self {
+        Self {
+            nodesets: texts.nodesets,
+            slurm_key_hash: inputs.slurm_key_hash.clone(),
+            jwt_key_hash: inputs.jwt_key_hash.clone(),
+            config_maps: inputs
+                .config_maps
+                .iter()
+                .map(|c| v2::types::ConfigMapFiles {
+                    name: c.name.clone(),
+                    files: c.files.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl ControllerInputsOf for v3::types::ControllerInputs {
+    fn of(texts: ControllerInputTexts, inputs: &ControllerInputs) -> Self {
+        Self {
+            nodesets: texts.nodesets,
+            slurm_key_hash: inputs.slurm_key_hash.clone(),
+            jwt_key_hash: inputs.jwt_key_hash.clone(),
+            config_maps: inputs
+                .config_maps
+                .iter()
+                .map(|c| v3::types::ConfigMapFiles {
+                    name: c.name.clone(),
+                    files: c.files.clone(),
+                })
+                .collect(),
+            accounting: texts.accounting,
+        }
+    }
 }
 
 /// `build-nodeset-children` (contract 0.2.0 on).
@@ -183,6 +234,41 @@ pub(crate) trait RestapiChildrenExport: Send + Sync {
     ) -> CallResult<Vec<String>>;
 }
 
+/// `build-loginset-children` (contract 0.3.0 on).
+pub(crate) trait LoginsetChildrenExport: Send + Sync {
+    /// Call it on `instance`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_loginset_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        loginset: &String,
+        controller: &String,
+        inputs: &LoginSetInputs,
+    ) -> CallResult<Vec<String>>;
+}
+
+/// `build-accounting-children` (contract 0.3.0 on).
+pub(crate) trait AccountingChildrenExport: Send + Sync {
+    /// Call it on `instance`.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    fn build_accounting_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        accounting: &String,
+        inputs: &AccountingInputs,
+    ) -> CallResult<Vec<String>>;
+}
+
 /// The builder interfaces a plugin exports, whatever its contract version.
 #[derive(Default)]
 pub(crate) struct Exports {
@@ -191,6 +277,8 @@ pub(crate) struct Exports {
     pub(crate) controller_children: Option<Box<dyn ControllerChildrenExport>>,
     pub(crate) nodeset_children: Option<Box<dyn NodesetChildrenExport>>,
     pub(crate) restapi_children: Option<Box<dyn RestapiChildrenExport>>,
+    pub(crate) loginset_children: Option<Box<dyn LoginsetChildrenExport>>,
+    pub(crate) accounting_children: Option<Box<dyn AccountingChildrenExport>>,
 }
 
 /// What every contract version has, implemented for the generated types of each from one body.
@@ -300,6 +388,8 @@ impl From<v3::types::BuilderKind> for BuilderKind {
             v3::types::BuilderKind::ControllerChildren => BuilderKind::ControllerChildren,
             v3::types::BuilderKind::NodesetChildren => BuilderKind::NodesetChildren,
             v3::types::BuilderKind::RestapiChildren => BuilderKind::RestapiChildren,
+            v3::types::BuilderKind::LoginsetChildren => BuilderKind::LoginsetChildren,
+            v3::types::BuilderKind::AccountingChildren => BuilderKind::AccountingChildren,
         }
     }
 }
@@ -314,23 +404,11 @@ impl ControllerChildrenExport for $v::controller_children::GuestIndices {
         instance: &Instance,
         ctx: &BuildContext,
         controller: &String,
-        nodesets: Vec<String>,
+        texts: ControllerInputTexts,
         inputs: &ControllerInputs,
     ) -> CallResult<Vec<String>> {
         let ctx = $v::types::BuildContext::from_host(ctx);
-        let inputs = $v::types::ControllerInputs {
-            nodesets,
-            slurm_key_hash: inputs.slurm_key_hash.clone(),
-            jwt_key_hash: inputs.jwt_key_hash.clone(),
-            config_maps: inputs
-                .config_maps
-                .iter()
-                .map(|c| $v::types::ConfigMapFiles {
-                    name: c.name.clone(),
-                    files: c.files.clone(),
-                })
-                .collect(),
-        };
+        let inputs = <$v::types::ControllerInputs as ControllerInputsOf>::of(texts, inputs);
         let r = self
             .load(&mut *store, instance)?
             .call_build_controller_children(store, &ctx, controller, &inputs)?;
@@ -371,6 +449,50 @@ impl RestapiChildrenExport for v3::restapi_children::GuestIndices {
         let r = self
             .load(&mut *store, instance)?
             .call_build_restapi_children(store, &ctx, restapi, controller)?;
+        Ok(r.map_err(GuestError::from))
+    }
+}
+
+impl LoginsetChildrenExport for v3::loginset_children::GuestIndices {
+    fn build_loginset_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        loginset: &String,
+        controller: &String,
+        inputs: &LoginSetInputs,
+    ) -> CallResult<Vec<String>> {
+        let ctx = v3::types::BuildContext::from_host(ctx);
+        let inputs = v3::types::LoginsetInputs {
+            ssh_host_keys_hash: inputs.ssh_host_keys_hash.clone(),
+            sssd_conf_hash: inputs.sssd_conf_hash.clone(),
+        };
+        let r = self
+            .load(&mut *store, instance)?
+            .call_build_loginset_children(store, &ctx, loginset, controller, &inputs)?;
+        Ok(r.map_err(GuestError::from))
+    }
+}
+
+impl AccountingChildrenExport for v3::accounting_children::GuestIndices {
+    fn build_accounting_children(
+        &self,
+        store: &mut Store<CallState>,
+        instance: &Instance,
+        ctx: &BuildContext,
+        accounting: &String,
+        inputs: &AccountingInputs,
+    ) -> CallResult<Vec<String>> {
+        let ctx = v3::types::BuildContext::from_host(ctx);
+        let inputs = v3::types::AccountingInputs {
+            slurm_key_hash: inputs.slurm_key_hash.clone(),
+            jwt_key_hash: inputs.jwt_key_hash.clone(),
+            slurmdbd_conf_hash: inputs.slurmdbd_conf_hash.clone(),
+        };
+        let r = self
+            .load(&mut *store, instance)?
+            .call_build_accounting_children(store, &ctx, accounting, &inputs)?;
         Ok(r.map_err(GuestError::from))
     }
 }
@@ -429,6 +551,16 @@ pub(crate) fn exports_of(
             BuilderKind::RestapiChildren => {
                 exports.restapi_children = Some(Box::new(
                     v3::restapi_children::GuestIndices::new(pre).map_err(missing)?,
+                ));
+            }
+            BuilderKind::LoginsetChildren => {
+                exports.loginset_children = Some(Box::new(
+                    v3::loginset_children::GuestIndices::new(pre).map_err(missing)?,
+                ));
+            }
+            BuilderKind::AccountingChildren => {
+                exports.accounting_children = Some(Box::new(
+                    v3::accounting_children::GuestIndices::new(pre).map_err(missing)?,
                 ));
             }
         }

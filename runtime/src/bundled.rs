@@ -21,9 +21,13 @@ pub const CONTROLLER_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_CONTR
 pub const NODESET_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_NODESET_CHILDREN"));
 /// The bundled `restapi-children` component.
 pub const RESTAPI_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_RESTAPI_CHILDREN"));
+/// The bundled `loginset-children` component.
+pub const LOGINSET_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_LOGINSET_CHILDREN"));
+/// The bundled `accounting-children` component.
+pub const ACCOUNTING_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_ACCOUNTING_CHILDREN"));
 
 /// Every builder kind.
-pub const KINDS: [BuilderKind; 5] = BuilderKind::ALL;
+pub const KINDS: [BuilderKind; 7] = BuilderKind::ALL;
 
 /// The bundled component for a kind.
 pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
@@ -33,6 +37,8 @@ pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
         BuilderKind::ControllerChildren => CONTROLLER_CHILDREN,
         BuilderKind::NodesetChildren => NODESET_CHILDREN,
         BuilderKind::RestapiChildren => RESTAPI_CHILDREN,
+        BuilderKind::LoginsetChildren => LOGINSET_CHILDREN,
+        BuilderKind::AccountingChildren => ACCOUNTING_CHILDREN,
     }
 }
 
@@ -140,7 +146,7 @@ impl ReloadMetrics {
 /// so a call in flight keeps the version it started with even if another is swapped in.
 pub struct PluginRegistry {
     engine: Arc<EngineHandle>,
-    slots: [Slot; 5],
+    slots: [Slot; KINDS.len()],
     /// Per-file state of the plugins directory, for `/plugins` (set by the reloader).
     files: Mutex<Vec<serde_json::Value>>,
     plugins_dir: Mutex<Option<PathBuf>>,
@@ -164,7 +170,7 @@ impl PluginRegistry {
     /// # Errors
     /// A file that fails to load, or two files building the same kind.
     pub fn new(engine: &Arc<EngineHandle>, overrides: &[PathBuf]) -> Result<Self, PluginError> {
-        let mut chosen: [Option<Plugin>; 5] = Default::default();
+        let mut chosen: [Option<Plugin>; KINDS.len()] = Default::default();
         for path in overrides {
             let plugin = Plugin::load_file(engine, path)?;
             for (slot, kind) in chosen.iter_mut().zip(KINDS) {
@@ -189,6 +195,8 @@ impl PluginRegistry {
             controller_children,
             nodeset_children,
             restapi_children,
+            loginset_children,
+            accounting_children,
         ] = chosen;
         let slot = |chosen: Option<Plugin>, kind| -> Result<Slot, PluginError> {
             let base = match chosen {
@@ -210,6 +218,8 @@ impl PluginRegistry {
                 slot(controller_children, BuilderKind::ControllerChildren)?,
                 slot(nodeset_children, BuilderKind::NodesetChildren)?,
                 slot(restapi_children, BuilderKind::RestapiChildren)?,
+                slot(loginset_children, BuilderKind::LoginsetChildren)?,
+                slot(accounting_children, BuilderKind::AccountingChildren)?,
             ],
             files: Mutex::new(Vec::new()),
             plugins_dir: Mutex::new(None),

@@ -2,13 +2,13 @@
 //! differences stay in [`crate::bindings`]), the output bounded, then checked by the output policy.
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use slinky_api::{Controller, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 use wasmtime::{Store, component::Instance};
 
 use crate::{
-    BuildContext, BuilderKind, Child, ControllerInputs, GuestError, MAX_CHILDREN, Plugin, PluginError,
-    PodIdentity,
-    bindings::CallResult,
+    AccountingInputs, BuildContext, BuilderKind, Child, ControllerInputs, GuestError, LoginSetInputs,
+    MAX_CHILDREN, Plugin, PluginError, PodIdentity,
+    bindings::{CallResult, ControllerInputTexts},
     plugin::Code,
     policy,
     sandbox::{CallState, instantiate, log_output, trap_error},
@@ -23,6 +23,8 @@ const BUILD_POD: &str = "build-pod";
 const BUILD_CONTROLLER_CHILDREN: &str = "build-controller-children";
 const BUILD_NODESET_CHILDREN: &str = "build-nodeset-children";
 const BUILD_RESTAPI_CHILDREN: &str = "build-restapi-children";
+const BUILD_LOGINSET_CHILDREN: &str = "build-loginset-children";
+const BUILD_ACCOUNTING_CHILDREN: &str = "build-accounting-children";
 
 impl Plugin {
     /// Call `build-service` and return the raw JSON text, with no output policy applied.
@@ -86,13 +88,20 @@ impl Plugin {
         let code = self.code();
         let export = code.exports.controller_children.as_ref();
         let export = export.ok_or_else(|| self.not_a_kind(BuilderKind::ControllerChildren))?;
-        let nodesets = inputs
-            .nodesets
-            .iter()
-            .map(|n| self.input(CALL, n))
-            .collect::<Result<Vec<_>, _>>()?;
+        let texts = ControllerInputTexts {
+            nodesets: inputs
+                .nodesets
+                .iter()
+                .map(|n| self.input(CALL, n))
+                .collect::<Result<Vec<_>, _>>()?,
+            accounting: inputs
+                .accounting
+                .as_ref()
+                .map(|a| self.input(CALL, a))
+                .transpose()?,
+        };
         let out = self.call(&code, CALL, |store, instance| {
-            export.build_controller_children(store, instance, ctx, controller, nodesets, inputs)
+            export.build_controller_children(store, instance, ctx, controller, texts, inputs)
         })?;
         self.bounded_list(CALL, out)
     }
@@ -141,6 +150,54 @@ impl Plugin {
             export.build_restapi_children(store, instance, ctx, restapi, controller)
         })?;
         self.bounded_list(BUILD_RESTAPI_CHILDREN, out)
+    }
+
+    /// Call `build-loginset-children` and return the raw JSON texts, with no output policy applied.
+    ///
+    /// # Errors
+    /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    pub fn build_loginset_children_raw(
+        &self,
+        ctx: &BuildContext,
+        loginset: &String,
+        controller: &String,
+        inputs: &LoginSetInputs,
+    ) -> Result<Vec<String>, PluginError> {
+        let code = self.code();
+        let export = code.exports.loginset_children.as_ref();
+        let export = export.ok_or_else(|| self.not_a_kind(BuilderKind::LoginsetChildren))?;
+        let out = self.call(&code, BUILD_LOGINSET_CHILDREN, |store, instance| {
+            export.build_loginset_children(store, instance, ctx, loginset, controller, inputs)
+        })?;
+        self.bounded_list(BUILD_LOGINSET_CHILDREN, out)
+    }
+
+    /// Call `build-accounting-children` and return the raw JSON texts, with no output policy
+    /// applied.
+    ///
+    /// # Errors
+    /// A [`PluginError`] for a trap, deadline, memory cap, or the builder's own error.
+    #[allow(
+        clippy::ptr_arg,
+        reason = "the generated binding takes the WIT `json` (a String) by reference"
+    )]
+    pub fn build_accounting_children_raw(
+        &self,
+        ctx: &BuildContext,
+        accounting: &String,
+        inputs: &AccountingInputs,
+    ) -> Result<Vec<String>, PluginError> {
+        let code = self.code();
+        let export = code.exports.accounting_children.as_ref();
+        let export = export.ok_or_else(|| self.not_a_kind(BuilderKind::AccountingChildren))?;
+        let out = self.call(&code, BUILD_ACCOUNTING_CHILDREN, |store, instance| {
+            export.build_accounting_children(store, instance, ctx, accounting, inputs)
+        })?;
+        self.bounded_list(BUILD_ACCOUNTING_CHILDREN, out)
     }
 
     /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
@@ -226,6 +283,45 @@ impl Plugin {
         let ctl_json = self.input(CALL, controller)?;
         let raw = self.build_restapi_children_raw(ctx, &restapi_json, &ctl_json)?;
         policy::restapi_children(&raw, restapi, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build a LoginSet's children (the login Deployment, Service and `sshd_config` ConfigMap):
+    /// serialize copies, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    pub fn build_loginset_children(
+        &self,
+        ctx: &BuildContext,
+        loginset: &LoginSet,
+        controller: &Controller,
+        inputs: &LoginSetInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_LOGINSET_CHILDREN;
+        let login_json = self.input(CALL, loginset)?;
+        let ctl_json = self.input(CALL, controller)?;
+        let raw = self.build_loginset_children_raw(ctx, &login_json, &ctl_json, inputs)?;
+        policy::loginset_children(&raw, loginset, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build an Accounting's children (the slurmdbd StatefulSet, Service and `slurmdbd.conf`
+    /// Secret, its secret placeholders still in place: the host resolves them): serialize a
+    /// copy, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    pub fn build_accounting_children(
+        &self,
+        ctx: &BuildContext,
+        accounting: &Accounting,
+        inputs: &AccountingInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_ACCOUNTING_CHILDREN;
+        let json = self.input(CALL, accounting)?;
+        let raw = self.build_accounting_children_raw(ctx, &json, inputs)?;
+        policy::accounting_children(&raw, accounting, self, self.allowances())
             .map_err(|reason| self.rejected(CALL, reason))
     }
 

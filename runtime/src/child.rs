@@ -9,11 +9,14 @@ use serde_json::Value;
 pub const MAX_CHILDREN: usize = 64;
 
 /// The kinds of objects children builders may return, in the order they are applied (a
-/// StatefulSet after the ConfigMap and Service its pods need).
+/// StatefulSet after the ConfigMap, Secret and Service its pods need).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ChildKind {
     /// `v1 ConfigMap`.
     ConfigMap,
+    /// `v1 Secret` (an Accounting's `slurmdbd.conf`; never cached, never shown to a builder:
+    /// its secret placeholders are resolved by the host).
+    Secret,
     /// `v1 Service`.
     Service,
     /// `policy/v1 PodDisruptionBudget`.
@@ -26,8 +29,9 @@ pub enum ChildKind {
 
 impl ChildKind {
     /// Every kind, in apply order.
-    pub const ALL: [ChildKind; 5] = [
+    pub const ALL: [ChildKind; 6] = [
         ChildKind::ConfigMap,
+        ChildKind::Secret,
         ChildKind::Service,
         ChildKind::PodDisruptionBudget,
         ChildKind::StatefulSet,
@@ -37,7 +41,7 @@ impl ChildKind {
     /// `apiVersion`.
     pub fn api_version(self) -> &'static str {
         match self {
-            ChildKind::ConfigMap | ChildKind::Service => "v1",
+            ChildKind::ConfigMap | ChildKind::Secret | ChildKind::Service => "v1",
             ChildKind::PodDisruptionBudget => "policy/v1",
             ChildKind::StatefulSet | ChildKind::Deployment => "apps/v1",
         }
@@ -47,6 +51,7 @@ impl ChildKind {
     pub fn kind(self) -> &'static str {
         match self {
             ChildKind::ConfigMap => "ConfigMap",
+            ChildKind::Secret => "Secret",
             ChildKind::Service => "Service",
             ChildKind::PodDisruptionBudget => "PodDisruptionBudget",
             ChildKind::StatefulSet => "StatefulSet",
@@ -58,6 +63,7 @@ impl ChildKind {
     pub fn plural(self) -> &'static str {
         match self {
             ChildKind::ConfigMap => "configmaps",
+            ChildKind::Secret => "secrets",
             ChildKind::Service => "services",
             ChildKind::PodDisruptionBudget => "poddisruptionbudgets",
             ChildKind::StatefulSet => "statefulsets",

@@ -56,8 +56,8 @@ pub use policy::{Allow, Allowances};
 /// NodeSet to build (the WIT `pod-identity`), what a Controller's children are built from, the
 /// contract versions and builder kinds, and what a plugin says about itself.
 pub use slinky_api::contract::{
-    BuildContext, BuilderKind, CONTRACT_VERSION, ConfigMapFiles, Contract, ControllerInputs, PACKAGE,
-    PluginInfo, PodIdentity, SUPPORTED_CONTRACTS,
+    AccountingInputs, BuildContext, BuilderKind, CONTRACT_VERSION, ConfigMapFiles, Contract,
+    ControllerInputs, LoginSetInputs, PACKAGE, PluginInfo, PodIdentity, SUPPORTED_CONTRACTS,
 };
 
 /// The wasmtime version the host runs plugins on (pinned in the workspace manifest).

@@ -372,7 +372,41 @@ impl Plugin {
                 self.build_restapi_children(ctx, restapi, controller)?
             ));
         }
+        for kind in [BuilderKind::LoginsetChildren, BuilderKind::AccountingChildren] {
+            if self.builds(kind) {
+                out.push(format!("{:?}", self.example_of(ctx, kind)?));
+            }
+        }
         Ok(out)
+    }
+
+    /// What this plugin's LoginSet or Accounting builder makes of the example inputs.
+    fn example_of(&self, ctx: &BuildContext, kind: BuilderKind) -> Result<Vec<crate::Child>, PluginError> {
+        let (controller, _) = self.examples()?;
+        let (loginset, accounting) = self.example_parents()?;
+        match kind {
+            BuilderKind::LoginsetChildren => {
+                self.build_loginset_children(ctx, loginset, controller, &crate::LoginSetInputs::example())
+            }
+            _ => self.build_accounting_children(ctx, accounting, &crate::AccountingInputs::example()),
+        }
+    }
+
+    /// The example LoginSet and Accounting, parsed once per process.
+    fn example_parents(
+        &self,
+    ) -> Result<&'static (slinky_api::LoginSet, slinky_api::Accounting), PluginError> {
+        use slinky_api::contract as examples;
+        static EXAMPLES: std::sync::LazyLock<Result<(slinky_api::LoginSet, slinky_api::Accounting), String>> =
+            std::sync::LazyLock::new(|| {
+                examples::example_loginset()
+                    .and_then(|l| Ok((l, examples::example_accounting()?)))
+                    .map_err(|e| format!("the example LoginSet or Accounting does not parse: {e}"))
+            });
+        EXAMPLES.as_ref().map_err(|reason| PluginError::Refused {
+            plugin: self.label(),
+            reason: reason.clone(),
+        })
     }
 
     /// The example inputs (`slinky_api::contract`'s examples), parsed once per process: every
@@ -404,9 +438,10 @@ impl Plugin {
         })
     }
 
-    /// The children (kind and name) this plugin's `kind` builder (`controller-children`,
-    /// `nodeset-children` or `restapi-children`) builds from the example inputs; `None` for the other kinds or when the
-    /// plugin does not build `kind`.
+    /// The children (kind and name) this plugin's `kind` builder (a children kind:
+    /// `controller-children`, `nodeset-children`, `restapi-children`, `loginset-children`,
+    /// `accounting-children`) builds from the example inputs; `None` for the other kinds or when
+    /// the plugin does not build `kind`.
     ///
     /// # Errors
     /// The call failed or its output broke the output policy.
@@ -426,6 +461,7 @@ impl Plugin {
             BuilderKind::RestapiChildren => {
                 self.build_restapi_children(ctx, self.example_restapi()?, controller)?
             }
+            BuilderKind::LoginsetChildren | BuilderKind::AccountingChildren => self.example_of(ctx, kind)?,
             BuilderKind::ControllerService | BuilderKind::NodesetPod => return Ok(None),
         };
         Ok(Some(

@@ -6,7 +6,7 @@ use k8s_openapi::{
     api::core::v1::{ConfigMap, Secret, SecretKeySelector},
 };
 
-use crate::{Controller, NodeSet, hash::checksum_of_map};
+use crate::{Accounting, Controller, NodeSet, hash::checksum_of_map};
 
 /// A ConfigMap a Controller references, by the files it provides (its keys, sorted): never their
 /// content.
@@ -48,6 +48,35 @@ pub struct ControllerInputs {
     pub jwt_key_hash: String,
     /// Every ConfigMap the Controller references, each once, sorted by name.
     pub config_maps: Vec<ConfigMapFiles>,
+    /// The Accounting `spec.accountingRef` names, when it exists (its `AccountingStorage*`
+    /// lines); contract 0.3.0 on.
+    pub accounting: Option<Accounting>,
+}
+
+/// What the host read from the cluster for a LoginSet's children. Builders never see Secret
+/// data: only Slinky's hashes of it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LoginSetInputs {
+    /// `slinky.slurm.net/ssh-host-keys-hash`: Slinky's hash of the host keys Secret
+    /// `<loginset>-ssh-host-keys` (made by the host).
+    pub ssh_host_keys_hash: String,
+    /// `slinky.slurm.net/sssd-conf-hash`: sha256 (hex) of the `sssd.conf` value
+    /// `spec.sssdConfRef` names.
+    pub sssd_conf_hash: String,
+}
+
+/// What the host read from the cluster for an Accounting's children. Builders never see Secret
+/// data: only Slinky's hashes of it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AccountingInputs {
+    /// `slinky.slurm.net/slurm-key-hash` of the Secret `spec.slurmKeyRef` names.
+    pub slurm_key_hash: String,
+    /// `slinky.slurm.net/jwt-key-hash` of the Secret `spec.jwtKeyRef` names.
+    pub jwt_key_hash: String,
+    /// `slinky.slurm.net/slurmdbd-conf-hash`: Slinky's hash of the `<accounting>-accounting`
+    /// Secret as stored now (empty data when it does not exist yet), so a changed
+    /// `slurmdbd.conf` rolls slurmdbd.
+    pub slurmdbd_conf_hash: String,
 }
 
 /// A reference of a Controller that the cluster (or the rendered input) does not satisfy: the
@@ -82,6 +111,13 @@ pub enum MissingReference {
         /// The key the reference names.
         key: String,
     },
+    /// The Accounting `name` (`spec.accountingRef`) does not exist. It does not hold the
+    /// children back: `slurm.conf` names its default address, and slurmctld keeps the
+    /// accounting records until slurmdbd answers.
+    Accounting {
+        /// The Accounting's name.
+        name: String,
+    },
 }
 
 impl MissingReference {
@@ -93,7 +129,14 @@ impl MissingReference {
             MissingReference::SecretKey { .. } => "SecretKeyNotFound",
             MissingReference::ConfigMap { .. } => "ConfigMapNotFound",
             MissingReference::ConfigMapKey { .. } => "ConfigMapKeyNotFound",
+            MissingReference::Accounting { .. } => "AccountingNotFound",
         }
+    }
+
+    /// Whether the children that need it wait for it (every missing reference but an
+    /// Accounting's).
+    pub fn holds_back(&self) -> bool {
+        !matches!(self, MissingReference::Accounting { .. })
     }
 }
 
@@ -137,23 +180,36 @@ impl ControllerInputs {
     /// satisfy, in the order the host reports them (the Slurm key, the JWT key, then the
     /// ConfigMaps by name).
     ///
-    /// `nodesets` are all the NodeSets known (those of `controller` are picked); `secret` and
-    /// `config_map` look an object of the Controller's namespace up by name. An external
-    /// Controller needs no Secret or ConfigMap: its inputs are its NodeSets only. A missing Secret
-    /// leaves its hash empty; a Secret without its key is still hashed; a missing ConfigMap
-    /// provides no files.
+    /// `nodesets` are all the NodeSets known (those of `controller` are picked); `secret`,
+    /// `config_map` and `accounting` look an object of the Controller's namespace up by name. An
+    /// external Controller needs no Secret or ConfigMap: its inputs are its NodeSets (and its
+    /// Accounting) only. A missing Secret leaves its hash empty; a Secret without its key is still
+    /// hashed; a missing ConfigMap provides no files; a missing Accounting is reported last.
     pub fn gather<'a>(
         controller: &Controller,
         nodesets: impl IntoIterator<Item = &'a NodeSet>,
         secret: impl Fn(&str) -> Option<&'a Secret>,
         config_map: impl Fn(&str) -> Option<&'a ConfigMap>,
+        accounting: impl Fn(&str) -> Option<&'a Accounting>,
     ) -> (ControllerInputs, Vec<MissingReference>) {
         let mut inputs = ControllerInputs {
             nodesets: Self::nodesets_of(controller, nodesets),
             ..Default::default()
         };
         let mut missing = Vec::new();
+        let account = controller
+            .spec
+            .accounting_ref
+            .as_ref()
+            .filter(|r| !r.name.is_empty());
+        if let Some(r) = account {
+            inputs.accounting = accounting(&r.name).cloned();
+        }
+        let account_missing = account
+            .filter(|_| inputs.accounting.is_none())
+            .map(|r| MissingReference::Accounting { name: r.name.clone() });
         if controller.spec.external {
+            missing.extend(account_missing);
             return (inputs, missing);
         }
         let spec = &controller.spec;
@@ -185,6 +241,42 @@ impl ControllerInputs {
                 });
             }
             inputs.config_maps.push(files);
+        }
+        missing.extend(account_missing);
+        (inputs, missing)
+    }
+}
+
+impl AccountingInputs {
+    /// The inputs of `accounting`'s children builder: the hashes of its key Secrets (`secret`
+    /// looks one of its namespace up by name) and of its `slurmdbd.conf` Secret as stored
+    /// (`stored`, `None` before it exists), with every key reference the lookups could not
+    /// satisfy. An external Accounting needs none.
+    pub fn gather<'a>(
+        accounting: &Accounting,
+        secret: impl Fn(&str) -> Option<&'a Secret>,
+        stored: Option<&Secret>,
+    ) -> (AccountingInputs, Vec<MissingReference>) {
+        let mut inputs = AccountingInputs {
+            slurmdbd_conf_hash: stored.map(secret_hash).unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut missing = Vec::new();
+        if accounting.spec.external {
+            return (inputs, missing);
+        }
+        let spec = &accounting.spec;
+        for (field, reference, hash) in [
+            (
+                "spec.slurmKeyRef",
+                &spec.slurm_key_ref,
+                &mut inputs.slurm_key_hash,
+            ),
+            ("spec.jwtKeyRef", &spec.jwt_key_ref, &mut inputs.jwt_key_hash),
+        ] {
+            if let Some(r) = reference {
+                *hash = key_hash(field, r, &secret, &mut missing);
+            }
         }
         (inputs, missing)
     }
@@ -303,6 +395,7 @@ mod tests {
                 "extra" => Some(&extra),
                 _ => None,
             },
+            |_| None,
         );
         assert_eq!(missing, []);
         assert_eq!(inputs.slurm_key_hash, sha256_hex(b"k"));
@@ -320,6 +413,7 @@ mod tests {
             &[],
             |_| Some(&empty),
             |name| (name == "jwks").then_some(&jwks),
+            |_| None,
         );
         let reasons: Vec<_> = missing.iter().map(MissingReference::reason).collect();
         assert_eq!(
@@ -327,7 +421,7 @@ mod tests {
             ["SecretKeyNotFound", "ConfigMapNotFound", "ConfigMapKeyNotFound"]
         );
         assert_eq!(inputs.files_of("extra"), [] as [String; 0]);
-        let (_, missing) = ControllerInputs::gather(&controller(), &[], |_| None, |_| None);
+        let (_, missing) = ControllerInputs::gather(&controller(), &[], |_| None, |_| None, |_| None);
         assert_eq!(
             missing.first(),
             Some(&MissingReference::Secret {
@@ -341,8 +435,57 @@ mod tests {
     fn an_external_controller_needs_no_references() {
         let mut c = controller();
         c.spec.external = true;
-        let (inputs, missing) = ControllerInputs::gather(&c, &[], |_| None, |_| None);
+        let (inputs, missing) = ControllerInputs::gather(&c, &[], |_| None, |_| None, |_| None);
         assert_eq!((inputs, missing), (ControllerInputs::default(), vec![]));
+    }
+
+    #[test]
+    fn a_missing_accounting_is_reported_last_and_holds_nothing_back() {
+        let mut c = controller();
+        c.spec.slurm_key_ref = None;
+        c.spec.jwks_key_ref = None;
+        c.spec.config_file_refs.clear();
+        c.spec.accounting_ref = Some(LocalObjectReference { name: "acct".into() });
+        let (inputs, missing) = ControllerInputs::gather(&c, &[], |_| None, |_| None, |_| None);
+        assert_eq!(inputs.accounting, None);
+        assert_eq!(missing, [MissingReference::Accounting { name: "acct".into() }]);
+        assert!(!missing[0].holds_back());
+        assert_eq!(missing[0].reason(), "AccountingNotFound");
+        let acct = Accounting::new("acct", Default::default());
+        let (inputs, missing) =
+            ControllerInputs::gather(&c, &[], |_| None, |_| None, |n| (n == "acct").then_some(&acct));
+        assert_eq!(
+            inputs.accounting.map(|a| a.metadata.name),
+            Some(Some("acct".to_string()))
+        );
+        assert_eq!(missing, []);
+    }
+
+    #[test]
+    fn accounting_inputs_hash_keys_and_the_stored_conf() {
+        let key = Secret {
+            data: Some(BTreeMap::from([("k".to_string(), ByteString(b"key".to_vec()))])),
+            ..Default::default()
+        };
+        let acct: Accounting = serde_json::from_value(serde_json::json!({
+            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "Accounting",
+            "metadata": {"name": "a", "namespace": "hpc"},
+            "spec": {"slurmKeyRef": {"name": "slurm", "key": "k"}, "jwtKeyRef": {"name": "jwt", "key": "k"}}
+        }))
+        .unwrap_or_default();
+        let (inputs, missing) = AccountingInputs::gather(&acct, |n| (n == "slurm").then_some(&key), None);
+        assert_eq!(inputs.slurm_key_hash, sha256_hex(b"key"));
+        assert_eq!(inputs.slurmdbd_conf_hash, "", "Slinky's hash of no data");
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        let conf = Secret {
+            data: Some(BTreeMap::from([(
+                "slurmdbd.conf".to_string(),
+                ByteString(b"x".to_vec()),
+            )])),
+            ..Default::default()
+        };
+        let (inputs, _) = AccountingInputs::gather(&acct, |_| Some(&key), Some(&conf));
+        assert_eq!(inputs.slurmdbd_conf_hash, sha256_hex(b"x"));
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub enum Contract {
     V0_1,
     /// `slinky:builder@0.2.0`: adds `controller-children` and `nodeset-children`.
     V0_2,
-    /// `slinky:builder@0.3.0`: adds `restapi-children`.
+    /// `slinky:builder@0.3.0`: adds `restapi-children`, `loginset-children` and
+    /// `accounting-children`.
     V0_3,
 }
 
@@ -75,16 +76,22 @@ pub enum BuilderKind {
     NodesetChildren,
     /// RestApi + its Controller → the slurmrestd Deployment and Service.
     RestapiChildren,
+    /// LoginSet + its Controller → the login Deployment, Service and `sshd_config` ConfigMap.
+    LoginsetChildren,
+    /// Accounting → the slurmdbd StatefulSet, Service and `slurmdbd.conf` Secret.
+    AccountingChildren,
 }
 
 impl BuilderKind {
     /// Every kind, in the order `/plugins` and the metrics list them.
-    pub const ALL: [BuilderKind; 5] = [
+    pub const ALL: [BuilderKind; 7] = [
         BuilderKind::ControllerService,
         BuilderKind::NodesetPod,
         BuilderKind::ControllerChildren,
         BuilderKind::NodesetChildren,
         BuilderKind::RestapiChildren,
+        BuilderKind::LoginsetChildren,
+        BuilderKind::AccountingChildren,
     ];
 
     /// The WIT interface (and CLI) name of the kind.
@@ -95,6 +102,8 @@ impl BuilderKind {
             BuilderKind::ControllerChildren => "controller-children",
             BuilderKind::NodesetChildren => "nodeset-children",
             BuilderKind::RestapiChildren => "restapi-children",
+            BuilderKind::LoginsetChildren => "loginset-children",
+            BuilderKind::AccountingChildren => "accounting-children",
         }
     }
 
@@ -103,12 +112,15 @@ impl BuilderKind {
         self as usize
     }
 
-    /// The kind of parent whose children it builds: `Controller`, `NodeSet` or `RestApi`.
+    /// The kind of parent whose children it builds: `Controller`, `NodeSet`, `RestApi`,
+    /// `LoginSet` or `Accounting`.
     pub fn parent(self) -> &'static str {
         match self {
             BuilderKind::ControllerService | BuilderKind::ControllerChildren => "Controller",
             BuilderKind::NodesetPod | BuilderKind::NodesetChildren => "NodeSet",
             BuilderKind::RestapiChildren => "RestApi",
+            BuilderKind::LoginsetChildren => "LoginSet",
+            BuilderKind::AccountingChildren => "Accounting",
         }
     }
 }
@@ -194,6 +206,8 @@ mod tests {
         );
         assert_eq!(BuilderKind::NodesetChildren.parent(), "NodeSet");
         assert_eq!(BuilderKind::ControllerService.parent(), "Controller");
+        assert_eq!(BuilderKind::AccountingChildren.parent(), "Accounting");
+        assert_eq!(BuilderKind::LoginsetChildren.as_str(), "loginset-children");
     }
 
     #[test]

@@ -8,9 +8,16 @@
 mod examples;
 mod inputs;
 mod kinds;
+/// Secret values a builder places without seeing them (`${secretKeyRef:<name>/<key>}`).
+pub mod secret_refs;
 
-pub use examples::{example_controller, example_inputs, example_nodeset, example_restapi};
-pub use inputs::{ConfigMapFiles, ControllerInputs, MissingReference, secret_hash};
+pub use examples::{
+    example_accounting, example_controller, example_inputs, example_loginset, example_nodeset,
+    example_restapi,
+};
+pub use inputs::{
+    AccountingInputs, ConfigMapFiles, ControllerInputs, LoginSetInputs, MissingReference, secret_hash,
+};
 pub use kinds::{
     BuilderKind, CONTRACT_VERSION, Contract, LogLevel, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS,
 };

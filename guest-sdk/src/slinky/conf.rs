@@ -4,13 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Accounting, Controller, NodeSet};
 
 use super::{LOG_DIR, SLURMCTLD_PORT, SLURMD_PORT, controller_service_name};
 use crate::ControllerInputs;
 
-/// slurmdbd's port.
-pub const SLURMDBD_PORT: i32 = 6819;
+pub use slinky_api::SLURMDBD_PORT;
 /// Where the Slurm configuration is mounted in every Slurm pod.
 pub const SLURM_ETC: &str = "/etc/slurm";
 /// slurmctld's state save root; the state of cluster `c` is in `<root>/c`.
@@ -85,8 +84,13 @@ fn merged_keys(controller: &Controller) -> BTreeMap<&'static str, Vec<String>> {
     ])
 }
 
-/// The accounting lines: slurmdbd at `<accounting>-accounting:6819` with `accountingRef`, else none.
-fn accounting(conf: &mut Conf, controller: &Controller) {
+/// The accounting lines: with `accountingRef`, slurmdbd where the Accounting says it is
+/// ([`Accounting::storage_address`]: its Service and port, or its external address), or at its
+/// default address `<accounting>-accounting:6819` while the Accounting does not exist (slurmctld
+/// keeps the records until slurmdbd answers); without, none. Slinky writes
+/// `<accounting>-accounting:6819` whatever the Accounting says, and no accounting at all while it
+/// does not exist (the jobs of that time are never recorded).
+fn accounting(conf: &mut Conf, controller: &Controller, found: Option<&Accounting>) {
     conf.section("ACCOUNTING");
     match controller
         .spec
@@ -95,9 +99,14 @@ fn accounting(conf: &mut Conf, controller: &Controller) {
         .filter(|r| !r.name.is_empty())
     {
         Some(acct) => {
+            let (host, port) = match found.filter(|a| a.metadata.name.as_deref() == Some(acct.name.as_str()))
+            {
+                Some(a) => a.storage_address(),
+                None => (slinky_api::accounting_key(&acct.name), SLURMDBD_PORT),
+            };
             conf.prop("AccountingStorageType", "accounting_storage/slurmdbd");
-            conf.prop("AccountingStorageHost", format!("{}-accounting", acct.name));
-            conf.prop("AccountingStoragePort", SLURMDBD_PORT);
+            conf.prop("AccountingStorageHost", host);
+            conf.prop("AccountingStoragePort", port);
         }
         None => conf.prop("AccountingStorageType", "accounting_storage/none"),
     }
@@ -174,7 +183,7 @@ pub fn slurm_conf(controller: &Controller, inputs: &ControllerInputs) -> String 
         conf.prop("MetricsType", "metrics/openmetrics");
     }
 
-    accounting(&mut conf, controller);
+    accounting(&mut conf, controller, inputs.accounting.as_ref());
 
     let s = &controller.spec;
     let (prolog_ctld, epilog_ctld) = (
@@ -311,7 +320,7 @@ pub fn merged_config(extra: &str, merge: &BTreeMap<&'static str, Vec<String>>) -
 
 /// The minimal `slurm.conf` of an external Controller (for clients such as slurmrestd; no
 /// configless): Slinky's `buildSlurmConfMinimal`.
-pub fn slurm_conf_minimal(controller: &Controller) -> String {
+pub fn slurm_conf_minimal(controller: &Controller, inputs: &ControllerInputs) -> String {
     let ext = controller.spec.external_config.clone().unwrap_or_default();
     let mut conf = Conf::new("=");
     conf.section("GENERAL");
@@ -323,7 +332,7 @@ pub fn slurm_conf_minimal(controller: &Controller) -> String {
     conf.prop("AuthType", "auth/slurm");
     conf.prop("CredType", "cred/slurm");
     conf.prop("AuthAltTypes", "auth/jwt");
-    accounting(&mut conf, controller);
+    accounting(&mut conf, controller, inputs.accounting.as_ref());
     conf.build(true)
 }
 

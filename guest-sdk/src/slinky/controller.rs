@@ -124,7 +124,7 @@ pub fn build_controller_config(
             },
             data: Some(BTreeMap::from([(
                 SLURM_CONF.to_string(),
-                conf::slurm_conf_minimal(controller),
+                conf::slurm_conf_minimal(controller, inputs),
             )])),
             immutable: Some(false),
             ..Default::default()
@@ -231,7 +231,8 @@ fn hash_annotations(controller: &Controller, inputs: &ControllerInputs, config: 
     hashes
 }
 
-fn empty_dir(name: &str, medium: Option<&str>) -> Volume {
+/// An `emptyDir` volume, in memory when `medium` is `Memory`.
+pub(crate) fn empty_dir(name: &str, medium: Option<&str>) -> Volume {
     Volume {
         name: name.into(),
         empty_dir: Some(EmptyDirVolumeSource {

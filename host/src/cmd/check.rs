@@ -26,7 +26,8 @@ pub struct CheckReport {
     pub ok: bool,
 }
 
-/// The example Controller, NodeSet and RestApi (the SDK's `testing` examples), as manifests.
+/// The example Controller, NodeSet, RestApi, LoginSet and Accounting (the SDK's `testing`
+/// examples), as manifests.
 ///
 /// # Errors
 /// Never in practice: the examples are tested.
@@ -34,6 +35,8 @@ pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
     let controller = slinky_api::contract::example_controller().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let nodeset = slinky_api::contract::example_nodeset().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     let restapi = slinky_api::contract::example_restapi().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let loginset = slinky_api::contract::example_loginset().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let accounting = slinky_api::contract::example_accounting().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(vec![
         Manifest {
             at: "example Controller".into(),
@@ -46,6 +49,14 @@ pub fn example_manifests() -> anyhow::Result<Vec<Manifest>> {
         Manifest {
             at: "example RestApi".into(),
             parent: Parent::RestApi(Box::new(restapi)),
+        },
+        Manifest {
+            at: "example LoginSet".into(),
+            parent: Parent::LoginSet(Box::new(loginset)),
+        },
+        Manifest {
+            at: "example Accounting".into(),
+            parent: Parent::Accounting(Box::new(accounting)),
         },
     ])
 }
@@ -269,6 +280,8 @@ pub fn check_with(
                 check.pods(m, n)?;
             }
             Parent::RestApi(r) => check.restapi_children(m, r)?,
+            Parent::LoginSet(l) => check.loginset_children(m, l)?,
+            Parent::Accounting(a) => check.accounting_children(m, a)?,
         }
     }
     Ok(check.finish())
@@ -411,6 +424,43 @@ impl<'a> Check<'a> {
         let ours = self.plugin.build_restapi_children(self.ctx, r, controller);
         let theirs = base.build_restapi_children(self.ctx, r, controller);
         let at = format!("of RestApi {ns}/{} ({})", r.name_any(), m.at);
+        self.tally.report_children(&mut self.out, &at, ours, theirs);
+        Ok(())
+    }
+
+    /// A LoginSet's children, when the plugin builds them and its Controller is among the inputs.
+    fn loginset_children(&mut self, m: &Manifest, l: &slinky_api::LoginSet) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::LoginsetChildren) {
+            return Ok(());
+        }
+        let ns = l.namespace().unwrap_or_default();
+        let Some(controller) = self.controllers.iter().copied().find(|c| {
+            c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == l.spec.controller_ref.name
+        }) else {
+            return Ok(());
+        };
+        let inputs = self.references.loginset_inputs(l);
+        let base = self.bundled(BuilderKind::LoginsetChildren)?;
+        let ours = self
+            .plugin
+            .build_loginset_children(self.ctx, l, controller, &inputs);
+        let theirs = base.build_loginset_children(self.ctx, l, controller, &inputs);
+        let at = format!("of LoginSet {ns}/{} ({})", l.name_any(), m.at);
+        self.tally.report_children(&mut self.out, &at, ours, theirs);
+        Ok(())
+    }
+
+    /// An Accounting's children, when the plugin builds them.
+    fn accounting_children(&mut self, m: &Manifest, a: &slinky_api::Accounting) -> anyhow::Result<()> {
+        if !self.plugin.builds(BuilderKind::AccountingChildren) {
+            return Ok(());
+        }
+        let ns = a.namespace().unwrap_or_default();
+        let inputs = self.references.accounting_inputs(a);
+        let base = self.bundled(BuilderKind::AccountingChildren)?;
+        let ours = self.plugin.build_accounting_children(self.ctx, a, &inputs);
+        let theirs = base.build_accounting_children(self.ctx, a, &inputs);
+        let at = format!("of Accounting {ns}/{} ({})", a.name_any(), m.at);
         self.tally.report_children(&mut self.out, &at, ours, theirs);
         Ok(())
     }

@@ -2,11 +2,17 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use slinky_api::{Controller, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 
 /// The CRDs, in install order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![Controller::crd(), NodeSet::crd(), RestApi::crd()]
+    vec![
+        Controller::crd(),
+        NodeSet::crd(),
+        RestApi::crd(),
+        LoginSet::crd(),
+        Accounting::crd(),
+    ]
 }
 
 /// The CRDs as multi-document YAML.

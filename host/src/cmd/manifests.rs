@@ -73,12 +73,18 @@ pub fn cluster_rules() -> Vec<Value> {
     vec![
         rule(
             &["slinky.slurm.net"],
-            &["controllers", "nodesets", "restapis"],
+            &["controllers", "nodesets", "restapis", "loginsets", "accountings"],
             &["get", "list", "watch"],
         ),
         rule(
             &["slinky.slurm.net"],
-            &["controllers/status", "nodesets/status", "restapis/status"],
+            &[
+                "controllers/status",
+                "nodesets/status",
+                "restapis/status",
+                "loginsets/status",
+                "accountings/status",
+            ],
             &["patch"],
         ),
         // The NodeSet's finalizer (its Slurm nodes stay in slurm.conf until their jobs end).
@@ -119,9 +125,12 @@ pub fn cluster_rules() -> Vec<Value> {
             &["poddisruptionbudgets"],
             &["get", "list", "watch", "create", "delete", "patch"],
         ),
-        // The Secrets a Controller references, read by name for their hashes: `get` only, so the
-        // host can neither list nor watch the cluster's Secrets.
-        rule(&[""], &["secrets"], &["get"]),
+        // The Secrets the parents reference, read by name for their hashes (and an Accounting's
+        // database password, which the host writes into its `slurmdbd.conf`): `get`, never `list`
+        // or `watch`, so the host cannot read the cluster's other Secrets. It creates the Secrets
+        // it makes (a LoginSet's host keys, an Accounting's `slurmdbd.conf`) and applies the
+        // latter (patch).
+        rule(&[""], &["secrets"], &["get", "create", "patch"]),
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
 }

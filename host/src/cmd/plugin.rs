@@ -66,6 +66,10 @@ pub enum KindArg {
     NodesetChildren,
     /// A RestApi's children: slurmrestd's Deployment and Service.
     RestapiChildren,
+    /// A LoginSet's children: the login Deployment, its Service and sshd_config.
+    LoginsetChildren,
+    /// An Accounting's children: slurmdbd's StatefulSet, Service and slurmdbd.conf Secret.
+    AccountingChildren,
 }
 
 impl From<KindArg> for crate::plugins::BuilderKind {
@@ -76,6 +80,8 @@ impl From<KindArg> for crate::plugins::BuilderKind {
             KindArg::ControllerChildren => crate::plugins::BuilderKind::ControllerChildren,
             KindArg::NodesetChildren => crate::plugins::BuilderKind::NodesetChildren,
             KindArg::RestapiChildren => crate::plugins::BuilderKind::RestapiChildren,
+            KindArg::LoginsetChildren => crate::plugins::BuilderKind::LoginsetChildren,
+            KindArg::AccountingChildren => crate::plugins::BuilderKind::AccountingChildren,
         }
     }
 }

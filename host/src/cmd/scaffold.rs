@@ -125,6 +125,8 @@ pub fn new_plugin(name: &str, kind: BuilderKind, dir: &Path, sdk: Option<&Path>)
         BuilderKind::ControllerChildren => CONTROLLER_CHILDREN_LIB,
         BuilderKind::NodesetChildren => NODESET_CHILDREN_LIB,
         BuilderKind::RestapiChildren => RESTAPI_CHILDREN_LIB,
+        BuilderKind::LoginsetChildren => LOGINSET_CHILDREN_LIB,
+        BuilderKind::AccountingChildren => ACCOUNTING_CHILDREN_LIB,
     };
     let wasm = PathBuf::from(format!(
         "target/wasm32-wasip2/release/{}.wasm",
@@ -452,6 +454,103 @@ mod tests {
             testing::call_restapi_children::<{Type}>(&testing::example_restapi()?, &testing::example_controller()?)?;
         let names: Vec<&str> = children.iter().map(Child::name).collect();
         assert_eq!(names, ["slurm-restapi", "slurm-restapi"]);
+        Ok(())
+    }
+}
+"#;
+
+const LOGINSET_CHILDREN_LIB: &str = r#"//! {name}: a slinky-host `loginset-children` builder.
+//!
+//! It starts from Slinky's children of a LoginSet (`slinky::build_loginset_children`: the login
+//! Deployment, its Service and `sshd_config`); change them in `build_loginset_children`. The
+//! host keys Secret is the host's.
+
+use slinky_guest_sdk::{
+    BuildContext, BuildError, Child, LoginSetChildrenBuilder, LoginSetInputs,
+    api::{Controller, LoginSet},
+    slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl LoginSetChildrenBuilder for {Type} {
+    fn build_loginset_children(
+        ctx: &BuildContext,
+        loginset: &LoginSet,
+        controller: &Controller,
+        inputs: &LoginSetInputs,
+    ) -> Result<Vec<Child>, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut children = slinky::build_loginset_children(ctx, loginset, controller, inputs)?;
+        // Change the children here (the Deployment and Service are `<loginset>`, ConfigMaps
+        // `<loginset>-…`).
+        Ok(children)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [loginset_children]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_children() -> Result<(), BuildError> {
+        let children = testing::call_loginset_children::<{Type}>(
+            &testing::example_loginset()?,
+            &testing::example_controller()?,
+            &LoginSetInputs::example(),
+        )?;
+        let names: Vec<&str> = children.iter().map(Child::name).collect();
+        assert_eq!(names, ["slurm-login-slinky", "slurm-login-slinky", "slurm-login-slinky-ssh-config"]);
+        Ok(())
+    }
+}
+"#;
+
+const ACCOUNTING_CHILDREN_LIB: &str = r#"//! {name}: a slinky-host `accounting-children` builder.
+//!
+//! It starts from Slinky's children of an Accounting (`slinky::build_accounting_children`:
+//! slurmdbd's StatefulSet, Service and `slurmdbd.conf` Secret); change them in
+//! `build_accounting_children`. The database password is a placeholder the host fills.
+
+use slinky_guest_sdk::{
+    AccountingChildrenBuilder, AccountingInputs, BuildContext, BuildError, Child, api::Accounting, slinky,
+};
+
+/// The builder.
+pub struct {Type};
+
+impl AccountingChildrenBuilder for {Type} {
+    fn build_accounting_children(
+        ctx: &BuildContext,
+        accounting: &Accounting,
+        inputs: &AccountingInputs,
+    ) -> Result<Vec<Child>, BuildError> {
+        #[allow(unused_mut, reason = "the starting point changes nothing yet")]
+        let mut children = slinky::build_accounting_children(ctx, accounting, inputs)?;
+        // Change the children here (each is named `<accounting>-accounting`).
+        Ok(children)
+    }
+}
+
+slinky_guest_sdk::export_plugin!({Type}, kinds = [accounting_children]);
+
+#[cfg(test)]
+mod tests {
+    use slinky_guest_sdk::testing;
+
+    use super::*;
+
+    #[test]
+    fn builds_the_example_children() -> Result<(), BuildError> {
+        let children =
+            testing::call_accounting_children::<{Type}>(&testing::example_accounting()?, &AccountingInputs::example())?;
+        let names: Vec<&str> = children.iter().map(Child::name).collect();
+        assert_eq!(names, ["slurm-accounting", "slurm-accounting", "slurm-accounting"]);
         Ok(())
     }
 }

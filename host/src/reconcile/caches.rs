@@ -10,7 +10,7 @@ use k8s_openapi::api::{
 };
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 
 use crate::plugins::ChildKind;
 
@@ -27,6 +27,10 @@ pub struct Caches {
     pub nodesets: Store<NodeSet>,
     /// RestApis.
     pub restapis: Store<RestApi>,
+    /// LoginSets.
+    pub loginsets: Store<LoginSet>,
+    /// Accountings.
+    pub accountings: Store<Accounting>,
     /// PersistentVolumeClaims (the NodeSets' per-pod claims are read from it; not waited for at
     /// start: a host without RBAC on claims still reconciles NodeSets without claim templates,
     /// and a claim missing from it is created, a 409 meaning it exists).
@@ -48,6 +52,8 @@ impl Caches {
         synced(&self.controllers).await;
         synced(&self.nodesets).await;
         synced(&self.restapis).await;
+        synced(&self.loginsets).await;
+        synced(&self.accountings).await;
     }
 }
 
@@ -115,6 +121,8 @@ impl ChildCaches {
             ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
             ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
             ChildKind::Deployment => get(&self.deployments, ns, name),
+            // Secrets are never cached (read from the API by name).
+            ChildKind::Secret => None,
         }
     }
 
@@ -126,6 +134,7 @@ impl ChildCaches {
             ChildKind::StatefulSet => list(&self.statefulsets, ns),
             ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
             ChildKind::Deployment => list(&self.deployments, ns),
+            ChildKind::Secret => Vec::new(),
         }
     }
 }

@@ -107,6 +107,23 @@ impl Core {
             .await;
     }
 
+    /// Call the active builder of `kind` off the async threads, counted and timed under its kind:
+    /// `call` gets the plugin and the build context.
+    pub(crate) async fn call_builder<T: Send + 'static>(
+        &self,
+        kind: crate::plugins::BuilderKind,
+        call: impl FnOnce(&crate::plugins::Plugin, &BuildContext) -> Result<T, crate::plugins::PluginError>
+        + Send
+        + 'static,
+    ) -> Result<Result<T, crate::plugins::PluginError>, Error> {
+        let plugin = self.plugins.active(kind);
+        let build = self.build.clone();
+        let metrics = self.metrics.clone();
+        self.metrics.plugin_calls.inc_by(1);
+        self.blocking(move || super::time_plugin_call(&metrics, kind, || call(&plugin, &build)))
+            .await
+    }
+
     /// Run a builder call off the async threads.
     pub(crate) async fn blocking<T: Send + 'static>(
         &self,

@@ -74,14 +74,21 @@ impl Pass<'_> {
     }
 }
 
-/// What the children builder needs from the cluster, or the first missing reference as
-/// `(reason, message)`. The Secrets the Controller references are read from the API (`get`,
-/// nothing else), its ConfigMaps and NodeSets from the caches; [`ControllerInputs::gather`] makes
-/// the inputs of them by the rule `render` uses too.
+/// What the children builder needs from the cluster, or the first missing reference that holds
+/// the children back, as `(reason, message)`; and a missing reference that does not (the
+/// Accounting). The Secrets the Controller references are read from the API (`get`, nothing
+/// else), its ConfigMaps, NodeSets and Accounting from the caches; [`ControllerInputs::gather`]
+/// makes the inputs of them by the rule `render` uses too.
 async fn read_inputs(
     ctx: &ControllerContext,
     c: &Controller,
-) -> Result<Result<ControllerInputs, (&'static str, String)>, Error> {
+) -> Result<
+    (
+        Result<ControllerInputs, (&'static str, String)>,
+        Option<(&'static str, String)>,
+    ),
+    Error,
+> {
     let ns = c.namespace().unwrap_or_default();
     let mut secrets: BTreeMap<String, Secret> = BTreeMap::new();
     let mut config_maps: BTreeMap<String, Arc<ConfigMap>> = BTreeMap::new();
@@ -105,16 +112,33 @@ async fn read_inputs(
         }
     }
     let nodesets = ctx.caches.nodesets.state();
+    let accounting = c
+        .spec
+        .accounting_ref
+        .as_ref()
+        .and_then(|r| ctx.caches.accountings.get(&ObjectRef::new(&r.name).within(&ns)));
     let (inputs, missing) = ControllerInputs::gather(
         c,
         nodesets.iter().map(AsRef::as_ref),
         |name| secrets.get(name),
         |name| config_maps.get(name).map(AsRef::as_ref),
+        |name| {
+            accounting
+                .as_deref()
+                .filter(|a| a.metadata.name.as_deref() == Some(name))
+        },
     );
-    Ok(match missing.first() {
-        Some(m) => Err((m.reason(), missing_message(&ns, m))),
-        None => Ok(inputs),
-    })
+    let soft = missing
+        .iter()
+        .find(|m| !m.holds_back())
+        .map(|m| (m.reason(), missing_message(&ns, m)));
+    Ok((
+        match missing.iter().find(|m| m.holds_back()) {
+            Some(m) => Err((m.reason(), missing_message(&ns, m))),
+            None => Ok(inputs),
+        },
+        soft,
+    ))
 }
 
 /// The `ReferenceNotFound` condition's (and Event's) message for a missing reference of a
@@ -130,6 +154,15 @@ fn missing_message(ns: &str, missing: &MissingReference) -> String {
         }
         MissingReference::ConfigMapKey { name, key } => {
             format!("ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {key:?}")
+        }
+        MissingReference::Accounting { name } => {
+            return format!(
+                "Accounting {ns}/{name} (spec.accountingRef) does not exist: slurm.conf names its \
+                 default address ({}:{}) and slurmctld keeps the accounting records until slurmdbd \
+                 answers; create it, or remove spec.accountingRef",
+                slinky_api::accounting_key(name),
+                slinky_api::SLURMDBD_PORT
+            );
         }
     };
     format!("{what}: the slurmctld StatefulSet and its configuration wait for it")
@@ -167,7 +200,11 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             }
         }
     }
-    match read_inputs(ctx, c).await? {
+    let (inputs, soft) = read_inputs(ctx, c).await?;
+    if let Some((reason, message)) = soft {
+        pass.missing(reason, message).await;
+    }
+    match inputs {
         Err((reason, message)) => {
             pass.missing(reason, message).await;
             complete = false;

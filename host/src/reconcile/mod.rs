@@ -6,6 +6,7 @@
 //! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
+mod accounting;
 mod active;
 pub mod announced;
 pub mod applied;
@@ -13,11 +14,14 @@ pub mod apply;
 pub mod backoff;
 pub mod caches;
 mod compare;
+mod component;
 pub mod context;
 mod controller;
 pub mod events;
 pub mod expectations;
+mod host_keys;
 pub mod leader;
+mod loginset;
 mod nodeset;
 mod parents;
 mod pass;
@@ -43,7 +47,7 @@ use kube::{
     Client, Resource,
     runtime::{Controller as KubeController, events::Reporter, reflector::Store, watcher},
 };
-use slinky_api::{Controller, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 
 pub use crate::metrics::{ReconcileMetrics as Metrics, WriteMetrics};
 use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
@@ -244,6 +248,8 @@ struct Queues {
     controllers: KubeController<Controller>,
     nodesets: KubeController<NodeSet>,
     restapis: KubeController<RestApi>,
+    loginsets: KubeController<LoginSet>,
+    accountings: KubeController<Accounting>,
 }
 
 /// Run the watches, and both controllers once every cache has synced, until `shutdown` completes.
@@ -258,7 +264,11 @@ async fn run(
     // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
     // Controllers are known would report its Controller missing.
     let (controller_ctx, nodeset_ctx) = contexts;
-    let restapi_ctx = controller_ctx.clone();
+    let (restapi_ctx, loginset_ctx, accounting_ctx) = (
+        controller_ctx.clone(),
+        controller_ctx.clone(),
+        controller_ctx.clone(),
+    );
     nodeset_ctx.caches.synced().await;
     ready.store(true, Ordering::SeqCst);
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -289,11 +299,36 @@ async fn run(
             restapi_ctx,
         )
         .for_each(log_reconcile("restapi"));
+    let loginsets_run = queues
+        .loginsets
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            loginset::reconcile,
+            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
+            loginset_ctx,
+        )
+        .for_each(log_reconcile("loginset"));
+    let accountings_run = queues
+        .accountings
+        .graceful_shutdown_on(on_signal(&tx_shutdown))
+        .run(
+            accounting::reconcile,
+            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
+            accounting_ctx,
+        )
+        .for_each(log_reconcile("accounting"));
     let trigger = async move {
         shutdown.await;
         let _ = tx_shutdown.send(());
     };
-    tokio::join!(controllers_run, nodesets_run, restapis_run, trigger);
+    tokio::join!(
+        controllers_run,
+        nodesets_run,
+        restapis_run,
+        loginsets_run,
+        accountings_run,
+        trigger
+    );
     caches.abort();
     ready.store(false, Ordering::SeqCst);
 }
@@ -357,6 +392,24 @@ pub fn start(
             &watches.caches.restapis,
             watches.restapi_triggers,
             &[BuilderKind::RestapiChildren],
+            &plugins,
+            &events,
+            &config,
+            &allowed,
+        ),
+        loginsets: queue(
+            &watches.caches.loginsets,
+            watches.loginset_triggers,
+            &[BuilderKind::LoginsetChildren],
+            &plugins,
+            &events,
+            &config,
+            &allowed,
+        ),
+        accountings: queue(
+            &watches.caches.accountings,
+            watches.accounting_triggers,
+            &[BuilderKind::AccountingChildren],
             &plugins,
             &events,
             &config,

@@ -7,7 +7,7 @@ use kube::{
     ResourceExt,
     runtime::reflector::{ObjectRef, Store},
 };
-use slinky_api::{Controller, NodeSet, RestApi, checks::WORKER_SUBDOMAIN_PREFIX};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, checks::WORKER_SUBDOMAIN_PREFIX};
 
 /// The NodeSets that reference the Controller `c_name` of namespace `c_ns`.
 pub(super) fn nodesets_of(store: &Store<NodeSet>, c_ns: &str, c_name: &str) -> Vec<ObjectRef<NodeSet>> {
@@ -29,12 +29,54 @@ pub(super) fn restapis_of(store: &Store<RestApi>, ns: &str, controller: &str) ->
         .collect()
 }
 
+/// The LoginSets of namespace `ns` that reference the Controller `controller` (of their
+/// namespace).
+pub(super) fn loginsets_of(store: &Store<LoginSet>, ns: &str, controller: &str) -> Vec<ObjectRef<LoginSet>> {
+    store
+        .state()
+        .iter()
+        .filter(|l| l.namespace().as_deref() == Some(ns) && l.spec.controller_ref.name == controller)
+        .map(|l| ObjectRef::from_obj(l.as_ref()))
+        .collect()
+}
+
+/// The Controllers of namespace `ns` whose `spec.accountingRef` names `accounting`.
+pub(super) fn controllers_of_accounting(
+    store: &Store<Controller>,
+    ns: &str,
+    accounting: &str,
+) -> Vec<ObjectRef<Controller>> {
+    store
+        .state()
+        .iter()
+        .filter(|c| {
+            c.namespace().as_deref() == Some(ns)
+                && c.spec
+                    .accounting_ref
+                    .as_ref()
+                    .is_some_and(|r| r.name == accounting)
+        })
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+/// The parent caches a child's event is looked up in.
+pub(super) struct ParentStores<'a> {
+    pub(super) nodesets: &'a Store<NodeSet>,
+    pub(super) controllers: &'a Store<Controller>,
+    pub(super) restapis: &'a Store<RestApi>,
+    pub(super) loginsets: &'a Store<LoginSet>,
+    pub(super) accountings: &'a Store<Accounting>,
+}
+
 /// The parents a child object concerns.
 #[derive(Debug, Default)]
 pub(super) struct ChildParents {
     pub(super) controllers: Vec<ObjectRef<Controller>>,
     pub(super) nodesets: Vec<ObjectRef<NodeSet>>,
     pub(super) restapis: Vec<ObjectRef<RestApi>>,
+    pub(super) loginsets: Vec<ObjectRef<LoginSet>>,
+    pub(super) accountings: Vec<ObjectRef<Accounting>>,
 }
 
 /// The NodeSets of namespace `ns` that reference the Controller `controller` of namespace
@@ -55,32 +97,39 @@ pub(super) fn nodesets_sharing(
         .collect()
 }
 
-/// The parents a child object concerns: its controlling Controller, NodeSet or RestApi, the
-/// NodeSets that own it (shared workers' objects), or (for an object holding a name the host
-/// builds) the parent that would build it.
-pub(super) fn child_parents(
-    meta: &kube::api::ObjectMeta,
-    nodesets: &Store<NodeSet>,
-    controllers: &Store<Controller>,
-    restapis: &Store<RestApi>,
-) -> ChildParents {
+/// The parents a child object concerns: its controlling Controller, NodeSet, RestApi, LoginSet
+/// or Accounting, the NodeSets that own it (shared workers' objects), or (for an object holding
+/// a name the host builds) the parent that would build it.
+pub(super) fn child_parents(meta: &kube::api::ObjectMeta, stores: &ParentStores<'_>) -> ChildParents {
     let ns = meta.namespace.clone().unwrap_or_default();
     let name = meta.name.clone().unwrap_or_default();
     let mut ctl = Vec::new();
     let mut sets = Vec::new();
     let mut rest = Vec::new();
+    let mut logins = Vec::new();
+    let mut accts = Vec::new();
     for o in meta.owner_references.iter().flatten() {
+        let controls = o.controller == Some(true);
         match o.kind.as_str() {
-            "Controller" if o.controller == Some(true) => ctl.push(ObjectRef::new(&o.name).within(&ns)),
+            "Controller" if controls => ctl.push(ObjectRef::new(&o.name).within(&ns)),
             "NodeSet" => sets.push(ObjectRef::new(&o.name).within(&ns)),
-            "RestApi" if o.controller == Some(true) => rest.push(ObjectRef::new(&o.name).within(&ns)),
+            "RestApi" if controls => rest.push(ObjectRef::new(&o.name).within(&ns)),
+            "LoginSet" if controls => logins.push(ObjectRef::new(&o.name).within(&ns)),
+            "Accounting" if controls => accts.push(ObjectRef::new(&o.name).within(&ns)),
             _ => {}
         }
     }
-    if ctl.is_empty() && sets.is_empty() && rest.is_empty() {
+    let owned =
+        !(ctl.is_empty() && sets.is_empty() && rest.is_empty() && logins.is_empty() && accts.is_empty());
+    if !owned {
         if let Some(r) = name.strip_suffix("-restapi") {
             rest.push(ObjectRef::new(r).within(&ns));
         }
+        if let Some(a) = name.strip_suffix("-accounting") {
+            accts.push(ObjectRef::new(a).within(&ns));
+        }
+        // A LoginSet's Deployment and Service carry its own name.
+        logins.push(ObjectRef::new(name.strip_suffix("-ssh-config").unwrap_or(&name)).within(&ns));
         // A name the host builds, held by an object no parent owns (or owned by a stranger).
         let controller = name
             .strip_suffix("-controller-internal")
@@ -93,19 +142,23 @@ pub(super) fn child_parents(
             .strip_prefix(WORKER_SUBDOMAIN_PREFIX)
             .map(|rest| rest.strip_prefix("pdb-").unwrap_or(rest));
         if let Some(c) = shared {
-            sets.extend(nodesets_sharing(nodesets, &ns, None, c));
+            sets.extend(nodesets_sharing(stores.nodesets, &ns, None, c));
         }
         if let Some(n) = name.strip_suffix("-ssh-config") {
             sets.push(ObjectRef::new(n).within(&ns));
         }
     }
-    ctl.retain(|r| controllers.get(r).is_some());
-    sets.retain(|r| nodesets.get(r).is_some());
-    rest.retain(|r| restapis.get(r).is_some());
+    ctl.retain(|r| stores.controllers.get(r).is_some());
+    sets.retain(|r| stores.nodesets.get(r).is_some());
+    rest.retain(|r| stores.restapis.get(r).is_some());
+    logins.retain(|r| stores.loginsets.get(r).is_some());
+    accts.retain(|r| stores.accountings.get(r).is_some());
     ChildParents {
         controllers: ctl,
         nodesets: sets,
         restapis: rest,
+        loginsets: logins,
+        accountings: accts,
     }
 }
 

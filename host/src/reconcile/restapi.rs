@@ -17,18 +17,12 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use kube::{
-    Api, ResourceExt,
+    ResourceExt,
     runtime::{controller::Action, reflector::ObjectRef},
 };
 use slinky_api::{Controller, RestApi, RestApiStatus, checks, conditions};
 
-use super::{
-    ControllerContext, Error,
-    apply::{ChildSync, keys_of},
-    backoff,
-    pass::{PassState, first_of},
-    time_plugin_call,
-};
+use super::{ControllerContext, Error, apply::ChildSync, backoff, component, pass::PassState};
 use crate::plugins::{BuilderKind, ChildKind};
 
 /// The kinds of a RestApi's children (what pruning looks at).
@@ -70,26 +64,15 @@ async fn reconcile_inner(r: &RestApi, ctx: &ControllerContext) -> Result<Action,
     if let Some(problem) = checks::summary(&r.spec_problems()) {
         state.problem(conditions::INVALID_SPEC, problem).await;
     } else if let Some(controller) = controller {
-        let plugin = core.plugins.active(BuilderKind::RestapiChildren);
-        let (copy, ctl, build) = (r.clone(), controller.as_ref().clone(), core.build.clone());
-        let metrics = core.metrics.clone();
-        core.metrics.plugin_calls.inc_by(1);
+        let (copy, ctl) = (r.clone(), controller.as_ref().clone());
         let built = core
-            .blocking(move || {
-                time_plugin_call(&metrics, BuilderKind::RestapiChildren, || {
-                    plugin.build_restapi_children(&build, &copy, &ctl)
-                })
+            .call_builder(BuilderKind::RestapiChildren, move |plugin, build| {
+                plugin.build_restapi_children(build, &copy, &ctl)
             })
             .await?;
         match built {
-            Ok(mut desired) => {
-                desired.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-                for child in &desired {
-                    if sync.ensure(child).await? {
-                        applied.push(child.describe());
-                    }
-                }
-                sync.prune(&CHILD_KINDS, &keys_of(&desired), &[]).await;
+            Ok(desired) => {
+                applied = component::apply_and_prune(&mut sync, desired, &CHILD_KINDS, &[]).await?;
             }
             Err(e) => state.builder_error(&e).await,
         }
@@ -103,7 +86,34 @@ async fn reconcile_inner(r: &RestApi, ctx: &ControllerContext) -> Result<Action,
     }
     let failures = sync.finish();
     let retry = !failures.is_empty() || state.builder_failed;
-    write_status(ctx, r, &mut state, &failures, &applied).await?;
+    component::set_conditions(
+        &mut state,
+        &[
+            conditions::INVALID_SPEC,
+            conditions::BUILDER_FAILED,
+            conditions::CONTROLLER_NOT_FOUND,
+        ],
+        &failures,
+        &applied,
+        readiness(ctx, r),
+    );
+    let changes = state.conditions.clone();
+    let generation = r.metadata.generation;
+    component::write_status(
+        core,
+        r,
+        move |obj: &RestApi| RestApiStatus {
+            observed_generation: generation,
+            conditions: changes.apply(
+                obj.status
+                    .as_ref()
+                    .map(|s| s.conditions.as_slice())
+                    .unwrap_or_default(),
+            ),
+        },
+        |obj: &RestApi| obj.status.clone(),
+    )
+    .await?;
     let requeue = core
         .backoff
         .record(&backoff::key(r), backoff::Outcome::of(true, retry))
@@ -117,56 +127,4 @@ fn readiness(ctx: &ControllerContext, r: &RestApi) -> Option<String> {
     let d = ctx.caches.children.deployments.get(&key)?;
     let ready = d.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
     Some(format!("slurmrestd {ready}/{} ready", r.replicas()))
-}
-
-async fn write_status(
-    ctx: &ControllerContext,
-    r: &RestApi,
-    state: &mut PassState<'_, RestApi>,
-    failures: &[(&'static str, String)],
-    applied: &[String],
-) -> Result<(), Error> {
-    let readiness = readiness(ctx, r);
-    let conds = &mut state.conditions;
-    for t in [
-        conditions::INVALID_SPEC,
-        conditions::BUILDER_FAILED,
-        conditions::CONTROLLER_NOT_FOUND,
-    ] {
-        conds.clear(t);
-    }
-    if let Some((reason, message)) = first_of(failures, "") {
-        conds.set(conditions::CHILD_FAILURE, true, reason, message);
-    } else if state.problem.is_none() {
-        conds.clear(conditions::CHILD_FAILURE);
-    }
-    if let Some((type_, msg)) = &state.problem {
-        conds.set(type_, true, type_, msg.clone());
-        conds.set(conditions::READY, false, type_, msg.clone());
-    } else if let Some((reason, msg)) = failures.first() {
-        conds.set(conditions::READY, false, reason, msg.clone());
-    } else {
-        let mut message = format!("applied {}", applied.join(", "));
-        if let Some(r) = readiness {
-            message.push_str(&format!("; {r}"));
-        }
-        conds.set(conditions::READY, true, "ChildrenApplied", message);
-    }
-    let api: Api<RestApi> = Api::namespaced(ctx.core.client.clone(), &r.namespace().unwrap_or_default());
-    let changes = state.conditions.clone();
-    let generation = r.metadata.generation;
-    let compute = move |obj: &RestApi| RestApiStatus {
-        observed_generation: generation,
-        conditions: changes.apply(
-            obj.status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default(),
-        ),
-    };
-    ctx.core
-        .writer
-        .update_status(&api, r, compute, |obj: &RestApi| obj.status.clone())
-        .await?;
-    Ok(())
 }

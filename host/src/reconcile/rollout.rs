@@ -79,6 +79,12 @@ where
                     BuilderKind::RestapiChildren => {
                         "slurmrestd's Deployment and Service are re-applied (slurmrestd rolls)"
                     }
+                    BuilderKind::LoginsetChildren => {
+                        "the login Deployment, Service and sshd_config are re-applied (the login pods roll)"
+                    }
+                    BuilderKind::AccountingChildren => {
+                        "slurmdbd's StatefulSet, Service and slurmdbd.conf are re-applied (slurmdbd rolls)"
+                    }
                 };
                 st.note = format!(
                     "{kind} builder is now {} (digest {}, from {}); {what}",

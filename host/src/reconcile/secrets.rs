@@ -1,9 +1,11 @@
-//! The key Secrets a Controller references (`slurmKeyRef`, `jwtKeyRef`) are read by name, never
-//! listed or watched: the host's RBAC on Secrets is `get`, so it cannot read the cluster's other
-//! Secrets. To follow a key rotation without a watch, a poll re-reads the referenced Secrets every
-//! `interval` and triggers each Controller one of whose Secrets changed (a new resourceVersion),
-//! appeared or went away: slurmctld's StatefulSet follows the new key within about one interval,
-//! not at the next resync (5 minutes). A Secret two Controllers reference is read once per round.
+//! The Secrets a parent references (a Controller's `slurmKeyRef` and `jwtKeyRef`, a LoginSet's
+//! `sssdConfRef`, an Accounting's keys and database password) are read by name, never listed or
+//! watched: the host's RBAC on Secrets lets it `get` them, not list them, so it cannot read the
+//! cluster's other Secrets. To follow a rotation without a watch, a poll per parent kind re-reads
+//! the referenced Secrets every `interval` and triggers each parent one of whose Secrets changed
+//! (a new resourceVersion), appeared or went away: the pods follow the new key within about one
+//! interval, not at the next resync (5 minutes). A Secret two parents of a kind reference is read
+//! once per round.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,7 +18,7 @@ use kube::{
     Api, Client, ResourceExt,
     runtime::reflector::{ObjectRef, Store},
 };
-use slinky_api::Controller;
+use slinky_api::{Accounting, Controller, LoginSet};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// The default poll interval (`run --secret-poll-seconds`).
@@ -25,15 +27,48 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15);
 /// `(namespace, name)` of a Secret.
 type SecretKey = (String, String);
 
-/// The key Secrets `c` references (none for an external Controller).
-fn referenced(c: &Controller) -> Vec<SecretKey> {
-    if c.spec.external {
-        return Vec::new();
+/// A parent kind that references Secrets by name.
+pub(super) trait ReferencesSecrets:
+    kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static
+{
+    /// The names of the Secrets of its namespace it reads.
+    fn secret_names(&self) -> Vec<String>;
+
+    /// `(namespace, name)` of each Secret it reads.
+    fn referenced(&self) -> Vec<SecretKey> {
+        let ns = self.meta().namespace.clone().unwrap_or_default();
+        self.secret_names().into_iter().map(|n| (ns.clone(), n)).collect()
     }
-    let ns = c.namespace().unwrap_or_default();
-    c.key_secret_refs()
-        .map(|r| (ns.clone(), r.name.clone()))
-        .collect()
+}
+
+impl ReferencesSecrets for Controller {
+    /// The key Secrets (none for an external Controller).
+    fn secret_names(&self) -> Vec<String> {
+        if self.spec.external {
+            return Vec::new();
+        }
+        self.key_secret_refs().map(|r| r.name.clone()).collect()
+    }
+}
+
+impl ReferencesSecrets for LoginSet {
+    /// `sssd.conf`'s Secret (its host keys Secret is its own: made once, immutable).
+    fn secret_names(&self) -> Vec<String> {
+        vec![self.spec.sssd_conf_ref.name.clone()]
+    }
+}
+
+impl ReferencesSecrets for Accounting {
+    /// The key Secrets and the database password's (none for an external Accounting).
+    fn secret_names(&self) -> Vec<String> {
+        if self.spec.external {
+            return Vec::new();
+        }
+        self.key_secret_refs()
+            .map(|r| r.name.clone())
+            .chain([self.spec.storage_config.password_key_ref.name.clone()])
+            .collect()
+    }
 }
 
 /// The Secrets whose version differs between two rounds (a Secret first seen is no change: the
@@ -48,13 +83,31 @@ fn changed(
         .collect()
 }
 
-/// Poll the referenced Secrets of the cached Controllers (of `allowed` namespaces, all when
-/// empty) every `interval`, sending the Controllers whose Secrets changed to `tx`. Runs until
-/// `tx`'s receiver is gone.
-pub(super) async fn poll(
+/// The poll of referenced Secrets: the client, the namespaces served (all when empty) and the
+/// period.
+#[derive(Clone)]
+pub(super) struct Poll {
+    pub(super) client: Client,
+    pub(super) allowed: Arc<Vec<String>>,
+    pub(super) interval: Duration,
+}
+
+impl Poll {
+    /// Poll the referenced Secrets of the cached parents of kind `K` every interval, sending the
+    /// parents whose Secrets changed to `tx`. Runs until `tx`'s receiver is gone.
+    pub(super) async fn run<K: ReferencesSecrets>(
+        self,
+        parents: Store<K>,
+        tx: UnboundedSender<ObjectRef<K>>,
+    ) {
+        poll(self.client, parents, tx, self.allowed, self.interval).await;
+    }
+}
+
+async fn poll<K: ReferencesSecrets>(
     client: Client,
-    controllers: Store<Controller>,
-    tx: UnboundedSender<ObjectRef<Controller>>,
+    controllers: Store<K>,
+    tx: UnboundedSender<ObjectRef<K>>,
     allowed: Arc<Vec<String>>,
     interval: Duration,
 ) {
@@ -67,10 +120,9 @@ pub(super) async fn poll(
             return;
         }
         let state = controllers.state();
-        let served = |c: &&Arc<Controller>| {
-            allowed.is_empty() || c.namespace().is_some_and(|ns| allowed.contains(&ns))
-        };
-        let wanted: BTreeSet<SecretKey> = state.iter().filter(served).flat_map(|c| referenced(c)).collect();
+        let served =
+            |c: &&Arc<K>| allowed.is_empty() || c.namespace().is_some_and(|ns| allowed.contains(&ns));
+        let wanted: BTreeSet<SecretKey> = state.iter().filter(served).flat_map(|c| c.referenced()).collect();
         let mut now = BTreeMap::new();
         for (ns, name) in wanted {
             let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
@@ -89,8 +141,8 @@ pub(super) async fn poll(
         }
         let changed = changed(&seen, &now);
         for c in state.iter().filter(served) {
-            if referenced(c).iter().any(|k| changed.contains(k)) {
-                tracing::info!(controller = %c.name_any(), "a key Secret changed: reconciling");
+            if c.referenced().iter().any(|k| changed.contains(k)) {
+                tracing::info!(kind = %K::kind(&()), name = %c.name_any(), "a referenced Secret changed: reconciling");
                 let _ = tx.send(ObjectRef::from_obj(c.as_ref()));
             }
         }

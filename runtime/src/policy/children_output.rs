@@ -1,5 +1,5 @@
 //! The output policy of the children builders (`controller-children`, `nodeset-children`,
-//! `restapi-children`): each
+//! `restapi-children`, `loginset-children`, `accounting-children`): each
 //! object must be of a kind the builder kind may return, in the parent's namespace, named for its
 //! parent, valid as the API server checks it, and not listed twice. The host sets owner references
 //! (the parent as controller, or every NodeSet of the Controller for the shared workers' objects)
@@ -11,7 +11,7 @@ use k8s_openapi::{
     Metadata,
     api::{
         apps::v1::{Deployment, StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy},
-        core::v1::{ConfigMap, Service},
+        core::v1::{ConfigMap, Secret, Service},
         policy::v1::PodDisruptionBudget,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -20,7 +20,12 @@ use kube::ResourceExt;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 use slinky_api::{
-    Controller, NodeSet, RestApi, checks::WORKER_SUBDOMAIN_PREFIX, keys, labels::Labels, validation,
+    Accounting, Controller, LoginSet, NodeSet, RestApi,
+    checks::WORKER_SUBDOMAIN_PREFIX,
+    contract::secret_refs::{self, SecretRef},
+    keys,
+    labels::Labels,
+    validation,
 };
 
 use super::{
@@ -43,6 +48,172 @@ const NODESET_KINDS: [ChildKind; 3] = [
 /// The children a `restapi-children` builder may return: slurmrestd's Deployment and Service.
 const RESTAPI_KINDS: [ChildKind; 2] = [ChildKind::Deployment, ChildKind::Service];
 
+/// The children a `loginset-children` builder may return: the login Deployment, its Service and
+/// ConfigMaps (`sshd_config`).
+const LOGINSET_KINDS: [ChildKind; 3] = [ChildKind::Deployment, ChildKind::Service, ChildKind::ConfigMap];
+
+/// The children an `accounting-children` builder may return: slurmdbd's StatefulSet, its Service
+/// and the `slurmdbd.conf` Secret.
+const ACCOUNTING_KINDS: [ChildKind; 3] = [ChildKind::StatefulSet, ChildKind::Service, ChildKind::Secret];
+
+/// Check and finish a `build-loginset-children` output: one Deployment and one Service, both
+/// named `<loginset>` and selecting the LoginSet's login pods, and ConfigMaps named
+/// `<loginset>-…`, all controlled by the LoginSet. `allow` is what the host lets them reach.
+///
+/// # Errors
+/// The rule an object broke, naming the object.
+pub fn loginset_children(
+    raw: &[String],
+    loginset: &LoginSet,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Vec<Child>, String> {
+    let name = loginset.name_any();
+    let key = loginset.login_key();
+    let rules = Rules {
+        allow,
+        pods: PodGrants::of_loginset(loginset),
+        service: Some((
+            key.clone(),
+            ServiceGrants::asked_by(&loginset.spec.service, "LoginSet"),
+        )),
+        secret_refs: Vec::new(),
+    };
+    let selector = slinky_api::labels::LOGIN.selector_labels(&name);
+    let prefix = format!("{name}-");
+    let mut out = Vec::new();
+    for (i, text) in raw.iter().enumerate() {
+        let child = check(
+            text,
+            loginset,
+            plugin,
+            &LOGINSET_KINDS,
+            "loginset-children",
+            &rules,
+        )
+        .map_err(|e| format!("object {i}: {e}"))?;
+        if child.kind == ChildKind::ConfigMap {
+            if !child.name().starts_with(&prefix) {
+                return Err(format!(
+                    "{}: a LoginSet's ConfigMaps must be named `{prefix}…` (so a builder cannot take                      another object's name)",
+                    child.describe()
+                ));
+            }
+        } else {
+            component_child(&child, &key, &selector, "LoginSet", "login", "`<loginset>`")?;
+        }
+        out.push(child);
+    }
+    no_duplicates(&out)?;
+    Ok(out)
+}
+
+/// Check and finish a `build-accounting-children` output: one StatefulSet and one Service, both
+/// `<accounting>-accounting` selecting the Accounting's slurmdbd pods, and the Secret
+/// `<accounting>-accounting` (`stringData` only, placing no Secret value but the database
+/// password's), all controlled by the Accounting. An external Accounting has no children.
+/// `allow` is what the host lets them reach.
+///
+/// # Errors
+/// The rule an object broke, naming the object.
+pub fn accounting_children(
+    raw: &[String],
+    accounting: &Accounting,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Vec<Child>, String> {
+    let name = accounting.name_any();
+    let key = accounting.accounting_key();
+    if accounting.spec.external && !raw.is_empty() {
+        return Err(format!(
+            "Accounting {name} is external (spec.external: true): slurmdbd runs elsewhere, so it has              no children; return none"
+        ));
+    }
+    let pass = &accounting.spec.storage_config.password_key_ref;
+    let rules = Rules {
+        allow,
+        pods: PodGrants::of_accounting(accounting),
+        service: Some((
+            key.clone(),
+            ServiceGrants::asked_by(&accounting.spec.service, "Accounting"),
+        )),
+        secret_refs: vec![SecretRef {
+            name: pass.name.clone(),
+            key: pass.key.clone(),
+        }],
+    };
+    let selector = slinky_api::labels::ACCOUNTING.selector_labels(&name);
+    let mut out = Vec::new();
+    for (i, text) in raw.iter().enumerate() {
+        let child = check(
+            text,
+            accounting,
+            plugin,
+            &ACCOUNTING_KINDS,
+            "accounting-children",
+            &rules,
+        )
+        .map_err(|e| format!("object {i}: {e}"))?;
+        if child.kind == ChildKind::Secret {
+            if child.name() != key {
+                return Err(format!(
+                    "{}: an Accounting has one Secret, `slurmdbd.conf`'s, named {key:?}                      (`<accounting>-accounting`); name it so and return no other",
+                    child.describe()
+                ));
+            }
+        } else {
+            component_child(
+                &child,
+                &key,
+                &selector,
+                "Accounting",
+                "slurmdbd",
+                "`<accounting>-accounting`",
+            )?;
+        }
+        out.push(child);
+    }
+    no_duplicates(&out)?;
+    Ok(out)
+}
+
+/// A LoginSet's, RestApi's or Accounting's workload and Service: named `key` (so a builder
+/// cannot take a name another parent's builders use), each selecting only the parent's pods
+/// (`selector`; more labels select fewer pods, still only the parent's).
+fn component_child(
+    child: &Child,
+    key: &str,
+    selector: &Labels,
+    whose: &str,
+    pods: &str,
+    pattern: &str,
+) -> Result<(), String> {
+    let at = child.describe();
+    if child.name() != key {
+        return Err(format!(
+            "{at}: a {whose}'s {} is named {key:?} ({pattern}); name it so and return no other",
+            child.kind
+        ));
+    }
+    let pointer = match child.kind {
+        ChildKind::Service => "/spec/selector",
+        _ => "/spec/selector/matchLabels",
+    };
+    let have: Labels = child
+        .object
+        .pointer(pointer)
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let field = pointer.trim_start_matches('/').replace('/', ".");
+    if selector.iter().any(|(k, v)| have.get(k) != Some(v)) {
+        return Err(format!(
+            "{at}: {field} must hold the {whose}'s {pods} selector {selector:?} (so it selects only              its {pods} pods), found {have:?}"
+        ));
+    }
+    Ok(())
+}
+
 /// Check and finish a `build-restapi-children` output: a Deployment and Services, each named
 /// `<restapi>-…` and controlled by the RestApi; the Deployment selects exactly the RestApi's
 /// slurmrestd pods (Slinky's selector labels). `allow` is what the host lets them reach.
@@ -63,6 +234,7 @@ pub fn restapi_children(
             restapi.restapi_key(),
             ServiceGrants::asked_by(&restapi.spec.service, "RestApi"),
         )),
+        secret_refs: Vec::new(),
     };
     let selector = slinky_api::labels::RESTAPI.selector_labels(&name);
     let key = restapi.restapi_key();
@@ -82,32 +254,14 @@ pub fn restapi_children(
 /// name), each selecting only the RestApi's slurmrestd pods (the host sends its Slurm token to
 /// that Service).
 fn restapi_child(child: &Child, key: &str, selector: &Labels) -> Result<(), String> {
-    let at = child.describe();
-    if child.name() != key {
-        return Err(format!(
-            "{at}: a RestApi has one Deployment and one Service, both named {key:?} \
-             (`<restapi>-restapi`); name it so and return no other"
-        ));
-    }
-    let pointer = match child.kind {
-        ChildKind::Deployment => "/spec/selector/matchLabels",
-        _ => "/spec/selector",
-    };
-    let have: Labels = child
-        .object
-        .pointer(pointer)
-        .cloned()
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
-    let field = pointer.trim_start_matches('/').replace('/', ".");
-    // More labels select fewer pods, still only the RestApi's.
-    if selector.iter().any(|(k, v)| have.get(k) != Some(v)) {
-        return Err(format!(
-            "{at}: {field} must hold the RestApi's slurmrestd selector {selector:?} (so it selects \
-             only its slurmrestd pods), found {have:?}"
-        ));
-    }
-    Ok(())
+    component_child(
+        child,
+        key,
+        selector,
+        "RestApi",
+        "slurmrestd",
+        "`<restapi>-restapi`",
+    )
 }
 
 /// Check and finish a `build-controller-children` output; `allow` is what the host lets it
@@ -128,6 +282,7 @@ pub fn controller_children(
         allow,
         pods: PodGrants::of_controller(controller),
         service: None,
+        secret_refs: Vec::new(),
     };
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
@@ -217,6 +372,7 @@ pub fn nodeset_children(
         allow,
         pods: PodGrants::of_nodeset(nodeset),
         service: None,
+        secret_refs: Vec::new(),
     };
     let mut out = Vec::new();
     for (i, text) in raw.iter().enumerate() {
@@ -276,6 +432,8 @@ struct Rules<'a> {
     pods: PodGrants,
     /// The Service the parent's `spec.service` customises, by name, and what it asks for.
     service: Option<(String, ServiceGrants)>,
+    /// The Secret values a returned Secret may place (the parent's spec references them).
+    secret_refs: Vec<SecretRef>,
 }
 
 /// Parse, check and finish one object: its kind is one of `allowed`, then the checks common to
@@ -319,6 +477,9 @@ where
     let allow = rules.allow;
     let object = match child_kind {
         ChildKind::ConfigMap => finish::<ConfigMap, P>(value, parent, plugin, allow, config_map_problems)?,
+        ChildKind::Secret => {
+            finish::<Secret, P>(value, parent, plugin, allow, |s| secret_problems(s, rules))?
+        }
         ChildKind::Service => {
             finish::<Service, P>(value, parent, plugin, allow, |s| service_problems(s, rules))?
         }
@@ -395,6 +556,46 @@ fn config_map_problems(cm: &mut ConfigMap) -> Result<(), String> {
     for key in keys {
         if let Some(e) = validation::config_map_key(key).into_iter().next() {
             return Err(format!("the key {key:?} is invalid: {e}"));
+        }
+    }
+    Ok(())
+}
+
+/// A Secret a builder returns: `stringData` only (a builder has no secret of its own to put in
+/// `data`), valid keys, an `Opaque` type, and placeholders only of the values the parent's spec
+/// references (the host resolves them after this check).
+fn secret_problems(secret: &mut Secret, rules: &Rules<'_>) -> Result<(), String> {
+    if secret.data.as_ref().is_some_and(|d| !d.is_empty()) {
+        return Err(
+            "data is set: a builder returns a Secret's content as stringData, and places Secret              values it may not see with ${secretKeyRef:<name>/<key>} placeholders"
+                .into(),
+        );
+    }
+    if let Some(t) = secret.type_.as_deref().filter(|t| *t != "Opaque") {
+        return Err(format!("type is {t:?}: a builder's Secret is Opaque"));
+    }
+    for (key, value) in secret.string_data.iter().flatten() {
+        if let Some(e) = validation::config_map_key(key).into_iter().next() {
+            return Err(format!("the key {key:?} is invalid: {e}"));
+        }
+        for r in secret_refs::references(value).map_err(|e| format!("stringData[{key:?}]: {e}"))? {
+            if !rules.secret_refs.contains(&r) {
+                let may = rules
+                    .secret_refs
+                    .iter()
+                    .map(|r| secret_refs::placeholder(&r.name, &r.key))
+                    .collect::<Vec<_>>();
+                return Err(format!(
+                    "stringData[{key:?}] places key {:?} of Secret {:?}, which the parent's spec does not                      reference for it: a builder may place only {}",
+                    r.key,
+                    r.name,
+                    if may.is_empty() {
+                        "no Secret value".to_string()
+                    } else {
+                        may.join(", ")
+                    }
+                ));
+            }
         }
     }
     Ok(())
@@ -597,7 +798,7 @@ mod tests {
             )
             .err()
             .unwrap_or_default();
-            assert!(e.contains("both named \"slurm-restapi\""), "{kind}: {e}");
+            assert!(e.contains("is named \"slurm-restapi\""), "{kind}: {e}");
             for bad in [
                 serde_json::json!({"app.kubernetes.io/name": "slurmctld", "app.kubernetes.io/instance": "slurm"}),
                 serde_json::json!({"app.kubernetes.io/name": "slurmrestd"}),

@@ -24,7 +24,9 @@ use serde_json::Value;
 use slinky_api::{Controller, NodeSet, keys, validation};
 
 pub use allowances::{Allow, Allowances};
-pub use children_output::{controller_children, nodeset_children, restapi_children};
+pub use children_output::{
+    accounting_children, controller_children, loginset_children, nodeset_children, restapi_children,
+};
 
 use super::{Plugin, PodIdentity};
 

@@ -84,6 +84,47 @@ pub enum Parent {
     NodeSet(Box<NodeSet>),
     /// A RestApi.
     RestApi(Box<slinky_api::RestApi>),
+    /// A LoginSet.
+    LoginSet(Box<slinky_api::LoginSet>),
+    /// An Accounting.
+    Accounting(Box<slinky_api::Accounting>),
+}
+
+impl Parent {
+    /// The object's metadata.
+    pub fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        match self {
+            Parent::Controller(c) => &mut c.metadata,
+            Parent::NodeSet(n) => &mut n.metadata,
+            Parent::RestApi(r) => &mut r.metadata,
+            Parent::LoginSet(l) => &mut l.metadata,
+            Parent::Accounting(a) => &mut a.metadata,
+        }
+    }
+
+    /// The NodeSet, if this is one.
+    pub fn as_nodeset(&self) -> Option<&NodeSet> {
+        match self {
+            Parent::NodeSet(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The Controller, if this is one.
+    pub fn as_controller(&self) -> Option<&Controller> {
+        match self {
+            Parent::Controller(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The Accounting, if this is one.
+    pub fn as_accounting(&self) -> Option<&slinky_api::Accounting> {
+        match self {
+            Parent::Accounting(a) => Some(a),
+            _ => None,
+        }
+    }
 }
 
 /// A parent and where it was read from.
@@ -157,15 +198,18 @@ impl References {
     /// ConfigMaps it references (none, with a warning, for one not in the input).
     pub fn inputs(&self, controller: &Controller, manifests: &[Manifest]) -> ControllerInputs {
         let ns = controller.namespace().unwrap_or_default();
-        let nodesets = manifests.iter().filter_map(|m| match &m.parent {
-            Parent::NodeSet(n) => Some(n.as_ref()),
-            Parent::Controller(_) | Parent::RestApi(_) => None,
-        });
+        let nodesets = manifests.iter().filter_map(|m| m.parent.as_nodeset());
         let (inputs, missing) = ControllerInputs::gather(
             controller,
             nodesets,
             |name| self.secrets.iter().find(|s| is(*s, &ns, name)),
             |name| self.config_maps.iter().find(|c| is(*c, &ns, name)),
+            |name| {
+                manifests
+                    .iter()
+                    .filter_map(|m| m.parent.as_accounting())
+                    .find(|a| is(*a, &ns, name))
+            },
         );
         for m in missing {
             match m {
@@ -176,7 +220,75 @@ impl References {
                 MissingReference::ConfigMap { name } => tracing::warn!(
                     "ConfigMap {ns}/{name} is not in the input: rendered as providing no files"
                 ),
+                MissingReference::Accounting { name } => tracing::warn!(
+                    "Accounting {ns}/{name} (spec.accountingRef) is not in the input: slurm.conf names \
+                     its default address"
+                ),
                 MissingReference::SecretKey { .. } | MissingReference::ConfigMapKey { .. } => {}
+            }
+        }
+        inputs
+    }
+
+    /// The Secret `ns/name` of the input, if any.
+    fn secret(&self, ns: &str, name: &str) -> Option<&Secret> {
+        self.secrets.iter().find(|s| is(*s, ns, name))
+    }
+
+    /// The inputs of a LoginSet's children builder: the hashes of its host keys Secret and of its
+    /// `sssd.conf` when the input has them (empty, with a warning, when not: the host makes the
+    /// host keys in a cluster).
+    pub fn loginset_inputs(&self, l: &slinky_api::LoginSet) -> slinky_api::contract::LoginSetInputs {
+        let ns = l.namespace().unwrap_or_default();
+        let keys = self.secret(&ns, &l.ssh_host_keys_name());
+        if keys.is_none() {
+            tracing::info!(
+                "Secret {ns}/{} (the host keys the host makes) is not in the input: its hash is left empty",
+                l.ssh_host_keys_name()
+            );
+        }
+        let sssd = &l.spec.sssd_conf_ref;
+        let sssd_value = self.secret(&ns, &sssd.name).and_then(|s| {
+            s.string_data
+                .as_ref()
+                .and_then(|d| d.get(&sssd.key))
+                .map(|v| v.as_bytes().to_vec())
+                .or_else(|| {
+                    s.data
+                        .as_ref()
+                        .and_then(|d| d.get(&sssd.key))
+                        .map(|v| v.0.clone())
+                })
+        });
+        if sssd_value.is_none() {
+            tracing::warn!(
+                "Secret {ns}/{} (spec.sssdConfRef) or its key {:?} is not in the input: its hash is left empty",
+                sssd.name,
+                sssd.key
+            );
+        }
+        slinky_api::contract::LoginSetInputs {
+            ssh_host_keys_hash: keys.map(slinky_api::contract::secret_hash).unwrap_or_default(),
+            sssd_conf_hash: sssd_value
+                .map(|v| slinky_api::hash::sha256_hex(&v))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The inputs of an Accounting's children builder: the hashes of its key Secrets (empty, with
+    /// a warning, for one not in the input) and of its `slurmdbd.conf` Secret when the input has it.
+    pub fn accounting_inputs(&self, a: &slinky_api::Accounting) -> slinky_api::contract::AccountingInputs {
+        let ns = a.namespace().unwrap_or_default();
+        let (inputs, missing) = slinky_api::contract::AccountingInputs::gather(
+            a,
+            |name| self.secret(&ns, name),
+            self.secret(&ns, &a.accounting_key()),
+        );
+        for m in missing {
+            if let MissingReference::Secret { field, name } = m {
+                tracing::warn!(
+                    "Secret {ns}/{name} ({field}) is not in the input: its key hash is left empty"
+                );
             }
         }
         inputs
@@ -292,10 +404,7 @@ pub fn render_with(
                     .map_err(build_error(&m.at, object.clone()))?;
                 let sharing: Vec<&NodeSet> = manifests
                     .iter()
-                    .filter_map(|m| match &m.parent {
-                        Parent::NodeSet(o) => Some(o.as_ref()),
-                        Parent::Controller(_) | Parent::RestApi(_) => None,
-                    })
+                    .filter_map(|m| m.parent.as_nodeset())
                     .filter(|o| o.shares_workers_with(n))
                     .collect();
                 let owners = slinky_api::owners::shared_refs(sharing);
@@ -343,6 +452,50 @@ pub fn render_with(
                 built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
                 children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
             }
+            Parent::LoginSet(l) => {
+                let ns = l.namespace().unwrap_or_default();
+                let ctl_name = l.spec.controller_ref.name.as_str();
+                let object = format!("LoginSet {}", key(&ns, &l.name_any()));
+                if let Some(problem) = slinky_api::checks::summary(&l.spec_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("LoginSet {}: {problem}", l.name_any()),
+                    });
+                }
+                let controller = controllers
+                    .iter()
+                    .find(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == ctl_name)
+                    .ok_or_else(|| RenderError::MissingController {
+                        at: m.at.clone(),
+                        nodeset: object.clone(),
+                        controller: key(&ns, ctl_name),
+                    })?;
+                let inputs = references.loginset_inputs(l);
+                let mut built = plugins
+                    .active(BuilderKind::LoginsetChildren)
+                    .build_loginset_children(ctx, l, controller, &inputs)
+                    .map_err(build_error(&m.at, object))?;
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
+            }
+            Parent::Accounting(a) => {
+                let ns = a.namespace().unwrap_or_default();
+                let object = format!("Accounting {}", key(&ns, &a.name_any()));
+                if let Some(problem) = slinky_api::checks::summary(&a.spec_problems()) {
+                    return Err(RenderError::Invalid {
+                        at: m.at.clone(),
+                        reason: format!("Accounting {}: {problem}", a.name_any()),
+                    });
+                }
+                let inputs = references.accounting_inputs(a);
+                // The password placeholder stays: the host, not render, writes the value.
+                let mut built = plugins
+                    .active(BuilderKind::AccountingChildren)
+                    .build_accounting_children(ctx, a, &inputs)
+                    .map_err(build_error(&m.at, object))?;
+                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
+                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
+            }
         }
     }
     Ok(children)
@@ -352,10 +505,7 @@ pub fn render_with(
 pub fn controllers(manifests: &[Manifest]) -> Vec<&Controller> {
     manifests
         .iter()
-        .filter_map(|m| match &m.parent {
-            Parent::Controller(c) => Some(c.as_ref()),
-            Parent::NodeSet(_) | Parent::RestApi(_) => None,
-        })
+        .filter_map(|m| m.parent.as_controller())
         .collect()
 }
 

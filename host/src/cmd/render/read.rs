@@ -218,8 +218,30 @@ fn push_object(at: &str, value: Value, out: &mut Vec<Manifest>) -> Result<(), Re
             });
             Ok(())
         }
+        (API_VERSION, "LoginSet") => {
+            let mut l: slinky_api::LoginSet =
+                serde_json::from_value(value).map_err(|e| invalid(format!("invalid LoginSet: {e}")))?;
+            default_namespace(&mut l.metadata);
+            require_name(&l.metadata).map_err(invalid)?;
+            out.push(Manifest {
+                at: at.to_string(),
+                parent: Parent::LoginSet(Box::new(l)),
+            });
+            Ok(())
+        }
+        (API_VERSION, "Accounting") => {
+            let mut a: slinky_api::Accounting =
+                serde_json::from_value(value).map_err(|e| invalid(format!("invalid Accounting: {e}")))?;
+            default_namespace(&mut a.metadata);
+            require_name(&a.metadata).map_err(invalid)?;
+            out.push(Manifest {
+                at: at.to_string(),
+                parent: Parent::Accounting(Box::new(a)),
+            });
+            Ok(())
+        }
         _ => Err(invalid(format!(
-            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller, NodeSet and RestApi objects, and the v1 Secrets and ConfigMaps they reference"
+            "unknown kind {kind:?} (apiVersion {api_version:?}): render reads {API_VERSION} Controller, NodeSet, RestApi, LoginSet and Accounting objects, and the v1 Secrets and ConfigMaps they reference"
         ))),
     }
 }

@@ -215,6 +215,22 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
         self.failures.push((reason, message));
     }
 
+    /// A write of a child the host makes itself (not a builder's: a LoginSet's host keys) was
+    /// refused: an Event each time, and a failure for the parent's `ChildFailure` condition.
+    pub async fn refused(&mut self, reason: &'static str, kind: ChildKind, name: &str, message: String) {
+        let ns = self.parent.meta().namespace.clone().unwrap_or_default();
+        self.about = Some(child_ref(kind, &ns, name));
+        self.failed(reason, message, false).await;
+    }
+
+    /// An ownership problem of a child the host makes itself: an Event once while it stands,
+    /// and a failure for the parent's `ChildFailure` condition.
+    pub async fn refused_once(&mut self, reason: &'static str, kind: ChildKind, name: &str, message: String) {
+        let ns = self.parent.meta().namespace.clone().unwrap_or_default();
+        self.about = Some(child_ref(kind, &ns, name));
+        self.failed(reason, message, true).await;
+    }
+
     fn parent_uid(&self) -> String {
         self.parent.meta().uid.clone().unwrap_or_default()
     }

@@ -37,7 +37,7 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet, RestApi, keys};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::{
@@ -45,7 +45,8 @@ use super::{
     expectations::Expectations,
 };
 use triggers::{
-    Triggers, child_task, claim_task, config_map_task, controller_task, nodeset_task, pod_task, restapi_task,
+    Triggers, accounting_task, child_task, claim_task, config_map_task, controller_task, loginset_task,
+    nodeset_task, pod_task, restapi_task,
 };
 
 /// The caches and the reconcile triggers derived from their watches.
@@ -60,6 +61,11 @@ pub struct Watches {
     pub controller_triggers: UnboundedReceiver<ObjectRef<Controller>>,
     /// RestApis to reconcile (their children, their Controller or themselves changed).
     pub restapi_triggers: UnboundedReceiver<ObjectRef<RestApi>>,
+    /// LoginSets to reconcile (their children, their Controller, their `sssd.conf` Secret or
+    /// themselves changed).
+    pub loginset_triggers: UnboundedReceiver<ObjectRef<LoginSet>>,
+    /// Accountings to reconcile (their children, their Secrets or themselves changed).
+    pub accounting_triggers: UnboundedReceiver<ObjectRef<Accounting>>,
     /// Drives the watches; runs until dropped.
     pub task: BoxFuture<'static, ()>,
 }
@@ -209,6 +215,8 @@ pub fn start(
     let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
     let (deployments, deploy_writer) = reflector::store::<Deployment>();
     let (restapis, restapi_writer) = reflector::store::<RestApi>();
+    let (loginsets, loginset_writer) = reflector::store::<LoginSet>();
+    let (accountings, accounting_writer) = reflector::store::<Accounting>();
     let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
@@ -216,13 +224,19 @@ pub fn start(
     let (nodeset_tx, nodeset_triggers) = unbounded_channel();
     let (controller_tx, controller_triggers) = unbounded_channel();
     let (restapi_tx, restapi_triggers) = unbounded_channel();
+    let (loginset_tx, loginset_triggers) = unbounded_channel();
+    let (accounting_tx, accounting_triggers) = unbounded_channel();
     let t = Triggers {
         nodesets: nodesets.clone(),
         controllers: controllers.clone(),
         restapis: restapis.clone(),
+        loginsets: loginsets.clone(),
+        accountings: accountings.clone(),
         nodeset_tx,
         controller_tx,
         restapi_tx,
+        loginset_tx,
+        accounting_tx,
     };
     let scope = Scope {
         client,
@@ -251,6 +265,8 @@ pub fn start(
         t.clone(),
     );
     let restapi_task = restapi_task(scope.watch(restapi_writer, "RestApi", |_| {}), t.clone());
+    let loginset_task = loginset_task(scope.watch(loginset_writer, "LoginSet", |_| {}), t.clone());
+    let accounting_task = accounting_task(scope.watch(accounting_writer, "Accounting", |_| {}), t.clone());
     let claim_task = claim_task(
         scope.watch(claim_writer, "PersistentVolumeClaim", |_| {}),
         t.clone(),
@@ -258,12 +274,15 @@ pub fn start(
     let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
     let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
     // Key Secrets are polled by name, not watched (see `secrets`).
-    let secret_task = super::secrets::poll(
-        client.clone(),
-        controllers.clone(),
-        t.controller_tx.clone(),
-        allowed.clone(),
-        secret_poll,
+    let poll = super::secrets::Poll {
+        client: client.clone(),
+        allowed: allowed.clone(),
+        interval: secret_poll,
+    };
+    let secret_task = futures::future::join3(
+        poll.clone().run(controllers.clone(), t.controller_tx.clone()),
+        poll.clone().run(loginsets.clone(), t.loginset_tx.clone()),
+        poll.run(accountings.clone(), t.accounting_tx.clone()),
     );
     let node_task = nodes::node_task(client, node_writer, pods.clone(), t.clone());
     let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
@@ -276,6 +295,8 @@ pub fn start(
             pdb_task,
             deploy_task,
             restapi_task,
+            loginset_task,
+            accounting_task,
             claim_task,
             ctl_task,
             ns_task,
@@ -296,12 +317,16 @@ pub fn start(
             controllers,
             nodesets,
             restapis,
+            loginsets,
+            accountings,
             claims,
             nodes,
         },
         nodeset_triggers,
         controller_triggers,
         restapi_triggers,
+        loginset_triggers,
+        accounting_triggers,
         task: Box::pin(task),
     }
 }

@@ -17,13 +17,16 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Controller, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sightings::PodObserver;
 use crate::reconcile::{
     expectations::Expectations,
-    parents::{child_parents, nodesets_of, nodesets_sharing, pod_owners, restapis_of},
+    parents::{
+        ParentStores, child_parents, controllers_of_accounting, loginsets_of, nodesets_of, nodesets_sharing,
+        pod_owners, restapis_of,
+    },
 };
 
 fn send<K: Resource<DynamicType = ()>>(tx: &UnboundedSender<ObjectRef<K>>, obj: ObjectRef<K>) {
@@ -87,9 +90,13 @@ pub(super) struct Triggers {
     pub(super) nodesets: Store<NodeSet>,
     pub(super) controllers: Store<Controller>,
     pub(super) restapis: Store<RestApi>,
+    pub(super) loginsets: Store<LoginSet>,
+    pub(super) accountings: Store<Accounting>,
     pub(super) nodeset_tx: UnboundedSender<ObjectRef<NodeSet>>,
     pub(super) controller_tx: UnboundedSender<ObjectRef<Controller>>,
     pub(super) restapi_tx: UnboundedSender<ObjectRef<RestApi>>,
+    pub(super) loginset_tx: UnboundedSender<ObjectRef<LoginSet>>,
+    pub(super) accounting_tx: UnboundedSender<ObjectRef<Accounting>>,
 }
 
 impl Triggers {
@@ -105,10 +112,24 @@ impl Triggers {
         send(&self.restapi_tx, obj);
     }
 
-    /// Every cached RestApi.
+    fn loginset(&self, obj: ObjectRef<LoginSet>) {
+        send(&self.loginset_tx, obj);
+    }
+
+    fn accounting(&self, obj: ObjectRef<Accounting>) {
+        send(&self.accounting_tx, obj);
+    }
+
+    /// Every cached RestApi, LoginSet and Accounting (the component parents).
     fn all_restapis(&self) {
         for r in self.restapis.state() {
             self.restapi(ObjectRef::from_obj(r.as_ref()));
+        }
+        for l in self.loginsets.state() {
+            self.loginset(ObjectRef::from_obj(l.as_ref()));
+        }
+        for a in self.accountings.state() {
+            self.accounting(ObjectRef::from_obj(a.as_ref()));
         }
     }
 
@@ -130,17 +151,28 @@ impl Triggers {
     fn child_event(&self, kind: &'static str, ev: &watcher::Event<kube::api::ObjectMeta>) {
         match ev {
             watcher::Event::Apply(meta) | watcher::Event::Delete(meta) => {
-                let p = child_parents(meta, &self.nodesets, &self.controllers, &self.restapis);
+                let stores = ParentStores {
+                    nodesets: &self.nodesets,
+                    controllers: &self.controllers,
+                    restapis: &self.restapis,
+                    loginsets: &self.loginsets,
+                    accountings: &self.accountings,
+                };
+                let p = child_parents(meta, &stores);
                 tracing::trace!(
                     kind,
                     controllers = p.controllers.len(),
                     nodesets = p.nodesets.len(),
                     restapis = p.restapis.len(),
+                    loginsets = p.loginsets.len(),
+                    accountings = p.accountings.len(),
                     "child event"
                 );
                 p.controllers.into_iter().for_each(|r| self.controller(r));
                 p.nodesets.into_iter().for_each(|r| self.nodeset(r));
                 p.restapis.into_iter().for_each(|r| self.restapi(r));
+                p.loginsets.into_iter().for_each(|r| self.loginset(r));
+                p.accountings.into_iter().for_each(|r| self.accounting(r));
             }
             watcher::Event::InitDone => {
                 self.all_controllers();
@@ -239,8 +271,9 @@ pub(super) fn config_map_task(
     })
 }
 
-/// Controllers: the Controller itself, its NodeSets and its RestApis (which build with it), when
-/// what they read of it changed ([`Inputs`]); on a deletion, its NodeSets and RestApis.
+/// Controllers: the Controller itself, its NodeSets, RestApis and LoginSets (which build with it),
+/// when what they read of it changed ([`Inputs`]); on a deletion, its NodeSets, RestApis and
+/// LoginSets.
 pub(super) fn controller_task(
     controllers: impl Stream<Item = watcher::Event<Controller>> + Send + 'static,
     t: Triggers,
@@ -254,6 +287,9 @@ pub(super) fn controller_task(
             }
             for r in restapis_of(&t.restapis, &ns, &c.name_any()) {
                 t.restapi(r);
+            }
+            for l in loginsets_of(&t.loginsets, &ns, &c.name_any()) {
+                t.loginset(l);
             }
         };
         match &ev {
@@ -343,6 +379,61 @@ pub(super) fn restapi_task(
             watcher::Event::InitDone => {
                 seen.reset(&t.restapis.state());
                 t.all_restapis();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// LoginSets: the LoginSet, when what a pass reads of it changed ([`Inputs`]).
+pub(super) fn loginset_task(
+    loginsets: impl Stream<Item = watcher::Event<LoginSet>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut seen = SeenInputs::default();
+    loginsets.for_each(move |ev| {
+        match &ev {
+            watcher::Event::Apply(l) if seen.changed(l) => t.loginset(ObjectRef::from_obj(l)),
+            watcher::Event::Delete(l) => seen.forget(l),
+            watcher::Event::InitDone => {
+                seen.reset(&t.loginsets.state());
+                t.all_restapis();
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
+/// Accountings: the Accounting, and the Controllers that reference it (their `slurm.conf` names
+/// its address), when what a pass reads of it changed ([`Inputs`]) or it went away.
+pub(super) fn accounting_task(
+    accountings: impl Stream<Item = watcher::Event<Accounting>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut seen = SeenInputs::default();
+    accountings.for_each(move |ev| {
+        let controllers = |a: &Accounting| {
+            for c in
+                controllers_of_accounting(&t.controllers, &a.namespace().unwrap_or_default(), &a.name_any())
+            {
+                t.controller(c);
+            }
+        };
+        match &ev {
+            watcher::Event::Apply(a) if seen.changed(a) => {
+                t.accounting(ObjectRef::from_obj(a));
+                controllers(a);
+            }
+            watcher::Event::Delete(a) => {
+                seen.forget(a);
+                controllers(a);
+            }
+            watcher::Event::InitDone => {
+                seen.reset(&t.accountings.state());
+                t.all_restapis();
+                t.all_controllers();
             }
             _ => {}
         }

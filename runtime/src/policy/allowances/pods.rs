@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, PodSpec, SecurityContext};
-use slinky_api::{ContainerWrapper, Controller, NodeSet, PodSpecWrapper, RestApi};
+use slinky_api::{Accounting, ContainerWrapper, Controller, LoginSet, NodeSet, PodSpecWrapper, RestApi};
 
 use super::{Allow, Allowances, refused};
 
@@ -92,6 +92,23 @@ impl PodGrants {
     pub(crate) fn of_restapi(restapi: &RestApi) -> Self {
         let mut grants = Self::of_template("RestApi", &restapi.spec.template.spec);
         grants.container(&restapi.spec.slurmrestd, "slurmrestd");
+        grants
+    }
+
+    /// A LoginSet's login pods: its template, `spec.login` and `spec.initconf`; Slinky grants
+    /// them no privileges of its own (the login container's security context is the user's).
+    pub(crate) fn of_loginset(loginset: &LoginSet) -> Self {
+        let mut grants = Self::of_template("LoginSet", &loginset.spec.template.spec);
+        grants.container(&loginset.spec.login, "login");
+        grants.container(&loginset.spec.initconf, "initconf");
+        grants
+    }
+
+    /// An Accounting's slurmdbd pods: its template and `spec.slurmdbd`; Slinky grants them no
+    /// privileges (they run as `slurm`).
+    pub(crate) fn of_accounting(accounting: &Accounting) -> Self {
+        let mut grants = Self::of_template("Accounting", &accounting.spec.template.spec);
+        grants.container(&accounting.spec.slurmdbd, "slurmdbd");
         grants
     }
 
