@@ -90,6 +90,9 @@ async fn every_child_of_the_ha_cluster_is_applied_and_a_steady_state_makes_no_wr
         (ChildKind::ConfigMap, "hpc-worker-cpu-ssh-config"),
         (ChildKind::StatefulSet, "hpc-controller"),
         (ChildKind::PodDisruptionBudget, "slurm-workers-pdb-hpc"),
+        // Its Accounting's (slurmdbd).
+        (ChildKind::Service, "hpc-accounting"),
+        (ChildKind::StatefulSet, "hpc-accounting"),
     ];
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let ready = eventually(60, || async {

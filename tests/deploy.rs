@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use slinky_host::cmd::manifests;
 use slinky_tests::{
     eventually,
-    host::{NS_NAME, apply_example_with, cluster, scale},
+    host::{NS_NAME, apply_example_with, apply_file, cluster, scale},
     python, run, workspace,
 };
 
@@ -183,6 +183,16 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
             }
         };
         count(2).await?;
+        // A LoginSet (its host keys Secret made: create secrets) and an Accounting (its
+        // slurmdbd.conf Secret created, then applied: patch secrets).
+        apply_file(&c, &ns, "loginset.yaml", |_| {}).await?;
+        apply_file(&c, &ns, "accounting.yaml", |_| {}).await?;
+        let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(c.client.clone(), &ns);
+        for name in ["slurm-login-slinky-ssh-host-keys", "slurm-accounting"] {
+            eventually(60, || async { secrets.get_opt(name).await.ok()?.map(|_| ()) })
+                .await
+                .with_context(|| format!("the host did not make Secret {name}"))?;
+        }
         // An orphan the host adopts (patch), a scale-down (delete), a scale-up (create).
         let orphan: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": format!("{NS_NAME}-7"), "labels": {
@@ -258,7 +268,14 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("delete", "apps", "statefulsets"),
         ("patch", "policy", "poddisruptionbudgets"),
         ("get", "", "secrets"),
+        ("create", "", "secrets"),
+        ("patch", "", "secrets"),
         ("patch", "slinky.slurm.net", "nodesets/status"),
+        ("patch", "slinky.slurm.net", "loginsets/status"),
+        ("patch", "slinky.slurm.net", "accountings/status"),
+        ("watch", "slinky.slurm.net", "loginsets"),
+        ("watch", "slinky.slurm.net", "accountings"),
+        ("patch", "apps", "deployments"),
         ("watch", "slinky.slurm.net", "nodesets"),
         ("create", "events.k8s.io", "events"),
         ("watch", "", "persistentvolumeclaims"),
@@ -276,8 +293,11 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         "the host never touched its Lease: {used:?}"
     );
     ensure!(
-        !used.iter().any(|a| a.resource == "secrets" && a.verb != "get"),
-        "the host only gets the Secrets it references: {used:?}"
+        !used
+            .iter()
+            .any(|a| a.resource == "secrets" && !["get", "create", "patch"].contains(&a.verb.as_str())),
+        "the host only gets the Secrets it references and makes its own (never lists, watches or \
+         deletes): {used:?}"
     );
     Ok(())
 }

@@ -24,11 +24,7 @@ fn build(file: &str, edit: impl Fn(&mut Parent)) -> Result<BTreeMap<String, Valu
     let mut manifests = render::read_manifests(std::slice::from_ref(&path))?;
     for m in &mut manifests {
         edit(&mut m.parent);
-        let meta = match &mut m.parent {
-            Parent::Controller(c) => &mut c.metadata,
-            Parent::NodeSet(n) => &mut n.metadata,
-            Parent::RestApi(r) => &mut r.metadata,
-        };
+        let meta = m.parent.meta_mut();
         meta.uid = Some(format!("uid-{}", meta.name.clone().unwrap_or_default()));
     }
     let references = render::read_references(&[path])?;
@@ -490,9 +486,12 @@ fn the_ha_clusters_objects_match_slinky_field_by_field() -> Result<()> {
             "ConfigMap/hpc-config",
             "ConfigMap/hpc-worker-cpu-ssh-config",
             "PodDisruptionBudget/slurm-workers-pdb-hpc",
+            "Secret/hpc-accounting",
+            "Service/hpc-accounting",
             "Service/hpc-controller",
             "Service/hpc-controller-internal",
             "Service/slurm-workers-hpc",
+            "StatefulSet/hpc-accounting",
             "StatefulSet/hpc-controller",
         ]
     );

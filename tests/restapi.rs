@@ -166,7 +166,7 @@ fn accounting_user_args_service_and_replicas_shape_the_restapi() -> Result<()> {
             r.spec.service.spec.0 = json!({"type": "NodePort"});
             r.spec.replicas = Some(3);
         }
-        Parent::NodeSet(_) => {}
+        _ => {}
     })?;
     let d = get(&objects, "Deployment/slurm-restapi")?;
     assert_eq!(d["spec"]["replicas"], 3);

@@ -24,7 +24,7 @@ fn example_objects() -> Result<(NodeSet, Controller)> {
         match m.parent {
             render::Parent::Controller(c) => controller = Some(*c),
             render::Parent::NodeSet(n) => nodeset = Some(*n),
-            render::Parent::RestApi(_) => {}
+            _ => {}
         }
     }
     let mut nodeset = nodeset.context("example NodeSet")?;

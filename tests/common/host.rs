@@ -261,6 +261,16 @@ pub async fn apply(c: &TestCluster, ns: &str, v: &serde_json::Value) -> Result<(
                 .patch(&name, &pp, &Patch::Apply(v))
                 .await?,
         ),
+        "LoginSet" => drop(
+            Api::<slinky_api::LoginSet>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
+        "Accounting" => drop(
+            Api::<slinky_api::Accounting>::namespaced(c.client.clone(), ns)
+                .patch(&name, &pp, &Patch::Apply(v))
+                .await?,
+        ),
         other => anyhow::bail!("apply: unexpected kind {other:?}"),
     }
     Ok(())
@@ -403,4 +413,65 @@ pub async fn nodeset_condition(c: &TestCluster, ns: &str, type_: &str) -> Result
     Ok(obj
         .status
         .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == type_)))
+}
+
+/// A child object of kind `kind` named `name` in `ns`, as JSON, if it exists.
+pub async fn child(
+    c: &TestCluster,
+    ns: &str,
+    kind: slinky_host::plugins::ChildKind,
+    name: &str,
+) -> Option<serde_json::Value> {
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(c.client.clone(), ns, &kind.api_resource());
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|o| serde_json::to_value(o).ok())
+}
+
+/// The condition `type_` of the parent `K` named `name` in `ns` (its status' `conditions`), as
+/// JSON, if set.
+pub async fn condition_of<K>(c: &TestCluster, ns: &str, name: &str, type_: &str) -> Option<serde_json::Value>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let obj = Api::<K>::namespaced(c.client.clone(), ns).get(name).await.ok()?;
+    let v = serde_json::to_value(obj).ok()?;
+    v.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// Wait until `host` makes no write for 1.5 s, then check that the next 3 s make none either (a
+/// steady state makes zero writes).
+///
+/// # Errors
+/// When writes never stop, or a steady state writes.
+pub async fn settled_without_writes(host: &Host) -> Result<()> {
+    let settled = eventually(60, || async {
+        let before = host.handles.writes.total();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        (host.handles.writes.total() == before).then_some(())
+    })
+    .await;
+    anyhow::ensure!(
+        settled.is_some(),
+        "writes never stopped: {:?}",
+        host.handles.writes.snapshot()
+    );
+    let before = host.handles.writes.total();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    anyhow::ensure!(
+        host.handles.writes.total() == before,
+        "a steady state makes zero writes: {:?}",
+        host.handles.writes.snapshot()
+    );
+    Ok(())
 }
