@@ -2,7 +2,7 @@
 //! (names and `generateName` per kind, labels, annotations, owner references, finalizers),
 //! Pods (create and the update immutability rules), Services, ConfigMaps and Secrets,
 //! PersistentVolumeClaims (created), Events (their length limits), Deployments, StatefulSets,
-//! PodDisruptionBudgets, Leases and Namespaces. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
+//! PodDisruptionBudgets, Leases, Namespaces and the RBAC kinds. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
 //! `objectmeta.go`; the messages and field paths are kube-apiserver's, so a client sees the same
 //! `422 Invalid` `Status` (with `details.causes[].field`) from both. The name and value rules
 //! themselves live in [`slinky_api::validation`], shared with the host.
@@ -13,10 +13,12 @@ mod data;
 mod event;
 mod meta;
 mod pod;
+mod rbac;
 mod service;
 mod workload;
 
 pub(crate) use pod::bad_quantities;
+pub(crate) use rbac::defaults as rbac_defaults;
 
 use serde_json::{Value, json};
 
@@ -238,6 +240,9 @@ pub(crate) fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
 /// Validate a write of a built-in or custom object: `old` is the stored object for an update,
 /// `None` for a create. Status-only writes are not validated here.
 pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> Errors {
+    if rt.group == rbac::GROUP {
+        return rbac::validate(rt, new, old);
+    }
     let mut errs = meta::object_meta(rt, new, old);
     let spec = Path::root("spec");
     match (rt.group.as_str(), rt.plural.as_str(), old) {
@@ -278,12 +283,16 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
 }
 
 /// The `422 Invalid` error of `errs`, like kube-apiserver's (`Kind "name" is invalid: …`, causes
-/// with `reason`, `message` and `field`).
+/// with `reason`, `message` and `field`). Every error is a cause; the message names each
+/// distinct one once (Go's `ErrorList.ToAggregate` drops repeats).
 pub(crate) fn invalid(rt: &ResourceType, name: &str, errs: &[FieldError]) -> ApiError {
-    let parts: Vec<String> = errs
-        .iter()
-        .map(|e| format!("{}: {}", e.field, e.body()))
-        .collect();
+    let mut parts: Vec<String> = Vec::new();
+    for e in errs {
+        let part = format!("{}: {}", e.field, e.body());
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
     let text = match parts.as_slice() {
         [one] => one.clone(),
         many => format!("[{}]", many.join(", ")),
