@@ -1165,6 +1165,16 @@ async fn rbac_objects_get_kube_apiservers_causes() -> Result<()> {
             )]),
         ),
         (
+            "a generateName that is not a path segment (RBAC checks a prefix as a name)",
+            json!({"apiVersion": RBAC, "kind": "Role", "metadata": {"generateName": ".."}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.generateName",
+                "Invalid value: \"..\": may not be '..'",
+            )]),
+        ),
+        (
             "a cluster role rule for resources and URLs",
             object(
                 "ClusterRole",
@@ -1211,7 +1221,7 @@ async fn rbac_objects_get_kube_apiservers_causes() -> Result<()> {
                 (
                     "FieldValueInvalid",
                     "aggregationRule.clusterRoleSelectors[1]",
-                    "Invalid value: null: invalid label selector.",
+                    "Invalid value: \"null\": invalid label selector.",
                 ),
             ]),
         ),

@@ -177,10 +177,11 @@ impl FieldError {
 }
 
 /// A bad value as kube-apiserver prints it: strings quoted, numbers and booleans bare, lists of
-/// strings as Go prints a `[]string`.
+/// strings as Go prints a `[]string`, and a nil value as the string `"null"` (Go's `ErrorBody`
+/// replaces nil with "null", then quotes it as any string).
 fn render_value(v: &Value) -> String {
     match v {
-        Value::Null => "null".into(),
+        Value::Null => "\"null\"".into(),
         Value::String(s) => format!("{s:?}"),
         Value::Array(items) if items.iter().all(Value::is_string) => {
             let inner: Vec<String> = items.iter().map(render_value).collect();
