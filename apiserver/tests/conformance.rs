@@ -857,10 +857,8 @@ async fn version_is_kube_apiserver_1_28() -> Result<()> {
         info.git_version
     );
     ensure!(info.git_version.starts_with("v1.28."), "{}", info.git_version);
-    ensure!(
-        !info.platform.is_empty() && !info.git_tree_state.is_empty(),
-        "{info:?}"
-    );
+    // What kubectl prints and its dispatcher reads (a source build may leave the rest empty).
+    ensure!(!info.platform.is_empty(), "{info:?}");
     // Both OpenAPI documents: v2 (what kubectl 1.28 builds its validator from) and v3.
     for path in ["/openapi/v2", "/openapi/v3/api/v1"] {
         let request = http::Request::get(path).body(Vec::new())?;
