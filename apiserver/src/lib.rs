@@ -14,6 +14,7 @@ mod http;
 mod lifecycle;
 mod patch;
 mod protobuf;
+mod recorder;
 mod resources;
 mod schema;
 mod selectors;
