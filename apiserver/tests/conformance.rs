@@ -1615,6 +1615,12 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
             "selector": {"matchLabels": labels}, "template": template}}),
         ),
         (
+            "apps/v1",
+            "ReplicaSet",
+            json!({"metadata": {"name": "rs"}, "spec": {"replicas": 2,
+            "selector": {"matchLabels": labels}, "template": template}}),
+        ),
+        (
             "policy/v1",
             "PodDisruptionBudget",
             json!({"metadata": {"name": "guard"}, "spec": {
@@ -1649,8 +1655,9 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
             .await
             .with_context(|| format!("creating the {kind}"))?;
     }
-    // Each table as its words, the age column (the 5th word with -o wide, else the last) left
-    // out: what both servers must print alike.
+    // Each table as its words, the age column (with -o wide where the header has `AGE`, whose
+    // columns before it are one word each; else the last) left out: what both servers must
+    // print alike.
     let get = |resource: &str| -> Result<Vec<Vec<String>>> {
         let (kind, wide) = match resource.strip_suffix(" -o wide") {
             Some(kind) => (kind, true),
@@ -1662,12 +1669,18 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
         }
         let out = std::process::Command::new("kubectl").args(&args).output()?;
         ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        Ok(String::from_utf8_lossy(&out.stdout)
+        let text = String::from_utf8_lossy(&out.stdout);
+        let age = text
+            .lines()
+            .next()
+            .and_then(|header| header.split_whitespace().position(|w| w == "AGE"))
+            .context("no AGE column")?;
+        Ok(text
             .lines()
             .map(|l| {
                 let mut words: Vec<String> = l.split_whitespace().map(str::to_string).collect();
-                if wide && words.len() > 4 {
-                    words.remove(4);
+                if wide && words.len() > age {
+                    words.remove(age);
                 } else {
                     words.pop();
                 }
@@ -1685,6 +1698,47 @@ async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_bud
         Ok(())
     };
     expect("statefulsets", &[&["NAME", "READY"], &["web", "0/2"]])?;
+    expect(
+        "statefulsets -o wide",
+        &[
+            &["NAME", "READY", "CONTAINERS", "IMAGES"],
+            &["web", "0/2", "c", "x"],
+        ],
+    )?;
+    expect(
+        "replicasets",
+        &[&["NAME", "DESIRED", "CURRENT", "READY"], &["rs", "2", "0", "0"]],
+    )?;
+    expect(
+        "replicasets -o wide",
+        &[
+            &[
+                "NAME",
+                "DESIRED",
+                "CURRENT",
+                "READY",
+                "CONTAINERS",
+                "IMAGES",
+                "SELECTOR",
+            ],
+            &["rs", "2", "0", "0", "c", "x", "app=web"],
+        ],
+    )?;
+    expect(
+        "deployments -o wide",
+        &[
+            &[
+                "NAME",
+                "READY",
+                "UP-TO-DATE",
+                "AVAILABLE",
+                "CONTAINERS",
+                "IMAGES",
+                "SELECTOR",
+            ],
+            &["api", "0/1", "0", "0", "c", "x", "app=web"],
+        ],
+    )?;
     expect(
         "deployments",
         &[

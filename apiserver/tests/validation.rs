@@ -124,6 +124,7 @@ async fn create(c: &TestCluster, ns: &str, obj: &Value) -> Result<Refusal> {
         "Event" => "events",
         "Deployment" => "deployments",
         "StatefulSet" => "statefulsets",
+        "ReplicaSet" => "replicasets",
         "PodDisruptionBudget" => "poddisruptionbudgets",
         "Role" => "roles",
         "RoleBinding" => "rolebindings",
@@ -766,8 +767,9 @@ async fn pod_and_service_updates_keep_immutable_fields() -> Result<()> {
     Ok(())
 }
 
-/// Deployments and StatefulSets (slurmrestd's and slurmctld's workloads): their selector, pod
-/// template and counters as kube-apiserver checks them, and a Deployment's immutable selector.
+/// Deployments, their ReplicaSets and StatefulSets (slurmrestd's and slurmctld's workloads):
+/// their selector, pod template, counters and a Deployment's strategy as kube-apiserver checks
+/// them, and a Deployment's immutable selector.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()> {
     let cluster = TestCluster::start().await;
@@ -865,6 +867,114 @@ async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()>
                 "spec.progressDeadlineSeconds",
                 "Invalid value: 5: must be greater than minReadySeconds",
             )]),
+        ),
+        (
+            "a Recreate deployment with rolling update bounds",
+            workload(
+                "Deployment",
+                "d7",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"type": "Recreate", "rollingUpdate": {"maxSurge": 1}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueForbidden",
+                "spec.strategy.rollingUpdate",
+                "Forbidden: may not be specified when strategy `type` is 'Recreate'",
+            )]),
+        ),
+        (
+            "a rolling update that may neither surge nor be unavailable",
+            workload(
+                "Deployment",
+                "d8",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.strategy.rollingUpdate.maxUnavailable",
+                "Invalid value: intstr.IntOrString{Type:1, IntVal:0, StrVal:\"0%\"}: may not be 0 when `maxSurge` is 0",
+            )]),
+        ),
+        (
+            "rolling update bounds out of range",
+            workload(
+                "Deployment",
+                "d9",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "x", "maxUnavailable": "120%"}}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.strategy.rollingUpdate.maxSurge",
+                    "Invalid value: intstr.IntOrString{Type:1, IntVal:0, StrVal:\"x\"}: a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.strategy.rollingUpdate.maxUnavailable",
+                    "Invalid value: intstr.IntOrString{Type:1, IntVal:0, StrVal:\"120%\"}: must not be greater than 100%",
+                ),
+            ]),
+        ),
+        (
+            "a negative surge",
+            workload(
+                "Deployment",
+                "d10",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"rollingUpdate": {"maxSurge": -1}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.strategy.rollingUpdate.maxSurge",
+                "Invalid value: -1: must be greater than or equal to 0",
+            )]),
+        ),
+        (
+            "an unknown strategy",
+            workload(
+                "Deployment",
+                "d11",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab, "strategy": {"type": "Sometimes"}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueNotSupported",
+                "spec.strategy",
+                "Unsupported value: apps.DeploymentStrategy{Type:\"Sometimes\", RollingUpdate:(*apps.RollingUpdateDeployment)(nil)}: supported values: \"Recreate\", \"RollingUpdate\"",
+            )]),
+        ),
+        (
+            "a replicaset with an empty selector and a deadline",
+            workload(
+                "ReplicaSet",
+                "r1",
+                json!({"replicas": -1, "selector": {}, "template": {"metadata": {"labels": {"a": "b"}},
+                    "spec": {"activeDeadlineSeconds": 5, "containers": [{"name": "c", "image": "i"}]}}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.replicas",
+                    "Invalid value: -1: must be greater than or equal to 0",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.selector",
+                    &format!("{empty} deployment"),
+                ),
+                (
+                    "FieldValueForbidden",
+                    "spec.template.spec.activeDeadlineSeconds",
+                    "Forbidden: activeDeadlineSeconds in ReplicaSet is not Supported",
+                ),
+            ]),
         ),
         (
             "statefulset without a selector",

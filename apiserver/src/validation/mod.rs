@@ -1,7 +1,7 @@
 //! Validation like kube-apiserver's, for the built-in kinds this server serves: object metadata
 //! (names and `generateName` per kind, labels, annotations, owner references, finalizers),
 //! Pods (create and the update immutability rules), Services, ConfigMaps and Secrets,
-//! PersistentVolumeClaims (created), Events (their length limits), Deployments, StatefulSets,
+//! PersistentVolumeClaims (created), Events (their length limits), Deployments, ReplicaSets, StatefulSets,
 //! PodDisruptionBudgets, Leases, Namespaces and the RBAC kinds. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
 //! `objectmeta.go`; the messages and field paths are kube-apiserver's, so a client sees the same
 //! `422 Invalid` `Status` (with `details.causes[].field`) from both. The name and value rules
@@ -143,6 +143,14 @@ impl FieldError {
         )
     }
 
+    /// `Unsupported value: <rendered>: supported values: …`, the value already printed as Go
+    /// prints it.
+    pub(crate) fn not_supported_rendered(field: &Path, rendered: String, supported: &[&str]) -> Self {
+        let mut e = Self::not_supported(field, Value::Null, supported);
+        e.rendered = Some(rendered);
+        e
+    }
+
     /// `Forbidden: detail`.
     pub(crate) fn forbidden(field: &Path, detail: impl Into<String>) -> Self {
         Self::new(ErrorType::Forbidden, field, Value::Null, detail)
@@ -255,6 +263,7 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
         ("", "persistentvolumeclaims", None) => errs.extend(claim::claim(new)),
         ("", "events", _) => errs.extend(event::event(new)),
         ("apps", "deployments", old) => errs.extend(workload::deployment(new, old)),
+        ("apps", "replicasets", old) => errs.extend(workload::replicaset(new, old)),
         ("apps", "statefulsets", None) => errs.extend(workload::statefulset(new)),
         ("policy", "poddisruptionbudgets", _) => errs.extend(budget::budget(new)),
         ("coordination.k8s.io", "leases", _) => {
