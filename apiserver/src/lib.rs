@@ -9,11 +9,13 @@
 //! list of what it does and does not do.
 
 mod convert;
+mod deployments;
 mod faults;
 mod http;
 mod lifecycle;
 mod patch;
 mod protobuf;
+mod recorder;
 mod resources;
 mod schema;
 mod selectors;
@@ -161,6 +163,11 @@ pub struct ApiServerConfig {
     /// pods of StatefulSets (see `statefulsets.rs`). Off by default (tests count their pods);
     /// on for `slinky-host apiserver` and `run --embedded`.
     pub statefulsets: bool,
+    /// With the lifecycle simulation: a simulated deployment controller and replica set
+    /// controller give Deployments their ReplicaSets and the ReplicaSets their pods (see
+    /// `deployments/`). Off by default (tests count their pods); on for `slinky-host apiserver`
+    /// and `run --embedded`.
+    pub deployments: bool,
     /// Serve HTTPS (a CA generated at start; kubectl only sends tokens over TLS). Plain HTTP
     /// when false.
     pub tls: bool,
@@ -177,6 +184,7 @@ impl Default for ApiServerConfig {
             fault_seed: 0,
             lifecycle: None,
             statefulsets: false,
+            deployments: false,
             tls: true,
             state_dir: None,
         }
@@ -261,9 +269,13 @@ impl ApiServer {
         });
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(http::serve(listener, shared.clone(), stop_rx));
+        let controllers = lifecycle::Controllers {
+            statefulsets: config.statefulsets,
+            deployments: config.deployments,
+        };
         let lifecycle = config
             .lifecycle
-            .map(|lc| lifecycle::Lifecycle::start(shared.store.clone(), lc, config.statefulsets));
+            .map(|lc| lifecycle::Lifecycle::start(shared.store.clone(), lc, controllers));
         tracing::info!(%addr, "embedded API server listening");
         Ok(ApiServer {
             shared,

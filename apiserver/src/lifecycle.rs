@@ -47,6 +47,15 @@ impl Default for LifecycleConfig {
 
 const MANAGER: &str = "embedded-kubelet";
 
+/// The simulated controllers that run with the kubelet, each on its own switch.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Controllers {
+    /// The StatefulSet controller ([`crate::statefulsets`]).
+    pub(crate) statefulsets: bool,
+    /// The deployment and replica set controllers ([`crate::deployments`]).
+    pub(crate) deployments: bool,
+}
+
 /// The running simulation.
 #[derive(Debug)]
 pub struct Lifecycle {
@@ -93,9 +102,9 @@ fn running_status(pod: &Value, ready: bool, ip: &str) -> Value {
 }
 
 impl Lifecycle {
-    /// Create the nodes and start the simulation task (with the StatefulSet controller when
-    /// `statefulsets`).
-    pub fn start(store: Arc<Store>, config: LifecycleConfig, statefulsets: bool) -> Self {
+    /// Create the nodes and start the simulation task (with the simulated `controllers` that
+    /// are on).
+    pub(crate) fn start(store: Arc<Store>, config: LifecycleConfig, controllers: Controllers) -> Self {
         let nodes = ResKey {
             group: String::new(),
             plural: "nodes".into(),
@@ -121,7 +130,7 @@ impl Lifecycle {
         }
         let held = Arc::new(Mutex::new(HashSet::new()));
         let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(run(store.clone(), config, held.clone(), stop_rx, statefulsets));
+        tokio::spawn(run(store.clone(), config, held.clone(), stop_rx, controllers));
         Lifecycle { store, held, stop }
     }
 
@@ -184,7 +193,7 @@ async fn run(
     config: LifecycleConfig,
     held: Arc<Mutex<HashSet<(String, String)>>>,
     mut stop: watch::Receiver<bool>,
-    statefulsets: bool,
+    controllers: Controllers,
 ) {
     let mut kubelet = Kubelet {
         store,
@@ -201,8 +210,11 @@ async fn run(
             _ = tokio::time::sleep(Duration::from_millis(25)) => {}
             _ = stop.changed() => return,
         }
-        if statefulsets {
+        if controllers.statefulsets {
             crate::statefulsets::sync(&kubelet.store);
+        }
+        if controllers.deployments {
+            crate::deployments::sync(&kubelet.store);
         }
         kubelet.pass();
     }

@@ -134,12 +134,17 @@ pub struct ResKey {
 /// The built-in types.
 pub fn builtins() -> Vec<ResourceType> {
     use ResourceType as R;
-    let mut statefulsets = R::builtin("apps", "v1", "StatefulSet", "statefulsets", true, &["sts"], true);
-    statefulsets.scale = Some(ScalePaths {
+    let replicas = || ScalePaths {
         spec_replicas: ".spec.replicas".into(),
         status_replicas: ".status.replicas".into(),
         label_selector: None,
-    });
+    };
+    let mut statefulsets = R::builtin("apps", "v1", "StatefulSet", "statefulsets", true, &["sts"], true);
+    statefulsets.scale = Some(replicas());
+    let mut deployments = R::builtin("apps", "v1", "Deployment", "deployments", true, &["deploy"], true);
+    deployments.scale = Some(replicas());
+    let mut replicasets = R::builtin("apps", "v1", "ReplicaSet", "replicasets", true, &["rs"], true);
+    replicasets.scale = Some(replicas());
     vec![
         R::builtin("", "v1", "Namespace", "namespaces", false, &["ns"], true),
         R::builtin("", "v1", "Node", "nodes", false, &["no"], true),
@@ -187,7 +192,8 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
         ),
         R::builtin("coordination.k8s.io", "v1", "Lease", "leases", true, &[], false),
-        R::builtin("apps", "v1", "Deployment", "deployments", true, &["deploy"], true),
+        deployments,
+        replicasets,
         R::builtin(
             "rbac.authorization.k8s.io",
             "v1",

@@ -22,6 +22,7 @@ use slinky_api::pods::{json_is_ready, ordinal_after};
 
 use crate::{
     DeleteOpts, ResKey, Store,
+    recorder::{self, Regarding, Said},
     store::{Op, Sub},
 };
 
@@ -166,45 +167,21 @@ fn sync_one(store: &Store, set: &Set<'_>) {
     write_status(store, set, &live);
 }
 
-/// A Warning Event on the StatefulSet, as kube-controller-manager's recorder makes it: a core
-/// Event from `statefulset-controller`, repeated ones folded into one whose `count` grows.
+/// A Warning Event on the StatefulSet from `statefulset-controller` (see [`crate::recorder`]).
 fn warn(store: &Store, set: &Set<'_>, reason: &str, message: String) {
-    use std::hash::{Hash, Hasher};
-    let events = key("", "events");
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (&set.uid, reason, &message).hash(&mut h);
-    let name = format!("{}.{:016x}", set.name, h.finish());
-    let now = k8s_openapi::jiff::Timestamp::now()
-        .round(k8s_openapi::jiff::Unit::Second)
-        .map(|t| t.to_string())
-        .unwrap_or_default();
-    let folded = store.modify(
-        &events,
-        &set.ns,
-        &name,
-        Sub::Main,
-        MANAGER,
-        Op::Server,
-        |cur, _| {
-            let mut e = cur.clone();
-            e["count"] = (cur["count"].as_i64().unwrap_or(1) + 1).into();
-            e["lastTimestamp"] = now.clone().into();
-            Ok(e)
-        },
-    );
-    if folded.is_ok() {
-        return;
-    }
-    let event = json!({"apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": name, "namespace": set.ns},
-        "involvedObject": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": set.name,
-            "namespace": set.ns, "uid": set.uid},
-        "reason": reason, "message": message, "type": "Warning", "count": 1,
-        "source": {"component": "statefulset-controller"},
-        "firstTimestamp": now, "lastTimestamp": now, "reportingComponent": "statefulset-controller"});
-    if let Err(error) = store.create(&events, &set.ns, event, MANAGER, false) {
-        tracing::debug!(statefulset = %set.name, %error, "cannot record an Event");
-    }
+    let on = Regarding {
+        api_version: "apps/v1",
+        kind: "StatefulSet",
+        namespace: &set.ns,
+        name: &set.name,
+        uid: &set.uid,
+    };
+    let said = Said {
+        kind: "Warning",
+        reason,
+        message: &message,
+    };
+    recorder::record(store, "statefulset-controller", MANAGER, on, said);
 }
 
 /// Missing ordinals: their claims, then the pods.

@@ -124,11 +124,16 @@ async fn create(c: &TestCluster, ns: &str, obj: &Value) -> Result<Refusal> {
         "Event" => "events",
         "Deployment" => "deployments",
         "StatefulSet" => "statefulsets",
+        "ReplicaSet" => "replicasets",
         "PodDisruptionBudget" => "poddisruptionbudgets",
+        "Role" => "roles",
+        "RoleBinding" => "rolebindings",
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
         other => bail!("no plural for {other}"),
     };
     let ar = resource(api_version, kind, plural);
-    let api: Api<DynamicObject> = if kind == "Namespace" {
+    let api: Api<DynamicObject> = if matches!(kind, "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
         Api::all_with(c.client.clone(), &ar)
     } else {
         Api::namespaced_with(c.client.clone(), ns, &ar)
@@ -762,8 +767,9 @@ async fn pod_and_service_updates_keep_immutable_fields() -> Result<()> {
     Ok(())
 }
 
-/// Deployments and StatefulSets (slurmrestd's and slurmctld's workloads): their selector, pod
-/// template and counters as kube-apiserver checks them, and a Deployment's immutable selector.
+/// Deployments, their ReplicaSets and StatefulSets (slurmrestd's and slurmctld's workloads):
+/// their selector, pod template, counters and a Deployment's strategy as kube-apiserver checks
+/// them, and a Deployment's immutable selector.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()> {
     let cluster = TestCluster::start().await;
@@ -861,6 +867,114 @@ async fn deployments_and_statefulsets_get_kube_apiservers_causes() -> Result<()>
                 "spec.progressDeadlineSeconds",
                 "Invalid value: 5: must be greater than minReadySeconds",
             )]),
+        ),
+        (
+            "a Recreate deployment with rolling update bounds",
+            workload(
+                "Deployment",
+                "d7",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"type": "Recreate", "rollingUpdate": {"maxSurge": 1}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueForbidden",
+                "spec.strategy.rollingUpdate",
+                "Forbidden: may not be specified when strategy `type` is 'Recreate'",
+            )]),
+        ),
+        (
+            "a rolling update that may neither surge nor be unavailable",
+            workload(
+                "Deployment",
+                "d8",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.strategy.rollingUpdate.maxUnavailable",
+                "Invalid value: intstr.IntOrString{Type:1, IntVal:0, StrVal:\"0%\"}: may not be 0 when `maxSurge` is 0",
+            )]),
+        ),
+        (
+            "rolling update bounds out of range",
+            workload(
+                "Deployment",
+                "d9",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "x", "maxUnavailable": "120%"}}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.strategy.rollingUpdate.maxSurge",
+                    "Invalid value: intstr.IntOrString{Type:1, IntVal:0, StrVal:\"x\"}: a valid percent string must be a numeric string followed by an ending '%' (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.strategy.rollingUpdate.maxUnavailable",
+                    "Invalid value: intstr.IntOrString{Type:1, IntVal:0, StrVal:\"120%\"}: must not be greater than 100%",
+                ),
+            ]),
+        ),
+        (
+            "a negative surge",
+            workload(
+                "Deployment",
+                "d10",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab,
+                    "strategy": {"rollingUpdate": {"maxSurge": -1}}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "spec.strategy.rollingUpdate.maxSurge",
+                "Invalid value: -1: must be greater than or equal to 0",
+            )]),
+        ),
+        (
+            "an unknown strategy",
+            workload(
+                "Deployment",
+                "d11",
+                json!({"selector": {"matchLabels": {"a": "b"}}, "template": ab, "strategy": {"type": "Sometimes"}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueNotSupported",
+                "spec.strategy",
+                "Unsupported value: apps.DeploymentStrategy{Type:\"Sometimes\", RollingUpdate:(*apps.RollingUpdateDeployment)(nil)}: supported values: \"Recreate\", \"RollingUpdate\"",
+            )]),
+        ),
+        (
+            "a replicaset with an empty selector and a deadline",
+            workload(
+                "ReplicaSet",
+                "r1",
+                json!({"replicas": -1, "selector": {}, "template": {"metadata": {"labels": {"a": "b"}},
+                    "spec": {"activeDeadlineSeconds": 5, "containers": [{"name": "c", "image": "i"}]}}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "spec.replicas",
+                    "Invalid value: -1: must be greater than or equal to 0",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "spec.selector",
+                    &format!("{empty} deployment"),
+                ),
+                (
+                    "FieldValueForbidden",
+                    "spec.template.spec.activeDeadlineSeconds",
+                    "Forbidden: activeDeadlineSeconds in ReplicaSet is not Supported",
+                ),
+            ]),
         ),
         (
             "statefulset without a selector",
@@ -1087,5 +1201,361 @@ async fn disruption_budgets_get_kube_apiservers_causes() -> Result<()> {
         create(&cluster, &ns, &ok).await?.is_none(),
         "a valid budget was refused"
     );
+    Ok(())
+}
+
+/// Roles, ClusterRoles and their bindings (what `slinky-host manifests` installs): rules, the
+/// aggregation rule, `roleRef` and subjects as kube-apiserver checks them, and a binding's
+/// `roleRef` that may not change. An update's causes come twice: kube-apiserver's RBAC strategies
+/// validate the object in `ValidateUpdate` and again inside `Validate…Update`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rbac_objects_get_kube_apiservers_causes() -> Result<()> {
+    let cluster = TestCluster::start().await;
+    let ns = cluster.namespace("rbac").await;
+    const RBAC: &str = "rbac.authorization.k8s.io/v1";
+    let object = |kind: &str, name: &str, body: Value| {
+        let mut o = json!({"apiVersion": RBAC, "kind": kind, "metadata": {"name": name}});
+        if let (Value::Object(m), Value::Object(b)) = (&mut o, body) {
+            m.extend(b);
+        }
+        o
+    };
+    let get = json!(["get"]);
+    // Cluster-scoped objects outlive the namespace: named after it, so runs do not collide.
+    let cluster_name = |what: &str| format!("{ns}-{what}");
+    let cases: Vec<(&str, Value, u16, Causes)> = vec![
+        (
+            "a role rule without verbs, groups or resources",
+            object("Role", "r1", json!({"rules": [{}]})),
+            422,
+            causes(&[
+                (
+                    "FieldValueRequired",
+                    "rules[0].verbs",
+                    "Required value: verbs must contain at least one value",
+                ),
+                (
+                    "FieldValueRequired",
+                    "rules[0].apiGroups",
+                    "Required value: resource rules must supply at least one api group",
+                ),
+                (
+                    "FieldValueRequired",
+                    "rules[0].resources",
+                    "Required value: resource rules must supply at least one resource",
+                ),
+            ]),
+        ),
+        (
+            "a role rule for a non-resource URL",
+            object(
+                "Role",
+                "r2",
+                json!({"rules": [{"verbs": get, "nonResourceURLs": ["/healthz"]}]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "rules[0].nonResourceURLs",
+                "Invalid value: []string{\"/healthz\"}: namespaced rules cannot apply to non-resource URLs",
+            )]),
+        ),
+        (
+            "a role name that is not a path segment",
+            object(
+                "Role",
+                "r%3",
+                json!({"rules": [{"verbs": get, "apiGroups": [""], "resources": ["pods"]}]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.name",
+                "Invalid value: \"r%3\": may not contain '%'",
+            )]),
+        ),
+        (
+            "a generateName that is not a path segment (RBAC checks a prefix as a name)",
+            json!({"apiVersion": RBAC, "kind": "Role", "metadata": {"generateName": ".."}}),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "metadata.generateName",
+                "Invalid value: \"..\": may not be '..'",
+            )]),
+        ),
+        (
+            "a cluster role rule for resources and URLs",
+            object(
+                "ClusterRole",
+                &cluster_name("cr1"),
+                json!({"rules": [{"verbs": get, "apiGroups": [""], "resources": ["pods"], "nonResourceURLs": ["/metrics"]}]}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueInvalid",
+                "rules[0].nonResourceURLs",
+                "Invalid value: []string{\"/metrics\"}: rules cannot apply to both regular resources and non-resource URLs",
+            )]),
+        ),
+        (
+            "an aggregation rule without selectors",
+            object(
+                "ClusterRole",
+                &cluster_name("cr2"),
+                json!({"aggregationRule": {}}),
+            ),
+            422,
+            causes(&[(
+                "FieldValueRequired",
+                "aggregationRule.clusterRoleSelectors",
+                "Required value: at least one clusterRoleSelector required if aggregationRule is non-nil",
+            )]),
+        ),
+        (
+            "an aggregation rule with an invalid selector",
+            object(
+                "ClusterRole",
+                &cluster_name("cr3"),
+                json!({"aggregationRule": {"clusterRoleSelectors": [
+                    {"matchLabels": {"ok": "yes"}},
+                    {"matchExpressions": [{"key": "a", "operator": "Near", "values": ["b"]}]}]}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueInvalid",
+                    "aggregationRule.clusterRoleSelectors[1].matchExpressions[0].operator",
+                    "Invalid value: \"Near\": not a valid selector operator",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "aggregationRule.clusterRoleSelectors[1]",
+                    "Invalid value: \"null\": invalid label selector.",
+                ),
+            ]),
+        ),
+        (
+            "a role binding without a role and with bad subjects",
+            object(
+                "RoleBinding",
+                "rb1",
+                json!({"roleRef": {}, "subjects": [
+                    {"kind": "Robot", "name": "x"},
+                    {"kind": "ServiceAccount", "name": "Bad_Name", "apiGroup": "rbac.authorization.k8s.io"},
+                    {"kind": "User", "name": "", "apiGroup": "example.com"}]}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueNotSupported",
+                    "roleRef.kind",
+                    "Unsupported value: \"\": supported values: \"Role\", \"ClusterRole\"",
+                ),
+                ("FieldValueRequired", "roleRef.name", "Required value"),
+                (
+                    "FieldValueNotSupported",
+                    "subjects[0].kind",
+                    "Unsupported value: \"Robot\": supported values: \"ServiceAccount\", \"User\", \"Group\"",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "subjects[1].name",
+                    &format!("Invalid value: \"Bad_Name\": {SUBDOMAIN}"),
+                ),
+                (
+                    "FieldValueNotSupported",
+                    "subjects[1].apiGroup",
+                    "Unsupported value: \"rbac.authorization.k8s.io\": supported values: \"\"",
+                ),
+                ("FieldValueRequired", "subjects[2].name", "Required value"),
+                (
+                    "FieldValueNotSupported",
+                    "subjects[2].apiGroup",
+                    "Unsupported value: \"example.com\": supported values: \"rbac.authorization.k8s.io\"",
+                ),
+            ]),
+        ),
+        (
+            "a role binding to another group's role",
+            object(
+                "RoleBinding",
+                "rb2",
+                json!({"roleRef": {"apiGroup": "example.com", "kind": "Role", "name": "a/b"}}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueNotSupported",
+                    "roleRef.apiGroup",
+                    "Unsupported value: \"example.com\": supported values: \"rbac.authorization.k8s.io\"",
+                ),
+                (
+                    "FieldValueInvalid",
+                    "roleRef.name",
+                    "Invalid value: \"a/b\": may not contain '/'",
+                ),
+            ]),
+        ),
+        (
+            "a cluster role binding to a Role, for a ServiceAccount without a namespace",
+            object(
+                "ClusterRoleBinding",
+                &cluster_name("crb1"),
+                json!({"roleRef": {"kind": "Role", "name": "r"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "sa"}, {"kind": "Group", "name": "g"}]}),
+            ),
+            422,
+            causes(&[
+                (
+                    "FieldValueNotSupported",
+                    "roleRef.kind",
+                    "Unsupported value: \"Role\": supported values: \"ClusterRole\"",
+                ),
+                ("FieldValueRequired", "subjects[0].namespace", "Required value"),
+            ]),
+        ),
+    ];
+    refused_as_expected(&cluster, &ns, &cases).await?;
+
+    // What the host installs passes: a Role, a ClusterRole with a URL rule, their bindings (a
+    // subject's and the roleRef's apiGroup defaulted).
+    let role = object(
+        "Role",
+        "system:slinky:reader",
+        json!({"rules": [{"verbs": ["get", "list"], "apiGroups": [""], "resources": ["pods"]}]}),
+    );
+    let cluster_role = object(
+        "ClusterRole",
+        &cluster_name("reader"),
+        json!({"rules": [{"verbs": ["get"], "nonResourceURLs": ["/metrics"]},
+            {"verbs": ["list"], "apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["x"]}],
+            "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"slinky.net/aggregate": "true"}}]}}),
+    );
+    let binding = object(
+        "RoleBinding",
+        "reader",
+        json!({"roleRef": {"kind": "Role", "name": "system:slinky:reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "slinky-host"}, {"kind": "User", "name": "alice"}]}),
+    );
+    let cluster_binding = object(
+        "ClusterRoleBinding",
+        &cluster_name("reader"),
+        json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name("reader")},
+            "subjects": [{"kind": "ServiceAccount", "name": "slinky-host", "namespace": ns}]}),
+    );
+    for obj in [&role, &cluster_role, &binding, &cluster_binding] {
+        if let Some((code, got)) = create(&cluster, &ns, obj).await? {
+            bail!("a valid {} was refused: {code} {got:#?}", obj["kind"]);
+        }
+    }
+    let api = |kind: &str, plural: &str, namespaced: bool| -> Api<DynamicObject> {
+        let ar = resource(RBAC, kind, plural);
+        if namespaced {
+            Api::namespaced_with(cluster.client.clone(), &ns, &ar)
+        } else {
+            Api::all_with(cluster.client.clone(), &ar)
+        }
+    };
+    let bindings = api("RoleBinding", "rolebindings", true);
+    let cluster_bindings = api("ClusterRoleBinding", "clusterrolebindings", false);
+    let cluster_roles = api("ClusterRole", "clusterroles", false);
+    let stored = bindings.get("reader").await?;
+    ensure!(
+        stored.data.pointer("/roleRef/apiGroup") == Some(&json!("rbac.authorization.k8s.io"))
+            && stored.data.pointer("/subjects/1/apiGroup") == Some(&json!("rbac.authorization.k8s.io"))
+            && stored.data.pointer("/subjects/0/apiGroup").is_none(),
+        "the apiGroups are defaulted: {:?}",
+        stored.data
+    );
+
+    // Updates: the roleRef stays; an invalid update's causes come twice.
+    let role_ref = "roleRef: Invalid value: rbac.RoleRef{APIGroup:\"rbac.authorization.k8s.io\", Kind:\"ClusterRole\", Name:\"view\"}: cannot change roleRef";
+    let (field, message) = role_ref.split_once(": ").context("a field and a message")?;
+    let updates: Vec<(&str, &Api<DynamicObject>, String, Value, Causes)> = vec![
+        (
+            "a role binding's changed roleRef",
+            &bindings,
+            "reader".to_string(),
+            json!({"roleRef": {"kind": "ClusterRole", "name": "view"}}),
+            causes(&[("FieldValueInvalid", field, message)]),
+        ),
+        (
+            "a cluster role binding's unknown subject",
+            &cluster_bindings,
+            cluster_name("reader"),
+            json!({"subjects": [{"kind": "Robot", "name": "r2"}]}),
+            causes(&[
+                (
+                    "FieldValueNotSupported",
+                    "subjects[0].kind",
+                    "Unsupported value: \"Robot\": supported values: \"ServiceAccount\", \"User\", \"Group\"",
+                ),
+                (
+                    "FieldValueNotSupported",
+                    "subjects[0].kind",
+                    "Unsupported value: \"Robot\": supported values: \"ServiceAccount\", \"User\", \"Group\"",
+                ),
+            ]),
+        ),
+        (
+            "a cluster role's rule without verbs",
+            &cluster_roles,
+            cluster_name("reader"),
+            json!({"rules": [{"nonResourceURLs": ["/metrics"]}]}),
+            causes(&[
+                (
+                    "FieldValueRequired",
+                    "rules[0].verbs",
+                    "Required value: verbs must contain at least one value",
+                ),
+                (
+                    "FieldValueRequired",
+                    "rules[0].verbs",
+                    "Required value: verbs must contain at least one value",
+                ),
+            ]),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, api, name, patch, expected) in updates {
+        let r = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await;
+        match refusal(r)? {
+            None => failures.push(format!("{what}: accepted, expected 422")),
+            Some((code, got)) if code != 422 || got != expected => failures.push(format!(
+                "{what}: got {code} {got:#?}\n  expected 422 {expected:#?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    // The message names a repeated cause once, as kube-apiserver's does.
+    let r = cluster_roles
+        .patch(
+            &cluster_name("reader"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": [{"nonResourceURLs": ["/metrics"]}]})),
+        )
+        .await;
+    match r {
+        Err(kube::Error::Api(s)) => ensure!(
+            s.message
+                == format!(
+                    "ClusterRole.rbac.authorization.k8s.io \"{}\" is invalid: rules[0].verbs: Required value: verbs must contain at least one value",
+                    cluster_name("reader")
+                ),
+            "{}",
+            s.message
+        ),
+        other => bail!("expected a 422, got {other:?}"),
+    }
+    for (api, name) in [
+        (&cluster_bindings, cluster_name("reader")),
+        (&cluster_roles, cluster_name("reader")),
+    ] {
+        api.delete(&name, &Default::default()).await?;
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }

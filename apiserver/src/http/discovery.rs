@@ -4,8 +4,15 @@ use serde_json::{Value, json};
 
 use crate::{Shared, resources::ResourceType};
 
+/// The Kubernetes release whose API server this one answers as: its validation messages,
+/// defaults and tables are kube-apiserver v1.28.7's (the differential suites judge it against
+/// that release), so `/version` says so, and version-aware clients (kubectl's dispatcher picks
+/// the kubectl nearest the server's minor) talk to it as to a 1.28 server.
+const KUBERNETES_VERSION: (&str, &str, &str) = ("1", "28", "v1.28.7+slinky-embedded");
+
 pub(super) fn version() -> Value {
-    json!({"major": "1", "minor": "32", "gitVersion": "v1.32.0+slinky-embedded", "gitCommit": "embedded",
+    let (major, minor, git_version) = KUBERNETES_VERSION;
+    json!({"major": major, "minor": minor, "gitVersion": git_version, "gitCommit": "embedded",
            "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "n/a",
            "compiler": "rustc", "platform": "linux/amd64"})
 }
@@ -104,7 +111,23 @@ pub(super) fn openapi_gv(shared: &Shared, gv: &str) -> Option<Value> {
         paths.insert(path, json!({"patch": op}));
     }
     Some(
-        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes (slinky-host embedded)", "version": "v1.32.0"},
+        json!({"openapi": "3.0.0", "info": {"title": "Kubernetes (slinky-host embedded)", "version": KUBERNETES_VERSION.2},
                 "paths": paths, "components": {"schemas": {}}}),
     )
+}
+
+/// `/openapi/v2`: a document without paths or schemas, in protobuf when the client asks for it
+/// (client-go's `OpenAPISchema()`, which kubectl up to 1.29 builds its validator and apply
+/// patcher from: without a document they fail; with an empty one they leave validation to the
+/// server and use their compiled-in types), else in JSON.
+pub(super) fn openapi_v2(wants_protobuf: bool) -> (&'static str, Vec<u8>) {
+    let (title, version) = ("Kubernetes (slinky-host embedded)", KUBERNETES_VERSION.2);
+    if wants_protobuf {
+        return (
+            crate::protobuf::OPENAPI_V2_MEDIA_TYPE,
+            crate::protobuf::openapi_v2_document(title, version),
+        );
+    }
+    let doc = json!({"swagger": "2.0", "info": {"title": title, "version": version}, "paths": {}, "definitions": {}});
+    ("application/json", doc.to_string().into_bytes())
 }

@@ -42,6 +42,66 @@ fn ready_of_desired(o: &Value) -> Value {
     format!("{}/{desired}", int(o, "/status/readyReplicas")).into()
 }
 
+/// The names or images of a workload's pod template's containers, comma-separated (`-o wide`'s
+/// `CONTAINERS` and `IMAGES`).
+fn template_containers(o: &Value, field: &str) -> Value {
+    let names: Vec<&str> = o
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get(field).and_then(Value::as_str))
+        .collect();
+    names.join(",").into()
+}
+
+/// A label selector as `metav1.FormatLabelSelector` prints it (requirements sorted by key:
+/// `k=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`), `<none>` when empty.
+fn format_selector(o: &Value) -> Value {
+    let selector = o.pointer("/spec/selector").unwrap_or(&Value::Null);
+    let mut parts: Vec<(String, String)> = selector
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), format!("{k}={}", v.as_str().unwrap_or_default())))
+        .collect();
+    for e in selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
+        let mut values: Vec<&str> = e
+            .get("values")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        values.sort_unstable();
+        let text = match e.get("operator").and_then(Value::as_str) {
+            Some("In") => format!("{key} in ({})", values.join(",")),
+            Some("NotIn") => format!("{key} notin ({})", values.join(",")),
+            Some("Exists") => key.to_string(),
+            Some("DoesNotExist") => format!("!{key}"),
+            _ => return "<error>".into(),
+        };
+        parts.push((key.to_string(), text));
+    }
+    parts.sort();
+    if parts.is_empty() {
+        return "<none>".into();
+    }
+    parts
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect::<Vec<_>>()
+        .join(",")
+        .into()
+}
+
 /// A PodDisruptionBudget's `minAvailable` or `maxUnavailable` as printed: the number or
 /// percentage, or `N/A`.
 fn int_or_na(o: &Value, pointer: &str) -> Value {
@@ -208,6 +268,19 @@ fn builtin_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
             ("Up-to-date", b(|o| int(o, "/status/updatedReplicas").into())),
             ("Available", b(|o| int(o, "/status/availableReplicas").into())),
         ],
+        ("apps", "replicasets") => vec![
+            (
+                "Desired",
+                b(|o| {
+                    o.pointer("/spec/replicas")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(1)
+                        .into()
+                }),
+            ),
+            ("Current", b(|o| int(o, "/status/replicas").into())),
+            ("Ready", b(|o| int(o, "/status/readyReplicas").into())),
+        ],
         ("policy", "poddisruptionbudgets") => vec![
             ("Min Available", b(|o| int_or_na(o, "/spec/minAvailable"))),
             ("Max Unavailable", b(|o| int_or_na(o, "/spec/maxUnavailable"))),
@@ -228,6 +301,15 @@ fn wide_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
             ("Node", Box::new(or_none("/spec/nodeName"))),
             ("Nominated Node", Box::new(or_none("/status/nominatedNodeName"))),
             ("Readiness Gates", Box::new(readiness_gates)),
+        ],
+        ("apps", "statefulsets") => vec![
+            ("Containers", Box::new(|o: &Value| template_containers(o, "name"))),
+            ("Images", Box::new(|o: &Value| template_containers(o, "image"))),
+        ],
+        ("apps", "deployments" | "replicasets") => vec![
+            ("Containers", Box::new(|o: &Value| template_containers(o, "name"))),
+            ("Images", Box::new(|o: &Value| template_containers(o, "image"))),
+            ("Selector", Box::new(format_selector)),
         ],
         _ => vec![],
     }

@@ -207,11 +207,23 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
                 )),
             };
         }
+        ["openapi", "v2"] => {
+            let wants = req
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|a| a.contains("application/com.github.proto-openapi.spec.v2"));
+            let (media, bytes) = discovery::openapi_v2(wants);
+            let mut r = Response::new(Full::new(Bytes::from(bytes)).boxed());
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
+            return r;
+        }
         ["openapi", ..] => {
             return error(&ApiError::new(
                 404,
                 "NotFound",
-                "the embedded API server publishes OpenAPI v3 only",
+                "the embedded API server publishes OpenAPI v2 (without schemas) and v3 only",
             ));
         }
         _ => {}

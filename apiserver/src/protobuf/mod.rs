@@ -185,6 +185,25 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
     Ok(obj)
 }
 
+/// The media type of an OpenAPI v2 document in protobuf (gnostic's `openapi_v2.Document`), the
+/// only form client-go's `OpenAPISchema()` reads. Clients ask for it as `…spec.v2@v1.0+protobuf`
+/// (kube-openapi's deprecated name); the answer is labelled with the name Go's `mime` parses.
+pub(crate) const OPENAPI_V2_MEDIA_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// An OpenAPI v2 `Document` (gnostic's `OpenAPIv2.proto`) with `swagger: "2.0"`, an `info`
+/// (`title`, `version`), and empty `paths` and `definitions`: no schemas, as the v3 documents.
+pub(crate) fn openapi_v2_document(title: &str, version: &str) -> Vec<u8> {
+    let mut info = Vec::new();
+    wire::put_bytes(&mut info, 1, title.as_bytes());
+    wire::put_bytes(&mut info, 2, version.as_bytes());
+    let mut doc = Vec::new();
+    wire::put_bytes(&mut doc, 1, b"2.0");
+    wire::put_bytes(&mut doc, 2, &info);
+    wire::put_bytes(&mut doc, 8, &[]);
+    wire::put_bytes(&mut doc, 9, &[]);
+    doc
+}
+
 /// Encode a JSON object (with `apiVersion` and `kind`) as a protobuf body, or `None` when its
 /// kind has no protobuf schema (custom resources).
 pub(crate) fn encode(obj: &Value) -> Option<Vec<u8>> {

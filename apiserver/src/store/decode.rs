@@ -29,6 +29,7 @@ impl Inner {
                 }
             }
             ("", "secrets") => secret_defaults(obj),
+            ("rbac.authorization.k8s.io", _) => validation::rbac_defaults(rt, obj),
             ("", "services") => {
                 let ip = self.next_ip;
                 self.next_ip += 1;
@@ -125,6 +126,7 @@ pub(super) fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "pods") => pod_defaults(new),
         ("", "secrets") => secret_defaults(new),
+        ("rbac.authorization.k8s.io", _) => validation::rbac_defaults(rt, new),
         ("", "services") => {
             let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
                 return;

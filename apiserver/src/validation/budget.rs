@@ -60,7 +60,7 @@ fn bound(spec: &Value, key: &str, field: &Path, errs: &mut Errors) {
 }
 
 /// `ValidateLabelSelector`: the labels, and each expression's key, operator and values.
-fn selector(selector: &Value, field: &Path, errs: &mut Errors) {
+pub(super) fn selector(selector: &Value, field: &Path, errs: &mut Errors) {
     errs.extend(meta::labels(
         selector.get("matchLabels"),
         &field.child("matchLabels"),

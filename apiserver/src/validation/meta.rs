@@ -39,11 +39,13 @@ fn mask_trailing_dash(name: &str) -> String {
     }
 }
 
-fn path_segment(name: &str, prefix: bool) -> Vec<String> {
-    let mut errs = Vec::new();
-    if !prefix && (name == "." || name == "..") {
-        errs.push(format!("may not be '{name}'"));
+/// `path.IsValidPathSegmentName` (what `ValidateRBACName` checks of a name and of a
+/// `generateName` prefix alike).
+pub(super) fn path_segment(name: &str) -> Vec<String> {
+    if name == "." || name == ".." {
+        return vec![format!("may not be '{name}'")];
     }
+    let mut errs = Vec::new();
     for bad in ["/", "%"] {
         if name.contains(bad) {
             errs.push(format!("may not contain '{bad}'"));
@@ -62,7 +64,7 @@ fn check_name(rule: NameRule, name: &str, prefix: bool) -> Vec<String> {
         NameRule::Subdomain => rules::dns1123_subdomain(&name),
         NameRule::Label => rules::dns1123_label(&name),
         NameRule::Dns1035 => rules::dns1035_label(&name),
-        NameRule::PathSegment => path_segment(&name, prefix),
+        NameRule::PathSegment => path_segment(&name),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Validation like kube-apiserver's, for the built-in kinds this server serves: object metadata
 //! (names and `generateName` per kind, labels, annotations, owner references, finalizers),
 //! Pods (create and the update immutability rules), Services, ConfigMaps and Secrets,
-//! PersistentVolumeClaims (created), Events (their length limits), Deployments, StatefulSets,
-//! PodDisruptionBudgets, Leases and Namespaces. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
+//! PersistentVolumeClaims (created), Events (their length limits), Deployments, ReplicaSets, StatefulSets,
+//! PodDisruptionBudgets, Leases, Namespaces and the RBAC kinds. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
 //! `objectmeta.go`; the messages and field paths are kube-apiserver's, so a client sees the same
 //! `422 Invalid` `Status` (with `details.causes[].field`) from both. The name and value rules
 //! themselves live in [`slinky_api::validation`], shared with the host.
@@ -13,10 +13,12 @@ mod data;
 mod event;
 mod meta;
 mod pod;
+mod rbac;
 mod service;
 mod workload;
 
 pub(crate) use pod::bad_quantities;
+pub(crate) use rbac::defaults as rbac_defaults;
 
 use serde_json::{Value, json};
 
@@ -141,6 +143,14 @@ impl FieldError {
         )
     }
 
+    /// `Unsupported value: <rendered>: supported values: …`, the value already printed as Go
+    /// prints it.
+    pub(crate) fn not_supported_rendered(field: &Path, rendered: String, supported: &[&str]) -> Self {
+        let mut e = Self::not_supported(field, Value::Null, supported);
+        e.rendered = Some(rendered);
+        e
+    }
+
     /// `Forbidden: detail`.
     pub(crate) fn forbidden(field: &Path, detail: impl Into<String>) -> Self {
         Self::new(ErrorType::Forbidden, field, Value::Null, detail)
@@ -175,10 +185,11 @@ impl FieldError {
 }
 
 /// A bad value as kube-apiserver prints it: strings quoted, numbers and booleans bare, lists of
-/// strings as Go prints a `[]string`.
+/// strings as Go prints a `[]string`, and a nil value as the string `"null"` (Go's `ErrorBody`
+/// replaces nil with "null", then quotes it as any string).
 fn render_value(v: &Value) -> String {
     match v {
-        Value::Null => "null".into(),
+        Value::Null => "\"null\"".into(),
         Value::String(s) => format!("{s:?}"),
         Value::Array(items) if items.iter().all(Value::is_string) => {
             let inner: Vec<String> = items.iter().map(render_value).collect();
@@ -238,6 +249,9 @@ pub(crate) fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
 /// Validate a write of a built-in or custom object: `old` is the stored object for an update,
 /// `None` for a create. Status-only writes are not validated here.
 pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> Errors {
+    if rt.group == rbac::GROUP {
+        return rbac::validate(rt, new, old);
+    }
     let mut errs = meta::object_meta(rt, new, old);
     let spec = Path::root("spec");
     match (rt.group.as_str(), rt.plural.as_str(), old) {
@@ -249,6 +263,7 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
         ("", "persistentvolumeclaims", None) => errs.extend(claim::claim(new)),
         ("", "events", _) => errs.extend(event::event(new)),
         ("apps", "deployments", old) => errs.extend(workload::deployment(new, old)),
+        ("apps", "replicasets", old) => errs.extend(workload::replicaset(new, old)),
         ("apps", "statefulsets", None) => errs.extend(workload::statefulset(new)),
         ("policy", "poddisruptionbudgets", _) => errs.extend(budget::budget(new)),
         ("coordination.k8s.io", "leases", _) => {
@@ -278,12 +293,16 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
 }
 
 /// The `422 Invalid` error of `errs`, like kube-apiserver's (`Kind "name" is invalid: …`, causes
-/// with `reason`, `message` and `field`).
+/// with `reason`, `message` and `field`). Every error is a cause; the message names each
+/// distinct one once (Go's `ErrorList.ToAggregate` drops repeats).
 pub(crate) fn invalid(rt: &ResourceType, name: &str, errs: &[FieldError]) -> ApiError {
-    let parts: Vec<String> = errs
-        .iter()
-        .map(|e| format!("{}: {}", e.field, e.body()))
-        .collect();
+    let mut parts: Vec<String> = Vec::new();
+    for e in errs {
+        let part = format!("{}: {}", e.field, e.body());
+        if !parts.contains(&part) {
+            parts.push(part);
+        }
+    }
     let text = match parts.as_slice() {
         [one] => one.clone(),
         many => format!("[{}]", many.join(", ")),

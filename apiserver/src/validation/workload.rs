@@ -1,8 +1,9 @@
 //! `apps/v1` workloads as kube-apiserver validates them (`pkg/apis/apps/validation`): a
-//! Deployment's and a StatefulSet's replicas, selector (required, not empty, matching the pod
-//! template's labels; a Deployment's immutable), pod template (a Deployment's pod spec,
-//! `restartPolicy: Always`, no `activeDeadlineSeconds`) and counters. Messages and their order are
-//! kube-apiserver v1.28.7's (the validation suite compares them with a real server).
+//! Deployment's, a ReplicaSet's and a StatefulSet's replicas, selector (required, not empty,
+//! matching the pod template's labels; a Deployment's and a ReplicaSet's immutable), pod template
+//! (their pod spec, `restartPolicy: Always`, no `activeDeadlineSeconds`) and counters. Messages
+//! and their order are kube-apiserver v1.28.7's (the validation suite compares them with a real
+//! server).
 
 use std::collections::BTreeMap;
 
@@ -152,6 +153,108 @@ fn long_running(spec: &Value, field: &Path, kind: &str, errs: &mut Errors) {
     }
 }
 
+/// Go's `%#v` of an `intstr.IntOrString` (the type kube-apiserver prints a bound with).
+fn go_int_or_string(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("intstr.IntOrString{{Type:1, IntVal:0, StrVal:{s:?}}}"),
+        other => format!(
+            "intstr.IntOrString{{Type:0, IntVal:{}, StrVal:\"\"}}",
+            other.as_i64().unwrap_or(0)
+        ),
+    }
+}
+
+/// A `RollingUpdate` bound's value (`getIntOrPercentValue`: a percentage's number), `None` when
+/// it is a string that is not a percentage.
+fn bound_value(v: &Value) -> Option<i64> {
+    match v {
+        Value::String(s) => s.strip_suffix('%').and_then(|d| {
+            (!d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| d.parse().ok())
+                .flatten()
+        }),
+        other => other.as_i64(),
+    }
+}
+
+/// `ValidateDeploymentStrategy` of the defaulted strategy (a missing type is `RollingUpdate`,
+/// missing bounds 25%): `Recreate` without `rollingUpdate`; each bound a non-negative number
+/// or a percentage, not both 0, `maxUnavailable` at most 100%.
+fn strategy(spec: &Value, field: &Path, errs: &mut Errors) {
+    let at = field.child("strategy");
+    let strategy = spec.get("strategy").unwrap_or(&Value::Null);
+    let rolling = strategy.get("rollingUpdate").filter(|r| !r.is_null());
+    match strategy
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("RollingUpdate")
+    {
+        "Recreate" => {
+            if rolling.is_some() {
+                errs.push(FieldError::forbidden(
+                    &at.child("rollingUpdate"),
+                    "may not be specified when strategy `type` is 'Recreate'",
+                ));
+            }
+        }
+        "RollingUpdate" => {
+            let at = at.child("rollingUpdate");
+            let default = Value::String("25%".into());
+            let get = |k: &str| {
+                rolling
+                    .and_then(|r| r.get(k))
+                    .filter(|v| !v.is_null())
+                    .unwrap_or(&default)
+            };
+            let (unavailable, surge) = (get("maxUnavailable"), get("maxSurge"));
+            for (key, v) in [("maxUnavailable", unavailable), ("maxSurge", surge)] {
+                let path = at.child(key);
+                match v {
+                    Value::String(_) if bound_value(v).is_none() => errs.push(FieldError::invalid_rendered(
+                        &path,
+                        go_int_or_string(v),
+                        "a valid percent string must be a numeric string followed by an ending '%' \
+                         (e.g. '1%',  or '93%', regex used for validation is '[0-9]+%')",
+                    )),
+                    Value::Number(n) if n.as_i64().is_some_and(|n| n < 0) => errs.push(FieldError::invalid(
+                        &path,
+                        n.as_i64().unwrap_or(0),
+                        "must be greater than or equal to 0",
+                    )),
+                    _ => {}
+                }
+            }
+            let value = |v: &Value| bound_value(v).unwrap_or(0);
+            if value(unavailable) == 0 && value(surge) == 0 {
+                errs.push(FieldError::invalid_rendered(
+                    &at.child("maxUnavailable"),
+                    go_int_or_string(unavailable),
+                    "may not be 0 when `maxSurge` is 0",
+                ));
+            }
+            if unavailable.is_string() && bound_value(unavailable).is_some_and(|p| p > 100) {
+                errs.push(FieldError::invalid_rendered(
+                    &at.child("maxUnavailable"),
+                    go_int_or_string(unavailable),
+                    "must not be greater than 100%",
+                ));
+            }
+        }
+        other => {
+            let rolling_update = if rolling.is_some() {
+                "(*apps.RollingUpdateDeployment)(0xc000a1b2c0)"
+            } else {
+                "(*apps.RollingUpdateDeployment)(nil)"
+            };
+            errs.push(FieldError::not_supported_rendered(
+                &at,
+                format!("apps.DeploymentStrategy{{Type:{other:?}, RollingUpdate:{rolling_update}}}"),
+                &["Recreate", "RollingUpdate"],
+            ));
+        }
+    }
+}
+
 /// `ValidateDeployment` (and, for an update, `ValidateDeploymentUpdate` with apps/v1's immutable
 /// selector).
 pub(crate) fn deployment(new: &Value, old: Option<&Value>) -> Errors {
@@ -162,6 +265,7 @@ pub(crate) fn deployment(new: &Value, old: Option<&Value>) -> Errors {
     selector(spec, &field, "deployment", &mut errs);
     template(spec, &field, true, &mut errs);
     long_running(spec, &field, "ReplicaSet", &mut errs);
+    strategy(spec, &field, &mut errs);
     nonnegative(spec, "minReadySeconds", &field, &mut errs);
     nonnegative(spec, "revisionHistoryLimit", &field, &mut errs);
     if let Some(deadline) = spec.get("progressDeadlineSeconds").and_then(Value::as_i64) {
@@ -176,16 +280,39 @@ pub(crate) fn deployment(new: &Value, old: Option<&Value>) -> Errors {
         }
     }
     if let Some(old) = old {
-        let (now, was) = (spec.get("selector"), old.pointer("/spec/selector"));
-        if now != was {
-            errs.push(FieldError::invalid_rendered(
-                &field.child("selector"),
-                now.map_or_else(|| "nil".into(), go_selector),
-                "field is immutable",
-            ));
-        }
+        immutable_selector(spec, old, &field, &mut errs);
     }
     errs
+}
+
+/// `ValidateReplicaSet` (and, for an update, apps/v1's immutable selector): replicas and
+/// `minReadySeconds`, the selector, the pod template as a Deployment's.
+pub(crate) fn replicaset(new: &Value, old: Option<&Value>) -> Errors {
+    let mut errs = Errors::new();
+    let spec = new.get("spec").unwrap_or(&Value::Null);
+    let field = Path::root("spec");
+    nonnegative(spec, "replicas", &field, &mut errs);
+    nonnegative(spec, "minReadySeconds", &field, &mut errs);
+    // kube-apiserver names Deployments in a ReplicaSet's message too.
+    selector(spec, &field, "deployment", &mut errs);
+    template(spec, &field, true, &mut errs);
+    long_running(spec, &field, "ReplicaSet", &mut errs);
+    if let Some(old) = old {
+        immutable_selector(spec, old, &field, &mut errs);
+    }
+    errs
+}
+
+/// apps/v1's immutable selector of an update.
+fn immutable_selector(spec: &Value, old: &Value, field: &Path, errs: &mut Errors) {
+    let (now, was) = (spec.get("selector"), old.pointer("/spec/selector"));
+    if now != was {
+        errs.push(FieldError::invalid_rendered(
+            &field.child("selector"),
+            now.map_or_else(|| "nil".into(), go_selector),
+            "field is immutable",
+        ));
+    }
 }
 
 /// `ValidateStatefulSetSpec` (the counters, selector and template; the policies are defaulted).

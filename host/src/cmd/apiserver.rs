@@ -23,7 +23,8 @@ pub struct ApiserverArgs {
     /// Events kept for watches; older resourceVersions get 410 Gone.
     #[arg(long, env = "SLINKY_HOST_WATCH_WINDOW", default_value_t = 10_000)]
     pub watch_window: usize,
-    /// Simulate pod scheduling and readiness on this many nodes (0: off).
+    /// Simulate pod scheduling and readiness on this many nodes, with the StatefulSet,
+    /// deployment and replica set controllers (0: off).
     #[arg(long, env = "SLINKY_HOST_SIMULATE_NODES", default_value_t = 3)]
     pub simulate_nodes: usize,
     /// Fault rules `verb:resource:error:times[:after]`, e.g. `create:pods:500:0.1`,
@@ -80,6 +81,7 @@ pub fn execute(args: ApiserverArgs) -> anyhow::Result<()> {
             }),
             state_dir: args.state_dir.clone(),
             statefulsets: args.simulate_nodes > 0,
+            deployments: args.simulate_nodes > 0,
             ..Default::default()
         };
         let server = ApiServer::start(config)

@@ -114,6 +114,7 @@ async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiS
     let s = ApiServer::start(ApiServerConfig {
         lifecycle: Some(LifecycleConfig::default()),
         statefulsets: true,
+        deployments: true,
         ..Default::default()
     })
     .await
