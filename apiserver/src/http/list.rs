@@ -315,6 +315,44 @@ fn wide_columns(rt: &ResourceType) -> Vec<(&'static str, CellFn)> {
     }
 }
 
+/// A CRD printer column's value: kube-apiserver's JSONPath subset the column paths use (`.a.b`,
+/// `.a[0]`, and filters `.a[?(@.k=="v")].b`, as a condition's `status` column), the first match.
+fn printer_column(obj: &Value, path: &str) -> Option<Value> {
+    let mut current = vec![obj];
+    let mut rest = path.trim();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix('.') {
+            let end = r.find(['.', '[']).unwrap_or(r.len());
+            let key = &r[..end];
+            current = current.into_iter().filter_map(|v| v.get(key)).collect();
+            rest = &r[end..];
+        } else if let Some(r) = rest.strip_prefix("[?(@") {
+            let end = r.find(")]")?;
+            let (sub, want) = r[..end].split_once("==")?;
+            let want = want.trim().trim_matches(['"', '\'']);
+            current = current
+                .into_iter()
+                .flat_map(|v| v.as_array().into_iter().flatten())
+                .filter(|item| {
+                    json_path_get(item, sub.trim()).is_some_and(|x| match x {
+                        Value::String(s) => s == want,
+                        other => other.to_string() == want,
+                    })
+                })
+                .collect();
+            rest = &r[end + 2..];
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let end = r.find(']')?;
+            let index: usize = r[..end].trim().parse().ok()?;
+            current = current.into_iter().filter_map(|v| v.get(index)).collect();
+            rest = &r[end + 1..];
+        } else {
+            return None;
+        }
+    }
+    current.first().map(|v| (*v).clone())
+}
+
 pub(super) fn to_table(rt: &ResourceType, objs: &[Arc<Value>], rev: u64) -> Value {
     let mut columns = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}),
@@ -330,11 +368,7 @@ pub(super) fn to_table(rt: &ResourceType, objs: &[Arc<Value>], rev: u64) -> Valu
         let path = path.clone();
         cells.push((
             name.clone(),
-            Box::new(move |o: &Value| {
-                json_path_get(o, &path)
-                    .cloned()
-                    .unwrap_or(Value::String(String::new()))
-            }),
+            Box::new(move |o: &Value| printer_column(o, &path).unwrap_or(Value::String(String::new()))),
         ));
     }
     let column = |name: &str, priority: i32| json!({"name": name, "type": "string", "format": "", "description": name, "priority": priority});
@@ -452,4 +486,36 @@ pub(super) fn list(
         json!({"apiVersion": rt.api_version(), "kind": format!("{}List", rt.kind), "metadata": meta, "items": items}),
         protobuf,
     ))
+}
+
+#[cfg(test)]
+mod printer_tests {
+    use super::*;
+
+    #[test]
+    fn printer_columns_follow_filters_and_indexes() {
+        let o = serde_json::json!({"spec": {"controllerRef": {"name": "slurm"}},
+            "status": {"conditions": [{"type": "Other", "status": "False"},
+                                      {"type": "Ready", "status": "True", "reason": "ChildrenApplied"}]}});
+        assert_eq!(
+            printer_column(&o, ".spec.controllerRef.name"),
+            Some("slurm".into())
+        );
+        assert_eq!(
+            printer_column(&o, ".status.conditions[?(@.type==\"Ready\")].status"),
+            Some("True".into())
+        );
+        assert_eq!(
+            printer_column(&o, ".status.conditions[?(@.type==\"Ready\")].reason"),
+            Some("ChildrenApplied".into())
+        );
+        assert_eq!(
+            printer_column(&o, ".status.conditions[0].type"),
+            Some("Other".into())
+        );
+        assert_eq!(
+            printer_column(&o, ".status.conditions[?(@.type==\"Gone\")].status"),
+            None
+        );
+    }
 }

@@ -12,7 +12,9 @@
 //! * A missing key or password Secret (or key) is `ReferenceNotFound`: the children wait (the
 //!   existing ones stay), retried with backoff.
 //! * A changed `slurmdbd.conf` rolls slurmdbd: its hash is on the pod template, and a pass that
-//!   writes a new one comes back within a second to apply the template that carries it.
+//!   writes a new one comes back within a second to apply the template that carries it. A new
+//!   Accounting's StatefulSet waits for that pass (slurmdbd starts once, on its configuration;
+//!   Slinky's starts before its Secret exists, then rolls).
 //! * slurmdbd's StatefulSet goes with the Accounting (or when it turns external), never because a
 //!   build left it out.
 
@@ -87,11 +89,16 @@ async fn reconcile_inner(a: &Accounting, ctx: &ControllerContext) -> Result<Acti
                     })
                     .await?;
                 match built.map(|children| with_secret_values(children, a, password.as_deref())) {
-                    Ok(Ok(desired)) => {
+                    Ok(Ok(mut desired)) => {
                         roll_soon = desired
                             .iter()
                             .filter(|c| c.kind == ChildKind::Secret)
                             .any(|c| hash_of(c) != stored_hash);
+                        // No slurmdbd.conf stored yet: slurmdbd waits for it (its pod would not
+                        // mount, and would roll once the hash of the new Secret is known).
+                        if stored_hash.is_empty() && roll_soon {
+                            desired.retain(|c| c.kind != ChildKind::StatefulSet);
+                        }
                         let kept: &[ChildKind] = if a.spec.external {
                             &[]
                         } else {
