@@ -6,7 +6,7 @@
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::{
-    Controller, NodeSet, ScalingMode, UpdateStrategyType, keys,
+    Controller, NodeSet, UpdateStrategyType, keys,
     validation::{dns1035_label, dns1123_label, dns1123_subdomain, label_value},
 };
 
@@ -176,12 +176,6 @@ impl NodeSet {
                 format!("is {other:?}: it must be Never (the default) or NodeNotFound"),
             )),
         }
-        if self.spec.scaling_mode == ScalingMode::DaemonSet {
-            problems.push(SpecProblem::new(
-                "spec.scalingMode",
-                "DaemonSet is not supported by this host yet: use StatefulSet",
-            ));
-        }
         if let Some(strategy) = &self.spec.update_strategy {
             if strategy.type_ == UpdateStrategyType::ScheduledUpdate {
                 problems.push(SpecProblem::new(
@@ -202,9 +196,46 @@ impl NodeSet {
             }
         }
         problems.extend(self.claim_problems());
-        if problems.is_empty() && self.replicas() > 0 {
+        if problems.is_empty() && self.replicas() > 0 && !self.is_daemon() {
             problems.extend(self.identity_problems((self.replicas() - 1) as u32));
         }
+        problems
+    }
+
+    /// Problems with the DaemonSet-mode pod whose hostname (Slurm node name) is `hostname`, on the
+    /// Kubernetes node `node`: its name `<nodeset>-<hostname>` (a DNS-1123 subdomain, and the value
+    /// of the `pod-name` label), its hostname (a DNS-1123 label), its claims' names.
+    pub fn daemon_identity_problems(&self, node: &str, hostname: &str) -> Vec<SpecProblem> {
+        let mut problems = Vec::new();
+        let pod = self.daemon_pod_name(hostname);
+        let errors: Vec<String> = dns1123_subdomain(&pod)
+            .into_iter()
+            .chain(
+                label_value(&pod)
+                    .into_iter()
+                    .map(|e| format!("as the value of the label {} it {e}", keys::LABEL_POD_NAME)),
+            )
+            .collect();
+        if let Some(e) = errors.first() {
+            problems.push(SpecProblem::new(
+                "metadata.name",
+                format!(
+                    "the pod name {pod:?} of node {node} is invalid: {e}; shorten the NodeSet name, or \
+                     give the node a shorter {} annotation",
+                    keys::ANNOTATION_HOSTNAME_OVERRIDE
+                ),
+            ));
+        }
+        if let Some(e) = dns1123_label(hostname).into_iter().next() {
+            problems.push(SpecProblem::new(
+                format!(
+                    "metadata.annotations[{}] of node {node}",
+                    keys::ANNOTATION_HOSTNAME_OVERRIDE
+                ),
+                format!("the hostname {hostname:?} {e}: set it to a DNS label"),
+            ));
+        }
+        problems.extend(self.claim_name_problems(&pod));
         problems
     }
 
@@ -256,7 +287,7 @@ impl NodeSet {
                 ));
             }
         }
-        problems.extend(self.claim_name_problems(ordinal));
+        problems.extend(self.claim_name_problems(&pod));
         problems
     }
 }
@@ -348,7 +379,9 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ControllerReference, NodeSetSpec, PodSpecWrapper, RollingUpdate, UpdateStrategy};
+    use crate::{
+        ControllerReference, NodeSetSpec, PodSpecWrapper, RollingUpdate, ScalingMode, UpdateStrategy,
+    };
 
     fn nodeset(name: &str, replicas: i32) -> NodeSet {
         let mut ns = NodeSet::new(
@@ -469,13 +502,30 @@ mod tests {
     fn unsupported_modes_are_problems() {
         let mut ns = nodeset("w", 1);
         ns.spec.scaling_mode = ScalingMode::DaemonSet;
+        assert!(ns.spec_problems().is_empty(), "DaemonSet mode is served");
         ns.spec.update_strategy = Some(UpdateStrategy {
             type_: UpdateStrategyType::ScheduledUpdate,
             ..Default::default()
         });
-        assert_eq!(
-            fields(&ns.spec_problems()),
-            ["spec.scalingMode", "spec.updateStrategy.type"]
+        assert_eq!(fields(&ns.spec_problems()), ["spec.updateStrategy.type"]);
+    }
+
+    #[test]
+    fn a_daemon_pod_is_named_for_its_node() {
+        let mut ns = nodeset("w", 1);
+        ns.spec.scaling_mode = ScalingMode::DaemonSet;
+        assert_eq!(ns.daemon_pod_name("gpu-1"), "w-gpu-1");
+        assert!(
+            ns.daemon_identity_problems("gpu-1.example.org", "gpu-1")
+                .is_empty()
+        );
+        let p = ns.daemon_identity_problems("n", &"x".repeat(70));
+        assert_eq!(fields(&p)[0], "metadata.name");
+        assert!(p[0].message.contains("hostname-override"), "{p:?}");
+        assert!(
+            fields(&ns.daemon_identity_problems("n", "Bad_Name"))
+                .iter()
+                .any(|f| f.contains("hostname-override"))
         );
     }
 

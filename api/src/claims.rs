@@ -62,6 +62,12 @@ fn unknown_field(raw: &serde_json::Value, known: &serde_json::Value, at: &str) -
 }
 const POLICY: &str = "spec.persistentVolumeClaimRetentionPolicy";
 
+/// The claim of `template` for the pod named `pod`: `<template>-<pod>` (Slinky's and a
+/// StatefulSet's naming).
+pub fn claim_name(template: &str, pod: &str) -> String {
+    format!("{template}-{pod}")
+}
+
 impl NodeSet {
     /// The claim templates, each checked: a PersistentVolumeClaim with a name that is a DNS label
     /// (it names the pod volume too), no two alike.
@@ -126,17 +132,18 @@ impl NodeSet {
         problems
     }
 
-    /// The problems of the claim names of `ordinal` (`<template>-<pod>` must be a DNS subdomain).
-    pub(crate) fn claim_name_problems(&self, ordinal: u32) -> Vec<SpecProblem> {
+    /// The problems of the claim names of the pod `pod` (`<template>-<pod>` must be a DNS
+    /// subdomain).
+    pub(crate) fn claim_name_problems(&self, pod: &str) -> Vec<SpecProblem> {
         let mut problems = Vec::new();
         for t in self.claim_templates().unwrap_or_default() {
             let template = t.metadata.name.as_deref().unwrap_or_default();
-            let claim = self.claim_name(template, ordinal);
+            let claim = claim_name(template, pod);
             if let Some(e) = dns1123_subdomain(&claim).into_iter().next() {
                 problems.push(SpecProblem::new(
                     format!("{TEMPLATES}[name={template}]"),
                     format!(
-                        "the claim name {claim:?} of ordinal {ordinal} {e}: shorten the template or \
+                        "the claim name {claim:?} of pod {pod} {e}: shorten the template or \
                          NodeSet name"
                     ),
                 ));
@@ -147,19 +154,25 @@ impl NodeSet {
 
     /// The name of the claim of `template` for the pod of `ordinal`: `<template>-<pod name>`.
     pub fn claim_name(&self, template: &str, ordinal: u32) -> String {
-        format!("{template}-{}", self.pod_name(ordinal))
+        claim_name(template, &self.pod_name(ordinal))
     }
 
-    /// The claims of the pod of `ordinal`, named, namespaced and labelled (the template's labels,
-    /// then the NodeSet's selector labels), without owner references (see [`claim_owners`]).
-    /// Empty when the templates are invalid (the spec check reports them).
+    /// The claims of the pod of `ordinal` (see [`NodeSet::claims_of_pod`]).
     pub fn claims_of(&self, ordinal: u32) -> Vec<PersistentVolumeClaim> {
+        self.claims_of_pod(&self.pod_name(ordinal))
+    }
+
+    /// The claims of the pod named `pod` (an ordinal's, or in DaemonSet mode a node's), named
+    /// `<template>-<pod>`, namespaced and labelled (the template's labels, then the NodeSet's
+    /// selector labels), without owner references (see [`claim_owners`]). Empty when the
+    /// templates are invalid (the spec check reports them).
+    pub fn claims_of_pod(&self, pod: &str) -> Vec<PersistentVolumeClaim> {
         let templates = self.claim_templates().unwrap_or_default();
         templates
             .into_iter()
             .map(|mut claim| {
                 let template = claim.metadata.name.take().unwrap_or_default();
-                claim.metadata.name = Some(self.claim_name(&template, ordinal));
+                claim.metadata.name = Some(claim_name(&template, pod));
                 claim.metadata.namespace = self.metadata.namespace.clone();
                 claim
                     .metadata
@@ -172,10 +185,11 @@ impl NodeSet {
             .collect()
     }
 
-    /// Mount the claims of `ordinal` in `pod`: one volume per template, named after it, in the
-    /// templates' order and before the pod's other volumes; a pod volume of the same name is
+    /// Mount its claims in `pod` (named by its name): one volume per template, named after it, in
+    /// the templates' order and before the pod's other volumes; a pod volume of the same name is
     /// replaced (as `UpdateStorage` does).
-    pub fn set_claim_volumes(&self, pod: &mut Pod, ordinal: u32) {
+    pub fn set_claim_volumes(&self, pod: &mut Pod) {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
         let templates = self.claim_templates().unwrap_or_default();
         if templates.is_empty() {
             return;
@@ -192,7 +206,7 @@ impl NodeSet {
             .map(|template| Volume {
                 name: template.clone(),
                 persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: self.claim_name(template, ordinal),
+                    claim_name: claim_name(template, &pod_name),
                     read_only: None,
                 }),
                 ..Default::default()
@@ -273,9 +287,10 @@ mod tests {
         for (k, v) in ns.selector_labels() {
             assert_eq!(labels[&k], v);
         }
-        let mut pod: Pod = serde_json::from_value(json!({"spec": {"containers": [{"name": "slurmd"}],
+        let mut pod: Pod = serde_json::from_value(json!({"metadata": {"name": "gpu-03"},
+            "spec": {"containers": [{"name": "slurmd"}],
             "volumes": [{"name": "etc", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}]}}))?;
-        ns.set_claim_volumes(&mut pod, 3);
+        ns.set_claim_volumes(&mut pod);
         let volumes = pod.spec.and_then(|s| s.volumes).unwrap_or_default();
         let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(
@@ -324,10 +339,14 @@ mod tests {
         assert!(p[0].message.contains("Retain (the default) or Delete"), "{p:?}");
         let long = "x".repeat(240);
         let ns = nodeset(json!({"volumeClaimTemplates": [{"metadata": {"name": &long[..60]}}]}))?;
-        assert!(ns.claim_name_problems(1).is_empty());
+        assert!(ns.claim_name_problems(&ns.pod_name(1)).is_empty());
         let mut ns = ns;
         ns.metadata.name = Some(long[..200].to_string());
-        assert!(ns.claim_name_problems(1)[0].message.contains("shorten"));
+        assert!(
+            ns.claim_name_problems(&ns.pod_name(1))[0]
+                .message
+                .contains("shorten")
+        );
         Ok(())
     }
 

@@ -31,6 +31,9 @@ pub const ANNOTATION_TOPOLOGY: &str = "topology.slinky.slurm.net/spec";
 /// Node annotation: why the Kubernetes node is cordoned; becomes the drain reason of its worker
 /// pods' Slurm nodes.
 pub const ANNOTATION_NODE_CORDON_REASON: &str = "nodeset.slinky.slurm.net/node-cordon-reason";
+/// Node annotation: the Slurm node name (and pod hostname) of the DaemonSet-mode worker on this
+/// Kubernetes node, in place of the node's name up to its first dot.
+pub const ANNOTATION_HOSTNAME_OVERRIDE: &str = "nodeset.slinky.slurm.net/hostname-override";
 /// Pod annotation: the pod is cordoned (its Slurm node drained).
 pub const ANNOTATION_POD_CORDON: &str = "nodeset.slinky.slurm.net/pod-cordon";
 /// Pod annotation: the pod's deletion cost (lower goes first on scale-down).

@@ -32,6 +32,8 @@ pub mod merge_keys;
 mod nodeset;
 /// Owner references of children.
 pub mod owners;
+/// Where a DaemonSet-mode NodeSet's pods go (the DaemonSet controller's placement rules).
+pub mod placement;
 /// Pod readiness and ordinal names.
 pub mod pods;
 /// Kubernetes quantities as numbers.

@@ -292,6 +292,18 @@ impl NodeSet {
         )
     }
 
+    /// The name of the DaemonSet-mode pod whose Slurm node (hostname) is `hostname`:
+    /// `<nodeset>-<hostname>` (Slinky lets the API server generate `<nodeset>-<random>`; a name of
+    /// the node makes a second pod for a node a conflict, not a duplicate to clean up).
+    pub fn daemon_pod_name(&self, hostname: &str) -> String {
+        format!("{}-{hostname}", self.metadata.name.as_deref().unwrap_or_default())
+    }
+
+    /// Whether the NodeSet places one pod per eligible node.
+    pub fn is_daemon(&self) -> bool {
+        self.spec.scaling_mode == ScalingMode::DaemonSet
+    }
+
     /// The ordinal of the pod named `pod` if it is named exactly as this NodeSet names that
     /// ordinal (`<nodeset>-<ordinal>` with its own zero padding and no other: `w-07` is not ordinal
     /// 7 of an unpadded NodeSet `w`, and `w-7` is not ordinal 7 of one padded to 2).

@@ -260,11 +260,15 @@ fn pinned_nodes(pod: &Value) -> Option<Vec<String>> {
 }
 
 impl Kubelet {
-    /// Whether node `n` is one of the simulated nodes.
+    /// Whether node `n` is one of the simulated nodes: `sim-node-<i>` made at start, or one a
+    /// client made since under such a name (a node joining the cluster) while it exists.
     fn our_node(&self, n: &str) -> bool {
-        n.strip_prefix("sim-node-")
-            .and_then(|i| i.parse::<usize>().ok())
-            .is_some_and(|i| i < self.config.nodes)
+        let numbered = n.strip_prefix("sim-node-").and_then(|i| i.parse::<usize>().ok());
+        let nodes = ResKey {
+            group: String::new(),
+            plural: "nodes".into(),
+        };
+        numbered.is_some() && self.store.get(&nodes, "", n).is_ok()
     }
 
     /// One pass over every pod: terminating pods finished, pending pods scheduled, scheduled

@@ -333,6 +333,21 @@ impl Client {
 }
 
 impl Client {
+    /// Delete the record of `node` (a dynamic node whose worker is gone for good).
+    ///
+    /// # Errors
+    /// The call failed or Slurm refused it.
+    pub async fn delete_node(&self, node: &str) -> Result<(), Error> {
+        self.call(
+            Method::DELETE,
+            &format!("deleting node {node}"),
+            &format!("/node/{node}"),
+            None,
+        )
+        .await
+        .map(drop)
+    }
+
     /// Return a DOWN or DRAIN `node` to service (`RESUME`).
     ///
     /// # Errors

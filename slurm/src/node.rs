@@ -24,6 +24,26 @@ pub struct Node {
     /// The node's comment.
     #[serde(default)]
     pub comment: String,
+    /// Its features (a worker's are its NodeSet's Slurm name and `extraConf`'s), as slurmrestd
+    /// lists them: a list, or one comma-separated string (older data parsers).
+    #[serde(default, deserialize_with = "features")]
+    pub features: Vec<String>,
+}
+
+/// Features as a list or a comma-separated string.
+fn features<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        List(Vec<String>),
+        Text(String),
+        Nothing(()),
+    }
+    Ok(match <Either as serde::Deserialize>::deserialize(d)? {
+        Either::List(l) => l,
+        Either::Text(t) => t.split(',').filter(|f| !f.is_empty()).map(String::from).collect(),
+        Either::Nothing(()) => Vec::new(),
+    })
 }
 
 impl Node {
@@ -174,7 +194,19 @@ mod tests {
             reason: reason.into(),
             reason_set_by_user: String::new(),
             comment: String::new(),
+            features: Vec::new(),
         }
+    }
+
+    #[test]
+    fn features_are_a_list_or_a_comma_separated_string() -> Result<(), serde_json::Error> {
+        let list: Node = serde_json::from_value(serde_json::json!({"name": "a", "features": ["x", "y"]}))?;
+        assert_eq!(list.features, ["x", "y"]);
+        let text: Node = serde_json::from_value(serde_json::json!({"name": "a", "features": "x,y"}))?;
+        assert_eq!(text.features, ["x", "y"]);
+        let none: Node = serde_json::from_value(serde_json::json!({"name": "a", "features": null}))?;
+        assert!(none.features.is_empty());
+        Ok(())
     }
 
     #[test]

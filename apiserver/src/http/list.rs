@@ -336,7 +336,9 @@ fn printer_column(obj: &Value, path: &str) -> Option<Value> {
                 .filter(|item| {
                     json_path_get(item, sub.trim()).is_some_and(|x| match x {
                         Value::String(s) => s == want,
-                        other => other.to_string() == want,
+                        Value::Bool(b) => b.to_string() == want,
+                        Value::Number(n) => n.to_string() == want,
+                        _ => false,
                     })
                 })
                 .collect();

@@ -401,16 +401,21 @@ fn one_slurmd_per_node() -> PodAffinityTerm {
     }
 }
 
-/// The labels naming the pod's ordinal, name, hostname, scaling mode and revision.
-fn identity_labels(nodeset: &NodeSet, identity: &PodIdentity) -> [(String, String); 5] {
-    [
-        (keys::LABEL_POD_INDEX.to_string(), identity.ordinal.to_string()),
-        (keys::LABEL_POD_NAME.to_string(), identity.name.clone()),
-        (keys::LABEL_POD_HOSTNAME.to_string(), identity.hostname.clone()),
-        (
-            keys::LABEL_SCALING_MODE.to_string(),
-            nodeset.spec.scaling_mode.as_str().to_string(),
-        ),
-        (keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone()),
-    ]
+/// The labels naming the pod's ordinal (StatefulSet mode only: a DaemonSet-mode pod is its
+/// node's, as in Slinky), name, hostname, scaling mode and revision.
+fn identity_labels(nodeset: &NodeSet, identity: &PodIdentity) -> Vec<(String, String)> {
+    let index =
+        (!nodeset.is_daemon()).then(|| (keys::LABEL_POD_INDEX.to_string(), identity.ordinal.to_string()));
+    index
+        .into_iter()
+        .chain([
+            (keys::LABEL_POD_NAME.to_string(), identity.name.clone()),
+            (keys::LABEL_POD_HOSTNAME.to_string(), identity.hostname.clone()),
+            (
+                keys::LABEL_SCALING_MODE.to_string(),
+                nodeset.spec.scaling_mode.as_str().to_string(),
+            ),
+            (keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone()),
+        ])
+        .collect()
 }

@@ -71,6 +71,8 @@ pub struct NodeSetContext {
     /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
     /// until they or the NodeSet change).
     pub(crate) differing: DifferingPods,
+    /// DaemonSet mode: the per-node backoff of failed pods.
+    pub(crate) daemon_backoff: super::nodeset::daemon::DaemonBackoff,
 }
 
 impl Core {

@@ -449,6 +449,7 @@ pub fn start(
             applied,
             expectations: expectations.clone(),
             differing: nodeset::differing::DifferingPods::default(),
+            daemon_backoff: nodeset::daemon::DaemonBackoff::default(),
         }),
     );
     let ready = Arc::new(AtomicBool::new(false));

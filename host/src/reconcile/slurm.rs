@@ -129,6 +129,16 @@ impl Cluster {
         *self.nodes.lock().await = None;
     }
 
+    /// Delete the record of `node` (a worker gone for good).
+    ///
+    /// # Errors
+    /// Why Slurm did not do it.
+    pub async fn delete_node(&self, node: &str) -> Result<(), Unavailable> {
+        let r = self.client.delete_node(node).await;
+        self.forget_nodes().await;
+        r.map_err(|e| Unavailable::of(&e))
+    }
+
     /// Drain `node` with `reason` (prefixed with [`slinky_slurm::REASON_PREFIX`]).
     ///
     /// # Errors

@@ -104,8 +104,8 @@ pub fn pod(
             None => Ok(()),
         })
         .map_err(|e| format!("Pod {name:?}: {e}"))?;
-    // The host's part of the pod, like its revision label: the ordinal's volume claims.
-    nodeset.set_claim_volumes(&mut pod, identity.ordinal);
+    // The host's part of the pod, like its revision label: its volume claims (by its name).
+    nodeset.set_claim_volumes(&mut pod);
     pod.status = None;
     Ok(pod)
 }

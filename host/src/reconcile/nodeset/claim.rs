@@ -36,6 +36,14 @@ pub struct Claims {
     pub leaving: std::collections::BTreeSet<u32>,
 }
 
+/// Whether `pod` is named as a DaemonSet-mode pod of `nodeset` would be (`<nodeset>-<hostname>`).
+fn daemon_name(nodeset: &NodeSet, pod: &str) -> bool {
+    nodeset.is_daemon()
+        && pod
+            .strip_prefix(&format!("{}-", nodeset.name_any()))
+            .is_some_and(|h| !h.is_empty())
+}
+
 /// Sort `pods` (any namespace) into what `nodeset` owns, may adopt, must release and cannot use.
 pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> Claims {
     let namespace = nodeset.namespace().unwrap_or_default();
@@ -67,7 +75,7 @@ pub fn classify(nodeset: &NodeSet, pods: impl IntoIterator<Item = Arc<Pod>>) -> 
             ),
             Some(o) => format!("it is controlled by {} {}", o.kind, o.name),
             None if p.metadata.deletion_timestamp.is_some() => "it is an orphan being deleted".to_string(),
-            None if matches(&p) && ordinal.is_some() => {
+            None if matches(&p) && (ordinal.is_some() || daemon_name(nodeset, &p.name_any())) => {
                 claims.adopt.push(p.clone());
                 "it is an orphan not adopted yet".to_string()
             }

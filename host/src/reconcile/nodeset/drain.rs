@@ -373,6 +373,59 @@ async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) {
     }
 }
 
+/// `pruneSlurmNodeRecords: NodeNotFound` in DaemonSet mode (as Slinky): delete the record of each
+/// Slurm node of this NodeSet (its feature is the NodeSet's Slurm name) that is DOWN and not
+/// responding, whose pod is gone and that no Kubernetes node maps to any more (by its hostname).
+/// A node some pod or Kubernetes node still names, or one that responds, is never touched.
+pub(super) async fn prune_defunct(
+    pass: &mut Pass<'_>,
+    view: &SlurmView,
+    owned: &[Arc<Pod>],
+    nodes: &[Arc<k8s_openapi::api::core::v1::Node>],
+) {
+    let SlurmView::Nodes(cluster, slurm_nodes) = view else {
+        return;
+    };
+    let feature = pass.ns.slurm_name();
+    let named: std::collections::BTreeSet<String> = owned
+        .iter()
+        .map(|p| node_name(p))
+        .chain(nodes.iter().map(|n| slinky_api::placement::hostname_of(n)))
+        .collect();
+    let mut defunct: Vec<&Node> = slurm_nodes
+        .values()
+        .filter(|n| n.features.iter().any(|f| f == &feature))
+        .filter(|n| n.is_down() && n.is_not_responding() && !n.is_busy())
+        .filter(|n| !named.contains(&n.name))
+        .collect();
+    defunct.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut pruned = Vec::new();
+    for n in defunct {
+        match cluster.delete_node(&n.name).await {
+            Ok(()) => pruned.push(n.name.clone()),
+            Err(u) => {
+                pass.slurm_failed(u).await;
+                break;
+            }
+        }
+    }
+    pass.slurm_asked = true;
+    if !pruned.is_empty() {
+        pass.core()
+            .event(
+                pass.ns,
+                EventType::Normal,
+                "DefunctSlurmNodePruned",
+                format!(
+                    "Deleted defunct Slurm nodes {}: their pods are gone and no Kubernetes node maps to them \
+                     (pruneSlurmNodeRecords: NodeNotFound)",
+                    crate::reconcile::events::name_list(&pruned)
+                ),
+            )
+            .await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,6 +449,7 @@ mod tests {
             reason: String::new(),
             reason_set_by_user: String::new(),
             comment: String::new(),
+            features: Vec::new(),
         };
         assert!(may_delete(None), "not registered: nothing runs there");
         assert!(may_delete(Some(&node(&["IDLE", "DRAIN"]))));

@@ -174,6 +174,26 @@ impl PodFixture {
         self
     }
 
+    /// Bound to `node`.
+    pub fn on_node(mut self, node: &str) -> Self {
+        self.pod.spec.get_or_insert_default().node_name = Some(node.into());
+        self
+    }
+
+    /// With the label `key=value`.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.pod.labels_mut().insert(key.into(), value.into());
+        self
+    }
+
+    /// Created `secs` seconds after the epoch.
+    pub fn created(mut self, secs: i64) -> Self {
+        self.pod.metadata.creation_timestamp = Some(Time(
+            Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH),
+        ));
+        self
+    }
+
     /// The pod.
     pub fn arc(self) -> Arc<Pod> {
         Arc::new(self.pod)

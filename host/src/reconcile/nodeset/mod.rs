@@ -25,6 +25,7 @@
 
 mod adoption;
 mod claim;
+pub(crate) mod daemon;
 pub(crate) mod differing;
 mod drain;
 mod finalizer;
@@ -51,7 +52,7 @@ use claim::{Blocker, Claims, classify};
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
-use pods::{create_pods, delete_pods};
+use pods::{create_pods, delete_pods, ordinal_slots};
 use status::{Reached, write_status};
 
 use super::{
@@ -103,6 +104,10 @@ struct Pass<'a> {
     /// A write met a 409 because the cache lagged behind our own previous write: come back soon
     /// (not a failure: no Event, no backoff).
     retry_soon: bool,
+    /// DaemonSet mode: the nodes the pods should run on (the status' `desired`).
+    desired: Option<i32>,
+    /// DaemonSet mode: the soonest a node in failure backoff may get its pod.
+    come_back: Option<Duration>,
 }
 
 impl Pass<'_> {
@@ -170,6 +175,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);
+        ctx.daemon_backoff.forget(&uid);
         return Ok(Action::await_change());
     }
     // Expectations first, the cache second: when they are satisfied, every event they waited for
@@ -204,6 +210,8 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         slurm_counts: None,
         waits_for_slurm: false,
         retry_soon: false,
+        desired: None,
+        come_back: None,
     };
     let mut owned = claims.owned.clone();
     let mut requeue = core.resync;
@@ -256,6 +264,9 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         // return, whatever the backoff has grown to (Slinky: every 30 s).
         requeue = requeue.min(SLURM_RETRY_CAP);
     }
+    if let Some(after) = pass.come_back {
+        requeue = requeue.min(after);
+    }
     if (pass.waits_for_slurm || pass.retry_soon) && !failed {
         // A node drains as its jobs end: look again soon (Slinky: 30 s).
         requeue = requeue.min(DRAIN_RECHECK);
@@ -291,6 +302,9 @@ async fn sync(
     }
     let slurm = SlurmView::read(pass, controller).await;
     finalizer::ensure(pass, &slurm).await;
+    if ns.is_daemon() {
+        return sync_daemon(pass, controller, revision, claims, plugin, slurm).await;
+    }
     let update_ranks = slurm.update_ranks(&claims.owned);
     let plan = plan(&Inputs {
         nodeset: ns,
@@ -330,8 +344,97 @@ async fn sync(
     let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
     let deletes = volumes::sync_owners(pass, &claims.owned, deletes).await;
     delete_pods(pass, &deletes).await;
-    create_pods(pass, controller, revision, &plan.creates, plugin).await?;
+    let slots = ordinal_slots(pass, revision, &plan.creates);
+    create_pods(pass, controller, slots, plugin).await?;
     drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;
+    pass.slurm_counts = slurm.counts(&claims.owned);
+    Ok(claims.owned)
+}
+
+/// DaemonSet mode: a pod per eligible node ([`daemon`]), deleted through the same drain gate
+/// and claim owners as ordinal pods.
+async fn sync_daemon(
+    pass: &mut Pass<'_>,
+    controller: &Controller,
+    revision: &str,
+    claims: Claims,
+    plugin: &Plugin,
+    slurm: SlurmView,
+) -> Result<Vec<Arc<Pod>>, Error> {
+    let ns = pass.ns;
+    let nodes = pass.ctx.caches.nodes.state();
+    if nodes.is_empty() {
+        // Never "every node is gone": the Node cache has not synced, or the host may not read
+        // Nodes. Nothing is created or deleted until it knows them.
+        pass.failed(
+            "NodesUnknown",
+            "no Kubernetes Node is known (the Node cache has not synced, or the host's RBAC does not \
+             let it list and watch Nodes): DaemonSet mode places and deletes no pod until it knows them"
+                .into(),
+        )
+        .await;
+        return Ok(claims.owned);
+    }
+    // One pod built as any would be (the first node's, or a node-less one): its placement
+    // fields decide which nodes are eligible.
+    let probe_identity = crate::plugins::PodIdentity {
+        ordinal: 0,
+        name: ns.daemon_pod_name("probe"),
+        hostname: "probe".into(),
+        revision: revision.to_string(),
+    };
+    let probe = match pods::build_pods(pass.core(), ns, controller, plugin, vec![probe_identity]).await? {
+        Ok(mut built) => built.pop().and_then(|p| p.spec).unwrap_or_default(),
+        Err(e) => {
+            pass.state.builder_error(&e).await;
+            return Ok(claims.owned);
+        }
+    };
+    let plan = daemon::plan_daemon(&daemon::DaemonInputs {
+        nodeset: ns,
+        uid: &pass.uid,
+        revision,
+        owned: &claims.owned,
+        nodes: &nodes,
+        probe: &probe,
+        now: Timestamp::now(),
+        backoff: &pass.ctx.daemon_backoff,
+    });
+    pass.desired = Some(i32::try_from(plan.desired).unwrap_or(i32::MAX));
+    pass.come_back = plan.backoff;
+    let mut slots = Vec::new();
+    for e in &plan.creates {
+        if let Some(problem) = checks::summary(&ns.daemon_identity_problems(&e.node, &e.hostname)) {
+            pass.failed("FailedCreate", format!("No pod for node {}: {problem}", e.node))
+                .await;
+            continue;
+        }
+        slots.push(pods::Slot {
+            identity: crate::plugins::PodIdentity {
+                ordinal: 0,
+                name: ns.daemon_pod_name(&e.hostname),
+                hostname: e.hostname.clone(),
+                revision: revision.to_string(),
+            },
+            place: Some(pods::Place::Node(e.node.clone())),
+        });
+    }
+    tracing::debug!(
+        creates = ?plan.creates.iter().map(|e| &e.node).collect::<Vec<_>>(),
+        deletes = ?plan.deletes.iter().map(|(p, r)| (p.name_any(), *r)).collect::<Vec<_>>(),
+        desired = plan.desired,
+        "sync daemon pods"
+    );
+    let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
+    let slurm = slurm.for_deletes(&plan.deletes).await;
+    let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
+    let deletes = volumes::sync_owners(pass, &claims.owned, deletes).await;
+    delete_pods(pass, &deletes).await;
+    create_pods(pass, controller, slots, plugin).await?;
+    drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;
+    if ns.spec.prune_slurm_node_records.as_deref() == Some("NodeNotFound") {
+        drain::prune_defunct(pass, &slurm, &claims.owned, &nodes).await;
+    }
     pass.slurm_counts = slurm.counts(&claims.owned);
     Ok(claims.owned)
 }

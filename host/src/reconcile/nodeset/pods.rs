@@ -59,6 +59,38 @@ fn pin_target(pass: &Pass<'_>, ordinal: u32) -> Option<String> {
     usable.then(|| node.clone())
 }
 
+/// Where a new pod goes, besides what its builder says.
+pub(super) enum Place {
+    /// `pinToNode`: the node its ordinal last ran on.
+    Pin(String),
+    /// DaemonSet mode: its node (a required node affinity and the daemon tolerations).
+    Node(String),
+}
+
+/// A pod to create: who it is, and where it goes.
+pub(super) struct Slot {
+    pub(super) identity: PodIdentity,
+    pub(super) place: Option<Place>,
+}
+
+/// The slots of the StatefulSet-mode ordinals `creates` (pinned to their last node with
+/// `pinToNode`).
+pub(super) fn ordinal_slots(pass: &Pass<'_>, revision: &str, creates: &[u32]) -> Vec<Slot> {
+    creates
+        .iter()
+        .map(|o| Slot {
+            identity: PodIdentity::for_ordinal(pass.ns, *o, revision),
+            place: pass
+                .ns
+                .spec
+                .pin_to_node
+                .then(|| pin_target(pass, *o))
+                .flatten()
+                .map(Place::Pin),
+        })
+        .collect()
+}
+
 /// Why a pod of a batch was not created.
 enum Refused {
     /// One of its claims could not be made, or is being deleted.
@@ -135,26 +167,23 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
     }
 }
 
-/// Build and create the pods of `creates` in slow-start batches (1, 2, 4, …), each after its
+/// Build and create the pods of `slots` in slow-start batches (1, 2, 4, …), each after its
 /// volume claims ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that
-/// ordinal and the batch goes on; any other refusal (a claim's included) stops after its batch,
+/// pod and the batch goes on; any other refusal (a claim's included) stops after its batch,
 /// and every create not made is released.
 pub(super) async fn create_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
-    revision: &str,
-    creates: &[u32],
+    slots: Vec<Slot>,
     plugin: &Plugin,
 ) -> Result<(), Error> {
-    if creates.is_empty() {
+    if slots.is_empty() {
         return Ok(());
     }
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
-    let identities: Vec<PodIdentity> = creates
-        .iter()
-        .map(|o| PodIdentity::for_ordinal(ns, *o, revision))
-        .collect();
+    let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
+        slots.into_iter().map(|s| (s.identity, s.place)).unzip();
     let mut built = match build_pods(core, ns, controller, plugin, identities).await? {
         Ok(built) => built,
         Err(e) => {
@@ -162,30 +191,32 @@ pub(super) async fn create_pods(
             return Ok(());
         }
     };
-    if ns.spec.pin_to_node {
-        for (pod, ordinal) in built.iter_mut().zip(creates) {
-            if let Some(node) = pin_target(pass, *ordinal) {
-                slinky_api::pods::pin_to_node(pod, &node);
-            }
+    for (pod, place) in built.iter_mut().zip(&places) {
+        match place {
+            Some(Place::Pin(node)) => slinky_api::pods::pin_to_node(pod, node),
+            Some(Place::Node(node)) => slinky_api::placement::place_on_node(pod, node),
+            None => {}
         }
     }
     let owner = pass.uid.clone();
     ctx.expectations
         .expect_creations(&owner, built.iter().map(ResourceExt::name_any));
-    let mut pending = built.into_iter().zip(creates.iter().copied());
+    let mut pending = built.into_iter().map(|p| (p, ()));
     let mut batch = 1;
     let mut created = Vec::new();
     let mut taken = Vec::new();
     let mut claims_made = Vec::new();
     loop {
-        let this: Vec<(Pod, u32)> = pending.by_ref().take(batch).collect();
+        let this: Vec<(Pod, ())> = pending.by_ref().take(batch).collect();
         if this.is_empty() {
             break;
         }
         let shared: &Pass<'_> = pass;
         // Each pod's claims first (as the StatefulSet controller): no pod without its storage.
-        let results = join_all(this.iter().map(|(pod, ordinal)| async move {
-            let made = volumes::ensure(shared, *ordinal).await.map_err(Refused::Claim)?;
+        let results = join_all(this.iter().map(|(pod, _)| async move {
+            let made = volumes::ensure(shared, &pod.name_any())
+                .await
+                .map_err(Refused::Claim)?;
             match core.writer.create_pod(pod).await {
                 Ok(stored) => Ok((stored, made)),
                 Err(e) => Err(Refused::Api(e, made)),
@@ -260,7 +291,7 @@ pub(super) async fn create_pods(
             "PodNameTaken",
             format!(
                 "pods {} already exist and are not this NodeSet's (the cache had not shown them yet); \
-                 their ordinals were skipped",
+                 they were skipped",
                 name_list(&taken)
             ),
         )

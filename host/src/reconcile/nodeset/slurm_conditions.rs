@@ -104,6 +104,7 @@ mod tests {
             reason: String::new(),
             reason_set_by_user: String::new(),
             comment: String::new(),
+            features: Vec::new(),
         })
     }
 

@@ -42,7 +42,7 @@ pub(super) async fn write_status(
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
-    let desired = ns.replicas().max(0);
+    let desired = pass.desired.unwrap_or_else(|| ns.replicas().max(0));
     let available = live.iter().filter(|p| is_available(p, min_ready, now)).count() as i32;
     let c = &mut pass.state.conditions;
     for t in [

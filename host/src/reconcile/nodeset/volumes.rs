@@ -59,15 +59,15 @@ pub(super) struct Missing {
     pub(super) deleting: bool,
 }
 
-/// Make the claims of the pod of `ordinal` that do not exist yet. `Ok` with the claims made;
+/// Make the claims of the pod named `pod` that do not exist yet. `Ok` with the claims made;
 /// `Err` when one could not be made or is being deleted (the pod must not be created then).
-pub(super) async fn ensure(pass: &Pass<'_>, ordinal: u32) -> Result<Vec<String>, Missing> {
+pub(super) async fn ensure(pass: &Pass<'_>, pod: &str) -> Result<Vec<String>, Missing> {
     let ns = pass.ns;
-    let claims = ns.claims_of(ordinal);
+    let claims = ns.claims_of_pod(pod);
     if claims.is_empty() {
         return Ok(Vec::new());
     }
-    let (policy, pod) = (policy(ns), ns.pod_name(ordinal));
+    let (policy, pod) = (policy(ns), pod.to_string());
     let owner = nodeset_ref(ns).ok_or_else(|| Missing {
         message: format!("NodeSet {} has no UID yet", ns.name_any()),
         deleting: false,
@@ -141,13 +141,10 @@ pub(super) async fn sync_owners(
                 .map(|(p, _)| (p, true)),
         );
     for (pod, scaled_away) in pods {
-        let Some(ordinal) = ns.pod_ordinal(&pod.name_any()) else {
-            continue;
-        };
         let pod_ref = (scaled_away && policy.when_scaled == Retention::Delete)
             .then(|| controller_ref(pod.as_ref()))
             .flatten();
-        for claim in ns.claims_of(ordinal) {
+        for claim in ns.claims_of_pod(&pod.name_any()) {
             let Some(current) = cached(pass, &claim.name_any()) else {
                 continue;
             };
