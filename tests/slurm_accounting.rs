@@ -6,7 +6,10 @@
 //! real daemons of a local Slurm 25.05 build, and a private `mariadbd` (Debian's
 //! `mariadb-server`) on the harness's bridge stands in for the Accounting's
 //! `storageConfig.host`. The database password holds a `#` and a space: slurmdbd reads it whole
-//! only if the host escaped and quoted it for Slurm's parser.
+//! only if the host escaped and quoted it for Slurm's parser. The harness mounts the pod's
+//! volumes as a kubelet does and runs its init containers: the example's slurmdbd 25.05 starts
+//! only because the builder's `initconf` init container copies its files (0600, owned by
+//! `slurm`) out of the Secret's mount, which slurmdbd 25.05 refuses as it is.
 //!
 //! Needs root, a Slurm build with slurmdbd's MySQL plugin (`../shared/tools/realslurm/setup.sh`
 //! with `libmariadb-dev` installed) and `mariadb-server`; without them each test prints
@@ -15,14 +18,14 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::{
     Api,
     api::{Patch, PatchParams},
 };
 use serde_json::json;
 use slinky_host::{PluginRegistry, reconcile::RunConfig};
-use slinky_slurm_local::{MariaDb, Role, SlurmLocal, SlurmdbdConf};
+use slinky_slurm_local::{MariaDb, Role, SlurmLocal};
 use slinky_tests::{
     TestCluster, default_engine, eventually,
     host::{Host, apply_file, cluster_with_statefulsets},
@@ -54,14 +57,13 @@ struct Case {
 
 impl Case {
     /// The example cluster (one worker), its Accounting (the password [`PASSWORD`], the port of
-    /// a fresh MariaDB whose address the sandboxes know as the example's `mariadb`) and its
-    /// RestApi in a fresh namespace; the harness runs its pods (slurmdbd's `/etc/slurm` filled
-    /// as `mode` says) and a host reconciles it, asking the harness's slurmrestd.
-    async fn start(slurm: &std::path::Path, prefix: &str, mode: SlurmdbdConf) -> Result<Self> {
+    /// a fresh MariaDB whose address the sandboxes know as the example's `mariadb`, the
+    /// slurmdbd image `slurmdbd_image` when given) and its RestApi in a fresh namespace; the
+    /// harness runs its pods and a host reconciles it, asking the harness's slurmrestd.
+    async fn start(slurm: &std::path::Path, prefix: &str, slurmdbd_image: Option<&str>) -> Result<Self> {
         let c = cluster_with_statefulsets().await;
         let ns = c.namespace(prefix).await;
         let h = SlurmLocal::prepare(slurm, "cluster.local").await?;
-        h.set_slurmdbd_conf(mode).await;
         let db = h.start_mariadb().await?;
         db.create_user(DB_USER, PASSWORD, DB_NAME).await?;
         h.add_host("mariadb", *db.addr().ip()).await?;
@@ -84,6 +86,9 @@ impl Case {
                 assert_eq!(v["spec"]["storageConfig"]["username"], DB_USER);
                 assert_eq!(v["spec"]["storageConfig"]["database"], DB_NAME);
                 v["spec"]["storageConfig"]["port"] = json!(port);
+                if let Some(image) = slurmdbd_image {
+                    v["spec"]["slurmdbd"]["image"] = json!(image);
+                }
             }
         })
         .await?;
@@ -148,6 +153,13 @@ impl Case {
         })
         .await;
         up.context("slurmdbd did not start on the generated slurmdbd.conf within 120 s")
+    }
+
+    /// The slurmdbd pod's spec once the StatefulSet made it (60 s at most).
+    async fn slurmdbd_pod_spec(&self) -> Result<k8s_openapi::api::core::v1::PodSpec> {
+        let pods = Api::<Pod>::namespaced(self.c.client.clone(), &self.ns);
+        let spec = eventually(60, || async { pods.get_opt(SLURMDBD_POD).await.ok()??.spec }).await;
+        spec.with_context(|| format!("no pod {SLURMDBD_POD} within 60 s"))
     }
 
     /// `slurmdbd.conf` as the host stored it in the Secret `slurm-accounting`.
@@ -241,8 +253,10 @@ impl Case {
     }
 }
 
-/// The acceptance: slurmdbd starts on the `slurmdbd.conf` the host generated (the
-/// password with `#` and space reaching MariaDB whole), slurmctld registers the cluster with it,
+/// The acceptance: slurmdbd 25.05 (the example's image) starts on the `slurmdbd.conf`
+/// the host generated, copied out of the Secret's kubelet-made mount by the pod's `initconf`
+/// init container (the password with `#` and space reaching MariaDB whole), slurmctld registers
+/// the cluster with it,
 /// and `sacct` lists a finished job as COMPLETED (slurmrestd too, through slurmdbd's `auth/jwt`).
 /// Then the database password changes (the
 /// database user's, then the Secret): the host writes a new `slurmdbd.conf`, the slurmdbd pod
@@ -253,8 +267,21 @@ async fn slurmdbd_runs_on_the_generated_conf_and_sacct_lists_a_finished_job() ->
         return Ok(());
     };
     let _turn = TURN.lock().await;
-    let case = Case::start(&slurm, "slurm-acct", SlurmdbdConf::InitConf).await?;
+    let case = Case::start(&slurm, "slurm-acct", None).await?;
     let result = async {
+        // The builder's pod for the example's 25.05 image: an initconf init container copies
+        // the projected files into the in-memory /etc/slurm slurmdbd reads.
+        let spec = case.slurmdbd_pod_spec().await?;
+        let inits: Vec<&str> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        ensure!(
+            inits == ["initconf"],
+            "the slurmdbd pod's init containers: {inits:?}"
+        );
         let written = eventually(60, || async {
             let conf = case.stored_conf().await.ok()?;
             conf.contains("StoragePass=\"acct \\#1 pass\"\n").then_some(())
@@ -266,6 +293,11 @@ async fn slurmdbd_runs_on_the_generated_conf_and_sacct_lists_a_finished_job() ->
             case.stored_conf().await
         );
         let first = case.slurmdbd_started(None).await?;
+        let pod = case.slurm.pods().await.into_iter().find(|p| p.uid == first);
+        ensure!(
+            pod.as_ref().is_some_and(|p| p.initialized),
+            "slurmdbd started before its init container completed: {pod:?}"
+        );
         // slurmctld registers the cluster with slurmdbd (Slurm 25.05 adds it on the first
         // registration: no `sacctmgr add cluster`).
         let registered = eventually(120, || async {
@@ -369,11 +401,11 @@ fn slurm_version(slurm: &std::path::Path) -> Result<(u32, u32)> {
     Ok((it.next().unwrap_or_default(), it.next().unwrap_or_default()))
 }
 
-/// Mounted as a kubelet mounts the pod's projected volume (`defaultMode` 0600 with `fsGroup`
-/// 401: root's file, group-readable, 0640), `slurmdbd.conf` is refused by slurmdbd before 25.11,
-/// which wants it 0600 and owned by its SlurmUser: why the harness fills slurmdbd's `/etc/slurm`
-/// as Slinky's `initconf` container did for those versions (see `slinky_slurm_local`). From
-/// 25.11 on (Slinky dropped `initconf` for it) the mount as it is must do.
+/// The 25.11 shape a slurmdbd of its image gets (Slinky's, no `initconf`: the Secret's files
+/// mounted at `/etc/slurm` as a kubelet mounts them, `defaultMode` 0600 with `fsGroup` 401:
+/// root's, group-readable, 0640) run by a slurmdbd before 25.11: it refuses `slurmdbd.conf`,
+/// which it wants 0600 and owned by its SlurmUser. What the example's pod would meet without its
+/// init container's copy step. A 25.11 or later build must start on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurmdbd_25_05_refuses_the_conf_as_a_kubelet_mounts_it() -> Result<()> {
     let Some(slurm) = slinky_tests::slurmdbd_or_skip() else {
@@ -381,8 +413,34 @@ async fn slurmdbd_25_05_refuses_the_conf_as_a_kubelet_mounts_it() -> Result<()> 
     };
     let _turn = TURN.lock().await;
     let modern = slurm_version(&slurm)? >= (25, 11);
-    let case = Case::start(&slurm, "slurm-acct-mount", SlurmdbdConf::Kubelet).await?;
+    let case = Case::start(
+        &slurm,
+        "slurm-acct-mount",
+        Some("ghcr.io/slinkyproject/slurmdbd:25.11-ubuntu24.04"),
+    )
+    .await?;
     let result = async {
+        let spec = case.slurmdbd_pod_spec().await?;
+        ensure!(
+            spec.init_containers.is_none(),
+            "a 25.11 image gets Slinky's shape, without initconf: {:?}",
+            spec.init_containers
+        );
+        let slurmdbd = spec
+            .containers
+            .iter()
+            .find(|c| c.name == "slurmdbd")
+            .context("no slurmdbd container")?;
+        let etc = slurmdbd
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == "/etc/slurm")
+            .map(|m| m.name.as_str());
+        ensure!(
+            etc == Some("slurm-etc"),
+            "slurmdbd's /etc/slurm is the projected volume itself: {etc:?}"
+        );
         if modern {
             case.slurmdbd_started(None).await?;
             return Ok(());

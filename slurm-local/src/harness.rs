@@ -15,7 +15,7 @@ use crate::{
     error::{Error, Result},
     mariadb::MariaDb,
     net::{self, STATE_DIR},
-    supervisor::{self, Attachment, Shared, SlurmdbdConf},
+    supervisor::{self, Attachment, Shared},
     sys,
 };
 
@@ -201,12 +201,6 @@ impl SlurmLocal {
         Ok(())
     }
 
-    /// How slurmdbd's `/etc/slurm` is filled from its pod's projected volume for sandboxes made
-    /// from now on ([`SlurmdbdConf::InitConf`] unless set).
-    pub async fn set_slurmdbd_conf(&self, mode: SlurmdbdConf) {
-        self.shared.state.lock().await.slurmdbd_conf = mode;
-    }
-
     /// Start a private MariaDB (Debian's `mariadb-server`) for slurmdbd on a free port of
     /// [`bridge_addr`](Self::bridge_addr), in a fresh data directory; stopped by
     /// [`shutdown`](Self::shutdown) after the daemons, removed with the harness. Create the
@@ -240,7 +234,7 @@ impl SlurmLocal {
             st.shut = true;
             st.pods
                 .values()
-                .filter_map(|e| e.proc.as_ref())
+                .flat_map(|e| e.proc.iter().chain(&e.init_proc))
                 .chain(st.restd.proc.as_ref())
                 .chain(st.client.proc.as_ref())
                 .map(|p| (p.pid, p.exited.clone()))

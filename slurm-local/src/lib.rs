@@ -5,10 +5,11 @@
 //! each slurmctld pod of one Controller and each of its NodeSets' worker pods runs the real
 //! daemon of a local Slurm build (`../shared/tools/realslurm`) in a *pod sandbox*: its own
 //! network namespace on a per-harness bridge (`slinky-<id>`, a free 10.x.y.0/24), mount and UTS
-//! namespaces, the pod's hostname, a tmpfs `/etc/slurm` filled from the pod's ConfigMap, Secret
-//! and projected volumes as a kubelet mounts them, its emptyDirs and claims as directories, and
-//! an `/etc/hosts` naming every pod (name, hostname, `hostname.subdomain.namespace…`) and
-//! Service (its first running pod). It also runs one slurmrestd for the cluster, as `nobody`,
+//! namespaces, the pod's hostname, the volumes all its containers mount (ConfigMap, Secret and
+//! projected volumes as tmpfs filled as a kubelet fills them, emptyDirs and claims as
+//! directories), its init containers run to completion before its daemon, and an `/etc/hosts`
+//! naming every pod (name, hostname, `hostname.subdomain.namespace…`) and Service (its first
+//! running pod). It also runs one slurmrestd for the cluster, as `nobody`,
 //! reachable from the root network namespace at [`SlurmLocal::restapi_url`]: with the args and
 //! environment of the oldest RestApi Deployment's `slurmrestd` container in the namespace (so the
 //! real slurmrestd judges what the `restapi-children` builder makes; a changed Deployment
@@ -21,7 +22,9 @@
 //! runs that Accounting's slurmdbd pod (`app.kubernetes.io/name=slurmdbd`,
 //! `app.kubernetes.io/instance=<accounting>`): `slurmdbd -D` (Slinky's image runs `tini -g --
 //! slurmdbd -D`) plus the container's args, as the local `slurm` user when its securityContext
-//! runs it as non-root, in its own sandbox with the pod's `/etc/slurm` and `/run`, restarted
+//! runs it as non-root, in its own sandbox with the pod's volumes, after its init containers
+//! (the bundled builder's `initconf` for a slurmdbd before 25.11, which copies the Secret's files
+//! into an in-memory `/etc/slurm` as `slurm`, mode 0600, as such a slurmdbd requires), restarted
 //! with the same back-off, and named in `/etc/hosts` by its pod name and, through the Services
 //! mechanism, by its Service (`<accounting>-accounting`, slurmctld's `AccountingStorageHost`).
 //! slurmctld registers the cluster itself on its first connection (Slurm 25.05 adds a cluster it
@@ -45,8 +48,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! What a kubelet does that the harness does too: it starts a pod's daemon once the pod is
-//! bound to a node, restarts it with a back-off (1 s doubling to 16 s) when it exits, runs the
+//! What a kubelet does that the harness does too: once the pod is bound to a node it mounts the
+//! volumes of all the pod's containers (an emptyDir is one directory every container shares;
+//! files of Secret, ConfigMap and projected volumes are root's, mode `defaultMode` or the item's,
+//! and with an `fsGroup` group-owned by the local `slurm` group and group-readable), runs the
+//! init containers one by one in order (`command` then `args`, with their environment, as the
+//! local `slurm` user when their `runAsUser` or the pod's is non-root, else as root; output in
+//! `init-<name>.out`): a failed one (non-zero exit) is logged with its output and run again after
+//! the pod's back-off, and the daemon does not start until all have completed; it restarts the
+//! daemon with a back-off (1 s doubling to 16 s) when it exits (not the init containers), runs the
 //! main container's preStop exec hook inside the sandbox (with the harness's Slurm on `PATH`)
 //! when the pod gets a deletion timestamp, then SIGTERM, SIGKILL after the grace period (at most
 //! 10 s), and deletes the pod with grace 0 once its daemon stopped; it removes the sandbox when
@@ -65,24 +75,27 @@
 //! - Volumes are filled when the sandbox is made, not refreshed (a config change rolls the
 //!   slurmctld pod anyway). Only ConfigMap, Secret, projected (their ConfigMap and Secret
 //!   sources), emptyDir and PersistentVolumeClaim volumes are mounted, and only at paths inside
-//!   `/run`, `/var/spool`, `/etc/slurm`, at `/var/log/slurm`, or over existing directories.
+//!   `/run`, `/var/spool`, `/etc/slurm`, below `/mnt` (the sandbox then gets a tmpfs `/mnt` of its
+//!   own; Slinky's `initconf` reads `/mnt/slurm`), at `/var/log/slurm`, or over existing
+//!   directories.
+//! - A pod has one mount namespace: each container sees the mounts of all of them (a path two
+//!   containers mount with different volumes gets the main container's, else the first init
+//!   container's), `readOnly` is not enforced, and `subPath` is not honoured.
+//! - Init containers run the machine's programs (`sh`, coreutils' `install` …, the Slurm build
+//!   first on `PATH`), not their image's: one without a `command` (its image's entrypoint) keeps
+//!   its pod from starting, with the reason logged. Their `workingDir` is ignored. Sidecars (init
+//!   containers with `restartPolicy: Always`, such as the `logfile` and `reconfigure` ones) are
+//!   not run, nor are containers besides the main one. slurmctld's `slurm.conf` is adapted
+//!   when the sandbox is made, before init containers run.
 //! - A Service name resolves to its first running, non-terminating selected pod by name (so a
 //!   killed primary slurmctld hands `SlurmctldAddr` to the backup).
 //! - slurmrestd and the client keep the `/etc/slurm` of the latest slurmctld sandbox (files
 //!   rewritten, daemons not restarted).
-//! - slurmdbd's `/etc/slurm` is filled as Slinky's `initconf` init container filled it for Slurm
-//!   before 25.11 (slurm-operator v0.4's `initconf.sh`: the projected files copied into an
-//!   emptyDir, owned by `slurm`, `slurmdbd.conf` and the keys mode 0600, other `*.conf` 0644),
-//!   not as a kubelet mounts the projected volume: with `defaultMode` 0600 and `fsGroup` 401 a
-//!   kubelet makes `slurmdbd.conf` root's, group 401, mode 0640, and slurmdbd 25.05 refuses it
-//!   (`slurmdbd.conf file … should be 600 is 640`; it also wants it owned by its `SlurmUser`).
-//!   Slinky dropped `initconf` when Slurm 25.11 accepted 0640, and mounts the volume directly,
-//!   as the builder here does. [`SlurmLocal::set_slurmdbd_conf`] with
-//!   [`SlurmdbdConf::Kubelet`] mounts it as a kubelet does instead.
 //!
-//! Needs root, `ip` (iproute2), `nsenter`, `unshare` and `setpriv` (util-linux), the users
-//! `slurm` and `nobody`, and a Slurm build readable by them; for accounting, a build with
-//! slurmdbd's `accounting_storage/mysql` plugin (configured with `libmariadb-dev`) and Debian's
+//! Needs root, `ip` (iproute2), `nsenter`, `unshare` and `setpriv` (util-linux), what pods' init
+//! containers run (`sh` and coreutils' `install` for `initconf`), the users `slurm` and `nobody`,
+//! and a Slurm build readable by them; for accounting, a build with slurmdbd's
+//! `accounting_storage/mysql` plugin (configured with `libmariadb-dev`) and Debian's
 //! `mariadb-server`. MariaDB's directory is `/var/lib/slinky-slurm-local/mariadb-<id>`, removed
 //! (and a `mariadbd` left running killed) with the harness's. Leftovers of a crashed run (its
 //! bridge, namespaces and processes) are removed by the next harness that starts; set
@@ -109,7 +122,7 @@ pub use mariadb::{MariaDb, usable as mariadb_usable};
 pub use net::STATE_DIR;
 pub use pod_status::PodProcess;
 pub use podspec::Role;
-pub use supervisor::{RestdCommand, SlurmdbdConf};
+pub use supervisor::RestdCommand;
 
 /// Where a Slurm build is looked for: `$REALSLURM_DIR`, then `~/.cache/realslurm`, then
 /// `~/realslurm` (the first holding `sbin/slurmctld`).

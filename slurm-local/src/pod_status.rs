@@ -19,6 +19,9 @@ pub struct PodProcess {
     pub ip: Ipv4Addr,
     /// The sandbox is made.
     pub sandboxed: bool,
+    /// Its init containers (not the sidecars) have all completed in this sandbox: the daemon
+    /// may start.
+    pub initialized: bool,
     /// The daemon's pid while it runs.
     pub pid: Option<u32>,
     /// How often the daemon was restarted.
@@ -42,6 +45,7 @@ impl SlurmLocal {
                 hostname: e.plan.hostname.clone(),
                 ip: self.shared.net.addr(e.host),
                 sandboxed: e.sandbox.is_some(),
+                initialized: e.sandbox.is_some() && e.inits_done >= e.plan.init_containers.len(),
                 pid: e.proc.as_ref().map(|p| p.pid),
                 restarts: e.restarts,
                 terminating: e.terminating,
@@ -51,8 +55,9 @@ impl SlurmLocal {
     }
 
     /// What the pod `pod` logged (its latest sandbox, even when gone): the daemon's output,
-    /// the preStop hook's, then the `*.log` files of its emptyDir volumes (slurmctld.log,
-    /// slurmd.log). `None` when the harness never ran such a pod.
+    /// its init containers' (`init-<name>.out`, their latest runs), the preStop hook's, then
+    /// the `*.log` files of its emptyDir volumes (slurmctld.log, slurmd.log). `None` when the
+    /// harness never ran such a pod.
     pub fn logs(&self, pod: &str) -> Option<String> {
         let pods = self.shared.net.dir.join("pods");
         let prefix = format!("{pod}-");

@@ -1,11 +1,13 @@
 //! What a kubelet reads of a Slinky pod: which daemon it runs, its hostname, the main
-//! container's arguments, environment, volume mounts and preStop hook, and the files of its
-//! ConfigMap, Secret and projected volumes.
+//! container's arguments, environment and preStop hook, the init containers to run before it,
+//! the volume mounts of all its containers, and the files of its ConfigMap, Secret and projected
+//! volumes.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapProjection, Container, EnvVar, KeyToPath, Pod, Secret, SecretProjection, Volume,
+    ConfigMap, ConfigMapProjection, Container, EnvVar, KeyToPath, Pod, PodSecurityContext, Secret,
+    SecretProjection, Volume,
 };
 use kube::Api;
 use slinky_api::{keys, labels};
@@ -62,7 +64,8 @@ pub(crate) fn role_of(pod: &Pod, controller: &str, accounting: Option<&str>) -> 
     }
 }
 
-/// A volume mounted into the main container, as the harness mounts it.
+/// A volume mounted into one of the pod's containers, as the harness mounts it (into the pod's
+/// one sandbox).
 #[derive(Debug, Clone)]
 pub(crate) struct Mount {
     /// Where (absolute).
@@ -125,7 +128,12 @@ pub(crate) struct Plan {
     pub subdomain: Option<String>,
     /// The main container (`slurmctld` or `slurmd`, else the default container, else the first).
     pub container: Container,
-    /// The mounts of the main container, parents before children.
+    /// The init containers to run to completion, in order, before the main container starts
+    /// (sidecars, `restartPolicy: Always`, are not among them).
+    pub init_containers: Vec<InitContainer>,
+    /// The mounts of all the pod's containers (the main container's first, then the init
+    /// containers' in order; a path mounted twice keeps its first volume), parents before
+    /// children.
     pub mounts: Vec<Mount>,
     /// The main container runs as a non-root user (Slinky's slurmctld runs as uid 401,
     /// `slurm` in its images): run it as the local `slurm` user.
@@ -144,33 +152,20 @@ impl Plan {
         let spec = pod.spec.as_ref()?;
         let name = pod.metadata.name.clone()?;
         let container = main_container(pod, role)?.clone();
-        let volumes: BTreeMap<&str, &Volume> = spec
-            .volumes
-            .iter()
-            .flatten()
-            .map(|v| (v.name.as_str(), v))
-            .collect();
-        let mut mounts: Vec<Mount> = container
-            .volume_mounts
-            .iter()
-            .flatten()
-            .filter_map(|m| {
-                let volume = volumes.get(m.name.as_str())?;
-                Some(Mount {
-                    path: m.mount_path.trim_end_matches('/').to_string(),
-                    volume: m.name.clone(),
-                    kind: mount_kind(volume),
-                })
-            })
-            .filter(|m| m.path.starts_with('/') && !m.path.split('/').any(|c| c == ".."))
-            .collect();
-        mounts.sort_by_key(|m| m.path.matches('/').count());
+        let inits = spec.init_containers.iter().flatten();
+        let mounts = mounts(
+            &name,
+            std::iter::once(&container).chain(inits.clone()),
+            spec.volumes.iter().flatten(),
+        );
         let pod_sc = spec.security_context.as_ref();
-        let run_as = container
-            .security_context
-            .as_ref()
-            .and_then(|s| s.run_as_user)
-            .or_else(|| pod_sc.and_then(|s| s.run_as_user));
+        let init_containers = inits
+            .filter(|c| c.restart_policy.as_deref() != Some("Always"))
+            .map(|c| InitContainer {
+                run_as_slurm: runs_as_non_root(c, pod_sc),
+                container: c.clone(),
+            })
+            .collect();
         let conf_server = container
             .args
             .iter()
@@ -194,9 +189,10 @@ impl Plan {
                 .unwrap_or_else(|| name.clone()),
             subdomain: spec.subdomain.clone().filter(|s| !s.is_empty()),
             name,
+            run_as_slurm: runs_as_non_root(&container, pod_sc),
             container,
+            init_containers,
             mounts,
-            run_as_slurm: run_as.is_some_and(|u| u != 0),
             fs_group: pod_sc.and_then(|s| s.fs_group).is_some_and(|g| g != 0),
             grace: Duration::from_secs(
                 spec.termination_grace_period_seconds
@@ -227,6 +223,73 @@ impl Plan {
     pub fn args(&self) -> Vec<String> {
         self.container.args.clone().unwrap_or_default()
     }
+}
+
+/// An init container of the pod, run to completion before the main container.
+#[derive(Debug, Clone)]
+pub(crate) struct InitContainer {
+    /// The container.
+    pub container: Container,
+    /// It runs as a non-root user (its own `runAsUser`, else the pod's): run it as the local
+    /// `slurm` user, as the main container.
+    pub run_as_slurm: bool,
+}
+
+impl InitContainer {
+    /// What it runs: its `command` and then its `args`, as a kubelet runs them; `None` without a
+    /// `command` (the image's entrypoint, which the harness does not know).
+    pub fn command(&self) -> Option<(String, Vec<String>)> {
+        let command = self.container.command.as_ref()?;
+        let (program, rest) = command.split_first()?;
+        let mut args = rest.to_vec();
+        args.extend(self.container.args.iter().flatten().cloned());
+        Some((program.clone(), args))
+    }
+}
+
+/// Whether `c` runs as a non-root user: its `runAsUser`, else the pod's.
+fn runs_as_non_root(c: &Container, pod_sc: Option<&PodSecurityContext>) -> bool {
+    c.security_context
+        .as_ref()
+        .and_then(|s| s.run_as_user)
+        .or_else(|| pod_sc.and_then(|s| s.run_as_user))
+        .is_some_and(|u| u != 0)
+}
+
+/// The mounts of `containers` into the pod's one sandbox, parents before children: each path
+/// once (the first container's volume; another volume at the same path is not mounted, as the
+/// harness has one mount namespace per pod), paths leaving the root dropped.
+fn mounts<'a>(
+    pod: &str,
+    containers: impl Iterator<Item = &'a Container>,
+    volumes: impl Iterator<Item = &'a Volume>,
+) -> Vec<Mount> {
+    let volumes: BTreeMap<&str, &Volume> = volumes.map(|v| (v.name.as_str(), v)).collect();
+    let mut out: Vec<Mount> = Vec::new();
+    for c in containers {
+        for m in c.volume_mounts.iter().flatten() {
+            let Some(volume) = volumes.get(m.name.as_str()) else {
+                continue;
+            };
+            let path = m.mount_path.trim_end_matches('/').to_string();
+            if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+                continue;
+            }
+            match out.iter().find(|o| o.path == path) {
+                Some(o) if o.volume != m.name => tracing::warn!(%pod, %path, mounted = %o.volume,
+                    container = %c.name, volume = %m.name,
+                    "two containers mount different volumes at one path: the harness's pod has one mount namespace, the first is mounted"),
+                Some(_) => {}
+                None => out.push(Mount {
+                    path,
+                    volume: m.name.clone(),
+                    kind: mount_kind(volume),
+                }),
+            }
+        }
+    }
+    out.sort_by_key(|m| m.path.matches('/').count());
+    out
 }
 
 fn main_container(pod: &Pod, role: Role) -> Option<&Container> {
@@ -419,7 +482,7 @@ pub(crate) async fn files(
     Ok(out.into_values().collect())
 }
 
-/// The main container's environment: values, and `fieldRef`, `configMapKeyRef` and
+/// A container's environment: values, and `fieldRef`, `configMapKeyRef` and
 /// `secretKeyRef` resolved as a kubelet does (`status.podIP` is the sandbox's address).
 ///
 /// # Errors
@@ -591,6 +654,81 @@ mod tests {
         let paths: Vec<&str> = plan.mounts.iter().map(|m| m.path.as_str()).collect();
         assert_eq!(paths, ["/run", "/etc/slurm"], "parents first");
         assert!(matches!(&plan.mounts[1].kind, MountKind::Files(s) if s[0].default_mode == 0o600));
+    }
+
+    #[test]
+    fn init_containers_run_before_the_main_one_and_share_its_mounts() {
+        // The bundled Accounting builder's pod for a slurmdbd before 25.11, with a sidecar added.
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "slurm-accounting-0", "uid": "u", "namespace": "ns"},
+            "spec": {
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 401, "runAsGroup": 401, "fsGroup": 401},
+                "initContainers": [
+                    {"name": "logfile", "image": "alpine", "restartPolicy": "Always",
+                     "command": ["sh", "-c", "tail -F /var/log/slurm/x"],
+                     "volumeMounts": [{"name": "log", "mountPath": "/var/log/slurm"}]},
+                    {"name": "initconf", "image": "i",
+                     "command": ["sh", "-c", "install -m 0600 /mnt/slurm/* /etc/slurm/"], "args": ["x"],
+                     "securityContext": {"runAsUser": 401, "runAsGroup": 401},
+                     "volumeMounts": [{"name": "slurm-etc", "mountPath": "/mnt/slurm", "readOnly": true},
+                                      {"name": "slurm-etc-private", "mountPath": "/etc/slurm"}]},
+                    {"name": "as-root", "image": "i", "args": ["only-args"],
+                     "securityContext": {"runAsUser": 0},
+                     "volumeMounts": [{"name": "run", "mountPath": "/etc/slurm"}]}],
+                "containers": [{"name": "slurmdbd", "image": "i",
+                    "volumeMounts": [{"name": "slurm-etc-private", "mountPath": "/etc/slurm/", "readOnly": true},
+                                     {"name": "run", "mountPath": "/run"}]}],
+                "volumes": [
+                    {"name": "slurm-etc", "projected": {"defaultMode": 384, "sources": [
+                        {"secret": {"name": "slurm-accounting", "items": [{"key": "slurmdbd.conf", "path": "slurmdbd.conf"}]}}]}},
+                    {"name": "slurm-etc-private", "emptyDir": {"medium": "Memory"}},
+                    {"name": "log", "emptyDir": {}},
+                    {"name": "run", "emptyDir": {"medium": "Memory"}}]}
+        }));
+        let plan = Plan::new(&p, Role::Slurmdbd).unwrap_or_else(|| panic!("no plan"));
+        let inits: Vec<&str> = plan
+            .init_containers
+            .iter()
+            .map(|i| i.container.name.as_str())
+            .collect();
+        assert_eq!(inits, ["initconf", "as-root"], "in order, without the sidecar");
+        let initconf = &plan.init_containers[0];
+        assert!(initconf.run_as_slurm);
+        assert_eq!(
+            initconf.command(),
+            Some((
+                "sh".to_string(),
+                ["-c", "install -m 0600 /mnt/slurm/* /etc/slurm/", "x"]
+                    .map(String::from)
+                    .to_vec()
+            )),
+            "command, then args"
+        );
+        assert!(!plan.init_containers[1].run_as_slurm, "its own runAsUser 0");
+        assert_eq!(
+            plan.init_containers[1].command(),
+            None,
+            "args alone: the image's entrypoint"
+        );
+        let mounts: Vec<(&str, &str)> = plan
+            .mounts
+            .iter()
+            .map(|m| (m.path.as_str(), m.volume.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("/run", "run"),
+                ("/etc/slurm", "slurm-etc-private"),
+                ("/mnt/slurm", "slurm-etc"),
+                ("/var/log/slurm", "log")
+            ],
+            "every container's, each path once (the main container's volume first), parents first"
+        );
+        assert!(matches!(plan.mounts[1].kind, MountKind::EmptyDir));
+        assert!(
+            matches!(&plan.mounts[2].kind, MountKind::Files(s) if s[0].secret && s[0].default_mode == 0o600)
+        );
     }
 
     #[test]

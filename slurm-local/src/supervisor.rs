@@ -1,9 +1,10 @@
 //! The kubelet of the harness: one task owning the state, fed by the pod and Service watches,
 //! the processes' exits and a tick. It makes a sandbox for each of the Controller's pods once
-//! the pod is bound to a node, fills its volumes, starts its daemon (restarting it with a
-//! back-off when it exits, as a kubelet restarts a container), runs the preStop hook and
-//! SIGTERM when the pod is being deleted, and removes the sandbox once the pod is gone. It also
-//! keeps the shared `/etc/hosts` (pods and Services) and the slurmrestd and client sandboxes.
+//! the pod is bound to a node, fills its volumes, runs its init containers to completion (a
+//! failed one again, with a back-off), starts its daemon (restarting it with a back-off when it
+//! exits, as a kubelet restarts a container), runs the preStop hook and SIGTERM when the pod is
+//! being deleted, and removes the sandbox once the pod is gone. It also keeps the shared
+//! `/etc/hosts` (pods and Services) and the slurmrestd and client sandboxes.
 
 mod hosts;
 mod local_conf;
@@ -33,9 +34,9 @@ use slinky_api::Controller;
 use tokio::sync::{Mutex, mpsc};
 
 pub(crate) use process::{connects, tail};
+pub use state::RestdCommand;
 pub(crate) use state::{Attachment, RESTD_HOSTNAME, RESTD_PORT, Shared, State};
 use state::{CLIENT_HOSTNAME, Daemon, Event};
-pub use state::{RestdCommand, SlurmdbdConf};
 
 use crate::{
     error::Result,
@@ -80,7 +81,6 @@ impl Shared {
             init_restapis: None,
             accounting: None,
             init_controller_seen: None,
-            slurmdbd_conf: SlurmdbdConf::default(),
             extra_hosts: BTreeMap::new(),
             restd_command: None,
             conf: None,

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt as _, runtime::watcher};
 
 use super::{
-    process::{log_path, open_log, tail},
+    process::{init_log_path, log_path, open_log, output, tail},
     state::{Entry, Event, MAX_BACKOFF, MAX_GRACE, ProcKey, Shared, State},
 };
 use crate::{
@@ -116,6 +116,8 @@ impl Shared {
                 dir,
                 sandbox: None,
                 proc: None,
+                inits_done: 0,
+                init_proc: None,
                 restarts: 0,
                 next_start: Instant::now(),
                 backoff: Duration::from_secs(1),
@@ -165,7 +167,12 @@ impl Shared {
             }
             _ => None,
         };
-        let proc = e.proc.as_ref().map(|p| (p.pid, p.exited.clone()));
+        // The main container's process, or the init container running instead.
+        let proc = e
+            .proc
+            .as_ref()
+            .or(e.init_proc.as_ref())
+            .map(|p| (p.pid, p.exited.clone()));
         let grace = e.plan.grace.min(MAX_GRACE);
         let name = e.plan.name.clone();
         let tx = self.events.clone();
@@ -200,7 +207,7 @@ impl Shared {
 
     pub(super) fn teardown(&self, st: &mut State, uid: &str) {
         let Some(e) = st.pods.remove(uid) else { return };
-        if let Some(p) = &e.proc {
+        for p in e.proc.iter().chain(&e.init_proc) {
             sys::signal(p.pid, rustix::process::Signal::KILL);
         }
         if let Some(sb) = &e.sandbox {
@@ -236,6 +243,36 @@ impl Shared {
                 e.restarts += 1;
                 tracing::warn!(pod = %e.plan.name, %how, restart_in = ?wait, log = %e.dir.display(),
                     "{} exited; restarting it (last output: {})", e.plan.role, tail(&log_path(e)));
+            }
+            ProcKey::Init(uid) => {
+                let Some(e) = st.pods.get_mut(&uid) else { return };
+                let Some(p) = e.init_proc.take_if(|p| p.incarnation == incarnation) else {
+                    return;
+                };
+                let name = e
+                    .plan
+                    .init_containers
+                    .get(e.inits_done)
+                    .map(|i| i.container.name.clone())
+                    .unwrap_or_default();
+                if e.terminating {
+                    tracing::info!(pod = %e.plan.name, init_container = %name, %how, "init container stopped");
+                    return;
+                }
+                if status.is_some_and(|s| s.success()) {
+                    e.inits_done += 1;
+                    e.next_start = now;
+                    tracing::info!(pod = %e.plan.name, init_container = %name, "init container completed");
+                    return;
+                }
+                // As a kubelet with the pod's restartPolicy Always: the failed init container runs
+                // again after a back-off, and the main container waits.
+                let wait = e.backoff;
+                e.next_start = next(p.started, &mut e.backoff).max(now + wait);
+                let out = init_log_path(e, &name);
+                tracing::warn!(pod = %e.plan.name, init_container = %name, %how, restart_in = ?wait,
+                    log = %out.display(), "init container failed; the pod does not start, running it again (output: {})",
+                    output(&out));
             }
             ProcKey::Restd | ProcKey::Sackd => {
                 // slurmrestd stopped because its command changed: start the new one at once.

@@ -5,7 +5,7 @@ use std::{path::Path, time::Duration};
 
 use super::{
     local_conf::{cgroup_mode, conf_value, local_cgroup_conf, local_slurm_conf},
-    state::{Shared, SlurmdbdConf, State},
+    state::{Shared, State},
 };
 use crate::{
     error::{Error, Result},
@@ -26,11 +26,13 @@ impl Shared {
         } else {
             (0, 0)
         };
-        let initconf = plan.role == Role::Slurmdbd && st.slurmdbd_conf == SlurmdbdConf::InitConf;
-        let user = if plan.run_as_slurm { self.slurm_ids } else { (0, 0) };
         // The volumes' files first: a missing ConfigMap or Secret keeps the pod waiting.
-        let mut files: Vec<(String, Vec<File>, (u32, u32))> = Vec::new();
+        let mut files: Vec<(String, Vec<File>)> = Vec::new();
         let mut mounts = Vec::new();
+        if plan.mounts.iter().any(|m| under_mnt(&m.path)) {
+            // The sandbox's own /mnt (empty, as in an image) for mount points below it.
+            mounts.push((MNT.to_string(), Source::Tmpfs));
+        }
         for m in &plan.mounts {
             if !mountable(&m.path) {
                 tracing::debug!(pod = %plan.name, path = %m.path, "not mounted: outside the sandbox's own directories and absent here");
@@ -39,20 +41,13 @@ impl Shared {
             match &m.kind {
                 MountKind::Files(sources) => {
                     let mut fs = podspec::files(&a.client, &a.namespace, sources).await?;
-                    if initconf && m.path == "/etc/slurm" {
-                        // What Slinky's initconf container made of the mounted files.
-                        initconf_modes(&mut fs);
-                        files.push((m.path.clone(), fs, user));
-                        mounts.push((m.path.clone(), Source::Tmpfs));
-                        continue;
-                    }
                     if plan.fs_group {
                         // A kubelet makes the files of a read-only volume group-readable for fsGroup.
                         for f in &mut fs {
                             f.mode |= 0o040;
                         }
                     }
-                    files.push((m.path.clone(), fs, owner));
+                    files.push((m.path.clone(), fs));
                     mounts.push((m.path.clone(), Source::Tmpfs));
                 }
                 MountKind::EmptyDir => {
@@ -82,9 +77,6 @@ impl Shared {
         };
         let sb = Sandbox::create(&self.net, &spec).await?;
         let result = self.fill_sandbox(st, &sb, &plan, &files, owner);
-        if result.is_ok() && plan.role == Role::Slurmdbd {
-            tracing::info!(pod = %plan.name, mode = ?st.slurmdbd_conf, "slurmdbd's /etc/slurm is filled");
-        }
         if let Err(err) = result {
             sb.destroy(&self.net);
             return Err(err);
@@ -104,11 +96,11 @@ impl Shared {
         st: &mut State,
         sb: &Sandbox,
         plan: &Plan,
-        files: &[(String, Vec<File>, (u32, u32))],
+        files: &[(String, Vec<File>)],
         owner: (u32, u32),
     ) -> Result<()> {
-        for (dir, fs, file_owner) in files {
-            sb.write_files(dir, fs, *file_owner)?;
+        for (dir, fs) in files {
+            sb.write_files(dir, fs, owner)?;
         }
         if plan.role != Role::Slurmctld {
             return Ok(());
@@ -200,23 +192,21 @@ impl Shared {
     }
 }
 
-/// The modes Slinky's `initconf` container (slurm-operator v0.4, for Slurm before 25.11) gave
-/// the files it copied into slurmdbd's `/etc/slurm`: `*.conf` 0644, `slurmdbd.conf` and `*.key`
-/// 0600 (other files keep their mode).
-fn initconf_modes(files: &mut [File]) {
-    for f in files {
-        let name = f.path.rsplit('/').next().unwrap_or_default();
-        if name == "slurmdbd.conf" || name.ends_with(".key") {
-            f.mode = 0o600;
-        } else if name.ends_with(".conf") {
-            f.mode = 0o644;
-        }
-    }
+/// Where a sandbox whose pod mounts a volume below it gets a tmpfs of its own (Slinky's
+/// `initconf` containers read the projected files at `/mnt/slurm`).
+const MNT: &str = "/mnt";
+
+fn under_mnt(path: &str) -> bool {
+    path.strip_prefix(MNT).is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// Whether a mount at `path` can be made: inside the sandbox's own tmpfs (`/run`, `/var/spool`,
-/// `/etc/slurm`), at `/var/log/slurm` (made here when missing), or over a directory that exists.
+/// `/etc/slurm`, and `/mnt` when something is mounted below it), at `/var/log/slurm` (made here
+/// when missing), or over a directory that exists.
 fn mountable(path: &str) -> bool {
+    if under_mnt(path) {
+        return true;
+    }
     let own = ["/run", "/var/spool", "/etc/slurm"];
     if own
         .iter()
@@ -275,30 +265,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn initconf_makes_slurmdbd_conf_and_keys_private() {
-        let file = |path: &str| File {
-            path: path.into(),
-            data: Vec::new(),
-            mode: 0o640,
-        };
-        let mut fs = vec![
-            file("slurmdbd.conf"),
-            file("slurm.key"),
-            file("jwt.key"),
-            file("other.conf"),
-            file("jwks.json"),
-        ];
-        initconf_modes(&mut fs);
-        let modes: Vec<u32> = fs.iter().map(|f| f.mode).collect();
-        assert_eq!(modes, [0o600, 0o600, 0o600, 0o644, 0o640]);
-    }
-
-    #[test]
     fn mounts_stay_inside_or_exist() {
         assert!(mountable("/run/slurmctld"));
         assert!(mountable("/var/spool/slurmctld/x"));
         assert!(mountable("/etc/slurm"));
         assert!(!mountable("/etc/slurmx"));
         assert!(!mountable("/no/such/dir/anywhere"));
+        assert!(mountable("/mnt/slurm"), "the sandbox's own /mnt");
+        assert!(!mountable("/mntx/slurm"));
     }
 }

@@ -81,6 +81,24 @@ pub(crate) fn log_path(e: &Entry) -> PathBuf {
     e.dir.join(format!("{}.out", e.plan.container.name))
 }
 
+/// The output file of a pod's init container `name` (its latest run: each run starts it afresh,
+/// as a kubelet keeps a container's current log).
+pub(crate) fn init_log_path(e: &Entry, name: &str) -> PathBuf {
+    e.dir.join(format!("init-{name}.out"))
+}
+
+/// A file's text, trimmed, at most its last 2,000 bytes (an init container's output: its file
+/// holds its latest run only).
+pub(crate) fn output(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = text.trim();
+    let mut start = text.len().saturating_sub(2000);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
+}
+
 /// The last lines of a file, on one line.
 pub(crate) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

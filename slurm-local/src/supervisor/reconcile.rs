@@ -6,11 +6,11 @@ use std::{collections::BTreeSet, net::SocketAddr, time::Instant};
 use super::{
     hosts::write_in_place,
     local_conf::conf_value,
-    process::{connects, log_path, spawn},
+    process::{connects, init_log_path, log_path, spawn},
     state::{CONF_SERVER_WAIT, MAX_BACKOFF, ProcKey, RESTD_PORT, RestdCommand, Shared, State},
 };
 use crate::{
-    error::Result,
+    error::{Error, Result},
     podspec::{self, Role},
     sandbox::User,
     sys,
@@ -33,7 +33,13 @@ impl Shared {
                 self.note(st, &uid, result);
                 continue;
             }
-            if e.sandbox.is_some() && e.proc.is_none() && !e.held {
+            if e.sandbox.is_some() && e.proc.is_none() && e.init_proc.is_none() && !e.held {
+                if e.inits_done < e.plan.init_containers.len() {
+                    // As a kubelet: the init containers, one at a time, before the main one.
+                    let result = self.start_init(st, &uid).await;
+                    self.note(st, &uid, result);
+                    continue;
+                }
                 let wait = match (&e.plan.role, &e.plan.conf_server) {
                     (Role::Slurmd, Some(server)) if !reachable.contains(server) => {
                         let since = e.waiting_since.unwrap_or(now);
@@ -99,6 +105,60 @@ impl Shared {
             }
         }
         ok
+    }
+
+    /// Start the pod's next init container in its sandbox: its `command` and `args`, as its user
+    /// (the local `slurm` for a non-root `runAsUser`, else root), with its environment, its
+    /// output in its own file; its exit comes as [`ProcKey::Init`].
+    async fn start_init(&self, st: &mut State, uid: &str) -> Result<()> {
+        let Some(client) = st.attached.as_ref().map(|a| a.client.clone()) else {
+            return Ok(());
+        };
+        st.incarnation += 1;
+        let incarnation = st.incarnation;
+        let host_ip = self.net.addr(1).to_string();
+        let Some(e) = st.pods.get_mut(uid) else {
+            return Ok(());
+        };
+        let Some(sb) = &e.sandbox else { return Ok(()) };
+        let Some(init) = e.plan.init_containers.get(e.inits_done).cloned() else {
+            return Ok(());
+        };
+        let name = init.container.name.clone();
+        let Some((program, args)) = init.command() else {
+            return Err(Error::Invalid(format!(
+                "the init container {name} of the pod {} has no command: the harness runs local \
+                 programs and does not know its image's entrypoint, so the pod does not start",
+                e.plan.name
+            )));
+        };
+        let env = podspec::env(&client, &e.pod, &init.container, &sb.ip.to_string(), &host_ip).await?;
+        let user = if init.run_as_slurm {
+            User::Slurm
+        } else {
+            User::Root
+        };
+        let log = init_log_path(e, &name);
+        if let Err(err) = std::fs::remove_file(&log)
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(log = %log.display(), error = %err, "cannot start an init container's output afresh");
+        }
+        let proc = spawn(
+            sb,
+            &self.slurm,
+            user,
+            &program,
+            &args,
+            &env,
+            &log,
+            ProcKey::Init(uid.to_string()),
+            incarnation,
+            self.events.clone(),
+        )?;
+        tracing::info!(pod = %e.plan.name, init_container = %name, pid = proc.pid, ?user, "init container started");
+        e.init_proc = Some(proc);
+        Ok(())
     }
 
     /// Start a pod's daemon in its sandbox.

@@ -55,6 +55,8 @@ pub(crate) enum Event {
 pub(crate) enum ProcKey {
     /// A pod's daemon (by UID).
     Pod(String),
+    /// A pod's running init container (by the pod's UID).
+    Init(String),
     /// slurmrestd.
     Restd,
     /// The client sandbox's sackd.
@@ -82,7 +84,13 @@ pub(crate) struct Entry {
     pub host: u8,
     pub dir: PathBuf,
     pub sandbox: Option<Sandbox>,
+    /// The main container's process.
     pub proc: Option<Proc>,
+    /// How many of the plan's init containers completed in this sandbox (the next one runs, or
+    /// the main container once all did).
+    pub inits_done: usize,
+    /// The init container running now (the `inits_done`th).
+    pub init_proc: Option<Proc>,
     pub restarts: u32,
     pub next_start: Instant,
     pub backoff: Duration,
@@ -110,22 +118,6 @@ pub struct RestdCommand {
     pub args: Vec<String>,
     /// Its environment.
     pub env: Vec<(String, String)>,
-}
-
-/// How the harness gives slurmdbd the files of its `/etc/slurm` volume (see the [crate] docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SlurmdbdConf {
-    /// As Slinky's `initconf` init container did for Slurm before 25.11 (slurm-operator
-    /// v0.4, `scripts/initconf.sh`): the files owned by the pod's user (the local `slurm`),
-    /// `slurmdbd.conf` and the keys mode 0600, other `*.conf` 0644. slurmdbd 25.05 wants exactly
-    /// that: `slurmdbd.conf` mode 0600 and owned by its `SlurmUser`.
-    #[default]
-    InitConf,
-    /// As a kubelet mounts the pod's projected volume: root's files, with an `fsGroup` group-owned
-    /// by the local `slurm` group and group-readable (`defaultMode` 0600 becomes 0640). slurmdbd
-    /// 25.05 refuses to start on it ("slurmdbd.conf file … should be 600 is 640"); Slinky mounts
-    /// it so since Slurm 25.11, which accepts 0640.
-    Kubelet,
 }
 
 /// A harness daemon that is not a pod (slurmrestd, sackd).
@@ -187,8 +179,6 @@ pub(crate) struct State {
     pub accounting: Option<String>,
     /// Whether the Controller's watch relist (since its `Init`) has shown it.
     pub(super) init_controller_seen: Option<bool>,
-    /// How slurmdbd's `/etc/slurm` is filled.
-    pub slurmdbd_conf: SlurmdbdConf,
     /// Names the sandboxes' `/etc/hosts` gives besides pods and Services
     /// ([`crate::SlurmLocal::add_host`]).
     pub extra_hosts: BTreeMap<String, Ipv4Addr>,
