@@ -61,9 +61,20 @@ fn get<'a>(objects: &'a BTreeMap<String, Value>, key: &str) -> Result<&'a Value>
         .with_context(|| format!("{key} not built: {:?}", objects.keys()))
 }
 
+/// slurmdbd 25.11, whose pod Slinky builds without a copy step.
+const IMAGE_25_11: &str = "ghcr.io/slinkyproject/slurmdbd:25.11-ubuntu24.04";
+
+fn with_image(image: &'static str) -> impl Fn(&mut Parent) {
+    move |p| {
+        if let Parent::Accounting(a) = p {
+            a.spec.slurmdbd.0["image"] = image.into();
+        }
+    }
+}
+
 #[test]
 fn slurmdbds_statefulset_service_and_conf_match_slinky_field_by_field() -> Result<()> {
-    let objects = build(|_| {})?;
+    let objects = build(with_image(IMAGE_25_11))?;
     let selector = json!({"app.kubernetes.io/name": "slurmdbd", "app.kubernetes.io/instance": "slurm"});
     let labels = json!({"app.kubernetes.io/name": "slurmdbd", "app.kubernetes.io/instance": "slurm",
         "app.kubernetes.io/component": "accounting", "app.kubernetes.io/part-of": "slurm"});
@@ -110,7 +121,8 @@ fn slurmdbds_statefulset_service_and_conf_match_slinky_field_by_field() -> Resul
     );
     let c = &pod["containers"][0];
     assert_eq!(c["name"], "slurmdbd");
-    assert_eq!(c["image"], "ghcr.io/slinkyproject/slurmdbd:25.05-ubuntu24.04");
+    assert_eq!(c["image"], IMAGE_25_11);
+    assert_eq!(pod["initContainers"], Value::Null, "no copy step from 25.11");
     assert_eq!(
         c["ports"],
         json!([{"name": "slurmdbd", "containerPort": 6819, "protocol": "TCP"}])
@@ -156,6 +168,42 @@ fn slurmdbds_statefulset_service_and_conf_match_slinky_field_by_field() -> Resul
         !conf.contains("change-me"),
         "the password reached a builder's output: {conf}"
     );
+    Ok(())
+}
+
+/// slurmdbd before 25.11 refuses a `slurmdbd.conf` that is not mode 0600 and owned by SlurmUser,
+/// which a kubelet's Secret volume never is (root-owned, group fsGroup): its files are copied into
+/// memory by `initconf` first (as Slinky did before 25.11), and slurmdbd reads the copies. A tag
+/// that names no release gets the copy too (harmless to a newer slurmdbd).
+#[test]
+fn slurmdbd_before_25_11_reads_private_copies_of_its_files() -> Result<()> {
+    for image in [
+        "ghcr.io/slinkyproject/slurmdbd:25.05-ubuntu24.04",
+        "registry.example/slurmdbd:latest",
+    ] {
+        let objects = build(with_image(image))?;
+        let pod = &get(&objects, &format!("StatefulSet/{KEY}"))?["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["initContainers"],
+            json!([{"name": "initconf", "image": image,
+                "command": ["sh", "-c", "install -m 0600 /mnt/slurm/* /etc/slurm/"],
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 401, "runAsGroup": 401},
+                "volumeMounts": [{"name": "slurm-etc", "mountPath": "/mnt/slurm", "readOnly": true},
+                                 {"name": "slurm-etc-private", "mountPath": "/etc/slurm"}]}]),
+            "{image}"
+        );
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"],
+            json!([{"name": "slurm-etc-private", "mountPath": "/etc/slurm", "readOnly": true},
+                   {"name": "run", "mountPath": "/run"}]),
+            "{image}"
+        );
+        assert_eq!(
+            pod["volumes"][2],
+            json!({"name": "slurm-etc-private", "emptyDir": {"medium": "Memory"}}),
+            "{image}"
+        );
+    }
     Ok(())
 }
 

@@ -516,7 +516,8 @@ async fn a_controller_setting_every_field_loads_and_agrees() -> Result<()> {
 
 /// With `accountingRef`, slurmctld loads the generated files, then waits for the Accounting's
 /// slurmdbd (`Retrying initial connection to slurmdbd`, `Still don't know my ClusterID`): a new
-/// cluster with accounting needs slurmdbd before it serves, which this harness does not run.
+/// cluster with accounting needs slurmdbd before it serves, and no Accounting `full` runs one here
+/// (`tests/slurm_accounting.rs` runs the example's, with a database).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_accounting_reference_slurmctld_loads_then_waits_for_slurmdbd() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {

@@ -19,10 +19,51 @@ pub struct Metrics {
     /// Expose OpenMetrics from slurmctld.
     #[serde(default)]
     pub enabled: bool,
-    /// ServiceMonitor settings (passed through).
+    /// A Prometheus Operator ServiceMonitor scraping slurmctld's metrics (with `enabled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "wrappers::preserve_unknown")]
-    pub service_monitor: Option<serde_json::Value>,
+    pub service_monitor: Option<ServiceMonitor>,
+}
+
+/// A Prometheus Operator ServiceMonitor for slurmctld's metrics (Slinky's `ServiceMonitor`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceMonitor {
+    /// Build the ServiceMonitor `<controller>-controller` (needs `metrics.enabled` and the
+    /// Prometheus Operator's CRDs).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Labels of the ServiceMonitor (a Prometheus selects ServiceMonitors by them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the ServiceMonitor.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// How often Prometheus scrapes (a Prometheus duration, e.g. `30s`; its global default when
+    /// empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    /// When a scrape times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_timeout: Option<String>,
+    /// The paths to scrape (default: slurmctld's `/metrics/jobs`, `/metrics/nodes`,
+    /// `/metrics/partitions`, `/metrics/scheduler`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "endpoints")]
+    pub metric_endpoints: Vec<MetricEndpoint>,
+}
+
+/// One metrics path of slurmctld to scrape.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricEndpoint {
+    /// The HTTP path.
+    #[serde(default)]
+    pub path: String,
+    /// Its scrape interval (the ServiceMonitor's when empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    /// Its scrape timeout (the ServiceMonitor's when empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_timeout: Option<String>,
 }
 
 /// An external daemon's address.

@@ -49,7 +49,8 @@ pub use accounting::{
     SLURMDBD_CONF, SLURMDBD_PORT, StorageConfig, accounting_key,
 };
 pub use controller::{
-    Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, Metrics, Persistence,
+    Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, MetricEndpoint, Metrics,
+    Persistence, ServiceMonitor,
 };
 pub use loginset::{LOGIN_SSH_PORT, LoginSet, LoginSetSpec, LoginSetStatus, SSH_HOST_KEY_FILES};
 pub use nodeset::{

@@ -899,6 +899,55 @@ async fn version_is_kube_apiserver_1_28() -> Result<()> {
     Ok(())
 }
 
+/// A request for a group the server does not serve (a CRD not installed) gets kube-apiserver's
+/// plain-text `404 page not found`, not a Status; an unknown version or resource of a served
+/// group gets a NotFound Status. Clients must treat both as "not served" (kube-rs' `get_opt`
+/// returns an error for the first, not `None`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unserved_groups_get_a_plain_404_and_unknown_resources_a_status() -> Result<()> {
+    use http_body_util::BodyExt;
+    let c = TestCluster::start().await;
+    for (path, plain) in [
+        (
+            "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/x",
+            true,
+        ),
+        ("/apis/monitoring.coreos.com/v1", true),
+        ("/apis/monitoring.coreos.com", true),
+        ("/apis/apps/v9/namespaces/default/deployments/x", false),
+        ("/apis/apps/v1/namespaces/default/foos/x", false),
+        ("/api/v1/namespaces/default/foos/x", false),
+    ] {
+        let response = c
+            .client
+            .send(http::Request::get(path).body(kube::client::Body::empty())?)
+            .await?;
+        ensure!(response.status() == 404, "{path}: {}", response.status());
+        let media = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = response.into_body().collect().await?.to_bytes();
+        let body = String::from_utf8_lossy(&body).to_string();
+        if plain {
+            ensure!(media.starts_with("text/plain"), "{path}: {media}");
+            ensure!(body.trim_end() == "404 page not found", "{path}: {body}");
+        } else {
+            ensure!(media == "application/json", "{path}: {media}");
+            let status: serde_json::Value = serde_json::from_str(&body)?;
+            ensure!(
+                status["kind"] == "Status"
+                    && status["reason"] == "NotFound"
+                    && status["message"] == "the server could not find the requested resource",
+                "{path}: {status}"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_without_the_token_are_unauthorized() -> Result<()> {
     let c = TestCluster::start().await;

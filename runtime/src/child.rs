@@ -25,17 +25,21 @@ pub enum ChildKind {
     StatefulSet,
     /// `apps/v1 Deployment`.
     Deployment,
+    /// `monitoring.coreos.com/v1 ServiceMonitor` (the Prometheus Operator's: a Controller's
+    /// metrics; not cached, since the kind may not be served).
+    ServiceMonitor,
 }
 
 impl ChildKind {
     /// Every kind, in apply order.
-    pub const ALL: [ChildKind; 6] = [
+    pub const ALL: [ChildKind; 7] = [
         ChildKind::ConfigMap,
         ChildKind::Secret,
         ChildKind::Service,
         ChildKind::PodDisruptionBudget,
         ChildKind::StatefulSet,
         ChildKind::Deployment,
+        ChildKind::ServiceMonitor,
     ];
 
     /// `apiVersion`.
@@ -44,6 +48,7 @@ impl ChildKind {
             ChildKind::ConfigMap | ChildKind::Secret | ChildKind::Service => "v1",
             ChildKind::PodDisruptionBudget => "policy/v1",
             ChildKind::StatefulSet | ChildKind::Deployment => "apps/v1",
+            ChildKind::ServiceMonitor => "monitoring.coreos.com/v1",
         }
     }
 
@@ -56,6 +61,7 @@ impl ChildKind {
             ChildKind::PodDisruptionBudget => "PodDisruptionBudget",
             ChildKind::StatefulSet => "StatefulSet",
             ChildKind::Deployment => "Deployment",
+            ChildKind::ServiceMonitor => "ServiceMonitor",
         }
     }
 
@@ -68,6 +74,7 @@ impl ChildKind {
             ChildKind::PodDisruptionBudget => "poddisruptionbudgets",
             ChildKind::StatefulSet => "statefulsets",
             ChildKind::Deployment => "deployments",
+            ChildKind::ServiceMonitor => "servicemonitors",
         }
     }
 

@@ -94,6 +94,9 @@ pub enum Error {
         /// The pods that are run.
         known: String,
     },
+    /// An argument the harness cannot use.
+    #[error("{0}")]
+    Invalid(String),
     /// Nothing to run a command against yet.
     #[error("{0}")]
     NotReady(String),

@@ -13,8 +13,9 @@ use std::{
 
 use crate::{
     error::{Error, Result},
+    mariadb::MariaDb,
     net::{self, STATE_DIR},
-    supervisor::{self, Attachment, Shared},
+    supervisor::{self, Attachment, Shared, SlurmdbdConf},
     sys,
 };
 
@@ -38,6 +39,7 @@ const BUILD_FILES: &[&str] = &[
 pub struct SlurmLocal {
     pub(crate) shared: Arc<Shared>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    mariadb: tokio::sync::Mutex<Option<Arc<MariaDb>>>,
     down: AtomicBool,
 }
 
@@ -104,6 +106,7 @@ impl SlurmLocal {
         Ok(SlurmLocal {
             shared,
             tasks: std::sync::Mutex::new(vec![task]),
+            mariadb: tokio::sync::Mutex::new(None),
             down: AtomicBool::new(false),
         })
     }
@@ -174,6 +177,57 @@ impl SlurmLocal {
     pub fn work_dir(&self) -> &Path {
         &self.shared.net.dir
     }
+
+    /// The bridge's own address (`10.x.y.1`): the root network namespace as the sandboxes reach
+    /// it (where [`start_mariadb`](Self::start_mariadb) listens).
+    pub fn bridge_addr(&self) -> std::net::Ipv4Addr {
+        self.shared.net.addr(1)
+    }
+
+    /// Give every sandbox's `/etc/hosts` the name `name` for `addr` from now on (an
+    /// Accounting's `storageConfig.host`, naming [`start_mariadb`](Self::start_mariadb)'s
+    /// address); a later call for the same name replaces its address.
+    ///
+    /// # Errors
+    /// A name `/etc/hosts` cannot hold (empty, with whitespace or `#`), the file cannot be
+    /// written, or shut down.
+    pub async fn add_host(&self, name: &str, addr: std::net::Ipv4Addr) -> Result<()> {
+        let mut st = self.shared.state.lock().await;
+        if st.shut {
+            return Err(Error::ShutDown);
+        }
+        self.shared.add_host(&mut st, name, addr)?;
+        tracing::info!(name, %addr, "a host name for the sandboxes");
+        Ok(())
+    }
+
+    /// How slurmdbd's `/etc/slurm` is filled from its pod's projected volume for sandboxes made
+    /// from now on ([`SlurmdbdConf::InitConf`] unless set).
+    pub async fn set_slurmdbd_conf(&self, mode: SlurmdbdConf) {
+        self.shared.state.lock().await.slurmdbd_conf = mode;
+    }
+
+    /// Start a private MariaDB (Debian's `mariadb-server`) for slurmdbd on a free port of
+    /// [`bridge_addr`](Self::bridge_addr), in a fresh data directory; stopped by
+    /// [`shutdown`](Self::shutdown) after the daemons, removed with the harness. Create the
+    /// Accounting's database user with [`MariaDb::create_user`] and name it with
+    /// [`add_host`](Self::add_host).
+    ///
+    /// # Errors
+    /// MariaDB is not installed ([`crate::mariadb_usable`]), one already runs, or it does not
+    /// start (its log in the message).
+    pub async fn start_mariadb(&self) -> Result<Arc<MariaDb>> {
+        let mut slot = self.mariadb.lock().await;
+        if self.down.load(Ordering::SeqCst) {
+            return Err(Error::ShutDown);
+        }
+        if slot.is_some() {
+            return Err(Error::Invalid("this harness already runs a MariaDB".into()));
+        }
+        let db = Arc::new(MariaDb::start(&net::mariadb_dir(&self.shared.net.id), self.bridge_addr()).await?);
+        *slot = Some(db.clone());
+        Ok(db)
+    }
     /// Stop everything: SIGTERM every daemon, SIGKILL what is left after 3 s, remove the
     /// namespaces, the bridge and the work directory (kept under `kept-<id>` with
     /// `SLINKY_SLURM_LOCAL_KEEP=1`). Also done, without the wait, when the harness is dropped.
@@ -200,6 +254,9 @@ impl SlurmLocal {
             let _ = rx.wait_for(|x| *x).await;
         }));
         let _ = tokio::time::timeout(Duration::from_secs(3), wait).await;
+        if let Some(db) = self.mariadb.lock().await.take() {
+            db.stop().await;
+        }
         self.destroy();
         tracing::info!(bridge = %self.shared.net.bridge, "local Slurm harness shut down");
     }

@@ -14,7 +14,23 @@
 //! real slurmrestd judges what the `restapi-children` builder makes; a changed Deployment
 //! restarts it), else as Slinky's RestApi runs it (`SLURM_JWT=daemon`, `rest_auth/jwt`, `-s
 //! openapi/slurmctld` without accounting). And a client sandbox with `sackd` where
-//! [`SlurmLocal::exec`] runs `scontrol`, `sinfo`, `sbatch`, `squeue`, `srun`.
+//! [`SlurmLocal::exec`] runs `scontrol`, `sinfo`, `sbatch`, `squeue`, `srun`, `sacct`,
+//! `sacctmgr`.
+//!
+//! Accounting: when the Controller's `spec.accountingRef` names an Accounting, the harness also
+//! runs that Accounting's slurmdbd pod (`app.kubernetes.io/name=slurmdbd`,
+//! `app.kubernetes.io/instance=<accounting>`): `slurmdbd -D` (Slinky's image runs `tini -g --
+//! slurmdbd -D`) plus the container's args, as the local `slurm` user when its securityContext
+//! runs it as non-root, in its own sandbox with the pod's `/etc/slurm` and `/run`, restarted
+//! with the same back-off, and named in `/etc/hosts` by its pod name and, through the Services
+//! mechanism, by its Service (`<accounting>-accounting`, slurmctld's `AccountingStorageHost`).
+//! slurmctld registers the cluster itself on its first connection (Slurm 25.05 adds a cluster it
+//! does not know; no `sacctmgr add cluster`). The database is the caller's:
+//! [`SlurmLocal::start_mariadb`] starts a private `mariadbd` (Debian's `mariadb-server`, as
+//! `mysql`, a fresh data directory) on a free port of the bridge's address, [`MariaDb::create_user`]
+//! makes the Accounting's database user, and [`SlurmLocal::add_host`] names it as the
+//! Accounting's `storageConfig.host` in every sandbox. [`accounting_usable`] says whether all that
+//! can run here.
 //!
 //! ```no_run
 //! # async fn demo(client: kube::Client) -> Result<(), slinky_slurm_local::Error> {
@@ -54,9 +70,21 @@
 //!   killed primary slurmctld hands `SlurmctldAddr` to the backup).
 //! - slurmrestd and the client keep the `/etc/slurm` of the latest slurmctld sandbox (files
 //!   rewritten, daemons not restarted).
+//! - slurmdbd's `/etc/slurm` is filled as Slinky's `initconf` init container filled it for Slurm
+//!   before 25.11 (slurm-operator v0.4's `initconf.sh`: the projected files copied into an
+//!   emptyDir, owned by `slurm`, `slurmdbd.conf` and the keys mode 0600, other `*.conf` 0644),
+//!   not as a kubelet mounts the projected volume: with `defaultMode` 0600 and `fsGroup` 401 a
+//!   kubelet makes `slurmdbd.conf` root's, group 401, mode 0640, and slurmdbd 25.05 refuses it
+//!   (`slurmdbd.conf file … should be 600 is 640`; it also wants it owned by its `SlurmUser`).
+//!   Slinky dropped `initconf` when Slurm 25.11 accepted 0640, and mounts the volume directly,
+//!   as the builder here does. [`SlurmLocal::set_slurmdbd_conf`] with
+//!   [`SlurmdbdConf::Kubelet`] mounts it as a kubelet does instead.
 //!
 //! Needs root, `ip` (iproute2), `nsenter`, `unshare` and `setpriv` (util-linux), the users
-//! `slurm` and `nobody`, and a Slurm build readable by them. Leftovers of a crashed run (its
+//! `slurm` and `nobody`, and a Slurm build readable by them; for accounting, a build with
+//! slurmdbd's `accounting_storage/mysql` plugin (configured with `libmariadb-dev`) and Debian's
+//! `mariadb-server`. MariaDB's directory is `/var/lib/slinky-slurm-local/mariadb-<id>`, removed
+//! (and a `mariadbd` left running killed) with the harness's. Leftovers of a crashed run (its
 //! bridge, namespaces and processes) are removed by the next harness that starts; set
 //! `SLINKY_SLURM_LOCAL_KEEP=1` to keep a run's work directory (logs) under
 //! `/var/lib/slinky-slurm-local/kept-<id>`.
@@ -64,6 +92,7 @@ mod client_commands;
 mod daemon_control;
 mod error;
 mod harness;
+mod mariadb;
 mod net;
 mod pod_status;
 mod podspec;
@@ -76,10 +105,11 @@ use std::path::PathBuf;
 pub use client_commands::Node;
 pub use error::{Error, Result};
 pub use harness::SlurmLocal;
+pub use mariadb::{MariaDb, usable as mariadb_usable};
 pub use net::STATE_DIR;
 pub use pod_status::PodProcess;
 pub use podspec::Role;
-pub use supervisor::RestdCommand;
+pub use supervisor::{RestdCommand, SlurmdbdConf};
 
 /// Where a Slurm build is looked for: `$REALSLURM_DIR`, then `~/.cache/realslurm`, then
 /// `~/realslurm` (the first holding `sbin/slurmctld`).
@@ -122,4 +152,35 @@ pub fn usable() -> std::result::Result<PathBuf, String> {
         return Err(Error::NotRoot { uid }.to_string());
     }
     Ok(slurm)
+}
+
+/// The files of a Slurm build that accounting needs: slurmdbd, the MySQL/MariaDB storage plugin
+/// and the accounting clients.
+const ACCOUNTING_FILES: &[&str] = &[
+    "sbin/slurmdbd",
+    "bin/sacct",
+    "bin/sacctmgr",
+    "lib/slurm/accounting_storage_mysql.so",
+];
+
+/// Whether slurmdbd can run here on the build `slurm` ([`usable`]'s): the build has slurmdbd and
+/// its MySQL plugin, and MariaDB is installed ([`mariadb_usable`]). What a test prints when it
+/// skips.
+///
+/// # Errors
+/// The reason, as one line.
+pub fn accounting_usable(slurm: &std::path::Path) -> std::result::Result<(), String> {
+    if let Some(missing) = ACCOUNTING_FILES.iter().find(|f| !slurm.join(f).is_file()) {
+        let why = if missing.ends_with("accounting_storage_mysql.so") {
+            "Slurm's configure found no MySQL/MariaDB client library: apt-get install libmariadb-dev \
+             libmariadb-dev-compat, remove the build and run ../shared/tools/realslurm/setup.sh again"
+        } else {
+            "run ../shared/tools/realslurm/setup.sh again"
+        };
+        return Err(format!(
+            "the Slurm build in {} has no {missing}: {why}",
+            slurm.display()
+        ));
+    }
+    mariadb_usable()
 }

@@ -198,6 +198,12 @@ fn remove_netns(ns: &str) {
     let _ = sys::run_sync("ip", &["netns", "del", ns]);
 }
 
+/// The directory of harness `id`'s MariaDB (not under its work directory, which only root may
+/// enter: `mariadbd` runs as `mysql`).
+pub(crate) fn mariadb_dir(id: &str) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("mariadb-{id}"))
+}
+
 /// Remove everything of harness `id`.
 fn cleanup(id: &str) {
     let prefix = format!("slinky-{id}-");
@@ -206,6 +212,18 @@ fn cleanup(id: &str) {
     }
     let _ = sys::run_sync("ip", &["link", "del", &format!("slinky-{id}")]);
     let _ = std::fs::remove_dir_all(Path::new(STATE_DIR).join(id));
+    // A MariaDB left running (its harness died without killing it) goes too.
+    let db = mariadb_dir(id);
+    let pid = std::fs::read_to_string(db.join("mariadbd.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<u32>().ok());
+    if let Some(pid) = pid {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "mariadbd" {
+            sys::signal(pid, rustix::process::Signal::KILL);
+        }
+    }
+    let _ = std::fs::remove_dir_all(db);
 }
 
 /// Whether `s` is a harness id (eight lowercase hex digits).
@@ -237,6 +255,7 @@ fn clean_stale() {
         ids.extend(
             dir.flatten()
                 .filter_map(|e| e.file_name().to_str().map(str::to_string))
+                .map(|n| n.strip_prefix("mariadb-").map(str::to_string).unwrap_or(n))
                 .filter(|n| is_id(n)),
         );
     }

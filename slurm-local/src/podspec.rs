@@ -19,6 +19,9 @@ pub enum Role {
     Slurmctld,
     /// A NodeSet's worker pod (`app.kubernetes.io/name=slurmd`).
     Slurmd,
+    /// The slurmdbd pod of the Accounting the Controller's `spec.accountingRef` names
+    /// (`app.kubernetes.io/name=slurmdbd`).
+    Slurmdbd,
 }
 
 impl Role {
@@ -27,6 +30,7 @@ impl Role {
         match self {
             Role::Slurmctld => "slurmctld",
             Role::Slurmd => "slurmd",
+            Role::Slurmdbd => "slurmdbd",
         }
     }
 }
@@ -38,15 +42,21 @@ impl std::fmt::Display for Role {
 }
 
 /// The role of `pod` in the cluster of `controller`, if it is one of its Slurm pods: a slurmctld
-/// pod labelled `app.kubernetes.io/instance=<controller>`, or a worker pod labelled
-/// `slinky.slurm.net/cluster=<controller>`.
-pub(crate) fn role_of(pod: &Pod, controller: &str) -> Option<Role> {
+/// pod labelled `app.kubernetes.io/instance=<controller>`, a worker pod labelled
+/// `slinky.slurm.net/cluster=<controller>`, or the slurmdbd pod of its Accounting `accounting`
+/// (`app.kubernetes.io/name=slurmdbd`, `app.kubernetes.io/instance=<accounting>`).
+pub(crate) fn role_of(pod: &Pod, controller: &str, accounting: Option<&str>) -> Option<Role> {
     let l = pod.metadata.labels.as_ref()?;
     let is = |k: &str, v: &str| l.get(k).is_some_and(|x| x == v);
     if is(keys::LABEL_NAME, labels::CONTROLLER.name) && is(keys::LABEL_INSTANCE, controller) {
         Some(Role::Slurmctld)
     } else if is(keys::LABEL_NAME, labels::WORKER.name) && is(keys::LABEL_CLUSTER, controller) {
         Some(Role::Slurmd)
+    } else if let Some(acct) = accounting
+        && is(keys::LABEL_NAME, labels::ACCOUNTING.name)
+        && is(keys::LABEL_INSTANCE, acct)
+    {
+        Some(Role::Slurmdbd)
     } else {
         None
     }
@@ -532,8 +542,8 @@ mod tests {
                     {"name": "log", "emptyDir": {}},
                     {"name": "bad", "emptyDir": {}}]}
         }));
-        assert_eq!(role_of(&p, "slurm"), Some(Role::Slurmd));
-        assert_eq!(role_of(&p, "other"), None);
+        assert_eq!(role_of(&p, "slurm", None), Some(Role::Slurmd));
+        assert_eq!(role_of(&p, "other", Some("slurm")), None);
         let plan = Plan::new(&p, Role::Slurmd).unwrap_or_else(|| panic!("no plan"));
         assert_eq!(plan.hostname, "w0");
         assert_eq!(plan.container.name, "slurmd");
@@ -555,6 +565,32 @@ mod tests {
         );
         assert_eq!(field(&p, "metadata.annotations['missing']", "", ""), "");
         assert_eq!(field(&p, "status.podIP", "10.0.0.9", ""), "10.0.0.9");
+    }
+
+    #[test]
+    fn the_slurmdbd_pod_of_the_controllers_accounting_reads_as_slurmdbd() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "slurm-accounting-0", "uid": "u", "namespace": "ns",
+                "labels": {"app.kubernetes.io/name": "slurmdbd", "app.kubernetes.io/instance": "slurm"}},
+            "spec": {"hostname": "slurm-accounting-0", "subdomain": "slurm-accounting",
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 401, "runAsGroup": 401, "fsGroup": 401},
+                "containers": [{"name": "slurmdbd", "image": "i",
+                    "volumeMounts": [{"name": "slurm-etc", "mountPath": "/etc/slurm", "readOnly": true},
+                                     {"name": "run", "mountPath": "/run"}]}],
+                "volumes": [
+                    {"name": "slurm-etc", "projected": {"defaultMode": 384, "sources": [
+                        {"secret": {"name": "slurm-accounting", "items": [{"key": "slurmdbd.conf", "path": "slurmdbd.conf"}]}}]}},
+                    {"name": "run", "emptyDir": {"medium": "Memory"}}]}
+        }));
+        assert_eq!(role_of(&p, "slurm", Some("slurm")), Some(Role::Slurmdbd));
+        assert_eq!(role_of(&p, "slurm", Some("other")), None, "another Accounting's");
+        assert_eq!(role_of(&p, "slurm", None), None, "no accountingRef");
+        let plan = Plan::new(&p, Role::Slurmdbd).unwrap_or_else(|| panic!("no plan"));
+        assert_eq!(plan.hostname, "slurm-accounting-0");
+        assert!(plan.run_as_slurm && plan.fs_group);
+        let paths: Vec<&str> = plan.mounts.iter().map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, ["/run", "/etc/slurm"], "parents first");
+        assert!(matches!(&plan.mounts[1].kind, MountKind::Files(s) if s[0].default_mode == 0o600));
     }
 
     #[test]

@@ -29,16 +29,18 @@ use kube::{
     Api, Resource, ResourceExt as _,
     runtime::{WatchStreamExt as _, watcher},
 };
+use slinky_api::Controller;
 use tokio::sync::{Mutex, mpsc};
 
 pub(crate) use process::{connects, tail};
-pub use state::RestdCommand;
 pub(crate) use state::{Attachment, RESTD_HOSTNAME, RESTD_PORT, Shared, State};
 use state::{CLIENT_HOSTNAME, Daemon, Event};
+pub use state::{RestdCommand, SlurmdbdConf};
 
 use crate::{
     error::Result,
     net::{self, Network},
+    podspec,
     sandbox::{self, Sandbox, Source},
 };
 use hosts::{base_hosts, write_in_place};
@@ -70,11 +72,16 @@ impl Shared {
         let state = State {
             attached: None,
             pods: BTreeMap::new(),
+            others: BTreeMap::new(),
             services: BTreeMap::new(),
             init_pods: None,
             init_services: None,
             restapis: BTreeMap::new(),
             init_restapis: None,
+            accounting: None,
+            init_controller_seen: None,
+            slurmdbd_conf: SlurmdbdConf::default(),
+            extra_hosts: BTreeMap::new(),
             restd_command: None,
             conf: None,
             restd: Daemon::new(restd, true),
@@ -176,7 +183,24 @@ impl Shared {
                 }
             }
         });
-        vec![p, s, d]
+        let controllers = Api::<Controller>::namespaced(a.client.clone(), &a.namespace);
+        let tx = self.events.clone();
+        let c = tokio::spawn(async move {
+            let mut s = watcher(controllers, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(ev) = s.next().await {
+                match ev {
+                    Ok(ev) => {
+                        if tx.send(Event::Controller(Box::new(ev))).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "the harness's Controller watch failed; retrying"),
+                }
+            }
+        });
+        vec![p, s, d, c]
     }
 
     async fn handle(&self, st: &mut State, ev: Event) {
@@ -184,6 +208,7 @@ impl Shared {
             Event::Pod(p) => self.pod_event(st, *p),
             Event::Service(s) => named_event(&mut st.services, &mut st.init_services, *s),
             Event::Deployment(d) => named_event(&mut st.restapis, &mut st.init_restapis, *d),
+            Event::Controller(c) => self.controller_event(st, *c),
             Event::Exited {
                 key,
                 incarnation,
@@ -200,6 +225,67 @@ impl Shared {
                     tokio::spawn(finish_pod(a, name, uid));
                 }
             }
+        }
+    }
+}
+
+impl Shared {
+    /// The attached Controller's `spec.accountingRef` (its Accounting's slurmdbd pod is run).
+    fn controller_event(&self, st: &mut State, ev: watcher::Event<Controller>) {
+        let Some(name) = st.attached.as_ref().map(|a| a.controller.clone()) else {
+            return;
+        };
+        let accounting = |c: &Controller| c.spec.accounting_ref.as_ref().map(|r| r.name.clone());
+        match ev {
+            watcher::Event::Init => st.init_controller_seen = Some(false),
+            watcher::Event::InitApply(c) | watcher::Event::Apply(c) if c.name_any() == name => {
+                if let Some(seen) = st.init_controller_seen.as_mut() {
+                    *seen = true;
+                }
+                self.set_accounting(st, accounting(&c));
+            }
+            watcher::Event::InitDone => {
+                // The relist did not show the Controller: it is gone.
+                let seen = st.init_controller_seen.take();
+                if seen == Some(false) {
+                    self.set_accounting(st, None);
+                }
+            }
+            watcher::Event::Delete(c) if c.name_any() == name => self.set_accounting(st, None),
+            _ => {}
+        }
+    }
+
+    /// A new Accounting for the Controller: the slurmdbd pods of another one go (their sandboxes,
+    /// not the pods), and the namespace's other pods are looked at again, so that the new one's
+    /// slurmdbd pod is taken up.
+    fn set_accounting(&self, st: &mut State, accounting: Option<String>) {
+        if st.accounting == accounting {
+            return;
+        }
+        tracing::info!(from = ?st.accounting, to = ?accounting, "the Controller's Accounting (whose slurmdbd pod is run)");
+        st.accounting = accounting;
+        let stale: Vec<String> = st
+            .pods
+            .iter()
+            .filter(|(_, e)| e.plan.role == podspec::Role::Slurmdbd)
+            .filter(|(_, e)| {
+                let instance = e
+                    .pod
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(slinky_api::keys::LABEL_INSTANCE));
+                instance != st.accounting.as_ref()
+            })
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in stale {
+            self.pod_gone(st, &uid);
+        }
+        let others = std::mem::take(&mut st.others);
+        for pod in others.into_values() {
+            self.pod_applied(st, pod);
         }
     }
 }

@@ -241,3 +241,17 @@ pub fn slurm_or_skip() -> Option<PathBuf> {
         }
     }
 }
+
+/// The Slurm build for the tests of slurmdbd (`tests/slurm_accounting.rs`), or `None` after
+/// printing why they skip: as [`slurm_or_skip`], and the build must have slurmdbd and its MySQL
+/// plugin, and Debian's `mariadb-server` must be installed.
+pub fn slurmdbd_or_skip() -> Option<PathBuf> {
+    let slurm = slurm_or_skip()?;
+    match slinky_slurm_local::accounting_usable(&slurm) {
+        Ok(()) => Some(slurm),
+        Err(why) => {
+            eprintln!("skipping: {why}");
+            None
+        }
+    }
+}

@@ -97,6 +97,34 @@ pub(crate) fn error(e: &ApiError) -> Response<Body> {
     r
 }
 
+/// kube-apiserver's answer for a path of a group it does not serve (no CRD of that group is
+/// installed): its mux's plain-text 404, not a Status.
+fn page_not_found() -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from_static(b"404 page not found\n")).boxed());
+    *r.status_mut() = StatusCode::NOT_FOUND;
+    let headers = r.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    r
+}
+
+/// kube-apiserver's Status for an unknown version or resource of a group it serves.
+fn not_found_resource() -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// Whether any served type is of API group `group`.
+fn group_served(shared: &Shared, group: &str) -> bool {
+    shared.store.serves_group(group)
+}
+
 fn text(body: &'static str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed());
     r.headers_mut()
@@ -184,14 +212,23 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         }
         ["apis"] => return full(StatusCode::OK, group_list(&shared)),
         ["api", "v1"] => return full(StatusCode::OK, resource_list(&shared, "", "v1")),
+        ["apis", g, ..] if !group_served(&shared, g) => return page_not_found(),
+        ["apis", g] => {
+            let groups = group_list(&shared);
+            let group = groups["groups"]
+                .as_array()
+                .and_then(|gs| gs.iter().find(|x| x["name"] == *g))
+                .cloned()
+                .unwrap_or_default();
+            let mut group = group;
+            group["kind"] = "APIGroup".into();
+            group["apiVersion"] = "v1".into();
+            return full(StatusCode::OK, group);
+        }
         ["apis", g, v] => {
             let list = resource_list(&shared, g, v);
             if list["resources"].as_array().is_some_and(|r| r.is_empty()) {
-                return error(&ApiError::new(
-                    404,
-                    "NotFound",
-                    format!("the server could not find the requested resource ({g}/{v})"),
-                ));
+                return error(&not_found_resource());
             }
             return full(StatusCode::OK, list);
         }
@@ -229,25 +266,14 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
         _ => {}
     }
     let Some(target) = parse_target(&segs) else {
-        return error(&ApiError::new(
-            404,
-            "NotFound",
-            format!("the server could not find the requested resource ({path})"),
-        ));
+        return error(&not_found_resource());
     };
     record(&shared, &req, &target, &query);
     let Some(rt) = shared
         .store
         .find_type(&target.group, &target.version, &target.plural)
     else {
-        return error(&ApiError::new(
-            404,
-            "NotFound",
-            format!(
-                "the server could not find the requested resource ({}/{} {})",
-                target.group, target.version, target.plural
-            ),
-        ));
+        return error(&not_found_resource());
     };
     match serve_resource(&shared, req, &rt, target, &query).await {
         Ok(r) => r,

@@ -169,6 +169,11 @@ impl Store {
         self.lock().types.values().cloned().collect()
     }
 
+    /// Whether any served type is of API group `group`.
+    pub fn serves_group(&self, group: &str) -> bool {
+        self.lock().types.values().any(|t| t.group == group)
+    }
+
     /// Find a served type by group, version and plural.
     pub fn find_type(&self, group: &str, version: &str, plural: &str) -> Option<ResourceType> {
         self.lock()

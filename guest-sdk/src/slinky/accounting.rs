@@ -6,8 +6,11 @@
 //! `spec.storageConfig.passwordKeyRef` ([`secret_refs::slurm_placeholder`]) and the host writes the
 //! value into the Secret, escaped for Slurm's parser. Differences from Slinky, deliberate: the pod
 //! template carries `spec.template.metadata` (Slinky's slurmdbd pods drop the template's labels and
-//! annotations, which its other components keep), and a password with `#` or a space is written
-//! so slurmdbd reads it whole (Slinky's is cut at the `#`).
+//! annotations, which its other components keep), a password with `#` or a space is written
+//! so slurmdbd reads it whole (Slinky's is cut at the `#`), and a slurmdbd older than 25.11 (or
+//! of an image whose tag names no release) reads copies of its files made by an `initconf` init
+//! container, mode 0600 and owned by `slurm`, as it requires (Slinky's pod, built for 25.11, mounts
+//! the Secret's files, which such a slurmdbd refuses: `should be 600 is 640`).
 
 use std::collections::BTreeMap;
 
@@ -224,10 +227,25 @@ pub fn build_accounting_statefulset(
             SLURMDBD.to_string(),
         ),
     ]);
-    let slurmdbd = merge::merge_container(&slurmdbd_container(), &spec.slurmdbd.0)
+    let mut slurmdbd = merge::merge_container(&slurmdbd_container(), &spec.slurmdbd.0)
         .map_err(|e| BuildError::invalid(format!("spec.slurmdbd: {e}")))?;
+    let mut volumes = vec![slurm_etc(accounting)?, empty_dir("run", Some("Memory"))];
+    let mut init_containers = Vec::new();
+    let image = slurmdbd.image.clone().unwrap_or_default();
+    if needs_private_conf(&image) {
+        // slurmdbd before 25.11 wants slurmdbd.conf mode 0600 and owned by SlurmUser; a kubelet
+        // mounts Secret files root-owned (group fsGroup): copy them into memory as 401, 0600.
+        init_containers.push(initconf_container(&image));
+        volumes.push(empty_dir(PRIVATE_ETC, Some("Memory")));
+        for m in slurmdbd.volume_mounts.iter_mut().flatten() {
+            if m.mount_path == SLURM_ETC && m.name == "slurm-etc" {
+                m.name = PRIVATE_ETC.into();
+            }
+        }
+    }
     let base = PodSpec {
         automount_service_account_token: Some(false),
+        init_containers: non_empty_vec(init_containers),
         containers: vec![slurmdbd],
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
@@ -236,7 +254,7 @@ pub fn build_accounting_statefulset(
             fs_group: Some(SLURM_UID),
             ..Default::default()
         }),
-        volumes: Some(vec![slurm_etc(accounting)?, empty_dir("run", Some("Memory"))]),
+        volumes: Some(volumes),
         ..Default::default()
     };
     let pod_spec = merge::merge_pod_spec(&base, &spec.template.spec.0)
@@ -274,6 +292,50 @@ pub fn build_accounting_statefulset(
         },
         status: None,
     })
+}
+
+/// The in-memory `/etc/slurm` of a slurmdbd older than 25.11 (its files copied by `initconf`).
+const PRIVATE_ETC: &str = "slurm-etc-private";
+/// Where `initconf` reads the projected `slurm-etc` volume.
+const PROJECTED_ETC: &str = "/mnt/slurm";
+/// The first Slurm release whose slurmdbd reads a `slurmdbd.conf` a kubelet mounts (group
+/// readable, owned by root): Slinky dropped its `initconf` copy step with it.
+const KUBELET_CONF_SINCE: (u32, u32) = (25, 11);
+
+/// Whether slurmdbd of `image` needs its files copied (an older release, or a tag that names
+/// none: the copy is harmless to a newer slurmdbd, a missing one fatal to an older).
+fn needs_private_conf(image: &str) -> bool {
+    super::controller::slurm_release_of_image(image).is_none_or(|r| r < KUBELET_CONF_SINCE)
+}
+
+/// `initconf` (Slinky's before 25.11): copies the projected files into the in-memory `/etc/slurm`
+/// as `slurm` (401) with mode 0600, as slurmdbd before 25.11 requires of `slurmdbd.conf`
+/// (`should be 600`, `owned by … not SlurmUser`).
+fn initconf_container(image: &str) -> Container {
+    Container {
+        name: "initconf".into(),
+        image: Some(image.to_string()),
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            format!("install -m 0600 {PROJECTED_ETC}/* {SLURM_ETC}/"),
+        ]),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(SLURM_UID),
+            run_as_group: Some(SLURM_UID),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("slurm-etc", PROJECTED_ETC, true),
+            mount(PRIVATE_ETC, SLURM_ETC, false),
+        ]),
+        ..Default::default()
+    }
+}
+
+fn non_empty_vec<T>(v: Vec<T>) -> Option<Vec<T>> {
+    (!v.is_empty()).then_some(v)
 }
 
 /// The slurmdbd container: port 6819, ready once it listens, as `slurm` (401), `/etc/slurm`

@@ -76,7 +76,127 @@ pub fn build_controller_children(
     let config = build_controller_config(controller, inputs)?;
     let internal = build_controller_service_internal(controller)?;
     let statefulset = build_controller_statefulset(ctx, controller, inputs, &config)?;
-    Ok(vec![config.into(), internal.into(), statefulset.into()])
+    let mut children = vec![config.into(), internal.into(), statefulset.into()];
+    children.extend(build_controller_service_monitor(controller)?);
+    Ok(children)
+}
+
+/// slurmctld's metrics paths a ServiceMonitor scrapes when it names none.
+pub const METRICS_PATHS: [&str; 4] = [
+    "/metrics/jobs",
+    "/metrics/nodes",
+    "/metrics/partitions",
+    "/metrics/scheduler",
+];
+
+/// Slinky's `BuildControllerServiceMonitor`: with `spec.metrics.enabled` and
+/// `spec.metrics.serviceMonitor.enabled`, the Prometheus Operator ServiceMonitor
+/// `<controller>-controller` selecting the Controller's slurmctld Service in its namespace, one
+/// endpoint per metrics path on the `slurmctld` port (http), with the intervals it sets; `None`
+/// otherwise (the host deletes one it built before).
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] for an unnamed Controller or an endpoint without a path.
+pub fn build_controller_service_monitor(controller: &Controller) -> Result<Option<Child>, BuildError> {
+    let Some(metrics) = controller.spec.metrics.as_ref().filter(|m| m.enabled) else {
+        return Ok(None);
+    };
+    let Some(sm) = metrics.service_monitor.as_ref().filter(|s| s.enabled) else {
+        return Ok(None);
+    };
+    let name = name_of(&controller.metadata, "Controller")?;
+    let at = "spec.metrics.serviceMonitor";
+    prometheus_duration(&format!("{at}.interval"), sm.interval.as_deref())?;
+    prometheus_duration(&format!("{at}.scrapeTimeout"), sm.scrape_timeout.as_deref())?;
+    for (i, e) in sm.metric_endpoints.iter().enumerate() {
+        prometheus_duration(&format!("{at}.endpoints[{i}].interval"), e.interval.as_deref())?;
+        prometheus_duration(
+            &format!("{at}.endpoints[{i}].scrapeTimeout"),
+            e.scrape_timeout.as_deref(),
+        )?;
+    }
+    let endpoint = |path: &str, interval: &Option<String>, timeout: &Option<String>| {
+        let mut e = serde_json::json!({"path": path, "port": "slurmctld", "scheme": "http"});
+        if let Some(i) = interval.as_ref().or(sm.interval.as_ref()) {
+            e["interval"] = i.clone().into();
+        }
+        if let Some(t) = timeout.as_ref().or(sm.scrape_timeout.as_ref()) {
+            e["scrapeTimeout"] = t.clone().into();
+        }
+        e
+    };
+    let endpoints: Vec<serde_json::Value> = if sm.metric_endpoints.is_empty() {
+        METRICS_PATHS.iter().map(|p| endpoint(p, &None, &None)).collect()
+    } else {
+        let mut out = Vec::new();
+        for (i, e) in sm.metric_endpoints.iter().enumerate() {
+            if e.path.is_empty() {
+                return Err(BuildError::invalid(format!(
+                    "spec.metrics.serviceMonitor.endpoints[{i}].path is required: the HTTP path to scrape"
+                )));
+            }
+            out.push(endpoint(&e.path, &e.interval, &e.scrape_timeout));
+        }
+        out
+    };
+    let meta = controller_metadata(controller, controller.controller_key(), &sm.labels);
+    let annotations = merge_maps([&meta.annotations.clone().unwrap_or_default(), &sm.annotations]);
+    let object = serde_json::json!({
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {
+            "name": meta.name,
+            "namespace": meta.namespace,
+            "labels": meta.labels,
+            "annotations": non_empty(annotations),
+        },
+        "spec": {
+            "selector": {"matchLabels": CONTROLLER.selector_labels(&name)},
+            "namespaceSelector": {"matchNames": [controller.metadata.namespace.clone().unwrap_or_default()]},
+            "endpoints": endpoints,
+        },
+    });
+    let mut object = object;
+    if let Some(m) = object["metadata"].as_object_mut() {
+        m.retain(|_, v| !v.is_null());
+    }
+    Ok(Some(Child::Json(Box::new(object))))
+}
+
+/// A Prometheus duration (`0`, or units in order: `1h30m`, `30s`, `500ms`), as the Prometheus
+/// Operator's CRD requires of a ServiceMonitor's intervals; absent is fine.
+fn prometheus_duration(field: &str, value: Option<&str>) -> Result<(), BuildError> {
+    let Some(v) = value else { return Ok(()) };
+    const UNITS: [&str; 7] = ["y", "w", "d", "h", "m", "s", "ms"];
+    let mut rest = v;
+    let mut next = 0;
+    let mut ok = !v.is_empty();
+    while ok && !rest.is_empty() && v != "0" {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let tail = &rest[digits..];
+        // The longest unit that follows, among those after the last one used.
+        let unit = UNITS[next..]
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| tail.starts_with(**u) && !(**u == "m" && tail.starts_with("ms")))
+            .map(|(i, u)| (next + i, *u))
+            .next();
+        match unit {
+            Some((i, u)) if digits > 0 => {
+                rest = &tail[u.len()..];
+                next = i + 1;
+            }
+            _ => ok = false,
+        }
+    }
+    if ok {
+        Ok(())
+    } else {
+        Err(BuildError::invalid(format!(
+            "{field} is {v:?}, not a Prometheus duration: write a number and a unit (ms, s, m, h, d, \
+             w, y), largest first, e.g. \"30s\" or \"1m30s\""
+        )))
+    }
 }
 
 fn controller_metadata(controller: &Controller, name: String, extra_labels: &Labels) -> ObjectMeta {
@@ -576,6 +696,63 @@ mod tests {
         for (image, want) in cases {
             assert_eq!(slurm_release_of_image(image), want, "{image}");
         }
+    }
+
+    #[test]
+    fn prometheus_durations_are_checked() {
+        for ok in [
+            "0",
+            "30s",
+            "1m30s",
+            "500ms",
+            "1h",
+            "2d12h",
+            "1y2w3d4h5m6s7ms",
+            "1m500ms",
+        ] {
+            assert!(prometheus_duration("f", Some(ok)).is_ok(), "{ok} refused");
+        }
+        for bad in [
+            "", "30", "s", "1.5s", "30S", "1s1m", "1m1m", "-1s", "30 s", "1mss",
+        ] {
+            let Err(BuildError::InvalidInput(m)) = prometheus_duration("spec.x", Some(bad)) else {
+                panic!("{bad:?} accepted");
+            };
+            assert!(m.contains("spec.x") && m.contains("Prometheus duration"), "{m}");
+        }
+    }
+
+    #[test]
+    fn the_service_monitor_is_built_only_with_metrics_and_its_own_switch() {
+        let controller = |metrics: serde_json::Value| -> Controller {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "slinky.slurm.net/v1beta1", "kind": "Controller",
+                "metadata": {"name": "c", "namespace": "ns"},
+                "spec": {"slurmKeyRef": {"name": "k", "key": "slurm.key"},
+                         "jwtKeyRef": {"name": "j", "key": "jwt.key"}, "metrics": metrics}
+            }))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let sm = serde_json::json!({"enabled": true});
+        for off in [
+            serde_json::json!({"enabled": false, "serviceMonitor": sm}),
+            serde_json::json!({"enabled": true}),
+            serde_json::json!({"enabled": true, "serviceMonitor": {"enabled": false}}),
+        ] {
+            let built = build_controller_service_monitor(&controller(off.clone()))
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            assert!(built.is_none(), "built with {off}");
+        }
+        let built = build_controller_service_monitor(&controller(
+            serde_json::json!({"enabled": true, "serviceMonitor": {"enabled": true, "interval": "soon"}}),
+        ));
+        assert!(
+            matches!(built, Err(BuildError::InvalidInput(m)) if m.contains("spec.metrics.serviceMonitor.interval"))
+        );
+        let built = build_controller_service_monitor(&controller(
+            serde_json::json!({"enabled": true, "serviceMonitor": {"enabled": true, "endpoints": [{"interval": "5s"}]}}),
+        ));
+        assert!(matches!(built, Err(BuildError::InvalidInput(m)) if m.contains("endpoints[0].path")));
     }
 
     #[test]

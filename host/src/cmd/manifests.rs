@@ -139,6 +139,13 @@ pub fn cluster_rules() -> Vec<Value> {
         // it makes (a LoginSet's host keys, an Accounting's `slurmdbd.conf`) and applies the
         // latter (patch).
         rule(&[""], &["secrets"], &["get", "create", "patch"]),
+        // A Controller's ServiceMonitor (Prometheus Operator), read by name, never watched (the
+        // kind may not be served).
+        rule(
+            &["monitoring.coreos.com"],
+            &["servicemonitors"],
+            &["get", "create", "delete", "patch"],
+        ),
         rule(&["events.k8s.io"], &["events"], &["create", "patch"]),
     ]
 }

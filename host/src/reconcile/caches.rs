@@ -125,8 +125,9 @@ impl ChildCaches {
             ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
             ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
             ChildKind::Deployment => get(&self.deployments, ns, name),
-            // Secrets are never cached (read from the API by name).
-            ChildKind::Secret => None,
+            // Secrets are never cached (read from the API by name), nor are ServiceMonitors (the
+            // kind may not be served: a watch of it would never sync).
+            ChildKind::Secret | ChildKind::ServiceMonitor => None,
         }
     }
 
@@ -138,7 +139,7 @@ impl ChildCaches {
             ChildKind::StatefulSet => list(&self.statefulsets, ns),
             ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
             ChildKind::Deployment => list(&self.deployments, ns),
-            ChildKind::Secret => Vec::new(),
+            ChildKind::Secret | ChildKind::ServiceMonitor => Vec::new(),
         }
     }
 }

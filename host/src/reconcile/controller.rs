@@ -277,6 +277,11 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
                 &[ChildKind::StatefulSet]
             };
             sync.prune(&CHILD_KINDS, &keys_of(&desired), kept).await;
+            // The ServiceMonitor is not cached (its kind may not be served): looked up by name.
+            if !desired.iter().any(|d| d.kind == ChildKind::ServiceMonitor) {
+                sync.prune_uncached(ChildKind::ServiceMonitor, &c.controller_key())
+                    .await;
+            }
         }
     }
     let failures = sync.finish();

@@ -87,6 +87,15 @@ pub fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// Whether an error says the API server does not serve the kind at all (its CRD is not
+/// installed): kube-apiserver answers a path of an unknown group with a plain-text
+/// `404 page not found` (no Status), and an unknown resource of a known group with a NotFound
+/// Status whose message names no object.
+pub fn is_not_served(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404
+        && (s.reason != "NotFound" || s.message == "the server could not find the requested resource"))
+}
+
 /// Whether an error is a 409.
 pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)

@@ -36,8 +36,13 @@ use super::{
 use crate::{Child, ChildKind, Ownership, Plugin};
 
 /// The children a `controller-children` builder may return: the StatefulSet, ConfigMaps and
-/// Services of a Controller.
-const CONTROLLER_KINDS: [ChildKind; 3] = [ChildKind::StatefulSet, ChildKind::ConfigMap, ChildKind::Service];
+/// Services of a Controller, and the ServiceMonitor of its metrics.
+const CONTROLLER_KINDS: [ChildKind; 4] = [
+    ChildKind::StatefulSet,
+    ChildKind::ConfigMap,
+    ChildKind::Service,
+    ChildKind::ServiceMonitor,
+];
 /// The children a `nodeset-children` builder may return.
 const NODESET_KINDS: [ChildKind; 3] = [
     ChildKind::Service,
@@ -312,6 +317,9 @@ pub fn controller_children(
             controller_statefulset(&child, controller)?;
             statefulset_selector(&child, controller)?;
         }
+        if child.kind == ChildKind::ServiceMonitor {
+            controller_service_monitor(&child, controller)?;
+        }
         out.push(child);
     }
     no_duplicates(&out)?;
@@ -339,6 +347,45 @@ fn controller_statefulset(child: &Child, controller: &Controller) -> Result<(), 
              (`<controller>-controller`): a StatefulSet of another name would be created with a new, \
              empty state save claim next to the existing one, both selecting the same slurmctld pods; \
              name it {want:?} and return no other StatefulSet"
+        ));
+    }
+    Ok(())
+}
+
+/// A Controller's one ServiceMonitor, `<controller>-controller`, scrapes only its slurmctld
+/// Service, in its own namespace (a ServiceMonitor of another namespace, or of any, would let a
+/// builder point Prometheus at other workloads).
+fn controller_service_monitor(child: &Child, controller: &Controller) -> Result<(), String> {
+    let at = child.describe();
+    let want = controller.controller_key();
+    if child.name() != want {
+        return Err(format!(
+            "{at}: a Controller has one ServiceMonitor, named {want:?} (`<controller>-controller`)"
+        ));
+    }
+    let selector: Labels = child
+        .object
+        .pointer("/spec/selector/matchLabels")
+        .cloned()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    require_labels(
+        "spec.selector.matchLabels",
+        &selector,
+        &controller.selector_labels(),
+    )
+    .map_err(|e| format!("{at}: {e}"))?;
+    let ns = controller.namespace().unwrap_or_default();
+    let names = child.object.pointer("/spec/namespaceSelector/matchNames");
+    let any = child
+        .object
+        .pointer("/spec/namespaceSelector/any")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let own = names.is_none_or(|n| n == &serde_json::json!([ns]));
+    if any || !own {
+        return Err(format!(
+            "{at}: spec.namespaceSelector must name only the Controller's namespace {ns:?} (or be left out)"
         ));
     }
     Ok(())
@@ -493,6 +540,7 @@ where
             let spec = &mut d.spec;
             template_problems(&spec.selector, &mut spec.template, plugin, rules)
         })?,
+        ChildKind::ServiceMonitor => finish_untyped(value, parent, plugin, allow)?,
     };
     Ok(Child {
         kind: child_kind,
@@ -544,6 +592,42 @@ where
             c.remove("status");
         }
     }
+    Ok(value)
+}
+
+/// An object of a kind k8s-openapi has no type for (a ServiceMonitor): its metadata checked and
+/// finished as [`finish`] does, the rest kept as it is (`status` dropped).
+fn finish_untyped<P>(
+    mut value: Value,
+    parent: &P,
+    plugin: &Plugin,
+    allow: &Allowances,
+) -> Result<Value, String>
+where
+    P: kube::Resource<DynamicType = ()>,
+{
+    let mut meta: ObjectMeta = serde_json::from_value(value.get("metadata").cloned().unwrap_or_default())
+        .map_err(|e| format!("the output's metadata is not valid ({e})"))?;
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let at = format!("{kind} {:?}", meta.name.clone().unwrap_or_default());
+    finish_meta(&mut meta, parent, plugin).map_err(|e| format!("{at}: {e}"))?;
+    metadata_problems(&meta).map_err(|e| format!("{at}: {e}"))?;
+    allowances::finalizers("metadata", &meta, allow).map_err(|e| format!("{at}: {e}"))?;
+    if !value.get("spec").is_some_and(Value::is_object) {
+        return Err(format!("{at}: spec is required"));
+    }
+    let map = value
+        .as_object_mut()
+        .ok_or_else(|| format!("{at}: not an object"))?;
+    map.insert(
+        "metadata".into(),
+        serde_json::to_value(&meta).map_err(|e| format!("{at}: cannot serialize it: {e}"))?,
+    );
+    map.remove("status");
     Ok(value)
 }
 

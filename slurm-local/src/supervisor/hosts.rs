@@ -27,6 +27,9 @@ impl Shared {
     /// and each Service's names mapped to its first running pod.
     pub(super) fn hosts(&self, st: &State) -> String {
         let mut text = base_hosts(&self.net);
+        for (name, ip) in &st.extra_hosts {
+            text.push_str(&format!("{ip} {name}\n"));
+        }
         let ns = st
             .attached
             .as_ref()
@@ -83,6 +86,26 @@ impl Shared {
             }
         }
         text
+    }
+}
+
+impl Shared {
+    /// Give the sandboxes' `/etc/hosts` the name `name` for `ip` (replacing an earlier address
+    /// of that name), written at once.
+    ///
+    /// # Errors
+    /// A name that cannot be one (empty, with whitespace or `#`), or the file cannot be written.
+    pub(crate) fn add_host(&self, st: &mut State, name: &str, ip: Ipv4Addr) -> Result<()> {
+        if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '#') {
+            return Err(Error::Invalid(format!(
+                "{name:?} cannot be a host name in /etc/hosts: give one without spaces or '#'"
+            )));
+        }
+        st.extra_hosts.insert(name.to_string(), ip);
+        let text = self.hosts(st);
+        write_in_place(&self.hosts_path, &text)?;
+        st.hosts_text = text;
+        Ok(())
     }
 }
 

@@ -40,11 +40,13 @@ impl Shared {
                     for uid in missing {
                         self.pod_gone(st, &uid);
                     }
+                    st.others.retain(|u, _| seen.contains(u));
                 }
             }
             watcher::Event::Apply(p) => self.pod_applied(st, p),
             watcher::Event::Delete(p) => {
                 if let Some(uid) = p.metadata.uid.clone() {
+                    st.others.remove(&uid);
                     if let Some(e) = st.pods.get_mut(&uid) {
                         e.pod = p;
                     }
@@ -54,14 +56,20 @@ impl Shared {
         }
     }
 
-    fn pod_applied(&self, st: &mut State, pod: Pod) {
+    /// A pod as the watch shows it now: taken up when it is one of the Slurm pods the harness
+    /// runs, else kept among the others (an Accounting named later may make it one).
+    pub(super) fn pod_applied(&self, st: &mut State, pod: Pod) {
         let Some(a) = st.attached.clone() else { return };
-        let Some(role) = podspec::role_of(&pod, &a.controller) else {
-            return;
-        };
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
+        let Some(role) = podspec::role_of(&pod, &a.controller, st.accounting.as_deref()) else {
+            if !st.pods.contains_key(&uid) {
+                st.others.insert(uid, pod);
+            }
+            return;
+        };
+        st.others.remove(&uid);
         let deleting = pod.metadata.deletion_timestamp.is_some();
         if let Some(e) = st.pods.get_mut(&uid) {
             e.pod = pod;
@@ -121,7 +129,9 @@ impl Shared {
         );
     }
 
-    fn pod_gone(&self, st: &mut State, uid: &str) {
+    /// The pod is gone (or no longer one the harness runs): stop its daemon, then remove its
+    /// sandbox.
+    pub(super) fn pod_gone(&self, st: &mut State, uid: &str) {
         let Some(e) = st.pods.get_mut(uid) else { return };
         e.gone = true;
         if e.terminated || e.sandbox.is_none() {

@@ -5,7 +5,7 @@ use std::{path::Path, time::Duration};
 
 use super::{
     local_conf::{cgroup_mode, conf_value, local_cgroup_conf, local_slurm_conf},
-    state::{Shared, State},
+    state::{Shared, SlurmdbdConf, State},
 };
 use crate::{
     error::{Error, Result},
@@ -26,8 +26,10 @@ impl Shared {
         } else {
             (0, 0)
         };
+        let initconf = plan.role == Role::Slurmdbd && st.slurmdbd_conf == SlurmdbdConf::InitConf;
+        let user = if plan.run_as_slurm { self.slurm_ids } else { (0, 0) };
         // The volumes' files first: a missing ConfigMap or Secret keeps the pod waiting.
-        let mut files: Vec<(String, Vec<File>)> = Vec::new();
+        let mut files: Vec<(String, Vec<File>, (u32, u32))> = Vec::new();
         let mut mounts = Vec::new();
         for m in &plan.mounts {
             if !mountable(&m.path) {
@@ -37,13 +39,20 @@ impl Shared {
             match &m.kind {
                 MountKind::Files(sources) => {
                     let mut fs = podspec::files(&a.client, &a.namespace, sources).await?;
+                    if initconf && m.path == "/etc/slurm" {
+                        // What Slinky's initconf container made of the mounted files.
+                        initconf_modes(&mut fs);
+                        files.push((m.path.clone(), fs, user));
+                        mounts.push((m.path.clone(), Source::Tmpfs));
+                        continue;
+                    }
                     if plan.fs_group {
                         // A kubelet makes the files of a read-only volume group-readable for fsGroup.
                         for f in &mut fs {
                             f.mode |= 0o040;
                         }
                     }
-                    files.push((m.path.clone(), fs));
+                    files.push((m.path.clone(), fs, owner));
                     mounts.push((m.path.clone(), Source::Tmpfs));
                 }
                 MountKind::EmptyDir => {
@@ -73,6 +82,9 @@ impl Shared {
         };
         let sb = Sandbox::create(&self.net, &spec).await?;
         let result = self.fill_sandbox(st, &sb, &plan, &files, owner);
+        if result.is_ok() && plan.role == Role::Slurmdbd {
+            tracing::info!(pod = %plan.name, mode = ?st.slurmdbd_conf, "slurmdbd's /etc/slurm is filled");
+        }
         if let Err(err) = result {
             sb.destroy(&self.net);
             return Err(err);
@@ -92,11 +104,11 @@ impl Shared {
         st: &mut State,
         sb: &Sandbox,
         plan: &Plan,
-        files: &[(String, Vec<File>)],
+        files: &[(String, Vec<File>, (u32, u32))],
         owner: (u32, u32),
     ) -> Result<()> {
-        for (dir, fs) in files {
-            sb.write_files(dir, fs, owner)?;
+        for (dir, fs, file_owner) in files {
+            sb.write_files(dir, fs, *file_owner)?;
         }
         if plan.role != Role::Slurmctld {
             return Ok(());
@@ -188,6 +200,20 @@ impl Shared {
     }
 }
 
+/// The modes Slinky's `initconf` container (slurm-operator v0.4, for Slurm before 25.11) gave
+/// the files it copied into slurmdbd's `/etc/slurm`: `*.conf` 0644, `slurmdbd.conf` and `*.key`
+/// 0600 (other files keep their mode).
+fn initconf_modes(files: &mut [File]) {
+    for f in files {
+        let name = f.path.rsplit('/').next().unwrap_or_default();
+        if name == "slurmdbd.conf" || name.ends_with(".key") {
+            f.mode = 0o600;
+        } else if name.ends_with(".conf") {
+            f.mode = 0o644;
+        }
+    }
+}
+
 /// Whether a mount at `path` can be made: inside the sandbox's own tmpfs (`/run`, `/var/spool`,
 /// `/etc/slurm`), at `/var/log/slurm` (made here when missing), or over a directory that exists.
 fn mountable(path: &str) -> bool {
@@ -247,6 +273,25 @@ fn read_dir_files(dir: &Path) -> Vec<File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn initconf_makes_slurmdbd_conf_and_keys_private() {
+        let file = |path: &str| File {
+            path: path.into(),
+            data: Vec::new(),
+            mode: 0o640,
+        };
+        let mut fs = vec![
+            file("slurmdbd.conf"),
+            file("slurm.key"),
+            file("jwt.key"),
+            file("other.conf"),
+            file("jwks.json"),
+        ];
+        initconf_modes(&mut fs);
+        let modes: Vec<u32> = fs.iter().map(|f| f.mode).collect();
+        assert_eq!(modes, [0o600, 0o600, 0o600, 0o644, 0o640]);
+    }
 
     #[test]
     fn mounts_stay_inside_or_exist() {

@@ -130,6 +130,21 @@ impl Shared {
                     user,
                 )
             }
+            Role::Slurmdbd => {
+                // As Slinky's image entrypoint (`tini -g -- slurmdbd -D`), the args appended.
+                let mut args = vec!["-D".to_string()];
+                args.extend(plan.args());
+                let user = if plan.run_as_slurm {
+                    User::Slurm
+                } else {
+                    User::Root
+                };
+                (
+                    format!("{}/sbin/slurmdbd", sys::path_str(&self.slurm)),
+                    args,
+                    user,
+                )
+            }
             Role::Slurmd => {
                 // As Slinky's image entrypoint: the arguments are evaluated by a shell.
                 let line = format!(

@@ -3,6 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
     path::PathBuf,
     process::ExitStatus,
     time::{Duration, Instant},
@@ -13,6 +14,7 @@ use k8s_openapi::api::{
     core::v1::{Pod, Service},
 };
 use kube::runtime::watcher;
+use slinky_api::Controller;
 use tokio::sync::{Mutex, mpsc, watch};
 
 use crate::{
@@ -30,6 +32,8 @@ pub(crate) enum Event {
     Service(Box<watcher::Event<Service>>),
     /// A watch event of a slurmrestd Deployment (a RestApi's).
     Deployment(Box<watcher::Event<Deployment>>),
+    /// A watch event of a Controller of the namespace (the attached one names its Accounting).
+    Controller(Box<watcher::Event<Controller>>),
     /// A process exited.
     Exited {
         /// Whose.
@@ -108,6 +112,22 @@ pub struct RestdCommand {
     pub env: Vec<(String, String)>,
 }
 
+/// How the harness gives slurmdbd the files of its `/etc/slurm` volume (see the [crate] docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlurmdbdConf {
+    /// As Slinky's `initconf` init container did for Slurm before 25.11 (slurm-operator
+    /// v0.4, `scripts/initconf.sh`): the files owned by the pod's user (the local `slurm`),
+    /// `slurmdbd.conf` and the keys mode 0600, other `*.conf` 0644. slurmdbd 25.05 wants exactly
+    /// that: `slurmdbd.conf` mode 0600 and owned by its `SlurmUser`.
+    #[default]
+    InitConf,
+    /// As a kubelet mounts the pod's projected volume: root's files, with an `fsGroup` group-owned
+    /// by the local `slurm` group and group-readable (`defaultMode` 0600 becomes 0640). slurmdbd
+    /// 25.05 refuses to start on it ("slurmdbd.conf file … should be 600 is 640"); Slinky mounts
+    /// it so since Slurm 25.11, which accepts 0640.
+    Kubelet,
+}
+
 /// A harness daemon that is not a pod (slurmrestd, sackd).
 #[derive(Debug)]
 pub(crate) struct Daemon {
@@ -152,6 +172,9 @@ impl std::fmt::Debug for Attachment {
 pub(crate) struct State {
     pub attached: Option<Attachment>,
     pub pods: BTreeMap<String, Entry>,
+    /// The namespace's other pods, by UID (one becomes a pod the harness runs when the
+    /// Controller's `accountingRef` comes to name its Accounting).
+    pub(super) others: BTreeMap<String, Pod>,
     pub services: BTreeMap<String, Service>,
     /// UIDs and names seen during a watch's initial list.
     pub(super) init_pods: Option<BTreeSet<String>>,
@@ -159,6 +182,16 @@ pub(crate) struct State {
     /// The namespace's slurmrestd Deployments (`app.kubernetes.io/name=slurmrestd`), by name.
     pub restapis: BTreeMap<String, Deployment>,
     pub(super) init_restapis: Option<BTreeSet<String>>,
+    /// The Accounting the attached Controller's `spec.accountingRef` names: its slurmdbd pod is
+    /// run too.
+    pub accounting: Option<String>,
+    /// Whether the Controller's watch relist (since its `Init`) has shown it.
+    pub(super) init_controller_seen: Option<bool>,
+    /// How slurmdbd's `/etc/slurm` is filled.
+    pub slurmdbd_conf: SlurmdbdConf,
+    /// Names the sandboxes' `/etc/hosts` gives besides pods and Services
+    /// ([`crate::SlurmLocal::add_host`]).
+    pub extra_hosts: BTreeMap<String, Ipv4Addr>,
     /// What the running slurmrestd was started with.
     pub restd_command: Option<RestdCommand>,
     /// The Controller's `/etc/slurm` as its slurmctld reads it (after the harness's changes).

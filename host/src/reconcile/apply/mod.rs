@@ -259,7 +259,14 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
         self.about = Some(child_ref(kind, &ns, &name));
         let mut fresh = false;
         for attempt in 0..3 {
-            let live = self.live(kind, &ns, &name, fresh).await?;
+            let live = match self.live(kind, &ns, &name, fresh).await {
+                Err(Error::Kube(e)) if writer::is_not_served(&e) => {
+                    let what = want.what.clone();
+                    self.not_served(kind, &what).await;
+                    return Ok(false);
+                }
+                live => live?,
+            };
             let step = match &live {
                 Some(l) => self.over_live(&mut want, l).await,
                 None => self.create(&want, attempt).await,
@@ -352,10 +359,79 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                 tracing::debug!(child = %what, "create found the name taken; re-reading");
                 Step::ReadAgain
             }
+            Err(e) if writer::is_not_served(&e) => {
+                self.not_served(want.key.0, what).await;
+                Step::Done(false)
+            }
             Err(e) => {
                 let msg = format!("Error creating {what}: {}", writer::message(&e));
                 self.failed("FailedCreate", msg, false).await;
                 Step::Done(false)
+            }
+        }
+    }
+
+    /// The API server does not serve `kind` (its CRD is not installed): a failure naming the
+    /// CRD and the way out, its Event once while it stands.
+    async fn not_served(&mut self, kind: ChildKind, what: &str) {
+        let msg = format!(
+            "Error creating {what}: the API server does not serve {} {} (its CRD is not installed){}",
+            kind.api_version(),
+            kind.kind(),
+            if kind == ChildKind::ServiceMonitor {
+                ": install the Prometheus Operator's CRDs, or set spec.metrics.serviceMonitor.enabled \
+                 to false"
+            } else {
+                ""
+            }
+        );
+        self.failed("FailedCreate", msg, true).await;
+    }
+
+    /// Delete the uncached child `kind`/`name` of the parent's namespace when the parent controls
+    /// it and the host built it (a kind not served, or no such object, is nothing to do).
+    pub async fn prune_uncached(&mut self, kind: ChildKind, name: &str) {
+        let ns = self.parent.meta().namespace.clone().unwrap_or_default();
+        let live = match self.live(kind, &ns, name, true).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(%kind, name, error = %e, "cannot read a child to prune (its kind may not be served)");
+                return;
+            }
+        };
+        let uid = self.parent_uid();
+        let ours = owners(&live).iter().any(|(u, ctl)| *ctl && *u == uid)
+            && live
+                .pointer("/metadata/annotations/slinky.slurm.net~1builder")
+                .is_some();
+        if !ours {
+            return;
+        }
+        self.about = Some(child_ref(kind, &ns, name));
+        let what = format!("{kind} {name}");
+        match self
+            .core
+            .writer
+            .delete_child(kind, &ns, name, field(&live, "/metadata/uid").unwrap_or_default())
+            .await
+        {
+            Ok(true) => {
+                self.applied.forget(&(kind, ns.clone(), name.to_string()));
+                self.core
+                    .event_about(
+                        self.parent,
+                        self.about.clone(),
+                        EventType::Normal,
+                        "SuccessfulDelete",
+                        format!("Deleted {what}: the host no longer builds it"),
+                    )
+                    .await;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let msg = format!("Error deleting {what}: {}", writer::message(&e));
+                self.failed("FailedDelete", msg, false).await;
             }
         }
     }
