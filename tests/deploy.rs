@@ -209,6 +209,9 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         let nodesets = Api::<slinky_api::NodeSet>::namespaced(c.client.clone(), &ns);
         let revisions =
             Api::<k8s_openapi::api::apps::v1::ControllerRevision>::namespaced(c.client.clone(), &ns);
+        // The revision the pods run before the patch: the roll is over when the status names
+        // another (until the host saw the patch, the old one is the only one, and updated).
+        let before = nodesets.get(NS_NAME).await?.status.and_then(|s| s.node_set_hash);
         nodesets
             .patch(
                 NS_NAME,
@@ -220,7 +223,7 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
             .await?;
         let rolled = eventually(60, || async {
             let st = nodesets.get(NS_NAME).await.ok()?.status?;
-            let hash = st.node_set_hash?;
+            let hash = st.node_set_hash.filter(|h| Some(h) != before.as_ref())?;
             let l = revisions
                 .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NS_NAME}")))
                 .await
