@@ -204,6 +204,56 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         count(1).await?;
         scale(&c, &ns, 3).await?;
         count(3).await?;
+        // A new template: the NodeSet records its revision (create controllerrevisions) and,
+        // the pods rolled, deletes the old one (revisionHistoryLimit 0: delete).
+        let nodesets = Api::<slinky_api::NodeSet>::namespaced(c.client.clone(), &ns);
+        let revisions =
+            Api::<k8s_openapi::api::apps::v1::ControllerRevision>::namespaced(c.client.clone(), &ns);
+        // The revision the pods run before the patch: the roll is over when the status names
+        // another (until the host saw the patch, the old one is the only one, and updated).
+        let before = nodesets.get(NS_NAME).await?.status.and_then(|s| s.node_set_hash);
+        nodesets
+            .patch(
+                NS_NAME,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({"spec": {"template": {"metadata": {"labels": {"pool": "b"}}}}}),
+                ),
+            )
+            .await?;
+        let rolled = eventually(60, || async {
+            let st = nodesets.get(NS_NAME).await.ok()?.status?;
+            let hash = st.node_set_hash.filter(|h| Some(h) != before.as_ref())?;
+            let l = revisions
+                .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={NS_NAME}")))
+                .await
+                .ok()?;
+            let names: Vec<String> = l.items.iter().filter_map(|r| r.metadata.name.clone()).collect();
+            (st.updated_replicas == 3 && names == [format!("{NS_NAME}-{hash}")]).then_some(names[0].clone())
+        })
+        .await
+        .context("the NodeSet did not roll to one revision")?;
+        // The revision loses its instance label: the host finds its name taken (get) by its own
+        // revision and puts the labels back (patch).
+        revisions
+            .patch(
+                &rolled,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({"metadata": {"labels": {"app.kubernetes.io/instance": null}}}),
+                ),
+            )
+            .await?;
+        eventually(30, || async {
+            let r = revisions.get(&rolled).await.ok()?;
+            r.metadata
+                .labels?
+                .get("app.kubernetes.io/instance")
+                .is_some_and(|i| i == NS_NAME)
+                .then_some(())
+        })
+        .await
+        .context("the revision's labels were not put back")?;
         // An external Controller: the host deletes the Service it built (delete services).
         let svcs = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns);
         Api::<slinky_api::Controller>::namespaced(c.client.clone(), &ns)
@@ -281,6 +331,11 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("watch", "", "persistentvolumeclaims"),
         ("create", "", "persistentvolumeclaims"),
         ("patch", "", "persistentvolumeclaims"),
+        ("watch", "apps", "controllerrevisions"),
+        ("create", "apps", "controllerrevisions"),
+        ("get", "apps", "controllerrevisions"),
+        ("patch", "apps", "controllerrevisions"),
+        ("delete", "apps", "controllerrevisions"),
     ] {
         ensure!(
             used.iter()

@@ -158,13 +158,11 @@ impl NodeSet {
                  pods mount): set it, or turn SSH off",
             ));
         }
-        // Fields this host does not serve yet are refused, never accepted and ignored.
-        if self.spec.revision_history_limit.is_some_and(|l| l != 0) {
+        // Worded as kube-apiserver refuses a StatefulSet's.
+        if let Some(limit) = self.spec.revision_history_limit.filter(|l| *l < 0) {
             problems.push(SpecProblem::new(
                 "spec.revisionHistoryLimit",
-                "this host keeps no ControllerRevisions (a pod's revision is its \
-                 controller-revision-hash label, and a rollback is applying the old spec again): \
-                 remove it or set 0",
+                format!("Invalid value: {limit}: must be greater than or equal to 0"),
             ));
         }
         match self.spec.prune_slurm_node_records.as_deref() {
@@ -536,10 +534,18 @@ mod tests {
         ns.spec.prune_slurm_node_records = Some("NodeNotFound".into());
         assert!(ns.spec_problems().is_empty(), "Slinky's defaults are served");
         ns.spec.revision_history_limit = Some(10);
+        assert!(ns.spec_problems().is_empty(), "a revision history is kept");
+        ns.spec.revision_history_limit = Some(-1);
         ns.spec.prune_slurm_node_records = Some("Always".into());
+        let problems = ns.spec_problems();
         assert_eq!(
-            fields(&ns.spec_problems()),
+            fields(&problems),
             ["spec.revisionHistoryLimit", "spec.pruneSlurmNodeRecords"]
+        );
+        assert_eq!(
+            problems[0].to_string(),
+            "spec.revisionHistoryLimit: Invalid value: -1: must be greater than or equal to 0",
+            "as kube-apiserver words it for a StatefulSet"
         );
     }
 

@@ -126,6 +126,7 @@ async fn create(c: &TestCluster, ns: &str, obj: &Value) -> Result<Refusal> {
         "StatefulSet" => "statefulsets",
         "ReplicaSet" => "replicasets",
         "PodDisruptionBudget" => "poddisruptionbudgets",
+        "ControllerRevision" => "controllerrevisions",
         "Role" => "roles",
         "RoleBinding" => "rolebindings",
         "ClusterRole" => "clusterroles",
@@ -1201,6 +1202,176 @@ async fn disruption_budgets_get_kube_apiservers_causes() -> Result<()> {
         create(&cluster, &ns, &ok).await?.is_none(),
         "a valid budget was refused"
     );
+    Ok(())
+}
+
+/// ControllerRevisions (a NodeSet's history): `data` required and immutable, `revision` not
+/// negative but free to change (a rollback renumbers one), the name a DNS subdomain; `data` kept
+/// as sent, its explicit nulls included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_revisions_get_kube_apiservers_causes() -> Result<()> {
+    let cluster = TestCluster::start().await;
+    let ns = cluster.namespace("revisions").await;
+    let revision = |name: &str, rest: Value| {
+        let mut r =
+            json!({"apiVersion": "apps/v1", "kind": "ControllerRevision", "metadata": {"name": name}});
+        if let (Value::Object(m), Value::Object(x)) = (&mut r, rest) {
+            m.extend(x);
+        }
+        r
+    };
+    let required = ("FieldValueRequired", "data", "Required value: data is mandatory");
+    let negative = |n: i64| {
+        (
+            "FieldValueInvalid".to_string(),
+            "revision".to_string(),
+            format!("Invalid value: {n}: must be greater than or equal to 0"),
+        )
+    };
+    let cases: Vec<(&str, Value, u16, Causes)> = vec![
+        (
+            "no data",
+            revision("r1", json!({"revision": 1})),
+            422,
+            causes(&[required]),
+        ),
+        (
+            "null data",
+            revision("r2", json!({"data": null, "revision": 1})),
+            422,
+            causes(&[required]),
+        ),
+        (
+            "a negative revision",
+            revision("r3", json!({"data": {}, "revision": -1})),
+            422,
+            vec![negative(-1)],
+        ),
+        (
+            "a bad name, no data and a negative revision",
+            revision("R_3", json!({"revision": -3})),
+            422,
+            [
+                (
+                    "FieldValueInvalid".to_string(),
+                    "metadata.name".to_string(),
+                    format!("Invalid value: \"R_3\": {SUBDOMAIN}"),
+                ),
+                (
+                    required.0.to_string(),
+                    required.1.to_string(),
+                    required.2.to_string(),
+                ),
+                negative(-3),
+            ]
+            .into(),
+        ),
+    ];
+    refused_as_expected(&cluster, &ns, &cases).await?;
+    // Any JSON is data; a revision not sent is 0.
+    for (name, data) in [
+        ("d1", json!({})),
+        ("d2", json!("x")),
+        ("d3", json!(5)),
+        ("d4", json!([1])),
+    ] {
+        ensure!(
+            create(&cluster, &ns, &revision(name, json!({"data": data})))
+                .await?
+                .is_none(),
+            "data {data} was refused"
+        );
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client.clone(),
+        &ns,
+        &resource("apps/v1", "ControllerRevision", "controllerrevisions"),
+    );
+    assert_eq!(api.get("d1").await?.data["revision"], 0);
+
+    // What the host records: a merge patch whose absent fields are explicit nulls, kept.
+    let data = json!({"spec": {"extraConf": null, "template": {"metadata": {"labels": {"a": "b"}}}}});
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(revision("h", json!({"data": data, "revision": 1})))?,
+    )
+    .await?;
+    assert_eq!(api.get("h").await?.data["data"], data, "nulls are kept");
+    let patch = |p: Value| {
+        let api = api.clone();
+        async move { api.patch("h", &PatchParams::default(), &Patch::Merge(p)).await }
+    };
+    // The number changes (a rollback), labels too; data stays as it was.
+    let bumped = patch(json!({"revision": 3, "metadata": {"labels": {"x": "y"}}})).await?;
+    assert_eq!(
+        (&bumped.data["revision"], &bumped.data["data"]),
+        (&json!(3), &data)
+    );
+    let bytes = |v: &str| -> String {
+        v.bytes()
+            .map(|b| format!("{b:#x}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let immutable = |raw: &str| {
+        (
+            "FieldValueInvalid".to_string(),
+            "data".to_string(),
+            format!(
+                "Invalid value: runtime.Unknown{{TypeMeta:runtime.TypeMeta{{APIVersion:\"\", Kind:\"\"}}, \
+                 Raw:[]uint8{{{}}}, ContentEncoding:\"\", ContentType:\"application/json\"}}: field is immutable",
+                bytes(raw)
+            ),
+        )
+    };
+    let updates: Vec<(&str, Value, Causes)> = vec![
+        ("a negative revision", json!({"revision": -1}), vec![negative(-1)]),
+        (
+            "other data",
+            json!({"data": {"spec": {"extraConf": "X=1"}}}),
+            vec![immutable(
+                r#"{"spec":{"extraConf":"X=1","template":{"metadata":{"labels":{"a":"b"}}}}}"#,
+            )],
+        ),
+        (
+            "data removed",
+            json!({"data": null}),
+            [
+                (
+                    required.0.to_string(),
+                    required.1.to_string(),
+                    required.2.to_string(),
+                ),
+                (
+                    "FieldValueInvalid".to_string(),
+                    "data".to_string(),
+                    "Invalid value: \"null\": field is immutable".to_string(),
+                ),
+            ]
+            .into(),
+        ),
+        (
+            "other data and a negative revision",
+            json!({"revision": -2, "data": {"spec": {"extraConf": "X=2"}}}),
+            vec![
+                negative(-2),
+                immutable(r#"{"spec":{"extraConf":"X=2","template":{"metadata":{"labels":{"a":"b"}}}}}"#),
+            ],
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, p, expected) in updates {
+        match refusal(patch(p).await)? {
+            None => failures.push(format!("{what}: accepted")),
+            Some((code, got)) if code != 422 || got != expected => failures.push(format!(
+                "{what}: got {code} {got:#?}\n  expected 422 {expected:#?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    ensure!(failures.is_empty(), "{}", failures.join("\n"));
+    let kept = api.get("h").await?;
+    assert_eq!((&kept.data["revision"], &kept.data["data"]), (&json!(3), &data));
     Ok(())
 }
 

@@ -30,6 +30,7 @@ impl Inner {
             }
             ("", "secrets") => secret_defaults(obj),
             ("rbac.authorization.k8s.io", _) => validation::rbac_defaults(rt, obj),
+            ("apps", "controllerrevisions") => revision_defaults(obj),
             ("", "services") => {
                 let ip = self.next_ip;
                 self.next_ip += 1;
@@ -105,6 +106,15 @@ fn pod_defaults(obj: &mut Value) {
     }
 }
 
+/// A ControllerRevision's `revision` is an `int64` Go always writes: 0 when none was sent.
+fn revision_defaults(obj: &mut Value) {
+    if let Some(m) = obj.as_object_mut()
+        && m.get("revision").is_none_or(Value::is_null)
+    {
+        m.insert("revision".into(), 0.into());
+    }
+}
+
 /// `stringData` is write-only: merged into `data` (base64), as kube-apiserver does.
 fn secret_defaults(obj: &mut Value) {
     use base64::Engine;
@@ -127,6 +137,7 @@ pub(super) fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
         ("", "pods") => pod_defaults(new),
         ("", "secrets") => secret_defaults(new),
         ("rbac.authorization.k8s.io", _) => validation::rbac_defaults(rt, new),
+        ("apps", "controllerrevisions") => revision_defaults(new),
         ("", "services") => {
             let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
                 return;

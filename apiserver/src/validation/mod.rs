@@ -2,7 +2,7 @@
 //! (names and `generateName` per kind, labels, annotations, owner references, finalizers),
 //! Pods (create and the update immutability rules), Services, ConfigMaps and Secrets,
 //! PersistentVolumeClaims (created), Events (their length limits), Deployments, ReplicaSets, StatefulSets,
-//! PodDisruptionBudgets, Leases, Namespaces and the RBAC kinds. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
+//! ControllerRevisions, PodDisruptionBudgets, Leases, Namespaces and the RBAC kinds. The rules follow Kubernetes' `pkg/apis/core/validation` and apimachinery's
 //! `objectmeta.go`; the messages and field paths are kube-apiserver's, so a client sees the same
 //! `422 Invalid` `Status` (with `details.causes[].field`) from both. The name and value rules
 //! themselves live in [`slinky_api::validation`], shared with the host.
@@ -14,6 +14,7 @@ mod event;
 mod meta;
 mod pod;
 mod rbac;
+mod revision;
 mod service;
 mod workload;
 
@@ -265,6 +266,7 @@ pub(crate) fn validate(rt: &ResourceType, new: &Value, old: Option<&Value>) -> E
         ("apps", "deployments", old) => errs.extend(workload::deployment(new, old)),
         ("apps", "replicasets", old) => errs.extend(workload::replicaset(new, old)),
         ("apps", "statefulsets", None) => errs.extend(workload::statefulset(new)),
+        ("apps", "controllerrevisions", old) => errs.extend(revision::controller_revision(new, old)),
         ("policy", "poddisruptionbudgets", _) => errs.extend(budget::budget(new)),
         ("coordination.k8s.io", "leases", _) => {
             let s = new.get("spec").cloned().unwrap_or(Value::Null);

@@ -125,6 +125,14 @@ pub fn cluster_rules() -> Vec<Value> {
             &["poddisruptionbudgets"],
             &["get", "list", "watch", "create", "delete", "patch"],
         ),
+        // A NodeSet's revision history: watched (those labelled slurmd), created, read when the
+        // name is taken, renumbered on a rollback, adopted or relabelled (patch, with a
+        // resourceVersion precondition), deleted past `revisionHistoryLimit` (UID precondition).
+        rule(
+            &["apps"],
+            &["controllerrevisions"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
         // The Secrets the parents reference, read by name for their hashes (and an Accounting's
         // database password, which the host writes into its `slurmdbd.conf`): `get`, never `list`
         // or `watch`, so the host cannot read the cluster's other Secrets. It creates the Secrets

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::{
-    apps::v1::{Deployment, StatefulSet},
+    apps::v1::{ControllerRevision, Deployment, StatefulSet},
     core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service},
     policy::v1::PodDisruptionBudget,
 };
@@ -38,6 +38,9 @@ pub struct Caches {
     /// Kubernetes Nodes, slimmed to their cordon (not waited for at start: a host without RBAC
     /// on Nodes still reconciles).
     pub nodes: Store<k8s_openapi::api::core::v1::Node>,
+    /// The NodeSets' ControllerRevisions (those labelled `app.kubernetes.io/name=slurmd`), without
+    /// their `data`: a pass needs their names, numbers and owners, never what they record.
+    pub revisions: Store<ControllerRevision>,
 }
 
 impl Caches {
@@ -54,6 +57,7 @@ impl Caches {
         synced(&self.restapis).await;
         synced(&self.loginsets).await;
         synced(&self.accountings).await;
+        synced(&self.revisions).await;
     }
 }
 

@@ -10,6 +10,9 @@
 //!   UID precondition.
 //! * Pods are created, and deleted with a UID precondition (never a namesake); adoption, release
 //!   and relabelling patch with a resourceVersion precondition.
+//! * A NodeSet's ControllerRevisions are created (a 409 AlreadyExists when the name is taken),
+//!   patched (their `revision` number, owners, labels) with a resourceVersion precondition, and
+//!   deleted with a UID precondition.
 //! * Status is written only when it changed, as a merge patch carrying the resourceVersion it was
 //!   computed from; a 409 is retried from a fresh read of the API (not the cache) with jittered
 //!   backoff, a bounded number of times.
@@ -19,11 +22,14 @@
 //!   connection dropped, counted as `timeout`), so none leaves this process after the Lease could
 //!   have passed to another replica.
 //! * Every write is counted by verb and outcome (`create` counts pods, `create_child` the
-//!   other children).
+//!   other children, `create_revision`/`patch_revision`/`delete_revision` ControllerRevisions).
 
 use std::{collections::BTreeMap, time::Duration};
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::{
+    apps::v1::ControllerRevision,
+    core::v1::{PersistentVolumeClaim, Pod},
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions},
@@ -442,6 +448,70 @@ impl Writer {
             api.patch(&claim.name_any(), &pp, &Patch::Merge(patch)),
         )
         .await
+    }
+
+    /// Create a ControllerRevision; counted as `create_revision`.
+    ///
+    /// # Errors
+    /// The API error (409 AlreadyExists included).
+    pub async fn create_revision(&self, rev: &ControllerRevision) -> Result<ControllerRevision, kube::Error> {
+        self.fence("create_revision")?;
+        let api: Api<ControllerRevision> =
+            Api::namespaced(self.client.clone(), &rev.namespace().unwrap_or_default());
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.write("create_revision", api.create(&pp, rev)).await
+    }
+
+    /// Merge-patch a ControllerRevision (`patch`, a JSON object: its `revision` number, owners or
+    /// labels) with the resourceVersion of `rev`, the version the patch was computed from;
+    /// counted as `patch_revision`.
+    ///
+    /// # Errors
+    /// The API error (409 when it changed meanwhile).
+    pub async fn patch_revision(
+        &self,
+        rev: &ControllerRevision,
+        mut patch: Value,
+    ) -> Result<ControllerRevision, kube::Error> {
+        self.fence("patch_revision")?;
+        if let Some(Value::Object(meta)) = patch
+            .as_object_mut()
+            .map(|m| m.entry("metadata").or_insert_with(|| json!({})))
+        {
+            meta.insert("resourceVersion".into(), json!(rev.resource_version()));
+        }
+        let api: Api<ControllerRevision> =
+            Api::namespaced(self.client.clone(), &rev.namespace().unwrap_or_default());
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.write(
+            "patch_revision",
+            api.patch(&rev.name_any(), &pp, &Patch::Merge(patch)),
+        )
+        .await
+    }
+
+    /// Delete a ControllerRevision, only if it still has `uid`: `true` when deleted now, `false`
+    /// when it was already gone; counted as `delete_revision`.
+    ///
+    /// # Errors
+    /// The API error (409 when the name now belongs to another object).
+    pub async fn delete_revision(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
+        self.fence("delete_revision")?;
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
+        let r = self
+            .write("delete_revision", api.delete(name, &uid_precondition(uid)))
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Replace a pod's owner references (adoption, release), with a resourceVersion precondition.

@@ -2,7 +2,7 @@
 //! `nodeset-children` builder (the workers' Service and PodDisruptionBudget shared by the
 //! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::apply`]),
 //! then ordinal pods from the `nodeset-pod` builder, claimed ([`claim`]) and planned ([`plan`])
-//! from the cache, then written.
+//! from the cache, then written; each pod revision is kept as a ControllerRevision ([`history`]).
 //!
 //! # Guarantees
 //! * Pods are created or deleted only while the NodeSet's expectations are satisfied; every
@@ -31,6 +31,7 @@ mod drain;
 mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod history;
 mod other_children;
 mod plan;
 mod pods;
@@ -300,10 +301,13 @@ async fn sync(
     if pass.state.problem.is_some() {
         return Ok(claims.owned);
     }
+    let history = history::record(pass, revision).await;
     let slurm = SlurmView::read(pass, controller).await;
     finalizer::ensure(pass, &slurm).await;
     if ns.is_daemon() {
-        return sync_daemon(pass, controller, revision, claims, plugin, slurm).await;
+        let owned = sync_daemon(pass, controller, revision, claims, plugin, slurm).await?;
+        history::truncate(pass, &history, &owned, revision).await;
+        return Ok(owned);
     }
     let update_ranks = slurm.update_ranks(&claims.owned);
     let plan = plan(&Inputs {
@@ -347,6 +351,7 @@ async fn sync(
     let slots = ordinal_slots(pass, revision, &plan.creates);
     create_pods(pass, controller, slots, plugin).await?;
     drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;
+    history::truncate(pass, &history, &claims.owned, revision).await;
     pass.slurm_counts = slurm.counts(&claims.owned);
     Ok(claims.owned)
 }

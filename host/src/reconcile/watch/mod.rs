@@ -25,10 +25,11 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt, future::BoxFuture};
 use k8s_openapi::api::{
-    apps::v1::{Deployment, StatefulSet},
+    apps::v1::{ControllerRevision, Deployment, StatefulSet},
     core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service},
     policy::v1::PodDisruptionBudget,
 };
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::{
     Api, Client, Resource,
     runtime::{
@@ -46,7 +47,7 @@ use super::{
 };
 use triggers::{
     Triggers, accounting_task, child_task, claim_task, config_map_task, controller_task, loginset_task,
-    nodeset_task, pod_task, restapi_task,
+    nodeset_task, pod_task, restapi_task, revision_task,
 };
 
 /// The caches and the reconcile triggers derived from their watches.
@@ -95,6 +96,7 @@ where
 /// retried with backoff.
 fn root<K>(
     api: Api<K>,
+    config: watcher::Config,
     writer: Writer<K>,
     allowed: Arc<Vec<String>>,
     kind: &'static str,
@@ -109,7 +111,7 @@ where
         + Sync
         + 'static,
 {
-    watcher(api, watcher::Config::default())
+    watcher(api, config)
         .filter(move |ev| futures::future::ready(in_namespaces(ev, &allowed)))
         .modify(move |o| {
             o.meta_mut().managed_fields = None;
@@ -189,8 +191,29 @@ impl Scope<'_> {
             + Sync
             + 'static,
     {
+        self.watch_with(writer, kind, watcher::Config::default(), modify)
+    }
+
+    /// [`Scope::watch`] with a watch configuration (a label selector).
+    fn watch_with<K>(
+        &self,
+        writer: Writer<K>,
+        kind: &'static str,
+        config: watcher::Config,
+        modify: impl FnMut(&mut K) + Send + 'static,
+    ) -> impl Stream<Item = watcher::Event<K>> + Send + 'static
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
         root(
             api::<K>(self.client, self.namespace),
+            config,
             writer,
             self.allowed.clone(),
             kind,
@@ -221,6 +244,7 @@ pub fn start(
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
     let (nodes, node_writer) = reflector::store::<k8s_openapi::api::core::v1::Node>();
+    let (revisions, revision_writer) = reflector::store::<ControllerRevision>();
     let (nodeset_tx, nodeset_triggers) = unbounded_channel();
     let (controller_tx, controller_triggers) = unbounded_channel();
     let (restapi_tx, restapi_triggers) = unbounded_channel();
@@ -272,6 +296,21 @@ pub fn start(
         t.clone(),
     );
     let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
+    // The NodeSets' revisions only (not every StatefulSet's and DaemonSet's of the cluster), and
+    // without what they record.
+    let revision_task = revision_task(
+        scope.watch_with(
+            revision_writer,
+            "ControllerRevision",
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                keys::LABEL_NAME,
+                slinky_api::labels::WORKER.name
+            )),
+            |r| r.data = RawExtension(serde_json::Value::Null),
+        ),
+        t.clone(),
+    );
     let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
     // Key Secrets are polled by name, not watched (see `secrets`).
     let poll = super::secrets::Poll {
@@ -298,6 +337,7 @@ pub fn start(
             loginset_task,
             accounting_task,
             claim_task,
+            revision_task,
             ctl_task,
             ns_task,
             secret_task,
@@ -321,6 +361,7 @@ pub fn start(
             accountings,
             claims,
             nodes,
+            revisions,
         },
         nodeset_triggers,
         controller_triggers,

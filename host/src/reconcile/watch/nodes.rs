@@ -91,6 +91,7 @@ pub(super) fn node_task(
     // Nodes have no namespace: none is filtered out.
     let stream = super::root(
         Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
         writer,
         Arc::new(Vec::new()),
         "Node",

@@ -9,7 +9,10 @@ use std::{
 };
 
 use futures::{Future, Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::{
+    apps::v1::ControllerRevision,
+    core::v1::{ConfigMap, PersistentVolumeClaim, Pod},
+};
 use kube::{
     Resource, ResourceExt,
     runtime::{
@@ -17,7 +20,7 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sightings::PodObserver;
@@ -215,6 +218,39 @@ pub(super) fn child_task<K: Resource + Send + 'static>(
 ) -> impl Future<Output = ()> + Send + 'static {
     children.for_each(move |ev| {
         t.child_event(kind, &meta_event(ev, |mut o| std::mem::take(o.meta_mut())));
+        futures::future::ready(())
+    })
+}
+
+/// ControllerRevisions: the NodeSet that owns one, or (an orphan) the NodeSet its instance label
+/// names, which adopts it; every NodeSet after a relist.
+pub(super) fn revision_task(
+    revisions: impl Stream<Item = watcher::Event<ControllerRevision>> + Send + 'static,
+    t: Triggers,
+) -> impl Future<Output = ()> + Send + 'static {
+    revisions.for_each(move |ev| {
+        match &ev {
+            watcher::Event::Apply(r) | watcher::Event::Delete(r) => {
+                let ns = r.namespace().unwrap_or_default();
+                let owners: Vec<&str> = r
+                    .owner_references()
+                    .iter()
+                    .filter(|o| o.kind == "NodeSet")
+                    .map(|o| o.name.as_str())
+                    .collect();
+                let instance = r.labels().get(keys::LABEL_INSTANCE).map(String::as_str);
+                let names = if owners.is_empty() {
+                    instance.into_iter().collect()
+                } else {
+                    owners
+                };
+                for name in names {
+                    t.nodeset(ObjectRef::new(name).within(&ns));
+                }
+            }
+            watcher::Event::InitDone => t.all_nodesets(),
+            _ => {}
+        }
         futures::future::ready(())
     })
 }

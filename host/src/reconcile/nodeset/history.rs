@@ -1,0 +1,594 @@
+//! A NodeSet's revision history: one `apps/v1` ControllerRevision per pod revision it rolled to,
+//! as a StatefulSet keeps (Kubernetes' `controller_history.go`, Slinky's `nodeset_history.go`).
+//!
+//! * A revision is named `<nodeset>-<hash>` after the pods' `controller-revision-hash`, labelled
+//!   with the NodeSet's selector labels plus that label, and controlled by the NodeSet. It is
+//!   found by the same selector labels it carries (Slinky labels its revisions with the
+//!   template's labels but lists them by the selector labels, so its rollback and truncation
+//!   never see them; and it compares revision names with pod hashes, so no pod keeps its
+//!   revision alive).
+//! * Numbers: a new revision gets the highest number plus one. A spec whose pods hash to an
+//!   older revision again (a rollback) gives that revision the next number instead of a copy.
+//! * `data` is `{"spec": {…}}` with the spec fields the pods are made of
+//!   ([`crate::revision::revision_data`]): a JSON merge patch that rolls the NodeSet back.
+//! * After the pass's pod writes, the revisions beyond `spec.revisionHistoryLimit` (default 0)
+//!   are deleted, lowest number first, never the update revision nor one a pod of the NodeSet
+//!   (terminating ones included) still runs.
+//! * Orphans carrying the NodeSet's selector labels are adopted, after a fresh read shows the
+//!   NodeSet live (as Slinky's `adoptOrphanRevisions`).
+//!
+//! # Guarantees
+//! * Revisions are read from the cache (labels and numbers, not their `data`): a steady state
+//!   makes no request and no write.
+//! * A refused write is an Event and a `ChildFailure` condition (the pass backs off); a 409 from
+//!   a cache behind the host's own writes only brings the next pass sooner. Neither stops the
+//!   pods from rolling: the history records them, it does not drive them.
+//! * A revision name held by another object is `ChildFailure` (`NotOwned`) and one Event until it
+//!   is gone (a previous NodeSet's, garbage collected soon). No `collisionCount` renames around
+//!   it: the name is the pods' hash, so a rename would roll every pod.
+//! * Writes carry preconditions: a number or owner change the resourceVersion it was computed
+//!   from, a delete the UID.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use k8s_openapi::{
+    api::{
+        apps::v1::ControllerRevision,
+        core::v1::{ObjectReference, Pod},
+    },
+    apimachinery::pkg::runtime::RawExtension,
+};
+use kube::{
+    Api, ResourceExt,
+    api::ObjectMeta,
+    runtime::{events::EventType, reflector::Store},
+};
+use serde_json::{Value, json};
+use slinky_api::{NodeSet, conditions, keys, owners::controller_ref};
+
+use super::Pass;
+use crate::{
+    reconcile::{status::ConditionChanges, writer},
+    revision::{revision_data, revision_name},
+};
+
+/// The UID of an object's controller, if it has one.
+fn controller_uid(r: &ControllerRevision) -> Option<&str> {
+    r.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// A revision's number (0 when the API left it out).
+fn number(r: &ControllerRevision) -> i64 {
+    r.revision.unwrap_or(0)
+}
+
+/// Whether `r` carries the NodeSet's selector labels and the hash label of its name.
+fn labelled(ns: &NodeSet, r: &ControllerRevision, hash: &str) -> bool {
+    let labels = r.labels();
+    ns.selector_labels().iter().all(|(k, v)| labels.get(k) == Some(v))
+        && labels.get(keys::LABEL_REVISION_HASH).map(String::as_str) == Some(hash)
+}
+
+/// The NodeSet's revisions in the cache: in its namespace, with its selector labels, controlled
+/// by it or by nothing (orphans); in Kubernetes' order (number, then creation, then name).
+pub(super) fn history_of(ns: &NodeSet, store: &Store<ControllerRevision>) -> Vec<Arc<ControllerRevision>> {
+    let (namespace, uid) = (ns.namespace(), ns.uid().unwrap_or_default());
+    let selector = ns.selector_labels();
+    let mut history: Vec<Arc<ControllerRevision>> = store
+        .state()
+        .into_iter()
+        .filter(|r| r.namespace() == namespace)
+        .filter(|r| selector.iter().all(|(k, v)| r.labels().get(k) == Some(v)))
+        .filter(|r| controller_uid(r).is_none_or(|c| c == uid))
+        .collect();
+    sort(&mut history);
+    history
+}
+
+fn sort(history: &mut [Arc<ControllerRevision>]) {
+    history.sort_by_key(|r| {
+        (
+            number(r),
+            r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            r.name_any(),
+        )
+    });
+}
+
+/// What becomes of the update revision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Update {
+    /// It is the latest revision: nothing to do.
+    Current,
+    /// It does not exist: create it with this number.
+    Create(i64),
+    /// It exists at position `.0` of the history but is not the latest (a rollback): give it
+    /// number `.1`.
+    Bump(usize, i64),
+}
+
+/// What becomes of the revision named `name`, given the history (sorted).
+pub(super) fn plan_update(name: &str, history: &[Arc<ControllerRevision>]) -> Update {
+    let next = history.last().map_or(1, |r| number(r) + 1);
+    match history.iter().position(|r| r.name_any() == name) {
+        None => Update::Create(next),
+        Some(i) if i + 1 == history.len() => Update::Current,
+        Some(i) => Update::Bump(i, next),
+    }
+}
+
+/// The revisions to delete: those not `live`, lowest number first, beyond the `limit` kept.
+pub(super) fn plan_truncate(
+    history: &[Arc<ControllerRevision>],
+    live: &BTreeSet<String>,
+    limit: usize,
+) -> Vec<Arc<ControllerRevision>> {
+    let old: Vec<&Arc<ControllerRevision>> =
+        history.iter().filter(|r| !live.contains(&r.name_any())).collect();
+    let excess = old.len().saturating_sub(limit);
+    old.into_iter().take(excess).cloned().collect()
+}
+
+/// The revision names a live NodeSet keeps: the update revision's and those of its pods.
+pub(super) fn live_revisions(ns: &NodeSet, hash: &str, pods: &[Arc<Pod>]) -> BTreeSet<String> {
+    pods.iter()
+        .filter_map(|p| p.labels().get(keys::LABEL_REVISION_HASH))
+        .map(|h| revision_name(ns, h))
+        .chain([revision_name(ns, hash)])
+        .collect()
+}
+
+/// The revision the NodeSet's pods of `hash` are made from, as created.
+fn new_revision(ns: &NodeSet, hash: &str, number: i64) -> Result<ControllerRevision, String> {
+    let data = revision_data(ns).map_err(|e| e.to_string())?;
+    let mut labels = ns.selector_labels();
+    labels.insert(keys::LABEL_REVISION_HASH.into(), hash.into());
+    Ok(ControllerRevision {
+        metadata: ObjectMeta {
+            name: Some(revision_name(ns, hash)),
+            namespace: ns.namespace(),
+            labels: Some(labels),
+            owner_references: controller_ref(ns).map(|o| vec![o]),
+            ..Default::default()
+        },
+        data: RawExtension(data),
+        revision: Some(number),
+    })
+}
+
+fn reference(r: &ControllerRevision) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("apps/v1".into()),
+        kind: Some("ControllerRevision".into()),
+        name: Some(r.name_any()),
+        namespace: r.namespace(),
+        uid: r.uid(),
+        ..Default::default()
+    }
+}
+
+/// A refused history write (an Event each time) or a held name (`once`: an Event while the
+/// condition does not say it yet); either is a `ChildFailure`.
+async fn failed(
+    pass: &mut Pass<'_>,
+    about: &ControllerRevision,
+    reason: &'static str,
+    message: String,
+    once: bool,
+) {
+    if once && ConditionChanges::already_true(pass.state.current(), conditions::CHILD_FAILURE, &message) {
+        tracing::debug!(reason, "{message}");
+    } else {
+        tracing::warn!(reason, "{message}");
+        pass.core()
+            .event_about(
+                pass.ns,
+                Some(reference(about)),
+                EventType::Warning,
+                reason,
+                message.clone(),
+            )
+            .await;
+    }
+    pass.child_failures.push((reason, message));
+}
+
+/// Whether a fresh read shows the NodeSet as the one this pass reconciles, not being deleted
+/// (only a live owner adopts). A failed read is a failure of the pass.
+async fn may_adopt(pass: &mut Pass<'_>, about: &ControllerRevision) -> bool {
+    let ns = pass.ns;
+    let api: Api<NodeSet> = Api::namespaced(pass.core().client.clone(), &ns.namespace().unwrap_or_default());
+    match api.get(&ns.name_any()).await {
+        Ok(fresh) => {
+            fresh.uid().as_deref() == Some(pass.uid.as_str()) && fresh.metadata.deletion_timestamp.is_none()
+        }
+        Err(e) => {
+            let msg = format!(
+                "Error reading NodeSet {} to adopt ControllerRevision {}: {}",
+                ns.name_any(),
+                about.name_any(),
+                writer::message(&e)
+            );
+            failed(pass, about, "FailedAdopt", msg, false).await;
+            false
+        }
+    }
+}
+
+/// The merge patch that makes `r` the NodeSet's: its controller reference added to the owners it
+/// has, and, when `hash` is given, the labels that find it.
+fn adoption_patch(ns: &NodeSet, r: &ControllerRevision, hash: Option<&str>) -> Value {
+    let mut refs = r.owner_references().to_vec();
+    refs.extend(controller_ref(ns));
+    let mut patch = json!({"metadata": {"ownerReferences": refs}});
+    if let Some(hash) = hash {
+        let mut labels = ns.selector_labels();
+        labels.insert(keys::LABEL_REVISION_HASH.into(), hash.into());
+        patch["metadata"]["labels"] = json!(labels);
+    }
+    patch
+}
+
+/// Adopt `r`, an orphan: the adopted revision, or `None` (refused, reported).
+async fn adopt(
+    pass: &mut Pass<'_>,
+    r: &ControllerRevision,
+    hash: Option<&str>,
+) -> Option<ControllerRevision> {
+    let patch = adoption_patch(pass.ns, r, hash);
+    match pass.core().writer.patch_revision(r, patch).await {
+        Ok(adopted) => {
+            tracing::info!(revision = %r.name_any(), "adopted an orphan ControllerRevision");
+            Some(adopted)
+        }
+        Err(e) if writer::is_conflict(&e) => {
+            pass.retry_soon();
+            None
+        }
+        Err(e) => {
+            let msg = format!(
+                "Error adopting ControllerRevision {}: {}",
+                r.name_any(),
+                writer::message(&e)
+            );
+            failed(pass, r, "FailedAdopt", msg, false).await;
+            None
+        }
+    }
+}
+
+/// Record the update revision, `hash`, in the NodeSet's history: adopt the orphans, then create
+/// the revision, or give it the next number when it is an older one (a rollback). Returns the
+/// history the NodeSet controls, for [`truncate`].
+pub(super) async fn record(pass: &mut Pass<'_>, hash: &str) -> Vec<Arc<ControllerRevision>> {
+    let ns = pass.ns;
+    let mut history = history_of(ns, &pass.ctx.caches.revisions);
+    let orphans: Vec<usize> = (0..history.len())
+        .filter(|i| controller_uid(&history[*i]).is_none())
+        .collect();
+    if let Some(first) = orphans.first().map(|i| history[*i].clone())
+        && may_adopt(pass, &first).await
+    {
+        for &i in &orphans {
+            if let Some(adopted) = adopt(pass, &history[i].clone(), None).await {
+                history[i] = Arc::new(adopted);
+            }
+        }
+    }
+    history.retain(|r| controller_uid(r) == Some(pass.uid.as_str()));
+    let name = revision_name(ns, hash);
+    match plan_update(&name, &history) {
+        Update::Current => {}
+        Update::Bump(i, to) => {
+            let r = history[i].clone();
+            match pass
+                .core()
+                .writer
+                .patch_revision(&r, json!({ "revision": to }))
+                .await
+            {
+                Ok(bumped) => {
+                    tracing::info!(revision = %name, from = number(&r), to, "rolled back to an earlier revision");
+                    history[i] = Arc::new(bumped);
+                    sort(&mut history);
+                }
+                Err(e) if writer::is_conflict(&e) || writer::is_not_found(&e) => pass.retry_soon(),
+                Err(e) => {
+                    let msg = format!(
+                        "Error numbering ControllerRevision {name} {to} (it was {}; the NodeSet rolls back to it): {}",
+                        number(&r),
+                        writer::message(&e)
+                    );
+                    failed(pass, &r, "FailedUpdate", msg, false).await;
+                }
+            }
+        }
+        Update::Create(number) => create(pass, hash, number).await,
+    }
+    history
+}
+
+/// Create the revision of `hash`; a name already taken is read from the API: the NodeSet's own
+/// (the cache lags, or it lost its labels: they are put back), an orphan (adopted) or another's
+/// (reported).
+async fn create(pass: &mut Pass<'_>, hash: &str, number: i64) {
+    let ns = pass.ns;
+    let rev = match new_revision(ns, hash, number) {
+        Ok(rev) => rev,
+        Err(e) => {
+            let about = ControllerRevision {
+                metadata: ObjectMeta {
+                    name: Some(revision_name(ns, hash)),
+                    namespace: ns.namespace(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            failed(
+                pass,
+                &about,
+                "FailedCreate",
+                format!("Error building ControllerRevision {}: {e}", about.name_any()),
+                false,
+            )
+            .await;
+            return;
+        }
+    };
+    let name = rev.name_any();
+    let e = match pass.core().writer.create_revision(&rev).await {
+        Ok(_) => {
+            tracing::info!(revision = %name, number, "recorded a new revision");
+            return;
+        }
+        Err(e) => e,
+    };
+    if !writer::is_already_exists(&e) {
+        let msg = format!(
+            "Error creating ControllerRevision {name}: {}",
+            writer::message(&e)
+        );
+        failed(pass, &rev, "FailedCreate", msg, false).await;
+        return;
+    }
+    let api: Api<ControllerRevision> =
+        Api::namespaced(pass.core().client.clone(), &ns.namespace().unwrap_or_default());
+    let live = match api.get_opt(&name).await {
+        Ok(Some(live)) => live,
+        // Deleted meanwhile: the next pass creates it.
+        Ok(None) => return pass.retry_soon(),
+        Err(e) => {
+            let msg = format!("Error reading ControllerRevision {name}: {}", writer::message(&e));
+            failed(pass, &rev, "FailedCreate", msg, false).await;
+            return;
+        }
+    };
+    match live
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    {
+        Some(o) if o.uid == pass.uid => {
+            if labelled(ns, &live, hash) {
+                // The cache has not shown it yet.
+                pass.retry_soon();
+                return;
+            }
+            let mut labels = ns.selector_labels();
+            labels.insert(keys::LABEL_REVISION_HASH.into(), hash.into());
+            match pass
+                .core()
+                .writer
+                .patch_revision(&live, json!({"metadata": {"labels": labels}}))
+                .await
+            {
+                Ok(_) => tracing::info!(revision = %name, "put back the labels of a revision"),
+                Err(e) if writer::is_conflict(&e) => pass.retry_soon(),
+                Err(e) => {
+                    let msg = format!(
+                        "Error labelling ControllerRevision {name}: {}",
+                        writer::message(&e)
+                    );
+                    failed(pass, &live, "FailedUpdate", msg, false).await;
+                }
+            }
+        }
+        None => {
+            if may_adopt(pass, &live).await {
+                adopt(pass, &live, Some(hash)).await;
+            }
+        }
+        Some(o) => {
+            let whose = if o.kind == "NodeSet" && o.name == ns.name_any() {
+                format!(
+                    "a previous NodeSet {} (uid {}) and awaits garbage collection",
+                    o.name, o.uid
+                )
+            } else {
+                format!("{} {}", o.kind, o.name)
+            };
+            let msg = format!(
+                "ControllerRevision {name} belongs to {whose}: revision {hash} is not recorded \
+                 (its pods roll all the same) until that object is gone"
+            );
+            failed(pass, &live, "NotOwned", msg, true).await;
+        }
+    }
+}
+
+/// Delete the revisions beyond `spec.revisionHistoryLimit` (see [`plan_truncate`]): `history` as
+/// [`record`] returned it, `pods` every pod the NodeSet owns (terminating ones included).
+pub(super) async fn truncate(
+    pass: &mut Pass<'_>,
+    history: &[Arc<ControllerRevision>],
+    pods: &[Arc<Pod>],
+    hash: &str,
+) {
+    let ns = pass.ns;
+    let limit = ns.spec.revision_history_limit.unwrap_or(0).max(0) as usize;
+    let live = live_revisions(ns, hash, pods);
+    for r in plan_truncate(history, &live, limit) {
+        let (namespace, name) = (r.namespace().unwrap_or_default(), r.name_any());
+        let uid = r.uid().unwrap_or_default();
+        match pass.core().writer.delete_revision(&namespace, &name, &uid).await {
+            Ok(_) => tracing::info!(revision = %name, number = number(&r), limit, "deleted an old revision"),
+            // The name belongs to another object now: not ours to delete.
+            Err(e) if writer::is_conflict(&e) => tracing::debug!(revision = %name, "{}", writer::message(&e)),
+            Err(e) => {
+                let msg = format!(
+                    "Error deleting ControllerRevision {name}: {}",
+                    writer::message(&e)
+                );
+                failed(pass, &r, "FailedDelete", msg, false).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
+        jiff::Timestamp,
+    };
+
+    use super::*;
+    use crate::reconcile::nodeset::fixtures::{nodeset, pod};
+
+    fn rev(ns: &NodeSet, hash: &str, number: i64) -> Arc<ControllerRevision> {
+        let mut r = new_revision(ns, hash, number).unwrap_or_else(|e| panic!("{e}"));
+        r.metadata.uid = Some(format!("uid-{hash}"));
+        r.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        Arc::new(r)
+    }
+
+    fn names(revs: &[Arc<ControllerRevision>]) -> Vec<String> {
+        revs.iter().map(|r| r.name_any()).collect()
+    }
+
+    #[test]
+    fn a_revision_is_labelled_owned_and_named_for_the_pods() {
+        let ns = nodeset("w", 1);
+        let r = new_revision(&ns, "abc", 4).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.name_any(), "w-abc");
+        assert_eq!(number(&r), 4);
+        assert!(labelled(&ns, &r, "abc"), "{:?}", r.labels());
+        assert_eq!(
+            r.labels().len(),
+            3,
+            "selector labels and the hash: {:?}",
+            r.labels()
+        );
+        assert_eq!(controller_uid(&r), Some("uid-w"));
+        let data = r.data.0;
+        assert_eq!(data["spec"]["extraConf"], Value::Null, "{data}");
+    }
+
+    #[test]
+    fn history_is_the_nodesets_own_and_its_orphans_in_number_order() {
+        let (ns, other) = (nodeset("w", 1), nodeset("v", 1));
+        let (writer_store, store) = {
+            let (reader, writer) = kube::runtime::reflector::store::<ControllerRevision>();
+            (writer, reader)
+        };
+        let mut w = writer_store;
+        let mut foreign = (*rev(&ns, "f", 1)).clone();
+        foreign.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "StatefulSet".into(),
+            name: "w".into(),
+            uid: "sts".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        let mut orphan = (*rev(&ns, "o", 2)).clone();
+        orphan.metadata.owner_references = None;
+        let mut unlabelled = (*rev(&ns, "u", 9)).clone();
+        unlabelled.metadata.labels = None;
+        for r in [
+            (*rev(&ns, "c", 5)).clone(),
+            (*rev(&ns, "a", 3)).clone(),
+            (*rev(&other, "x", 4)).clone(),
+            foreign,
+            orphan,
+            unlabelled,
+        ] {
+            w.apply_watcher_event(&kube::runtime::watcher::Event::Apply(r));
+        }
+        assert_eq!(names(&history_of(&ns, &store)), ["w-o", "w-a", "w-c"]);
+    }
+
+    #[test]
+    fn new_revisions_follow_the_highest_and_a_rollback_is_renumbered() {
+        let ns = nodeset("w", 1);
+        assert_eq!(plan_update("w-a", &[]), Update::Create(1));
+        let history = vec![rev(&ns, "a", 1), rev(&ns, "b", 2)];
+        assert_eq!(plan_update("w-c", &history), Update::Create(3));
+        assert_eq!(plan_update("w-b", &history), Update::Current);
+        assert_eq!(plan_update("w-a", &history), Update::Bump(0, 3));
+        // Equal numbers: the later created (then the greater name) is the latest.
+        let mut tie = (*rev(&ns, "z", 2)).clone();
+        tie.metadata.creation_timestamp =
+            Some(Time(Timestamp::from_second(60).unwrap_or(Timestamp::UNIX_EPOCH)));
+        let mut history = vec![Arc::new(tie), rev(&ns, "b", 2)];
+        sort(&mut history);
+        assert_eq!(names(&history), ["w-b", "w-z"]);
+        assert_eq!(plan_update("w-b", &history), Update::Bump(0, 3));
+    }
+
+    #[test]
+    fn truncation_keeps_the_limit_the_update_and_what_pods_run() {
+        let ns = nodeset("w", 3);
+        let history: Vec<_> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .enumerate()
+            .map(|(i, h)| rev(&ns, h, i as i64 + 1))
+            .collect();
+        // Pods run b (the old revision mid-rollout) and e (the update); one b is terminating.
+        let pods = vec![
+            pod(&ns, 0).revision("b").owned().arc(),
+            pod(&ns, 1).revision("e").owned().arc(),
+            pod(&ns, 2).revision("b").owned().terminating().arc(),
+        ];
+        let live = live_revisions(&ns, "e", &pods);
+        assert_eq!(live, BTreeSet::from(["w-b".to_string(), "w-e".to_string()]));
+        assert_eq!(names(&plan_truncate(&history, &live, 0)), ["w-a", "w-c", "w-d"]);
+        assert_eq!(
+            names(&plan_truncate(&history, &live, 1)),
+            ["w-a", "w-c"],
+            "lowest first"
+        );
+        assert!(plan_truncate(&history, &live, 3).is_empty());
+        assert!(plan_truncate(&history, &live, 10).is_empty());
+        // Once every pod runs e, b goes too.
+        let live = live_revisions(&ns, "e", &[]);
+        assert_eq!(names(&plan_truncate(&history, &live, 1)), ["w-a", "w-b", "w-c"]);
+    }
+
+    #[test]
+    fn adoption_adds_the_nodeset_as_controller_and_keeps_other_owners() {
+        let ns = nodeset("w", 1);
+        let mut orphan = (*rev(&ns, "o", 2)).clone();
+        let plain = OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "keep".into(),
+            uid: "cm".into(),
+            ..Default::default()
+        };
+        orphan.metadata.owner_references = Some(vec![plain.clone()]);
+        let patch = adoption_patch(&ns, &orphan, None);
+        let refs: Vec<OwnerReference> =
+            serde_json::from_value(patch["metadata"]["ownerReferences"].clone()).unwrap_or_default();
+        assert_eq!(refs.len(), 2, "{patch}");
+        assert_eq!(refs[0], plain);
+        assert_eq!((refs[1].uid.as_str(), refs[1].controller), ("uid-w", Some(true)));
+        assert!(patch["metadata"].get("labels").is_none());
+        let relabel = adoption_patch(&ns, &orphan, Some("o"));
+        assert_eq!(relabel["metadata"]["labels"][keys::LABEL_REVISION_HASH], "o");
+        assert_eq!(relabel["metadata"]["labels"][keys::LABEL_INSTANCE], "w");
+    }
+}

@@ -1,0 +1,356 @@
+//! A NodeSet's revision history end to end, on the embedded API server (or the cluster of
+//! `SLINKY_TEST_KUBECONFIG`): one ControllerRevision per pod revision, numbered, found by the
+//! NodeSet's selector labels; a rollback (the old revision's `data` merged back with kubectl)
+//! renumbers the old revision and rolls the pods back to its hash; `revisionHistoryLimit` keeps
+//! that many old revisions; a steady state writes nothing and a restart renumbers nothing; a name
+//! held by another object, or a refused write, is a condition and an Event until it is resolved,
+//! and never holds the pods back.
+
+use std::{
+    collections::BTreeMap,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::{
+    apps::v1::ControllerRevision,
+    core::v1::{ConfigMap, Pod},
+};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use slinky_api::NodeSet;
+use slinky_apiserver::{FaultError, Times};
+use slinky_tests::{
+    TestCluster, eventually,
+    host::{Host, NS_NAME, apply_example_with, cluster, events, nodeset_condition, settled_without_writes},
+    inject_fault,
+};
+
+/// A revision as the test sees it: its number and UID.
+type Revisions = BTreeMap<String, (i64, String)>;
+
+/// The NodeSet's revisions, as `kubectl get controllerrevisions -l
+/// app.kubernetes.io/instance=<nodeset>` lists them.
+async fn revisions(c: &TestCluster, ns: &str) -> Result<Revisions> {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={NS_NAME}"));
+    Ok(Api::<ControllerRevision>::namespaced(c.client.clone(), ns)
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .map(|r| {
+            (
+                r.name_any(),
+                (r.revision.unwrap_or(0), r.uid().unwrap_or_default()),
+            )
+        })
+        .collect())
+}
+
+/// Wait until the NodeSet's status and every one of its `replicas` pods show one revision of the
+/// current generation; returns that revision's hash.
+async fn rolled(c: &TestCluster, ns: &str, replicas: usize) -> Result<String> {
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), ns);
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns);
+    let done = eventually(90, || async {
+        let n = api.get(NS_NAME).await.ok()?;
+        let st = n.status?;
+        let hash = st.node_set_hash?;
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        let all = list.items.len() == replicas
+            && list.items.iter().all(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.labels().get("controller-revision-hash") == Some(&hash)
+            });
+        (all && st.observed_generation == n.metadata.generation && st.updated_replicas == replicas as i32)
+            .then_some(hash)
+    })
+    .await;
+    match done {
+        Some(hash) => Ok(hash),
+        None => bail!("the NodeSet did not roll: {:?}", api.get(NS_NAME).await?.status),
+    }
+}
+
+/// Wait until the NodeSet's revisions are `want` (name → number).
+async fn history_is(c: &TestCluster, ns: &str, want: &[(&str, i64)]) -> Result<Revisions> {
+    let want: BTreeMap<String, i64> = want.iter().map(|(h, n)| (format!("{NS_NAME}-{h}"), *n)).collect();
+    let got = eventually(60, || async {
+        let have = revisions(c, ns).await.ok()?;
+        let numbers: BTreeMap<String, i64> = have.iter().map(|(k, (n, _))| (k.clone(), *n)).collect();
+        (numbers == want).then_some(have)
+    })
+    .await;
+    match got {
+        Some(have) => Ok(have),
+        None => bail!("expected revisions {want:?}, have {:?}", revisions(c, ns).await?),
+    }
+}
+
+/// Merge-patch `patch` into the example NodeSet.
+async fn edit(c: &TestCluster, ns: &str, patch: Value) -> Result<()> {
+    Api::<NodeSet>::namespaced(c.client.clone(), ns)
+        .patch(NS_NAME, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+/// Roll back as a user would: `kubectl patch nodeset <n> --type merge -p "$(kubectl get
+/// controllerrevision <rev> -o jsonpath='{.data}')"`.
+fn kubectl_rollback(c: &TestCluster, ns: &str, revision: &str) -> Result<()> {
+    let kc = c.kubeconfig.display().to_string();
+    let script = format!(
+        "kubectl --kubeconfig '{kc}' -n '{ns}' patch nodeset {NS_NAME} --type merge -p \
+         \"$(kubectl --kubeconfig '{kc}' -n '{ns}' get controllerrevision {revision} -o jsonpath='{{.data}}')\""
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .context("sh")?;
+    ensure!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rollback_renumbers_the_old_revision_and_the_history_keeps_its_limit() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("history").await;
+    apply_example_with(&c, &ns, 2, |v| {
+        v["spec"]["revisionHistoryLimit"] = json!(1);
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+
+    // Template A: revision 1, named after the pods' hash, found by the selector labels.
+    let a = rolled(&c, &ns, 2).await?;
+    let first = history_is(&c, &ns, &[(&a, 1)]).await?;
+    let rev_a = format!("{NS_NAME}-{a}");
+    let obj = Api::<ControllerRevision>::namespaced(c.client.clone(), &ns)
+        .get(&rev_a)
+        .await?;
+    let labels = obj.labels();
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("slurmd")
+    );
+    assert_eq!(labels.get("controller-revision-hash"), Some(&a));
+    let owner = obj
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .context("a controller")?;
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("NodeSet", NS_NAME));
+    let data = obj.data.0.clone();
+    assert_eq!(
+        data["spec"]["ssh"],
+        Value::Null,
+        "absent fields are explicit nulls: {data}"
+    );
+    assert_eq!(data["spec"]["extraConf"], "Features=gpu,ib Weight=10");
+
+    // Template B: revision 2; A is kept (limit 1). B changes values inside A's fields, removes
+    // one A has and adds one A has not.
+    edit(
+        &c,
+        &ns,
+        json!({"spec": {"template": {"metadata": {"labels": {"example.com/pool": "gpu"}}},
+            "slurmd": {"image": "ghcr.io/slinkyproject/slurmd:25.11-ubuntu24.04"},
+            "extraConf": null, "ssh": {"enabled": false, "extraSshdConfig": "LogLevel DEBUG"}}}),
+    )
+    .await?;
+    let b = rolled(&c, &ns, 2).await?;
+    ensure!(b != a, "B is a new revision");
+    history_is(&c, &ns, &[(&a, 1), (&b, 2)]).await?;
+
+    // Back to A with A's data: A's own revision is numbered 3 (not a copy) and its pods are
+    // current again.
+    kubectl_rollback(&c, &ns, &rev_a)?;
+    let back = rolled(&c, &ns, 2).await?;
+    assert_eq!(back, a, "the pods are back at A's hash");
+    let after = history_is(&c, &ns, &[(&a, 3), (&b, 2)]).await?;
+    assert_eq!(after[&rev_a].1, first[&rev_a].1, "the same object, renumbered");
+    let spec = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?
+        .spec;
+    assert!(
+        spec.ssh.is_none(),
+        "the field A did not have is gone: {:?}",
+        spec.ssh
+    );
+    assert_eq!(spec.extra_conf.as_deref(), Some("Features=gpu,ib Weight=10"));
+
+    // Template C: revision 4; of A and B only the later-numbered A stays (limit 1).
+    edit(
+        &c,
+        &ns,
+        json!({"spec": {"template": {"metadata": {"labels": {"example.com/pool": "c"}}}}}),
+    )
+    .await?;
+    let cc = rolled(&c, &ns, 2).await?;
+    history_is(&c, &ns, &[(&a, 3), (&cc, 4)]).await?;
+
+    // A steady state writes nothing; a restarted host renumbers nothing.
+    settled_without_writes(&host).await?;
+    let before = revisions(&c, &ns).await?;
+    host.stop().await;
+    let host = Host::start(&c, &ns)?;
+    host.wait_ready().await?;
+    settled_without_writes(&host).await?;
+    assert_eq!(
+        revisions(&c, &ns).await?,
+        before,
+        "same revisions, numbers and UIDs"
+    );
+    for verb in ["create_revision", "patch_revision", "delete_revision"] {
+        assert_eq!(host.handles.writes.ok(verb), 0, "{verb} after the restart");
+    }
+
+    // The limit back to Slinky's default, 0: only the revision the pods run stays.
+    edit(&c, &ns, json!({"spec": {"revisionHistoryLimit": null}})).await?;
+    history_is(&c, &ns, &[(&cc, 4)]).await?;
+    // (The deletion may be seen before the host has counted its answer.)
+    let deleted = eventually(10, || async {
+        (host.handles.writes.ok("delete_revision") == 1).then_some(())
+    })
+    .await;
+    ensure!(
+        deleted.is_some(),
+        "one revision deleted: {:?}",
+        host.handles.writes.snapshot()
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revision_name_held_by_another_object_is_a_condition_until_it_is_gone() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("held").await;
+    apply_example_with(&c, &ns, 1, |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    let a = rolled(&c, &ns, 1).await?;
+    history_is(&c, &ns, &[(&a, 1)]).await?;
+    host.stop().await;
+
+    // While no host runs, the revision is replaced by one a ConfigMap controls.
+    let name = format!("{NS_NAME}-{a}");
+    let revs = Api::<ControllerRevision>::namespaced(c.client.clone(), &ns);
+    revs.delete(&name, &Default::default()).await?;
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "stranger"}}))?;
+    let cm = Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    let foreign: ControllerRevision = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "slurmd"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "stranger",
+                "uid": cm.uid(), "controller": true}]},
+        "data": {}, "revision": 7}))?;
+    eventually(30, || async {
+        revs.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await
+    .context("the revision was not deleted")?;
+    revs.create(&PostParams::default(), &foreign).await?;
+
+    let host = Host::start(&c, &ns)?;
+    let cond = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "ChildFailure").await.ok()??;
+        (cond.status == "True").then_some(cond)
+    })
+    .await
+    .context("no ChildFailure condition")?;
+    assert_eq!(cond.reason, "NotOwned");
+    ensure!(
+        cond.message.contains(&name) && cond.message.contains("ConfigMap stranger"),
+        "{}",
+        cond.message
+    );
+    let noted = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        noted.iter().filter(|(r, _)| r == "NotOwned").count() == 1,
+        "one NotOwned Event while it stands: {noted:?}"
+    );
+    let kept = revs.get(&name).await?;
+    assert_eq!(kept.revision, Some(7), "another's revision is left alone");
+
+    // Gone: the NodeSet records its revision and the condition clears.
+    revs.delete(&name, &Default::default()).await?;
+    let cleared = eventually(60, || async {
+        let cond = nodeset_condition(&c, &ns, "ChildFailure").await.ok()?;
+        cond.is_none_or(|c| c.status == "False").then_some(())
+    })
+    .await;
+    ensure!(cleared.is_some(), "ChildFailure stayed");
+    let mine = history_is(&c, &ns, &[(&a, 1)]).await?;
+    ensure!(
+        mine[&name].1 != kept.uid().unwrap_or_default(),
+        "a new revision of the NodeSet's"
+    );
+    host.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_revision_write_is_a_condition_and_an_event_and_is_retried() -> Result<()> {
+    let c = cluster(true).await;
+    let Some(server) = c.embedded("fault injection") else {
+        return Ok(());
+    };
+    let ns = c.namespace("refused").await;
+    apply_example_with(&c, &ns, 2, |_| {}).await?;
+    inject_fault(
+        server,
+        "create",
+        "controllerrevisions",
+        FaultError::Internal,
+        Times::Count(u32::MAX),
+    );
+    let host = Host::start(&c, &ns)?;
+    // The pods roll all the same: the history records them, it does not drive them.
+    let a = rolled(&c, &ns, 2).await?;
+    let name = format!("{NS_NAME}-{a}");
+    let cond = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "ChildFailure").await.ok()??;
+        (cond.status == "True").then_some(cond)
+    })
+    .await
+    .context("no ChildFailure condition")?;
+    assert_eq!(cond.reason, "FailedCreate");
+    ensure!(
+        cond.message
+            .contains(&format!("Error creating ControllerRevision {name}")),
+        "{}",
+        cond.message
+    );
+    let noted = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        noted
+            .iter()
+            .any(|(r, n)| r == "FailedCreate" && n.contains(&name)),
+        "an Event: {noted:?}"
+    );
+    ensure!(revisions(&c, &ns).await?.is_empty());
+    let refused = server.faults().fired().len();
+    ensure!(refused >= 1, "the create was refused");
+
+    // The API server takes it again: the retry records the revision and clears the condition.
+    server.faults().clear();
+    history_is(&c, &ns, &[(&a, 1)]).await?;
+    let cleared = eventually(60, || async {
+        let cond = nodeset_condition(&c, &ns, "ChildFailure").await.ok()?;
+        cond.is_none_or(|c| c.status == "False").then_some(())
+    })
+    .await;
+    ensure!(cleared.is_some(), "ChildFailure stayed");
+    host.stop().await;
+    Ok(())
+}
