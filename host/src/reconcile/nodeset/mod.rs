@@ -34,11 +34,12 @@ pub(crate) mod fixtures;
 mod other_children;
 mod plan;
 mod pods;
+mod reservation;
 mod slurm_conditions;
 mod status;
 mod volumes;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
@@ -106,7 +107,8 @@ struct Pass<'a> {
     retry_soon: bool,
     /// DaemonSet mode: the nodes the pods should run on (the status' `desired`).
     desired: Option<i32>,
-    /// DaemonSet mode: the soonest a node in failure backoff may get its pod.
+    /// The soonest the pass must come back: a DaemonSet-mode node's failure backoff, a
+    /// maintenance window's start or end.
     come_back: Option<Duration>,
 }
 
@@ -163,6 +165,11 @@ impl Pass<'_> {
     fn retry_soon(&mut self) {
         self.retry_soon = true;
     }
+
+    /// Come back within `after` (a node's backoff, a maintenance window's start or end).
+    fn come_back_within(&mut self, after: Duration) {
+        self.come_back = Some(self.come_back.map_or(after, |c| c.min(after)));
+    }
 }
 
 async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, Error> {
@@ -172,7 +179,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     if !core.serves(&namespace) {
         return Ok(Action::await_change());
     }
-    if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) {
+    if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) && !reservation::has_finalizer(ns) {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);
         ctx.daemon_backoff.forget(&uid);
@@ -217,7 +224,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     let mut requeue = core.resync;
     let reached;
     if ns.metadata.deletion_timestamp.is_some() {
-        if finalizer::finalize(&mut pass, controller.as_deref(), &owned).await {
+        // The reservation's finalizer first (one finalizer write a pass).
+        if reservation::finalize(&mut pass, controller.as_deref()).await
+            && finalizer::finalize(&mut pass, controller.as_deref(), &owned).await
+        {
             ctx.expectations.forget(&pass.uid);
             ctx.differing.forget(&pass.uid);
             return Ok(Action::await_change());
@@ -302,8 +312,9 @@ async fn sync(
     }
     let slurm = SlurmView::read(pass, controller).await;
     finalizer::ensure(pass, &slurm).await;
+    let window = reservation::sync(pass, &slurm, &claims.owned).await;
     if ns.is_daemon() {
-        return sync_daemon(pass, controller, revision, claims, plugin, slurm).await;
+        return sync_daemon(pass, controller, revision, claims, plugin, slurm, window).await;
     }
     let update_ranks = slurm.update_ranks(&claims.owned);
     let plan = plan(&Inputs {
@@ -314,6 +325,7 @@ async fn sync(
         leaving: &claims.leaving,
         now: Timestamp::now(),
         update_ranks: &update_ranks,
+        window: window.as_ref(),
     });
     if let Some(problem) = plan
         .creates
@@ -360,6 +372,7 @@ async fn sync_daemon(
     claims: Claims,
     plugin: &Plugin,
     slurm: SlurmView,
+    window: Option<BTreeSet<String>>,
 ) -> Result<Vec<Arc<Pod>>, Error> {
     let ns = pass.ns;
     let nodes = pass.ctx.caches.nodes.state();
@@ -399,9 +412,12 @@ async fn sync_daemon(
         probe: &probe,
         now: Timestamp::now(),
         backoff: &pass.ctx.daemon_backoff,
+        window: window.as_ref(),
     });
     pass.desired = Some(i32::try_from(plan.desired).unwrap_or(i32::MAX));
-    pass.come_back = plan.backoff;
+    if let Some(after) = plan.backoff {
+        pass.come_back_within(after);
+    }
     let mut slots = Vec::new();
     for e in &plan.creates {
         if let Some(problem) = checks::summary(&ns.daemon_identity_problems(&e.node, &e.hostname)) {
