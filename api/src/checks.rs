@@ -6,7 +6,7 @@
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::{
-    Controller, NodeSet, UpdateStrategyType, keys,
+    Controller, NodeSet, keys,
     validation::{dns1035_label, dns1123_label, dns1123_subdomain, label_value},
 };
 
@@ -175,13 +175,6 @@ impl NodeSet {
             )),
         }
         if let Some(strategy) = &self.spec.update_strategy {
-            if strategy.type_ == UpdateStrategyType::ScheduledUpdate {
-                problems.push(SpecProblem::new(
-                    "spec.updateStrategy.type",
-                    "ScheduledUpdate is not supported by this host yet (it needs a Slurm maintenance \
-                     reservation): use RollingUpdate or OnDelete",
-                ));
-            }
             let mu = strategy
                 .rolling_update
                 .as_ref()
@@ -193,6 +186,7 @@ impl NodeSet {
                 ));
             }
         }
+        problems.extend(self.scheduled_update_problems());
         problems.extend(self.claim_problems());
         if problems.is_empty() && self.replicas() > 0 && !self.is_daemon() {
             problems.extend(self.identity_problems((self.replicas() - 1) as u32));
@@ -379,6 +373,7 @@ mod tests {
     use super::*;
     use crate::{
         ControllerReference, NodeSetSpec, PodSpecWrapper, RollingUpdate, ScalingMode, UpdateStrategy,
+        UpdateStrategyType,
     };
 
     fn nodeset(name: &str, replicas: i32) -> NodeSet {
@@ -497,7 +492,7 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_modes_are_problems() {
+    fn a_scheduled_update_needs_a_readable_window() {
         let mut ns = nodeset("w", 1);
         ns.spec.scaling_mode = ScalingMode::DaemonSet;
         assert!(ns.spec_problems().is_empty(), "DaemonSet mode is served");
@@ -505,7 +500,38 @@ mod tests {
             type_: UpdateStrategyType::ScheduledUpdate,
             ..Default::default()
         });
-        assert_eq!(fields(&ns.spec_problems()), ["spec.updateStrategy.type"]);
+        assert_eq!(
+            fields(&ns.spec_problems()),
+            ["spec.updateStrategy.scheduledUpdate.startTime"]
+        );
+        ns.spec.update_strategy = Some(UpdateStrategy {
+            type_: UpdateStrategyType::ScheduledUpdate,
+            scheduled_update: Some(crate::ScheduledUpdate {
+                start_time: Some("2025-06-01T02:00:00Z".into()),
+                duration: Some("2 hours".into()),
+                flags: None,
+            }),
+            ..Default::default()
+        });
+        assert_eq!(
+            fields(&ns.spec_problems()),
+            ["spec.updateStrategy.scheduledUpdate.duration"]
+        );
+        if let Some(s) = ns
+            .spec
+            .update_strategy
+            .as_mut()
+            .and_then(|s| s.scheduled_update.as_mut())
+        {
+            s.duration = Some("2h".into());
+        }
+        assert!(ns.spec_problems().is_empty());
+        // Another strategy ignores a scheduledUpdate it does not use (as Slinky's CEL rule).
+        if let Some(s) = ns.spec.update_strategy.as_mut() {
+            s.type_ = UpdateStrategyType::RollingUpdate;
+            s.scheduled_update = Some(Default::default());
+        }
+        assert!(ns.spec_problems().is_empty());
     }
 
     #[test]

@@ -26,12 +26,16 @@ pub const REFERENCE_NOT_FOUND: &str = "ReferenceNotFound";
 /// asked (reasons `SlurmUnreachable`, `SlurmUnauthorized`, `SlurmNotConfigured`,
 /// `SlurmRefused`): no pod that could run a job is deleted while it stands.
 pub const SLURM_FAILURE: &str = "SlurmFailure";
+/// Whether a `ScheduledUpdate` NodeSet's Slurm maintenance reservation exists (reasons
+/// `Scheduled`, `Active`) or why not (`WindowOver`, `NoSlurmNodes`, `NoReplicas`,
+/// `NoSlurmrestd`, or the Slurm failure's); absent with another strategy (Slinky's condition).
+pub const RESERVATION_CREATED: &str = "ReservationCreated";
 /// Set by hosts before `ChildFailure` replaced it (the Controller's Service only); the host
 /// clears it.
 #[deprecated(note = "replaced by CHILD_FAILURE; the host only clears it")]
 pub const SERVICE_FAILURE: &str = "ServiceFailure";
 /// The condition types a NodeSet's status carries from the host.
-pub const NODESET: [&str; 7] = [
+pub const NODESET: [&str; 8] = [
     READY,
     INVALID_SPEC,
     BUILDER_FAILED,
@@ -39,6 +43,7 @@ pub const NODESET: [&str; 7] = [
     REPLICA_FAILURE,
     CHILD_FAILURE,
     SLURM_FAILURE,
+    RESERVATION_CREATED,
 ];
 /// The condition types a Controller's status carries from the host.
 pub const CONTROLLER: [&str; 5] = [

@@ -24,6 +24,9 @@ pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
 /// no job runs on its Slurm nodes (Slinky's #138: slurmctld crashed on job records of nodes a
 /// reconfigure removed).
 pub const FINALIZER_SLURM_NODES: &str = "nodeset.slinky.slurm.net/slurm-nodes";
+/// NodeSet finalizer (Slinky's): a `ScheduledUpdate` NodeSet stays until its Slurm maintenance
+/// reservation is deleted.
+pub const FINALIZER_RESERVATION: &str = "nodeset.slinky.slurm.net/reservation";
 /// The revision label shared with StatefulSets.
 pub const LABEL_REVISION_HASH: &str = "controller-revision-hash";
 /// Pod annotation: the Slurm topology spec, read by slurmd through `SLINKY_TOPOLOGY`.

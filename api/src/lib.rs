@@ -39,6 +39,8 @@ pub mod pods;
 /// Kubernetes quantities as numbers.
 pub mod quantity;
 mod restapi;
+/// The maintenance window of a `ScheduledUpdate` NodeSet.
+pub mod scheduled;
 mod spec_parts;
 /// Kubernetes' name and value rules.
 pub mod validation;
@@ -58,6 +60,7 @@ pub use nodeset::{
     UpdateStrategy, UpdateStrategyType,
 };
 pub use restapi::{RestApi, RestApiSpec, RestApiStatus, SLURMRESTD_PORT, restapi_key};
+pub use scheduled::ScheduledUpdate;
 pub use spec_parts::{Metadata, PodTemplate, ServiceSpec};
 pub use wrappers::{ContainerWrapper, PodSpecWrapper, ServiceSpecWrapper, WrapperError};
 

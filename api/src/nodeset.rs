@@ -78,10 +78,9 @@ pub struct UpdateStrategy {
     /// Rolling update parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rolling_update: Option<RollingUpdate>,
-    /// Scheduled update parameters (passed through).
+    /// Scheduled update parameters: the maintenance window (with `type: ScheduledUpdate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "wrappers::preserve_unknown")]
-    pub scheduled_update: Option<serde_json::Value>,
+    pub scheduled_update: Option<crate::ScheduledUpdate>,
 }
 
 /// The update strategy's kind.

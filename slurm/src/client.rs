@@ -14,7 +14,12 @@ use hyper_util::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{Error, jwt::Tokens, node::Node};
+use crate::{
+    Error,
+    jwt::Tokens,
+    node::Node,
+    reservation::{Reservation, ReservationRequest},
+};
 
 /// The data-parser versions the host reads, newest first (Slinky's images serve these).
 pub const VERSIONS: [&str; 3] = ["v0.0.43", "v0.0.42", "v0.0.41"];
@@ -359,6 +364,76 @@ impl Client {
             &format!("resuming node {node}"),
             &format!("/node/{node}"),
             Some(&body),
+        )
+        .await
+        .map(drop)
+    }
+}
+
+/// The data parser that can create and update reservations (v0.0.41 and v0.0.42 only list and
+/// delete them).
+pub const RESERVATION_WRITE_VERSION: &str = "v0.0.43";
+
+impl Client {
+    /// Every reservation (`GET /slurm/<v>/reservations/`).
+    ///
+    /// # Errors
+    /// The call failed, or its answer is not a reservation list.
+    pub async fn reservations(&self) -> Result<Vec<Reservation>, Error> {
+        let value = self
+            .call(Method::GET, "the reservation list", "/reservations/", None)
+            .await?;
+        parse(&value, "reservations", "reservations")
+    }
+
+    /// The reservation named `name` (Slurm compares names without case), if it exists.
+    ///
+    /// # Errors
+    /// As [`Client::reservations`].
+    pub async fn reservation(&self, name: &str) -> Result<Option<Reservation>, Error> {
+        Ok(self
+            .reservations()
+            .await?
+            .into_iter()
+            .find(|r| r.name.eq_ignore_ascii_case(name)))
+    }
+
+    /// Create the reservation `req` names, or update it if it exists
+    /// (`POST /slurm/v0.0.43/reservation`).
+    ///
+    /// # Errors
+    /// The server speaks an older data parser ([`Error::Unsupported`]), the call failed, or
+    /// Slurm refused it.
+    pub async fn put_reservation(&self, req: &ReservationRequest) -> Result<(), Error> {
+        let v = self.version().await?;
+        if v != RESERVATION_WRITE_VERSION {
+            return Err(Error::Unsupported {
+                url: self.base.clone(),
+                version: v,
+                what: "create or update a reservation".into(),
+                needs: RESERVATION_WRITE_VERSION,
+            });
+        }
+        self.call(
+            Method::POST,
+            &format!("writing reservation {}", req.name),
+            "/reservation",
+            Some(&req.body()),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Delete the reservation `name` (`DELETE /slurm/<v>/reservation/<name>`).
+    ///
+    /// # Errors
+    /// The call failed or Slurm refused it.
+    pub async fn delete_reservation(&self, name: &str) -> Result<(), Error> {
+        self.call(
+            Method::DELETE,
+            &format!("deleting reservation {name}"),
+            &format!("/reservation/{name}"),
+            None,
         )
         .await
         .map(drop)

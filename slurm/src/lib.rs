@@ -5,15 +5,21 @@
 //! * [`Client`]: one per Controller; HS256 JWTs signed with the Controller's key ([`jwt`]), the
 //!   newest data parser of [`VERSIONS`] the server offers, a deadline on every call, no cache.
 //! * [`Node`]: a node's state as the host reads it (busy, drained, whose drain).
+//! * [`Reservation`]: a reservation as Slurm lists it, and [`ReservationRequest`]: one as the
+//!   host asks for it (a NodeSet's maintenance window); [`hostlist`] reads and writes their node
+//!   lists.
 
 mod client;
+pub mod hostlist;
 pub mod jwt;
 mod node;
+mod reservation;
 
 use std::time::Duration;
 
-pub use client::{Client, DEFAULT_TIMEOUT, Ping, VERSIONS, in_control};
+pub use client::{Client, DEFAULT_TIMEOUT, Ping, RESERVATION_WRITE_VERSION, VERSIONS, in_control};
 pub use node::{Counts, Node, REASON_PREFIX};
+pub use reservation::{Reservation, ReservationRequest};
 
 /// Why a call to slurmrestd did not do what was asked.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -63,6 +69,21 @@ pub enum Error {
     NoVersion {
         /// The server.
         url: String,
+    },
+    /// The server's data parser cannot do what was asked.
+    #[error(
+        "slurmrestd at {url} speaks data parser {version}, which cannot {what}: that needs {needs} \
+         (Slurm 25.05 or later)"
+    )]
+    Unsupported {
+        /// The server.
+        url: String,
+        /// The data parser it speaks.
+        version: &'static str,
+        /// What was asked.
+        what: String,
+        /// The data parser that can.
+        needs: &'static str,
     },
     /// Slurm answered with errors.
     #[error("Slurm refused {what}: {message}")]

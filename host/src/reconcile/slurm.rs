@@ -62,7 +62,7 @@ impl Unavailable {
         let reason = match e {
             E::Unreachable { .. } | E::Timeout { .. } => "SlurmUnreachable",
             E::Unauthorized { .. } => "SlurmUnauthorized",
-            E::Url { .. } | E::NoVersion { .. } => "SlurmNotConfigured",
+            E::Url { .. } | E::NoVersion { .. } | E::Unsupported { .. } => "SlurmNotConfigured",
             E::Slurm { .. } | E::Http { .. } | E::Parse { .. } => "SlurmRefused",
         };
         Unavailable {

@@ -16,7 +16,8 @@
 //!   names are the nodes') is deleted, the oldest kept; so is one whose hostname no longer matches
 //!   its node's.
 //! * A rolling update replaces pods of another revision within `maxUnavailable` of the eligible
-//!   nodes, counting nodes without a pod; `OnDelete` leaves them.
+//!   nodes, counting nodes without a pod; `OnDelete` leaves them; a scheduled update replaces
+//!   the unhealthy ones and those in its open window (as [`super::plan`]).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -122,6 +123,8 @@ pub(super) struct DaemonInputs<'a> {
     pub probe: &'a PodSpec,
     pub now: Timestamp,
     pub backoff: &'a DaemonBackoff,
+    /// `ScheduledUpdate`: the pods in the open maintenance window (`None` for another strategy).
+    pub window: Option<&'a std::collections::BTreeSet<String>>,
 }
 
 fn finished(p: &Pod) -> bool {
@@ -222,7 +225,8 @@ pub(super) fn plan_daemon(inp: &DaemonInputs<'_>) -> DaemonPlan {
     plan.deletes.truncate(BURST);
 
     let strategy = ns.spec.update_strategy.as_ref();
-    if old_live.is_empty() || strategy.is_some_and(|s| s.type_ != UpdateStrategyType::RollingUpdate) {
+    let scheduled = strategy.is_some_and(|s| s.type_ == UpdateStrategyType::ScheduledUpdate);
+    if old_live.is_empty() || strategy.is_some_and(|s| s.type_ == UpdateStrategyType::OnDelete) {
         return plan;
     }
     let max = MaxUnavailable::resolve(
@@ -239,6 +243,10 @@ pub(super) fn plan_daemon(inp: &DaemonInputs<'_>) -> DaemonPlan {
     let (unhealthy, mut healthy): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = old_live
         .into_iter()
         .partition(|p| !is_available(p, min_ready, inp.now));
+    if scheduled {
+        healthy.retain(|p| inp.window.is_some_and(|w| w.contains(&p.name_any())));
+        budget = i64::MAX;
+    }
     // Old pods already unavailable cost no budget.
     plan.deletes
         .extend(unhealthy.into_iter().map(|p| (p.clone(), DeleteReason::Update)));
@@ -299,6 +307,7 @@ mod tests {
             probe,
             now: Timestamp::now(),
             backoff,
+            window: None,
         }
     }
 

@@ -158,6 +158,11 @@ pub(super) async fn gate(
                 }
                 if node.is_some_and(|n| !n.is_drain()) {
                     let why = match reason {
+                        DeleteReason::Update if pass.ns.is_scheduled_update() => format!(
+                            "pod {} is replaced in the maintenance window of reservation {}",
+                            pod.name_any(),
+                            pass.ns.reservation_name()
+                        ),
                         DeleteReason::Update => {
                             format!("pod {} is replaced by a rolling update", pod.name_any())
                         }

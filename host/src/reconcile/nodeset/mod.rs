@@ -35,11 +35,12 @@ mod history;
 mod other_children;
 mod plan;
 mod pods;
+mod reservation;
 mod slurm_conditions;
 mod status;
 mod volumes;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{
@@ -107,7 +108,8 @@ struct Pass<'a> {
     retry_soon: bool,
     /// DaemonSet mode: the nodes the pods should run on (the status' `desired`).
     desired: Option<i32>,
-    /// DaemonSet mode: the soonest a node in failure backoff may get its pod.
+    /// The soonest the pass must come back: a DaemonSet-mode node's failure backoff, a
+    /// maintenance window's start or end.
     come_back: Option<Duration>,
 }
 
@@ -164,6 +166,11 @@ impl Pass<'_> {
     fn retry_soon(&mut self) {
         self.retry_soon = true;
     }
+
+    /// Come back within `after` (a node's backoff, a maintenance window's start or end).
+    fn come_back_within(&mut self, after: Duration) {
+        self.come_back = Some(self.come_back.map_or(after, |c| c.min(after)));
+    }
 }
 
 async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, Error> {
@@ -173,7 +180,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     if !core.serves(&namespace) {
         return Ok(Action::await_change());
     }
-    if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) {
+    if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) && !reservation::has_finalizer(ns) {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);
         ctx.daemon_backoff.forget(&uid);
@@ -218,7 +225,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     let mut requeue = core.resync;
     let reached;
     if ns.metadata.deletion_timestamp.is_some() {
-        if finalizer::finalize(&mut pass, controller.as_deref(), &owned).await {
+        // The reservation's finalizer first (one finalizer write a pass).
+        if reservation::finalize(&mut pass, controller.as_deref()).await
+            && finalizer::finalize(&mut pass, controller.as_deref(), &owned).await
+        {
             ctx.expectations.forget(&pass.uid);
             ctx.differing.forget(&pass.uid);
             return Ok(Action::await_change());
@@ -304,8 +314,9 @@ async fn sync(
     let history = history::record(pass, revision).await;
     let slurm = SlurmView::read(pass, controller).await;
     finalizer::ensure(pass, &slurm).await;
+    let window = reservation::sync(pass, &slurm, &claims.owned).await;
     if ns.is_daemon() {
-        let owned = sync_daemon(pass, controller, revision, claims, plugin, slurm).await?;
+        let owned = sync_daemon(pass, controller, revision, claims, plugin, slurm, window).await?;
         history::truncate(pass, &history, &owned, revision).await;
         return Ok(owned);
     }
@@ -318,6 +329,7 @@ async fn sync(
         leaving: &claims.leaving,
         now: Timestamp::now(),
         update_ranks: &update_ranks,
+        window: window.as_ref(),
     });
     if let Some(problem) = plan
         .creates
@@ -365,6 +377,7 @@ async fn sync_daemon(
     claims: Claims,
     plugin: &Plugin,
     slurm: SlurmView,
+    window: Option<BTreeSet<String>>,
 ) -> Result<Vec<Arc<Pod>>, Error> {
     let ns = pass.ns;
     let nodes = pass.ctx.caches.nodes.state();
@@ -404,9 +417,12 @@ async fn sync_daemon(
         probe: &probe,
         now: Timestamp::now(),
         backoff: &pass.ctx.daemon_backoff,
+        window: window.as_ref(),
     });
     pass.desired = Some(i32::try_from(plan.desired).unwrap_or(i32::MAX));
-    pass.come_back = plan.backoff;
+    if let Some(after) = plan.backoff {
+        pass.come_back_within(after);
+    }
     let mut slots = Vec::new();
     for e in &plan.creates {
         if let Some(problem) = checks::summary(&ns.daemon_identity_problems(&e.node, &e.hostname)) {

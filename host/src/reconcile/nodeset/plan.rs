@@ -17,6 +17,8 @@
 //! * A rolling update replaces pods of another revision (or named with another padding) without
 //!   more than `maxUnavailable` pods unavailable, counting missing pods: old unhealthy pods first,
 //!   then healthy ones in scale-down order.
+//! * A scheduled update replaces old unhealthy pods at once, and the healthy ones whose Slurm
+//!   nodes are in the open maintenance window ([`Inputs::window`]), all of them.
 
 use std::{
     cmp::Ordering,
@@ -144,6 +146,9 @@ pub struct Inputs<'a> {
     /// How a rolling update ranks its old pods by their Slurm node (pod name → rank, lower
     /// first; see [`super::drain::SlurmView::update_ranks`]); empty without Slurm.
     pub update_ranks: &'a BTreeMap<String, u8>,
+    /// `ScheduledUpdate`: the pods whose Slurm nodes are in the open maintenance window (see
+    /// [`super::reservation`]); `None` for another strategy.
+    pub window: Option<&'a BTreeSet<String>>,
 }
 
 /// Plan one pass. The NodeSet's spec is valid ([`NodeSet::spec_problems`] is empty).
@@ -209,7 +214,8 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     }
 
     let strategy = ns.spec.update_strategy.as_ref();
-    if strategy.is_some_and(|s| s.type_ != UpdateStrategyType::RollingUpdate) {
+    let scheduled = strategy.is_some_and(|s| s.type_ == UpdateStrategyType::ScheduledUpdate);
+    if strategy.is_some_and(|s| s.type_ == UpdateStrategyType::OnDelete) {
         return plan;
     }
     let old: Vec<&Arc<Pod>> = live
@@ -242,6 +248,11 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     let (mut unhealthy, mut healthy): (Vec<&Arc<Pod>>, Vec<&Arc<Pod>>) = old
         .into_iter()
         .partition(|p| !is_available(p, min_ready, inp.now));
+    if scheduled {
+        // The window is the budget: its nodes are in maintenance.
+        healthy.retain(|p| inp.window.is_some_and(|w| w.contains(&p.name_any())));
+        budget = i64::MAX;
+    }
     unhealthy.sort_by(|a, b| condemn_order(a, b, ns));
     // Nodes the host is draining, then idle ones, then busy ones: a job keeps its node longest.
     let rank = |p: &Pod| inp.update_ranks.get(&p.name_any()).copied().unwrap_or(1);
@@ -277,6 +288,7 @@ mod tests {
             leaving: &claims.leaving,
             now: Timestamp::now(),
             update_ranks: &BTreeMap::new(),
+            window: None,
         })
     }
 
@@ -457,6 +469,44 @@ mod tests {
             "a pod named with another padding is replaced"
         );
         assert!(p.creates.is_empty(), "its ordinal stays held until it is gone");
+    }
+
+    #[test]
+    fn a_scheduled_update_replaces_only_what_its_window_holds() {
+        let mut w = nodeset("w", 4);
+        w.spec.update_strategy = Some(slinky_api::UpdateStrategy {
+            type_: UpdateStrategyType::ScheduledUpdate,
+            ..Default::default()
+        });
+        let pods: Vec<Arc<Pod>> = vec![
+            pod(&w, 0).owned().revision("old").unready().arc(),
+            pod(&w, 1).owned().revision("old").arc(),
+            pod(&w, 2).owned().revision("old").arc(),
+            pod(&w, 3).owned().revision("old").arc(),
+        ];
+        let plan_with = |window: Option<&BTreeSet<String>>| {
+            let claims = classify(&w, pods.clone());
+            plan(&Inputs {
+                nodeset: &w,
+                revision: "rev1",
+                owned: &claims.owned,
+                blocked: &claims.blocked,
+                leaving: &claims.leaving,
+                now: Timestamp::now(),
+                update_ranks: &BTreeMap::new(),
+                window,
+            })
+        };
+        // Outside the window: the unhealthy old pod only.
+        assert_eq!(deleted(&plan_with(None)), ["w-0"]);
+        assert_eq!(deleted(&plan_with(Some(&BTreeSet::new()))), ["w-0"]);
+        // In it: every healthy old pod it holds, beyond maxUnavailable (25% of 4 = 1).
+        let open: BTreeSet<String> = ["w-1", "w-2", "w-3"].iter().map(|s| s.to_string()).collect();
+        let mut got = deleted(&plan_with(Some(&open)));
+        got.sort();
+        assert_eq!(got, ["w-0", "w-1", "w-2", "w-3"]);
+        let some: BTreeSet<String> = ["w-2"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(deleted(&plan_with(Some(&some))), ["w-0", "w-2"]);
     }
 
     #[test]

@@ -59,15 +59,21 @@ pub fn desired(pod: &Pod, node: &Node, now: Timestamp) -> Option<Vec<PodConditio
 }
 
 /// The JSON patch that replaces the pod's conditions with `conditions` only if they are still
-/// what `pod` shows.
+/// what `pod` shows. A pod read without conditions (just made) is tested by its
+/// `resourceVersion`: JSON patch cannot test that a member is absent, and an `add` would replace
+/// the conditions the kubelet wrote meanwhile (a pod left without `Ready` for good).
 pub fn patch(pod: &Pod, conditions: &[PodCondition]) -> serde_json::Value {
     let current = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-    match current {
-        Some(c) => serde_json::json!([
+    match (current, pod.metadata.resource_version.as_deref()) {
+        (Some(c), _) => serde_json::json!([
             {"op": "test", "path": "/status/conditions", "value": c},
             {"op": "replace", "path": "/status/conditions", "value": conditions},
         ]),
-        None => serde_json::json!([
+        (None, Some(rv)) => serde_json::json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/status/conditions", "value": conditions},
+        ]),
+        (None, None) => serde_json::json!([
             {"op": "add", "path": "/status/conditions", "value": conditions},
         ]),
     }
@@ -144,5 +150,14 @@ mod tests {
         assert_eq!(v[0]["value"][0]["type"], "Ready");
         let v = patch(&Pod::default(), &[]);
         assert_eq!(v[0]["op"], "add");
+        // Without conditions: the kubelet's first write must not be replaced.
+        let mut fresh = Pod::default();
+        fresh.metadata.resource_version = Some("42".into());
+        let v = patch(&fresh, &[]);
+        assert_eq!(
+            v[0],
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
+        assert_eq!(v[1]["op"], "add");
     }
 }

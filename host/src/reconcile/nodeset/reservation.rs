@@ -1,0 +1,684 @@
+//! `updateStrategy.type: ScheduledUpdate`: the NodeSet's Slurm maintenance reservation
+//! (`SlurmOperatorMaint-<nodeset>`), kept by the host through slurmrestd, and which old pods its
+//! window lets go.
+//!
+//! # Rules
+//! * The reservation has the flags `MAINT` and `IGNORE_JOBS` (and the spec's), the user `slurm`,
+//!   the window's start and end, and the Slurm nodes of the NodeSet's pods (those Slurm lists).
+//!   It is created while the window has not ended; a window that has begun is reserved from now
+//!   (Slurm refuses a start more than ten minutes past). Its nodes follow the NodeSet's (a
+//!   scale-out adds, a scale-in removes, a replaced pod keeps its node). Times that differ from
+//!   the spec are updated while the reservation has not begun; once it has, only its end can
+//!   move, else it is deleted and created again; so are other flags or users.
+//! * A one-off window ends by itself: once Slurm removed it, the host does not make it again
+//!   (Slinky needs a status condition's transition time to know; the window's end is enough).
+//! * It is deleted when the strategy changes away, when the NodeSet has no pod to update (scaled
+//!   to 0), and when the NodeSet is deleted. The finalizer
+//!   `nodeset.slinky.slurm.net/reservation` is on the NodeSet from before the reservation is
+//!   created until the host saw it gone: a deleted NodeSet stays until its reservation is deleted.
+//!   When Slurm cannot be asked the finalizer stays (fail closed), with `SlurmFailure` and an
+//!   Event; without any slurmrestd (or Controller) there is nothing to delete, and it goes.
+//! * While the reservation is active (its start and end, as Slurm reports them, around now),
+//!   the healthy old pods whose Slurm nodes it holds are replaced, all of them, through the drain
+//!   gate (no job is lost: a busy node is drained and its pod waits for the jobs). Unhealthy old
+//!   pods are replaced at once, as Slinky; outside the window no healthy pod is.
+//! * `ReservationCreated` says whether the reservation exists (`Scheduled`, `Active`) or why not
+//!   (`WindowOver`, `NoSlurmNodes`, `NoReplicas`, `NoSlurmrestd`, `SlurmFailure`); it is removed
+//!   with another strategy.
+
+use std::{collections::BTreeSet, sync::Arc};
+
+use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
+use kube::{ResourceExt, runtime::events::EventType};
+use slinky_api::{Controller, NodeSet, conditions, keys, scheduled::Window};
+use slinky_slurm::{Reservation, ReservationRequest};
+
+use super::{Pass, drain::SlurmView, finalizer};
+use crate::reconcile::{
+    slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name},
+    writer,
+};
+
+/// The flags the host sets or compares (Slurm adds others, e.g. `SPEC_NODES`, which are left
+/// out of the comparison).
+const COMPARED_FLAGS: [&str; 8] = slinky_api::scheduled::ALLOWED_FLAGS;
+
+/// Whether the NodeSet carries the reservation finalizer.
+pub(super) fn has_finalizer(ns: &NodeSet) -> bool {
+    ns.finalizers().iter().any(|f| f == keys::FINALIZER_RESERVATION)
+}
+
+/// The reservation the NodeSet should have now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Wanted {
+    name: String,
+    window: Window,
+    /// Slurm node names, sorted, without duplicates.
+    nodes: Vec<String>,
+}
+
+/// What the host does to the reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    /// It is as wanted (or there is none and none is wanted).
+    Keep,
+    /// Create it.
+    Create(ReservationRequest),
+    /// Change the fields set.
+    Update(ReservationRequest),
+    /// Delete it, then create it again when `Some`.
+    Delete(Option<ReservationRequest>),
+}
+
+/// Compare `wanted` with `actual` at `now` (Unix seconds). Pure.
+fn decide(wanted: Option<&Wanted>, actual: Option<&Reservation>, now: i64) -> Step {
+    let Some(w) = wanted else {
+        return match actual {
+            Some(_) => Step::Delete(None),
+            None => Step::Keep,
+        };
+    };
+    let create = || ReservationRequest {
+        name: w.name.clone(),
+        start_time: Some(w.window.start.max(now)),
+        end_time: Some(w.window.end),
+        flags: w.window.flags.clone(),
+        users: vec![SLURM_USER.to_string()],
+        nodes: Some(w.nodes.clone()),
+    };
+    if w.window.is_over(now) {
+        // Slurm removes a reservation whose end passed; one for another window goes.
+        return match actual {
+            Some(a) if a.end_time != Some(w.window.end) => Step::Delete(None),
+            _ => Step::Keep,
+        };
+    }
+    if w.nodes.is_empty() {
+        // No Slurm node to reserve yet (Slurm refuses an empty reservation): keep what is there.
+        return Step::Keep;
+    }
+    let Some(a) = actual else {
+        return Step::Create(create());
+    };
+    let mut flags: Vec<String> = a
+        .flags
+        .iter()
+        .map(|f| f.to_ascii_uppercase())
+        .filter(|f| COMPARED_FLAGS.contains(&f.as_str()))
+        .collect();
+    flags.sort();
+    flags.dedup();
+    let users: Vec<&str> = a
+        .users
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if flags != w.window.flags || users != [SLURM_USER] {
+        return Step::Delete(Some(create()));
+    }
+    // A window that had begun when the reservation was made is reserved from then.
+    let start_ok =
+        a.start_time == Some(w.window.start) || a.start_time.is_some_and(|s| w.window.start < s && s <= now);
+    let end_ok = a.end_time == Some(w.window.end);
+    let begun = a.start_time.is_none_or(|s| s <= now);
+    let mut update = ReservationRequest {
+        name: a.name.clone(),
+        ..Default::default()
+    };
+    if !start_ok {
+        if begun {
+            // Slurm cannot move the start of a reservation that has begun.
+            return Step::Delete(Some(create()));
+        }
+        update.start_time = Some(w.window.start.max(now));
+        update.end_time = Some(w.window.end);
+    } else if !end_ok {
+        update.end_time = Some(w.window.end);
+    }
+    let mut held = a.nodes().unwrap_or_default();
+    held.sort();
+    held.dedup();
+    if held != w.nodes {
+        update.nodes = Some(w.nodes.clone());
+    }
+    if update.start_time.is_none() && update.end_time.is_none() && update.nodes.is_none() {
+        Step::Keep
+    } else {
+        Step::Update(update)
+    }
+}
+
+/// The pods (by name) whose Slurm nodes `r` holds while it is active at `now`.
+fn in_window(r: &Reservation, owned: &[Arc<Pod>], now: i64) -> BTreeSet<String> {
+    if !r.is_active(now) {
+        return BTreeSet::new();
+    }
+    let held: BTreeSet<String> = r.nodes().unwrap_or_default().into_iter().collect();
+    owned
+        .iter()
+        .filter(|p| held.contains(&node_name(p)))
+        .map(|p| p.name_any())
+        .collect()
+}
+
+/// A Unix time as RFC 3339.
+fn at(t: i64) -> String {
+    Timestamp::from_second(t).map_or_else(|_| t.to_string(), |t| t.to_string())
+}
+
+/// The NodeSet's reservation kept in step with its spec and pods (see the module's rules), for a
+/// live NodeSet. Returns the pods an update may replace now: `None` without `ScheduledUpdate`.
+pub(super) async fn sync(
+    pass: &mut Pass<'_>,
+    view: &SlurmView,
+    owned: &[Arc<Pod>],
+) -> Option<BTreeSet<String>> {
+    let ns = pass.ns;
+    let name = ns.reservation_name();
+    let window = match ns.maintenance_window() {
+        Some(Ok(w)) => Some(w),
+        // Checked before the pass got here.
+        Some(Err(_)) => return Some(BTreeSet::new()),
+        None => None,
+    };
+    let scheduled = window.is_some();
+    let (cluster, slurm_nodes) = match view {
+        SlurmView::Nodes(cluster, nodes) => (cluster.clone(), nodes),
+        SlurmView::Off => {
+            if has_finalizer(ns) {
+                remove_finalizer(pass).await;
+            }
+            if scheduled {
+                let message = format!(
+                    "ScheduledUpdate keeps a Slurm reservation, and no slurmrestd is configured for \
+                     Controller {}: apply a RestApi (or give --slurmrestd-url); old pods are not \
+                     replaced meanwhile",
+                    ns.spec.controller_ref.name
+                );
+                set_condition(pass, false, "NoSlurmrestd", message);
+            } else {
+                pass.state.conditions.clear(conditions::RESERVATION_CREATED);
+            }
+            return window.map(|_| BTreeSet::new());
+        }
+        SlurmView::Failed(_) => {
+            // The drain gate reports why; the reservation and its condition are left as they are.
+            return window.map(|_| BTreeSet::new());
+        }
+    };
+    if !scheduled && !has_finalizer(ns) {
+        // Never had one (or removed it once it was gone): nothing to ask.
+        pass.state.conditions.clear(conditions::RESERVATION_CREATED);
+        return None;
+    }
+    let actual = match cluster.client().reservation(&name).await {
+        Ok(r) => r,
+        Err(e) => {
+            pass.slurm_asked = true;
+            pass.slurm_failed(Unavailable::of(&e)).await;
+            return window.map(|_| BTreeSet::new());
+        }
+    };
+    pass.slurm_asked = true;
+    let has_pods = ns.is_daemon() || ns.replicas() > 0;
+    let wanted = window.as_ref().filter(|_| has_pods).map(|w| {
+        let mut names: Vec<String> = owned
+            .iter()
+            .map(|p| node_name(p))
+            .filter(|n| slurm_nodes.contains_key(n))
+            .collect();
+        names.sort();
+        names.dedup();
+        Wanted {
+            name: name.clone(),
+            window: w.clone(),
+            nodes: names,
+        }
+    });
+    let now = Timestamp::now().as_second();
+    let step = decide(wanted.as_ref(), actual.as_ref(), now);
+    tracing::debug!(reservation = %name, ?step, ?actual, "maintenance reservation");
+    let will_exist = match &step {
+        Step::Keep => actual.is_some(),
+        Step::Create(_) | Step::Update(_) | Step::Delete(Some(_)) => true,
+        Step::Delete(None) => false,
+    };
+    if will_exist && !has_finalizer(ns) {
+        // The finalizer first: a reservation never exists without it. (When the NodeSet's other
+        // finalizer was written this pass, the next one writes this.)
+        if finalizer::has(ns) {
+            add_finalizer(pass).await;
+        }
+        pass.retry_soon();
+        return window.map(|_| BTreeSet::new());
+    }
+    let result = apply(pass, &cluster, &step).await;
+    let exists = match (&step, result) {
+        (_, Err(u)) => {
+            if matches!(step, Step::Create(_)) {
+                set_condition(pass, false, u.reason, u.message.clone());
+            }
+            pass.slurm_failed(u).await;
+            return window.map(|_| BTreeSet::new());
+        }
+        (Step::Keep, Ok(())) => actual.is_some(),
+        (Step::Delete(None), Ok(())) => false,
+        (_, Ok(())) => {
+            // Written: the next pass reads what Slurm made of it.
+            pass.retry_soon();
+            true
+        }
+    };
+    if !exists && has_finalizer(ns) {
+        remove_finalizer(pass).await;
+    }
+    let Some(w) = window else {
+        pass.state.conditions.clear(conditions::RESERVATION_CREATED);
+        return None;
+    };
+    // Come back when the window opens (to replace) and when it ends (to say so).
+    for t in [w.start, w.end] {
+        if t > now {
+            pass.come_back_within(std::time::Duration::from_secs((t - now) as u64 + 1));
+            break;
+        }
+    }
+    let list = match wanted.as_ref().filter(|w| !w.nodes.is_empty()) {
+        Some(w) => slinky_slurm::hostlist::compress(&w.nodes),
+        None => actual.as_ref().map(|a| a.node_list.clone()).unwrap_or_default(),
+    };
+    let held = |when: &str| {
+        format!(
+            "Slurm reservation {name} (MAINT) holds nodes {list} from {} to {}: old pods are replaced {when}",
+            at(w.start),
+            at(w.end)
+        )
+    };
+    let (status, reason, message) = if wanted.is_none() {
+        (
+            exists,
+            "NoReplicas",
+            format!("the NodeSet has no pod to update: no reservation {name}"),
+        )
+    } else if w.is_over(now) {
+        (
+            exists,
+            "WindowOver",
+            format!(
+                "the maintenance window ended at {}: set a later startTime for another",
+                at(w.end)
+            ),
+        )
+    } else if exists && w.is_open(now) {
+        (true, "Active", held("now"))
+    } else if exists {
+        (true, "Scheduled", held("then"))
+    } else {
+        (
+            false,
+            "NoSlurmNodes",
+            format!("no pod of the NodeSet has a Slurm node yet: reservation {name} is made once one has"),
+        )
+    };
+    set_condition(pass, status, reason, message);
+    let replace = match (&step, &actual) {
+        (Step::Keep | Step::Update(_), Some(a)) => in_window(a, owned, now),
+        _ => BTreeSet::new(),
+    };
+    Some(replace)
+}
+
+/// Do `step`; a Normal Event for each change.
+async fn apply(pass: &mut Pass<'_>, cluster: &Cluster, step: &Step) -> Result<(), Unavailable> {
+    let client = cluster.client();
+    let unavailable = |e: slinky_slurm::Error| Unavailable::of(&e);
+    let describe = |r: &ReservationRequest| {
+        let mut parts = Vec::new();
+        if let Some(nodes) = &r.nodes {
+            parts.push(format!("nodes {}", slinky_slurm::hostlist::compress(nodes)));
+        }
+        if let (Some(s), Some(e)) = (r.start_time, r.end_time) {
+            parts.push(format!("from {} to {}", at(s), at(e)));
+        } else if let Some(e) = r.end_time {
+            parts.push(format!("until {}", at(e)));
+        }
+        parts.join(" ")
+    };
+    let (reason, note) = match step {
+        Step::Keep => return Ok(()),
+        Step::Create(r) => {
+            client.put_reservation(r).await.map_err(unavailable)?;
+            (
+                "ReservationCreated",
+                format!("Created Slurm reservation {} (MAINT): {}", r.name, describe(r)),
+            )
+        }
+        Step::Update(r) => {
+            client.put_reservation(r).await.map_err(unavailable)?;
+            (
+                "ReservationUpdated",
+                format!("Updated Slurm reservation {}: {}", r.name, describe(r)),
+            )
+        }
+        Step::Delete(again) => {
+            let name = pass.ns.reservation_name();
+            delete(client, &name).await?;
+            match again {
+                Some(r) => {
+                    client.put_reservation(r).await.map_err(unavailable)?;
+                    (
+                        "ReservationCreated",
+                        format!(
+                            "Replaced Slurm reservation {} (its start, flags or users differed from the spec): {}",
+                            r.name,
+                            describe(r)
+                        ),
+                    )
+                }
+                None => ("ReservationDeleted", format!("Deleted Slurm reservation {name}")),
+            }
+        }
+    };
+    tracing::info!(reason, "{note}");
+    pass.core().event(pass.ns, EventType::Normal, reason, note).await;
+    Ok(())
+}
+
+/// Delete `name`; one Slurm removed meanwhile (its end passed) counts as deleted.
+async fn delete(client: &slinky_slurm::Client, name: &str) -> Result<(), Unavailable> {
+    match client.delete_reservation(name).await {
+        Ok(()) => Ok(()),
+        Err(e) => match client.reservation(name).await {
+            Ok(None) => Ok(()),
+            _ => Err(Unavailable::of(&e)),
+        },
+    }
+}
+
+fn set_condition(pass: &mut Pass<'_>, status: bool, reason: &str, message: String) {
+    pass.state
+        .conditions
+        .set(conditions::RESERVATION_CREATED, status, reason, message);
+}
+
+/// Write the finalizers; whether they were written (a conflict waits for the next pass).
+async fn write_finalizers(pass: &mut Pass<'_>, finalizers: Vec<String>) -> bool {
+    match pass.core().writer.set_finalizers(pass.ns, &finalizers).await {
+        Ok(_) => true,
+        Err(e) if writer::is_conflict(&e) => false,
+        Err(e) => {
+            pass.failed(
+                "FailedUpdate",
+                format!(
+                    "Error writing the finalizers of NodeSet {}: {}",
+                    pass.ns.name_any(),
+                    writer::message(&e)
+                ),
+            )
+            .await;
+            false
+        }
+    }
+}
+
+async fn add_finalizer(pass: &mut Pass<'_>) -> bool {
+    let mut finalizers = pass.ns.finalizers().to_vec();
+    finalizers.push(keys::FINALIZER_RESERVATION.to_string());
+    write_finalizers(pass, finalizers).await
+}
+
+async fn remove_finalizer(pass: &mut Pass<'_>) -> bool {
+    let finalizers: Vec<String> = pass
+        .ns
+        .finalizers()
+        .iter()
+        .filter(|f| *f != keys::FINALIZER_RESERVATION)
+        .cloned()
+        .collect();
+    write_finalizers(pass, finalizers).await
+}
+
+/// A deleted NodeSet: delete its reservation, then remove the finalizer. Returns whether the
+/// NodeSet had no such finalizer when the pass began (after removing it, the pass stops: the
+/// next one sees the fresh NodeSet).
+pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller>) -> bool {
+    if !has_finalizer(pass.ns) {
+        return true;
+    }
+    let name = pass.ns.reservation_name();
+    let reach = match controller {
+        Some(c) => pass.core().slurm.reach(c, &pass.ctx.caches).await,
+        None => Reach::Off,
+    };
+    let result = match reach {
+        // No Slurm the host could ask: nothing it could delete.
+        Reach::Off => Ok(()),
+        Reach::Failed(u) => Err(u),
+        Reach::On(cluster) => {
+            pass.slurm_asked = true;
+            match cluster.client().reservation(&name).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => apply(pass, &cluster, &Step::Delete(None)).await,
+                Err(e) => Err(Unavailable::of(&e)),
+            }
+        }
+    };
+    match result {
+        Ok(()) => {
+            remove_finalizer(pass).await;
+            false
+        }
+        Err(u) => {
+            pass.slurm_asked = true;
+            let message = format!(
+                "NodeSet {} is being deleted; it stays until its Slurm reservation {name} is deleted \
+                 (remove the finalizer {} to leave the reservation to Slurm): {}",
+                pass.ns.name_any(),
+                keys::FINALIZER_RESERVATION,
+                u.message
+            );
+            pass.slurm_failed(Unavailable {
+                reason: u.reason,
+                message,
+            })
+            .await;
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::reconcile::nodeset::fixtures::{nodeset, pod};
+
+    /// Pod names and their Slurm nodes.
+    fn names(pods: &[Arc<Pod>]) -> BTreeMap<String, String> {
+        pods.iter().map(|p| (p.name_any(), node_name(p))).collect()
+    }
+
+    const START: i64 = 1_748_743_200;
+
+    fn window(flags: &[&str]) -> Window {
+        let mut flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+        flags.extend(["IGNORE_JOBS".to_string(), "MAINT".to_string()]);
+        flags.sort();
+        flags.dedup();
+        Window {
+            start: START,
+            end: START + 1800,
+            flags,
+        }
+    }
+
+    fn wanted(nodes: &[&str]) -> Wanted {
+        Wanted {
+            name: "SlurmOperatorMaint-w".into(),
+            window: window(&[]),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn slurm(start: i64, end: i64, nodes: &str, flags: &[&str]) -> Reservation {
+        Reservation {
+            name: "SlurmOperatorMaint-w".into(),
+            start_time: Some(start),
+            end_time: Some(end),
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+            node_list: nodes.into(),
+            users: "slurm".into(),
+        }
+    }
+
+    const FLAGS: [&str; 3] = ["MAINT", "IGNORE_JOBS", "SPEC_NODES"];
+
+    #[test]
+    fn a_future_window_is_created_as_declared_and_then_kept() {
+        let w = wanted(&["w-0", "w-1"]);
+        let Step::Create(r) = decide(Some(&w), None, START - 600) else {
+            panic!("not created");
+        };
+        assert_eq!((r.start_time, r.end_time), (Some(START), Some(START + 1800)));
+        assert_eq!(r.flags, ["IGNORE_JOBS", "MAINT"]);
+        assert_eq!(r.users, ["slurm"]);
+        assert_eq!(
+            r.nodes.as_deref(),
+            Some(&["w-0".to_string(), "w-1".to_string()][..])
+        );
+        let made = slurm(START, START + 1800, "w-[0-1]", &FLAGS);
+        assert_eq!(decide(Some(&w), Some(&made), START - 590), Step::Keep);
+        assert_eq!(decide(Some(&w), Some(&made), START + 10), Step::Keep, "active");
+    }
+
+    #[test]
+    fn a_begun_window_is_reserved_from_now_and_that_is_in_step() {
+        let w = wanted(&["w-0"]);
+        let now = START + 900;
+        let Step::Create(r) = decide(Some(&w), None, now) else {
+            panic!("not created");
+        };
+        assert_eq!((r.start_time, r.end_time), (Some(now), Some(START + 1800)));
+        let made = slurm(now, START + 1800, "w-0", &FLAGS);
+        assert_eq!(decide(Some(&w), Some(&made), now + 30), Step::Keep);
+    }
+
+    #[test]
+    fn an_ended_window_is_not_made_again() {
+        let w = wanted(&["w-0"]);
+        assert_eq!(decide(Some(&w), None, START + 1800), Step::Keep);
+        // Still listed at its end: Slurm removes it.
+        let ending = slurm(START, START + 1800, "w-0", &FLAGS);
+        assert_eq!(decide(Some(&w), Some(&ending), START + 1801), Step::Keep);
+        // One for another window goes.
+        let other = slurm(START + 86_400, START + 88_200, "w-0", &FLAGS);
+        assert_eq!(decide(Some(&w), Some(&other), START + 1801), Step::Delete(None));
+    }
+
+    #[test]
+    fn nodes_follow_the_nodeset_even_in_an_active_window() {
+        let made = slurm(START, START + 1800, "w-[0-1]", &FLAGS);
+        let w = wanted(&["w-0", "w-1", "w-2"]);
+        let Step::Update(r) = decide(Some(&w), Some(&made), START + 60) else {
+            panic!("not updated");
+        };
+        assert_eq!(
+            r.nodes.map(|n| slinky_slurm::hostlist::compress(&n)).as_deref(),
+            Some("w-[0-2]")
+        );
+        assert_eq!((r.start_time, r.end_time), (None, None), "only the nodes");
+        assert!(r.flags.is_empty(), "flags untouched");
+    }
+
+    #[test]
+    fn a_moved_window_is_updated_before_it_begins_and_replaced_after() {
+        let made = slurm(START + 3600, START + 5400, "w-0", &FLAGS);
+        let w = wanted(&["w-0"]);
+        let Step::Update(r) = decide(Some(&w), Some(&made), START - 600) else {
+            panic!("not updated");
+        };
+        assert_eq!((r.start_time, r.end_time), (Some(START), Some(START + 1800)));
+        // startTime patched to now while the old window is still ahead: updated to start now.
+        let Step::Update(r) = decide(Some(&w), Some(&made), START + 5) else {
+            panic!("not updated");
+        };
+        assert_eq!(r.start_time, Some(START + 5));
+        // Begun: only the end moves.
+        let begun = slurm(START, START + 600, "w-0", &FLAGS);
+        let Step::Update(r) = decide(Some(&w), Some(&begun), START + 60) else {
+            panic!("not updated");
+        };
+        assert_eq!((r.start_time, r.end_time), (None, Some(START + 1800)));
+        // Begun, and the spec moved the start later: made again.
+        let later = Wanted {
+            window: Window {
+                start: START + 7200,
+                end: START + 9000,
+                flags: window(&[]).flags,
+            },
+            ..w.clone()
+        };
+        assert!(matches!(
+            decide(Some(&later), Some(&begun), START + 60),
+            Step::Delete(Some(_))
+        ));
+    }
+
+    #[test]
+    fn other_flags_or_users_are_replaced_and_slurms_own_flags_ignored() {
+        let w = Wanted {
+            window: window(&["FLEX"]),
+            ..wanted(&["w-0"])
+        };
+        let made = slurm(
+            START,
+            START + 1800,
+            "w-0",
+            &["MAINT", "IGNORE_JOBS", "SPEC_NODES"],
+        );
+        assert!(matches!(
+            decide(Some(&w), Some(&made), START - 60),
+            Step::Delete(Some(_))
+        ));
+        let flex = slurm(
+            START,
+            START + 1800,
+            "w-0",
+            &["MAINT", "IGNORE_JOBS", "FLEX", "SPEC_NODES"],
+        );
+        assert_eq!(decide(Some(&w), Some(&flex), START - 60), Step::Keep);
+        let mut root = flex.clone();
+        root.users = "root".into();
+        assert!(matches!(
+            decide(Some(&w), Some(&root), START - 60),
+            Step::Delete(Some(_))
+        ));
+    }
+
+    #[test]
+    fn not_wanted_is_deleted_and_no_nodes_keeps_what_is_there() {
+        let made = slurm(START, START + 1800, "w-0", &FLAGS);
+        assert_eq!(decide(None, Some(&made), START - 60), Step::Delete(None));
+        assert_eq!(decide(None, None, START - 60), Step::Keep);
+        let none = wanted(&[]);
+        assert_eq!(decide(Some(&none), None, START - 60), Step::Keep);
+        assert_eq!(decide(Some(&none), Some(&made), START - 60), Step::Keep);
+    }
+
+    #[test]
+    fn the_window_lets_go_the_pods_of_the_nodes_it_holds_while_active() {
+        let ns = nodeset("w", 3);
+        let pods: Vec<Arc<Pod>> = (0..3).map(|o| pod(&ns, o).owned().arc()).collect();
+        let by_pod = names(&pods);
+        let node = |o: usize| by_pod.get(&format!("w-{o}")).cloned().unwrap_or_default();
+        let r = slurm(START, START + 1800, &format!("{},{}", node(0), node(2)), &FLAGS);
+        assert!(in_window(&r, &pods, START - 1).is_empty(), "not begun");
+        assert_eq!(
+            in_window(&r, &pods, START).into_iter().collect::<Vec<_>>(),
+            ["w-0", "w-2"]
+        );
+        assert!(in_window(&r, &pods, START + 1800).is_empty(), "ended");
+    }
+}
