@@ -167,12 +167,35 @@ impl NodeSet {
         }
         match self.spec.prune_slurm_node_records.as_deref() {
             None | Some("Never") => {}
-            // Slinky prunes node records only in DaemonSet mode (refused above when asked for).
-            Some("NodeNotFound") => {}
+            // Slinky prunes node records only in DaemonSet mode: elsewhere it would be ignored.
+            Some("NodeNotFound") if self.is_daemon() => {}
+            Some("NodeNotFound") => problems.push(SpecProblem::new(
+                "spec.pruneSlurmNodeRecords",
+                "NodeNotFound prunes the records of Slurm nodes whose Kubernetes node is gone, \
+                 which only DaemonSet mode has (as in Slinky): set scalingMode: DaemonSet, or \
+                 remove it (Never)",
+            )),
             Some(other) => problems.push(SpecProblem::new(
                 "spec.pruneSlurmNodeRecords",
                 format!("is {other:?}: it must be Never (the default) or NodeNotFound"),
             )),
+        }
+        // DaemonSet-mode pods are named and bound by node: the ordinal fields would be ignored.
+        if self.is_daemon() {
+            if self.spec.pin_to_node {
+                problems.push(SpecProblem::new(
+                    "spec.pinToNode",
+                    "DaemonSet mode binds each pod to its node already: remove pinToNode (it \
+                     pins an ordinal's pod to its last node in StatefulSet mode)",
+                ));
+            }
+            if self.spec.ordinal_padding.is_some_and(|p| p > 0) {
+                problems.push(SpecProblem::new(
+                    "spec.ordinalPadding",
+                    "DaemonSet-mode pods are named <nodeset>-<hostname>, not by ordinal: remove \
+                     ordinalPadding",
+                ));
+            }
         }
         if let Some(strategy) = &self.spec.update_strategy {
             let mu = strategy
@@ -557,8 +580,26 @@ mod tests {
     fn fields_not_served_are_refused_not_ignored() {
         let mut ns = nodeset("w", 1);
         ns.spec.revision_history_limit = Some(0);
-        ns.spec.prune_slurm_node_records = Some("NodeNotFound".into());
+        ns.spec.prune_slurm_node_records = Some("Never".into());
         assert!(ns.spec_problems().is_empty(), "Slinky's defaults are served");
+        // Fields of the other scaling mode would be ignored: refused, each named.
+        ns.spec.prune_slurm_node_records = Some("NodeNotFound".into());
+        assert_eq!(fields(&ns.spec_problems()), ["spec.pruneSlurmNodeRecords"]);
+        ns.spec.scaling_mode = crate::ScalingMode::DaemonSet;
+        assert!(
+            ns.spec_problems().is_empty(),
+            "pruning is served in DaemonSet mode"
+        );
+        ns.spec.pin_to_node = true;
+        ns.spec.ordinal_padding = Some(2);
+        assert_eq!(
+            fields(&ns.spec_problems()),
+            ["spec.pinToNode", "spec.ordinalPadding"]
+        );
+        ns.spec.ordinal_padding = Some(0);
+        ns.spec.pin_to_node = false;
+        ns.spec.scaling_mode = crate::ScalingMode::StatefulSet;
+        ns.spec.prune_slurm_node_records = None;
         ns.spec.revision_history_limit = Some(10);
         assert!(ns.spec_problems().is_empty(), "a revision history is kept");
         ns.spec.revision_history_limit = Some(-1);

@@ -249,9 +249,9 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         .into_iter()
         .partition(|p| !is_available(p, min_ready, inp.now));
     if scheduled {
-        // The window is the budget: its nodes are in maintenance.
+        // The window is the budget (its nodes are in maintenance), at most a burst a pass.
         healthy.retain(|p| inp.window.is_some_and(|w| w.contains(&p.name_any())));
-        budget = i64::MAX;
+        budget = BURST as i64;
     }
     unhealthy.sort_by(|a, b| condemn_order(a, b, ns));
     // Nodes the host is draining, then idle ones, then busy ones: a job keeps its node longest.

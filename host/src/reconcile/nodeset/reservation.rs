@@ -136,11 +136,18 @@ fn decide(wanted: Option<&Wanted>, actual: Option<&Reservation>, now: i64) -> St
     } else if !end_ok {
         update.end_time = Some(w.window.end);
     }
-    let mut held = a.nodes().unwrap_or_default();
-    held.sort();
-    held.dedup();
-    if held != w.nodes {
-        update.nodes = Some(w.nodes.clone());
+    // A node list this host cannot read is not rewritten every pass: its nodes are left as
+    // Slurm has them (logged).
+    match a.nodes() {
+        Ok(mut held) => {
+            held.sort();
+            held.dedup();
+            if held != w.nodes {
+                update.nodes = Some(w.nodes.clone());
+            }
+        }
+        Err(e) => tracing::warn!(reservation = %a.name, nodes = %a.node_list, error = %e,
+            "cannot read the reservation's node list; its nodes are not compared"),
     }
     if update.start_time.is_none() && update.end_time.is_none() && update.nodes.is_none() {
         Step::Keep
@@ -186,9 +193,9 @@ pub(super) async fn sync(
     let (cluster, slurm_nodes) = match view {
         SlurmView::Nodes(cluster, nodes) => (cluster.clone(), nodes),
         SlurmView::Off => {
-            if has_finalizer(ns) {
-                remove_finalizer(pass).await;
-            }
+            // A finalizer stays: the reservation it guards may still be in Slurm (a RestApi
+            // deleted or being replaced), and the pass that can ask again deletes what is not
+            // wanted. Deleting the NodeSet meanwhile lets it go ([`finalize`]).
             if scheduled {
                 let message = format!(
                     "ScheduledUpdate keeps a Slurm reservation, and no slurmrestd is configured for \
