@@ -385,17 +385,6 @@ async fn the_hpc_cluster_loads_and_agrees_with_both_controllers_up() -> Result<(
     loads_and_agrees("slurm-hpc", docs).await
 }
 
-/// The Slurm build's version, `(major, minor)`, from `slurmctld -V` (`slurm 25.05.8`).
-fn slurm_version(slurm: &std::path::Path) -> Result<(u32, u32)> {
-    let out = std::process::Command::new(slurm.join("sbin/slurmctld"))
-        .arg("-V")
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let v = text.split_whitespace().nth(1).context("no version")?;
-    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or_default());
-    Ok((it.next().unwrap_or_default(), it.next().unwrap_or_default()))
-}
-
 /// A Controller with `metrics.enabled` gets `MetricsType=metrics/openmetrics`, which Slurm
 /// 25.11 brought (the example's images are 25.11 for it): slurmctld 25.05 refuses the file
 /// (`Parsing error at unrecognized key: MetricsType`) and never starts, which is why the builder
@@ -412,7 +401,7 @@ async fn metrics_need_slurm_25_11_slurmctld_25_05_refuses_metrics_type() -> Resu
             spec.remove("accountingRef");
         }
     }
-    if slurm_version(&slurm)? >= (25, 11) {
+    if slinky_tests::slurm::version(&slurm)? >= (25, 11) {
         return loads_and_agrees("slurm-metrics", docs).await;
     }
     let case = Case::start(&slurm, "slurm-metrics", &docs).await?;

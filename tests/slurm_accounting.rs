@@ -389,18 +389,6 @@ async fn slurmdbd_runs_on_the_generated_conf_and_sacct_lists_a_finished_job() ->
     result
 }
 
-/// The Slurm build's version, `(major, minor)`, from `slurmctld -V` (`slurm 25.05.8`; slurmdbd
-/// reads its configuration before it answers `-V`).
-fn slurm_version(slurm: &std::path::Path) -> Result<(u32, u32)> {
-    let out = std::process::Command::new(slurm.join("sbin/slurmctld"))
-        .arg("-V")
-        .output()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let v = text.split_whitespace().nth(1).context("no version")?;
-    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or_default());
-    Ok((it.next().unwrap_or_default(), it.next().unwrap_or_default()))
-}
-
 /// The 25.11 shape a slurmdbd of its image gets (Slinky's, no `initconf`: the Secret's files
 /// mounted at `/etc/slurm` as a kubelet mounts them, `defaultMode` 0600 with `fsGroup` 401:
 /// root's, group-readable, 0640) run by a slurmdbd before 25.11: it refuses `slurmdbd.conf`,
@@ -412,7 +400,7 @@ async fn slurmdbd_25_05_refuses_the_conf_as_a_kubelet_mounts_it() -> Result<()> 
         return Ok(());
     };
     let _turn = TURN.lock().await;
-    let modern = slurm_version(&slurm)? >= (25, 11);
+    let modern = slinky_tests::slurm::version(&slurm)? >= (25, 11);
     let case = Case::start(
         &slurm,
         "slurm-acct-mount",

@@ -6,9 +6,9 @@
 //! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`); without them each test
 //! prints `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     ResourceExt,
@@ -16,111 +16,20 @@ use kube::{
 };
 use serde_json::json;
 use slinky_api::{NodeSet, keys};
-use slinky_host::{PluginRegistry, reconcile::RunConfig};
 use slinky_slurm_local::SlurmLocal;
 use slinky_tests::{
-    TestCluster, default_engine, eventually,
-    host::{
-        Host, NS_NAME, apply_example, apply_file, cluster_with_statefulsets, nodeset_condition, pod_names,
-        scale,
-    },
+    TestCluster, eventually,
+    host::{NS_NAME, apply_file, cluster_with_statefulsets, nodeset_condition, pod_names, scale},
+    slurm::{field, host_for, nodes_idle, run_job, show, start},
 };
 use tokio::sync::Mutex;
 
 /// One Slurm at a time: each test runs slurmctld, slurmrestd and a slurmd per pod.
 static TURN: Mutex<()> = Mutex::const_new(());
 
-/// The example cluster with `replicas` workers and its RestApi in a fresh namespace, its Slurm
-/// running locally (slurmrestd as the RestApi's Deployment runs it) and a host asking that Slurm.
-async fn start(
-    c: &TestCluster,
-    slurm: &std::path::Path,
-    prefix: &str,
-    replicas: i32,
-) -> Result<(String, SlurmLocal, Host)> {
-    let ns = c.namespace(prefix).await;
-    apply_example(c, &ns, replicas).await?;
-    apply_file(c, &ns, "restapi.yaml", |_| {}).await?;
-    let harness = SlurmLocal::start(c.client.clone(), slurm, &ns, "slurm").await?;
-    let host = host_for(c, &ns, &harness)?;
-    Ok((ns, harness, host))
-}
-
-fn host_for(c: &TestCluster, ns: &str, harness: &SlurmLocal) -> Result<Host> {
-    let config = RunConfig {
-        namespaces: vec![ns.to_string()],
-        resync: Some(Duration::from_secs(1)),
-        slurmrestd_urls: vec![harness.restapi_url()],
-        ..Default::default()
-    };
-    Ok(Host::start_config(
-        c.client.clone(),
-        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
-        config,
-    ))
-}
-
-/// `scontrol show <what> <name> -o`, one line of `Key=Value` pairs.
-async fn show(h: &SlurmLocal, what: &str, name: &str) -> Result<String> {
-    Ok(h.exec_ok(&["scontrol", "show", what, name, "-o"]).await?)
-}
-
 /// A node state (`IDLE+DYNAMIC_NORM`) is IDLE with no DRAIN, DOWN or other flag that matters.
 fn idle(state: Option<&str>) -> bool {
     state.is_some_and(|s| s.split('+').all(|f| f == "IDLE" || f.starts_with("DYNAMIC")))
-}
-
-/// The value of `key` in a `scontrol show … -o` line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let at = line.find(&format!("{key}="))? + key.len() + 1;
-    let rest = &line[at..];
-    // Reason= runs to the end of the line's fields: up to the next " Key=" is enough here.
-    let end = rest.find(" ").unwrap_or(rest.len());
-    Some(&rest[..end])
-}
-
-/// Wait until every one of `nodes` is registered and idle.
-async fn nodes_idle(h: &SlurmLocal, nodes: &[&str]) -> Result<()> {
-    let ok = eventually(120, || async {
-        let listed = h.nodes(None).await.ok()?;
-        nodes
-            .iter()
-            .all(|n| listed.iter().any(|l| l.name == *n && l.state.starts_with("idle")))
-            .then_some(())
-    })
-    .await;
-    if ok.is_none() {
-        bail!("nodes {nodes:?} never all idle: {:?}", h.nodes(None).await?);
-    }
-    Ok(())
-}
-
-/// Submit `sleep secs` on `node`; returns the job id once it runs.
-async fn run_job(h: &SlurmLocal, node: &str, secs: u32) -> Result<String> {
-    let out = h
-        .exec_ok(&[
-            "sbatch",
-            "--parsable",
-            "-p",
-            "slinky",
-            "-w",
-            node,
-            "--wrap",
-            &format!("sleep {secs}"),
-        ])
-        .await?;
-    let id = out.trim().split(';').next().unwrap_or_default().to_string();
-    let running = eventually(30, || async {
-        let line = show(h, "job", &id).await.ok()?;
-        (field(&line, "JobState") == Some("RUNNING")).then_some(())
-    })
-    .await;
-    ensure!(
-        running.is_some(),
-        "job {id} never ran: {}",
-        show(h, "job", &id).await?
-    );
-    Ok(id)
 }
 
 /// The names of the NodeSet's live pods.
@@ -183,7 +92,7 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "reason=bad dimm",
     ])
     .await?;
-    let job = run_job(&h, "slinky-2", 25).await?;
+    let job = run_job(&h, "slinky-2", 25, None).await?;
     scale(&c, &ns, 1).await?;
 
     let drained = eventually(20, || async {
@@ -250,7 +159,7 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "reason=bad dimm",
     ])
     .await?;
-    let job = run_job(&h, "slinky-1", 60).await?;
+    let job = run_job(&h, "slinky-1", 60, None).await?;
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     let uid_of = |pods: &[Pod], n: u32| {
         pods.iter()

@@ -7,7 +7,7 @@
 //! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`); without them each test
 //! prints `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
@@ -17,11 +17,11 @@ use kube::{
 };
 use serde_json::{Value, json};
 use slinky_api::{NodeSet, keys};
-use slinky_host::{PluginRegistry, reconcile::RunConfig};
 use slinky_slurm_local::SlurmLocal;
 use slinky_tests::{
-    TestCluster, default_engine, eventually,
-    host::{Host, NS_NAME, apply_example, apply_file, cluster_with_statefulsets, nodeset_condition, scale},
+    TestCluster, eventually,
+    host::{NS_NAME, cluster_with_statefulsets, nodeset_condition, scale},
+    slurm::{field, nodes_idle, run_job, show, start},
 };
 use tokio::sync::Mutex;
 
@@ -32,48 +32,6 @@ static TURN: Mutex<()> = Mutex::const_new(());
 const RESERVATION: &str = "SlurmOperatorMaint-slurm-worker-slinky";
 /// A slurmd image other than the example's: a new pod revision.
 const NEW_IMAGE: &str = "ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04-v2";
-
-/// The example cluster with `replicas` workers and its RestApi in a fresh namespace, its Slurm
-/// running locally, and a host asking that Slurm.
-async fn start(
-    c: &TestCluster,
-    slurm: &std::path::Path,
-    prefix: &str,
-    replicas: i32,
-) -> Result<(String, SlurmLocal, Host)> {
-    let ns = c.namespace(prefix).await;
-    apply_example(c, &ns, replicas).await?;
-    apply_file(c, &ns, "restapi.yaml", |_| {}).await?;
-    let harness = SlurmLocal::start(c.client.clone(), slurm, &ns, "slurm").await?;
-    let config = RunConfig {
-        namespaces: vec![ns.clone()],
-        resync: Some(Duration::from_secs(1)),
-        slurmrestd_urls: vec![harness.restapi_url()],
-        ..Default::default()
-    };
-    let host = Host::start_config(
-        c.client.clone(),
-        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
-        config,
-    );
-    Ok((ns, harness, host))
-}
-
-/// Wait until every one of `nodes` is registered and idle.
-async fn nodes_idle(h: &SlurmLocal, nodes: &[&str]) -> Result<()> {
-    let ok = eventually(120, || async {
-        let listed = h.nodes(None).await.ok()?;
-        nodes
-            .iter()
-            .all(|n| listed.iter().any(|l| l.name == *n && l.state.starts_with("idle")))
-            .then_some(())
-    })
-    .await;
-    if ok.is_none() {
-        bail!("nodes {nodes:?} never all idle: {:?}", h.nodes(None).await?);
-    }
-    Ok(())
-}
 
 /// The reservation as `scontrol --json show reservation` reports it, `None` when Slurm has none.
 async fn reservation(h: &SlurmLocal) -> Result<Option<Value>> {
@@ -105,19 +63,6 @@ async fn show_reservation(h: &SlurmLocal) -> String {
         ),
         Err(e) => e.to_string(),
     }
-}
-
-/// `scontrol show <what> <name> -o`.
-async fn show(h: &SlurmLocal, what: &str, name: &str) -> Result<String> {
-    Ok(h.exec_ok(&["scontrol", "show", what, name, "-o"]).await?)
-}
-
-/// The value of `key` in a `scontrol show … -o` line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let at = line.find(&format!("{key}="))? + key.len() + 1;
-    let rest = &line[at..];
-    let end = rest.find(' ').unwrap_or(rest.len());
-    Some(&rest[..end])
 }
 
 /// A Slurm "number with flags".
@@ -202,35 +147,6 @@ async fn pod_uids(c: &TestCluster, ns: &str) -> Result<std::collections::BTreeMa
         .filter(|p| p.metadata.deletion_timestamp.is_none() && p.name_any().starts_with(NS_NAME))
         .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
         .collect())
-}
-
-/// Submit `sleep secs` on `node` with a time limit of `minutes`; returns the job id once it runs.
-async fn run_job(h: &SlurmLocal, node: &str, secs: u32, minutes: u32) -> Result<String> {
-    let out = h
-        .exec_ok(&[
-            "sbatch",
-            "--parsable",
-            "-p",
-            "slinky",
-            "-w",
-            node,
-            &format!("--time={minutes}"),
-            "--wrap",
-            &format!("sleep {secs}"),
-        ])
-        .await?;
-    let id = out.trim().split(';').next().unwrap_or_default().to_string();
-    let running = eventually(30, || async {
-        let line = show(h, "job", &id).await.ok()?;
-        (field(&line, "JobState") == Some("RUNNING")).then_some(())
-    })
-    .await;
-    ensure!(
-        running.is_some(),
-        "job {id} never ran: {}",
-        show(h, "job", &id).await?
-    );
-    Ok(id)
 }
 
 /// A window an hour away: the reservation holds the NodeSet's nodes with MAINT at the spec's
@@ -359,7 +275,7 @@ async fn a_begun_window_rolls_the_pods_and_a_job_keeps_its_pod() -> Result<()> {
     schedule(&c, &ns, later, "30m").await?;
     reserved(&h, "slinky-[0-2]", |s, _| s == later.as_second()).await?;
     // A job that ends before the window may start (Slurm keeps reserved nodes for the window).
-    let job = run_job(&h, "slinky-1", 40, 5).await?;
+    let job = run_job(&h, "slinky-1", 40, Some(5)).await?;
     let before = pod_uids(&c, &ns).await?;
     patch_nodeset(&c, &ns, json!({"spec": {"slurmd": {"image": NEW_IMAGE}}})).await?;
     let now = Timestamp::now();

@@ -13,6 +13,7 @@ use slinky_host::plugins::{EngineHandle, RuntimeConfig};
 pub mod host;
 pub mod process;
 pub mod python;
+pub mod slurm;
 
 /// The workspace root.
 pub fn workspace() -> PathBuf {

@@ -30,6 +30,26 @@ pub(super) fn has(ns: &slinky_api::NodeSet) -> bool {
     ns.finalizers().iter().any(|f| f == FINALIZER_SLURM_NODES)
 }
 
+/// Add the finalizer `key` to the NodeSet; whether it was written (a conflict waits for the next
+/// pass, which sees the fresh NodeSet).
+pub(super) async fn add(pass: &mut Pass<'_>, key: &str) -> bool {
+    let mut finalizers = pass.ns.finalizers().to_vec();
+    finalizers.push(key.to_string());
+    write(pass, finalizers).await
+}
+
+/// Remove the finalizer `key` from the NodeSet; whether it was written.
+pub(super) async fn remove(pass: &mut Pass<'_>, key: &str) -> bool {
+    let finalizers: Vec<String> = pass
+        .ns
+        .finalizers()
+        .iter()
+        .filter(|f| *f != key)
+        .cloned()
+        .collect();
+    write(pass, finalizers).await
+}
+
 /// Write the finalizers; whether they were written.
 async fn write(pass: &mut Pass<'_>, finalizers: Vec<String>) -> bool {
     match pass.core().writer.set_finalizers(pass.ns, &finalizers).await {
@@ -56,9 +76,7 @@ pub(super) async fn ensure(pass: &mut Pass<'_>, view: &SlurmView) {
     if matches!(view, SlurmView::Off) || has(pass.ns) {
         return;
     }
-    let mut finalizers = pass.ns.finalizers().to_vec();
-    finalizers.push(FINALIZER_SLURM_NODES.to_string());
-    write(pass, finalizers).await;
+    add(pass, FINALIZER_SLURM_NODES).await;
 }
 
 /// A deleted NodeSet: drain its nodes and remove the finalizer once no job runs there (at a
@@ -120,14 +138,7 @@ pub(super) async fn finalize(
         }
     };
     if release {
-        let finalizers: Vec<String> = pass
-            .ns
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER_SLURM_NODES)
-            .cloned()
-            .collect();
-        return write(pass, finalizers).await;
+        return remove(pass, FINALIZER_SLURM_NODES).await;
     }
     false
 }

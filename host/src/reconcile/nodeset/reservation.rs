@@ -34,10 +34,7 @@ use slinky_api::{Controller, NodeSet, conditions, keys, scheduled::Window};
 use slinky_slurm::{Reservation, ReservationRequest};
 
 use super::{Pass, drain::SlurmView, finalizer};
-use crate::reconcile::{
-    slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name},
-    writer,
-};
+use crate::reconcile::slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name};
 
 /// The flags the host sets or compares (Slurm adds others, e.g. `SPEC_NODES`, which are left
 /// out of the comparison).
@@ -255,7 +252,7 @@ pub(super) async fn sync(
         // The finalizer first: a reservation never exists without it. (When the NodeSet's other
         // finalizer was written this pass, the next one writes this.)
         if finalizer::has(ns) {
-            add_finalizer(pass).await;
+            finalizer::add(pass, keys::FINALIZER_RESERVATION).await;
         }
         pass.retry_soon();
         return window.map(|_| BTreeSet::new());
@@ -278,7 +275,7 @@ pub(super) async fn sync(
         }
     };
     if !exists && has_finalizer(ns) {
-        remove_finalizer(pass).await;
+        finalizer::remove(pass, keys::FINALIZER_RESERVATION).await;
     }
     let Some(w) = window else {
         pass.state.conditions.clear(conditions::RESERVATION_CREATED);
@@ -409,43 +406,6 @@ fn set_condition(pass: &mut Pass<'_>, status: bool, reason: &str, message: Strin
         .set(conditions::RESERVATION_CREATED, status, reason, message);
 }
 
-/// Write the finalizers; whether they were written (a conflict waits for the next pass).
-async fn write_finalizers(pass: &mut Pass<'_>, finalizers: Vec<String>) -> bool {
-    match pass.core().writer.set_finalizers(pass.ns, &finalizers).await {
-        Ok(_) => true,
-        Err(e) if writer::is_conflict(&e) => false,
-        Err(e) => {
-            pass.failed(
-                "FailedUpdate",
-                format!(
-                    "Error writing the finalizers of NodeSet {}: {}",
-                    pass.ns.name_any(),
-                    writer::message(&e)
-                ),
-            )
-            .await;
-            false
-        }
-    }
-}
-
-async fn add_finalizer(pass: &mut Pass<'_>) -> bool {
-    let mut finalizers = pass.ns.finalizers().to_vec();
-    finalizers.push(keys::FINALIZER_RESERVATION.to_string());
-    write_finalizers(pass, finalizers).await
-}
-
-async fn remove_finalizer(pass: &mut Pass<'_>) -> bool {
-    let finalizers: Vec<String> = pass
-        .ns
-        .finalizers()
-        .iter()
-        .filter(|f| *f != keys::FINALIZER_RESERVATION)
-        .cloned()
-        .collect();
-    write_finalizers(pass, finalizers).await
-}
-
 /// A deleted NodeSet: delete its reservation, then remove the finalizer. Returns whether the
 /// NodeSet had no such finalizer when the pass began (after removing it, the pass stops: the
 /// next one sees the fresh NodeSet).
@@ -473,7 +433,7 @@ pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller
     };
     match result {
         Ok(()) => {
-            remove_finalizer(pass).await;
+            finalizer::remove(pass, keys::FINALIZER_RESERVATION).await;
             false
         }
         Err(u) => {

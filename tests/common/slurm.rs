@@ -1,0 +1,128 @@
+//! What the real-Slurm tests (`tests/slurm*.rs`) share: the example cluster with a local Slurm
+//! and a host asking it, and `scontrol`/`sbatch` as an admin would use them.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use slinky_host::{PluginRegistry, reconcile::RunConfig};
+use slinky_slurm_local::SlurmLocal;
+
+use crate::{
+    TestCluster, default_engine, eventually,
+    host::{Host, apply_example, apply_file},
+};
+
+/// The example cluster with `replicas` workers and its RestApi in a fresh namespace named after
+/// `prefix`, its Slurm running locally (slurmrestd as the RestApi's Deployment runs it) and a
+/// host asking that Slurm.
+///
+/// # Errors
+/// The example could not be applied or the harness could not start.
+pub async fn start(
+    c: &TestCluster,
+    slurm: &Path,
+    prefix: &str,
+    replicas: i32,
+) -> Result<(String, SlurmLocal, Host)> {
+    let ns = c.namespace(prefix).await;
+    apply_example(c, &ns, replicas).await?;
+    apply_file(c, &ns, "restapi.yaml", |_| {}).await?;
+    let harness = SlurmLocal::start(c.client.clone(), slurm, &ns, "slurm").await?;
+    let host = host_for(c, &ns, &harness)?;
+    Ok((ns, harness, host))
+}
+
+/// A host reconciling namespace `ns` (resync 1 s) that asks the harness' slurmrestd.
+///
+/// # Errors
+/// The plugin registry could not be made.
+pub fn host_for(c: &TestCluster, ns: &str, harness: &SlurmLocal) -> Result<Host> {
+    let config = RunConfig {
+        namespaces: vec![ns.to_string()],
+        resync: Some(Duration::from_secs(1)),
+        slurmrestd_urls: vec![harness.restapi_url()],
+        ..Default::default()
+    };
+    Ok(Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    ))
+}
+
+/// `scontrol show <what> <name> -o`, one line of `Key=Value` pairs.
+///
+/// # Errors
+/// `scontrol` failed.
+pub async fn show(h: &SlurmLocal, what: &str, name: &str) -> Result<String> {
+    Ok(h.exec_ok(&["scontrol", "show", what, name, "-o"]).await?)
+}
+
+/// The value of `key` in a `scontrol show … -o` line (up to the next space: not for `Reason=`,
+/// which may hold spaces).
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    let rest = &line[at..];
+    let end = rest.find(' ').unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// Wait until every one of `nodes` is registered and idle.
+///
+/// # Errors
+/// They were not, within 120 s (the error lists the nodes Slurm has).
+pub async fn nodes_idle(h: &SlurmLocal, nodes: &[&str]) -> Result<()> {
+    let ok = eventually(120, || async {
+        let listed = h.nodes(None).await.ok()?;
+        nodes
+            .iter()
+            .all(|n| listed.iter().any(|l| l.name == *n && l.state.starts_with("idle")))
+            .then_some(())
+    })
+    .await;
+    if ok.is_none() {
+        bail!("nodes {nodes:?} never all idle: {:?}", h.nodes(None).await?);
+    }
+    Ok(())
+}
+
+/// Submit `sleep secs` on `node` in partition `slinky` (with a time limit of `minutes` when
+/// given); returns the job id once it runs.
+///
+/// # Errors
+/// `sbatch` failed, or the job did not run within 30 s.
+pub async fn run_job(h: &SlurmLocal, node: &str, secs: u32, minutes: Option<u32>) -> Result<String> {
+    let sleep = format!("sleep {secs}");
+    let time = minutes.map(|m| format!("--time={m}"));
+    let mut args = vec!["sbatch", "--parsable", "-p", "slinky", "-w", node];
+    args.extend(time.as_deref());
+    args.extend(["--wrap", &sleep]);
+    let out = h.exec_ok(&args).await?;
+    let id = out.trim().split(';').next().unwrap_or_default().to_string();
+    let running = eventually(30, || async {
+        let line = show(h, "job", &id).await.ok()?;
+        (field(&line, "JobState") == Some("RUNNING")).then_some(())
+    })
+    .await;
+    ensure!(
+        running.is_some(),
+        "job {id} never ran: {}",
+        show(h, "job", &id).await?
+    );
+    Ok(id)
+}
+
+/// The Slurm build's version, `(major, minor)`, from `slurmctld -V` (`slurm 25.05.8`; slurmdbd
+/// reads its configuration before it answers `-V`).
+///
+/// # Errors
+/// slurmctld could not be run or printed no version.
+pub fn version(slurm: &Path) -> Result<(u32, u32)> {
+    let out = std::process::Command::new(slurm.join("sbin/slurmctld"))
+        .arg("-V")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let v = text.split_whitespace().nth(1).context("no version")?;
+    let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or_default());
+    Ok((it.next().unwrap_or_default(), it.next().unwrap_or_default()))
+}
