@@ -560,6 +560,14 @@ mod tests {
     }
 
     #[test]
+    fn a_node_list_that_cannot_be_read_is_not_rewritten_every_pass() {
+        let made = slurm(START, START + 1800, "w-[0-", &FLAGS);
+        assert!(made.nodes().is_err(), "the list is unreadable");
+        let w = wanted(&["w-0", "w-1"]);
+        assert_eq!(decide(Some(&w), Some(&made), START + 60), Step::Keep);
+    }
+
+    #[test]
     fn a_moved_window_is_updated_before_it_begins_and_replaced_after() {
         let made = slurm(START + 3600, START + 5400, "w-0", &FLAGS);
         let w = wanted(&["w-0"]);
