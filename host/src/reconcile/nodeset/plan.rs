@@ -510,6 +510,32 @@ mod tests {
     }
 
     #[test]
+    fn a_scheduled_update_replaces_at_most_a_burst_a_pass() {
+        let n = BURST + 50;
+        let mut w = nodeset("w", n as i32);
+        w.spec.update_strategy = Some(slinky_api::UpdateStrategy {
+            type_: UpdateStrategyType::ScheduledUpdate,
+            ..Default::default()
+        });
+        let pods: Vec<Arc<Pod>> = (0..n as u32)
+            .map(|o| pod(&w, o).owned().revision("old").arc())
+            .collect();
+        let open: BTreeSet<String> = pods.iter().map(|p| p.name_any()).collect();
+        let claims = classify(&w, pods);
+        let p = plan(&Inputs {
+            nodeset: &w,
+            revision: "rev1",
+            owned: &claims.owned,
+            blocked: &claims.blocked,
+            leaving: &claims.leaving,
+            now: Timestamp::now(),
+            update_ranks: &BTreeMap::new(),
+            window: Some(&open),
+        });
+        assert_eq!(p.deletes.len(), BURST);
+    }
+
+    #[test]
     fn bursts_are_bounded() {
         let w = nodeset("w", 1000);
         assert_eq!(run(&w, Vec::new()).creates.len(), BURST);
