@@ -527,27 +527,6 @@ async fn with_an_accounting_reference_slurmctld_loads_then_waits_for_slurmdbd() 
     waits
 }
 
-/// `GET path` on slurmrestd with a token for user `slurm` (`scontrol token`): status and body.
-async fn restd_get(h: &SlurmLocal, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let token = h.exec_ok(&["scontrol", "token", "username=slurm"]).await?;
-    let token = token.trim().trim_start_matches("SLURM_JWT=");
-    let mut s = tokio::net::TcpStream::connect(h.restapi_addr()).await?;
-    let req = format!(
-        "GET {path} HTTP/1.0\r\nHost: x\r\nX-SLURM-USER-NAME: slurm\r\nX-SLURM-USER-TOKEN: {token}\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await?;
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text)).await??;
-    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP answer")?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no status")?;
-    Ok((status, body.to_string()))
-}
-
 /// The harness's own API, as the host's end-to-end tests use it: slurmrestd answers from the
 /// root namespace and can be stopped and started; a deleted worker pod's preStop hook marks its
 /// node down in Slurm (with Slinky's reason) before its slurmd stops, and its sandbox goes; a
@@ -562,16 +541,18 @@ async fn the_harness_stops_and_starts_daemons_and_runs_the_prestop_hook() -> Res
     let result = async {
         case.judge().await?;
         let h = &case.slurm;
-        let (status, body) = restd_get(h, "/slurm/v0.0.43/ping").await?;
+        let (status, body) = slinky_tests::slurm::restd_get(h, "/slurm/v0.0.43/ping").await?;
         ensure!(status == 200 && body.contains("\"primary\""), "{status} {body}");
 
         h.stop_slurmrestd().await?;
         ensure!(
-            restd_get(h, "/slurm/v0.0.43/ping").await.is_err(),
+            slinky_tests::slurm::restd_get(h, "/slurm/v0.0.43/ping")
+                .await
+                .is_err(),
             "slurmrestd still answers"
         );
         h.start_slurmrestd().await?;
-        let (status, _) = restd_get(h, "/slurm/v0.0.43/ping").await?;
+        let (status, _) = slinky_tests::slurm::restd_get(h, "/slurm/v0.0.43/ping").await?;
         ensure!(status == 200, "slurmrestd answers {status} after its start");
 
         slinky_tests::host::scale(&case.c, &case.ns, 2).await?;

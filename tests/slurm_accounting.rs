@@ -222,31 +222,6 @@ impl Case {
         }
     }
 
-    /// `GET path` on slurmrestd (as the RestApi's Deployment runs it) with a token for the user
-    /// `slurm` (`scontrol token`): status and body.
-    async fn restd_get(&self, path: &str) -> Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let token = self
-            .slurm
-            .exec_ok(&["scontrol", "token", "username=slurm"])
-            .await?;
-        let token = token.trim().trim_start_matches("SLURM_JWT=");
-        let mut s = tokio::net::TcpStream::connect(self.slurm.restapi_addr()).await?;
-        let req = format!(
-            "GET {path} HTTP/1.0\r\nHost: x\r\nX-SLURM-USER-NAME: slurm\r\nX-SLURM-USER-TOKEN: {token}\r\n\r\n"
-        );
-        s.write_all(req.as_bytes()).await?;
-        let mut text = String::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text)).await??;
-        let (head, body) = text.split_once("\r\n\r\n").context("no HTTP answer")?;
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .context("no status")?;
-        Ok((status, body.to_string()))
-    }
-
     async fn stop(self) {
         self.host.stop().await;
         self.slurm.shutdown().await;
@@ -335,7 +310,7 @@ async fn slurmdbd_runs_on_the_generated_conf_and_sacct_lists_a_finished_job() ->
         // `AuthAltTypes=auth/jwt`, `jwt_key=/etc/slurm/jwt.key`).
         let path = format!("/slurmdb/v0.0.43/job/{job}");
         let answered = eventually(60, || async {
-            let (status, body) = case.restd_get(&path).await.ok()?;
+            let (status, body) = slinky_tests::slurm::restd_get(&case.slurm, &path).await.ok()?;
             // The first JSON value (slurmrestd 25.05 answers an HTTP/1.0 request with a
             // `Connection: Close` line after the body).
             let v: serde_json::Value = serde_json::Deserializer::from_str(&body)
@@ -350,7 +325,7 @@ async fn slurmdbd_runs_on_the_generated_conf_and_sacct_lists_a_finished_job() ->
         ensure!(
             answered.is_some(),
             "slurmrestd's {path}: {:?}",
-            case.restd_get(&path).await
+            slinky_tests::slurm::restd_get(&case.slurm, &path).await
         );
 
         // A new password: the database user's first (slurmdbd's open connection stays), then

@@ -126,3 +126,28 @@ pub fn version(slurm: &Path) -> Result<(u32, u32)> {
     let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or_default());
     Ok((it.next().unwrap_or_default(), it.next().unwrap_or_default()))
 }
+
+/// `GET path` on the harness' slurmrestd with a token for user `slurm` (`scontrol token`):
+/// status and body.
+///
+/// # Errors
+/// No token, no connection, no answer within 10 s, or no HTTP status line.
+pub async fn restd_get(h: &SlurmLocal, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let token = h.exec_ok(&["scontrol", "token", "username=slurm"]).await?;
+    let token = token.trim().trim_start_matches("SLURM_JWT=");
+    let mut s = tokio::net::TcpStream::connect(h.restapi_addr()).await?;
+    let req = format!(
+        "GET {path} HTTP/1.0\r\nHost: x\r\nX-SLURM-USER-NAME: slurm\r\nX-SLURM-USER-TOKEN: {token}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text)).await??;
+    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP answer")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status")?;
+    Ok((status, body.to_string()))
+}
