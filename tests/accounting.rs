@@ -16,13 +16,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use slinky_api::{Accounting, Controller, conditions};
-use slinky_host::{
-    PluginRegistry,
-    cmd::render::{self, Parent},
-    plugins::{BuildContext, ChildKind},
-};
+use slinky_host::{cmd::render::Parent, plugins::ChildKind};
 use slinky_tests::{
-    default_engine, eventually, example,
+    eventually, example,
     host::{Host, apply_file, child, cluster, condition_of, events, settled_without_writes},
 };
 
@@ -31,28 +27,7 @@ const KEY: &str = "slurm-accounting";
 /// Every child `render` builds for the example cluster and its Accounting (edited by `edit`),
 /// by `Kind/name`.
 fn build(edit: impl Fn(&mut Parent)) -> Result<BTreeMap<String, Value>> {
-    let files = [example("slurm-cluster.yaml"), example("accounting.yaml")];
-    let mut manifests = render::read_manifests(&files)?;
-    for m in &mut manifests {
-        edit(&mut m.parent);
-        let meta = m.parent.meta_mut();
-        meta.uid = Some(format!("uid-{}", meta.name.clone().unwrap_or_default()));
-    }
-    let references = render::read_references(&files)?;
-    let registry = PluginRegistry::new(&default_engine(), &[])?;
-    let children = render::render_with(&manifests, &references, &registry, &BuildContext::default())?;
-    Ok(children
-        .into_iter()
-        .map(|c| c.to_json())
-        .map(|v| {
-            let key = format!(
-                "{}/{}",
-                v["kind"].as_str().unwrap_or_default(),
-                v["metadata"]["name"].as_str().unwrap_or_default()
-            );
-            (key, v)
-        })
-        .collect())
+    slinky_tests::render_children(&[example("slurm-cluster.yaml"), example("accounting.yaml")], edit)
 }
 
 fn get<'a>(objects: &'a BTreeMap<String, Value>, key: &str) -> Result<&'a Value> {

@@ -10,37 +10,13 @@ use anyhow::{Context, Result, ensure};
 use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 use slinky_api::keys;
-use slinky_host::{
-    PluginRegistry,
-    cmd::render::{self, Parent},
-    plugins::BuildContext,
-};
-use slinky_tests::{default_engine, example};
+use slinky_host::cmd::render::{self, Parent};
+use slinky_tests::example;
 
 /// Every child of the example `file`, its parents given UIDs `uid-<name>` (so owner references are
 /// set as on a cluster), edited by `edit` first; by `Kind/name`.
 fn build(file: &str, edit: impl Fn(&mut Parent)) -> Result<BTreeMap<String, Value>> {
-    let path = example(file);
-    let mut manifests = render::read_manifests(std::slice::from_ref(&path))?;
-    for m in &mut manifests {
-        edit(&mut m.parent);
-        let meta = m.parent.meta_mut();
-        meta.uid = Some(format!("uid-{}", meta.name.clone().unwrap_or_default()));
-    }
-    let references = render::read_references(&[path])?;
-    let registry = PluginRegistry::new(&default_engine(), &[])?;
-    let children = render::render_with(&manifests, &references, &registry, &BuildContext::default())?;
-    let mut out = BTreeMap::new();
-    for c in children {
-        let v = c.to_json();
-        let key = format!(
-            "{}/{}",
-            v["kind"].as_str().unwrap_or_default(),
-            v["metadata"]["name"].as_str().unwrap_or_default()
-        );
-        ensure!(out.insert(key.clone(), v).is_none(), "{key} built twice");
-    }
-    Ok(out)
+    slinky_tests::render_children(&[example(file)], edit)
 }
 
 fn get<'a>(objects: &'a BTreeMap<String, Value>, key: &str) -> Result<&'a Value> {

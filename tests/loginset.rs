@@ -15,13 +15,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use slinky_api::{LoginSet, SSH_HOST_KEY_FILES, conditions};
-use slinky_host::{
-    PluginRegistry,
-    cmd::render::{self, Parent},
-    plugins::{BuildContext, ChildKind},
-};
+use slinky_host::{cmd::render::Parent, plugins::ChildKind};
 use slinky_tests::{
-    default_engine, eventually, example,
+    eventually, example,
     host::{Host, apply, apply_file, child, cluster, condition_of, events, settled_without_writes},
 };
 
@@ -31,33 +27,18 @@ const NAME: &str = "slurm-login-slinky";
 /// `Kind/name`.
 fn build(edit: impl Fn(&mut Parent)) -> Result<BTreeMap<String, Value>> {
     let files = [example("slurm-cluster.yaml"), example("loginset.yaml")];
-    let mut manifests = render::read_manifests(&files)?;
-    for m in &mut manifests {
-        edit(&mut m.parent);
-        if let Parent::LoginSet(l) = &mut m.parent {
+    let mut all = slinky_tests::render_children(&files, |p| {
+        edit(p);
+        if let Parent::LoginSet(l) = p {
             l.metadata.uid = Some("uid-login".into());
         }
-    }
-    let references = render::read_references(&files)?;
-    let registry = PluginRegistry::new(&default_engine(), &[])?;
-    let children = render::render_with(&manifests, &references, &registry, &BuildContext::default())?;
-    Ok(children
-        .into_iter()
-        .map(|c| c.to_json())
-        .filter(|v| {
-            v["metadata"]["name"]
-                .as_str()
-                .is_some_and(|n| n.starts_with(NAME))
-        })
-        .map(|v| {
-            let key = format!(
-                "{}/{}",
-                v["kind"].as_str().unwrap_or_default(),
-                v["metadata"]["name"].as_str().unwrap_or_default()
-            );
-            (key, v)
-        })
-        .collect())
+    })?;
+    all.retain(|_, v| {
+        v["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(NAME))
+    });
+    Ok(all)
 }
 
 fn get<'a>(objects: &'a BTreeMap<String, Value>, key: &str) -> Result<&'a Value> {

@@ -13,13 +13,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use slinky_api::{RestApi, conditions};
-use slinky_host::{
-    PluginRegistry,
-    cmd::render::{self, Parent},
-    plugins::{BuildContext, ChildKind},
-};
+use slinky_host::{cmd::render::Parent, plugins::ChildKind};
 use slinky_tests::{
-    TestCluster, default_engine, eventually, example,
+    TestCluster, eventually, example,
     host::{Host, apply, apply_file, cluster, events},
 };
 
@@ -27,29 +23,14 @@ use slinky_tests::{
 /// `Kind/name`.
 fn build(edit: impl Fn(&mut Parent)) -> Result<std::collections::BTreeMap<String, Value>> {
     let files = [example("slurm-cluster.yaml"), example("restapi.yaml")];
-    let mut manifests = render::read_manifests(&files)?;
-    for m in &mut manifests {
-        edit(&mut m.parent);
-        if let Parent::RestApi(r) = &mut m.parent {
+    let mut all = slinky_tests::render_children(&files, |p| {
+        edit(p);
+        if let Parent::RestApi(r) = p {
             r.metadata.uid = Some("uid-restapi".into());
         }
-    }
-    let references = render::read_references(&files)?;
-    let registry = PluginRegistry::new(&default_engine(), &[])?;
-    let children = render::render_with(&manifests, &references, &registry, &BuildContext::default())?;
-    Ok(children
-        .into_iter()
-        .map(|c| c.to_json())
-        .filter(|v| v["kind"] == "Deployment" || v["metadata"]["name"] == "slurm-restapi")
-        .map(|v| {
-            let key = format!(
-                "{}/{}",
-                v["kind"].as_str().unwrap_or_default(),
-                v["metadata"]["name"].as_str().unwrap_or_default()
-            );
-            (key, v)
-        })
-        .collect())
+    })?;
+    all.retain(|_, v| v["kind"] == "Deployment" || v["metadata"]["name"] == "slurm-restapi");
+    Ok(all)
 }
 
 fn get<'a>(objects: &'a std::collections::BTreeMap<String, Value>, key: &str) -> Result<&'a Value> {

@@ -16,13 +16,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use slinky_api::{Controller, conditions};
-use slinky_host::{
-    PluginRegistry,
-    cmd::render,
-    plugins::{BuildContext, ChildKind},
-};
+use slinky_host::{cmd::render, plugins::ChildKind};
 use slinky_tests::{
-    default_engine, eventually, example,
+    eventually, example,
     host::{Host, apply, child, cluster, condition_of, events},
 };
 
@@ -55,27 +51,7 @@ fn build(edit: impl Fn(&mut Value)) -> Result<BTreeMap<String, Value>> {
     }
     let file = dir.path().join("cluster.yaml");
     std::fs::write(&file, docs.join("\n---\n"))?;
-    let files = [file];
-    let mut manifests = render::read_manifests(&files)?;
-    for m in &mut manifests {
-        let meta = m.parent.meta_mut();
-        meta.uid = Some(format!("uid-{}", meta.name.clone().unwrap_or_default()));
-    }
-    let references = render::read_references(&files)?;
-    let registry = PluginRegistry::new(&default_engine(), &[])?;
-    let children = render::render_with(&manifests, &references, &registry, &BuildContext::default())?;
-    Ok(children
-        .into_iter()
-        .map(|c| c.to_json())
-        .map(|v| {
-            let key = format!(
-                "{}/{}",
-                v["kind"].as_str().unwrap_or_default(),
-                v["metadata"]["name"].as_str().unwrap_or_default()
-            );
-            (key, v)
-        })
-        .collect())
+    slinky_tests::render_children(&[file], |_| {})
 }
 
 #[test]

@@ -256,3 +256,38 @@ pub fn slurmdbd_or_skip() -> Option<PathBuf> {
         }
     }
 }
+
+/// Every child `slinky-host render` builds for the manifests in `files`, by `Kind/name`: each
+/// parent edited by `edit` first, then given the UID `uid-<name>` unless `edit` gave it one (so
+/// owner references are set as on a cluster).
+///
+/// # Errors
+/// A file cannot be read, a builder refuses, or two children share a `Kind/name`.
+pub fn render_children(
+    files: &[PathBuf],
+    edit: impl Fn(&mut slinky_host::cmd::render::Parent),
+) -> anyhow::Result<std::collections::BTreeMap<String, serde_json::Value>> {
+    use slinky_host::{PluginRegistry, cmd::render, plugins::BuildContext};
+    let mut manifests = render::read_manifests(files)?;
+    for m in &mut manifests {
+        edit(&mut m.parent);
+        let meta = m.parent.meta_mut();
+        if meta.uid.is_none() {
+            meta.uid = Some(format!("uid-{}", meta.name.clone().unwrap_or_default()));
+        }
+    }
+    let references = render::read_references(files)?;
+    let registry = PluginRegistry::new(&default_engine(), &[])?;
+    let children = render::render_with(&manifests, &references, &registry, &BuildContext::default())?;
+    let mut out = std::collections::BTreeMap::new();
+    for c in children {
+        let v = c.to_json();
+        let key = format!(
+            "{}/{}",
+            v["kind"].as_str().unwrap_or_default(),
+            v["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        anyhow::ensure!(out.insert(key.clone(), v).is_none(), "{key} built twice");
+    }
+    Ok(out)
+}
