@@ -315,7 +315,7 @@ pub fn controller_children(
         }
         if child.kind == ChildKind::StatefulSet {
             controller_statefulset(&child, controller)?;
-            statefulset_selector(&child, controller)?;
+            selects_slurmctld(&child, controller)?;
         }
         if child.kind == ChildKind::ServiceMonitor {
             controller_service_monitor(&child, controller)?;
@@ -363,18 +363,7 @@ fn controller_service_monitor(child: &Child, controller: &Controller) -> Result<
             "{at}: a Controller has one ServiceMonitor, named {want:?} (`<controller>-controller`)"
         ));
     }
-    let selector: Labels = child
-        .object
-        .pointer("/spec/selector/matchLabels")
-        .cloned()
-        .and_then(|v| serde_json::from_value(v).ok())
-        .unwrap_or_default();
-    require_labels(
-        "spec.selector.matchLabels",
-        &selector,
-        &controller.selector_labels(),
-    )
-    .map_err(|e| format!("{at}: {e}"))?;
+    selects_slurmctld(child, controller)?;
     let ns = controller.namespace().unwrap_or_default();
     let names = child.object.pointer("/spec/namespaceSelector/matchNames");
     let any = child
@@ -799,8 +788,9 @@ fn pdb_selector(child: &Child, nodeset: &NodeSet, shared: bool, allow: &Allowanc
     allowances::pdb_selector(&have, &want, &whose, allow).map_err(|e| format!("{}: {e}", child.describe()))
 }
 
-/// A Controller's StatefulSet selects exactly the Controller's slurmctld pods.
-fn statefulset_selector(child: &Child, controller: &Controller) -> Result<(), String> {
+/// A child (the StatefulSet, the ServiceMonitor) selects by `spec.selector.matchLabels` exactly
+/// the Controller's slurmctld pods.
+fn selects_slurmctld(child: &Child, controller: &Controller) -> Result<(), String> {
     let selector: std::collections::BTreeMap<String, String> = child
         .object
         .pointer("/spec/selector/matchLabels")
