@@ -5,6 +5,9 @@
 //! compiled against `wit/builder@0.2.0` (run by the `slinky-runtime` crate), decide what child
 //! objects should exist, and only ever see copies of objects.
 
+/// The Kubernetes client: kube's stack over HTTP/2 where the API server speaks it, its requests
+/// counted.
+pub mod client;
 /// The command line: arguments and one module per command (`run`, `render`, `plugin check`, …).
 pub mod cmd;
 /// The embedded Kubernetes API server (the `slinky-apiserver` crate), behind the default

@@ -212,6 +212,15 @@ impl HostState {
             "slurm_requests",
             "Requests sent to the Controllers' slurmrestd (node lists, drains, pings)",
             [(Vec::new(), h.slurm.requests())],
+        )?;
+        let requests = h.api_requests.snapshot();
+        counters(
+            e,
+            "api_requests",
+            "Requests sent to the Kubernetes API server, by verb (HTTP method) and resource (client-go's rest_client_requests_total)",
+            requests
+                .iter()
+                .map(|((verb, resource), n)| (labels(&[("verb", verb), ("resource", resource)]), *n)),
         )
     }
 

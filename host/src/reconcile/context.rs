@@ -45,6 +45,9 @@ pub struct Core {
     pub recreate_statefulsets: bool,
     /// The slurmrestd clients of the Controllers.
     pub slurm: Arc<super::slurm::SlurmClients>,
+    /// Pods being built or created, across NodeSets (at most
+    /// [`super::nodeset::CREATES_IN_FLIGHT`]).
+    pub create_permits: tokio::sync::Semaphore,
 }
 
 /// What the Controller reconciler gets.

@@ -146,6 +146,9 @@ pub struct RunConfig {
     pub secret_poll: Option<Duration>,
     /// `--slurmrestd-url` values: `NAMESPACE/CONTROLLER=URL`, or `URL` for every Controller.
     pub slurmrestd_urls: Vec<String>,
+    /// The requests the client made (the one [`crate::client::client`] counts into), served in
+    /// `/metrics`.
+    pub api_requests: Arc<crate::client::ApiRequests>,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.
@@ -169,6 +172,8 @@ pub struct Handles {
     pub statefulsets: Store<StatefulSet>,
     /// The Controllers' slurmrestd clients (request counts).
     pub slurm: Arc<slurm::SlurmClients>,
+    /// The API requests of the client (when it is the host's, [`crate::client::client`]).
+    pub api_requests: Arc<crate::client::ApiRequests>,
     /// Leadership.
     pub leader: Leadership,
 }
@@ -435,6 +440,7 @@ pub fn start(
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
         slurm: slurm.clone(),
+        create_permits: tokio::sync::Semaphore::new(nodeset::CREATES_IN_FLIGHT),
     });
     let applied = applied::applied_versions();
     let contexts = (
@@ -464,6 +470,7 @@ pub fn start(
         statefulsets: watches.caches.children.statefulsets,
         leader: config.leadership,
         slurm,
+        api_requests: config.api_requests,
     };
     (
         handles,

@@ -369,6 +369,18 @@ impl Writer {
         self.write("create", api.create(&pp, pod)).await
     }
 
+    /// A pod as the API server has it now (`None` when it is gone): the cache keeps pods slimmed
+    /// (see `watch::slim_pod`), so what needs a pod's whole spec reads it here. Counted as `get`
+    /// (a read, not a write).
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, kube::Error> {
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await
+    }
+
     /// What the API server would store for `pod` (defaults set, fields it does not serve
     /// dropped), from a server-side dry run of its creation under a generated name. Nothing is
     /// written; counted as `dry_run`.

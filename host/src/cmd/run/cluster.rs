@@ -1,7 +1,7 @@
 //! Where `run` reconciles: a cluster's API server (`identified` configs), or the embedded one
 //! with the CRDs installed and manifests applied.
 
-use std::path::PathBuf;
+use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
 use kube::{
@@ -12,7 +12,10 @@ use kube::{
 use serde_json::Value;
 
 use super::RunArgs;
-use crate::cmd::{crds, render};
+use crate::{
+    client::ApiRequests,
+    cmd::{crds, render},
+};
 
 /// Server-side apply every object in `files` (YAML documents), creating missing namespaces.
 ///
@@ -109,7 +112,10 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
 /// The embedded API server of `run --embedded` (with simulated pod lifecycle in real time), the
 /// CRDs installed and `--apply` files applied.
 #[cfg(feature = "embedded")]
-async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiServer, Client)> {
+async fn start_embedded(
+    args: &RunArgs,
+    requests: Arc<ApiRequests>,
+) -> anyhow::Result<(crate::embedded::ApiServer, Client)> {
     use crate::embedded::{ApiServer, ApiServerConfig, LifecycleConfig};
     let s = ApiServer::start(ApiServerConfig {
         lifecycle: Some(LifecycleConfig::default()),
@@ -121,8 +127,10 @@ async fn start_embedded(args: &RunArgs) -> anyhow::Result<(crate::embedded::ApiS
     .context("cannot start the embedded API server")?;
     s.write_kubeconfig(&args.kubeconfig_out)
         .with_context(|| format!("cannot write {}", args.kubeconfig_out.display()))?;
-    let client = s
-        .client()
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&s.kubeconfig_yaml())
+        .context("the embedded API server's kubeconfig")?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = crate::client::client(config, requests)
         .context("cannot build a client for the embedded API server")?;
     install_crds(&client).await?;
     let n = apply_files(&client, &args.apply).await?;
@@ -151,7 +159,7 @@ impl NoServer {
 
 /// Without the `embedded` feature there is no embedded API server to start.
 #[cfg(not(feature = "embedded"))]
-async fn start_embedded(_: &RunArgs) -> anyhow::Result<(NoServer, Client)> {
+async fn start_embedded(_: &RunArgs, _: Arc<ApiRequests>) -> anyhow::Result<(NoServer, Client)> {
     anyhow::bail!("this slinky-host was built without the `embedded` feature: --embedded is not available")
 }
 
@@ -164,10 +172,13 @@ pub(super) type EmbeddedServer = NoServer;
 
 /// A client of the API server `args` name: the embedded one (started here, and returned so it
 /// can be shut down), the `--kubeconfig` one, or the inferred one (`$KUBECONFIG`,
-/// `~/.kube/config`, in-cluster).
-pub(super) async fn connect(args: &RunArgs) -> anyhow::Result<(Option<EmbeddedServer>, Client)> {
+/// `~/.kube/config`, in-cluster). Its requests are counted into `requests`.
+pub(super) async fn connect(
+    args: &RunArgs,
+    requests: Arc<ApiRequests>,
+) -> anyhow::Result<(Option<EmbeddedServer>, Client)> {
     if args.embedded {
-        let (server, client) = start_embedded(args).await?;
+        let (server, client) = start_embedded(args, requests).await?;
         return Ok((Some(server), client));
     }
     let config = match &args.kubeconfig {
@@ -180,7 +191,7 @@ pub(super) async fn connect(args: &RunArgs) -> anyhow::Result<(Option<EmbeddedSe
             .await
             .context("no kubeconfig and not in a cluster: pass --kubeconfig or --embedded")?,
     };
-    Ok((None, Client::try_from(identified(config))?))
+    Ok((None, crate::client::client(identified(config), requests)?))
 }
 
 /// `config` sending `User-Agent: slinky-host/VERSION` (audit logs, API priority and fairness).

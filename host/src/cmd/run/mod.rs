@@ -170,7 +170,8 @@ type Reloader = (ReloadHandle, JoinHandle<()>);
 /// # Errors
 /// Setup failures (kubeconfig, embedded server, CRDs, manifests, plugins, HTTP address).
 pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Result<()> {
-    let (server, client) = connect(&args).await?;
+    let api_requests = Arc::new(crate::client::ApiRequests::default());
+    let (server, client) = connect(&args, api_requests.clone()).await?;
     let local_slurm = start_local_slurm(&mut args, &client).await?;
     let build = BuildContext {
         cluster_domain: args.cluster_domain.clone(),
@@ -194,6 +195,7 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
         recreate_statefulsets: args.recreate_statefulsets,
         secret_poll: Some(Duration::from_secs(args.secret_poll_seconds.max(1))),
         slurmrestd_urls: args.slurmrestd_urls.clone(),
+        api_requests,
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());

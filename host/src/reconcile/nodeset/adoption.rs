@@ -133,7 +133,22 @@ pub(super) async fn relabel_equal_pods(
         }
     };
     for ((i, _), want) in candidates.into_iter().zip(built) {
-        let have = &owned[i];
+        // The cache keeps pods without most of their spec: compare the pod as the server has it.
+        let have = match core
+            .writer
+            .get_pod(&have_ns(&owned[i]), &owned[i].name_any())
+            .await
+        {
+            Ok(Some(p)) if p.uid() == owned[i].uid() => Arc::new(p),
+            // Gone or replaced meanwhile: its event will bring the next pass.
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::info!(pod = %owned[i].name_any(), error = %writer::message(&e), "cannot read the pod to compare it; next pass");
+                pass.retry_soon = true;
+                continue;
+            }
+        };
+        let have = &have;
         // Compare with what the server would store of ours (its defaults, its dropped fields).
         let (stored, dry_run) = match core.writer.dry_run_pod(&want).await {
             Ok(stored) => (stored, true),
@@ -172,6 +187,10 @@ pub(super) async fn relabel_equal_pods(
         }
     }
     Ok(())
+}
+
+fn have_ns(p: &Pod) -> String {
+    p.namespace().unwrap_or_default()
 }
 
 /// Whether a live pod has the labels, annotations and spec of `want` (our pod as stored), but

@@ -37,7 +37,9 @@ use slinky_api::{
     placement::{hostname_of, target_node, unfit},
 };
 
-use super::plan::{BURST, DeleteReason, condemn_order, is_available, is_running_and_ready, phase};
+use super::plan::{
+    BURST, CREATE_BURST, DeleteReason, condemn_order, is_available, is_running_and_ready, phase,
+};
 
 /// The first wait before a failed pod's node gets a new pod.
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -218,7 +220,7 @@ pub(super) fn plan_daemon(inp: &DaemonInputs<'_>) -> DaemonPlan {
         unavailable += 1;
         match inp.backoff.remaining(inp.uid, &e.node, clock) {
             Some(wait) => plan.backoff = Some(plan.backoff.map_or(wait, |b| b.min(wait))),
-            None if plan.creates.len() < BURST => plan.creates.push(e.clone()),
+            None if plan.creates.len() < CREATE_BURST => plan.creates.push(e.clone()),
             None => {}
         }
     }

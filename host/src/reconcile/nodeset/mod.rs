@@ -35,6 +35,7 @@ mod history;
 mod other_children;
 mod plan;
 mod pods;
+pub use pods::CREATES_IN_FLIGHT;
 mod reservation;
 mod slurm_conditions;
 mod status;

@@ -37,8 +37,14 @@ use slinky_api::{
 
 use super::claim::Blocker;
 
-/// Most creates (and deletes) in one pass.
+/// Most deletes (and scheduled-update replacements) in one pass.
 pub const BURST: usize = 250;
+
+/// Most creates in one pass. A scale-up of up to this many is one pass, as one sync of the
+/// StatefulSet controller: its slow-start batches (1, 2, 4, … [`super::CREATES_IN_FLIGHT`] at
+/// most) follow each other without waiting for the watch between passes. Bounded so that a
+/// pass ends, and a spec changed meanwhile is seen, every few thousand pods.
+pub const CREATE_BURST: usize = 2000;
 
 /// A pod's phase (`""` when it has none yet).
 pub fn phase(p: &Pod) -> &str {
@@ -199,7 +205,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
     // (left by a scale down, still terminating) holds no slot: it is not coming back.
     let mut next = 0u32;
     let mut skipped = Vec::new();
-    while plan.creates.len() + plan.waiting.len() < need && plan.creates.len() < BURST {
+    while plan.creates.len() + plan.waiting.len() < need && plan.creates.len() < CREATE_BURST {
         if live_ordinals.contains(&next) {
             // Live: not a hole.
         } else if returning.contains(&next) {
@@ -537,7 +543,12 @@ mod tests {
 
     #[test]
     fn bursts_are_bounded() {
-        let w = nodeset("w", 1000);
-        assert_eq!(run(&w, Vec::new()).creates.len(), BURST);
+        let w = nodeset("w", CREATE_BURST as i32 + 10);
+        assert_eq!(run(&w, Vec::new()).creates.len(), CREATE_BURST);
+        let live: Vec<Arc<Pod>> = (0..BURST as u32 + 10)
+            .map(|o| pod(&w, o).owned().revision("rev1").arc())
+            .collect();
+        let w = nodeset("w", 0);
+        assert_eq!(run(&w, live).deletes.len(), BURST);
     }
 }

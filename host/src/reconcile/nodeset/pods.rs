@@ -167,10 +167,19 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
     }
 }
 
-/// Build and create the pods of `slots` in slow-start batches (1, 2, 4, …), each after its
-/// volume claims ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that
-/// pod and the batch goes on; any other refusal (a claim's included) stops after its batch,
+/// Create the pods of `slots` in slow-start batches (1, 2, 4, …), each built with the
+/// `nodeset-pod` builder just before it is sent, and each pod after its volume claims
+/// ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that pod and the
+/// batch goes on; any other refusal (a claim's or the builder's included) stops after its batch,
 /// and every create not made is released.
+///
+/// A batch holds [`Core::create_permits`] (one a pod) while it is built and sent: however many
+/// NodeSets scale at once, at most that many built pods exist and that many creates are in
+/// flight (100 NodeSets building all their pods first held hundreds of MiB).
+/// At most this many pods are built and being created at once, across all NodeSets (the
+/// semaphore [`Core::create_permits`]; a slow-start batch takes at most this many).
+pub const CREATES_IN_FLIGHT: usize = 256;
+
 pub(super) async fn create_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
@@ -182,35 +191,49 @@ pub(super) async fn create_pods(
     }
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
-    let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
-        slots.into_iter().map(|s| (s.identity, s.place)).unzip();
-    let mut built = match build_pods(core, ns, controller, plugin, identities).await? {
-        Ok(built) => built,
-        Err(e) => {
-            pass.state.builder_error(&e).await;
-            return Ok(());
-        }
-    };
-    for (pod, place) in built.iter_mut().zip(&places) {
-        match place {
-            Some(Place::Pin(node)) => slinky_api::pods::pin_to_node(pod, node),
-            Some(Place::Node(node)) => slinky_api::placement::place_on_node(pod, node),
-            None => {}
-        }
-    }
     let owner = pass.uid.clone();
     ctx.expectations
-        .expect_creations(&owner, built.iter().map(ResourceExt::name_any));
-    let mut pending = built.into_iter().map(|p| (p, ()));
+        .expect_creations(&owner, slots.iter().map(|s| s.identity.name.clone()));
+    let mut pending = slots.into_iter();
     let mut batch = 1;
     let mut created = Vec::new();
     let mut taken = Vec::new();
     let mut claims_made = Vec::new();
     loop {
-        let this: Vec<(Pod, ())> = pending.by_ref().take(batch).collect();
+        let this: Vec<Slot> = pending.by_ref().take(batch.min(CREATES_IN_FLIGHT)).collect();
         if this.is_empty() {
             break;
         }
+        // The semaphore is never closed: an error here cannot happen, and would only mean no
+        // bound.
+        let _permits = core.create_permits.acquire_many(this.len() as u32).await.ok();
+        let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
+        let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
+            this.into_iter().map(|s| (s.identity, s.place)).unzip();
+        let built = build_pods(core, ns, controller, plugin, identities).await;
+        let mut built = match built {
+            Ok(Ok(built)) => built,
+            failed => {
+                // Nothing of this batch or after it will be created: release them all.
+                for name in names.into_iter().chain(pending.by_ref().map(|s| s.identity.name)) {
+                    ctx.expectations.creation_observed(&owner, &name);
+                }
+                match failed {
+                    Ok(Err(e)) => pass.state.builder_error(&e).await,
+                    Err(e) => return Err(e),
+                    Ok(Ok(_)) => {}
+                }
+                break;
+            }
+        };
+        for (pod, place) in built.iter_mut().zip(&places) {
+            match place {
+                Some(Place::Pin(node)) => slinky_api::pods::pin_to_node(pod, node),
+                Some(Place::Node(node)) => slinky_api::placement::place_on_node(pod, node),
+                None => {}
+            }
+        }
+        let this: Vec<(Pod, ())> = built.into_iter().map(|p| (p, ())).collect();
         let shared: &Pass<'_> = pass;
         // Each pod's claims first (as the StatefulSet controller): no pod without its storage.
         let results = join_all(this.iter().map(|(pod, _)| async move {
@@ -259,8 +282,8 @@ pub(super) async fn create_pods(
         }
         if refused {
             // Creates never attempted are released: nothing will ever observe them.
-            for (p, _) in pending.by_ref() {
-                ctx.expectations.creation_observed(&owner, &p.name_any());
+            for s in pending.by_ref() {
+                ctx.expectations.creation_observed(&owner, &s.identity.name);
             }
             break;
         }

@@ -166,6 +166,36 @@ fn keys_only(cm: &mut ConfigMap) {
     }
 }
 
+/// A pod as the cache keeps it: its metadata (but managedFields), and of its spec and status only
+/// what a pass reads: the node it is on or for (`nodeName`, the node affinity of a DaemonSet-mode
+/// pod), its `hostname`, its phase, reason and conditions. A slurmd pod's containers, volumes
+/// and container statuses are most of its size, and 10,000 of them were hundreds of MiB; what
+/// needs the whole pod (comparing a pod with its builder's after a builder upgrade) reads it from
+/// the API server.
+pub fn slim_pod(pod: &mut Pod) {
+    use k8s_openapi::api::core::v1::{Affinity, PodSpec, PodStatus};
+    if let Some(spec) = pod.spec.as_mut() {
+        let node_affinity = spec.affinity.take().and_then(|a| a.node_affinity);
+        *spec = PodSpec {
+            node_name: spec.node_name.take(),
+            hostname: spec.hostname.take(),
+            affinity: node_affinity.map(|n| Affinity {
+                node_affinity: Some(n),
+                ..Affinity::default()
+            }),
+            ..PodSpec::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            phase: status.phase.take(),
+            reason: status.reason.take(),
+            conditions: status.conditions.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
 /// What every watch needs: the client, the namespace watched (one, or all) and the namespaces
 /// kept.
 struct Scope<'a> {
@@ -268,7 +298,7 @@ pub fn start(
         allowed: &allowed,
     };
     let pod_task = pod_task(
-        scope.watch(pod_writer, "Pod", |_| {}),
+        scope.watch(pod_writer, "Pod", slim_pod),
         expectations.clone(),
         t.clone(),
     );
