@@ -17,8 +17,10 @@ use crate::plugins::ChildKind;
 /// Every cache of a host (of the served namespaces). Cloning clones the handles, not the objects.
 #[derive(Clone)]
 pub struct Caches {
-    /// Pods.
+    /// Pods (slimmed: see `watch::slim_pod`).
     pub pods: Store<Pod>,
+    /// The pods each NodeSet may concern, by name (a pass reads its own, not every pod).
+    pub pod_index: super::pod_index::PodIndex,
     /// Services, ConfigMaps, StatefulSets, Deployments and PodDisruptionBudgets.
     pub children: ChildCaches,
     /// Controllers.

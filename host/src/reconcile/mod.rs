@@ -25,6 +25,7 @@ mod loginset;
 mod nodeset;
 mod parents;
 mod pass;
+pub mod pod_index;
 mod restapi;
 pub mod rollout;
 pub mod secrets;

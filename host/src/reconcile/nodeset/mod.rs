@@ -191,7 +191,12 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     // has been applied to the cache, so what is read next is no older than our own writes. (Read
     // the other way round, a pass could act on pods its previous pass already deleted.)
     let satisfied = ctx.expectations.satisfied(&uid);
-    let claims = classify(ns, ctx.caches.pods.state());
+    let claims = classify(
+        ns,
+        ctx.caches
+            .pod_index
+            .pods(&ctx.caches.pods, &namespace, &ns.name_any()),
+    );
     let controller = ctx
         .caches
         .controllers

@@ -297,9 +297,11 @@ pub fn start(
         namespace,
         allowed: &allowed,
     };
+    let pod_index = super::pod_index::PodIndex::default();
     let pod_task = pod_task(
         scope.watch(pod_writer, "Pod", slim_pod),
         expectations.clone(),
+        (pod_index.clone(), pods.clone()),
         t.clone(),
     );
     let svc_task = child_task(scope.watch(svc_writer, "Service", |_| {}), "Service", t.clone());
@@ -377,6 +379,7 @@ pub fn start(
     Watches {
         caches: Caches {
             pods,
+            pod_index,
             children: ChildCaches {
                 services,
                 configmaps,

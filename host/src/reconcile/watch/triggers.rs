@@ -24,6 +24,7 @@ use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sightings::PodObserver;
+use crate::reconcile::pod_index::PodIndex;
 use crate::reconcile::{
     expectations::Expectations,
     parents::{
@@ -192,10 +193,18 @@ impl Triggers {
 pub(super) fn pod_task(
     pods: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     expectations: Arc<Expectations>,
+    index: (PodIndex, Store<Pod>),
     t: Triggers,
 ) -> impl Future<Output = ()> + Send + 'static {
     let mut observer = PodObserver::default();
     pods.for_each(move |ev| {
+        // The index first, the expectations second (see `pod_index`).
+        match &ev {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => index.0.apply(pod),
+            watcher::Event::Delete(pod) => index.0.delete(pod),
+            watcher::Event::InitDone => index.0.rebuild(&index.1),
+            watcher::Event::Init => {}
+        }
         observer.observe(&expectations, &ev);
         match &ev {
             watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => {
