@@ -21,8 +21,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 /// (namespace, NodeSet name) → the names of the pods it may concern.
+type Entries = HashMap<(String, String), HashSet<String>>;
+
+/// The index (see the module).
 #[derive(Clone, Default)]
-pub struct PodIndex(Arc<RwLock<HashMap<(String, String), HashSet<String>>>>);
+pub struct PodIndex(Arc<RwLock<Entries>>);
 
 /// The (namespace, NodeSet name) keys `pod` is indexed under.
 fn keys(pod: &Pod) -> Vec<(String, String)> {
