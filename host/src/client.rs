@@ -11,8 +11,10 @@
 //! 30 s, 15 s to answer; client-go's health check) find a dead connection, so a watch on it fails
 //! and is re-established instead of hanging.
 //!
-//! Otherwise the stack is kube's: the base URI, the authentication of the kubeconfig (tokens,
-//! refreshed exec credentials, client certificates), its extra headers, its TLS settings.
+//! Otherwise the stack is kube's: the base URI, the retry of 429/503/504, the authentication of
+//! the kubeconfig (tokens, refreshed exec credentials, client certificates), its extra headers,
+//! its TLS settings (`tls-server-name` included) and connect timeout. Proxies are refused with a
+//! clear error (kube's own client needs a feature for them that the host does not enable).
 
 use std::{
     collections::BTreeMap,
@@ -33,6 +35,16 @@ pub enum ClientError {
     /// The kubeconfig's TLS or authentication settings are unusable.
     #[error("cannot configure the Kubernetes client: {0}")]
     Config(#[from] kube::Error),
+    /// A proxy is configured (`proxy-url`, `HTTPS_PROXY`): the host's client does not go
+    /// through proxies.
+    #[error(
+        "the kubeconfig or HTTPS_PROXY names proxy {0}: slinky-host does not connect through a proxy; \
+         reach the API server directly (unset HTTPS_PROXY, add it to NO_PROXY, or drop proxy-url)"
+    )]
+    Proxy(String),
+    /// The kubeconfig's `tls-server-name` is not a valid DNS name or IP address.
+    #[error("tls-server-name {0:?} is not a valid DNS name or IP address")]
+    ServerName(String),
 }
 
 /// API requests a client made, by verb and resource (`slinky_host_api_requests_total`).
@@ -97,17 +109,29 @@ fn resource_of(path: &str) -> String {
 /// # Errors
 /// The kubeconfig's TLS or authentication settings are unusable.
 pub fn client(config: kube::Config, requests: Arc<ApiRequests>) -> Result<kube::Client, ClientError> {
+    if let Some(proxy) = &config.proxy_url {
+        return Err(ClientError::Proxy(proxy.to_string()));
+    }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    http.set_connect_timeout(config.connect_timeout);
     http.set_nodelay(true);
     let tls = config.rustls_client_config()?;
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
+        .https_or_http();
+    // The kubeconfig's `tls-server-name`: SNI and the certificate check use it, not the URL's host.
+    let builder = match &config.tls_server_name {
+        Some(name) => builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(
+            name.clone()
+                .try_into()
+                .map_err(|_| ClientError::ServerName(name.clone()))?,
+        )),
+        None => builder,
+    };
+    let connector = builder.enable_http1().enable_http2().wrap_connector(http);
+    // The connect timeout bounds the TLS handshake too (kube's own client does the same).
+    let mut connector = hyper_timeout::TimeoutConnector::new(connector);
+    connector.set_connect_timeout(config.connect_timeout);
     let hyper = hyper_util::client::legacy::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
@@ -119,14 +143,20 @@ pub fn client(config: kube::Config, requests: Arc<ApiRequests>) -> Result<kube::
         .http2_initial_connection_window_size(1 << 30)
         .build::<_, Body>(connector);
     let default_ns = config.default_namespace.clone();
+    // kube's layers, in kube's order: its retry of 429/503/504 (Retry-After honoured) included.
     let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
         .map_request(move |req: http::Request<Body>| {
             requests.record(req.method(), req.uri().path());
             req
         })
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .default_retry
+                .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())),
+        )
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
         .service(hyper);
     Ok(ClientBuilder::new(service, default_ns).build())

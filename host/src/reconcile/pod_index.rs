@@ -56,7 +56,8 @@ impl PodIndex {
         let Some(name) = pod.metadata.name.clone() else {
             return;
         };
-        if let Ok(mut index) = self.0.write() {
+        {
+            let mut index = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
             for key in keys(pod) {
                 index.entry(key).or_default().insert(name.clone());
             }
@@ -68,7 +69,8 @@ impl PodIndex {
         let Some(name) = pod.metadata.name.as_deref() else {
             return;
         };
-        if let Ok(mut index) = self.0.write() {
+        {
+            let mut index = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
             for key in keys(pod) {
                 if let Some(names) = index.get_mut(&key) {
                     names.remove(name);
@@ -86,9 +88,8 @@ impl PodIndex {
         for pod in store.state() {
             fresh.apply(&pod);
         }
-        if let (Ok(mut index), Ok(fresh)) = (self.0.write(), fresh.0.read()) {
-            *index = fresh.clone();
-        }
+        let fresh = std::mem::take(&mut *fresh.0.write().unwrap_or_else(std::sync::PoisonError::into_inner));
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
     }
 
     /// The cached pods of namespace `ns` that NodeSet `nodeset` may concern.
@@ -96,12 +97,9 @@ impl PodIndex {
         let names: Vec<String> = self
             .0
             .read()
-            .ok()
-            .and_then(|index| {
-                index
-                    .get(&(ns.to_string(), nodeset.to_string()))
-                    .map(|n| n.iter().cloned().collect())
-            })
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(ns.to_string(), nodeset.to_string()))
+            .map(|n| n.iter().cloned().collect())
             .unwrap_or_default();
         names
             .iter()

@@ -167,6 +167,14 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
     }
 }
 
+/// At most this many pods are built and being created at once, across all NodeSets (the
+/// semaphore [`Core::create_permits`]; a slow-start batch takes at most this many).
+///
+/// Below the HTTP/2 streams a kube-apiserver allows on one connection (100 since the fix of
+/// CVE-2023-44487, about 15 of them held by the watches): a create past them would wait in the
+/// client, and an elected host's write timeout (counted from the call) would abandon it.
+pub const CREATES_IN_FLIGHT: usize = 64;
+
 /// Create the pods of `slots` in slow-start batches (1, 2, 4, …), each built with the
 /// `nodeset-pod` builder just before it is sent, and each pod after its volume claims
 /// ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that pod and the
@@ -176,10 +184,6 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
 /// A batch holds [`Core::create_permits`] (one a pod) while it is built and sent: however many
 /// NodeSets scale at once, at most that many built pods exist and that many creates are in
 /// flight (100 NodeSets building all their pods first held hundreds of MiB).
-/// At most this many pods are built and being created at once, across all NodeSets (the
-/// semaphore [`Core::create_permits`]; a slow-start batch takes at most this many).
-pub const CREATES_IN_FLIGHT: usize = 256;
-
 pub(super) async fn create_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
@@ -192,8 +196,6 @@ pub(super) async fn create_pods(
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
     let owner = pass.uid.clone();
-    ctx.expectations
-        .expect_creations(&owner, slots.iter().map(|s| s.identity.name.clone()));
     let mut pending = slots.into_iter();
     let mut batch = 1;
     let mut created = Vec::new();
@@ -208,15 +210,18 @@ pub(super) async fn create_pods(
         // bound.
         let _permits = core.create_permits.acquire_many(this.len() as u32).await.ok();
         let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
+        // Expected per batch, once its turn came: waiting for permits behind other NodeSets does
+        // not eat into the expectations' expiry, and a pod never attempted is never expected.
+        ctx.expectations.expect_creations(&owner, names.iter().cloned());
         let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
             this.into_iter().map(|s| (s.identity, s.place)).unzip();
         let built = build_pods(core, ns, controller, plugin, identities).await;
         let mut built = match built {
             Ok(Ok(built)) => built,
             failed => {
-                // Nothing of this batch or after it will be created: release them all.
-                for name in names.into_iter().chain(pending.by_ref().map(|s| s.identity.name)) {
-                    ctx.expectations.creation_observed(&owner, &name);
+                // Nothing of this batch will be created: release it (later ones were never raised).
+                for name in &names {
+                    ctx.expectations.creation_observed(&owner, name);
                 }
                 match failed {
                     Ok(Err(e)) => pass.state.builder_error(&e).await,
@@ -289,10 +294,7 @@ pub(super) async fn create_pods(
             }
         }
         if refused {
-            // Creates never attempted are released: nothing will ever observe them.
-            for s in pending.by_ref() {
-                ctx.expectations.creation_observed(&owner, &s.identity.name);
-            }
+            // Later batches were never expected: nothing to release.
             break;
         }
         batch *= 2;
