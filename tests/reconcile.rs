@@ -780,6 +780,13 @@ async fn orphan_pods_are_adopted() -> Result<()> {
     })
     .await;
     ensure!(two.is_some(), "expected pods 0 and 1");
+    // The counter is recorded when the host has the server's answer, which can come after the
+    // pod is listed: wait for it, then for any create that would follow.
+    eventually(10, || async {
+        (host.handles.writes.ok("create") >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert_eq!(host.handles.writes.ok("create"), 1, "only ordinal 1 was created");
     host.stop().await;
     Ok(())
