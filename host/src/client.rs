@@ -11,8 +11,7 @@
 //! 30 s, 15 s to answer; client-go's health check) find a dead connection, so a watch on it fails
 //! and is re-established instead of hanging.
 //!
-//! Otherwise the stack is kube's: the base URI, the retry of 429/503/504, the authentication of
-//! the kubeconfig (tokens, refreshed exec credentials, client certificates), its extra headers,
+//! Otherwise the stack is kube's: the base URI, the authentication of the kubeconfig (tokens, refreshed exec credentials, client certificates), its extra headers,
 //! its TLS settings (`tls-server-name` included) and connect timeout. Proxies are refused with a
 //! clear error (kube's own client needs a feature for them that the host does not enable).
 
@@ -143,18 +142,14 @@ pub fn client(config: kube::Config, requests: Arc<ApiRequests>) -> Result<kube::
         .http2_initial_connection_window_size(1 << 30)
         .build::<_, Body>(connector);
     let default_ns = config.default_namespace.clone();
-    // kube's layers, in kube's order: its retry of 429/503/504 (Retry-After honoured) included.
+    // kube's layers, in kube's order, but for its retry of 429/503/504: a retried write could
+    // land after this replica lost its Lease (a resilience test saw a status write do so).
     let service = ServiceBuilder::new()
         .map_request(move |req: http::Request<Body>| {
             requests.record(req.method(), req.uri().path());
             req
         })
         .layer(config.base_uri_layer())
-        .option_layer(
-            config
-                .default_retry
-                .then(|| tower::retry::RetryLayer::new(kube::client::retry::RetryPolicy::server_retry())),
-        )
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)

@@ -196,6 +196,8 @@ pub(super) async fn create_pods(
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
     let owner = pass.uid.clone();
+    ctx.expectations
+        .expect_creations(&owner, slots.iter().map(|s| s.identity.name.clone()));
     let mut pending = slots.into_iter();
     let mut batch = 1;
     let mut created = Vec::new();
@@ -210,18 +212,15 @@ pub(super) async fn create_pods(
         // bound.
         let _permits = core.create_permits.acquire_many(this.len() as u32).await.ok();
         let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
-        // Expected per batch, once its turn came: waiting for permits behind other NodeSets does
-        // not eat into the expectations' expiry, and a pod never attempted is never expected.
-        ctx.expectations.expect_creations(&owner, names.iter().cloned());
         let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
             this.into_iter().map(|s| (s.identity, s.place)).unzip();
         let built = build_pods(core, ns, controller, plugin, identities).await;
         let mut built = match built {
             Ok(Ok(built)) => built,
             failed => {
-                // Nothing of this batch will be created: release it (later ones were never raised).
-                for name in &names {
-                    ctx.expectations.creation_observed(&owner, name);
+                // Nothing of this batch or after it will be created: release them all.
+                for name in names.into_iter().chain(pending.by_ref().map(|s| s.identity.name)) {
+                    ctx.expectations.creation_observed(&owner, &name);
                 }
                 match failed {
                     Ok(Err(e)) => pass.state.builder_error(&e).await,
@@ -294,7 +293,10 @@ pub(super) async fn create_pods(
             }
         }
         if refused {
-            // Later batches were never expected: nothing to release.
+            // Creates never attempted are released: nothing will ever observe them.
+            for s in pending.by_ref() {
+                ctx.expectations.creation_observed(&owner, &s.identity.name);
+            }
             break;
         }
         batch *= 2;
