@@ -257,10 +257,7 @@ impl Writer {
             .unwrap_or_default();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
         let body: DynamicObject = serde_json::from_value(object.clone()).map_err(kube::Error::SerdeError)?;
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = post_params();
         let r = self.write("create_child", api.create(&pp, &body)).await;
         serde_json::to_value(r?).map_err(kube::Error::SerdeError)
     }
@@ -297,10 +294,7 @@ impl Writer {
         self.fence("patch")?;
         let patch = json!({"metadata": {"resourceVersion": stored.pointer("/metadata/resourceVersion"),
             "managedFields": kept}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         let r = self
             .write("patch", api.patch(name, &pp, &Patch::Merge(&patch)))
             .await;
@@ -321,10 +315,7 @@ impl Writer {
     ) -> Result<Value, kube::Error> {
         self.fence("patch")?;
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &kind.api_resource());
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         let r = self
             .write("patch", api.patch(name, &pp, &Patch::Merge(patch)))
             .await;
@@ -362,10 +353,7 @@ impl Writer {
     pub async fn create_pod(&self, pod: &Pod) -> Result<Pod, kube::Error> {
         self.fence("create")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = post_params();
         self.write("create", api.create(&pp, pod)).await
     }
 
@@ -382,10 +370,7 @@ impl Writer {
         struct Skipped {}
         self.fence("create")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = post_params();
         let create = async {
             let body = serde_json::to_vec(pod).map_err(kube::Error::SerdeError)?;
             let req = kube::core::Request::new(api.resource_url())
@@ -397,7 +382,7 @@ impl Writer {
     }
 
     /// A pod as the API server has it now (`None` when it is gone): the cache keeps pods slimmed
-    /// (see `watch::slim_pod`), so what needs a pod's whole spec reads it here. Counted as `get`
+    /// (see `watch::slim`), so what needs a pod's whole spec reads it here. Counted as `get`
     /// (a read, not a write).
     ///
     /// # Errors
@@ -456,10 +441,7 @@ impl Writer {
         self.fence("create_claim")?;
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = post_params();
         self.write("create_claim", api.create(&pp, claim)).await
     }
 
@@ -478,10 +460,7 @@ impl Writer {
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
         let patch =
             json!({"metadata": {"resourceVersion": claim.resource_version(), "ownerReferences": owners}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         self.write(
             "patch_claim",
             api.patch(&claim.name_any(), &pp, &Patch::Merge(patch)),
@@ -497,10 +476,7 @@ impl Writer {
         self.fence("create_revision")?;
         let api: Api<ControllerRevision> =
             Api::namespaced(self.client.clone(), &rev.namespace().unwrap_or_default());
-        let pp = PostParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = post_params();
         self.write("create_revision", api.create(&pp, rev)).await
     }
 
@@ -524,10 +500,7 @@ impl Writer {
         }
         let api: Api<ControllerRevision> =
             Api::namespaced(self.client.clone(), &rev.namespace().unwrap_or_default());
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         self.write(
             "patch_revision",
             api.patch(&rev.name_any(), &pp, &Patch::Merge(patch)),
@@ -562,10 +535,7 @@ impl Writer {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let patch =
             json!({"metadata": {"resourceVersion": pod.resource_version(), "ownerReferences": owners}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
             .await
     }
@@ -585,10 +555,7 @@ impl Writer {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let patch = json!({"metadata": {"resourceVersion": pod.resource_version(),
             "labels": labels, "annotations": annotations}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
             .await
     }
@@ -603,10 +570,7 @@ impl Writer {
         self.fence("patch")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {key: value}}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
             .await
     }
@@ -624,10 +588,7 @@ impl Writer {
         let api: Api<slinky_api::NodeSet> =
             Api::namespaced(self.client.clone(), &ns.namespace().unwrap_or_default());
         let patch = json!({"metadata": {"resourceVersion": ns.resource_version(), "finalizers": finalizers}});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
+        let pp = patch_params();
         self.write("patch", api.patch(&ns.name_any(), &pp, &Patch::Merge(patch)))
             .await
     }
@@ -680,10 +641,7 @@ impl Writer {
             }
             self.fence("status")?;
             let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": status});
-            let pp = PatchParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..Default::default()
-            };
+            let pp = patch_params();
             let r = self
                 .write("status", api.patch_status(&name, &pp, &Patch::Merge(&patch)))
                 .await;
@@ -703,5 +661,21 @@ impl Writer {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Parameters of a create by the host (its field manager).
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// Parameters of a patch by the host (its field manager).
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
     }
 }

@@ -12,7 +12,7 @@ use super::{Pass, plan::DeleteReason, volumes};
 use crate::{
     plugins::{BuilderKind, Plugin, PluginError, PodIdentity},
     reconcile::{
-        Core, Error,
+        Core, Error, Expectations,
         compare::{differences, dropped_note},
         events::name_list,
         time_plugin_call, writer,
@@ -175,6 +175,13 @@ pub(super) async fn delete_pods(pass: &mut Pass<'_>, deletes: &[(Arc<Pod>, Delet
 /// client, and an elected host's write timeout (counted from the call) would abandon it.
 pub const CREATES_IN_FLIGHT: usize = 64;
 
+/// Release the create expectations of pods that will not be created (nothing will observe them).
+fn release(expectations: &Expectations, owner: &str, names: impl Iterator<Item = String>) {
+    for name in names {
+        expectations.creation_observed(owner, &name);
+    }
+}
+
 /// Create the pods of `slots` in slow-start batches (1, 2, 4, …), each built with the
 /// `nodeset-pod` builder just before it is sent, and each pod after its volume claims
 /// ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that pod and the
@@ -214,19 +221,27 @@ pub(super) async fn create_pods(
         let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
         let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
             this.into_iter().map(|s| (s.identity, s.place)).unzip();
-        let built = build_pods(core, ns, controller, plugin, identities).await;
+        // A failed build creates nothing of this batch or after it: release them all.
+        let built = match build_pods(core, ns, controller, plugin, identities).await {
+            Ok(built) => built,
+            Err(e) => {
+                release(
+                    &ctx.expectations,
+                    &owner,
+                    names.into_iter().chain(pending.map(|s| s.identity.name)),
+                );
+                return Err(e);
+            }
+        };
         let mut built = match built {
-            Ok(Ok(built)) => built,
-            failed => {
-                // Nothing of this batch or after it will be created: release them all.
-                for name in names.into_iter().chain(pending.by_ref().map(|s| s.identity.name)) {
-                    ctx.expectations.creation_observed(&owner, &name);
-                }
-                match failed {
-                    Ok(Err(e)) => pass.state.builder_error(&e).await,
-                    Err(e) => return Err(e),
-                    Ok(Ok(_)) => {}
-                }
+            Ok(built) => built,
+            Err(e) => {
+                release(
+                    &ctx.expectations,
+                    &owner,
+                    names.into_iter().chain(pending.map(|s| s.identity.name)),
+                );
+                pass.state.builder_error(&e).await;
                 break;
             }
         };
@@ -237,13 +252,12 @@ pub(super) async fn create_pods(
                 None => {}
             }
         }
-        let this: Vec<(Pod, ())> = built.into_iter().map(|p| (p, ())).collect();
         let shared: &Pass<'_> = pass;
         // Each pod's claims first (as the StatefulSet controller): no pod without its storage.
         // The pass's first pod is read back (what the server dropped of it is checked: the pods
         // of a pass are built alike); the others' answers are not decoded.
         let first_of_pass = batch == 1;
-        let results = join_all(this.iter().enumerate().map(|(i, (pod, _))| async move {
+        let results = join_all(built.iter().enumerate().map(|(i, pod)| async move {
             let made = volumes::ensure(shared, &pod.name_any())
                 .await
                 .map_err(Refused::Claim)?;
@@ -259,7 +273,7 @@ pub(super) async fn create_pods(
         }))
         .await;
         let mut refused = false;
-        for ((pod, _), r) in this.iter().zip(results) {
+        for (pod, r) in built.iter().zip(results) {
             let name = pod.name_any();
             match r {
                 Err(Refused::Claim(missing)) => {
@@ -294,9 +308,7 @@ pub(super) async fn create_pods(
         }
         if refused {
             // Creates never attempted are released: nothing will ever observe them.
-            for s in pending.by_ref() {
-                ctx.expectations.creation_observed(&owner, &s.identity.name);
-            }
+            release(&ctx.expectations, &owner, pending.map(|s| s.identity.name));
             break;
         }
         batch *= 2;
