@@ -17,7 +17,7 @@ use crate::plugins::ChildKind;
 /// Every cache of a host (of the served namespaces). Cloning clones the handles, not the objects.
 #[derive(Clone)]
 pub struct Caches {
-    /// Pods (slimmed: see `watch::slim_pod`).
+    /// Pods (slimmed: see `watch::slim`).
     pub pods: Store<Pod>,
     /// The pods each NodeSet may concern, by name (a pass reads its own, not every pod).
     pub pod_index: super::pod_index::PodIndex,

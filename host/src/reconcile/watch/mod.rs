@@ -19,6 +19,7 @@
 
 pub mod nodes;
 mod sightings;
+pub mod slim;
 mod triggers;
 
 use std::sync::Arc;
@@ -94,8 +95,8 @@ where
 /// The watch of one kind, reflected into `writer`'s store (after `modify` and stripping
 /// managedFields); yields each event after the store applied it. Errors are logged and the watch
 /// retried with backoff.
-fn root<K>(
-    api: Api<K>,
+fn root<W, K>(
+    api: Api<W>,
     config: watcher::Config,
     writer: Writer<K>,
     allowed: Arc<Vec<String>>,
@@ -103,6 +104,13 @@ fn root<K>(
     mut modify: impl FnMut(&mut K) + Send + 'static,
 ) -> impl Stream<Item = watcher::Event<K>> + Send + 'static
 where
+    W: Resource<DynamicType = ()>
+        + Into<K>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
     K: Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
@@ -112,6 +120,7 @@ where
         + 'static,
 {
     watcher(api, config)
+        .map(|ev| ev.map(wire_into))
         .filter(move |ev| futures::future::ready(in_namespaces(ev, &allowed)))
         .modify(move |o| {
             o.meta_mut().managed_fields = None;
@@ -136,6 +145,17 @@ where
                 }
             })
         })
+}
+
+/// A watch event of the wire type `W` as one of `K`.
+fn wire_into<W: Into<K>, K>(ev: watcher::Event<W>) -> watcher::Event<K> {
+    match ev {
+        watcher::Event::Apply(o) => watcher::Event::Apply(o.into()),
+        watcher::Event::Delete(o) => watcher::Event::Delete(o.into()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(o.into()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
 }
 
 /// A watch whose list the API server answers 404: the kind is not served (its CRD is missing).
@@ -163,36 +183,6 @@ fn keys_only(cm: &mut ConfigMap) {
     }
     for v in cm.binary_data.iter_mut().flat_map(|d| d.values_mut()) {
         v.0.clear();
-    }
-}
-
-/// A pod as the cache keeps it: its metadata (but managedFields), and of its spec and status only
-/// what a pass reads: the node it is on or for (`nodeName`, the node affinity of a DaemonSet-mode
-/// pod), its `hostname`, its phase, reason and conditions. A slurmd pod's containers, volumes
-/// and container statuses are most of its size, and 10,000 of them were hundreds of MiB; what
-/// needs the whole pod (comparing a pod with its builder's after a builder upgrade) reads it from
-/// the API server.
-pub fn slim_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{Affinity, PodSpec, PodStatus};
-    if let Some(spec) = pod.spec.as_mut() {
-        let node_affinity = spec.affinity.take().and_then(|a| a.node_affinity);
-        *spec = PodSpec {
-            node_name: spec.node_name.take(),
-            hostname: spec.hostname.take(),
-            affinity: node_affinity.map(|n| Affinity {
-                node_affinity: Some(n),
-                ..Affinity::default()
-            }),
-            ..PodSpec::default()
-        };
-    }
-    if let Some(status) = pod.status.as_mut() {
-        *status = PodStatus {
-            phase: status.phase.take(),
-            reason: status.reason.take(),
-            conditions: status.conditions.take(),
-            ..PodStatus::default()
-        };
     }
 }
 
@@ -241,7 +231,7 @@ impl Scope<'_> {
             + Sync
             + 'static,
     {
-        root(
+        root::<K, K>(
             api::<K>(self.client, self.namespace),
             config,
             writer,
@@ -299,7 +289,15 @@ pub fn start(
     };
     let pod_index = super::pod_index::PodIndex::default();
     let pod_task = pod_task(
-        scope.watch(pod_writer, "Pod", slim_pod),
+        // Decoded slim (see `slim`): the cache keeps only what a pass reads of a pod.
+        root::<slim::SlimPod, Pod>(
+            api(client, namespace),
+            watcher::Config::default(),
+            pod_writer,
+            allowed.clone(),
+            "Pod",
+            |_| {},
+        ),
         expectations.clone(),
         (pod_index.clone(), pods.clone()),
         t.clone(),
