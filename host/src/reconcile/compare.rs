@@ -37,8 +37,13 @@ fn contains_at(actual: &Value, desired: &Value, quantity: bool) -> bool {
             // The API server omits empty values; wanting one is wanting nothing.
             None => is_empty(dv),
         }),
+        // Each wanted element anywhere in the live list; the one at the same index first (lists
+        // keep their order: a shared child's 100 owner references compared in order, not 100²).
         (Value::Array(a), Value::Array(d)) if d.iter().all(Value::is_object) => {
-            d.iter().all(|dv| a.iter().any(|av| contains_at(av, dv, false)))
+            d.iter().enumerate().all(|(i, dv)| {
+                a.get(i).is_some_and(|av| contains_at(av, dv, false))
+                    || a.iter().any(|av| contains_at(av, dv, false))
+            })
         }
         (a, d) => same_leaf(a, d, quantity),
     }
@@ -166,6 +171,14 @@ mod tests {
             !contains(&json!({"args": ["-Z", "x"]}), &json!({"args": ["-Z"]})),
             "plain lists must be equal"
         );
+        // Lists of objects: in order, reordered, or one wanted item missing.
+        let refs = json!({"r": [{"uid": "a"}, {"uid": "b"}, {"uid": "c"}]});
+        assert!(contains(&refs, &json!({"r": [{"uid": "a"}, {"uid": "b"}]})));
+        assert!(contains(&refs, &json!({"r": [{"uid": "c"}, {"uid": "a"}]})));
+        assert!(!contains(
+            &refs,
+            &json!({"r": [{"uid": "a"}, {"uid": "d"}, {"uid": "c"}]})
+        ));
     }
 
     #[test]
