@@ -21,6 +21,11 @@
 //! BENCH_NODESETS=10 BENCH_PODS_EACH=10 cargo test -p slinky-host --bench scale`.
 //! `BENCH_RESYNC_SECONDS` (default 2) and `BENCH_RESYNCS` (default 5) set the steady state's
 //! window; `BENCH_SCENARIOS` (`one,many`) picks scenarios.
+//!
+//! kcm's own times vary by ±30 % from run to run on a small machine (etcd, kube-apiserver and
+//! both controllers share its cores), so the one-NodeSet scenario runs `BENCH_ROUNDS` rounds
+//! (default 5; host then kcm, each in namespaces of their own, deleted before the next round)
+//! and prints the medians; `BENCH_MANY_ROUNDS` (default 1) does the same for the other.
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
@@ -378,10 +383,11 @@ async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf) -> anyhow
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let count = PodCount::start(&plain, &s.namespace).await;
-    let (writes_before, requests_before, posts_before) = (
+    let (writes_before, requests_before, posts_before, by_kind_before) = (
         handles.writes.total(),
         requests.total(),
         requests.get("post", "pods"),
+        requests.snapshot(),
     );
     let cpu_before = cpu_now("self");
     let passes_before = passes(&handles);
@@ -413,6 +419,19 @@ async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf) -> anyhow
         passes(&handles) - passes_before,
         cpu_note("self", "the host's", cpu_before)
     );
+    let others: Vec<String> = requests
+        .snapshot()
+        .into_iter()
+        .filter_map(|((verb, resource), n)| {
+            let n = n - by_kind_before
+                .get(&(verb.clone(), resource.clone()))
+                .copied()
+                .unwrap_or(0);
+            (n > 0 && (verb.as_str(), resource.as_str()) != ("post", "pods"))
+                .then(|| format!("{verb} {resource} {n}"))
+        })
+        .collect();
+    println!("  host's other requests of the scale-up: {}", others.join(", "));
     // Let the status writes settle before the steady state.
     let _ = handles.writes.total() - writes_before;
     steady_state(&plain, &s, &handles, &requests, false).await?;
@@ -528,6 +547,67 @@ async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Value) -> anyh
     Ok(seconds)
 }
 
+/// Runs the host child of one round of `s` (a process of its own) and reads its result.
+fn host_round(kubeconfig: &Path, s: &Scenario) -> anyhow::Result<HostResult> {
+    let result_file = tempfile::NamedTempFile::new()?;
+    // glibc's malloc arenas as the install sets them (`MALLOC_ARENA_MAX=2` in the manifests,
+    // the chart and the image), unless set already.
+    let arenas = std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into());
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .env("MALLOC_ARENA_MAX", &arenas)
+        .env("BENCH_CHILD", serde_json::to_string(s)?)
+        .env("BENCH_KUBECONFIG", kubeconfig)
+        .env("BENCH_RESULT", result_file.path())
+        .status()?;
+    anyhow::ensure!(status.success(), "the host child failed: {status}");
+    Ok(serde_json::from_slice(&std::fs::read(result_file.path())?)?)
+}
+
+/// Deletes namespace `ns` of a real API server (the finalizers of its NodeSets, Controllers and
+/// claims dropped first: no host runs any more) and waits up to two minutes for it to be gone.
+async fn delete_namespace(client: &Client, ns: &str) {
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(120) {
+        // Again each time: a StatefulSet's claim may appear after the delete.
+        drop_finalizers::<NodeSet>(client, ns).await;
+        drop_finalizers::<Controller>(client, ns).await;
+        // No pvc-protection controller runs beside realkube: its finalizer would hold the
+        // namespace.
+        drop_finalizers::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(client, ns).await;
+        if let Ok(None) = namespaces.get_opt(ns).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("  (namespace {ns} is still there after 120 s: the next round runs beside it)");
+}
+
+/// Drops the finalizers of every `K` in namespace `ns`.
+async fn drop_finalizers<K>(client: &Client, ns: &str)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let merge = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    for o in api
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if o.meta().finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+            if let Err(e) = api.patch(&o.name_any(), &PatchParams::default(), &merge).await {
+                println!("  (cannot drop the finalizers of {}: {e})", o.name_any());
+            }
+        }
+    }
+}
+
 /// The target API server: a real one (`REALKUBE_DIR`) or an embedded one of this process.
 enum Target {
     Real(PathBuf),
@@ -583,57 +663,65 @@ async fn parent() -> anyhow::Result<()> {
         .as_secs()
         % 100_000;
     let scenarios: String = env_or("BENCH_SCENARIOS", "one,many".to_string());
-    let mut namespaces = Vec::new();
     for which in scenarios.split(',') {
-        let s = match which {
-            "one" => Scenario {
-                name: "one".into(),
-                nodesets: 1,
-                pods: env_or("BENCH_PODS", 1000),
-                namespace: format!("scale-{run}-one"),
-            },
-            "many" => Scenario {
-                name: "many".into(),
-                nodesets: env_or("BENCH_NODESETS", 100),
-                pods: env_or("BENCH_PODS_EACH", 100),
-                namespace: format!("scale-{run}-many"),
-            },
+        let (nodesets, pods, rounds) = match which {
+            "one" => (1, env_or("BENCH_PODS", 1000), env_or("BENCH_ROUNDS", 5)),
+            "many" => (
+                env_or("BENCH_NODESETS", 100),
+                env_or("BENCH_PODS_EACH", 100),
+                env_or("BENCH_MANY_ROUNDS", 1),
+            ),
             other => anyhow::bail!("unknown scenario {other:?} (one, many)"),
         };
+        let rounds: usize = rounds;
         println!(
-            "{} NodeSet(s) 0 -> {} pods each ({} pods):",
-            s.nodesets,
-            s.pods,
-            s.total()
+            "{nodesets} NodeSet(s) 0 -> {pods} pods each ({} pods), {rounds} round(s):",
+            nodesets * pods.max(0) as usize
         );
-        let result_file = tempfile::NamedTempFile::new()?;
-        // glibc's malloc arenas as the install sets them (`MALLOC_ARENA_MAX=2` in the manifests,
-        // the chart and the image), unless set already.
-        let arenas = std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into());
-        let status = std::process::Command::new(std::env::current_exe()?)
-            .env("MALLOC_ARENA_MAX", &arenas)
-            .env("BENCH_CHILD", serde_json::to_string(&s)?)
-            .env("BENCH_KUBECONFIG", &kubeconfig)
-            .env("BENCH_RESULT", result_file.path())
-            .status()?;
-        anyhow::ensure!(status.success(), "the host child failed: {status}");
-        namespaces.push(s.namespace.clone());
-        let host: HostResult = serde_json::from_slice(&std::fs::read(result_file.path())?)?;
-        if let Target::Real(dir) = &target {
-            let kcm = Scenario {
-                namespace: format!("{}-kcm", s.namespace),
-                ..s.clone()
+        let mut figures = Vec::new();
+        for round in 1..=rounds {
+            if rounds > 1 {
+                println!(" round {round}:");
+            }
+            let s = Scenario {
+                name: which.into(),
+                nodesets,
+                pods,
+                namespace: format!("scale-{run}-{which}-{round}"),
             };
-            namespaces.push(kcm.namespace.clone());
-            let seconds = kcm_run(&client, dir, &kcm, &host.pod).await?;
-            println!("  ratio host/kcm: {:.2}", host.seconds / seconds);
+            let host = host_round(&kubeconfig, &s)?;
+            if let Target::Real(dir) = &target {
+                let kcm = Scenario {
+                    namespace: format!("{}-kcm", s.namespace),
+                    ..s.clone()
+                };
+                let seconds = kcm_run(&client, dir, &kcm, &host.pod).await?;
+                println!("  ratio host/kcm: {:.2}", host.seconds / seconds);
+                figures.push((host.seconds, seconds));
+                // The next round starts on an API server without these pods.
+                for ns in [&s.namespace, &kcm.namespace] {
+                    delete_namespace(&client, ns).await;
+                }
+            }
         }
-    }
-    if let Target::Real(_) = &target {
-        for ns in namespaces {
-            let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
-                .delete(&ns, &DeleteParams::default())
-                .await;
+        if figures.len() > 1 {
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            let ratios: Vec<f64> = figures.iter().map(|(h, k)| h / k).collect();
+            println!(
+                " median of {} rounds: host {:.2} s, kcm {:.2} s, ratio host/kcm {:.2} (per round: {})",
+                figures.len(),
+                median(figures.iter().map(|f| f.0).collect()),
+                median(figures.iter().map(|f| f.1).collect()),
+                median(ratios.clone()),
+                ratios
+                    .iter()
+                    .map(|r| format!("{r:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
         }
     }
     if let Target::Embedded(server, _) = target {
