@@ -600,10 +600,10 @@ where
         .map(|l| l.items)
         .unwrap_or_default()
     {
-        if o.meta().finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
-            if let Err(e) = api.patch(&o.name_any(), &PatchParams::default(), &merge).await {
-                println!("  (cannot drop the finalizers of {}: {e})", o.name_any());
-            }
+        if o.meta().finalizers.as_ref().is_some_and(|f| !f.is_empty())
+            && let Err(e) = api.patch(&o.name_any(), &PatchParams::default(), &merge).await
+        {
+            println!("  (cannot drop the finalizers of {}: {e})", o.name_any());
         }
     }
 }
