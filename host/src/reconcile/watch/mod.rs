@@ -94,7 +94,8 @@ where
 
 /// The watch of one kind, reflected into `writer`'s store (after `modify` and stripping
 /// managedFields); yields each event after the store applied it. Errors are logged and the watch
-/// retried with backoff.
+/// retried with backoff. Objects are decoded as `W` and converted into `K`: the same type for
+/// every kind but pods, whose wire type (`slim::SlimPod`) parses only what the cache keeps.
 fn root<W, K>(
     api: Api<W>,
     config: watcher::Config,
