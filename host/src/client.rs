@@ -11,8 +11,9 @@
 //! 30 s, 15 s to answer; client-go's health check) find a dead connection, so a watch on it fails
 //! and is re-established instead of hanging.
 //!
-//! Otherwise the stack is kube's: the base URI, the authentication of the kubeconfig (tokens, refreshed exec credentials, client certificates), its extra headers,
-//! its TLS settings (`tls-server-name` included) and connect timeout. Proxies are refused with a
+//! Otherwise the stack is kube's: the base URI, the authentication of the kubeconfig (tokens,
+//! refreshed exec credentials, client certificates), its extra headers, its TLS settings
+//! (`tls-server-name` included) and connect timeout. Proxies are refused with a
 //! clear error (kube's own client needs a feature for them that the host does not enable).
 
 use std::{

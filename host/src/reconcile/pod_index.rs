@@ -14,7 +14,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, RwLock},
+    sync::{Arc, PoisonError, RwLock, RwLockWriteGuard},
 };
 
 use k8s_openapi::api::core::v1::Pod;
@@ -51,16 +51,21 @@ fn keys(pod: &Pod) -> Vec<(String, String)> {
 }
 
 impl PodIndex {
+    /// The index, to change (a panic elsewhere while it was held leaves it usable: every change
+    /// is whole before the guard drops).
+    fn write(&self) -> RwLockWriteGuard<'_, Entries> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Index `pod` (added or changed).
     pub fn apply(&self, pod: &Pod) {
         let Some(name) = pod.metadata.name.clone() else {
             return;
         };
-        {
-            let mut index = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for key in keys(pod) {
-                index.entry(key).or_default().insert(name.clone());
-            }
+        let keys = keys(pod);
+        let mut index = self.write();
+        for key in keys {
+            index.entry(key).or_default().insert(name.clone());
         }
     }
 
@@ -69,14 +74,13 @@ impl PodIndex {
         let Some(name) = pod.metadata.name.as_deref() else {
             return;
         };
-        {
-            let mut index = self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for key in keys(pod) {
-                if let Some(names) = index.get_mut(&key) {
-                    names.remove(name);
-                    if names.is_empty() {
-                        index.remove(&key);
-                    }
+        let keys = keys(pod);
+        let mut index = self.write();
+        for key in keys {
+            if let Some(names) = index.get_mut(&key) {
+                names.remove(name);
+                if names.is_empty() {
+                    index.remove(&key);
                 }
             }
         }
@@ -88,8 +92,8 @@ impl PodIndex {
         for pod in store.state() {
             fresh.apply(&pod);
         }
-        let fresh = std::mem::take(&mut *fresh.0.write().unwrap_or_else(std::sync::PoisonError::into_inner));
-        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        let fresh = std::mem::take(&mut *fresh.write());
+        *self.write() = fresh;
     }
 
     /// The cached pods of namespace `ns` that NodeSet `nodeset` may concern.
@@ -97,7 +101,7 @@ impl PodIndex {
         let names: Vec<String> = self
             .0
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .get(&(ns.to_string(), nodeset.to_string()))
             .map(|n| n.iter().cloned().collect())
             .unwrap_or_default();

@@ -221,29 +221,22 @@ pub(super) async fn create_pods(
         let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
         let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
             this.into_iter().map(|s| (s.identity, s.place)).unzip();
-        // A failed build creates nothing of this batch or after it: release them all.
-        let built = match build_pods(core, ns, controller, plugin, identities).await {
-            Ok(built) => built,
-            Err(e) => {
-                release(
-                    &ctx.expectations,
-                    &owner,
-                    names.into_iter().chain(pending.map(|s| s.identity.name)),
-                );
-                return Err(e);
-            }
-        };
+        let built = build_pods(core, ns, controller, plugin, identities).await;
+        if !matches!(built, Ok(Ok(_))) {
+            // A failed build creates nothing of this batch or after it: release them all.
+            release(
+                &ctx.expectations,
+                &owner,
+                names.into_iter().chain(pending.by_ref().map(|s| s.identity.name)),
+            );
+        }
         let mut built = match built {
-            Ok(built) => built,
-            Err(e) => {
-                release(
-                    &ctx.expectations,
-                    &owner,
-                    names.into_iter().chain(pending.map(|s| s.identity.name)),
-                );
+            Ok(Ok(built)) => built,
+            Ok(Err(e)) => {
                 pass.state.builder_error(&e).await;
                 break;
             }
+            Err(e) => return Err(e),
         };
         for (pod, place) in built.iter_mut().zip(&places) {
             match place {

@@ -19,7 +19,7 @@
 
 pub mod nodes;
 mod sightings;
-pub mod slim;
+mod slim;
 mod triggers;
 
 use std::sync::Arc;
