@@ -15,6 +15,7 @@ fn main() {
             "raw",
             "raw-v2",
             "gpu-nodeset-pod",
+            "site-pod",
         ],
     );
     println!("cargo:rustc-env=SLINKY_TEST_PLUGIN_DIR={}", out.display());

@@ -8,6 +8,7 @@
 //! value on demand.
 
 mod accounting;
+mod builder_plugin;
 /// Spec checks made before anything is built.
 pub mod checks;
 /// Per-pod volume claims of a NodeSet and their retention.
@@ -49,6 +50,10 @@ mod wrappers;
 pub use accounting::{
     Accounting, AccountingSpec, AccountingStatus, DEFAULT_STORAGE_DATABASE, DEFAULT_STORAGE_PORT,
     SLURMDBD_CONF, SLURMDBD_PORT, StorageConfig, accounting_key,
+};
+pub use builder_plugin::{
+    BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, ConfigMapModule, DEFAULT_ORDER, PLUGINS_GROUP,
+    PluginModule,
 };
 pub use controller::{
     Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, MetricEndpoint, Metrics,

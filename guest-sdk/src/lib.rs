@@ -59,6 +59,7 @@ mod child;
 pub mod helpers;
 pub mod log;
 pub mod merge;
+pub mod settings;
 pub mod slinky;
 pub mod testing;
 
@@ -72,6 +73,7 @@ pub use builders::{
 };
 pub use child::Child;
 pub use k8s_openapi;
+pub use settings::{NoSettings, Settings, validate_settings};
 /// The Slinky custom resource types (Controller, NodeSet, …).
 pub use slinky_api as api;
 /// The builder contract, shared with the host: [`BuildContext`], [`PodIdentity`], [`BuildError`],
@@ -97,11 +99,19 @@ pub use slinky_api::contract::{
 /// slinky_guest_sdk::export_plugin!(MyPods, kinds = [nodeset_pod]);
 /// slinky_guest_sdk::export_plugin!(Both, kinds = [controller_service, nodeset_pod]);
 /// slinky_guest_sdk::export_plugin!(Site, kinds = [controller_children, nodeset_children]);
+/// slinky_guest_sdk::export_plugin!(Gpu, kinds = [nodeset_pod], settings = GpuSettings);
 /// ```
+///
+/// Without `settings = …` the plugin takes none ([`NoSettings`]): the host refuses it with
+/// any `spec.settings` but `{}`. With it, the host asks the plugin to parse and
+/// [`Settings::validate`] its settings before it serves with them.
 #[macro_export]
 macro_rules! export_plugin {
-    ($ty:ty, kinds = [$($kind:ident),+ $(,)?]) => {
-        $crate::__export_plugin!($ty, [$($kind),+]);
+    ($ty:ty, kinds = [$($kind:ident),+ $(,)?] $(,)?) => {
+        $crate::__export_plugin!($ty, [$($kind),+], $crate::NoSettings);
+    };
+    ($ty:ty, kinds = [$($kind:ident),+ $(,)?], settings = $settings:ty $(,)?) => {
+        $crate::__export_plugin!($ty, [$($kind),+], $settings);
     };
 }
 
@@ -119,7 +129,7 @@ macro_rules! use_bump_allocator {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __export_plugin {
-    ($ty:ty, [$($kind:ident),+]) => {
+    ($ty:ty, [$($kind:ident),+], $settings:ty) => {
         $crate::use_bump_allocator!();
 
         #[cfg(target_arch = "wasm32")]
@@ -136,6 +146,10 @@ macro_rules! __export_plugin {
                         env!("CARGO_PKG_VERSION"),
                         &[$($crate::__kind!($kind)),+],
                     )
+                }
+
+                fn validate_settings(settings: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
+                    $crate::validate_settings::<$settings>(&settings)
                 }
             }
 

@@ -44,6 +44,8 @@ fn error(e: BuildError) -> w::BuildError {
 fn context(ctx: w::BuildContext) -> BuildContext {
     BuildContext {
         cluster_domain: ctx.cluster_domain,
+        settings: ctx.settings,
+        previous: ctx.previous,
     }
 }
 

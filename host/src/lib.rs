@@ -16,6 +16,8 @@ pub mod cmd;
 pub use slinky_apiserver as embedded;
 /// The host's metrics: typed families recorded by the code that counts.
 pub mod metrics;
+/// Builder plugins as OCI artifacts: pull by digest, push, cosign-compatible signatures.
+pub mod oci;
 /// The plugin runtime (the `slinky-runtime` crate): engine, loading, sandboxed calls, output
 /// policy, bundled builders, registry and reload.
 pub use slinky_runtime as plugins;

@@ -160,6 +160,7 @@ mod tests {
         );
         let other_domain = BuildContext {
             cluster_domain: "example.org".into(),
+            ..BuildContext::default()
         };
         assert_ne!(
             pod_revision(&ns, &controller, "d1", &other_domain),

@@ -284,13 +284,6 @@ pub(crate) struct Exports {
 /// What every contract version has, implemented for the generated types of each from one body.
 macro_rules! every_version {
     ($($v:ident),+) => {$(
-        impl $v::types::BuildContext {
-            fn from_host(ctx: &BuildContext) -> Self {
-                Self {
-                    cluster_domain: ctx.cluster_domain.clone(),
-                }
-            }
-        }
 
         impl $v::types::PodIdentity {
             fn from_host(identity: &PodIdentity) -> Self {
@@ -359,6 +352,48 @@ macro_rules! every_version {
     )+};
 }
 every_version!(v1, v2, v3);
+
+/// Contracts before 0.3.0 know the cluster domain only: no settings, no pipeline.
+macro_rules! context_before_v3 {
+    ($($v:ident),+) => {$(
+        impl $v::types::BuildContext {
+            fn from_host(ctx: &BuildContext) -> Self {
+                Self {
+                    cluster_domain: ctx.cluster_domain.clone(),
+                }
+            }
+        }
+    )+};
+}
+context_before_v3!(v1, v2);
+
+impl v3::types::BuildContext {
+    fn from_host(ctx: &BuildContext) -> Self {
+        Self {
+            cluster_domain: ctx.cluster_domain.clone(),
+            settings: ctx.settings.clone(),
+            previous: ctx.previous.clone(),
+        }
+    }
+}
+
+/// Call `validate-settings(settings)` on `instance` (contract 0.3.0 on): `Ok(Err(message))`
+/// when the plugin refuses them. Older contracts have no settings: only `{}` is accepted.
+pub(crate) fn call_validate_settings(
+    store: &mut Store<CallState>,
+    instance: &Instance,
+    pre: &InstancePre<CallState>,
+    contract: Contract,
+    settings: &str,
+) -> wasmtime::Result<Result<(), String>> {
+    match contract {
+        Contract::V0_3 => {
+            let guest = v3::plugin::GuestIndices::new(pre)?.load(&mut *store, instance)?;
+            guest.call_validate_settings(store, &settings.to_string())
+        }
+        Contract::V0_1 | Contract::V0_2 => Ok(crate::contract::no_settings(contract, settings)),
+    }
+}
 
 impl From<v1::types::BuilderKind> for BuilderKind {
     fn from(k: v1::types::BuilderKind) -> Self {

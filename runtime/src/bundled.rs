@@ -9,7 +9,9 @@ use std::{
 
 use serde::Serialize;
 
-use super::{BuilderKind, EngineHandle, Plugin, PluginError, PluginSource};
+use super::{
+    BuilderKind, EngineHandle, Plugin, PluginError, PluginSource, pipeline::Pipeline, pipeline::Step,
+};
 
 /// The bundled `controller-service` component.
 pub const CONTROLLER_SERVICE: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_CONTROLLER_SERVICE"));
@@ -90,6 +92,8 @@ struct Slot {
     /// Bumped on every swap; reconcilers subscribe to re-reconcile the parents of this kind.
     changes: tokio::sync::watch::Sender<u64>,
     last_refused: Mutex<Option<Refusal>>,
+    /// The steps `BuilderPlugin`s add after the base builder, sorted by order, then name.
+    steps: RwLock<Vec<Step>>,
 }
 
 /// Counters and stage timings of reloads.
@@ -208,6 +212,7 @@ impl PluginRegistry {
                 base,
                 changes: tokio::sync::watch::channel(0).0,
                 last_refused: Mutex::new(None),
+                steps: RwLock::new(Vec::new()),
             })
         };
         Ok(PluginRegistry {
@@ -276,6 +281,55 @@ impl PluginRegistry {
         Ok(previous)
     }
 
+    /// The pipeline that builds `kind` for a parent with `labels`: the active plugin, then the
+    /// steps whose selector matches.
+    pub fn pipeline(&self, kind: BuilderKind, labels: &BTreeMap<String, String>) -> Pipeline {
+        let base = self.active(kind);
+        let steps = match self.slot(kind).steps.read() {
+            Ok(s) => s,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if steps.is_empty() {
+            return Pipeline::from(base);
+        }
+        let applying = steps.iter().filter(|s| s.applies_to(labels)).cloned().collect();
+        Pipeline::new(base, applying)
+    }
+
+    /// Replace the steps of `kind` (sorted here by order, then name). Subscribers of `kind` are
+    /// told when they changed (another module, settings, order or selector).
+    pub fn set_steps(&self, kind: BuilderKind, mut steps: Vec<Step>) {
+        steps.sort_by(|a, b| (a.order, &a.name).cmp(&(b.order, &b.name)));
+        let slot = self.slot(kind);
+        let changed = {
+            let mut current = match slot.steps.write() {
+                Ok(s) => s,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let same = current.len() == steps.len()
+                && current.iter().zip(&steps).all(|(a, b)| {
+                    a.name == b.name
+                        && a.plugin.digest() == b.plugin.digest()
+                        && a.settings == b.settings
+                        && a.order == b.order
+                        && a.selector == b.selector
+                });
+            *current = steps;
+            !same
+        };
+        if changed {
+            slot.changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The steps of `kind`, in pipeline order.
+    pub fn steps(&self, kind: BuilderKind) -> Vec<Step> {
+        match self.slot(kind).steps.read() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// A receiver that changes on every swap of `kind` (its value counts the swaps).
     pub fn subscribe(&self, kind: BuilderKind) -> tokio::sync::watch::Receiver<u64> {
         self.slot(kind).changes.subscribe()
@@ -337,6 +391,14 @@ impl PluginRegistry {
                     "fallback": format!("{} ({})", base.label(), base.source()),
                     "swaps": self.swaps(kind),
                     "lastRefused": self.last_refused(kind),
+                    "steps": self.steps(kind).iter().map(|s| serde_json::json!({
+                        "builderPlugin": s.name,
+                        "plugin": s.plugin.label(),
+                        "digest": s.plugin.digest(),
+                        "order": s.order,
+                        "selector": s.selector,
+                        "tier": s.plugin.tier(),
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect();

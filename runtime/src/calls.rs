@@ -25,8 +25,36 @@ const BUILD_NODESET_CHILDREN: &str = "build-nodeset-children";
 const BUILD_RESTAPI_CHILDREN: &str = "build-restapi-children";
 const BUILD_LOGINSET_CHILDREN: &str = "build-loginset-children";
 const BUILD_ACCOUNTING_CHILDREN: &str = "build-accounting-children";
+const VALIDATE_SETTINGS: &str = "validate-settings";
 
 impl Plugin {
+    /// Ask the plugin whether it accepts `settings` (JSON text): its `validate-settings` (contract
+    /// 0.3.0 on), in a fresh sandbox like a build. Plugins of older contracts take no settings:
+    /// only `{}` (or `null`) is accepted for them.
+    ///
+    /// # Errors
+    /// [`PluginError::Refused`] with the plugin's own message when it refuses them; a
+    /// [`PluginError`] for a trap, deadline or memory cap.
+    pub fn validate_settings(&self, settings: &str) -> Result<(), PluginError> {
+        let code = self.code();
+        let contract = self.contract();
+        let result = self.call(&code, VALIDATE_SETTINGS, |store, instance| {
+            crate::bindings::call_validate_settings(store, instance, &code.pre, contract, settings)
+                .map(|r| r.map_err(GuestError::InvalidInput))
+        });
+        match result {
+            Err(PluginError::Build {
+                plugin,
+                error: GuestError::InvalidInput(message),
+                ..
+            }) => Err(PluginError::Refused {
+                plugin,
+                reason: format!("its settings are invalid: {message}"),
+            }),
+            other => other,
+        }
+    }
+
     /// Call `build-service` and return the raw JSON text, with no output policy applied.
     ///
     /// # Errors

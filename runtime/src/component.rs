@@ -55,3 +55,16 @@ pub fn with_custom_section(component: &[u8], name: &str, data: &[u8]) -> Vec<u8>
     out.extend_from_slice(&payload);
     out
 }
+
+/// `bytes`, gunzipped when they start with gzip's magic number (a `.wasm.gz` in a ConfigMap or a
+/// registry); as they are otherwise.
+///
+/// # Errors
+/// A gzip stream that does not decompress.
+pub fn gunzip_if_gzipped(bytes: Vec<u8>) -> Result<Vec<u8>, String> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        gunzip(&bytes)
+    } else {
+        Ok(bytes)
+    }
+}

@@ -50,3 +50,17 @@ pub(crate) fn check_contract(
         exports.join(", ")
     ))
 }
+
+/// What a plugin of a contract without settings (before 0.3.0) accepts: no settings at all (an
+/// empty object or `null`).
+pub(crate) fn no_settings(contract: Contract, settings: &str) -> Result<(), String> {
+    match serde_json::from_str::<serde_json::Value>(settings) {
+        Ok(serde_json::Value::Null) => Ok(()),
+        Ok(serde_json::Value::Object(m)) if m.is_empty() => Ok(()),
+        _ => Err(format!(
+            "it speaks contract {contract}, which has no settings, but was given {settings}: remove \
+             spec.settings, or rebuild it against slinky-guest-sdk {CONTRACT_VERSION} with \
+             `settings = …` in export_plugin!"
+        )),
+    }
+}

@@ -167,3 +167,22 @@ impl PluginError {
         }
     }
 }
+
+impl PluginError {
+    /// The same error, its plugin named as step `step` of a pipeline (`<plugin> (BuilderPlugin
+    /// <step>)`), so a status and an Event say which step broke the build.
+    pub fn in_step(mut self, step: &str) -> Self {
+        match &mut self {
+            PluginError::Compile { plugin, .. }
+            | PluginError::Refused { plugin, .. }
+            | PluginError::Trap { plugin, .. }
+            | PluginError::Build { plugin, .. }
+            | PluginError::Rejected { plugin, .. }
+            | PluginError::NotAKind { plugin, .. } => {
+                *plugin = format!("{plugin} (BuilderPlugin {step})");
+            }
+            PluginError::Engine(_) | PluginError::Read { .. } => {}
+        }
+        self
+    }
+}

@@ -35,6 +35,7 @@ mod engine;
 mod error;
 pub mod guest_log;
 pub mod metrics;
+mod pipeline;
 mod plugin;
 pub mod policy;
 pub mod reload;
@@ -42,12 +43,13 @@ mod sandbox;
 
 pub use bundled::{PluginRegistry, Refusal};
 pub use child::{Child, ChildKind, MAX_CHILDREN, Ownership};
-pub use component::{digest, gunzip, with_custom_section};
+pub use component::{digest, gunzip, gunzip_if_gzipped, with_custom_section};
 pub use engine::{
     Allocator, CallStats, CompileSource, DEFAULT_CONCURRENT_CALLS, DEFAULT_KEEP_RESIDENT, EngineHandle,
     RuntimeConfig, Tier, Tiering, default_cache_dir,
 };
 pub use error::{GuestError, PluginError, TrapCause};
+pub use pipeline::{Pipeline, Step, selector_matches, vet_step};
 pub use plugin::{Plugin, PluginSource};
 pub use policy::{Allow, Allowances};
 

@@ -22,6 +22,14 @@ pub enum PluginSource {
     Bundled,
     /// A file.
     File(PathBuf),
+    /// A `BuilderPlugin` custom resource: its name and where its module came from (an OCI
+    /// reference or a ConfigMap).
+    Resource {
+        /// The `BuilderPlugin`'s name.
+        name: String,
+        /// Where its module came from.
+        module: String,
+    },
 }
 
 impl std::fmt::Display for PluginSource {
@@ -29,6 +37,7 @@ impl std::fmt::Display for PluginSource {
         match self {
             PluginSource::Bundled => f.write_str("bundled"),
             PluginSource::File(p) => write!(f, "{}", p.display()),
+            PluginSource::Resource { name, module } => write!(f, "BuilderPlugin {name} ({module})"),
         }
     }
 }
@@ -166,7 +175,7 @@ impl Plugin {
     ///
     /// # Errors
     /// As [`Plugin::load_file`].
-    pub(crate) fn load_unoptimized(
+    pub fn load_unoptimized(
         engine: &Arc<EngineHandle>,
         bytes: &[u8],
         source: PluginSource,
@@ -251,7 +260,7 @@ impl Plugin {
     /// served). Nothing happens if the plugin is gone by the job's turn (a version replaced
     /// before it was optimized is never compiled); on any failure the plugin keeps its baseline
     /// code (logged).
-    pub(crate) fn optimize_in_background(&self, bytes: &[u8]) {
+    pub fn optimize_in_background(&self, bytes: &[u8]) {
         if self.tier() != Tier::Baseline || self.inner.engine.tiering() != Tiering::Tiered {
             return;
         }
@@ -393,7 +402,7 @@ impl Plugin {
     }
 
     /// The example LoginSet and Accounting, parsed once per process.
-    fn example_parents(
+    pub(crate) fn example_parents(
         &self,
     ) -> Result<&'static (slinky_api::LoginSet, slinky_api::Accounting), PluginError> {
         use slinky_api::contract as examples;
@@ -411,7 +420,7 @@ impl Plugin {
 
     /// The example inputs (`slinky_api::contract`'s examples), parsed once per process: every
     /// reload and every switch to optimized code builds them.
-    fn examples(&self) -> Result<&'static (Controller, NodeSet), PluginError> {
+    pub(crate) fn examples(&self) -> Result<&'static (Controller, NodeSet), PluginError> {
         use slinky_api::contract as examples;
         static EXAMPLES: std::sync::LazyLock<Result<(Controller, NodeSet), String>> =
             std::sync::LazyLock::new(|| {
@@ -426,7 +435,7 @@ impl Plugin {
     }
 
     /// The example RestApi, parsed once per process.
-    fn example_restapi(&self) -> Result<&'static slinky_api::RestApi, PluginError> {
+    pub(crate) fn example_restapi(&self) -> Result<&'static slinky_api::RestApi, PluginError> {
         static EXAMPLE: std::sync::LazyLock<Result<slinky_api::RestApi, String>> =
             std::sync::LazyLock::new(|| {
                 slinky_api::contract::example_restapi()

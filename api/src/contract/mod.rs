@@ -45,18 +45,56 @@ impl BuildError {
     }
 }
 
-/// Cluster facts the sandbox cannot see, supplied by the host.
+/// Cluster facts the sandbox cannot see, supplied by the host, with the plugin's settings and the
+/// pipeline's previous output (contract 0.3.0; plugins of older contracts get neither).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildContext {
     /// The cluster DNS domain, e.g. `cluster.local`.
     pub cluster_domain: String,
+    /// The plugin's settings as JSON text: its `BuilderPlugin`'s `spec.settings`, `{}` without.
+    pub settings: String,
+    /// What the pipeline's previous step built for this call (JSON texts): empty for the first
+    /// step, one object for a pod or a Service, the whole list for `*-children`.
+    pub previous: Vec<String>,
 }
+
+/// The settings of a plugin that has none.
+pub const NO_SETTINGS: &str = "{}";
 
 impl Default for BuildContext {
     fn default() -> Self {
         BuildContext {
             cluster_domain: "cluster.local".into(),
+            settings: NO_SETTINGS.into(),
+            previous: Vec::new(),
         }
+    }
+}
+
+impl BuildContext {
+    /// The plugin's settings, parsed as `T` (`{}` when the plugin has none, so a `T` whose fields
+    /// all have defaults always parses).
+    ///
+    /// # Errors
+    /// [`BuildError::InvalidInput`] naming what does not parse; the host checked the settings
+    /// with `validate-settings` first, so this only fails when the two disagree.
+    pub fn settings<T: serde::de::DeserializeOwned>(&self) -> Result<T, BuildError> {
+        serde_json::from_str(&self.settings)
+            .map_err(|e| BuildError::InvalidInput(format!("the plugin's settings: {e}")))
+    }
+
+    /// The object the pipeline's previous step built, parsed as `T`; `None` for the first step.
+    ///
+    /// # Errors
+    /// [`BuildError::InvalidInput`] when it does not parse as `T`.
+    pub fn previous<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>, BuildError> {
+        self.previous
+            .first()
+            .map(|json| {
+                serde_json::from_str(json)
+                    .map_err(|e| BuildError::InvalidInput(format!("the previous step's output: {e}")))
+            })
+            .transpose()
     }
 }
 

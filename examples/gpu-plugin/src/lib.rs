@@ -1,20 +1,25 @@
 //! An example `nodeset-pod` builder: Slinky's slurmd pod, plus GPUs for sites that run them.
 //!
-//! It reads two annotations of the NodeSet's **pod template** (`spec.template.metadata.annotations`):
+//! Its **settings** (a `BuilderPlugin`'s `spec.settings`) say what every pod it builds gets:
 //!
-//! | annotation | effect |
+//! | setting | effect |
 //! |---|---|
-//! | `gpu.example.com/count: "N"` | `nvidia.com/gpu: N` in the slurmd container's limits and requests, and a toleration of the `nvidia.com/gpu` taint |
-//! | `gpu.example.com/sidecar-image: IMAGE` | a `gpu-monitor` sidecar container running IMAGE (with a `metrics` port 9400) |
+//! | `gpusPerPod: N` | `nvidia.com/gpu: N` in the slurmd container's limits and requests, and a toleration of the `nvidia.com/gpu` taint |
+//! | `sidecarImage: IMAGE` | a `gpu-monitor` sidecar container running IMAGE (with a `metrics` port 9400) |
 //!
-//! Without them, it builds exactly Slinky's pod. Template annotations are part of the pod
-//! revision, so changing them rolls the pods; the NodeSet's own annotations are not (as in
-//! Slinky, `kubectl annotate nodeset` must not restart a Slurm cluster's workers).
+//! The plugin checks them before it serves (`validate-settings`): `gpusPerPod` at most 16, a
+//! non-empty `sidecarImage`, no other keys. A NodeSet may override them for its own pods with two
+//! annotations of its **pod template** (`spec.template.metadata.annotations`):
+//! `gpu.example.com/count: "N"` and `gpu.example.com/sidecar-image: IMAGE`. Template annotations
+//! are part of the pod revision, so changing them rolls the pods, as changing the settings does.
+//!
+//! In a pipeline it starts from the previous step's pod (`BuildContext::previous`); as the first
+//! step, or loaded as a plain file, from Slinky's pod.
 
 use std::collections::BTreeMap;
 
 use slinky_guest_sdk::{
-    BuildContext, BuildError, NodeSetPodBuilder, PodIdentity,
+    BuildContext, BuildError, NodeSetPodBuilder, PodIdentity, Settings,
     api::{Controller, NodeSet},
     k8s_openapi::{
         api::core::v1::{Container, ContainerPort, Pod, Toleration},
@@ -30,13 +35,41 @@ pub const SIDECAR_IMAGE: &str = "gpu.example.com/sidecar-image";
 /// The extended resource and taint key of NVIDIA's device plugin.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
+/// The most GPUs a pod may ask for.
+pub const MAX_GPUS: u32 = 16;
+
 /// The GPU builder.
 pub struct GpuPods;
 
-/// The GPU count asked for by the NodeSet's template (0 when absent).
-fn gpu_count(nodeset: &NodeSet) -> Result<u32, BuildError> {
+/// The plugin's settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct GpuSettings {
+    /// GPUs per pod (0: none).
+    pub gpus_per_pod: u32,
+    /// The monitoring sidecar's image (none without).
+    pub sidecar_image: Option<String>,
+}
+
+impl Settings for GpuSettings {
+    fn validate(&self) -> Result<(), String> {
+        if self.gpus_per_pod > MAX_GPUS {
+            return Err(format!(
+                "gpusPerPod is {}: a node has at most {MAX_GPUS} GPUs; give 0 to {MAX_GPUS}",
+                self.gpus_per_pod
+            ));
+        }
+        if self.sidecar_image.as_deref().is_some_and(|i| i.trim().is_empty()) {
+            return Err("sidecarImage is empty: give an image, or leave sidecarImage out".into());
+        }
+        Ok(())
+    }
+}
+
+/// The GPU count for `nodeset`: its template's annotation, else the settings'.
+fn gpu_count(nodeset: &NodeSet, settings: &GpuSettings) -> Result<u32, BuildError> {
     let Some(text) = nodeset.spec.template.metadata.annotations.get(GPU_COUNT) else {
-        return Ok(0);
+        return Ok(settings.gpus_per_pod);
     };
     text.trim().parse().map_err(|_| {
         BuildError::invalid(format!(
@@ -53,9 +86,19 @@ impl NodeSetPodBuilder for GpuPods {
         controller: &Controller,
         identity: &PodIdentity,
     ) -> Result<Pod, BuildError> {
-        let mut pod = slinky::build_nodeset_pod(ctx, nodeset, controller, identity)?;
-        let gpus = gpu_count(nodeset)?;
-        let sidecar = nodeset.spec.template.metadata.annotations.get(SIDECAR_IMAGE);
+        let settings: GpuSettings = ctx.settings()?;
+        let mut pod = match ctx.previous::<Pod>()? {
+            Some(pod) => pod,
+            None => slinky::build_nodeset_pod(ctx, nodeset, controller, identity)?,
+        };
+        let gpus = gpu_count(nodeset, &settings)?;
+        let sidecar = nodeset
+            .spec
+            .template
+            .metadata
+            .annotations
+            .get(SIDECAR_IMAGE)
+            .or(settings.sidecar_image.as_ref());
         let spec = pod
             .spec
             .as_mut()
@@ -100,7 +143,7 @@ impl NodeSetPodBuilder for GpuPods {
     }
 }
 
-slinky_guest_sdk::export_plugin!(GpuPods, kinds = [nodeset_pod]);
+slinky_guest_sdk::export_plugin!(GpuPods, kinds = [nodeset_pod], settings = GpuSettings);
 
 /// The annotations this builder reads, for documentation and tests.
 pub fn annotations(gpus: u32, sidecar: &str) -> BTreeMap<String, String> {
@@ -162,6 +205,71 @@ mod tests {
         assert_eq!(
             sidecar.and_then(|c| c.image.as_deref()),
             Some("nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn settings_are_validated_and_give_every_pod_its_gpus() -> Result<(), BuildError> {
+        assert!(slinky_guest_sdk::validate_settings::<GpuSettings>(r#"{"gpusPerPod": 4}"#).is_ok());
+        let too_many = slinky_guest_sdk::validate_settings::<GpuSettings>(r#"{"gpusPerPod": 99}"#);
+        assert!(
+            too_many.as_ref().is_err_and(|e| e.contains("gpusPerPod is 99")),
+            "{too_many:?}"
+        );
+        let unknown = slinky_guest_sdk::validate_settings::<GpuSettings>(r#"{"gpus": 1}"#);
+        assert!(
+            unknown
+                .as_ref()
+                .is_err_and(|e| e.contains("unknown field `gpus`")),
+            "{unknown:?}"
+        );
+        let (nodeset, controller) = example(BTreeMap::new())?;
+        let ctx = BuildContext {
+            settings: r#"{"gpusPerPod": 3}"#.into(),
+            ..BuildContext::default()
+        };
+        let pod = GpuPods::build_pod(
+            &ctx,
+            &nodeset,
+            &controller,
+            &PodIdentity::for_ordinal(&nodeset, 0, "t"),
+        )?;
+        let limits = pod
+            .spec
+            .and_then(|s| s.containers[0].resources.clone())
+            .and_then(|r| r.limits);
+        assert_eq!(
+            limits.unwrap_or_default().get(GPU_RESOURCE),
+            Some(&Quantity("3".into()))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_later_step_starts_from_the_previous_pod() -> Result<(), BuildError> {
+        let (nodeset, controller) = example(BTreeMap::new())?;
+        let identity = PodIdentity::for_ordinal(&nodeset, 0, "t");
+        let mut previous =
+            slinky::build_nodeset_pod(&BuildContext::default(), &nodeset, &controller, &identity)?;
+        previous
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("from".into(), "before".into());
+        let ctx = BuildContext {
+            settings: r#"{"gpusPerPod": 1}"#.into(),
+            previous: vec![serde_json::to_string(&previous).map_err(BuildError::invalid)?],
+            ..BuildContext::default()
+        };
+        let pod = GpuPods::build_pod(&ctx, &nodeset, &controller, &identity)?;
+        assert_eq!(
+            pod.metadata
+                .labels
+                .unwrap_or_default()
+                .get("from")
+                .map(String::as_str),
+            Some("before")
         );
         Ok(())
     }

@@ -559,7 +559,10 @@ pub fn execute(
 ) -> anyhow::Result<()> {
     let manifests = render::read_manifests(files)?;
     let references = render::read_references(files)?;
-    let ctx = crate::BuildContext { cluster_domain };
+    let ctx = crate::BuildContext {
+        cluster_domain,
+        ..crate::BuildContext::default()
+    };
     let report = check_with(engine, path, &manifests, &references, &ctx)?;
     print(&report.text)?;
     if !report.ok {

@@ -87,6 +87,17 @@ pub fn cluster_rules() -> Vec<Value> {
             ],
             &["patch"],
         ),
+        // BuilderPlugins: watched (every replica loads their steps), their status written.
+        rule(
+            &["plugins.slinky.slurm.net"],
+            &["builderplugins"],
+            &["get", "list", "watch"],
+        ),
+        rule(
+            &["plugins.slinky.slurm.net"],
+            &["builderplugins/status"],
+            &["patch"],
+        ),
         // The NodeSet's finalizer (its Slurm nodes stay in slurm.conf until their jobs end).
         rule(&["slinky.slurm.net"], &["nodesets"], &["patch"]),
         rule(

@@ -244,6 +244,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Render(args) => render::execute(&engine()?, args),
         Command::Plugin(PluginCommand::Inspect { path }) => plugin::inspect(&engine()?, &path),
         Command::Plugin(PluginCommand::Reload { admin_addr }) => reload::execute(admin_addr),
+        Command::Plugin(PluginCommand::Push {
+            path,
+            reference,
+            sign_key,
+            insecure,
+        }) => plugin::push(&engine()?, &path, &reference, sign_key.as_deref(), insecure),
+        Command::Plugin(PluginCommand::Keygen { prefix }) => plugin::keygen(&prefix),
         Command::Plugin(PluginCommand::New { name, kind, dir, sdk }) => {
             scaffold::execute(&name, kind, dir, sdk.as_deref())
         }

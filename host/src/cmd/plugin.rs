@@ -6,7 +6,7 @@ use anyhow::Context as _;
 use clap::{Subcommand, ValueEnum};
 
 use super::print;
-use crate::plugins::{EngineHandle, Plugin, PluginSource};
+use crate::plugins::{EngineHandle, Plugin};
 
 /// `plugin` subcommands.
 #[derive(Debug, Subcommand)]
@@ -42,6 +42,28 @@ pub enum PluginCommand {
         /// The cluster DNS domain given to builders.
         #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
         cluster_domain: String,
+    },
+    /// Publish a plugin to an OCI registry (the Wasm artifact layout), signed with `--sign-key`
+    /// (cosign-compatible), after loading it (a plugin that does not load is not pushed). Prints
+    /// the reference pinned by digest, for a BuilderPlugin's `spec.module.image`.
+    Push {
+        /// The plugin file (`.wasm` component).
+        path: PathBuf,
+        /// Where to: `registry/repository[:tag]` (tag default `latest`).
+        reference: String,
+        /// Sign it with this ECDSA P-256 private key (PEM PKCS#8, `plugin keygen`'s `.key`).
+        #[arg(long, value_name = "PEM")]
+        sign_key: Option<PathBuf>,
+        /// Reach this registry over plain HTTP (loopback registries always are).
+        #[arg(long)]
+        insecure: bool,
+    },
+    /// Make an ECDSA P-256 key pair for signing plugins: `<prefix>.key` (keep it secret) and
+    /// `<prefix>.pub` (give it to the host's `--plugin-public-key`).
+    Keygen {
+        /// The files' prefix.
+        #[arg(default_value = "plugin-signing")]
+        prefix: PathBuf,
     },
     /// Ask a running `run --plugins-dir` host to rescan its plugins directory now (like SIGHUP)
     /// and print what it swapped and refused; exits 1 when a version was refused.
@@ -101,7 +123,87 @@ pub fn inspect(engine: &Arc<EngineHandle>, path: &std::path::Path) -> anyhow::Re
         "contractVersion": info.contract_version,
         "hostContractVersion": crate::plugins::CONTRACT_VERSION,
         "digest": format!("sha256:{}", plugin.digest()),
-        "source": match plugin.source() { PluginSource::Bundled => "bundled".to_string(), PluginSource::File(p) => p.display().to_string() },
+        "source": plugin.source().to_string(),
     });
     print(&serde_saphyr::to_string(&report)?)
+}
+
+/// `plugin push`: load the plugin (refusing one that does not), push it, print the pinned
+/// reference.
+///
+/// # Errors
+/// The plugin does not load, the key does not parse, or the registry refuses an upload.
+pub fn push(
+    engine: &Arc<EngineHandle>,
+    path: &std::path::Path,
+    reference: &str,
+    sign_key: Option<&std::path::Path>,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    let plugin =
+        Plugin::load_file(engine, path).with_context(|| format!("cannot load {}", path.display()))?;
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let reference = crate::oci::Reference::parse(reference)?;
+    let key = match sign_key {
+        None => None,
+        Some(p) => {
+            let pem = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            Some(
+                crate::oci::SigningKey::from_pem(&pem)
+                    .with_context(|| format!("--sign-key {}", p.display()))?,
+            )
+        }
+    };
+    let insecure = if insecure {
+        vec![reference.registry.clone()]
+    } else {
+        Vec::new()
+    };
+    let oci = crate::oci::Oci::new(None, insecure)?;
+    let info = plugin.info();
+    let annotations = serde_json::json!({
+        "org.opencontainers.image.title": info.name,
+        "org.opencontainers.image.version": info.version,
+        "net.slurm.slinky.contract": info.contract_version,
+        "net.slurm.slinky.kinds": info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","),
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let pinned = runtime
+        .block_on(oci.push(&reference, &bytes, annotations, key.as_ref()))
+        .with_context(|| format!("cannot push {} to {reference}", path.display()))?;
+    tracing::info!(plugin = %plugin.label(), reference = %pinned, signed = key.is_some(), "plugin pushed");
+    print(&format!("{pinned}\n"))
+}
+
+/// `plugin keygen`: write `<prefix>.key` (mode 0600) and `<prefix>.pub`.
+///
+/// # Errors
+/// A file exists already or cannot be written.
+pub fn keygen(prefix: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let (private, public) = crate::oci::SigningKey::generate()?;
+    let with = |ext: &str| {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(ext);
+        PathBuf::from(p)
+    };
+    let (key_path, pub_path) = (with(".key"), with(".pub"));
+    let mut key = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&key_path)
+        .with_context(|| format!("cannot create {} (it must not exist)", key_path.display()))?;
+    key.write_all(private.as_bytes())
+        .with_context(|| format!("cannot write {}", key_path.display()))?;
+    std::fs::write(&pub_path, public).with_context(|| format!("cannot write {}", pub_path.display()))?;
+    print(&format!(
+        "wrote {} (keep it secret) and {} (the host's --plugin-public-key)\n",
+        key_path.display(),
+        pub_path.display()
+    ))
 }

@@ -84,9 +84,11 @@ async fn reconcile_inner(a: &Accounting, ctx: &ControllerContext) -> Result<Acti
                 let stored_hash = inputs.slurmdbd_conf_hash.clone();
                 let copy = a.clone();
                 let built = core
-                    .call_builder(BuilderKind::AccountingChildren, move |plugin, build| {
-                        plugin.build_accounting_children(build, &copy, &inputs)
-                    })
+                    .call_builder(
+                        BuilderKind::AccountingChildren,
+                        a.labels(),
+                        move |plugin, build| plugin.build_accounting_children(build, &copy, &inputs),
+                    )
                     .await?;
                 match built.map(|children| with_secret_values(children, a, password.as_deref())) {
                     Ok(Ok(mut desired)) => {

@@ -112,16 +112,17 @@ impl Core {
             .await;
     }
 
-    /// Call the active builder of `kind` off the async threads, counted and timed under its kind:
-    /// `call` gets the plugin and the build context.
+    /// Call the pipeline of `kind` for a parent with `labels` off the async threads, counted and
+    /// timed under its kind: `call` gets the pipeline and the build context.
     pub(crate) async fn call_builder<T: Send + 'static>(
         &self,
         kind: crate::plugins::BuilderKind,
-        call: impl FnOnce(&crate::plugins::Plugin, &BuildContext) -> Result<T, crate::plugins::PluginError>
+        labels: &std::collections::BTreeMap<String, String>,
+        call: impl FnOnce(&crate::plugins::Pipeline, &BuildContext) -> Result<T, crate::plugins::PluginError>
         + Send
         + 'static,
     ) -> Result<Result<T, crate::plugins::PluginError>, Error> {
-        let plugin = self.plugins.active(kind);
+        let plugin = self.plugins.pipeline(kind, labels);
         let build = self.build.clone();
         let metrics = self.metrics.clone();
         self.metrics.plugin_calls.inc_by(1);

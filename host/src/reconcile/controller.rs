@@ -177,7 +177,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
     let mut desired = Vec::new();
     let mut complete = true;
     if !c.spec.external {
-        let plugin = core.plugins.active(BuilderKind::ControllerService);
+        let plugin = core.plugins.pipeline(BuilderKind::ControllerService, c.labels());
         let (copy, build) = (c.clone(), core.build.clone());
         let metrics = core.metrics.clone();
         core.metrics.plugin_calls.inc_by(1);
@@ -210,7 +210,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             complete = false;
         }
         Ok(inputs) => {
-            let plugin = core.plugins.active(BuilderKind::ControllerChildren);
+            let plugin = core.plugins.pipeline(BuilderKind::ControllerChildren, c.labels());
             let (copy, build) = (c.clone(), core.build.clone());
             let metrics = core.metrics.clone();
             core.metrics.plugin_calls.inc_by(1);

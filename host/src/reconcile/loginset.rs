@@ -82,7 +82,7 @@ async fn reconcile_inner(l: &LoginSet, ctx: &ControllerContext) -> Result<Action
             Ok(inputs) => {
                 let (copy, ctl) = (l.clone(), controller.as_ref().clone());
                 let built = core
-                    .call_builder(BuilderKind::LoginsetChildren, move |plugin, build| {
+                    .call_builder(BuilderKind::LoginsetChildren, l.labels(), move |plugin, build| {
                         plugin.build_loginset_children(build, &copy, &ctl, &inputs)
                     })
                     .await?;

@@ -12,6 +12,7 @@ pub mod announced;
 pub mod applied;
 pub mod apply;
 pub mod backoff;
+pub mod builder_plugins;
 pub mod caches;
 mod compare;
 mod component;
@@ -171,6 +172,12 @@ pub struct Handles {
     pub controllers: Store<Controller>,
     /// StatefulSet cache.
     pub statefulsets: Store<StatefulSet>,
+    /// RestApi cache.
+    pub restapis: Store<slinky_api::RestApi>,
+    /// LoginSet cache.
+    pub loginsets: Store<slinky_api::LoginSet>,
+    /// Accounting cache.
+    pub accountings: Store<slinky_api::Accounting>,
     /// The Controllers' slurmrestd clients (request counts).
     pub slurm: Arc<slurm::SlurmClients>,
     /// The API requests of the client (when it is the host's, [`crate::client::client`]).
@@ -469,6 +476,9 @@ pub fn start(
         nodesets: watches.caches.nodesets,
         controllers: watches.caches.controllers,
         statefulsets: watches.caches.children.statefulsets,
+        restapis: watches.caches.restapis,
+        loginsets: watches.caches.loginsets,
+        accountings: watches.caches.accountings,
         leader: config.leadership,
         slurm,
         api_requests: config.api_requests,

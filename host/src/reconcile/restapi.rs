@@ -66,7 +66,7 @@ async fn reconcile_inner(r: &RestApi, ctx: &ControllerContext) -> Result<Action,
     } else if let Some(controller) = controller {
         let (copy, ctl) = (r.clone(), controller.as_ref().clone());
         let built = core
-            .call_builder(BuilderKind::RestapiChildren, move |plugin, build| {
+            .call_builder(BuilderKind::RestapiChildren, r.labels(), move |plugin, build| {
                 plugin.build_restapi_children(build, &copy, &ctl)
             })
             .await?;

@@ -558,6 +558,7 @@ pub fn execute(engine: &Arc<EngineHandle>, args: RenderArgs) -> anyhow::Result<(
     let registry = PluginRegistry::new(engine, &args.plugins)?;
     let ctx = crate::BuildContext {
         cluster_domain: args.cluster_domain,
+        ..crate::BuildContext::default()
     };
     let children = render_with(&manifests, &references, &registry, &ctx)?;
     let text = match args.output {

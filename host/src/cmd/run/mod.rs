@@ -124,6 +124,28 @@ pub struct RunArgs {
     /// between nodes.
     #[arg(long, env = "SLINKY_HOST_LEADER_ELECTION_GRACE_SECONDS", default_value_t = 4)]
     pub leader_election_grace_seconds: u64,
+    /// Serve the cluster's `BuilderPlugin` custom resources (`plugins.slinky.slurm.net`): each
+    /// adds a step to the pipelines of the builder kinds it lists. On by default; a cluster
+    /// without the CRD simply has none.
+    #[arg(long, env = "SLINKY_HOST_BUILDER_PLUGINS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub builder_plugins: bool,
+    /// The public key (PEM, ECDSA P-256: `cosign.pub`, or `slinky-host plugin keygen`'s) every
+    /// BuilderPlugin module pulled from a registry must carry a cosign signature of. Without it,
+    /// signatures are not checked (modules are still pinned by digest).
+    #[arg(long, env = "SLINKY_HOST_PLUGIN_PUBLIC_KEY", value_name = "PEM")]
+    pub plugin_public_key: Option<PathBuf>,
+    /// A registry (`host:port`) reached over plain HTTP; repeatable (loopback registries always
+    /// are).
+    #[arg(
+        long = "insecure-registry",
+        env = "SLINKY_HOST_INSECURE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    pub insecure_registries: Vec<String>,
+    /// Where modules pulled from registries are cached (default: beside the compiled-component
+    /// cache, `…/slinky-host/oci`).
+    #[arg(long, env = "SLINKY_HOST_OCI_CACHE")]
+    pub oci_cache: Option<PathBuf>,
     /// Stop after this many seconds (for demos and smoke tests; default: run until signalled).
     #[arg(long, env = "SLINKY_HOST_RUN_FOR_SECONDS")]
     pub run_for_seconds: Option<u64>,
@@ -175,6 +197,7 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
     let local_slurm = start_local_slurm(&mut args, &client).await?;
     let build = BuildContext {
         cluster_domain: args.cluster_domain.clone(),
+        ..BuildContext::default()
     };
     let reloader = start_reloader(&args, &plugins, &build).await?;
     let reload_handle = reloader.as_ref().map(|(h, _)| h.clone());
@@ -197,7 +220,17 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
         slurmrestd_urls: args.slurmrestd_urls.clone(),
         api_requests,
     };
+    let builder_plugins = start_builder_plugins(&args, &client, &plugins, &config).await?;
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
+    let builder_plugins = builder_plugins.map(|bp| {
+        tokio::spawn(bp.run(reconcile::builder_plugins::Parents {
+            controllers: handles.controllers.clone(),
+            nodesets: handles.nodesets.clone(),
+            restapis: handles.restapis.clone(),
+            loginsets: handles.loginsets.clone(),
+            accountings: handles.accountings.clone(),
+        }))
+    });
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());
     let http = crate::serve::serve(args.http_addr, crate::serve::Listener::Metrics, endpoints.clone())
         .await
@@ -219,6 +252,9 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
     }
     summaries.abort();
     hangups.abort();
+    if let Some(task) = builder_plugins {
+        task.abort();
+    }
     if let Some((_, task)) = reloader {
         task.abort();
     }
@@ -289,6 +325,47 @@ async fn start_reloader(
         println!("plugin refused: {}: {}", r.source, r.reason);
     }
     Ok(Some((handle, task)))
+}
+
+/// With `--builder-plugins` (the default): load the cluster's BuilderPlugins now, before
+/// anything reconciles, and return the controller that keeps watching them.
+async fn start_builder_plugins(
+    args: &RunArgs,
+    client: &Client,
+    plugins: &Arc<PluginRegistry>,
+    config: &RunConfig,
+) -> anyhow::Result<Option<Arc<reconcile::builder_plugins::BuilderPlugins>>> {
+    if !args.builder_plugins {
+        return Ok(None);
+    }
+    let public_key = match &args.plugin_public_key {
+        None => None,
+        Some(path) => {
+            let pem = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --plugin-public-key {}", path.display()))?;
+            Some(
+                crate::oci::PublicKey::from_pem(&pem)
+                    .with_context(|| format!("--plugin-public-key {}", path.display()))?,
+            )
+        }
+    };
+    let cache = args
+        .oci_cache
+        .clone()
+        .or_else(|| crate::plugins::default_cache_dir().and_then(|d| d.parent().map(|p| p.join("oci"))));
+    let bp = reconcile::builder_plugins::BuilderPlugins::new(
+        client.clone(),
+        plugins.clone(),
+        reconcile::builder_plugins::Config {
+            build: config.build.clone(),
+            cache,
+            insecure_registries: args.insecure_registries.clone(),
+            public_key,
+        },
+        config.leadership.clone(),
+    )?;
+    bp.load_all().await;
+    Ok(Some(Arc::new(bp)))
 }
 
 /// With `--leader-elect`: elect a leader on the Lease (the election task is returned, to be

@@ -11,7 +11,7 @@ use slinky_api::{Controller, NodeSet, keys, owners::controller_ref};
 
 use super::{Pass, claim::Claims, differing, plan, pods::build_pods};
 use crate::{
-    plugins::{Plugin, PodIdentity},
+    plugins::{Pipeline, PodIdentity},
     reconcile::{Error, compare::contains, writer},
 };
 
@@ -79,7 +79,7 @@ pub(super) async fn relabel_equal_pods(
     controller: &Controller,
     revision: &str,
     owned: &mut [Arc<Pod>],
-    plugin: &Plugin,
+    plugin: &Pipeline,
 ) -> Result<(), Error> {
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();

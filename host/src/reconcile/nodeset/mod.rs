@@ -68,7 +68,7 @@ const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How soon a pass comes back while a pod waits for its Slurm node to drain.
 const DRAIN_RECHECK: Duration = Duration::from_secs(3);
 use crate::{
-    plugins::{BuilderKind, Plugin},
+    plugins::{BuilderKind, Pipeline},
     revision::pod_revision,
 };
 
@@ -201,7 +201,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         .caches
         .controllers
         .get(&ObjectRef::<Controller>::new(&ns.spec.controller_ref.name).within(ns.controller_namespace()));
-    let plugin = core.plugins.active(BuilderKind::NodesetPod);
+    let plugin = core.plugins.pipeline(BuilderKind::NodesetPod, ns.labels());
     let revision = controller
         .as_ref()
         .map(|c| pod_revision(ns, c, plugin.digest(), &core.build));
@@ -305,7 +305,7 @@ async fn sync(
     controller: &Controller,
     revision: &str,
     mut claims: Claims,
-    plugin: &Plugin,
+    plugin: &Pipeline,
 ) -> Result<Vec<Arc<Pod>>, Error> {
     let ns = pass.ns;
     sync_children(pass, controller).await?;
@@ -381,7 +381,7 @@ async fn sync_daemon(
     controller: &Controller,
     revision: &str,
     claims: Claims,
-    plugin: &Plugin,
+    plugin: &Pipeline,
     slurm: SlurmView,
     window: Option<BTreeSet<String>>,
 ) -> Result<Vec<Arc<Pod>>, Error> {

@@ -10,7 +10,7 @@ use slinky_api::{Controller, NodeSet};
 
 use super::{Pass, plan::DeleteReason, volumes};
 use crate::{
-    plugins::{BuilderKind, Plugin, PluginError, PodIdentity},
+    plugins::{BuilderKind, Pipeline, PluginError, PodIdentity},
     reconcile::{
         Core, Error, Expectations,
         compare::{differences, dropped_note},
@@ -104,7 +104,7 @@ pub(super) async fn build_pods(
     core: &Core,
     ns: &NodeSet,
     controller: &Controller,
-    plugin: &Plugin,
+    plugin: &Pipeline,
     identities: Vec<PodIdentity>,
 ) -> Result<Result<Vec<Pod>, PluginError>, Error> {
     let (p, nsc, cc, build) = (plugin.clone(), ns.clone(), controller.clone(), core.build.clone());
@@ -195,7 +195,7 @@ pub(super) async fn create_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
     slots: Vec<Slot>,
-    plugin: &Plugin,
+    plugin: &Pipeline,
 ) -> Result<(), Error> {
     if slots.is_empty() {
         return Ok(());

@@ -40,6 +40,10 @@ mod guest {
                 contract_version: slinky_guest_sdk::CONTRACT_VERSION.into(),
             }
         }
+
+        fn validate_settings(_settings: String) -> Result<(), String> {
+            Ok(())
+        }
     }
 
     fn invalid(e: impl std::fmt::Display) -> BuildError {
@@ -65,6 +69,7 @@ mod guest {
             }
             let ctx = slinky_guest_sdk::BuildContext {
                 cluster_domain: ctx.cluster_domain,
+                ..Default::default()
             };
             let identity = slinky_guest_sdk::PodIdentity {
                 ordinal: identity.ordinal,

@@ -1,0 +1,557 @@
+//! Pipelines: several plugins building one kind, in order.
+//!
+//! A kind's pipeline starts with its *base* builder (the bundled one, or the plugins directory's
+//! or a `--plugin` file's override) and goes on with the steps the cluster's `BuilderPlugin`
+//! custom resources add for that kind, sorted by `spec.order` (then name), each only for the
+//! parents its `spec.selector` matches. Every step receives its own settings and the previous
+//! step's output (`build-context.previous`), and its output passes the output policy before the
+//! next step sees it: a step that breaks the policy is named in the error. The final object
+//! carries the pipeline's label and digest in the builder annotations, and the pipeline's digest
+//! (every step's module digest and settings) goes into the pod revision: changing a step or its
+//! settings rolls the pods it builds.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use k8s_openapi::{
+    api::core::v1::{Pod, Service},
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta},
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
+
+use crate::{
+    AccountingInputs, BuildContext, Child, ControllerInputs, LoginSetInputs, Plugin, PluginError, PodIdentity,
+};
+
+/// One step a `BuilderPlugin` adds to the pipelines of the kinds it serves.
+#[derive(Clone)]
+pub struct Step {
+    /// The `BuilderPlugin`'s name.
+    pub name: String,
+    /// Its loaded module.
+    pub plugin: Plugin,
+    /// Its settings (JSON text, validated by the plugin).
+    pub settings: String,
+    /// Its place in the pipeline (lower first).
+    pub order: i32,
+    /// The parents it applies to (by their labels); `None` for every parent.
+    pub selector: Option<LabelSelector>,
+}
+
+impl std::fmt::Debug for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Step")
+            .field("name", &self.name)
+            .field("plugin", &self.plugin.label())
+            .field("order", &self.order)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Step {
+    /// Whether this step applies to a parent with `labels`.
+    pub fn applies_to(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.selector.as_ref().is_none_or(|s| selector_matches(s, labels))
+    }
+}
+
+/// Whether `selector` matches `labels`, as Kubernetes matches a label selector: every
+/// `matchLabels` pair and every `matchExpressions` requirement (`In`, `NotIn`, `Exists`,
+/// `DoesNotExist`); an empty selector matches everything; an unknown operator matches nothing.
+pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let pairs = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let expressions = selector.match_expressions.iter().flatten().all(|r| {
+        let values = r.values.as_deref().unwrap_or_default();
+        let value = labels.get(&r.key);
+        match r.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    pairs && expressions
+}
+
+/// The builders one parent's build goes through: the base plugin, then the steps that apply to
+/// it. Cheap to clone.
+#[derive(Clone)]
+pub struct Pipeline {
+    base: Plugin,
+    steps: Arc<[Step]>,
+    digest: String,
+    label: String,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+impl From<Plugin> for Pipeline {
+    fn from(base: Plugin) -> Self {
+        Pipeline {
+            digest: base.digest().to_string(),
+            label: base.label(),
+            base,
+            steps: Arc::from([]),
+        }
+    }
+}
+
+impl Pipeline {
+    /// `base`, then `steps` in the order given.
+    pub fn new(base: Plugin, steps: Vec<Step>) -> Self {
+        if steps.is_empty() {
+            return Pipeline::from(base);
+        }
+        let mut hash = Sha256::new();
+        hash.update(base.digest());
+        let mut label = base.label();
+        for step in &steps {
+            for part in [&step.name, step.plugin.digest(), &step.settings] {
+                hash.update([0]);
+                hash.update(part.as_bytes());
+            }
+            label.push_str(" > ");
+            label.push_str(&step.plugin.label());
+        }
+        Pipeline {
+            digest: format!("{:x}", hash.finalize()),
+            label,
+            base,
+            steps: steps.into(),
+        }
+    }
+
+    /// The base builder alone: its digest; with steps, the sha256 of every step's name, module
+    /// digest and settings (what the pod revision includes).
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// `<base>@<version> > <step>@<version> > …`.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The base builder.
+    pub fn base(&self) -> &Plugin {
+        &self.base
+    }
+
+    /// The steps after the base builder.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// Run `call` on the base builder, then on each step with its settings and the output before
+    /// it (`previous`), then stamp the final output with the pipeline's annotations.
+    fn run<T>(
+        &self,
+        ctx: &BuildContext,
+        call: impl Fn(&Plugin, &BuildContext) -> Result<T, PluginError>,
+        previous: impl Fn(&T) -> Result<Vec<String>, serde_json::Error>,
+        stamp: impl Fn(&mut T, &BTreeMap<String, String>),
+    ) -> Result<T, PluginError> {
+        let mut out = call(&self.base, ctx)?;
+        if self.steps.is_empty() {
+            return Ok(out);
+        }
+        for step in self.steps.iter() {
+            let previous = previous(&out).map_err(|e| PluginError::Refused {
+                plugin: step.plugin.label(),
+                reason: format!("cannot serialize the previous step's output: {e}"),
+            })?;
+            let ctx = BuildContext {
+                cluster_domain: ctx.cluster_domain.clone(),
+                settings: step.settings.clone(),
+                previous,
+            };
+            out = call(&step.plugin, &ctx).map_err(|e| e.in_step(&step.name))?;
+        }
+        stamp(&mut out, &self.annotations());
+        Ok(out)
+    }
+
+    /// The builder annotations of the pipeline's output.
+    fn annotations(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (keys::ANNOTATION_BUILDER.to_string(), self.label.clone()),
+            (
+                keys::ANNOTATION_BUILDER_DIGEST.to_string(),
+                format!("sha256:{}", self.digest),
+            ),
+        ])
+    }
+
+    /// Build the Controller's Service through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_service(ctx, controller),
+            |s| Ok(vec![serde_json::to_string(s)?]),
+            |s, a| stamp_meta(&mut s.metadata, a),
+        )
+    }
+
+    /// Build one pod of a NodeSet through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_pod(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+        identity: &PodIdentity,
+    ) -> Result<Pod, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_pod(ctx, nodeset, controller, identity),
+            |pod| Ok(vec![serde_json::to_string(pod)?]),
+            |pod, a| stamp_meta(&mut pod.metadata, a),
+        )
+    }
+
+    /// Build a Controller's children besides its Service through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_controller_children(
+        &self,
+        ctx: &BuildContext,
+        controller: &Controller,
+        inputs: &ControllerInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_controller_children(ctx, controller, inputs),
+            children_json,
+            stamp_children,
+        )
+    }
+
+    /// Build a NodeSet's children besides its pods through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_nodeset_children(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_nodeset_children(ctx, nodeset, controller),
+            children_json,
+            stamp_children,
+        )
+    }
+
+    /// Build a RestApi's children through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_restapi_children(
+        &self,
+        ctx: &BuildContext,
+        restapi: &RestApi,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_restapi_children(ctx, restapi, controller),
+            children_json,
+            stamp_children,
+        )
+    }
+
+    /// Build a LoginSet's children through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_loginset_children(
+        &self,
+        ctx: &BuildContext,
+        loginset: &LoginSet,
+        controller: &Controller,
+        inputs: &LoginSetInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_loginset_children(ctx, loginset, controller, inputs),
+            children_json,
+            stamp_children,
+        )
+    }
+
+    /// Build an Accounting's children through the pipeline.
+    ///
+    /// # Errors
+    /// The first step's error, naming the step.
+    pub fn build_accounting_children(
+        &self,
+        ctx: &BuildContext,
+        accounting: &Accounting,
+        inputs: &AccountingInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        self.run(
+            ctx,
+            |p, ctx| p.build_accounting_children(ctx, accounting, inputs),
+            children_json,
+            stamp_children,
+        )
+    }
+}
+
+/// What a pipeline builds from the example inputs: the children (kind and name) of a children
+/// kind, `None` for a pod or a Service.
+type ExampleChildren = Option<std::collections::BTreeSet<(crate::ChildKind, String)>>;
+
+impl Pipeline {
+    /// Build the example inputs (`slinky_api::contract`'s examples) of `kind` through the pipeline.
+    ///
+    /// # Errors
+    /// The first step that fails, or breaks the output policy.
+    pub fn example_build(
+        &self,
+        ctx: &BuildContext,
+        kind: crate::BuilderKind,
+    ) -> Result<ExampleChildren, PluginError> {
+        use crate::BuilderKind as K;
+        let base = &self.base;
+        let (controller, nodeset) = base.examples()?;
+        let children = match kind {
+            K::ControllerService => {
+                self.build_service(ctx, controller)?;
+                return Ok(None);
+            }
+            K::NodesetPod => {
+                let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
+                self.build_pod(ctx, nodeset, controller, &identity)?;
+                return Ok(None);
+            }
+            K::ControllerChildren => {
+                let inputs = slinky_api::contract::example_inputs(std::slice::from_ref(nodeset));
+                self.build_controller_children(ctx, controller, &inputs)?
+            }
+            K::NodesetChildren => self.build_nodeset_children(ctx, nodeset, controller)?,
+            K::RestapiChildren => self.build_restapi_children(ctx, base.example_restapi()?, controller)?,
+            K::LoginsetChildren => {
+                let (loginset, _) = base.example_parents()?;
+                self.build_loginset_children(ctx, loginset, controller, &LoginSetInputs::example())?
+            }
+            K::AccountingChildren => {
+                let (_, accounting) = base.example_parents()?;
+                self.build_accounting_children(ctx, accounting, &AccountingInputs::example())?
+            }
+        };
+        Ok(Some(
+            children.iter().map(|c| (c.kind, c.name().to_string())).collect(),
+        ))
+    }
+}
+
+/// Check `step` before it joins the pipelines of `kinds`: the module builds every one of them,
+/// accepts its settings (`validate-settings`), and, after each kind's base builder, builds the
+/// example inputs through the output policy into the same children as the base builder alone (a
+/// step that left one out would have the host delete it from every parent).
+///
+/// # Errors
+/// [`PluginError::Refused`] saying what to fix; a build's own error, naming the step.
+pub fn vet_step(
+    registry: &crate::PluginRegistry,
+    step: &Step,
+    kinds: &[crate::BuilderKind],
+    ctx: &BuildContext,
+) -> Result<(), PluginError> {
+    let refused = |reason: String| PluginError::Refused {
+        plugin: format!("{} (BuilderPlugin {})", step.plugin.label(), step.name),
+        reason,
+    };
+    if kinds.is_empty() {
+        return Err(refused(
+            "spec.kinds is empty: list the builder kinds it serves, like [nodeset-pod]".into(),
+        ));
+    }
+    for kind in kinds {
+        if !step.plugin.builds(*kind) {
+            let built: Vec<&str> = step.plugin.info().kinds.iter().map(|k| k.as_str()).collect();
+            return Err(refused(format!(
+                "spec.kinds lists {kind}, but the module builds only [{}]: remove it from spec.kinds, \
+                 or use a module that builds it",
+                built.join(", ")
+            )));
+        }
+    }
+    step.plugin
+        .validate_settings(&step.settings)
+        .map_err(|e| e.in_step(&step.name))?;
+    for kind in kinds {
+        let base = Pipeline::from(registry.active(*kind));
+        let with = Pipeline::new(registry.active(*kind), vec![step.clone()]);
+        let new = with.example_build(ctx, *kind)?;
+        // The base builder built them when it was accepted: an error now is not this step's.
+        let Ok(old) = base.example_build(ctx, *kind) else {
+            continue;
+        };
+        if let (Some(new), Some(old)) = (new, old)
+            && new != old
+        {
+            let names = |set: Vec<&(crate::ChildKind, String)>| {
+                set.iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(refused(format!(
+                "after {} it builds the example inputs into other {kind} children (missing: [{}]; new: \
+                 [{}]): a step must keep the children the builders before it make, or the host would \
+                 delete what it leaves out from every parent",
+                base.label(),
+                names(old.difference(&new).collect()),
+                names(new.difference(&old).collect()),
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn children_json(children: &Vec<Child>) -> Result<Vec<String>, serde_json::Error> {
+    children
+        .iter()
+        .map(|c| serde_json::to_string(&c.object))
+        .collect()
+}
+
+fn stamp_meta(meta: &mut ObjectMeta, annotations: &BTreeMap<String, String>) {
+    meta.annotations
+        .get_or_insert_default()
+        .extend(annotations.clone());
+}
+
+/// The annotations on each child and on its pod template, where it has one (so a pipeline change
+/// rolls a StatefulSet's or Deployment's pods, as a builder change does).
+fn stamp_children(children: &mut Vec<Child>, annotations: &BTreeMap<String, String>) {
+    for child in children {
+        stamp_value(&mut child.object, "/metadata", annotations);
+        stamp_value(&mut child.object, "/spec/template/metadata", annotations);
+    }
+}
+
+fn stamp_value(object: &mut Value, at: &str, annotations: &BTreeMap<String, String>) {
+    let Some(Value::Object(meta)) = object.pointer_mut(at) else {
+        return;
+    };
+    let entry = meta
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Value::Object(map) = entry {
+        for (k, v) in annotations {
+            map.insert(k.clone(), Value::String(v.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn requirement(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn selectors_match_as_kubernetes_does() {
+        let canary = labels(&[("canary", "true"), ("site", "a")]);
+        let plain = labels(&[("site", "a")]);
+        let only = |r: LabelSelectorRequirement| LabelSelector {
+            match_expressions: Some(vec![r]),
+            ..Default::default()
+        };
+        assert!(selector_matches(&LabelSelector::default(), &plain));
+        let pairs = LabelSelector {
+            match_labels: Some(labels(&[("canary", "true")])),
+            ..Default::default()
+        };
+        assert!(selector_matches(&pairs, &canary));
+        assert!(!selector_matches(&pairs, &plain));
+        assert!(selector_matches(
+            &only(requirement("canary", "DoesNotExist", &[])),
+            &plain
+        ));
+        assert!(!selector_matches(
+            &only(requirement("canary", "DoesNotExist", &[])),
+            &canary
+        ));
+        assert!(selector_matches(
+            &only(requirement("canary", "Exists", &[])),
+            &canary
+        ));
+        assert!(selector_matches(
+            &only(requirement("site", "In", &["a", "b"])),
+            &plain
+        ));
+        assert!(!selector_matches(
+            &only(requirement("site", "NotIn", &["a"])),
+            &plain
+        ));
+        assert!(selector_matches(
+            &only(requirement("zone", "NotIn", &["a"])),
+            &plain
+        ));
+        assert!(!selector_matches(
+            &only(requirement("site", "Near", &["a"])),
+            &plain
+        ));
+    }
+
+    #[test]
+    fn children_are_stamped_with_their_templates() {
+        let mut children = vec![Child {
+            kind: crate::ChildKind::StatefulSet,
+            ownership: crate::Ownership::Controlled,
+            object: serde_json::json!({
+                "metadata": {"name": "x", "annotations": {"keep": "1"}},
+                "spec": {"template": {"metadata": {}}}
+            }),
+        }];
+        let a = labels(&[(keys::ANNOTATION_BUILDER, "a@1 > b@2")]);
+        stamp_children(&mut children, &a);
+        let o = &children[0].object;
+        assert_eq!(o["metadata"]["annotations"]["keep"], "1");
+        assert_eq!(
+            o["metadata"]["annotations"][keys::ANNOTATION_BUILDER],
+            "a@1 > b@2"
+        );
+        assert_eq!(
+            o["spec"]["template"]["metadata"]["annotations"][keys::ANNOTATION_BUILDER],
+            "a@1 > b@2"
+        );
+    }
+}

@@ -1,0 +1,420 @@
+//! BuilderPlugins end to end: two `nodeset-pod` steps declared as custom resources, one pulled
+//! by digest from a real OCI registry (Debian's `docker-registry`) and cosign-signed with a key
+//! made by `slinky-host plugin keygen` and pushed by `slinky-host plugin push`, one read from a
+//! ConfigMap; pods built by the bundled builder and both steps, in order; a setting change rolls
+//! the pods; a wrong setting, an unsigned module and an unknown digest are each refused with a
+//! clear status while the previous version serves; a contract 0.1.0 plugin still loads.
+//!
+//! Skips (saying why) where `docker-registry` is not installed (`apt-get install docker-registry`;
+//! `.ci/run` installs it).
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Pod},
+};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use slinky_api::BuilderPlugin;
+use slinky_host::{
+    PluginRegistry,
+    oci::PublicKey,
+    reconcile::{
+        Leadership,
+        builder_plugins::{BuilderPlugins, Config, Parents},
+    },
+};
+use slinky_tests::{
+    TestCluster, default_engine, eventually,
+    host::{Host, apply_example_with, cluster, pod_ready},
+    run, test_plugin,
+};
+
+const REGISTRY: &str = "/usr/bin/docker-registry";
+
+/// A `docker-registry` on a free loopback port, storing in a temporary directory.
+struct Registry {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    fn start() -> Result<Option<Registry>> {
+        if !Path::new(REGISTRY).is_file() {
+            return Ok(None);
+        }
+        let dir = tempfile::tempdir()?;
+        let addr = slinky_tests::process::free_addr()?.to_string();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                dir.path().join("data").display()
+            ),
+        )?;
+        let child = Command::new(REGISTRY)
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {REGISTRY}"))?;
+        Ok(Some(Registry {
+            child,
+            addr,
+            _dir: dir,
+        }))
+    }
+
+    async fn wait(&self) -> Result<()> {
+        let addr = self.addr.parse()?;
+        eventually(30, || async {
+            slinky_tests::http_get(addr, "/v2/").await.ok().map(|_| ())
+        })
+        .await
+        .context("the registry never answered /v2/")
+    }
+}
+
+/// `slinky-host` with `args`; its stdout, or an error with its stderr.
+fn host_cli(args: &[&str]) -> Result<String> {
+    let out = run(args);
+    ensure!(
+        out.status.success(),
+        "slinky-host {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+async fn put_plugin(c: &TestCluster, name: &str, spec: serde_json::Value) -> Result<()> {
+    let api = Api::<BuilderPlugin>::all(c.client.clone());
+    let bp = json!({
+        "apiVersion": "plugins.slinky.slurm.net/v1alpha1",
+        "kind": "BuilderPlugin",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    api.patch(name, &PatchParams::apply("test-user").force(), &Patch::Apply(&bp))
+        .await?;
+    Ok(())
+}
+
+async fn patch_spec(c: &TestCluster, name: &str, spec: serde_json::Value) -> Result<()> {
+    Api::<BuilderPlugin>::all(c.client.clone())
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Wait until BuilderPlugin `name`'s status is `phase` for its current generation, with a
+/// `Loaded` condition reason `reason`; returns its status.
+async fn wait_phase(c: &TestCluster, name: &str, phase: &str, reason: &str) -> Result<serde_json::Value> {
+    let api = Api::<BuilderPlugin>::all(c.client.clone());
+    let last = std::sync::Mutex::new(json!(null));
+    let found = eventually(60, || {
+        let api = api.clone();
+        let last = &last;
+        async move {
+            let bp = api.get(name).await.ok()?;
+            let status = serde_json::to_value(bp.status.clone()?).ok()?;
+            if let Ok(mut l) = last.lock() {
+                *l = status.clone();
+            }
+            let current = status["observedGeneration"].as_i64() == bp.metadata.generation;
+            (current && status["phase"] == phase && status["conditions"][0]["reason"] == reason)
+                .then_some(status)
+        }
+    })
+    .await;
+    let last = last.lock().map(|l| l.clone()).unwrap_or_default();
+    found.with_context(|| format!("BuilderPlugin {name} never became {phase}/{reason}; its status: {last}"))
+}
+
+/// The GPU count in the slurmd limits of `pod`.
+fn gpus(p: &Pod) -> Option<String> {
+    let c = p.spec.as_ref()?.containers.iter().find(|c| c.name == "slurmd")?;
+    Some(
+        c.resources
+            .as_ref()?
+            .limits
+            .as_ref()?
+            .get("nvidia.com/gpu")?
+            .0
+            .clone(),
+    )
+}
+
+/// Wait until `n` Ready pods exist in `ns`, every one with `gpus` GPUs and the site label.
+async fn pods_with(c: &TestCluster, ns: &str, n: usize, want_gpus: &str) -> Result<Vec<Pod>> {
+    let api = Api::<Pod>::namespaced(c.client.clone(), ns);
+    let ok = eventually(90, || async {
+        let list = api.list(&ListParams::default()).await.ok()?;
+        let live: Vec<Pod> = list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect();
+        (live.len() == n
+            && live.iter().all(|p| {
+                pod_ready(p)
+                    && gpus(p).as_deref() == Some(want_gpus)
+                    && p.labels().get("site.example.com/rack").map(String::as_str) == Some("a")
+            }))
+        .then_some(live)
+    })
+    .await;
+    match ok {
+        Some(p) => Ok(p),
+        None => {
+            let list = api.list(&ListParams::default()).await?;
+            let seen: Vec<String> = list
+                .items
+                .iter()
+                .map(|p| format!("{} gpus={:?} labels={:?}", p.name_any(), gpus(p), p.labels()))
+                .collect();
+            bail!("never {n} Ready pods with {want_gpus} GPUs and the site label; saw {seen:#?}")
+        }
+    }
+}
+
+fn uids(pods: &[Pod]) -> Vec<String> {
+    let mut u: Vec<String> = pods.iter().filter_map(|p| p.uid()).collect();
+    u.sort();
+    u
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previous_version() -> Result<()> {
+    let Some(registry) = Registry::start()? else {
+        eprintln!("skipped: {REGISTRY} is not installed (apt-get install docker-registry)");
+        return Ok(());
+    };
+    registry.wait().await?;
+    let keys = tempfile::tempdir()?;
+    let prefix = keys.path().join("signing");
+    host_cli(&["plugin", "keygen", path(&prefix)])?;
+    let (key, public) = (keys.path().join("signing.key"), keys.path().join("signing.pub"));
+    let gpu = test_plugin("gpu_nodeset_pod");
+    let signed = host_cli(&[
+        "plugin",
+        "push",
+        path(&gpu),
+        &format!("{}/site/gpu:1", registry.addr),
+        "--sign-key",
+        path(&key),
+    ])?;
+    ensure!(signed.contains("@sha256:"), "push printed {signed:?}");
+    // The same plugin under another digest, never signed.
+    let unsigned_file = keys.path().join("gpu-unsigned.wasm");
+    std::fs::write(
+        &unsigned_file,
+        slinky_host::plugins::with_custom_section(&std::fs::read(&gpu)?, "slinky-test-variant", b"unsigned"),
+    )?;
+    let unsigned = host_cli(&[
+        "plugin",
+        "push",
+        path(&unsigned_file),
+        &format!("{}/site/gpu:unsigned", registry.addr),
+    ])?;
+
+    let c = cluster(true).await;
+    let ns = c.namespace("bp").await;
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let site_digest = slinky_host::oci::sha256(&site);
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("site-pod".into()),
+            ..Default::default()
+        },
+        binary_data: Some([("plugin.wasm".to_string(), ByteString(site))].into()),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let host = Host::start_with(&c, &ns, plugins.clone());
+    let pem = std::fs::read_to_string(&public)?;
+    let cache = tempfile::tempdir()?;
+    let controller = Arc::new(BuilderPlugins::new(
+        c.client.clone(),
+        plugins.clone(),
+        Config {
+            build: Default::default(),
+            cache: Some(cache.path().to_path_buf()),
+            insecure_registries: Vec::new(),
+            public_key: Some(PublicKey::from_pem(&pem)?),
+        },
+        Leadership::always(),
+    )?);
+    controller.load_all().await;
+    let watch = tokio::spawn(controller.clone().run(Parents {
+        controllers: host.handles.controllers.clone(),
+        nodesets: host.handles.nodesets.clone(),
+        restapis: host.handles.restapis.clone(),
+        loginsets: host.handles.loginsets.clone(),
+        accountings: host.handles.accountings.clone(),
+    }));
+    // Only this namespace's NodeSet: other tests' NodeSets (on a shared real cluster) never match.
+    let selector = json!({"matchLabels": {"bp-test": ns}});
+    put_plugin(
+        &c,
+        &format!("{ns}-gpu"),
+        json!({"module": {"image": signed}, "kinds": ["nodeset-pod"], "order": 10,
+               "settings": {"gpusPerPod": 1}, "selector": selector}),
+    )
+    .await?;
+    put_plugin(
+        &c,
+        &format!("{ns}-site"),
+        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": site_digest},
+               "kinds": ["nodeset-pod"], "order": 20,
+               "settings": {"labels": {"site.example.com/rack": "a"}}, "selector": selector}),
+    )
+    .await?;
+    let result = async {
+        let gpu_status = wait_phase(&c, &format!("{ns}-gpu"), "Loaded", "Loaded").await?;
+        ensure!(
+            gpu_status["digest"] == format!("sha256:{}", slinky_host::plugins::digest(&std::fs::read(&gpu)?)),
+            "{gpu_status}"
+        );
+        wait_phase(&c, &format!("{ns}-site"), "Loaded", "Loaded").await?;
+        apply_example_with(&c, &ns, 2, |v| v["metadata"]["labels"]["bp-test"] = json!(ns)).await?;
+
+        // Built by the bundled builder, then the GPU step, then the site step.
+        let pods = pods_with(&c, &ns, 2, "1").await?;
+        let builder = pods[0].annotations().get(slinky_api::keys::ANNOTATION_BUILDER).cloned().unwrap_or_default();
+        ensure!(
+            builder.starts_with("nodeset-pod@") && builder.ends_with(" > gpu-nodeset-pod@0.1.0 > site-pod@0.2.0"),
+            "builder annotation {builder:?}"
+        );
+        let applies = wait_phase(&c, &format!("{ns}-gpu"), "Loaded", "Loaded").await?;
+        let applies_ok = eventually(30, || async {
+            let bp = Api::<BuilderPlugin>::all(c.client.clone()).get(&format!("{ns}-gpu")).await.ok()?;
+            let s = bp.status?;
+            (s.applies_to == vec![format!("NodeSet {ns}/slurm-worker-slinky")]).then_some(())
+        })
+        .await;
+        ensure!(applies_ok.is_some(), "appliesTo never named the NodeSet: {applies}");
+        let table = Command::new("kubectl")
+            .args(["--kubeconfig", path(&c.kubeconfig), "get", "builderplugins"])
+            .output();
+        if let Ok(out) = table {
+            let text = String::from_utf8_lossy(&out.stdout);
+            ensure!(
+                text.contains("STATUS") && text.contains("Loaded") && text.contains("gpu-nodeset-pod@0.1.0"),
+                "kubectl get builderplugins:\n{text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+
+        // A setting change rolls the pods.
+        patch_spec(&c, &format!("{ns}-gpu"), json!({"settings": {"gpusPerPod": 2}})).await?;
+        let rolled = pods_with(&c, &ns, 2, "2").await?;
+        ensure!(uids(&rolled).iter().all(|u| !uids(&pods).contains(u)), "the pods were not replaced");
+
+        // A wrong setting: refused with the plugin's own message; the previous settings serve.
+        patch_spec(&c, &format!("{ns}-gpu"), json!({"settings": {"gpusPerPod": 99}})).await?;
+        let s = wait_phase(&c, &format!("{ns}-gpu"), "Refused", "InvalidSettings").await?;
+        let message = s["conditions"][0]["message"].as_str().unwrap_or_default();
+        ensure!(
+            message.contains("gpusPerPod is 99") && message.contains("keeps serving"),
+            "{message}"
+        );
+        // An unsigned module: refused.
+        patch_spec(&c, &format!("{ns}-gpu"), json!({"module": {"image": unsigned}, "settings": {"gpusPerPod": 2}})).await?;
+        let s = wait_phase(&c, &format!("{ns}-gpu"), "Refused", "BadSignature").await?;
+        ensure!(s["conditions"][0]["message"].as_str().unwrap_or_default().contains("no cosign signature"), "{s}");
+        // An unknown digest: refused.
+        let unknown = format!("{}/site/gpu@sha256:{}", registry.addr, "0".repeat(64));
+        patch_spec(&c, &format!("{ns}-gpu"), json!({"module": {"image": unknown}})).await?;
+        let s = wait_phase(&c, &format!("{ns}-gpu"), "Refused", "UnknownDigest").await?;
+        ensure!(s["digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "the serving digest is gone: {s}");
+        // A ConfigMap module whose digest is not the pinned one: refused.
+        patch_spec(&c, &format!("{ns}-site"), json!({"module": {"digest": format!("sha256:{}", "1".repeat(64))}})).await?;
+        wait_phase(&c, &format!("{ns}-site"), "Refused", "UnknownDigest").await?;
+        // Through all of it the previous versions served: the pods never rolled.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let still = pods_with(&c, &ns, 2, "2").await?;
+        ensure!(uids(&still) == uids(&rolled), "a refused version rolled the pods");
+
+        // A contract 0.2.0 plugin loads as a step (compiled, described, contract checked), is
+        // refused settings (its contract has no way to receive them), and is judged on what it
+        // builds: this one builds only the workers' Service, which would delete the PDB and the
+        // SSH ConfigMap from every NodeSet, so it is refused too.
+        let raw = std::fs::read(test_plugin("raw_v2"))?;
+        let raw_cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("raw-v2".into()),
+                ..Default::default()
+            },
+            binary_data: Some([("plugin.wasm".to_string(), ByteString(raw))].into()),
+            ..Default::default()
+        };
+        Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
+            .create(&PostParams::default(), &raw_cm)
+            .await?;
+        let nothing = json!({"matchLabels": {"bp-test": "nothing"}});
+        put_plugin(
+            &c,
+            &format!("{ns}-legacy"),
+            json!({"module": {"configMap": {"namespace": ns, "name": "raw-v2"}}, "kinds": ["nodeset-children"],
+                   "settings": {"x": 1}, "selector": nothing}),
+        )
+        .await?;
+        let s = wait_phase(&c, &format!("{ns}-legacy"), "Refused", "InvalidSettings").await?;
+        let message = s["conditions"][0]["message"].as_str().unwrap_or_default();
+        ensure!(message.contains("contract 0.2.0, which has no settings"), "{s}");
+        Api::<BuilderPlugin>::all(c.client.clone())
+            .patch(
+                &format!("{ns}-legacy"),
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/spec/settings"}]))?),
+            )
+            .await?;
+        let s = wait_phase(&c, &format!("{ns}-legacy"), "Refused", "Refused").await?;
+        let message = s["conditions"][0]["message"].as_str().unwrap_or_default();
+        ensure!(message.contains("raw-v2@0.0.2") && message.contains("missing: [") && message.contains("PodDisruptionBudget"), "{s}");
+        Ok(())
+    }
+    .await;
+    watch.abort();
+    host.stop().await;
+    for name in ["gpu", "site", "legacy"] {
+        let _ = Api::<BuilderPlugin>::all(c.client.clone())
+            .delete(&format!("{ns}-{name}"), &Default::default())
+            .await;
+    }
+    drop(registry);
+    result
+}
