@@ -41,35 +41,82 @@ impl Bump {
         }
     }
 
-    /// Make `[next, next + size)` available, growing memory when needed; the new `end`, or `None`.
-    fn ensure(&self, upto: usize) -> Option<usize> {
+    /// Make `[.., upto)` available, growing memory when needed.
+    fn ensure(&self, upto: usize) -> Room {
         let end = self.end.load(Ordering::Relaxed);
         if upto <= end {
-            return Some(end);
+            return Room::Yes;
+        }
+        // Another allocator of the same instance (wasi-libc's `malloc`, which std's I/O uses on
+        // wasip2) may have grown memory since we last did: the pages past our `end` are then
+        // its, and ours cannot extend over them.
+        if core::arch::wasm32::memory_size(0) * PAGE != end {
+            return Room::Moved;
         }
         let pages = (upto - end).div_ceil(PAGE).max(MIN_GROW_PAGES);
         let before = core::arch::wasm32::memory_grow(0, pages);
         if before == usize::MAX {
-            return None;
+            return Room::No;
         }
-        let end = (before + pages) * PAGE;
-        self.end.store(end, Ordering::Relaxed);
-        Some(end)
+        self.end.store((before + pages) * PAGE, Ordering::Relaxed);
+        Room::Yes
     }
 
+    /// Continue at the current end of memory (after what another allocator grew).
+    fn skip_foreign_pages(&self) {
+        let size = core::arch::wasm32::memory_size(0) * PAGE;
+        self.next.store(size, Ordering::Relaxed);
+        self.end.store(size, Ordering::Relaxed);
+    }
+
+    /// On the first allocation: take the initial heap (from `__heap_base` to the end of the
+    /// initial memory) as the first arena.
+    ///
+    /// wasi-libc's `malloc` (dlmalloc, which std's I/O uses on wasip2: a `println!` reaches it)
+    /// claims that same region as its own first segment. So the arena is taken *from* it: one
+    /// `malloc` of nearly the whole region, whose block the bump allocator then hands out. Later
+    /// `malloc`s of wasi-libc grow memory past it (and [`Bump::ensure`] never extends over those
+    /// pages). Without this, a `println!` in a build could overwrite the objects being built.
     fn start(&self) {
-        if self.end.load(Ordering::Relaxed) == 0 {
-            unsafe extern "C" {
-                static __heap_base: u8;
-            }
-            // `__heap_base` is the linker's marker of where the heap starts; only its address is
-            // taken.
-            let base = core::ptr::addr_of!(__heap_base) as usize;
-            self.next.store(base, Ordering::Relaxed);
-            self.end
-                .store(core::arch::wasm32::memory_size(0) * PAGE, Ordering::Relaxed);
+        if self.end.load(Ordering::Relaxed) != 0 {
+            return;
+        }
+        unsafe extern "C" {
+            static __heap_base: u8;
+            fn malloc(size: usize) -> *mut u8;
+        }
+        // `__heap_base` is the linker's marker of where the heap starts; only its address is
+        // taken.
+        let base = core::ptr::addr_of!(__heap_base) as usize;
+        let end = core::arch::wasm32::memory_size(0) * PAGE;
+        // dlmalloc's own headers and footer: a few dozen bytes; leave a page.
+        let want = end.saturating_sub(base).saturating_sub(PAGE);
+        // SAFETY: `malloc` is wasi-libc's, with C's contract; the block is never freed (it is the
+        // arena for the rest of the instance's single call).
+        let arena = if want > 0 {
+            unsafe { malloc(want) }
+        } else {
+            core::ptr::null_mut()
+        };
+        if arena.is_null() {
+            // No room in the initial memory: start at its end (the first allocation grows it).
+            self.next.store(end, Ordering::Relaxed);
+            self.end.store(end, Ordering::Relaxed);
+        } else {
+            self.next.store(arena as usize, Ordering::Relaxed);
+            self.end.store(arena as usize + want, Ordering::Relaxed);
         }
     }
+}
+
+/// What [`Bump::ensure`] found.
+enum Room {
+    /// The memory is there (grown if needed).
+    Yes,
+    /// Memory was grown by someone else past our end: start over at the end of memory.
+    Moved,
+    /// Memory cannot grow (the host's cap).
+    No,
 }
 
 impl Default for Bump {
@@ -79,21 +126,29 @@ impl Default for Bump {
 }
 
 // SAFETY: every block returned is aligned as asked, lies within linear memory (grown first when
-// needed), and is never handed out twice: `next` only moves past blocks in use, and moves back only
-// over the most recent block when that block is freed or resized.
+// needed) and within pages this allocator grew or started with (never over pages another
+// allocator of the instance grew), and is never handed out twice: `next` only moves past blocks in
+// use, and moves back only over the most recent block when that block is freed or resized.
 unsafe impl GlobalAlloc for Bump {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         self.start();
-        let next = self.next.load(Ordering::Relaxed);
-        let start = (next + layout.align() - 1) & !(layout.align() - 1);
-        let Some(upto) = start.checked_add(layout.size()) else {
-            return core::ptr::null_mut();
-        };
-        if self.ensure(upto).is_none() {
-            return core::ptr::null_mut();
+        // At most twice: after another allocator grew memory, once more past its pages.
+        for _ in 0..2 {
+            let next = self.next.load(Ordering::Relaxed);
+            let start = (next + layout.align() - 1) & !(layout.align() - 1);
+            let Some(upto) = start.checked_add(layout.size()) else {
+                return core::ptr::null_mut();
+            };
+            match self.ensure(upto) {
+                Room::Yes => {
+                    self.next.store(upto, Ordering::Relaxed);
+                    return start as *mut u8;
+                }
+                Room::Moved => self.skip_foreign_pages(),
+                Room::No => return core::ptr::null_mut(),
+            }
         }
-        self.next.store(upto, Ordering::Relaxed);
-        start as *mut u8
+        core::ptr::null_mut()
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -110,11 +165,15 @@ unsafe impl GlobalAlloc for Bump {
             let Some(upto) = addr.checked_add(new_size) else {
                 return core::ptr::null_mut();
             };
-            if self.ensure(upto).is_none() {
-                return core::ptr::null_mut();
+            match self.ensure(upto) {
+                Room::Yes => {
+                    self.next.store(upto, Ordering::Relaxed);
+                    return ptr;
+                }
+                Room::No => return core::ptr::null_mut(),
+                // Cannot grow in place over another allocator's pages: copy (below).
+                Room::Moved => {}
             }
-            self.next.store(upto, Ordering::Relaxed);
-            return ptr;
         }
         if new_size <= layout.size() {
             return ptr;
