@@ -7,6 +7,8 @@ pub mod apiserver;
 pub mod check;
 /// `crds`: the CustomResourceDefinitions of the Slinky kinds.
 pub mod crds;
+/// `plugin diff`: what a plugin would change in a live cluster.
+pub mod diff;
 /// `manifests`: a complete install.
 pub mod manifests;
 /// `plugin`: its subcommands, and `plugin inspect`.
@@ -251,6 +253,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             insecure,
         }) => plugin::push(&engine()?, &path, &reference, sign_key.as_deref(), insecure),
         Command::Plugin(PluginCommand::Keygen { prefix }) => plugin::keygen(&prefix),
+        Command::Plugin(PluginCommand::Diff(args)) => diff::execute(&engine()?, args),
         Command::Plugin(PluginCommand::New { name, kind, dir, sdk }) => {
             scaffold::execute(&name, kind, dir, sdk.as_deref())
         }

@@ -58,6 +58,9 @@ pub enum PluginCommand {
         #[arg(long)]
         insecure: bool,
     },
+    /// Show what a plugin would change in a live cluster, before it is installed: per child the
+    /// field diff against the live object, per NodeSet the pods that would roll. Writes nothing.
+    Diff(super::diff::DiffArgs),
     /// Make an ECDSA P-256 key pair for signing plugins: `<prefix>.key` (keep it secret) and
     /// `<prefix>.pub` (give it to the host's `--plugin-public-key`).
     Keygen {

@@ -359,7 +359,7 @@ pub fn render_with(
                 if c.spec.external {
                     tracing::info!(controller = %c.name_any(), "external Controller: no Service, StatefulSet or internal Service to build");
                 } else {
-                    let plugin = plugins.active(BuilderKind::ControllerService);
+                    let plugin = plugins.pipeline(BuilderKind::ControllerService, c.labels());
                     let svc = plugin
                         .build_service(ctx, c)
                         .map_err(build_error(&m.at, object.clone()))?;
@@ -370,7 +370,7 @@ pub fn render_with(
                     });
                 }
                 let inputs = references.inputs(c, manifests);
-                let plugin = plugins.active(BuilderKind::ControllerChildren);
+                let plugin = plugins.pipeline(BuilderKind::ControllerChildren, c.labels());
                 built.extend(
                     plugin
                         .build_controller_children(ctx, c, &inputs)
@@ -398,7 +398,7 @@ pub fn render_with(
                     });
                 }
                 let object = format!("NodeSet {}", key(&ns, &n.name_any()));
-                let plugin = plugins.active(BuilderKind::NodesetChildren);
+                let plugin = plugins.pipeline(BuilderKind::NodesetChildren, n.labels());
                 let mut built = plugin
                     .build_nodeset_children(ctx, n, controller)
                     .map_err(build_error(&m.at, object.clone()))?;
@@ -417,7 +417,7 @@ pub fn render_with(
                 }
                 built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
                 children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
-                let plugin = plugins.active(BuilderKind::NodesetPod);
+                let plugin = plugins.pipeline(BuilderKind::NodesetPod, n.labels());
                 let revision = pod_revision(n, controller, plugin.digest(), ctx);
                 for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
                     let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
@@ -445,7 +445,7 @@ pub fn render_with(
                         nodeset: object.clone(),
                         controller: key(&ns, ctl_name),
                     })?;
-                let plugin = plugins.active(BuilderKind::RestapiChildren);
+                let plugin = plugins.pipeline(BuilderKind::RestapiChildren, r.labels());
                 let mut built = plugin
                     .build_restapi_children(ctx, r, controller)
                     .map_err(build_error(&m.at, object))?;
@@ -472,7 +472,7 @@ pub fn render_with(
                     })?;
                 let inputs = references.loginset_inputs(l);
                 let mut built = plugins
-                    .active(BuilderKind::LoginsetChildren)
+                    .pipeline(BuilderKind::LoginsetChildren, l.labels())
                     .build_loginset_children(ctx, l, controller, &inputs)
                     .map_err(build_error(&m.at, object))?;
                 built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
@@ -490,7 +490,7 @@ pub fn render_with(
                 let inputs = references.accounting_inputs(a);
                 // The password placeholder stays: the host, not render, writes the value.
                 let mut built = plugins
-                    .active(BuilderKind::AccountingChildren)
+                    .pipeline(BuilderKind::AccountingChildren, a.labels())
                     .build_accounting_children(ctx, a, &inputs)
                     .map_err(build_error(&m.at, object))?;
                 built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));

@@ -1,0 +1,425 @@
+//! `slinky-host plugin diff`: what a plugin would change in a live cluster, before it is installed.
+//!
+//! It reads the cluster's Controllers, NodeSets, RestApis, LoginSets and Accountings (and the
+//! ConfigMaps and Secrets they reference, as the host does), builds every child twice (with the
+//! bundled builders, and with the plugin added as a pipeline step with its settings, as a
+//! `BuilderPlugin` would add it; `--replace` makes it the base builder instead, as the plugins
+//! directory would), and for each child the plugin changes prints the field diff against the
+//! **live** object (the live object's fields the builder does not set are left out), and, per
+//! NodeSet, which pods would roll. It writes nothing.
+
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+
+use anyhow::Context as _;
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, Pod, Secret},
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DynamicObject, ListParams},
+};
+use serde_json::Value;
+use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
+
+use super::{
+    check::diff_lines,
+    print,
+    render::{self, Child, Manifest, Parent, References},
+};
+use crate::plugins::{BuildContext, EngineHandle, Plugin, PluginRegistry, Step};
+
+/// Options of `plugin diff`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DiffArgs {
+    /// The plugin file (`.wasm` component).
+    pub path: PathBuf,
+    /// The cluster's kubeconfig (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Only these namespaces; repeatable (default: all).
+    #[arg(short = 'n', long = "namespace")]
+    pub namespaces: Vec<String>,
+    /// The plugin's settings (JSON), as its BuilderPlugin's `spec.settings` would give them.
+    #[arg(long, default_value = slinky_api::contract::NO_SETTINGS)]
+    pub settings: String,
+    /// Only the parents whose labels match this selector (`key=value,…`), as the BuilderPlugin's
+    /// `spec.selector.matchLabels` would.
+    #[arg(long, short = 'l')]
+    pub selector: Option<String>,
+    /// Make the plugin the base builder of its kinds (as the plugins directory does) instead of
+    /// a step after the bundled builder.
+    #[arg(long)]
+    pub replace: bool,
+    /// The cluster DNS domain given to builders.
+    #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+}
+
+/// `plugin diff`.
+///
+/// # Errors
+/// The plugin does not load or refuses its settings, the cluster cannot be read, or a build fails.
+pub fn execute(engine: &Arc<EngineHandle>, args: DiffArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let text = runtime.block_on(diff(engine, &args))?;
+    print(&text)
+}
+
+/// The registries to compare: the bundled builders, and the same with the plugin.
+fn registries(
+    engine: &Arc<EngineHandle>,
+    args: &DiffArgs,
+) -> anyhow::Result<(PluginRegistry, PluginRegistry, Plugin)> {
+    let plugin = Plugin::load_file(engine, &args.path)
+        .with_context(|| format!("cannot load {}", args.path.display()))?;
+    serde_json::from_str::<Value>(&args.settings).context("--settings is not JSON")?;
+    plugin
+        .validate_settings(&args.settings)
+        .context("the plugin refuses --settings")?;
+    let plain = PluginRegistry::new(engine, &[])?;
+    if args.replace {
+        let with = PluginRegistry::new(engine, std::slice::from_ref(&args.path))?;
+        return Ok((plain, with, plugin));
+    }
+    let with = PluginRegistry::new(engine, &[])?;
+    let selector = args.selector.as_deref().map(parse_selector).transpose()?;
+    for &kind in &plugin.info().kinds {
+        with.set_steps(
+            kind,
+            vec![Step {
+                name: "plugin-diff".into(),
+                plugin: plugin.clone(),
+                settings: args.settings.clone(),
+                order: slinky_api::DEFAULT_ORDER,
+                selector: selector.clone(),
+            }],
+        );
+    }
+    Ok((plain, with, plugin))
+}
+
+/// `a=b,c=d` as a label selector.
+fn parse_selector(text: &str) -> anyhow::Result<LabelSelector> {
+    let mut labels = BTreeMap::new();
+    for pair in text.split(',').filter(|p| !p.trim().is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("--selector: {pair:?} is not key=value"))?;
+        labels.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(LabelSelector {
+        match_labels: Some(labels),
+        ..Default::default()
+    })
+}
+
+async fn connect(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no kubeconfig and not in a cluster")?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Every object of kind `K` in `namespaces` (all when empty).
+async fn list<K>(client: &Client, namespaces: &[String]) -> anyhow::Result<Vec<K>>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    if namespaces.is_empty() {
+        return Ok(Api::<K>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items);
+    }
+    let mut out = Vec::new();
+    for ns in namespaces {
+        out.extend(
+            Api::<K>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items,
+        );
+    }
+    Ok(out)
+}
+
+async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<String> {
+    let (plain, with, plugin) = registries(engine, args)?;
+    let client = connect(args.kubeconfig.as_deref()).await?;
+    let mut manifests = Vec::new();
+    let live = |at: &str, parent| Manifest {
+        at: format!("live {at}"),
+        parent,
+    };
+    for c in list::<Controller>(&client, &args.namespaces)
+        .await
+        .context("cannot list Controllers")?
+    {
+        manifests.push(live("Controller", Parent::Controller(Box::new(c))));
+    }
+    for n in list::<NodeSet>(&client, &args.namespaces)
+        .await
+        .context("cannot list NodeSets")?
+    {
+        manifests.push(live("NodeSet", Parent::NodeSet(Box::new(n))));
+    }
+    // The kinds a cluster may not serve: absent is none.
+    for r in list::<RestApi>(&client, &args.namespaces)
+        .await
+        .unwrap_or_default()
+    {
+        manifests.push(live("RestApi", Parent::RestApi(Box::new(r))));
+    }
+    for l in list::<LoginSet>(&client, &args.namespaces)
+        .await
+        .unwrap_or_default()
+    {
+        manifests.push(live("LoginSet", Parent::LoginSet(Box::new(l))));
+    }
+    for a in list::<Accounting>(&client, &args.namespaces)
+        .await
+        .unwrap_or_default()
+    {
+        manifests.push(live("Accounting", Parent::Accounting(Box::new(a))));
+    }
+    let namespaces: std::collections::BTreeSet<String> = manifests
+        .iter()
+        .filter_map(|m| match &m.parent {
+            Parent::Controller(c) => c.namespace(),
+            Parent::NodeSet(n) => n.namespace(),
+            Parent::RestApi(r) => r.namespace(),
+            Parent::LoginSet(l) => l.namespace(),
+            Parent::Accounting(a) => a.namespace(),
+        })
+        .collect();
+    let namespaces: Vec<String> = namespaces.into_iter().collect();
+    let references = References {
+        config_maps: list::<ConfigMap>(&client, &namespaces).await.unwrap_or_default(),
+        // Only their hashes are used (as the host does); without RBAC to read them the key hash
+        // annotations show as changes.
+        secrets: list::<Secret>(&client, &namespaces).await.unwrap_or_default(),
+    };
+    let ctx = BuildContext {
+        cluster_domain: args.cluster_domain.clone(),
+        ..BuildContext::default()
+    };
+    let before =
+        render::render_with(&manifests, &references, &plain, &ctx).context("the bundled builders fail")?;
+    let after = render::render_with(&manifests, &references, &with, &ctx)
+        .with_context(|| format!("{} fails", plugin.label()))?;
+
+    let mut out = format!(
+        "plugin: {} (sha256:{}), {} {}, settings {}\nparents: {} read from the cluster\n\n",
+        plugin.label(),
+        plugin.digest(),
+        if args.replace {
+            "replacing the bundled builder of"
+        } else {
+            "as a step after the bundled builder of"
+        },
+        plugin
+            .info()
+            .kinds
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.settings,
+        manifests.len()
+    );
+    let (mut changed, mut rolling) = (0, BTreeMap::<String, Vec<String>>::new());
+    for child in &after {
+        let same = before
+            .iter()
+            .find(|b| b.describe() == child.describe() && namespace(b) == namespace(child))
+            .is_some_and(|b| strip(b.to_json()) == strip(child.to_json()));
+        if same {
+            continue;
+        }
+        changed += 1;
+        let desired = child.to_json();
+        let ns = namespace(child);
+        let current = live_object(&client, child, &ns).await?;
+        match (&current, child) {
+            (None, _) => out.push_str(&format!("{} in {ns}: would be created\n\n", child.describe())),
+            (Some(current), Child::Pod(pod)) => {
+                let from = current.pointer(&format!(
+                    "/metadata/labels/{}",
+                    keys::LABEL_REVISION_HASH.replace('/', "~1")
+                ));
+                let to = pod.labels().get(keys::LABEL_REVISION_HASH);
+                let d = diff_lines(&yaml(&project(current, &desired)), &yaml(&desired));
+                if from.and_then(Value::as_str) != to.map(String::as_str) {
+                    let owner = pod
+                        .owner_references()
+                        .first()
+                        .map(|o| o.name.clone())
+                        .unwrap_or_default();
+                    rolling
+                        .entry(format!("NodeSet {ns}/{owner}"))
+                        .or_default()
+                        .push(pod.name_any());
+                }
+                out.push_str(&format!(
+                    "{} in {ns}: would be replaced (pods roll within maxUnavailable):\n{d}\n",
+                    child.describe()
+                ));
+            }
+            (Some(current), _) => {
+                let d = diff_lines(&yaml(&project(current, &desired)), &yaml(&desired));
+                out.push_str(&format!(
+                    "{} in {ns}: would change (- live, + with the plugin):\n{d}\n",
+                    child.describe()
+                ));
+            }
+        }
+    }
+    for gone in before.iter().filter(|b| {
+        !after
+            .iter()
+            .any(|a| a.describe() == b.describe() && namespace(a) == namespace(b))
+    }) {
+        changed += 1;
+        out.push_str(&format!(
+            "{} in {}: would be deleted (the plugin no longer builds it)\n\n",
+            gone.describe(),
+            namespace(gone)
+        ));
+    }
+    for (nodeset, pods) in &rolling {
+        out.push_str(&format!(
+            "{nodeset}: {} pod(s) would roll: {}\n",
+            pods.len(),
+            pods.join(", ")
+        ));
+    }
+    out.push_str(&format!(
+        "{changed} object(s) would change; {} pod(s) would roll\n",
+        rolling.values().map(Vec::len).sum::<usize>()
+    ));
+    Ok(out)
+}
+
+fn namespace(c: &Child) -> String {
+    c.to_json()
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The object without what always differs between two pipelines (builder annotations, the
+/// revision label): equal when the plugin changes nothing else.
+fn strip(mut v: Value) -> Value {
+    for at in ["/metadata", "/spec/template/metadata"] {
+        if let Some(meta) = v.pointer_mut(at).and_then(Value::as_object_mut) {
+            for (field, key) in [
+                ("annotations", keys::ANNOTATION_BUILDER),
+                ("annotations", keys::ANNOTATION_BUILDER_DIGEST),
+                ("labels", keys::LABEL_REVISION_HASH),
+            ] {
+                if let Some(m) = meta.get_mut(field).and_then(Value::as_object_mut) {
+                    m.remove(key);
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The live object of `child`, as JSON, if it exists.
+async fn live_object(client: &Client, child: &Child, ns: &str) -> anyhow::Result<Option<Value>> {
+    let name = child.to_json()["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let found = match child {
+        Child::Pod(_) => Api::<Pod>::namespaced(client.clone(), ns)
+            .get_opt(&name)
+            .await?
+            .map(serde_json::to_value)
+            .transpose()?,
+        Child::Service(_) => Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), ns)
+            .get_opt(&name)
+            .await?
+            .map(serde_json::to_value)
+            .transpose()?,
+        Child::Object(o) => {
+            let ar = o.kind.api_resource();
+            match Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
+                .get_opt(&name)
+                .await
+            {
+                Ok(found) => found.map(serde_json::to_value).transpose()?,
+                // A kind the cluster does not serve (the ServiceMonitor without the Prometheus
+                // Operator): nothing live.
+                Err(kube::Error::Api(s)) if s.code == 404 => None,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    Ok(found)
+}
+
+/// `live` cut down to the fields `desired` sets (maps key by key, lists item by item when they
+/// have the same length): what applying `desired` would change, without the fields the API
+/// server and other controllers fill in.
+fn project(live: &Value, desired: &Value) -> Value {
+    match (live, desired) {
+        (Value::Object(l), Value::Object(d)) => Value::Object(
+            d.keys()
+                .filter_map(|k| l.get(k).map(|v| (k.clone(), project(v, &d[k]))))
+                .collect(),
+        ),
+        (Value::Array(l), Value::Array(d)) if l.len() == d.len() => {
+            Value::Array(l.iter().zip(d).map(|(l, d)| project(l, d)).collect())
+        }
+        (l, _) => l.clone(),
+    }
+}
+
+fn yaml(v: &Value) -> String {
+    serde_saphyr::to_string(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn live_objects_are_cut_to_the_fields_the_builder_sets() {
+        let live = json!({"metadata": {"name": "a", "uid": "u", "labels": {"x": "1", "y": "2"}},
+            "spec": {"containers": [{"name": "c", "image": "i", "terminationMessagePath": "/dev/t"}]},
+            "status": {"phase": "Running"}});
+        let desired = json!({"metadata": {"name": "a", "labels": {"x": "1"}},
+            "spec": {"containers": [{"name": "c", "image": "j"}]}});
+        assert_eq!(
+            project(&live, &desired),
+            json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}})
+        );
+    }
+
+    #[test]
+    fn selectors_parse_as_match_labels() -> anyhow::Result<()> {
+        let s = parse_selector("canary=true, site=a")?;
+        assert_eq!(s.match_labels.map(|m| m.len()), Some(2));
+        assert!(parse_selector("canary").is_err());
+        Ok(())
+    }
+}
