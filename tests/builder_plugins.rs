@@ -418,3 +418,57 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
     drop(registry);
     result
 }
+
+/// `plugin diff` on a live cluster: the field diff of each pod the plugin changes against the live
+/// pod, the pods that would roll; refused settings are an error naming the setting; nothing is
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("diff").await;
+    apply_example_with(&c, &ns, 2, |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    let result = async {
+        let api = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let ready = eventually(60, || async {
+            let list = api.list(&ListParams::default()).await.ok()?;
+            (list.items.len() == 2 && list.items.iter().all(pod_ready)).then_some(list.items)
+        })
+        .await
+        .context("the example's pods never became Ready")?;
+        let site = test_plugin("site_pod");
+        let kubeconfig = c.kubeconfig.display().to_string();
+        let settings = r#"{"labels": {"site.example.com/rack": "a"}}"#;
+        let out = host_cli(&[
+            "plugin", "diff", path(&site), "--kubeconfig", &kubeconfig, "-n", &ns, "--settings", settings,
+        ])?;
+        ensure!(out.contains("+     site.example.com/rack: a"), "{out}");
+        ensure!(
+            out.contains(&format!(
+                "NodeSet {ns}/slurm-worker-slinky: 2 pod(s) would roll: slurm-worker-slinky-0, slurm-worker-slinky-1"
+            )),
+            "{out}"
+        );
+        ensure!(out.ends_with("2 object(s) would change; 2 pod(s) would roll"), "{out}");
+        // A selector matching nothing: nothing changes.
+        let none = host_cli(&[
+            "plugin", "diff", path(&site), "--kubeconfig", &kubeconfig, "-n", &ns, "--settings", settings,
+            "--selector", "canary=true",
+        ])?;
+        ensure!(none.ends_with("0 object(s) would change; 0 pod(s) would roll"), "{none}");
+        // Settings the plugin refuses: an error with its message.
+        let refused = run(&[
+            "plugin", "diff", path(&site), "--kubeconfig", &kubeconfig, "-n", &ns, "--settings",
+            r#"{"labels": {"app.kubernetes.io/name": "x"}}"#,
+        ]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        ensure!(!refused.status.success() && stderr.contains("labels.app.kubernetes.io/name"), "{stderr}");
+        // Nothing was written.
+        let after = api.list(&ListParams::default()).await?.items;
+        ensure!(uids(&after) == uids(&ready), "plugin diff changed the pods");
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    result
+}
