@@ -107,6 +107,20 @@ fn host_cli(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// `bytes` gzipped: a ConfigMap holds at most 1 MiB, a component often more.
+fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Write as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(bytes)?;
+    Ok(gz.finish()?)
+}
+
+/// Ready, on the embedded server (its simulated kubelet runs pods); on a real cluster without
+/// nodes, any pod counts.
+fn ready_or_no_kubelet(p: &Pod) -> bool {
+    slinky_apiserver::testing::real_cluster() || pod_ready(p)
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
 }
@@ -185,7 +199,7 @@ async fn pods_with(c: &TestCluster, ns: &str, n: usize, want_gpus: &str) -> Resu
             .collect();
         (live.len() == n
             && live.iter().all(|p| {
-                pod_ready(p)
+                ready_or_no_kubelet(p)
                     && gpus(p).as_deref() == Some(want_gpus)
                     && p.labels().get("site.example.com/rack").map(String::as_str) == Some("a")
             }))
@@ -250,12 +264,13 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
     let ns = c.namespace("bp").await;
     let site = std::fs::read(test_plugin("site_pod"))?;
     let site_digest = slinky_host::oci::sha256(&site);
+    let site = gzip(&site)?;
     let cm = ConfigMap {
         metadata: kube::api::ObjectMeta {
             name: Some("site-pod".into()),
             ..Default::default()
         },
-        binary_data: Some([("plugin.wasm".to_string(), ByteString(site))].into()),
+        binary_data: Some([("plugin.wasm.gz".to_string(), ByteString(site))].into()),
         ..Default::default()
     };
     Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
@@ -297,7 +312,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
     put_plugin(
         &c,
         &format!("{ns}-site"),
-        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": site_digest},
+        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod", "key": "plugin.wasm.gz"}, "digest": site_digest},
                "kinds": ["nodeset-pod"], "order": 20,
                "settings": {"labels": {"site.example.com/rack": "a"}}, "selector": selector}),
     )
@@ -372,7 +387,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         // refused settings (its contract has no way to receive them), and is judged on what it
         // builds: this one builds only the workers' Service, which would delete the PDB and the
         // SSH ConfigMap from every NodeSet, so it is refused too.
-        let raw = std::fs::read(test_plugin("raw_v2"))?;
+        let raw = gzip(&std::fs::read(test_plugin("raw_v2"))?)?;
         let raw_cm = ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: Some("raw-v2".into()),
@@ -432,7 +447,7 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
         let api = Api::<Pod>::namespaced(c.client.clone(), &ns);
         let ready = eventually(60, || async {
             let list = api.list(&ListParams::default()).await.ok()?;
-            (list.items.len() == 2 && list.items.iter().all(pod_ready)).then_some(list.items)
+            (list.items.len() == 2 && list.items.iter().all(ready_or_no_kubelet)).then_some(list.items)
         })
         .await
         .context("the example's pods never became Ready")?;

@@ -162,6 +162,12 @@ async fn refused_as_expected(c: &TestCluster, ns: &str, cases: &[(&str, Value, u
     Ok(())
 }
 
+/// `n` zero bytes, base64-encoded (a `binaryData` or Secret `data` value).
+fn base64_of(n: usize) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(vec![0u8; n])
+}
+
 fn causes(list: &[(&str, &str, &str)]) -> Causes {
     list.iter()
         .map(|(r, f, m)| (r.to_string(), f.to_string(), m.to_string()))
@@ -593,6 +599,28 @@ async fn invalid_objects_get_kube_apiservers_causes() -> Result<()> {
                 "FieldValueInvalid",
                 "data[k]",
                 "Invalid value: \"k\": duplicate of key present in binaryData",
+            )]),
+        ),
+        (
+            "configmap over 1 MiB",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c3"},
+                "data": {"a": "x".repeat(1 << 19)}, "binaryData": {"b": base64_of((1 << 19) + 1)}}),
+            422,
+            causes(&[(
+                "FieldValueTooLong",
+                "[]",
+                "Too long: must have at most 1048576 bytes",
+            )]),
+        ),
+        (
+            "secret over 1 MiB",
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3"},
+                "data": {"a": base64_of((1 << 20) + 1)}}),
+            422,
+            causes(&[(
+                "FieldValueTooLong",
+                "data",
+                "Too long: must have at most 1048576 bytes",
             )]),
         ),
         (

@@ -12,9 +12,39 @@ fn keys(obj: &Value, field: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `ValidateConfigMap`: keys, and no key in both `data` and `binaryData`.
+/// Kubernetes' `MaxSecretSize`: the most bytes of values a ConfigMap or a Secret holds.
+pub(crate) const MAX_DATA_SIZE: usize = 1 << 20;
+
+/// The bytes of the values of `obj.field`: text as it is, base64 (`binaryData`, Secret `data`)
+/// decoded.
+fn values_size(obj: &Value, field: &str, base64_encoded: bool) -> usize {
+    use base64::Engine as _;
+    obj.get(field)
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.values()
+                .filter_map(Value::as_str)
+                .map(|v| {
+                    if base64_encoded {
+                        base64::engine::general_purpose::STANDARD
+                            .decode(v)
+                            .map_or(v.len() * 3 / 4, |b| b.len())
+                    } else {
+                        v.len()
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or_default()
+}
+
+/// `ValidateConfigMap`: keys, no key in both `data` and `binaryData`, and at most 1 MiB of
+/// values (reported at the path `[]`, as kube-apiserver 1.28 renders it).
 pub(crate) fn config_map(cm: &Value) -> Errors {
     let mut errs = Errors::new();
+    if values_size(cm, "data", false) + values_size(cm, "binaryData", true) > MAX_DATA_SIZE {
+        errs.push(FieldError::too_long(&Path::root("[]"), MAX_DATA_SIZE));
+    }
     let data = keys(cm, "data");
     let binary = keys(cm, "binaryData");
     for k in &data {
@@ -38,6 +68,9 @@ pub(crate) fn config_map(cm: &Value) -> Errors {
 /// `ValidateSecret`: keys of `data` (after `stringData` merged into it, as the server does).
 pub(crate) fn secret(secret: &Value) -> Errors {
     let mut errs = Errors::new();
+    if values_size(secret, "data", true) > MAX_DATA_SIZE {
+        errs.push(FieldError::too_long(&Path::root("data"), MAX_DATA_SIZE));
+    }
     for k in keys(secret, "data") {
         let p = Path::root("data").key(&k);
         errs.extend(each_invalid(&p, &k, rules::config_map_key(&k)));
