@@ -10,7 +10,15 @@
 # directory are BuildKit cache mounts: a source change rebuilds the workspace crates and the
 # plugins, not the ~400 dependencies. Stage 2 is a minimal non-root runtime: the binary is the only
 # file it needs (it links only glibc, libgcc and libm, which the distroless `cc` image has).
-FROM docker.io/library/rust:1.95-bookworm AS build
+#
+# Where no image registry is reachable, `deploy/image/build-local.sh` builds the same image from
+# Debian's packages with buildah: a base of libc6 and libgcc-s1 (the binary's only libraries) as
+# RUNTIME_IMAGE, and the binary built outside (BUILD=prebuilt, from build/image/slinky-host).
+ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+ARG BUILD=source
+
+FROM ${RUST_IMAGE} AS build-source
 RUN rustup target add wasm32-wasip2
 WORKDIR /src
 COPY . .
@@ -18,10 +26,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked -p slinky-host \
- && install -m 0755 target/release/slinky-host /slinky-host \
+ && install -s -m 0755 target/release/slinky-host /slinky-host \
  && /slinky-host version
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+# The binary `cargo build --release -p slinky-host` made outside, stripped into build/image/.
+FROM ${RUNTIME_IMAGE} AS build-prebuilt
+COPY build/image/slinky-host /slinky-host
+
+FROM build-${BUILD} AS build
+
+FROM ${RUNTIME_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="slinky-host" \
       org.opencontainers.image.description="A WebAssembly-pluggable reconciliation host for Slinky (Slurm on Kubernetes)" \

@@ -173,6 +173,8 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 slinky-guest-sdk = { path = "{sdk}" }
+# The plugin's settings (a BuilderPlugin's `spec.settings`) are parsed with serde.
+serde = { version = "1", features = ["derive"] }
 
 # Small components compile and load faster, and fit a ConfigMap when gzipped.
 [profile.release]
@@ -208,7 +210,9 @@ cargo test                                          # the builder, natively
 cargo build --target wasm32-wasip2 --release        # the component: {wasm}
 slinky-host plugin check {wasm}                     # describe, policy checks, diff vs the bundled builder
 slinky-host render -f cluster.yaml --plugin {wasm}  # what it builds for your manifests
-cp {wasm} PLUGINS_DIR/                              # hot-reload into `slinky-host run --plugins-dir PLUGINS_DIR`
+slinky-host plugin diff {wasm} --settings '{}'      # what it would change in the live cluster
+slinky-host plugin push {wasm} REGISTRY/REPO:TAG --sign-key KEY   # publish it, then a BuilderPlugin
+cp {wasm} PLUGINS_DIR/                              # or hot-reload into `slinky-host run --plugins-dir PLUGINS_DIR`
 ```
 
 Rules (see docs/writing-plugins.md in the slinky-host repository): a builder is a pure function of
@@ -219,10 +223,12 @@ and its output must be the object asked for (kind, namespace, name, selector lab
 
 const NODESET_POD_LIB: &str = r#"//! {name}: a slinky-host `nodeset-pod` builder.
 //!
-//! It starts from Slinky's pod (`slinky::build_nodeset_pod`); change it in `build_pod`.
+//! It starts from Slinky's pod (`slinky::build_nodeset_pod`), or, as a later step of a pipeline,
+//! from the pod the step before built; change it in `build_pod`. Its settings (a BuilderPlugin's
+//! `spec.settings`) are `{Type}Settings`, checked by `validate` before the plugin serves.
 
 use slinky_guest_sdk::{
-    BuildContext, BuildError, NodeSetPodBuilder, PodIdentity,
+    BuildContext, BuildError, NodeSetPodBuilder, PodIdentity, Settings,
     api::{Controller, NodeSet},
     k8s_openapi::api::core::v1::Pod,
     slinky,
@@ -231,6 +237,21 @@ use slinky_guest_sdk::{
 /// The builder.
 pub struct {Type};
 
+/// The plugin's settings (`{}` when its BuilderPlugin gives none).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "camelCase")]
+pub struct {Type}Settings {
+    // Add settings here, for example:
+    // pub rack: String,
+}
+
+impl Settings for {Type}Settings {
+    fn validate(&self) -> Result<(), String> {
+        // Refuse bad settings here, naming the setting and the fix.
+        Ok(())
+    }
+}
+
 impl NodeSetPodBuilder for {Type} {
     fn build_pod(
         ctx: &BuildContext,
@@ -238,15 +259,20 @@ impl NodeSetPodBuilder for {Type} {
         controller: &Controller,
         identity: &PodIdentity,
     ) -> Result<Pod, BuildError> {
+        #[allow(unused_variables, reason = "the starting point has no settings yet")]
+        let settings: {Type}Settings = ctx.settings()?;
         #[allow(unused_mut, reason = "the starting point changes nothing yet")]
-        let mut pod = slinky::build_nodeset_pod(ctx, nodeset, controller, identity)?;
+        let mut pod = match ctx.previous::<Pod>()? {
+            Some(pod) => pod,
+            None => slinky::build_nodeset_pod(ctx, nodeset, controller, identity)?,
+        };
         // Change the pod here, for example:
-        // pod.metadata.labels.get_or_insert_default().insert("example.com/pool".into(), "a".into());
+        // pod.metadata.labels.get_or_insert_default().insert("example.com/rack".into(), settings.rack.clone());
         Ok(pod)
     }
 }
 
-slinky_guest_sdk::export_plugin!({Type}, kinds = [nodeset_pod]);
+slinky_guest_sdk::export_plugin!({Type}, kinds = [nodeset_pod], settings = {Type}Settings);
 
 #[cfg(test)]
 mod tests {

@@ -86,8 +86,21 @@ where
                         "slurmdbd's StatefulSet, Service and slurmdbd.conf are re-applied (slurmdbd rolls)"
                     }
                 };
+                let steps = registry.steps(kind);
+                let then = if steps.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<String> = steps
+                        .iter()
+                        .map(|s| format!("{} ({}, {})", s.name, s.plugin.label(), &s.plugin.digest()[..12]))
+                        .collect();
+                    format!(
+                        ", then the BuilderPlugins whose selector matches: {}",
+                        names.join(", ")
+                    )
+                };
                 st.note = format!(
-                    "{kind} builder is now {} (digest {}, from {}); {what}",
+                    "{kind} builder is now {} (digest {}, from {}){then}; {what}",
                     plugin.label(),
                     &plugin.digest()[..12],
                     plugin.source()
