@@ -29,6 +29,7 @@ use slinky_api::BuilderPlugin;
 use slinky_host::{
     PluginRegistry,
     oci::PublicKey,
+    plugins::BuilderKind,
     reconcile::{
         Leadership,
         builder_plugins::{BuilderPlugins, Config, Parents},
@@ -292,7 +293,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         },
         Leadership::always(),
     )?);
-    controller.load_all().await;
+    controller.load_all().await?;
     let watch = tokio::spawn(controller.clone().run(Parents {
         controllers: host.handles.controllers.clone(),
         nodesets: host.handles.nodesets.clone(),
@@ -370,6 +371,35 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         patch_spec(&c, &format!("{ns}-gpu"), json!({"module": {"image": unsigned}, "settings": {"gpusPerPod": 2}})).await?;
         let s = wait_phase(&c, &format!("{ns}-gpu"), "Refused", "BadSignature").await?;
         ensure!(s["conditions"][0]["message"].as_str().unwrap_or_default().contains("no cosign signature"), "{s}");
+        // Signed, but with another key: refused.
+        let stranger = keys.path().join("stranger");
+        host_cli(&["plugin", "keygen", path(&stranger)])?;
+        let stranger_file = keys.path().join("gpu-stranger.wasm");
+        std::fs::write(
+            &stranger_file,
+            slinky_host::plugins::with_custom_section(&std::fs::read(&gpu)?, "slinky-test-variant", b"stranger"),
+        )?;
+        let other_key = host_cli(&[
+            "plugin",
+            "push",
+            path(&stranger_file),
+            &format!("{}/site/gpu:other-key", registry.addr),
+            "--sign-key",
+            path(&keys.path().join("stranger.key")),
+        ])?;
+        patch_spec(&c, &format!("{ns}-gpu"), json!({"module": {"image": other_key}})).await?;
+        let s = wait_phase(&c, &format!("{ns}-gpu"), "Refused", "BadSignature").await?;
+        ensure!(s["conditions"][0]["message"].as_str().unwrap_or_default().contains("does not verify"), "{s}");
+        // A selector Kubernetes would not accept: refused, not "matches nothing".
+        patch_spec(
+            &c,
+            &format!("{ns}-site"),
+            json!({"selector": {"matchExpressions": [{"key": "bp-test", "operator": "Near", "values": ["x"]}]}}),
+        )
+        .await?;
+        wait_phase(&c, &format!("{ns}-site"), "Refused", "InvalidSpec").await?;
+        patch_spec(&c, &format!("{ns}-site"), json!({"selector": {"matchExpressions": null}})).await?;
+        wait_phase(&c, &format!("{ns}-site"), "Loaded", "Loaded").await?;
         // An unknown digest: refused.
         let unknown = format!("{}/site/gpu@sha256:{}", registry.addr, "0".repeat(64));
         patch_spec(&c, &format!("{ns}-gpu"), json!({"module": {"image": unknown}})).await?;
@@ -383,11 +413,42 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         let still = pods_with(&c, &ns, 2, "2").await?;
         ensure!(uids(&still) == uids(&rolled), "a refused version rolled the pods");
 
+        // A restart while both current specs are refused: the new host loads the versions their
+        // status says served (from its module cache), so the NodeSet keeps its pipeline.
+        let nodeset = Api::<slinky_api::NodeSet>::namespaced(c.client.clone(), &ns)
+            .get("slurm-worker-slinky")
+            .await?;
+        let serving = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+        let fresh = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+        let restarted = BuilderPlugins::new(
+            c.client.clone(),
+            fresh.clone(),
+            Config {
+                build: Default::default(),
+                cache: Some(cache.path().to_path_buf()),
+                insecure_registries: Vec::new(),
+                public_key: Some(PublicKey::from_pem(&pem)?),
+            },
+            Leadership::always(),
+        )?;
+        restarted.load_all().await?;
+        let after = fresh.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+        ensure!(
+            after.digest() == serving.digest() && after.label() == serving.label(),
+            "after a restart the pipeline is {} ({}), before it {} ({})",
+            after.label(),
+            after.digest(),
+            serving.label(),
+            serving.digest()
+        );
+
         // A contract 0.2.0 plugin loads as a step (compiled, described, contract checked), is
         // refused settings (its contract has no way to receive them), and is judged on what it
         // builds: this one builds only the workers' Service, which would delete the PDB and the
         // SSH ConfigMap from every NodeSet, so it is refused too.
-        let raw = gzip(&std::fs::read(test_plugin("raw_v2"))?)?;
+        let raw = std::fs::read(test_plugin("raw_v2"))?;
+        let raw_digest = slinky_host::oci::sha256(&raw);
+        let raw = gzip(&raw)?;
         let raw_cm = ConfigMap {
             metadata: kube::api::ObjectMeta {
                 name: Some("raw-v2".into()),
@@ -403,7 +464,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         put_plugin(
             &c,
             &format!("{ns}-legacy"),
-            json!({"module": {"configMap": {"namespace": ns, "name": "raw-v2"}}, "kinds": ["nodeset-children"],
+            json!({"module": {"configMap": {"namespace": ns, "name": "raw-v2"}, "digest": raw_digest}, "kinds": ["nodeset-children"],
                    "settings": {"x": 1}, "selector": nothing}),
         )
         .await?;
@@ -419,7 +480,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             .await?;
         let s = wait_phase(&c, &format!("{ns}-legacy"), "Refused", "Refused").await?;
         let message = s["conditions"][0]["message"].as_str().unwrap_or_default();
-        ensure!(message.contains("raw-v2@0.0.2") && message.contains("missing: [") && message.contains("PodDisruptionBudget"), "{s}");
+        ensure!(message.contains("raw-v2@0.0.2") && message.contains("left out PodDisruptionBudget"), "{s}");
         Ok(())
     }
     .await;

@@ -96,7 +96,8 @@ pub struct ConfigMapModule {
     pub namespace: String,
     /// The ConfigMap's name.
     pub name: String,
-    /// The key (default `plugin.wasm`; a name ending in `.gz` is gunzipped).
+    /// The key (default `plugin.wasm`); its value (`binaryData`) may be gzipped (`.wasm.gz`:
+    /// a ConfigMap holds at most 1 MiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
 }
@@ -133,10 +134,26 @@ pub struct BuilderPluginStatus {
     /// How many parents it applies to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applies_to_count: Option<i64>,
+    /// The version serving for this BuilderPlugin: the component's digest and the spec it was
+    /// loaded with. A refused generation leaves it as it was, and a restarted host loads it
+    /// again (from its cache, or the pinned module) when the current spec is refused, so a
+    /// restart never drops a step that served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<ServingVersion>,
     /// `Loaded` (True/False, with the reason it was refused): a list map keyed by `type`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The version of a BuilderPlugin that serves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServingVersion {
+    /// The component's sha256 (`sha256:<hex>`).
+    pub digest: String,
+    /// The spec it was loaded with.
+    pub spec: BuilderPluginSpec,
 }
 
 /// `settings` takes any JSON value.

@@ -53,7 +53,7 @@ pub use accounting::{
 };
 pub use builder_plugin::{
     BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, ConfigMapModule, DEFAULT_ORDER, PLUGINS_GROUP,
-    PluginModule,
+    PluginModule, ServingVersion,
 };
 pub use controller::{
     Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, MetricEndpoint, Metrics,

@@ -287,6 +287,16 @@ macro_rules! __if_kind {
     ($kind:ident in [] { $($yes:tt)* } else { $($no:tt)* }) => { $($no)* };
 }
 
+/// The children the pipeline's previous step built (`*-children` kinds), parsed; empty for the
+/// first step. A step keeps every one of them (the host refuses a step that leaves one out) and
+/// may change them or add its own.
+///
+/// # Errors
+/// [`BuildError::InvalidInput`] when one does not parse as a child kind.
+pub fn previous_children(ctx: &BuildContext) -> Result<Vec<Child>, BuildError> {
+    ctx.previous.iter().map(|json| Child::from_json(json)).collect()
+}
+
 /// Serialize a built object for the host, or an internal error.
 pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> Result<String, BuildError> {
     serde_json::to_string(value).map_err(|e| BuildError::Internal(format!("cannot serialize output: {e}")))

@@ -46,6 +46,14 @@ pub const COSIGN_SIGNATURE: &str = "dev.cosignproject.cosign/signature";
 const MAX_MANIFEST: usize = 4 << 20;
 /// Largest component accepted (bytes).
 const MAX_BLOB: usize = 64 << 20;
+/// Largest signature payload accepted (bytes): cosign's are a few hundred.
+const MAX_PAYLOAD: usize = 64 << 10;
+/// At most this many signatures of one artifact are looked at.
+const MAX_SIGNATURES: usize = 8;
+/// One whole request (headers and body) to a registry.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Redirects followed by one read.
+const MAX_REDIRECTS: usize = 3;
 
 /// What can go wrong talking to a registry or checking what it sent.
 #[derive(Debug, thiserror::Error)]
@@ -222,8 +230,36 @@ impl Oci {
         body: Bytes,
         limit: usize,
     ) -> Result<(StatusCode, http::HeaderMap, Bytes), OciError> {
+        tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.exchange(method.clone(), url, headers, body, limit),
+        )
+        .await
+        .map_err(|_| {
+            self.http_error(
+                &method,
+                url,
+                format!("no complete answer within {} s", REQUEST_TIMEOUT.as_secs()),
+            )
+        })?
+    }
+
+    /// One request: a bearer token fetched on a `401` challenge, redirects (blobs are often served
+    /// from elsewhere) followed for reads, at most [`MAX_REDIRECTS`], without the token.
+    async fn exchange(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(header::HeaderName, &str)],
+        body: Bytes,
+        limit: usize,
+    ) -> Result<(StatusCode, http::HeaderMap, Bytes), OciError> {
         let mut token: Option<String> = None;
-        for _ in 0..2 {
+        let mut url_next: Option<String> = None;
+        let mut redirects = 0;
+        loop {
+            let url_now = url_next.take().unwrap_or_else(|| url.to_string());
+            let url = url_now.as_str();
             let mut req = Request::builder().method(method.clone()).uri(url);
             for (k, v) in headers {
                 req = req.header(k, *v);
@@ -234,14 +270,29 @@ impl Oci {
             let req = req
                 .body(Full::new(body.clone()))
                 .map_err(|e| self.http_error(&method, url, e))?;
-            let resp = tokio::time::timeout(Duration::from_secs(60), self.http.request(req))
+            let resp = self
+                .http
+                .request(req)
                 .await
-                .map_err(|_| self.http_error(&method, url, "no answer within 60 s"))?
                 .map_err(|e| self.http_error(&method, url, e))?;
             let (parts, body) = resp.into_parts();
-            if parts.status == StatusCode::UNAUTHORIZED && token.is_none() {
+            if parts.status == StatusCode::UNAUTHORIZED && token.is_none() && redirects == 0 {
                 if let Some(challenge) = parts.headers.get(header::WWW_AUTHENTICATE) {
                     token = Some(self.token(challenge).await?);
+                    continue;
+                }
+            }
+            if parts.status.is_redirection() && (method == Method::GET || method == Method::HEAD) {
+                let location = parts.headers.get(header::LOCATION).and_then(|l| l.to_str().ok());
+                if let Some(location) = location
+                    && redirects < MAX_REDIRECTS
+                {
+                    redirects += 1;
+                    let next = absolute(url, location);
+                    drop(body);
+                    // The token is the registry's, not the blob store's.
+                    token = None;
+                    url_next = Some(next);
                     continue;
                 }
             }
@@ -250,9 +301,11 @@ impl Oci {
                 .await
                 .map_err(|e| self.http_error(&method, url, e))?
                 .to_bytes();
+            if parts.status == StatusCode::UNAUTHORIZED && token.is_some() {
+                return Err(self.http_error(&method, url, "still unauthorized with an anonymous token"));
+            }
             return Ok((parts.status, parts.headers, body));
         }
-        Err(self.http_error(&method, url, "still unauthorized with a token"))
     }
 
     fn http_error(&self, method: &Method, url: &str, e: impl std::fmt::Display) -> OciError {
@@ -302,8 +355,7 @@ impl Oci {
             .request(req)
             .await
             .map_err(|e| self.http_error(&Method::GET, &url, e))?;
-        let body = resp
-            .into_body()
+        let body = http_body_util::Limited::new(resp.into_body(), 1 << 16)
             .collect()
             .await
             .map_err(|e| self.http_error(&Method::GET, &url, e))?
@@ -427,27 +479,30 @@ impl Oci {
         public_key: &PublicKey,
     ) -> Result<(), OciError> {
         let hex = manifest_digest.trim_start_matches("sha256:");
-        let cached = self
-            .cache
+        let cache = self.cache.as_ref().map(|d| d.join(format!("{hex}.sig.json")));
+        // Only a signature that verified is cached (and checked again here, with today's key).
+        let cached: Option<Vec<(String, Vec<u8>)>> = cache
             .as_ref()
-            .and_then(|d| std::fs::read(d.join(format!("{hex}.sig.json"))).ok());
-        let signatures: Vec<(String, Vec<u8>)> = match cached.and_then(|b| serde_json::from_slice(&b).ok()) {
-            Some(s) => s,
-            None => {
-                let s = self.fetch_signatures(reference, manifest_digest).await?;
-                if let Some(dir) = &self.cache {
-                    if let Ok(bytes) = serde_json::to_vec(&s) {
-                        let _ = std::fs::create_dir_all(dir);
-                        let _ = std::fs::write(dir.join(format!("{hex}.sig.json")), bytes);
-                    }
-                }
-                s
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        for (sig, payload) in cached.iter().flatten() {
+            if check_signature(public_key, sig, payload, manifest_digest).is_ok() {
+                return Ok(());
             }
-        };
+        }
+        let signatures = self.fetch_signatures(reference, manifest_digest).await?;
         let mut why = Vec::new();
         for (sig, payload) in &signatures {
             match check_signature(public_key, sig, payload, manifest_digest) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if let (Some(path), Ok(bytes)) = (&cache, serde_json::to_vec(&[(sig, payload)])) {
+                        if let Some(dir) = path.parent() {
+                            let _ = std::fs::create_dir_all(dir);
+                        }
+                        let _ = std::fs::write(path, bytes);
+                    }
+                    return Ok(());
+                }
                 Err(e) => why.push(e),
             }
         }
@@ -491,10 +546,11 @@ impl Oci {
         let manifest: Value =
             serde_json::from_slice(&body).map_err(|e| OciError::Signature(format!("{url}: {e}")))?;
         let mut out = Vec::new();
-        for layer in manifest["layers"].as_array().into_iter().flatten() {
-            if layer["mediaType"] != COSIGN_PAYLOAD_TYPE {
-                continue;
-            }
+        let layers = manifest["layers"].as_array().into_iter().flatten();
+        for layer in layers
+            .filter(|l| l["mediaType"] == COSIGN_PAYLOAD_TYPE)
+            .take(MAX_SIGNATURES)
+        {
             let (Some(sig), Some(digest)) = (
                 layer["annotations"][COSIGN_SIGNATURE].as_str(),
                 layer["digest"].as_str(),
@@ -505,7 +561,7 @@ impl Oci {
                 .get(
                     &format!("{base}/{}/blobs/{digest}", reference.repository),
                     "*/*",
-                    MAX_MANIFEST,
+                    MAX_PAYLOAD,
                 )
                 .await?;
             if sha256(&payload) != digest {
@@ -669,6 +725,26 @@ impl Oci {
         )
         .await?;
         Ok(())
+    }
+}
+
+/// `location` (a redirect's) made absolute against `url`.
+fn absolute(url: &str, location: &str) -> String {
+    if location.starts_with("http://") || location.starts_with("https://") {
+        return location.to_string();
+    }
+    let origin_end = url
+        .find("://")
+        .and_then(|i| url[i + 3..].find('/').map(|j| i + 3 + j))
+        .unwrap_or(url.len());
+    if location.starts_with('/') {
+        format!("{}{location}", &url[..origin_end])
+    } else {
+        let dir = url
+            .rfind('/')
+            .filter(|&i| i >= origin_end)
+            .map_or(url, |i| &url[..=i]);
+        format!("{dir}{location}")
     }
 }
 
@@ -874,6 +950,17 @@ mod tests {
         ] {
             assert!(Reference::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn redirects_resolve_against_the_request() {
+        let url = "http://r.io:5000/v2/site/gpu/blobs/sha256:aa";
+        assert_eq!(
+            absolute(url, "https://s3.example/x?sig=1"),
+            "https://s3.example/x?sig=1"
+        );
+        assert_eq!(absolute(url, "/other/y"), "http://r.io:5000/other/y");
+        assert_eq!(absolute(url, "z"), "http://r.io:5000/v2/site/gpu/blobs/z");
     }
 
     #[test]

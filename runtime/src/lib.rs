@@ -49,7 +49,7 @@ pub use engine::{
     RuntimeConfig, Tier, Tiering, default_cache_dir,
 };
 pub use error::{GuestError, PluginError, TrapCause};
-pub use pipeline::{Pipeline, Step, selector_matches, vet_step};
+pub use pipeline::{Pipeline, Step, selector_matches, selector_problem, vet_step};
 pub use plugin::{Plugin, PluginSource};
 pub use policy::{Allow, Allowances};
 

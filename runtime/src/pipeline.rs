@@ -56,6 +56,34 @@ impl Step {
     }
 }
 
+/// What is wrong with `selector`, as Kubernetes validates a label selector's requirements: an
+/// operator other than `In`, `NotIn`, `Exists` and `DoesNotExist`, values with `Exists` or
+/// `DoesNotExist`, none with `In` or `NotIn`.
+///
+/// # Errors
+/// The first problem, naming the requirement.
+pub fn selector_problem(selector: &LabelSelector) -> Result<(), String> {
+    for (i, r) in selector.match_expressions.iter().flatten().enumerate() {
+        let values = r.values.as_deref().unwrap_or_default();
+        let at = format!("matchExpressions[{i}] (key {:?})", r.key);
+        match r.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(format!("{at}: operator {} needs values", r.operator));
+            }
+            "Exists" | "DoesNotExist" if !values.is_empty() => {
+                return Err(format!("{at}: operator {} takes no values", r.operator));
+            }
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => {
+                return Err(format!(
+                    "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether `selector` matches `labels`, as Kubernetes matches a label selector: every
 /// `matchLabels` pair and every `matchExpressions` requirement (`In`, `NotIn`, `Exists`,
 /// `DoesNotExist`); an empty selector matches everything; an unknown operator matches nothing.
@@ -116,7 +144,9 @@ impl Pipeline {
         hash.update(base.digest());
         let mut label = base.label();
         for step in &steps {
-            for part in [&step.name, step.plugin.digest(), &step.settings] {
+            // The module and its settings, in pipeline order: what the output depends on (not the
+            // BuilderPlugin's name: renaming one rolls nothing).
+            for part in [step.plugin.digest(), &step.settings] {
                 hash.update([0]);
                 hash.update(part.as_bytes());
             }
@@ -131,8 +161,8 @@ impl Pipeline {
         }
     }
 
-    /// The base builder alone: its digest; with steps, the sha256 of every step's name, module
-    /// digest and settings (what the pod revision includes).
+    /// The base builder alone: its digest; with steps, the sha256 of the base's digest and every
+    /// step's module digest and settings, in order (what the pod revision includes).
     pub fn digest(&self) -> &str {
         &self.digest
     }
@@ -159,6 +189,7 @@ impl Pipeline {
         ctx: &BuildContext,
         call: impl Fn(&Plugin, &BuildContext) -> Result<T, PluginError>,
         previous: impl Fn(&T) -> Result<Vec<String>, serde_json::Error>,
+        keeps: impl Fn(&T, &T) -> Result<(), String>,
         stamp: impl Fn(&mut T, &BTreeMap<String, String>),
     ) -> Result<T, PluginError> {
         let mut out = call(&self.base, ctx)?;
@@ -175,7 +206,16 @@ impl Pipeline {
                 settings: step.settings.clone(),
                 previous,
             };
-            out = call(&step.plugin, &ctx).map_err(|e| e.in_step(&step.name))?;
+            let next = call(&step.plugin, &ctx).map_err(|e| e.in_step(&step.name))?;
+            keeps(&out, &next).map_err(|reason| {
+                PluginError::Rejected {
+                    plugin: step.plugin.label(),
+                    call: "pipeline",
+                    reason,
+                }
+                .in_step(&step.name)
+            })?;
+            out = next;
         }
         stamp(&mut out, &self.annotations());
         Ok(out)
@@ -201,6 +241,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_service(ctx, controller),
             |s| Ok(vec![serde_json::to_string(s)?]),
+            |_, _| Ok(()),
             |s, a| stamp_meta(&mut s.metadata, a),
         )
     }
@@ -220,6 +261,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_pod(ctx, nodeset, controller, identity),
             |pod| Ok(vec![serde_json::to_string(pod)?]),
+            |_, _| Ok(()),
             |pod, a| stamp_meta(&mut pod.metadata, a),
         )
     }
@@ -238,6 +280,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_controller_children(ctx, controller, inputs),
             children_json,
+            keeps_children,
             stamp_children,
         )
     }
@@ -256,6 +299,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_nodeset_children(ctx, nodeset, controller),
             children_json,
+            keeps_children,
             stamp_children,
         )
     }
@@ -274,6 +318,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_restapi_children(ctx, restapi, controller),
             children_json,
+            keeps_children,
             stamp_children,
         )
     }
@@ -293,6 +338,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_loginset_children(ctx, loginset, controller, inputs),
             children_json,
+            keeps_children,
             stamp_children,
         )
     }
@@ -311,6 +357,7 @@ impl Pipeline {
             ctx,
             |p, ctx| p.build_accounting_children(ctx, accounting, inputs),
             children_json,
+            keeps_children,
             stamp_children,
         )
     }
@@ -386,6 +433,9 @@ pub fn vet_step(
             "spec.kinds is empty: list the builder kinds it serves, like [nodeset-pod]".into(),
         ));
     }
+    if let Some(selector) = &step.selector {
+        selector_problem(selector).map_err(|e| refused(format!("spec.selector.{e}")))?;
+    }
     for kind in kinds {
         if !step.plugin.builds(*kind) {
             let built: Vec<&str> = step.plugin.info().kinds.iter().map(|k| k.as_str()).collect();
@@ -427,6 +477,25 @@ pub fn vet_step(
         }
     }
     Ok(())
+}
+
+/// A step keeps every child the builders before it made (it may change them, or add some): one it
+/// left out would be deleted by the host from the parent.
+#[allow(clippy::ptr_arg, reason = "the pipeline's closures take the output type")]
+fn keeps_children(before: &Vec<Child>, after: &Vec<Child>) -> Result<(), String> {
+    let missing: Vec<String> = before
+        .iter()
+        .filter(|b| !after.iter().any(|a| a.kind == b.kind && a.name() == b.name()))
+        .map(Child::describe)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "it left out {} that the builders before it made; a step keeps every child it receives in \
+         build-context.previous (the host would delete what it leaves out)",
+        missing.join(", ")
+    ))
 }
 
 fn children_json(children: &Vec<Child>) -> Result<Vec<String>, serde_json::Error> {
@@ -529,6 +598,38 @@ mod tests {
             &only(requirement("site", "Near", &["a"])),
             &plain
         ));
+    }
+
+    #[test]
+    fn selectors_are_validated_as_kubernetes_does() {
+        let with = |r: LabelSelectorRequirement| LabelSelector {
+            match_expressions: Some(vec![r]),
+            ..Default::default()
+        };
+        assert!(selector_problem(&with(requirement("a", "In", &["x"]))).is_ok());
+        assert!(selector_problem(&with(requirement("a", "DoesNotExist", &[]))).is_ok());
+        assert!(
+            selector_problem(&with(requirement("a", "In", &[]))).is_err_and(|e| e.contains("needs values"))
+        );
+        assert!(
+            selector_problem(&with(requirement("a", "Exists", &["x"])))
+                .is_err_and(|e| e.contains("no values"))
+        );
+        assert!(
+            selector_problem(&with(requirement("a", "Near", &["x"]))).is_err_and(|e| e.contains("\"Near\""))
+        );
+    }
+
+    #[test]
+    fn a_step_must_keep_the_children_before_it() {
+        let child = |name: &str| Child {
+            kind: crate::ChildKind::ConfigMap,
+            ownership: crate::Ownership::Controlled,
+            object: serde_json::json!({"metadata": {"name": name}}),
+        };
+        assert!(keeps_children(&vec![child("a")], &vec![child("a"), child("b")]).is_ok());
+        let dropped = keeps_children(&vec![child("a"), child("b")], &vec![child("b")]);
+        assert!(dropped.is_err_and(|e| e.contains("ConfigMap a")));
     }
 
     #[test]

@@ -83,7 +83,9 @@ impl BuildContext {
             .map_err(|e| BuildError::InvalidInput(format!("the plugin's settings: {e}")))
     }
 
-    /// The object the pipeline's previous step built, parsed as `T`; `None` for the first step.
+    /// The object the pipeline's previous step built (a pod, a Service), parsed as `T`; `None` for
+    /// the first step. For the `*-children` kinds, whose previous output is a list, use the guest
+    /// SDK's `previous_children`.
     ///
     /// # Errors
     /// [`BuildError::InvalidInput`] when it does not parse as `T`.

@@ -38,7 +38,7 @@ use kube::{
     runtime::{events::EventType, reflector::Store, watcher},
 };
 use serde_json::json;
-use slinky_api::{BuilderPlugin, BuilderPluginStatus, DEFAULT_ORDER};
+use slinky_api::{BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, DEFAULT_ORDER, ServingVersion};
 
 use crate::{
     oci::{self, Oci, PublicKey, Reference},
@@ -54,6 +54,9 @@ pub const RESYNC: Duration = Duration::from_secs(10);
 
 /// The condition type on a BuilderPlugin.
 pub const LOADED: &str = "Loaded";
+
+/// The refusals tried again at every sync: they depend on something outside the spec.
+const RETRIED: [&str; 4] = ["PullFailed", "ModuleUnreadable", "BadSignature", "UnknownDigest"];
 
 /// At most this many parents are named in `status.appliesTo`.
 const APPLIES_TO_NAMED: usize = 50;
@@ -91,7 +94,10 @@ struct Loaded {
     fingerprint: String,
     step: Step,
     kinds: Vec<BuilderKind>,
-    generation: Option<i64>,
+    /// The spec it was loaded with (`status.serving`).
+    spec: BuilderPluginSpec,
+    /// The component's `sha256:<hex>`.
+    digest: String,
 }
 
 /// What the last look at one BuilderPlugin found.
@@ -108,6 +114,71 @@ struct State {
     loaded: BTreeMap<String, Loaded>,
     /// Name → (fingerprint, outcome) of the last version tried.
     tried: BTreeMap<String, (String, Outcome)>,
+    /// The BuilderPlugins whose `status.serving` this process tried to load again.
+    restored: BTreeSet<String>,
+}
+
+/// Why a version is refused: the condition's reason and the message.
+type Refusal = (&'static str, String);
+
+/// What a spec asks for, checked: the kinds, the settings (JSON text), the order, the selector.
+struct Wanted {
+    kinds: Vec<BuilderKind>,
+    settings: String,
+    order: i32,
+    selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+}
+
+impl Wanted {
+    fn of(spec: &BuilderPluginSpec) -> Result<Wanted, Refusal> {
+        let mut kinds = Vec::new();
+        for (i, k) in spec.kinds.iter().enumerate() {
+            let kind = k
+                .parse::<BuilderKind>()
+                .map_err(|e| ("InvalidSpec", format!("spec.kinds[{i}]: {e}")))?;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        if kinds.is_empty() {
+            return Err((
+                "InvalidSpec",
+                "spec.kinds is empty: list the builder kinds it serves, like [nodeset-pod]".into(),
+            ));
+        }
+        if let Some(selector) = &spec.selector {
+            crate::plugins::selector_problem(selector)
+                .map_err(|e| ("InvalidSpec", format!("spec.selector.{e}")))?;
+        }
+        let settings = match &spec.settings {
+            None => slinky_api::contract::NO_SETTINGS.to_string(),
+            Some(v) => {
+                serde_json::to_string(v).map_err(|e| ("InvalidSpec", format!("spec.settings: {e}")))?
+            }
+        };
+        Ok(Wanted {
+            kinds,
+            settings,
+            order: spec.order.unwrap_or(DEFAULT_ORDER),
+            selector: spec.selector.clone(),
+        })
+    }
+
+    /// What identifies this version with the module `module` (its digest, or an immutable
+    /// reference).
+    fn fingerprint(&self, module: &str) -> String {
+        oci::sha256(
+            serde_json::to_string(&json!([
+                module,
+                self.settings,
+                self.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+                self.order,
+                self.selector,
+            ]))
+            .unwrap_or_default()
+            .as_bytes(),
+        )
+    }
 }
 
 /// The BuilderPlugin controller.
@@ -154,14 +225,30 @@ impl BuilderPlugins {
     }
 
     /// List and load every BuilderPlugin once (start-up, before anything reconciles). A cluster
-    /// without the CRD, or a host without RBAC to list them, has none (logged).
-    pub async fn load_all(&self) {
+    /// without the CRD has none.
+    ///
+    /// # Errors
+    /// They cannot be listed for another reason (RBAC, the API server): reconciling without
+    /// them would rebuild every parent without its steps and roll its pods, so the host stops
+    /// with the reason instead (`--builder-plugins=false` runs without them).
+    pub async fn load_all(&self) -> anyhow::Result<()> {
         let api = Api::<BuilderPlugin>::all(self.client.clone());
         match api.list(&Default::default()).await {
-            Ok(list) => self.sync(&list.items, None).await,
-            Err(error) => {
-                tracing::warn!(%error, "cannot list BuilderPlugins; only the bundled and directory plugins serve until the watch sees them");
+            Ok(list) => {
+                self.sync(&list.items, None).await;
+                Ok(())
             }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                tracing::info!(
+                    "no BuilderPlugin CRD in the cluster: only the bundled and directory plugins serve"
+                );
+                Ok(())
+            }
+            Err(error) => Err(anyhow::anyhow!(
+                "cannot list BuilderPlugins ({error}); the host does not reconcile without them, since every \
+                 parent would be rebuilt without its steps and its pods rolled: grant `list` on \
+                 builderplugins.plugins.slinky.slurm.net, or run with --builder-plugins=false"
+            )),
         }
     }
 
@@ -224,58 +311,43 @@ impl BuilderPlugins {
 
     async fn consider(&self, bp: &BuilderPlugin, state: &mut State) {
         let name = bp.name_any();
-        let prepared = self.prepare(bp).await;
-        let (fingerprint, bytes, module, kinds, settings) = match prepared {
-            Ok(p) => p,
+        let wanted = match Wanted::of(&bp.spec) {
+            Ok(w) => w,
             Err((reason, message)) => {
-                // Unreadable inputs: the fingerprint is the message (tried again when it changes).
-                let key = format!("{:?}/{message}", bp.metadata.generation);
+                let key = format!("spec:{message}");
                 self.refused(bp, state, key, reason, message).await;
                 return;
             }
         };
-        if state
-            .loaded
-            .get(&name)
-            .is_some_and(|l| l.fingerprint == fingerprint)
+        // A module pinned in a registry never changes: this version is known without a pull.
+        let pinned = bp
+            .spec
+            .module
+            .image
+            .as_deref()
+            .map(|image| wanted.fingerprint(image));
+        if let Some(fp) = &pinned
+            && self.known(&name, fp, state)
         {
-            if let Some(l) = state.loaded.get_mut(&name) {
-                l.generation = bp.metadata.generation;
+            return;
+        }
+        let (bytes, module) = match self.fetch(&bp.spec).await {
+            Ok(m) => m,
+            Err((reason, message)) => {
+                let key = pinned.clone().unwrap_or_else(|| format!("fetch:{message}"));
+                self.refused(bp, state, key, reason, message).await;
+                return;
             }
-            state.tried.insert(name, (fingerprint, Outcome::Loaded));
+        };
+        let digest = oci::sha256(&bytes);
+        let fingerprint = pinned.unwrap_or_else(|| wanted.fingerprint(&digest));
+        if self.known(&name, &fingerprint, state) {
             return;
         }
-        if state.tried.get(&name).is_some_and(|(f, _)| *f == fingerprint) {
-            return;
-        }
-        let step_name = name.clone();
-        let (registry, build) = (self.registry.clone(), self.config.build.clone());
-        let order = bp.spec.order.unwrap_or(DEFAULT_ORDER);
-        let selector = bp.spec.selector.clone();
-        let kinds_for_vet = kinds.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            let source = PluginSource::Resource {
-                name: step_name.clone(),
-                module,
-            };
-            let plugin = Plugin::load_unoptimized(registry.engine(), &bytes, source)?;
-            let step = Step {
-                name: step_name,
-                plugin,
-                settings,
-                order,
-                selector,
-            };
-            vet_step(&registry, &step, &kinds_for_vet, &build)?;
-            step.plugin.optimize_in_background(&bytes);
-            Ok::<_, crate::plugins::PluginError>(step)
-        })
-        .await;
-        match loaded {
-            Ok(Ok(step)) => {
+        match self.load(&name, &bytes, &module, &wanted).await {
+            Ok(step) => {
                 tracing::info!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %&step.plugin.digest()[..12],
-                    kinds = ?kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(), order = step.order,
-                    "BuilderPlugin loaded; it serves now");
+                    kinds = %kinds_text(&wanted.kinds), order = step.order, "BuilderPlugin loaded; it serves now");
                 self.events
                     .publish(
                         bp,
@@ -284,14 +356,14 @@ impl BuilderPlugins {
                         "PluginLoaded",
                         "Load",
                         format!(
-                            "{} (sha256:{}) serves {} at order {}",
+                            "{} ({digest}) serves {} at order {}",
                             step.plugin.label(),
-                            step.plugin.digest(),
-                            kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", "),
+                            kinds_text(&wanted.kinds),
                             step.order
                         ),
                     )
                     .await;
+                self.keep_module(&digest, &bytes);
                 state
                     .tried
                     .insert(name.clone(), (fingerprint.clone(), Outcome::Loaded));
@@ -300,29 +372,157 @@ impl BuilderPlugins {
                     Loaded {
                         fingerprint,
                         step,
-                        kinds,
-                        generation: bp.metadata.generation,
+                        kinds: wanted.kinds,
+                        spec: bp.spec.clone(),
+                        digest,
                     },
                 );
             }
-            Ok(Err(error)) => {
-                let reason = if error.to_string().contains("settings are invalid") {
-                    "InvalidSettings"
-                } else {
-                    "Refused"
-                };
-                self.refused(bp, state, fingerprint, reason, error.to_string())
-                    .await;
+            Err((reason, message)) => {
+                let message = format!("{message} (module {module}, {digest})");
+                self.refused(bp, state, fingerprint, reason, message).await;
             }
-            Err(join) => {
-                self.refused(
-                    bp,
-                    state,
-                    fingerprint,
-                    "Refused",
-                    format!("the load task failed: {join}"),
+        }
+    }
+
+    /// Whether the version `fingerprint` of `name` was looked at already (serving, or refused
+    /// with nothing changed since).
+    fn known(&self, name: &str, fingerprint: &str, state: &mut State) -> bool {
+        if state
+            .loaded
+            .get(name)
+            .is_some_and(|l| l.fingerprint == fingerprint)
+        {
+            state
+                .tried
+                .insert(name.to_string(), (fingerprint.to_string(), Outcome::Loaded));
+            return true;
+        }
+        // A refusal that depends on the world (a registry, a signature pushed later, a ConfigMap
+        // being written) is tried again at the next sync; one that depends only on the inputs is
+        // not, until they change.
+        state.tried.get(name).is_some_and(|(f, o)| {
+            f == fingerprint && !matches!(o, Outcome::Refused(r, _) if RETRIED.contains(r))
+        })
+    }
+
+    /// Load `bytes` as the step `name` wants, off the async threads: compiled, described, its
+    /// settings validated, the example inputs built through base + it.
+    async fn load(&self, name: &str, bytes: &[u8], module: &str, wanted: &Wanted) -> Result<Step, Refusal> {
+        let (registry, build) = (self.registry.clone(), self.config.build.clone());
+        let (bytes, name) = (bytes.to_vec(), name.to_string());
+        let source = PluginSource::Resource {
+            name: name.clone(),
+            module: module.to_string(),
+        };
+        let (settings, order, selector, kinds) = (
+            wanted.settings.clone(),
+            wanted.order,
+            wanted.selector.clone(),
+            wanted.kinds.clone(),
+        );
+        let loaded = tokio::task::spawn_blocking(move || {
+            let plugin = Plugin::load_unoptimized(registry.engine(), &bytes, source)
+                .map_err(|e| ("Refused", e.to_string()))?;
+            plugin
+                .validate_settings(&settings)
+                .map_err(|e| ("InvalidSettings", e.in_step(&name).to_string()))?;
+            let step = Step {
+                name,
+                plugin,
+                settings,
+                order,
+                selector,
+            };
+            vet_step(&registry, &step, &kinds, &build).map_err(|e| ("Refused", e.to_string()))?;
+            step.plugin.optimize_in_background(&bytes);
+            Ok::<_, Refusal>(step)
+        })
+        .await;
+        loaded.unwrap_or_else(|join| Err(("Refused", format!("the load task failed: {join}"))))
+    }
+
+    /// Keep a module that loaded, by digest (`<cache>/modules/<hex>.wasm`), so a restart can load
+    /// it again while its registry or ConfigMap has moved on.
+    fn keep_module(&self, digest: &str, bytes: &[u8]) {
+        let Some(dir) = self.config.cache.as_ref().map(|d| d.join("modules")) else {
+            return;
+        };
+        let hex = digest.trim_start_matches("sha256:");
+        let path = dir.join(format!("{hex}.wasm"));
+        if path.exists() {
+            return;
+        }
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            let tmp = dir.join(format!(".{hex}.tmp"));
+            std::fs::write(&tmp, bytes)?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(error) = write() {
+            tracing::warn!(dir = %dir.display(), %error, "cannot keep a loaded module; a restart needs its source");
+        }
+    }
+
+    /// The module `digest` kept by [`Self::keep_module`], if it is there and intact.
+    fn kept_module(&self, digest: &str) -> Option<Vec<u8>> {
+        let dir = self.config.cache.as_ref()?.join("modules");
+        let bytes = std::fs::read(dir.join(format!("{}.wasm", digest.trim_start_matches("sha256:")))).ok()?;
+        (oci::sha256(&bytes) == digest).then_some(bytes)
+    }
+
+    /// After a restart, when this BuilderPlugin's current spec is refused: load the version its
+    /// status says served (`status.serving`), so the parents keep their steps and their pods do
+    /// not roll. Tried once per process.
+    async fn restore(&self, bp: &BuilderPlugin, state: &mut State) {
+        let name = bp.name_any();
+        if state.loaded.contains_key(&name) || !state.restored.insert(name.clone()) {
+            return;
+        }
+        let Some(serving) = bp.status.as_ref().and_then(|s| s.serving.clone()) else {
+            return;
+        };
+        let restored = async {
+            let wanted = Wanted::of(&serving.spec)?;
+            let bytes = match self.kept_module(&serving.digest) {
+                Some(bytes) => bytes,
+                None => {
+                    let (bytes, _) = self.fetch(&serving.spec).await?;
+                    if oci::sha256(&bytes) != serving.digest {
+                        return Err(("Refused", format!("its source no longer has {}", serving.digest)));
+                    }
+                    bytes
+                }
+            };
+            let step = self
+                .load(
+                    &name,
+                    &bytes,
+                    &format!("status.serving, {}", serving.digest),
+                    &wanted,
                 )
-                .await
+                .await?;
+            Ok::<_, Refusal>((step, wanted))
+        }
+        .await;
+        match restored {
+            Ok((step, wanted)) => {
+                tracing::warn!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %serving.digest,
+                    "the BuilderPlugin's current spec is refused; the version that served before this restart serves again");
+                state.loaded.insert(
+                    name,
+                    Loaded {
+                        fingerprint: format!("restored:{}", serving.digest),
+                        step,
+                        kinds: wanted.kinds,
+                        spec: serving.spec,
+                        digest: serving.digest,
+                    },
+                );
+            }
+            Err((_, message)) => {
+                tracing::error!(builder_plugin = %name, digest = %serving.digest, %message,
+                    "the version that served before this restart cannot be loaded again; the parents it applied to are built without it");
             }
         }
     }
@@ -336,16 +536,18 @@ impl BuilderPlugins {
         message: String,
     ) {
         let name = bp.name_any();
-        if state.tried.get(&name).is_some_and(|(f, _)| *f == fingerprint) {
+        let again = state.tried.get(&name).is_some_and(|(f, o)| {
+            *f == fingerprint && matches!(o, Outcome::Refused(r, m) if *r == reason && *m == message)
+        });
+        if again {
+            // The same refusal as last time: already reported.
             return;
         }
-        let serving = state.loaded.get(&name).map(|l| {
-            format!(
-                "; {} (sha256:{}) keeps serving",
-                l.step.plugin.label(),
-                &l.step.plugin.digest()[..12]
-            )
-        });
+        self.restore(bp, state).await;
+        let serving = state
+            .loaded
+            .get(&name)
+            .map(|l| format!("; {} ({}) keeps serving", l.step.plugin.label(), l.digest));
         tracing::warn!(builder_plugin = %name, reason, %message, "BuilderPlugin refused; the version serving before keeps serving");
         self.events
             .publish(
@@ -362,32 +564,22 @@ impl BuilderPlugins {
             .insert(name, (fingerprint, Outcome::Refused(reason, message)));
     }
 
-    /// The module's bytes and what identifies this version: (fingerprint, bytes, module label,
-    /// kinds, settings), or why it cannot be read (reason, message).
-    #[allow(clippy::type_complexity, reason = "one private helper")]
-    async fn prepare(
-        &self,
-        bp: &BuilderPlugin,
-    ) -> Result<(String, Vec<u8>, String, Vec<BuilderKind>, String), (&'static str, String)> {
-        let spec = &bp.spec;
-        let mut kinds = Vec::new();
-        for (i, k) in spec.kinds.iter().enumerate() {
-            let kind = k
-                .parse::<BuilderKind>()
-                .map_err(|e| ("InvalidSpec", format!("spec.kinds[{i}]: {e}")))?;
-            if !kinds.contains(&kind) {
-                kinds.push(kind);
-            }
-        }
-        let settings = match &spec.settings {
-            None => slinky_api::contract::NO_SETTINGS.to_string(),
-            Some(v) => {
-                serde_json::to_string(v).map_err(|e| ("InvalidSpec", format!("spec.settings: {e}")))?
-            }
-        };
+    /// The module's bytes and a label of where it came from.
+    async fn fetch(&self, spec: &BuilderPluginSpec) -> Result<(Vec<u8>, String), Refusal> {
         let (bytes, module) = match (&spec.module.image, &spec.module.config_map) {
             (Some(image), None) => self.pull(image).await?,
-            (None, Some(cm)) => self.read_config_map(cm).await?,
+            (None, Some(cm)) => {
+                if self.config.public_key.is_some() && spec.module.digest.is_none() {
+                    return Err((
+                        "InvalidSpec",
+                        "spec.module.digest is required for a ConfigMap module on a host with \
+                         --plugin-public-key (a ConfigMap carries no signature: the digest pins what \
+                         the BuilderPlugin's author installed)"
+                            .into(),
+                    ));
+                }
+                self.read_config_map(cm).await?
+            }
             _ => {
                 return Err((
                     "InvalidSpec",
@@ -407,18 +599,7 @@ impl BuilderPlugins {
                 ),
             ));
         }
-        let fingerprint = oci::sha256(
-            serde_json::to_string(&json!([
-                digest,
-                settings,
-                kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
-                spec.order.unwrap_or(DEFAULT_ORDER),
-                spec.selector,
-            ]))
-            .unwrap_or_default()
-            .as_bytes(),
-        );
-        Ok((fingerprint, bytes, module, kinds, settings))
+        Ok((bytes, module))
     }
 
     async fn pull(&self, image: &str) -> Result<(Vec<u8>, String), (&'static str, String)> {
@@ -498,13 +679,7 @@ impl BuilderPlugins {
             Some(Outcome::Refused(reason, message)) => {
                 let keeps = loaded.map_or_else(
                     || "; nothing serves for it".to_string(),
-                    |l| {
-                        format!(
-                            "; {} (sha256:{}) keeps serving",
-                            l.step.plugin.label(),
-                            &l.step.plugin.digest()[..12]
-                        )
-                    },
+                    |l| format!("; {} ({}) keeps serving", l.step.plugin.label(), l.digest),
                 );
                 ("Refused", "False", *reason, format!("{message}{keeps}"))
             }
@@ -518,10 +693,23 @@ impl BuilderPlugins {
             status.short_digest = Some(p.digest().chars().take(12).collect());
             status.contract = Some(p.contract().as_str().to_string());
             status.tier = Some(p.tier().as_str().to_string());
-            if let Some(parents) = parents {
-                let applies = applies_to(l, parents);
-                status.applies_to_count = Some(applies.len() as i64);
-                status.applies_to = applies.into_iter().take(APPLIES_TO_NAMED).collect();
+            status.serving = Some(ServingVersion {
+                digest: l.digest.clone(),
+                spec: l.spec.clone(),
+            });
+            match parents {
+                Some(parents) => {
+                    let applies = applies_to(l, parents);
+                    status.applies_to_count = Some(applies.len() as i64);
+                    status.applies_to = applies.into_iter().take(APPLIES_TO_NAMED).collect();
+                }
+                // At start-up, before the parents' caches: what the last status said.
+                None => {
+                    if let Some(old) = &bp.status {
+                        status.applies_to_count = old.applies_to_count;
+                        status.applies_to = old.applies_to.clone();
+                    }
+                }
             }
         }
         let previous = bp
@@ -544,7 +732,23 @@ impl BuilderPlugins {
             return;
         }
         let api = Api::<BuilderPlugin>::all(self.client.clone());
-        let patch = Patch::Merge(json!({ "status": status }));
+        // A merge patch keeps what it does not name: the fields this status has not are nulled.
+        let mut body = serde_json::to_value(&status).unwrap_or_default();
+        if let Some(map) = body.as_object_mut() {
+            for field in [
+                "plugin",
+                "digest",
+                "shortDigest",
+                "contract",
+                "tier",
+                "appliesTo",
+                "appliesToCount",
+                "serving",
+            ] {
+                map.entry(field).or_insert(serde_json::Value::Null);
+            }
+        }
+        let patch = Patch::Merge(json!({ "status": body }));
         if let Err(error) = api.patch_status(&name, &PatchParams::default(), &patch).await {
             tracing::warn!(builder_plugin = %name, %error, "cannot write the BuilderPlugin's status; the next sync tries again");
         }

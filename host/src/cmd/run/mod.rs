@@ -142,8 +142,8 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub insecure_registries: Vec<String>,
-    /// Where modules pulled from registries are cached (default: beside the compiled-component
-    /// cache, `…/slinky-host/oci`).
+    /// Where modules pulled from registries, and every module that loaded, are kept (default:
+    /// `oci/` in the compiled-component cache, `$SLINKY_HOST_PLUGIN_CACHE/oci`).
     #[arg(long, env = "SLINKY_HOST_OCI_CACHE")]
     pub oci_cache: Option<PathBuf>,
     /// Stop after this many seconds (for demos and smoke tests; default: run until signalled).
@@ -352,7 +352,8 @@ async fn start_builder_plugins(
     let cache = args
         .oci_cache
         .clone()
-        .or_else(|| crate::plugins::default_cache_dir().and_then(|d| d.parent().map(|p| p.join("oci"))));
+        // Inside the compiled-component cache (the install's writable emptyDir).
+        .or_else(|| crate::plugins::default_cache_dir().map(|d| d.join("oci")));
     let bp = reconcile::builder_plugins::BuilderPlugins::new(
         client.clone(),
         plugins.clone(),
@@ -364,7 +365,7 @@ async fn start_builder_plugins(
         },
         config.leadership.clone(),
     )?;
-    bp.load_all().await;
+    bp.load_all().await?;
     Ok(Some(Arc::new(bp)))
 }
 
