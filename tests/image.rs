@@ -139,7 +139,7 @@ async fn the_image_reconciles_as_the_installs_service_account() -> Result<()> {
     apply_example(&c, &ns, 2).await?;
     let (http, admin) = (free_addr()?, free_addr()?);
     let started = Instant::now();
-    let mut child = Command::new("podman")
+    let child = Command::new("podman")
         .args(["run", "--rm", "--network", "host", "--name", &ns, "-v"])
         .arg(format!("{}:/etc/slinky/kubeconfig:ro", kubeconfig.display()))
         .arg(&image)

@@ -83,7 +83,6 @@ impl Bump {
         }
         unsafe extern "C" {
             static __heap_base: u8;
-            fn malloc(size: usize) -> *mut u8;
         }
         // `__heap_base` is the linker's marker of where the heap starts; only its address is
         // taken.
@@ -91,22 +90,37 @@ impl Bump {
         let end = core::arch::wasm32::memory_size(0) * PAGE;
         // dlmalloc's own headers and footer: a few dozen bytes; leave a page.
         let want = end.saturating_sub(base).saturating_sub(PAGE);
-        // SAFETY: `malloc` is wasi-libc's, with C's contract; the block is never freed (it is the
-        // arena for the rest of the instance's single call).
-        let arena = if want > 0 {
-            unsafe { malloc(want) }
-        } else {
-            core::ptr::null_mut()
+        let (next, limit) = match libc_arena(want) {
+            // No libc allocator: the whole heap is ours.
+            None => (base.min(end), end),
+            // libc's allocator could not give it: start past it, in memory grown for us.
+            Some(arena) if arena.is_null() => (end, end),
+            Some(arena) => (arena as usize, arena as usize + want),
         };
-        if arena.is_null() {
-            // No room in the initial memory: start at its end (the first allocation grows it).
-            self.next.store(end, Ordering::Relaxed);
-            self.end.store(end, Ordering::Relaxed);
-        } else {
-            self.next.store(arena as usize, Ordering::Relaxed);
-            self.end.store(arena as usize + want, Ordering::Relaxed);
-        }
+        self.next.store(next, Ordering::Relaxed);
+        self.end.store(limit, Ordering::Relaxed);
     }
+}
+
+/// `size` bytes from wasi-libc's `malloc` (null when it cannot): its first segment, taken so
+/// that it never hands it out again.
+#[cfg(target_os = "wasi")]
+fn libc_arena(size: usize) -> Option<*mut u8> {
+    unsafe extern "C" {
+        fn malloc(size: usize) -> *mut u8;
+    }
+    if size == 0 {
+        return Some(core::ptr::null_mut());
+    }
+    // SAFETY: `malloc` is wasi-libc's, with C's contract; the block is never freed (it is the
+    // arena for the rest of the instance's single call).
+    Some(unsafe { malloc(size) })
+}
+
+/// Without wasi-libc (`wasm32-unknown-unknown`) nothing else allocates.
+#[cfg(not(target_os = "wasi"))]
+fn libc_arena(_: usize) -> Option<*mut u8> {
+    None
 }
 
 /// What [`Bump::ensure`] found.

@@ -276,11 +276,13 @@ impl Oci {
                 .await
                 .map_err(|e| self.http_error(&method, url, e))?;
             let (parts, body) = resp.into_parts();
-            if parts.status == StatusCode::UNAUTHORIZED && token.is_none() && redirects == 0 {
-                if let Some(challenge) = parts.headers.get(header::WWW_AUTHENTICATE) {
-                    token = Some(self.token(challenge).await?);
-                    continue;
-                }
+            if parts.status == StatusCode::UNAUTHORIZED
+                && token.is_none()
+                && redirects == 0
+                && let Some(challenge) = parts.headers.get(header::WWW_AUTHENTICATE)
+            {
+                token = Some(self.token(challenge).await?);
+                continue;
             }
             if parts.status.is_redirection() && (method == Method::GET || method == Method::HEAD) {
                 let location = parts.headers.get(header::LOCATION).and_then(|l| l.to_str().ok());

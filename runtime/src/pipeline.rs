@@ -498,6 +498,7 @@ fn keeps_children(before: &Vec<Child>, after: &Vec<Child>) -> Result<(), String>
     ))
 }
 
+#[allow(clippy::ptr_arg, reason = "the pipeline's closures take the output type")]
 fn children_json(children: &Vec<Child>) -> Result<Vec<String>, serde_json::Error> {
     children
         .iter()
