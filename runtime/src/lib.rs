@@ -24,6 +24,8 @@
 //!   `bindgen!` and the per-version glue; `sandbox`: a call's store, limits and WASI context.
 //! * [`policy`]: the output policy; [`bundled`]: the embedded builders and the
 //!   [`PluginRegistry`]; [`reload`]: the plugin directory watcher.
+//! * `pipeline` ([`Pipeline`], [`Step`]): a kind's base builder then the steps BuilderPlugins
+//!   add, each with its settings and the previous step's output, checked step by step.
 
 mod bindings;
 pub mod bundled;
