@@ -99,7 +99,15 @@ async fn the_image_reconciles_as_the_installs_service_account() -> Result<()> {
     tokio::task::spawn_blocking(move || {
         kubectl(
             &kc,
-            &["apply", "--server-side", "--force-conflicts", "--field-manager", "platform", "-f", "-"],
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "platform",
+                "-f",
+                "-",
+            ],
             Some(&manifests.stdout),
         )
     })
