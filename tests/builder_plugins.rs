@@ -502,8 +502,9 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
 async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<()> {
     let c = cluster(true).await;
     let ns = c.namespace("diff").await;
-    apply_example_with(&c, &ns, 2, |_| {}).await?;
-    let host = Host::start(&c, &ns)?;
+    apply_example_with(&c, &ns, 2, |v| v["metadata"]["labels"]["bp-test"] = json!(ns)).await?;
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let host = Host::start_with(&c, &ns, plugins.clone());
     let result = async {
         let api = Api::<Pod>::namespaced(c.client.clone(), &ns);
         let ready = eventually(60, || async {
@@ -542,7 +543,78 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
         // Nothing was written.
         let after = api.list(&ListParams::default()).await?.items;
         ensure!(uids(&after) == uids(&ready), "plugin diff changed the pods");
-        Ok(())
+
+        // With a BuilderPlugin serving (the site step), the diff of another plugin compares with
+        // what serves: it shows the GPU changes, not the site step undone.
+        let site_bytes = std::fs::read(&site)?;
+        let cm = ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("site-pod".into()),
+                ..Default::default()
+            },
+            binary_data: Some([("plugin.wasm".to_string(), ByteString(gzip(&site_bytes)?))].into()),
+            ..Default::default()
+        };
+        Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
+            .create(&PostParams::default(), &cm)
+            .await?;
+        let controller = Arc::new(BuilderPlugins::new(
+            c.client.clone(),
+            plugins.clone(),
+            Config {
+                build: Default::default(),
+                cache: None,
+                insecure_registries: Vec::new(),
+                public_key: None,
+            },
+            Leadership::always(),
+        )?);
+        controller.load_all().await?;
+        let watch = tokio::spawn(controller.clone().run(Parents {
+            controllers: host.handles.controllers.clone(),
+            nodesets: host.handles.nodesets.clone(),
+            restapis: host.handles.restapis.clone(),
+            loginsets: host.handles.loginsets.clone(),
+            accountings: host.handles.accountings.clone(),
+        }));
+        let selector = json!({"matchLabels": {"bp-test": ns}});
+        put_plugin(
+            &c,
+            &format!("{ns}-site"),
+            json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}}, "kinds": ["nodeset-pod"],
+                   "settings": {"labels": {"site.example.com/rack": "a"}}, "selector": selector}),
+        )
+        .await?;
+        let outcome = async {
+            wait_phase(&c, &format!("{ns}-site"), "Loaded", "Loaded").await?;
+            let sited = eventually(90, || async {
+                let list = api.list(&ListParams::default()).await.ok()?;
+                let live: Vec<&Pod> = list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+                (live.len() == 2
+                    && live.iter().all(|p| {
+                        ready_or_no_kubelet(p) && p.labels().get("site.example.com/rack").map(String::as_str) == Some("a")
+                    }))
+                .then_some(())
+            })
+            .await;
+            ensure!(sited.is_some(), "the site step never rolled the pods");
+            let gpu = test_plugin("gpu_nodeset_pod");
+            let out = host_cli(&[
+                "plugin", "diff", path(&gpu), "--kubeconfig", &kubeconfig, "-n", &ns, "--settings",
+                r#"{"gpusPerPod": 1}"#,
+            ])?;
+            ensure!(out.contains(&format!("BuilderPlugins serving: {ns}-site")) || out.contains(&format!("{ns}-site,")) || out.contains(&format!(", {ns}-site")), "{out}");
+            ensure!(out.contains("nvidia.com/gpu") && out.lines().any(|l| l.starts_with('+') && l.contains("nvidia.com/gpu")), "{out}");
+            ensure!(!out.lines().any(|l| l.starts_with('-') && l.contains("site.example.com/rack")), "the diff undoes the site step:\n{out}");
+            ensure!(out.ends_with("2 object(s) would change; 2 pod(s) would roll"), "{out}");
+            Ok(())
+        }
+        .await;
+        watch.abort();
+        let _ = Api::<BuilderPlugin>::all(c.client.clone())
+            .delete(&format!("{ns}-site"), &Default::default())
+            .await;
+        outcome
     }
     .await;
     host.stop().await;

@@ -2,8 +2,9 @@
 //!
 //! It reads the cluster's Controllers, NodeSets, RestApis, LoginSets and Accountings (and the
 //! ConfigMaps and Secrets they reference, as the host does), builds every child twice (with the
-//! bundled builders, and with the plugin added as a pipeline step with its settings, as a
-//! `BuilderPlugin` would add it; `--replace` makes it the base builder instead, as the plugins
+//! builders serving: the bundled ones and the cluster's BuilderPlugins, loaded as the host loads
+//! them; and with the plugin added as a pipeline step with its settings and `--order`, as a
+//! BuilderPlugin would add it; `--replace` makes it the base builder instead, as the plugins
 //! directory would), and for each child the plugin changes prints the field diff against the
 //! **live** object (the live object's fields the builder does not set are left out), and, per
 //! NodeSet, which pods would roll. It writes nothing.
@@ -47,8 +48,11 @@ pub struct DiffArgs {
     /// `spec.selector.matchLabels` would.
     #[arg(long, short = 'l')]
     pub selector: Option<String>,
+    /// Its order among the cluster's BuilderPlugins of its kinds (as `spec.order`).
+    #[arg(long, default_value_t = slinky_api::DEFAULT_ORDER)]
+    pub order: i32,
     /// Make the plugin the base builder of its kinds (as the plugins directory does) instead of
-    /// a step after the bundled builder.
+    /// a step after the builders serving.
     #[arg(long)]
     pub replace: bool,
     /// The cluster DNS domain given to builders.
@@ -69,37 +73,75 @@ pub fn execute(engine: &Arc<EngineHandle>, args: DiffArgs) -> anyhow::Result<()>
     print(&text)
 }
 
-/// The registries to compare: the bundled builders, and the same with the plugin.
-fn registries(
+/// The registries to compare: the builders serving now (the bundled ones and the cluster's
+/// BuilderPlugins), and the same with the plugin (a step after them, or the base builder with
+/// `--replace`); the BuilderPlugins included.
+async fn registries(
     engine: &Arc<EngineHandle>,
     args: &DiffArgs,
-) -> anyhow::Result<(PluginRegistry, PluginRegistry, Plugin)> {
+    client: &Client,
+    ctx: &BuildContext,
+) -> anyhow::Result<(Arc<PluginRegistry>, Arc<PluginRegistry>, Plugin, Vec<String>)> {
     let plugin = Plugin::load_file(engine, &args.path)
         .with_context(|| format!("cannot load {}", args.path.display()))?;
     serde_json::from_str::<Value>(&args.settings).context("--settings is not JSON")?;
     plugin
         .validate_settings(&args.settings)
         .context("the plugin refuses --settings")?;
-    let plain = PluginRegistry::new(engine, &[])?;
-    if args.replace {
-        let with = PluginRegistry::new(engine, std::slice::from_ref(&args.path))?;
-        return Ok((plain, with, plugin));
-    }
-    let with = PluginRegistry::new(engine, &[])?;
     let selector = args.selector.as_deref().map(parse_selector).transpose()?;
-    for &kind in &plugin.info().kinds {
-        with.set_steps(
-            kind,
-            vec![Step {
+    let plain = Arc::new(PluginRegistry::new(engine, &[])?);
+    let with = Arc::new(if args.replace {
+        PluginRegistry::new(engine, std::slice::from_ref(&args.path))?
+    } else {
+        PluginRegistry::new(engine, &[])?
+    });
+    let mut installed = Vec::new();
+    for registry in [&plain, &with] {
+        installed = cluster_steps(client, registry, ctx).await?;
+    }
+    if !args.replace {
+        for &kind in &plugin.info().kinds {
+            let mut steps = with.steps(kind);
+            steps.push(Step {
                 name: "plugin-diff".into(),
                 plugin: plugin.clone(),
                 settings: args.settings.clone(),
-                order: slinky_api::DEFAULT_ORDER,
+                order: args.order,
                 selector: selector.clone(),
-            }],
-        );
+            });
+            with.set_steps(kind, steps);
+        }
     }
-    Ok((plain, with, plugin))
+    Ok((plain, with, plugin, installed))
+}
+
+/// Load the cluster's BuilderPlugins into `registry` as the host would (read-only: no status
+/// is written); the names of those serving.
+async fn cluster_steps(
+    client: &Client,
+    registry: &Arc<PluginRegistry>,
+    ctx: &BuildContext,
+) -> anyhow::Result<Vec<String>> {
+    let controller = crate::reconcile::builder_plugins::BuilderPlugins::new(
+        client.clone(),
+        registry.clone(),
+        crate::reconcile::builder_plugins::Config {
+            build: ctx.clone(),
+            cache: crate::plugins::default_cache_dir().map(|d| d.join("oci")),
+            insecure_registries: Vec::new(),
+            public_key: None,
+        },
+        crate::reconcile::Leadership::never(),
+    )?;
+    controller.load_all().await?;
+    let mut names: Vec<String> = crate::plugins::bundled::KINDS
+        .iter()
+        .flat_map(|&k| registry.steps(k))
+        .map(|s| s.name)
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 /// `a=b,c=d` as a label selector.
@@ -158,8 +200,12 @@ where
 }
 
 async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<String> {
-    let (plain, with, plugin) = registries(engine, args)?;
     let client = connect(args.kubeconfig.as_deref()).await?;
+    let ctx = BuildContext {
+        cluster_domain: args.cluster_domain.clone(),
+        ..BuildContext::default()
+    };
+    let (plain, with, plugin, installed) = registries(engine, args, &client, &ctx).await?;
     let mut manifests = Vec::new();
     let live = |at: &str, parent| Manifest {
         at: format!("live {at}"),
@@ -213,23 +259,19 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
         // annotations show as changes.
         secrets: list::<Secret>(&client, &namespaces).await.unwrap_or_default(),
     };
-    let ctx = BuildContext {
-        cluster_domain: args.cluster_domain.clone(),
-        ..BuildContext::default()
-    };
-    let before =
-        render::render_with(&manifests, &references, &plain, &ctx).context("the bundled builders fail")?;
+    let before = render::render_with(&manifests, &references, &plain, &ctx)
+        .context("the builders serving now fail")?;
     let after = render::render_with(&manifests, &references, &with, &ctx)
         .with_context(|| format!("{} fails", plugin.label()))?;
 
     let mut out = format!(
-        "plugin: {} (sha256:{}), {} {}, settings {}\nparents: {} read from the cluster\n\n",
+        "plugin: {} (sha256:{}), {} {}, settings {}\nparents: {} read from the cluster; BuilderPlugins serving: {}\n\n",
         plugin.label(),
         plugin.digest(),
         if args.replace {
             "replacing the bundled builder of"
         } else {
-            "as a step after the bundled builder of"
+            "as a step after the builders serving"
         },
         plugin
             .info()
@@ -239,7 +281,12 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
             .collect::<Vec<_>>()
             .join(", "),
         args.settings,
-        manifests.len()
+        manifests.len(),
+        if installed.is_empty() {
+            "none".to_string()
+        } else {
+            installed.join(", ")
+        }
     );
     let (mut changed, mut rolling) = (0, BTreeMap::<String, Vec<String>>::new());
     for child in &after {

@@ -95,6 +95,20 @@ impl Leadership {
         }
     }
 
+    /// A process that reads the cluster and never writes to it (`plugin diff`).
+    pub fn never() -> Self {
+        Leadership {
+            inner: Arc::new(Inner {
+                elected: true,
+                identity: "read-only".into(),
+                holder: std::sync::atomic::AtomicBool::new(false),
+                valid_until: Mutex::new(None),
+                write_timeout: None,
+                changes: tokio::sync::watch::channel(false).0,
+            }),
+        }
+    }
+
     /// Whether this process may write now.
     pub fn may_write(&self) -> bool {
         if !self.inner.elected {
