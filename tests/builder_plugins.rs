@@ -122,6 +122,55 @@ fn ready_or_no_kubelet(p: &Pod) -> bool {
     slinky_apiserver::testing::real_cluster() || pod_ready(p)
 }
 
+/// Create the ConfigMap `ns/name` holding `bytes` under `key` (binaryData).
+async fn module_config_map(c: &TestCluster, ns: &str, name: &str, key: &str, bytes: Vec<u8>) -> Result<()> {
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        binary_data: Some([(key.to_string(), ByteString(bytes))].into()),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(c.client.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    Ok(())
+}
+
+/// A BuilderPlugin controller feeding `plugins` (leader), with its start-up load done.
+async fn builder_plugins(
+    c: &TestCluster,
+    plugins: &Arc<PluginRegistry>,
+    cache: Option<&Path>,
+    public_key: Option<&str>,
+) -> Result<Arc<BuilderPlugins>> {
+    let controller = Arc::new(BuilderPlugins::new(
+        c.client.clone(),
+        plugins.clone(),
+        Config {
+            build: Default::default(),
+            cache: cache.map(Path::to_path_buf),
+            insecure_registries: Vec::new(),
+            public_key: public_key.map(PublicKey::from_pem).transpose()?,
+        },
+        Leadership::always(),
+    )?);
+    controller.load_all().await?;
+    Ok(controller)
+}
+
+/// Run `controller`'s watch with the host's caches as the parents.
+fn watch(controller: &Arc<BuilderPlugins>, host: &Host) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(controller.clone().run(Parents {
+        controllers: host.handles.controllers.clone(),
+        nodesets: host.handles.nodesets.clone(),
+        restapis: host.handles.restapis.clone(),
+        loginsets: host.handles.loginsets.clone(),
+        accountings: host.handles.accountings.clone(),
+    }))
+}
+
 fn path(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
 }
@@ -266,41 +315,14 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
     let site = std::fs::read(test_plugin("site_pod"))?;
     let site_digest = slinky_host::oci::sha256(&site);
     let site = gzip(&site)?;
-    let cm = ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some("site-pod".into()),
-            ..Default::default()
-        },
-        binary_data: Some([("plugin.wasm.gz".to_string(), ByteString(site))].into()),
-        ..Default::default()
-    };
-    Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
-        .create(&PostParams::default(), &cm)
-        .await?;
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", site).await?;
 
     let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
     let host = Host::start_with(&c, &ns, plugins.clone());
     let pem = std::fs::read_to_string(&public)?;
     let cache = tempfile::tempdir()?;
-    let controller = Arc::new(BuilderPlugins::new(
-        c.client.clone(),
-        plugins.clone(),
-        Config {
-            build: Default::default(),
-            cache: Some(cache.path().to_path_buf()),
-            insecure_registries: Vec::new(),
-            public_key: Some(PublicKey::from_pem(&pem)?),
-        },
-        Leadership::always(),
-    )?);
-    controller.load_all().await?;
-    let watch = tokio::spawn(controller.clone().run(Parents {
-        controllers: host.handles.controllers.clone(),
-        nodesets: host.handles.nodesets.clone(),
-        restapis: host.handles.restapis.clone(),
-        loginsets: host.handles.loginsets.clone(),
-        accountings: host.handles.accountings.clone(),
-    }));
+    let controller = builder_plugins(&c, &plugins, Some(cache.path()), Some(&pem)).await?;
+    let watch = watch(&controller, &host);
     // Only this namespace's NodeSet: other tests' NodeSets (on a shared real cluster) never match.
     let selector = json!({"matchLabels": {"bp-test": ns}});
     put_plugin(
@@ -420,18 +442,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             .await?;
         let serving = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
         let fresh = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
-        let restarted = BuilderPlugins::new(
-            c.client.clone(),
-            fresh.clone(),
-            Config {
-                build: Default::default(),
-                cache: Some(cache.path().to_path_buf()),
-                insecure_registries: Vec::new(),
-                public_key: Some(PublicKey::from_pem(&pem)?),
-            },
-            Leadership::always(),
-        )?;
-        restarted.load_all().await?;
+        builder_plugins(&c, &fresh, Some(cache.path()), Some(&pem)).await?;
         let after = fresh.pipeline(BuilderKind::NodesetPod, nodeset.labels());
         ensure!(
             after.digest() == serving.digest() && after.label() == serving.label(),
@@ -449,17 +460,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         let raw = std::fs::read(test_plugin("raw_v2"))?;
         let raw_digest = slinky_host::oci::sha256(&raw);
         let raw = gzip(&raw)?;
-        let raw_cm = ConfigMap {
-            metadata: kube::api::ObjectMeta {
-                name: Some("raw-v2".into()),
-                ..Default::default()
-            },
-            binary_data: Some([("plugin.wasm".to_string(), ByteString(raw))].into()),
-            ..Default::default()
-        };
-        Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
-            .create(&PostParams::default(), &raw_cm)
-            .await?;
+        module_config_map(&c, &ns, "raw-v2", "plugin.wasm", raw).await?;
         let nothing = json!({"matchLabels": {"bp-test": "nothing"}});
         put_plugin(
             &c,
@@ -547,36 +548,9 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
         // With a BuilderPlugin serving (the site step), the diff of another plugin compares with
         // what serves: it shows the GPU changes, not the site step undone.
         let site_bytes = std::fs::read(&site)?;
-        let cm = ConfigMap {
-            metadata: kube::api::ObjectMeta {
-                name: Some("site-pod".into()),
-                ..Default::default()
-            },
-            binary_data: Some([("plugin.wasm".to_string(), ByteString(gzip(&site_bytes)?))].into()),
-            ..Default::default()
-        };
-        Api::<ConfigMap>::namespaced(c.client.clone(), &ns)
-            .create(&PostParams::default(), &cm)
-            .await?;
-        let controller = Arc::new(BuilderPlugins::new(
-            c.client.clone(),
-            plugins.clone(),
-            Config {
-                build: Default::default(),
-                cache: None,
-                insecure_registries: Vec::new(),
-                public_key: None,
-            },
-            Leadership::always(),
-        )?);
-        controller.load_all().await?;
-        let watch = tokio::spawn(controller.clone().run(Parents {
-            controllers: host.handles.controllers.clone(),
-            nodesets: host.handles.nodesets.clone(),
-            restapis: host.handles.restapis.clone(),
-            loginsets: host.handles.loginsets.clone(),
-            accountings: host.handles.accountings.clone(),
-        }));
+        module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site_bytes)?).await?;
+        let controller = builder_plugins(&c, &plugins, None, None).await?;
+        let watch = watch(&controller, &host);
         let selector = json!({"matchLabels": {"bp-test": ns}});
         put_plugin(
             &c,

@@ -5,7 +5,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::Write,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -21,30 +20,8 @@ use slinky_host::cmd::manifests;
 use slinky_tests::{
     eventually,
     host::{NS_NAME, apply_example_with, apply_file, cluster, scale},
-    python, run, workspace,
+    kubectl, python, run, workspace,
 };
-
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&[u8]>) -> Result<String> {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("kubectl is not installed")?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input)?;
-    }
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {

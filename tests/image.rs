@@ -8,7 +8,6 @@
 //! default `localhost/slinky-host:0.1.0`).
 
 use std::{
-    io::Write as _,
     process::{Command, Stdio},
     time::Instant,
 };
@@ -20,31 +19,10 @@ use serde_json::Value;
 use slinky_tests::{
     eventually,
     host::{apply_example, cluster},
+    kubectl,
     process::free_addr,
     run,
 };
-
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&[u8]>) -> Result<String> {
-    let mut child = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("kubectl is not installed")?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input)?;
-    }
-    let out = child.wait_with_output()?;
-    ensure!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// The image to run, or why the test cannot.
 fn image() -> std::result::Result<String, String> {

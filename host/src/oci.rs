@@ -370,6 +370,25 @@ impl Oci {
             .ok_or_else(|| OciError::Content("the token answer has no token".into()))
     }
 
+    /// The blob `digest` of `repository`, at most `limit` bytes; `Ok(Err(why))` when its bytes do
+    /// not hash to `digest`.
+    async fn blob(
+        &self,
+        base: &str,
+        repository: &str,
+        digest: &str,
+        limit: usize,
+    ) -> Result<Result<Bytes, String>, OciError> {
+        let bytes = self
+            .get(&format!("{base}/{repository}/blobs/{digest}"), "*/*", limit)
+            .await?;
+        let got = sha256(&bytes);
+        if got != digest {
+            return Ok(Err(format!("the blob {digest} has the digest {got}")));
+        }
+        Ok(Ok(bytes))
+    }
+
     async fn get(&self, url: &str, accept: &str, limit: usize) -> Result<Bytes, OciError> {
         let (status, _, body) = self
             .request(Method::GET, url, &[(header::ACCEPT, accept)], Bytes::new(), limit)
@@ -415,18 +434,9 @@ impl Oci {
         }
         let layer = wasm_layer(&manifest)?;
         let blob = self
-            .get(
-                &format!("{base}/{}/blobs/{layer}", reference.repository),
-                "*/*",
-                MAX_BLOB,
-            )
-            .await?;
-        if sha256(&blob) != layer {
-            return Err(OciError::Content(format!(
-                "the component blob's digest is {}, not {layer}",
-                sha256(&blob)
-            )));
-        }
+            .blob(&base, &reference.repository, &layer, MAX_BLOB)
+            .await?
+            .map_err(OciError::Content)?;
         self.store(&digest, &manifest, &layer, &blob);
         Ok(Pulled {
             manifest_digest: digest,
@@ -560,17 +570,9 @@ impl Oci {
                 continue;
             };
             let payload = self
-                .get(
-                    &format!("{base}/{}/blobs/{digest}", reference.repository),
-                    "*/*",
-                    MAX_PAYLOAD,
-                )
-                .await?;
-            if sha256(&payload) != digest {
-                return Err(OciError::Signature(format!(
-                    "the payload blob's digest is not {digest}"
-                )));
-            }
+                .blob(&base, &reference.repository, digest, MAX_PAYLOAD)
+                .await?
+                .map_err(OciError::Signature)?;
             out.push((sig.to_string(), payload.to_vec()));
         }
         Ok(out)

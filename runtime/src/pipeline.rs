@@ -363,58 +363,46 @@ impl Pipeline {
     }
 }
 
-/// What a pipeline builds from the example inputs: the children (kind and name) of a children
-/// kind, `None` for a pod or a Service.
-type ExampleChildren = Option<std::collections::BTreeSet<(crate::ChildKind, String)>>;
-
 impl Pipeline {
     /// Build the example inputs (`slinky_api::contract`'s examples) of `kind` through the pipeline.
     ///
     /// # Errors
     /// The first step that fails, or breaks the output policy.
-    pub fn example_build(
-        &self,
-        ctx: &BuildContext,
-        kind: crate::BuilderKind,
-    ) -> Result<ExampleChildren, PluginError> {
+    pub fn example_build(&self, ctx: &BuildContext, kind: crate::BuilderKind) -> Result<(), PluginError> {
         use crate::BuilderKind as K;
         let base = &self.base;
         let (controller, nodeset) = base.examples()?;
-        let children = match kind {
-            K::ControllerService => {
-                self.build_service(ctx, controller)?;
-                return Ok(None);
-            }
+        match kind {
+            K::ControllerService => drop(self.build_service(ctx, controller)?),
             K::NodesetPod => {
                 let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
-                self.build_pod(ctx, nodeset, controller, &identity)?;
-                return Ok(None);
+                drop(self.build_pod(ctx, nodeset, controller, &identity)?);
             }
             K::ControllerChildren => {
                 let inputs = slinky_api::contract::example_inputs(std::slice::from_ref(nodeset));
-                self.build_controller_children(ctx, controller, &inputs)?
+                drop(self.build_controller_children(ctx, controller, &inputs)?);
             }
-            K::NodesetChildren => self.build_nodeset_children(ctx, nodeset, controller)?,
-            K::RestapiChildren => self.build_restapi_children(ctx, base.example_restapi()?, controller)?,
+            K::NodesetChildren => drop(self.build_nodeset_children(ctx, nodeset, controller)?),
+            K::RestapiChildren => {
+                drop(self.build_restapi_children(ctx, base.example_restapi()?, controller)?)
+            }
             K::LoginsetChildren => {
                 let (loginset, _) = base.example_parents()?;
-                self.build_loginset_children(ctx, loginset, controller, &LoginSetInputs::example())?
+                drop(self.build_loginset_children(ctx, loginset, controller, &LoginSetInputs::example())?);
             }
             K::AccountingChildren => {
                 let (_, accounting) = base.example_parents()?;
-                self.build_accounting_children(ctx, accounting, &AccountingInputs::example())?
+                drop(self.build_accounting_children(ctx, accounting, &AccountingInputs::example())?);
             }
-        };
-        Ok(Some(
-            children.iter().map(|c| (c.kind, c.name().to_string())).collect(),
-        ))
+        }
+        Ok(())
     }
 }
 
-/// Check `step` before it joins the pipelines of `kinds`: the module builds every one of them,
-/// accepts its settings (`validate-settings`), and, after each kind's base builder, builds the
-/// example inputs through the output policy into the same children as the base builder alone (a
-/// step that left one out would have the host delete it from every parent).
+/// Check `step` before it joins the pipelines of `kinds` (the caller has checked the spec: kinds,
+/// selector, and the settings with [`Plugin::validate_settings`]): the module builds every kind,
+/// and, after each kind's base builder, builds the example inputs through the output policy,
+/// keeping every child the base builder made (as every build checks).
 ///
 /// # Errors
 /// [`PluginError::Refused`] saying what to fix; a build's own error, naming the step.
@@ -424,57 +412,21 @@ pub fn vet_step(
     kinds: &[crate::BuilderKind],
     ctx: &BuildContext,
 ) -> Result<(), PluginError> {
-    let refused = |reason: String| PluginError::Refused {
-        plugin: format!("{} (BuilderPlugin {})", step.plugin.label(), step.name),
-        reason,
-    };
-    if kinds.is_empty() {
-        return Err(refused(
-            "spec.kinds is empty: list the builder kinds it serves, like [nodeset-pod]".into(),
-        ));
-    }
-    if let Some(selector) = &step.selector {
-        selector_problem(selector).map_err(|e| refused(format!("spec.selector.{e}")))?;
-    }
     for kind in kinds {
         if !step.plugin.builds(*kind) {
             let built: Vec<&str> = step.plugin.info().kinds.iter().map(|k| k.as_str()).collect();
-            return Err(refused(format!(
-                "spec.kinds lists {kind}, but the module builds only [{}]: remove it from spec.kinds, \
-                 or use a module that builds it",
-                built.join(", ")
-            )));
+            return Err(PluginError::Refused {
+                plugin: format!("{} (BuilderPlugin {})", step.plugin.label(), step.name),
+                reason: format!(
+                    "spec.kinds lists {kind}, but the module builds only [{}]: remove it from \
+                     spec.kinds, or use a module that builds it",
+                    built.join(", ")
+                ),
+            });
         }
     }
-    step.plugin
-        .validate_settings(&step.settings)
-        .map_err(|e| e.in_step(&step.name))?;
     for kind in kinds {
-        let base = Pipeline::from(registry.active(*kind));
-        let with = Pipeline::new(registry.active(*kind), vec![step.clone()]);
-        let new = with.example_build(ctx, *kind)?;
-        // The base builder built them when it was accepted: an error now is not this step's.
-        let Ok(old) = base.example_build(ctx, *kind) else {
-            continue;
-        };
-        if let (Some(new), Some(old)) = (new, old)
-            && new != old
-        {
-            let names = |set: Vec<&(crate::ChildKind, String)>| {
-                set.iter()
-                    .map(|(k, n)| format!("{k} {n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            return Err(refused(format!(
-                "after {} it builds the example inputs into other {kind} children (missing: [{}]; new: \
-                 [{}]): a step must keep the children the builders before it make, or the host would \
-                 delete what it leaves out from every parent",
-                base.label(),
-                names(old.difference(&new).collect()),
-                names(new.difference(&old).collect()),
-            )));
-        }
+        Pipeline::new(registry.active(*kind), vec![step.clone()]).example_build(ctx, *kind)?;
     }
     Ok(())
 }

@@ -2,8 +2,9 @@
 //! by `tests/build.rs`, and one on-disk precompiled-plugin cache for the whole test run.
 
 use std::{
+    io::Write as _,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     sync::Arc,
     time::Duration,
 };
@@ -290,4 +291,31 @@ pub fn render_children(
         anyhow::ensure!(out.insert(key.clone(), v).is_none(), "{key} built twice");
     }
     Ok(out)
+}
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS` with `stdin`; its stdout, or an error with its stderr.
+///
+/// # Errors
+/// kubectl is missing or fails.
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&[u8]>) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("kubectl is not installed")?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input)?;
+    }
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -95,9 +95,10 @@ async fn registries(
     } else {
         PluginRegistry::new(engine, &[])?
     });
-    let mut installed = Vec::new();
-    for registry in [&plain, &with] {
-        installed = cluster_steps(client, registry, ctx).await?;
+    // The cluster's steps, loaded once, serve in both.
+    let installed = cluster_steps(client, &plain, ctx).await?;
+    for kind in crate::plugins::bundled::KINDS {
+        with.set_steps(kind, plain.steps(kind));
     }
     if !args.replace {
         for &kind in &plugin.info().kinds {

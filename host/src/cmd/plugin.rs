@@ -143,9 +143,16 @@ pub fn push(
     sign_key: Option<&std::path::Path>,
     insecure: bool,
 ) -> anyhow::Result<()> {
-    let plugin =
-        Plugin::load_file(engine, path).with_context(|| format!("cannot load {}", path.display()))?;
+    // Read once; a `.wasm.gz` is pushed as the component it holds (the layer is `application/wasm`).
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes =
+        crate::plugins::gunzip_if_gzipped(bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let plugin = Plugin::load(
+        engine,
+        &bytes,
+        crate::plugins::PluginSource::File(path.to_path_buf()),
+    )
+    .with_context(|| format!("cannot load {}", path.display()))?;
     let reference = crate::oci::Reference::parse(reference)?;
     let key = match sign_key {
         None => None,
