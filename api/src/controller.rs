@@ -227,6 +227,9 @@ pub struct ControllerStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// Slurm's default `SlurmdTimeout` (seconds).
+pub const SLURMD_TIMEOUT_DEFAULT: u64 = 300;
+
 impl Controller {
     /// slurmctld replicas: 1, plus `ha.backups` (default 1) with HA; always 1 when external.
     pub fn replicas(&self) -> i32 {
@@ -295,6 +298,26 @@ impl Controller {
         names
     }
 
+    /// How long slurmctld waits for a slurmd before it counts the node unresponsive:
+    /// `SlurmdTimeout` of `spec.extraConf` (the last one set; seconds), else Slurm's default of
+    /// 300 s. A node slurmctld does not list for longer than this has no slurmd that answers it.
+    pub fn slurmd_timeout(&self) -> std::time::Duration {
+        let seconds = self
+            .spec
+            .extra_conf
+            .as_deref()
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or_default())
+            .flat_map(str::split_whitespace)
+            .filter_map(|kv| kv.split_once('='))
+            .filter(|(k, _)| k.eq_ignore_ascii_case("SlurmdTimeout"))
+            .filter_map(|(_, v)| v.parse::<u64>().ok())
+            .last()
+            .unwrap_or(SLURMD_TIMEOUT_DEFAULT);
+        std::time::Duration::from_secs(seconds)
+    }
+
     /// The Slurm cluster name: `spec.clusterName`, else `<namespace>_<name>` (Slinky's rule).
     pub fn cluster_name(&self) -> String {
         match self.spec.cluster_name.as_deref() {
@@ -319,6 +342,16 @@ mod tests {
         assert_eq!(c.cluster_name(), "hpc_slurm");
         c.spec.cluster_name = Some("prod".into());
         assert_eq!(c.cluster_name(), "prod");
+    }
+
+    #[test]
+    fn slurmd_timeout_is_read_from_extra_conf() {
+        let mut c = Controller::new("slurm", ControllerSpec::default());
+        assert_eq!(c.slurmd_timeout().as_secs(), 300, "Slurm's default");
+        c.spec.extra_conf = Some("SchedulerType=sched/backfill\nslurmdtimeout=120 # short\n#SlurmdTimeout=9".into());
+        assert_eq!(c.slurmd_timeout().as_secs(), 120);
+        c.spec.extra_conf = Some("SlurmdTimeout=soon".into());
+        assert_eq!(c.slurmd_timeout().as_secs(), 300, "not a number: the default");
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub struct Cluster {
     /// When its key was last read and found the same.
     checked: Mutex<Instant>,
     nodes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Node>>)>>,
+    /// Nodes Slurm did not list while their pods ran: name → when first found missing (forgotten
+    /// once a list names them again). In memory only: a host restarted counts afresh, which
+    /// only waits longer.
+    missing: Mutex<HashMap<String, Instant>>,
 }
 
 impl Cluster {
@@ -109,8 +113,31 @@ impl Cluster {
             return Ok(nodes.clone());
         }
         let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
+        self.listed(&nodes);
         *held = Some((Instant::now(), nodes.clone()));
         Ok(nodes)
+    }
+
+    /// Forget the missing nodes a list names again.
+    fn listed(&self, nodes: &[Node]) {
+        locked(&self.missing, |m| {
+            if !m.is_empty() {
+                let names: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+                m.retain(|name, _| !names.contains(name.as_str()));
+            }
+        });
+    }
+
+    /// How long `node` has been missing from Slurm's lists while its pod ran, and whether this
+    /// is the first time it is found missing (the clock starts now).
+    pub fn missing_for(&self, node: &str) -> (Duration, bool) {
+        locked(&self.missing, |m| match m.get(node) {
+            Some(since) => (since.elapsed(), false),
+            None => {
+                m.insert(node.to_string(), Instant::now());
+                (Duration::ZERO, true)
+            }
+        })
     }
 
     /// Every node, read now (whatever the shared list's age): what a delete is decided on.
@@ -120,6 +147,7 @@ impl Cluster {
     pub async fn fresh_nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
         let mut held = self.nodes.lock().await;
         let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
+        self.listed(&nodes);
         *held = Some((Instant::now(), nodes.clone()));
         Ok(nodes)
     }
@@ -314,6 +342,7 @@ impl SlurmClients {
                     client,
                     checked: Mutex::new(Instant::now()),
                     nodes: tokio::sync::Mutex::new(None),
+                    missing: Mutex::new(HashMap::new()),
                 });
                 if let Some((_, old)) = locked(&self.clusters, |m| m.insert(key, (url, cluster.clone()))) {
                     self.retire(&old);

@@ -3,11 +3,16 @@
 //! `pod-protect` label, undraining a node the host drained for a pod that is kept after all).
 //!
 //! # Rules
-//! * A planned delete of a live pod (scale-in, update) is done now when its node is not
-//!   registered (nothing can run there) or is DRAIN or DOWN with no job (not ALLOCATED, MIXED or
+//! * A planned delete of a live pod (scale-in, update) is done now only on Slurm's positive word,
+//!   read from a fresh node list: its node is DRAIN or DOWN with no job (not ALLOCATED, MIXED or
 //!   COMPLETING). Otherwise the node is marked DRAIN with a reason starting `slurm-operator:` and
-//!   the pod waits; the pass comes back within seconds. A pod already Failed or Succeeded is
-//!   deleted at once (its slurmd is gone).
+//!   the pod waits; the pass comes back within seconds. A pod already Failed or Succeeded, or
+//!   still Pending (its slurmd never started), is deleted at once.
+//! * Absence is not evidence: a running pod whose node Slurm does not list (slurmctld just
+//!   restarted and its dynamic nodes have not registered again, a partial answer) keeps its pod
+//!   until the node is listed again (and then drains as any other), or until it has been missing
+//!   for longer than the Controller's `SlurmdTimeout` (Slurm's own window for a slurmd to answer;
+//!   300 s unless `extraConf` sets it), counted from the first list that missed it.
 //! * When the Controller's Slurm cannot be asked (see [`crate::reconcile::slurm`]) no live pod
 //!   is deleted: fail closed, never "treat as drained" (Slinky's PR #79), never wait on it
 //!   (#239): the pass records why, and the NodeSet retries with its backoff.
@@ -69,9 +74,17 @@ impl SlurmView {
     /// The same view read afresh from Slurm when `deletes` holds a live pod (a delete is never
     /// decided on the shared list, which may predate the pass).
     pub(super) async fn for_deletes(self, deletes: &[(Arc<Pod>, DeleteReason)]) -> SlurmView {
-        let live = deletes.iter().any(|(_, r)| *r != DeleteReason::Finished);
+        if deletes.iter().any(|(_, r)| *r != DeleteReason::Finished) {
+            self.fresh().await
+        } else {
+            self
+        }
+    }
+
+    /// The same view read afresh from Slurm.
+    pub(super) async fn fresh(self) -> SlurmView {
         match self {
-            SlurmView::Nodes(cluster, _) if live => match cluster.fresh_nodes().await {
+            SlurmView::Nodes(cluster, _) => match cluster.fresh_nodes().await {
                 Ok(nodes) => {
                     let by_name = nodes.iter().map(|n| (n.name.clone(), n.clone())).collect();
                     SlurmView::Nodes(cluster, by_name)
@@ -117,8 +130,38 @@ impl SlurmView {
 }
 
 /// Whether the pod of `node` may be deleted now: nothing runs there and nothing will.
-fn may_delete(node: Option<&Node>) -> bool {
-    node.is_none_or(|n| !n.is_busy() && (n.is_drain() || n.is_down()))
+fn may_delete(node: &Node) -> bool {
+    !node.is_busy() && (node.is_drain() || node.is_down())
+}
+
+/// Whether the pod's slurmd may have started: it is past Pending (a Pending pod's containers
+/// never ran, so no job can have run there). An unknown phase counts as started.
+fn slurmd_may_run(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending")
+}
+
+/// What a pod whose node Slurm does not list may do.
+pub(super) enum Unlisted {
+    /// Nothing can run there: its slurmd never started, or Slurm has not listed the node for
+    /// longer than `SlurmdTimeout`.
+    Gone,
+    /// Wait for the node to be listed (`first`: it was found missing just now).
+    Wait { first: bool },
+}
+
+/// Absence is not evidence: a running pod whose node Slurm does not list waits until the node
+/// is listed again or has been missing for longer than the Controller's `SlurmdTimeout`.
+pub(super) fn unlisted_pod(cluster: &Cluster, controller: &slinky_api::Controller, pod: &Pod, node: &str) -> Unlisted {
+    if !slurmd_may_run(pod) {
+        return Unlisted::Gone;
+    }
+    let (gone, first) = cluster.missing_for(node);
+    if gone >= controller.slurmd_timeout() {
+        tracing::info!(pod = %pod.name_any(), node, missing_s = gone.as_secs(), "Slurm has not listed the node for longer than SlurmdTimeout: nothing runs there");
+        Unlisted::Gone
+    } else {
+        Unlisted::Wait { first }
+    }
 }
 
 /// Split the planned deletes: those done now are returned; the others are drained (when their
@@ -132,6 +175,7 @@ pub(super) async fn gate(
     let mut now = Vec::new();
     let mut drained = Vec::new();
     let mut waiting = Vec::new();
+    let mut unlisted = Vec::new();
     let mut withheld = 0;
     pass.slurm_asked = !matches!(view, SlurmView::Off);
     for (pod, reason) in deletes {
@@ -144,19 +188,28 @@ pub(super) async fn gate(
             SlurmView::Failed(_) => withheld += 1,
             SlurmView::Nodes(cluster, nodes) => {
                 let name = node_name(&pod);
-                let node = nodes.get(&name);
+                let Some(node) = nodes.get(&name) else {
+                    match unlisted_pod(cluster, controller, &pod, &name) {
+                        Unlisted::Gone => now.push((pod, reason)),
+                        Unlisted::Wait { first } => {
+                            if first {
+                                unlisted.push(name);
+                            }
+                            pass.wait_for_slurm();
+                        }
+                    }
+                    continue;
+                };
                 if may_delete(node) {
-                    if let Some(n) =
-                        node.filter(|n| n.is_drain() && !n.reason.is_empty() && !n.reason_is_ours())
-                    {
+                    if node.is_drain() && !node.reason.is_empty() && !node.reason_is_ours() {
                         // The pod's pre-stop hook marks the node DOWN with the host's reason:
                         // the replacement's node gets this drain back.
-                        pass.core().slurm.keep_drain(controller, &name, &n.reason);
+                        pass.core().slurm.keep_drain(controller, &name, &node.reason);
                     }
                     now.push((pod, reason));
                     continue;
                 }
-                if node.is_some_and(|n| !n.is_drain()) {
+                if !node.is_drain() {
                     let why = match reason {
                         DeleteReason::Update if pass.ns.is_scheduled_update() => format!(
                             "pod {} is replaced in the maintenance window of reservation {}",
@@ -197,6 +250,19 @@ pub(super) async fn gate(
         .await;
     }
     pass.draining(&drained, "their pods are deleted").await;
+    if !unlisted.is_empty() {
+        let note = format!(
+            "Slurm does not list nodes {} (slurmctld may have restarted and they have not registered \
+             again): their pods are kept until the nodes are listed and drained, or have been missing \
+             for longer than SlurmdTimeout ({} s)",
+            crate::reconcile::events::name_list(&unlisted),
+            controller.slurmd_timeout().as_secs()
+        );
+        tracing::warn!("{note}");
+        pass.core()
+            .event(pass.ns, EventType::Normal, "WaitingForSlurmNode", note)
+            .await;
+    }
     if !waiting.is_empty() {
         pass.wait_for_slurm();
     }
@@ -456,14 +522,24 @@ mod tests {
             comment: String::new(),
             features: Vec::new(),
         };
-        assert!(may_delete(None), "not registered: nothing runs there");
-        assert!(may_delete(Some(&node(&["IDLE", "DRAIN"]))));
-        assert!(may_delete(Some(&node(&["DOWN"]))));
-        assert!(
-            !may_delete(Some(&node(&["IDLE"]))),
-            "idle but not drained: a job may land"
-        );
-        assert!(!may_delete(Some(&node(&["MIXED", "DRAIN"]))));
-        assert!(!may_delete(Some(&node(&["IDLE", "COMPLETING", "DRAIN"]))));
+        assert!(may_delete(&node(&["IDLE", "DRAIN"])));
+        assert!(may_delete(&node(&["DOWN"])));
+        assert!(!may_delete(&node(&["IDLE"])), "idle but not drained: a job may land");
+        assert!(!may_delete(&node(&["MIXED", "DRAIN"])));
+        assert!(!may_delete(&node(&["IDLE", "COMPLETING", "DRAIN"])));
+    }
+
+    #[test]
+    fn only_a_pending_pod_never_ran_slurmd() {
+        let pod = |phase: Option<&str>| Pod {
+            status: Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: phase.map(String::from),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!slurmd_may_run(&pod(Some("Pending"))));
+        assert!(slurmd_may_run(&pod(Some("Running"))));
+        assert!(slurmd_may_run(&pod(None)), "unknown: it may run");
     }
 }

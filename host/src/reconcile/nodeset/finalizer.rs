@@ -7,7 +7,9 @@
 //!   Slurm; without one it gets none (and a finalizer it has is removed when it is deleted).
 //! * Deleted: every node of its pods is drained (reason `slurm-operator: NodeSet … is being
 //!   deleted`, so no job lands there) and the finalizer is removed once none is busy; the
-//!   garbage collector then deletes the pods and the Controller rewrites `slurm.conf`.
+//!   garbage collector then deletes the pods and the Controller rewrites `slurm.conf`. Decided
+//!   on a fresh node list; a running pod's node that Slurm does not list counts as busy until it
+//!   is listed again or has been missing for longer than `SlurmdTimeout` (absence is not evidence).
 //! * When Slurm cannot be asked the finalizer stays (fail closed), with the `SlurmFailure`
 //!   condition and an Event saying why; remove it by hand to give up on the jobs.
 //! * Only background deletion waits: `--cascade=foreground` deletes the pods first, as for any
@@ -19,7 +21,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use slinky_api::{Controller, keys::FINALIZER_SLURM_NODES};
 
-use super::{Pass, drain::SlurmView};
+use super::{
+    Pass,
+    drain::{SlurmView, Unlisted, unlisted_pod},
+};
 use crate::reconcile::{
     slurm::{Unavailable, node_name},
     writer,
@@ -90,10 +95,11 @@ pub(super) async fn finalize(
     if !has(pass.ns) {
         return true;
     }
-    let view = match controller {
-        Some(c) => SlurmView::read(pass, c).await,
-        None => SlurmView::Off,
+    let Some(controller) = controller else {
+        return remove(pass, FINALIZER_SLURM_NODES).await;
     };
+    // Released only on a fresh list, as every delete is decided.
+    let view = SlurmView::read(pass, controller).await.fresh().await;
     let release = match &view {
         SlurmView::Off => true,
         SlurmView::Failed(u) => {
@@ -118,7 +124,13 @@ pub(super) async fn finalize(
             let mut drained = Vec::new();
             for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
                 let name = node_name(pod);
-                let Some(node) = nodes.get(&name) else { continue };
+                let Some(node) = nodes.get(&name) else {
+                    // Absence is not evidence (slurmctld may have just restarted).
+                    if let Unlisted::Wait { .. } = unlisted_pod(cluster, controller, pod, &name) {
+                        busy.push(name);
+                    }
+                    continue;
+                };
                 if !node.is_drain() && !node.is_down() && node.host_may_change() {
                     let why = format!("NodeSet {} is being deleted", pass.ns.name_any());
                     match cluster.drain(&name, &why).await {
