@@ -42,7 +42,7 @@ LABEL org.opencontainers.image.title="slinky-host" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /slinky-host /usr/local/bin/slinky-host
-# glibc's malloc: 2 arenas, not 8 per core (less fragmentation; the README's scale figures).
+# glibc's malloc: 2 arenas, not 8 per core (less fragmentation; docs/benchmarks.md, scale benchmark).
 ENV MALLOC_ARENA_MAX=2
 USER 65532:65532
 EXPOSE 8080

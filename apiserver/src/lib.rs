@@ -5,8 +5,8 @@
 //! It serves `run --embedded`, every integration test and the benchmarks, so the host is always
 //! exercised through the real kube client (list/watch, resourceVersions, 409s, 410s); `kubectl`
 //! works against it too. It is a small, honest API server, not a mock: what it does not support is
-//! refused with a proper `Status` error. See the README section "The embedded API server" for the
-//! list of what it does and does not do.
+//! refused with a proper `Status` error. See `docs/embedded-apiserver.md` for the list of what it
+//! does and does not do.
 
 mod convert;
 mod deployments;

@@ -2,7 +2,7 @@
 //!
 //! A WebAssembly-pluggable reconciliation host for the Slinky (Slurm on Kubernetes) operator.
 //! The host owns everything that must be correct under concurrency; *builders*, Wasm components
-//! compiled against `wit/builder@0.2.0` (run by the `slinky-runtime` crate), decide what child
+//! compiled against `wit/builder@0.3.0` (0.1.0 and 0.2.0 still load) (run by the `slinky-runtime` crate), decide what child
 //! objects should exist, and only ever see copies of objects.
 
 /// The Kubernetes client: kube's stack over HTTP/2 where the API server speaks it, its requests
@@ -10,8 +10,9 @@
 pub mod client;
 /// The command line: arguments and one module per command (`run`, `render`, `plugin check`, …).
 pub mod cmd;
-/// The embedded Kubernetes API server (the `slinky-apiserver` crate), behind the default
-/// `embedded` feature: `run --embedded`, the `apiserver` subcommand and the tests stand on it.
+/// The embedded Kubernetes API server (the `slinky-apiserver` crate), behind the `embedded`
+/// feature (off by default, never in the image): `run --embedded`, the `apiserver` subcommand
+/// and the tests stand on it.
 #[cfg(feature = "embedded")]
 pub use slinky_apiserver as embedded;
 /// The host's metrics: typed families recorded by the code that counts.

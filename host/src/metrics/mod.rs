@@ -4,7 +4,7 @@
 //!
 //! Names follow controller-runtime's where there is one (`slinky_host_reconcile_total`,
 //! `…_reconcile_errors_total`, `…_reconcile_time_seconds`, label `controller`); process metrics
-//! have the standard `process_*` names. The README's metrics table maps each to its
+//! have the standard `process_*` names. The metrics table of `docs/operating.md` maps each to its
 //! controller-runtime or client-go counterpart.
 //!
 //! This module is a leaf: it imports nothing from the rest of the crate. The counters and

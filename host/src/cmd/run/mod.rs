@@ -295,7 +295,7 @@ impl NoLocalSlurm {
 async fn start_local_slurm(args: &mut RunArgs, _: &Client) -> anyhow::Result<Option<NoLocalSlurm>> {
     anyhow::ensure!(
         args.slurm.is_none(),
-        "this slinky-host was built without the `embedded` feature: --slurm is not available"
+        "this slinky-host was built without the `embedded` feature: --slurm is not available (build one with `cargo build -p slinky-host --features embedded`)"
     );
     Ok(None)
 }
