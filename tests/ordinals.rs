@@ -6,6 +6,7 @@
 //! the revision changes only with what changes a pod, and pods Slinky labelled are adopted without
 //! a roll when they equal ours (and compared once per change when they differ).
 
+use slinky_host::plugins::Builder as _;
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::Duration,

@@ -2,6 +2,7 @@
 //! typed errors, the output policy, load-time refusals, and purity (no state survives a call,
 //! the host's input is untouched).
 
+use slinky_host::plugins::Builder as _;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};

@@ -313,7 +313,7 @@ impl Controller {
             .filter_map(|kv| kv.split_once('='))
             .filter(|(k, _)| k.eq_ignore_ascii_case("SlurmdTimeout"))
             .filter_map(|(_, v)| v.parse::<u64>().ok())
-            .last()
+            .next_back()
             .unwrap_or(SLURMD_TIMEOUT_DEFAULT);
         std::time::Duration::from_secs(seconds)
     }
@@ -348,7 +348,8 @@ mod tests {
     fn slurmd_timeout_is_read_from_extra_conf() {
         let mut c = Controller::new("slurm", ControllerSpec::default());
         assert_eq!(c.slurmd_timeout().as_secs(), 300, "Slurm's default");
-        c.spec.extra_conf = Some("SchedulerType=sched/backfill\nslurmdtimeout=120 # short\n#SlurmdTimeout=9".into());
+        c.spec.extra_conf =
+            Some("SchedulerType=sched/backfill\nslurmdtimeout=120 # short\n#SlurmdTimeout=9".into());
         assert_eq!(c.slurmd_timeout().as_secs(), 120);
         c.spec.extra_conf = Some("SlurmdTimeout=soon".into());
         assert_eq!(c.slurmd_timeout().as_secs(), 300, "not a number: the default");

@@ -42,6 +42,8 @@ pub mod quantity;
 mod restapi;
 /// The maintenance window of a `ScheduledUpdate` NodeSet.
 pub mod scheduled;
+/// Label selectors as Kubernetes matches and validates them (typed and JSON).
+pub mod selectors;
 mod spec_parts;
 /// Kubernetes' name and value rules.
 pub mod validation;

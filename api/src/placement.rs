@@ -145,11 +145,10 @@ fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
 fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
     let values = r.values.as_deref().unwrap_or_default();
     let number = |v: &str| v.parse::<i64>().ok();
+    if let Some(op) = crate::selectors::Operator::parse(&r.operator) {
+        return op.holds(values, value);
+    }
     match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
         "Gt" => value
             .and_then(number)
             .zip(values.first().and_then(|x| number(x)))

@@ -2,6 +2,7 @@
 //! `?fieldSelector=`.
 
 use serde_json::Value;
+use slinky_api::selectors::Operator;
 
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,40 +81,6 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
-    /// From a `metav1.LabelSelector` object (`matchLabels`, `matchExpressions`).
-    pub fn from_object(sel: &Value) -> Self {
-        let mut reqs = Vec::new();
-        if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
-            for (k, v) in m {
-                reqs.push(Req::Eq(k.clone(), v.as_str().unwrap_or_default().into()));
-            }
-        }
-        for e in sel
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let key = e
-                .get("key")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let values: Vec<String> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
-                .unwrap_or_default();
-            reqs.push(match e.get("operator").and_then(Value::as_str) {
-                Some("In") => Req::In(key, values),
-                Some("NotIn") => Req::NotIn(key, values),
-                Some("Exists") => Req::Exists(key),
-                _ => Req::NotExists(key),
-            });
-        }
-        LabelSelector(reqs)
-    }
-
     /// Whether an object's labels match.
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
@@ -121,10 +88,10 @@ impl LabelSelector {
         self.0.iter().all(|r| match r {
             Req::Eq(k, v) => get(k) == Some(v.as_str()),
             Req::NotEq(k, v) => get(k) != Some(v.as_str()),
-            Req::In(k, vs) => get(k).is_some_and(|l| vs.iter().any(|v| v == l)),
-            Req::NotIn(k, vs) => get(k).is_none_or(|l| !vs.iter().any(|v| v == l)),
-            Req::Exists(k) => get(k).is_some(),
-            Req::NotExists(k) => get(k).is_none(),
+            Req::In(k, vs) => Operator::In.holds(vs, get(k)),
+            Req::NotIn(k, vs) => Operator::NotIn.holds(vs, get(k)),
+            Req::Exists(k) => Operator::Exists.holds::<&str>(&[], get(k)),
+            Req::NotExists(k) => Operator::DoesNotExist.holds::<&str>(&[], get(k)),
         })
     }
 }

@@ -6,8 +6,8 @@ use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 use wasmtime::{Store, component::Instance};
 
 use crate::{
-    AccountingInputs, BuildContext, BuilderKind, Child, ControllerInputs, GuestError, LoginSetInputs,
-    MAX_CHILDREN, Plugin, PluginError, PodIdentity,
+    AccountingInputs, BuildContext, Builder, BuilderKind, Child, ControllerInputs, GuestError,
+    LoginSetInputs, MAX_CHILDREN, Plugin, PluginError, PodIdentity,
     bindings::{CallResult, ControllerInputTexts},
     plugin::Code,
     policy,
@@ -228,131 +228,6 @@ impl Plugin {
         self.bounded_list(BUILD_ACCOUNTING_CHILDREN, out)
     }
 
-    /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when the output breaks the policy.
-    pub fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
-        let input = self.input(BUILD_SERVICE, controller)?;
-        let raw = self.build_service_raw(ctx, &input)?;
-        policy::service(&raw, controller, self, self.allowances())
-            .map_err(|reason| self.rejected(BUILD_SERVICE, reason))
-    }
-
-    /// Build one pod of a NodeSet: serialize copies, call the plugin, apply the output policy.
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when the output breaks the policy.
-    pub fn build_pod(
-        &self,
-        ctx: &BuildContext,
-        nodeset: &NodeSet,
-        controller: &Controller,
-        identity: &PodIdentity,
-    ) -> Result<Pod, PluginError> {
-        let ns_json = self.input(BUILD_POD, nodeset)?;
-        let ctl_json = self.input(BUILD_POD, controller)?;
-        let raw = self.build_pod_raw(ctx, &ns_json, &ctl_json, identity)?;
-        policy::pod(&raw, nodeset, identity, self, self.allowances())
-            .map_err(|reason| self.rejected(BUILD_POD, reason))
-    }
-
-    /// Build a Controller's children besides its Service: serialize copies, call the plugin,
-    /// apply the output policy (the host sets owner references and builder annotations).
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
-    pub fn build_controller_children(
-        &self,
-        ctx: &BuildContext,
-        controller: &Controller,
-        inputs: &ControllerInputs,
-    ) -> Result<Vec<Child>, PluginError> {
-        const CALL: &str = BUILD_CONTROLLER_CHILDREN;
-        let input = self.input(CALL, controller)?;
-        let raw = self.build_controller_children_raw(ctx, &input, inputs)?;
-        policy::controller_children(&raw, controller, self, self.allowances())
-            .map_err(|reason| self.rejected(CALL, reason))
-    }
-
-    /// Build a NodeSet's children besides its pods: serialize copies, call the plugin, apply the
-    /// output policy. Shared children come without owner references: the host sets them to
-    /// every NodeSet of the Controller (`slinky_api::owners::shared_refs`).
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
-    pub fn build_nodeset_children(
-        &self,
-        ctx: &BuildContext,
-        nodeset: &NodeSet,
-        controller: &Controller,
-    ) -> Result<Vec<Child>, PluginError> {
-        const CALL: &str = BUILD_NODESET_CHILDREN;
-        let ns_json = self.input(CALL, nodeset)?;
-        let ctl_json = self.input(CALL, controller)?;
-        let raw = self.build_nodeset_children_raw(ctx, &ns_json, &ctl_json)?;
-        policy::nodeset_children(&raw, nodeset, self, self.allowances())
-            .map_err(|reason| self.rejected(CALL, reason))
-    }
-
-    /// Build a RestApi's children (slurmrestd's Deployment and Service): serialize copies, call
-    /// the plugin, apply the output policy.
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
-    pub fn build_restapi_children(
-        &self,
-        ctx: &BuildContext,
-        restapi: &RestApi,
-        controller: &Controller,
-    ) -> Result<Vec<Child>, PluginError> {
-        const CALL: &str = BUILD_RESTAPI_CHILDREN;
-        let restapi_json = self.input(CALL, restapi)?;
-        let ctl_json = self.input(CALL, controller)?;
-        let raw = self.build_restapi_children_raw(ctx, &restapi_json, &ctl_json)?;
-        policy::restapi_children(&raw, restapi, self, self.allowances())
-            .map_err(|reason| self.rejected(CALL, reason))
-    }
-
-    /// Build a LoginSet's children (the login Deployment, Service and `sshd_config` ConfigMap):
-    /// serialize copies, call the plugin, apply the output policy.
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
-    pub fn build_loginset_children(
-        &self,
-        ctx: &BuildContext,
-        loginset: &LoginSet,
-        controller: &Controller,
-        inputs: &LoginSetInputs,
-    ) -> Result<Vec<Child>, PluginError> {
-        const CALL: &str = BUILD_LOGINSET_CHILDREN;
-        let login_json = self.input(CALL, loginset)?;
-        let ctl_json = self.input(CALL, controller)?;
-        let raw = self.build_loginset_children_raw(ctx, &login_json, &ctl_json, inputs)?;
-        policy::loginset_children(&raw, loginset, self, self.allowances())
-            .map_err(|reason| self.rejected(CALL, reason))
-    }
-
-    /// Build an Accounting's children (the slurmdbd StatefulSet, Service and `slurmdbd.conf`
-    /// Secret, its secret placeholders still in place: the host resolves them): serialize a
-    /// copy, call the plugin, apply the output policy.
-    ///
-    /// # Errors
-    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
-    pub fn build_accounting_children(
-        &self,
-        ctx: &BuildContext,
-        accounting: &Accounting,
-        inputs: &AccountingInputs,
-    ) -> Result<Vec<Child>, PluginError> {
-        const CALL: &str = BUILD_ACCOUNTING_CHILDREN;
-        let json = self.input(CALL, accounting)?;
-        let raw = self.build_accounting_children_raw(ctx, &json, inputs)?;
-        policy::accounting_children(&raw, accounting, self, self.allowances())
-            .map_err(|reason| self.rejected(CALL, reason))
-    }
-
     /// Time `n` `build-pod` calls made on **one** instance: the compiled code's own speed, without
     /// instantiation, memory faults or teardown. For benchmarks only (the `bench` feature): the
     /// host never reuses an instance (every real call gets a fresh one, so no state survives
@@ -514,5 +389,142 @@ impl Plugin {
             ));
         }
         list.into_iter().map(|json| self.bounded(call, json)).collect()
+    }
+}
+
+/// Each build serializes copies of its inputs, calls the plugin in a fresh sandbox and applies
+/// the output policy.
+impl Builder for Plugin {
+    fn label(&self) -> String {
+        Plugin::label(self)
+    }
+
+    fn digest(&self) -> &str {
+        Plugin::digest(self)
+    }
+
+    /// Build the Controller's Service: serialize a copy, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when the output breaks the policy.
+    fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
+        let input = self.input(BUILD_SERVICE, controller)?;
+        let raw = self.build_service_raw(ctx, &input)?;
+        policy::service(&raw, controller, self, self.allowances())
+            .map_err(|reason| self.rejected(BUILD_SERVICE, reason))
+    }
+
+    /// Build one pod of a NodeSet: serialize copies, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when the output breaks the policy.
+    fn build_pod(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+        identity: &PodIdentity,
+    ) -> Result<Pod, PluginError> {
+        let ns_json = self.input(BUILD_POD, nodeset)?;
+        let ctl_json = self.input(BUILD_POD, controller)?;
+        let raw = self.build_pod_raw(ctx, &ns_json, &ctl_json, identity)?;
+        policy::pod(&raw, nodeset, identity, self, self.allowances())
+            .map_err(|reason| self.rejected(BUILD_POD, reason))
+    }
+
+    /// Build a Controller's children besides its Service: serialize copies, call the plugin,
+    /// apply the output policy (the host sets owner references and builder annotations).
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    fn build_controller_children(
+        &self,
+        ctx: &BuildContext,
+        controller: &Controller,
+        inputs: &ControllerInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_CONTROLLER_CHILDREN;
+        let input = self.input(CALL, controller)?;
+        let raw = self.build_controller_children_raw(ctx, &input, inputs)?;
+        policy::controller_children(&raw, controller, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build a NodeSet's children besides its pods: serialize copies, call the plugin, apply the
+    /// output policy. Shared children come without owner references: the host sets them to
+    /// every NodeSet of the Controller (`slinky_api::owners::shared_refs`).
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    fn build_nodeset_children(
+        &self,
+        ctx: &BuildContext,
+        nodeset: &NodeSet,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_NODESET_CHILDREN;
+        let ns_json = self.input(CALL, nodeset)?;
+        let ctl_json = self.input(CALL, controller)?;
+        let raw = self.build_nodeset_children_raw(ctx, &ns_json, &ctl_json)?;
+        policy::nodeset_children(&raw, nodeset, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build a RestApi's children (slurmrestd's Deployment and Service): serialize copies, call
+    /// the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    fn build_restapi_children(
+        &self,
+        ctx: &BuildContext,
+        restapi: &RestApi,
+        controller: &Controller,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_RESTAPI_CHILDREN;
+        let restapi_json = self.input(CALL, restapi)?;
+        let ctl_json = self.input(CALL, controller)?;
+        let raw = self.build_restapi_children_raw(ctx, &restapi_json, &ctl_json)?;
+        policy::restapi_children(&raw, restapi, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build a LoginSet's children (the login Deployment, Service and `sshd_config` ConfigMap):
+    /// serialize copies, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    fn build_loginset_children(
+        &self,
+        ctx: &BuildContext,
+        loginset: &LoginSet,
+        controller: &Controller,
+        inputs: &LoginSetInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_LOGINSET_CHILDREN;
+        let login_json = self.input(CALL, loginset)?;
+        let ctl_json = self.input(CALL, controller)?;
+        let raw = self.build_loginset_children_raw(ctx, &login_json, &ctl_json, inputs)?;
+        policy::loginset_children(&raw, loginset, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
+    }
+
+    /// Build an Accounting's children (the slurmdbd StatefulSet, Service and `slurmdbd.conf`
+    /// Secret, its secret placeholders still in place: the host resolves them): serialize a
+    /// copy, call the plugin, apply the output policy.
+    ///
+    /// # Errors
+    /// A [`PluginError`]; [`PluginError::Rejected`] when an object breaks the policy.
+    fn build_accounting_children(
+        &self,
+        ctx: &BuildContext,
+        accounting: &Accounting,
+        inputs: &AccountingInputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        const CALL: &str = BUILD_ACCOUNTING_CHILDREN;
+        let json = self.input(CALL, accounting)?;
+        let raw = self.build_accounting_children_raw(ctx, &json, inputs)?;
+        policy::accounting_children(&raw, accounting, self, self.allowances())
+            .map_err(|reason| self.rejected(CALL, reason))
     }
 }

@@ -343,8 +343,8 @@ impl EngineHandle {
             })
             .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))?;
         let linkers = (
-            sandbox::linker(&engine)?,
-            baseline.as_ref().map(sandbox::linker).transpose()?,
+            crate::linker::linker(&engine)?,
+            baseline.as_ref().map(crate::linker::linker).transpose()?,
         );
         Ok(Arc::new(EngineHandle {
             engine,

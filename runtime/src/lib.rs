@@ -28,32 +28,36 @@
 //!   add, each with its settings and the previous step's output, checked step by step.
 
 mod bindings;
+mod builder;
 pub mod bundled;
 mod calls;
 mod child;
-mod component;
 mod contract;
 mod engine;
 mod error;
 pub mod guest_log;
+mod linker;
 pub mod metrics;
+mod module_bytes;
 mod pipeline;
 mod plugin;
 pub mod policy;
+pub mod registry;
 pub mod reload;
 mod sandbox;
 
-pub use bundled::{PluginRegistry, Refusal};
+pub use builder::Builder;
 pub use child::{Child, ChildKind, MAX_CHILDREN, Ownership};
-pub use component::{digest, gunzip, gunzip_if_gzipped, with_custom_section};
 pub use engine::{
     Allocator, CallStats, CompileSource, DEFAULT_CONCURRENT_CALLS, DEFAULT_KEEP_RESIDENT, EngineHandle,
     RuntimeConfig, Tier, Tiering, default_cache_dir,
 };
 pub use error::{GuestError, PluginError, TrapCause};
-pub use pipeline::{Pipeline, Step, selector_matches, selector_problem, vet_step};
+pub use module_bytes::{digest, gunzip, gunzip_if_gzipped, with_custom_section};
+pub use pipeline::{Pipeline, Step, vet_step};
 pub use plugin::{Plugin, PluginSource};
 pub use policy::{Allow, Allowances};
+pub use registry::{ActiveInfo, PluginRegistry, RefusedVersion};
 
 /// The builder contract's types (`slinky_api::contract`), the same the guest SDK gives plugin
 /// authors: what a build call may know about the cluster (the WIT `build-context`), which pod of a

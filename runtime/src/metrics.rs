@@ -1,6 +1,8 @@
 //! The runtime's own metric families (a leaf: imports nothing from the crate). The host registers
 //! them in its `/metrics` registry.
 
+use std::{collections::BTreeMap, sync::Mutex};
+
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
@@ -26,4 +28,54 @@ fn duration_histogram() -> Histogram {
 /// A new, empty histogram family of durations.
 pub fn durations<L: Clone + std::hash::Hash + Eq>() -> Durations<L> {
     Family::new_with_constructor(duration_histogram as fn() -> Histogram)
+}
+
+/// Counters and stage timings of reloads.
+#[derive(Debug)]
+pub struct ReloadMetrics {
+    /// result (`swapped`, `refused`, `unchanged`) → count.
+    pub results: Mutex<BTreeMap<&'static str, u64>>,
+    /// stage (`read`, `compile`, `validate`, `swap`) → (seconds, count).
+    pub stages: Mutex<BTreeMap<&'static str, (f64, u64)>>,
+    /// The same stage times as a histogram per stage (for `/metrics`).
+    pub stage_durations: Durations<StageLabel>,
+}
+
+impl Default for ReloadMetrics {
+    fn default() -> Self {
+        ReloadMetrics {
+            results: Mutex::default(),
+            stages: Mutex::default(),
+            stage_durations: durations(),
+        }
+    }
+}
+
+impl ReloadMetrics {
+    /// Count one reload attempt with `result`.
+    pub fn count(&self, result: &'static str) {
+        if let Ok(mut m) = self.results.lock() {
+            *m.entry(result).or_default() += 1;
+        }
+    }
+
+    /// Record the duration of one stage.
+    pub fn time(&self, stage: &'static str, d: std::time::Duration) {
+        if let Ok(mut m) = self.stages.lock() {
+            let e = m.entry(stage).or_default();
+            e.0 += d.as_secs_f64();
+            e.1 += 1;
+        }
+        self.stage_durations
+            .get_or_create(&StageLabel { stage: stage.into() })
+            .observe(d.as_secs_f64());
+    }
+
+    /// The count of `result`.
+    pub fn results_of(&self, result: &str) -> u64 {
+        self.results
+            .lock()
+            .map(|m| m.get(result).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
 }

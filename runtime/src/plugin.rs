@@ -1,6 +1,7 @@
 //! A loaded plugin: how it is loaded (compile tiers, contract checks, `describe()`), the code it
 //! runs (baseline, then optimized), and what it says about itself.
 
+use crate::Builder as _;
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use slinky_api::{Controller, NodeSet};
@@ -10,8 +11,8 @@ use crate::{
     BuildContext, BuilderKind, CONTRACT_VERSION, CompileSource, Contract, EngineHandle, PluginError,
     PluginInfo, PodIdentity, Tier, Tiering,
     bindings::{self, Exports, exports_of},
-    component::{digest, gunzip},
     contract::check_contract,
+    module_bytes::{digest, gunzip},
     sandbox::{CallState, instantiate, log_output, trap_error},
 };
 

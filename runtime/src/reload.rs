@@ -41,7 +41,8 @@ use serde::Serialize;
 
 use super::{
     BuilderKind, Plugin, PluginError, PluginRegistry, PluginSource,
-    bundled::{KINDS, Refusal, now_rfc3339},
+    bundled::KINDS,
+    registry::{RefusedVersion, now_rfc3339},
 };
 use crate::BuildContext;
 
@@ -62,7 +63,7 @@ pub struct ScanReport {
     /// Swaps made, as `<kind>: <plugin> (<source>)`.
     pub swapped: Vec<String>,
     /// Versions refused by this scan.
-    pub refused: Vec<Refusal>,
+    pub refused: Vec<RefusedVersion>,
     /// Files still changing (read at a later scan).
     pub pending: Vec<String>,
 }
@@ -105,7 +106,7 @@ struct FileState {
     /// Order of loading (older wins a conflict).
     order: u64,
     /// Why the last read version was refused (or conflicts).
-    refusal: Option<Refusal>,
+    refusal: Option<RefusedVersion>,
 }
 
 /// Scans a plugins directory and swaps plugins into a registry.
@@ -274,7 +275,7 @@ impl Reloader {
                 self.next_order += 1;
             }
             Err((error, described)) => {
-                let refusal = Refusal {
+                let refusal = RefusedVersion {
                     source: path.display().to_string(),
                     digest: Some(digest),
                     reason: error.to_string(),
@@ -313,7 +314,7 @@ impl Reloader {
             return;
         }
         state.digest = Some(digest.clone());
-        let refusal = Refusal {
+        let refusal = RefusedVersion {
             source: path.display().to_string(),
             digest: Some(digest),
             reason,
@@ -408,7 +409,7 @@ impl Reloader {
                 if state.refusal.as_ref().is_some_and(|r| r.reason == reason) {
                     continue;
                 }
-                let refusal = Refusal {
+                let refusal = RefusedVersion {
                     source: path.display().to_string(),
                     digest: state.digest.clone(),
                     reason,

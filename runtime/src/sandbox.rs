@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use wasmtime::{
     ResourceLimiter, Store,
-    component::{InstancePre, Linker, ResourceTable},
+    component::{InstancePre, ResourceTable},
 };
 use wasmtime_wasi::{Deterministic, WasiCtx, WasiCtxView, WasiView, p2::pipe::MemoryOutputPipe};
 
@@ -92,20 +92,6 @@ impl wasmtime_wasi::HostMonotonicClock for FrozenMonotonicClock {
 
 /// Bytes of guest stdout and of stderr kept per call; a guest writing more traps.
 pub(crate) const OUTPUT_CAP: usize = 64 << 10;
-
-/// The linker every component of `engine` is instantiated through: WASI (granting nothing, see
-/// [`instantiate`]) and the contract's `log` import. Built once per engine.
-///
-/// # Errors
-/// [`PluginError::Engine`] when WASI cannot be linked.
-pub(crate) fn linker(engine: &wasmtime::Engine) -> Result<Linker<CallState>, PluginError> {
-    let mut linker: Linker<CallState> = Linker::new(engine);
-    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-        .map_err(|e| PluginError::Engine(format!("cannot link WASI: {e:#}")))?;
-    crate::bindings::add_log_to_linker(&mut linker)
-        .map_err(|e| PluginError::Engine(format!("cannot link the log import: {e:#}")))?;
-    Ok(linker)
-}
 
 /// The limits every call runs under (from the engine's configuration).
 #[derive(Debug, Clone, Copy)]

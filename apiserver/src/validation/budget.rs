@@ -4,6 +4,7 @@
 //! and `unhealthyPodEvictionPolicy`. Messages are kube-apiserver v1.28.7's.
 
 use serde_json::Value;
+use slinky_api::selectors::{RequirementProblem, requirement_problem};
 
 use slinky_api::validation as rules;
 
@@ -68,21 +69,22 @@ pub(super) fn selector(selector: &Value, field: &Path, errs: &mut Errors) {
     for (i, e) in items(selector, "matchExpressions").iter().enumerate() {
         let at = field.child("matchExpressions").index(i);
         let values = items(e, "values");
-        match str_of(e, "operator").unwrap_or_default() {
-            "In" | "NotIn" if values.is_empty() => errs.push(FieldError::required(
+        let operator = str_of(e, "operator").unwrap_or_default();
+        match requirement_problem(operator, values.len()) {
+            Some(RequirementProblem::NeedsValues(_)) => errs.push(FieldError::required(
                 &at.child("values"),
                 "must be specified when `operator` is 'In' or 'NotIn'",
             )),
-            "Exists" | "DoesNotExist" if !values.is_empty() => errs.push(FieldError::forbidden(
+            Some(RequirementProblem::TakesNoValues(_)) => errs.push(FieldError::forbidden(
                 &at.child("values"),
                 "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
             )),
-            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-            other => errs.push(FieldError::invalid(
+            Some(RequirementProblem::UnknownOperator(_)) => errs.push(FieldError::invalid(
                 &at.child("operator"),
-                other,
+                operator,
                 "not a valid selector operator",
             )),
+            None => {}
         }
         let key = str_of(e, "key").unwrap_or_default();
         errs.extend(super::each_invalid(

@@ -40,28 +40,7 @@ fn go_selector(selector: &Value) -> String {
 
 /// Whether `selector` (a present `LabelSelector`) selects `labels`.
 fn matches(selector: &Value, labels: Option<&Value>) -> bool {
-    let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-    let by_label = selector
-        .get("matchLabels")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .all(|(k, v)| get(k) == v.as_str());
-    let by_expression = super::items(selector, "matchExpressions").iter().all(|e| {
-        let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
-        let values: Vec<&str> = super::items(e, "values")
-            .iter()
-            .filter_map(Value::as_str)
-            .collect();
-        match e.get("operator").and_then(Value::as_str) {
-            Some("In") => get(key).is_some_and(|v| values.contains(&v)),
-            Some("NotIn") => get(key).is_none_or(|v| !values.contains(&v)),
-            Some("Exists") => get(key).is_some(),
-            Some("DoesNotExist") => get(key).is_none(),
-            _ => false,
-        }
-    });
-    by_label && by_expression
+    slinky_api::selectors::matches_json(selector, labels)
 }
 
 fn nonnegative(spec: &Value, key: &str, field: &Path, errs: &mut Errors) {

@@ -51,7 +51,9 @@ pub struct ApiserverArgs {
 /// Always.
 #[cfg(not(feature = "embedded"))]
 pub fn execute(_: ApiserverArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this slinky-host was built without the `embedded` feature: `apiserver` is not available (build one with `cargo build -p slinky-host --features embedded`)")
+    anyhow::bail!(
+        "this slinky-host was built without the `embedded` feature: `apiserver` is not available (build one with `cargo build -p slinky-host --features embedded`)"
+    )
 }
 
 /// Run the embedded API server until Ctrl-C, with `args`' faults, latency and simulated nodes.

@@ -2,6 +2,7 @@
 //! it through the output policy, and diff its outputs against the bundled builder's, so an author
 //! sees exactly what they changed.
 
+use crate::plugins::Builder as _;
 use std::{fmt::Write as _, path::PathBuf, sync::Arc};
 
 use kube::ResourceExt;

@@ -18,6 +18,7 @@
 //! * slurmdbd's StatefulSet goes with the Accounting (or when it turns external), never because a
 //!   build left it out.
 
+use crate::plugins::Builder as _;
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use k8s_openapi::{ByteString, api::core::v1::Secret};

@@ -42,9 +42,7 @@ use slinky_api::{BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, DEFAULT_
 
 use crate::{
     oci::{self, Oci, PublicKey, Reference},
-    plugins::{
-        BuildContext, BuilderKind, Plugin, PluginRegistry, PluginSource, Step, selector_matches, vet_step,
-    },
+    plugins::{BuildContext, BuilderKind, Plugin, PluginRegistry, PluginSource, Step, vet_step},
     reconcile::{Events, Leadership},
 };
 
@@ -147,7 +145,7 @@ impl Wanted {
             ));
         }
         if let Some(selector) = &spec.selector {
-            crate::plugins::selector_problem(selector)
+            slinky_api::selectors::problem(selector)
                 .map_err(|e| ("InvalidSpec", format!("spec.selector.{e}")))?;
         }
         let settings = match &spec.settings {
@@ -764,7 +762,11 @@ fn applies_to(loaded: &Loaded, parents: &Parents) -> Vec<String> {
     let mut out = BTreeSet::new();
     let step = &loaded.step;
     let mut add = |kind: &str, ns: Option<String>, name: String, labels: &BTreeMap<String, String>| {
-        if step.selector.as_ref().is_none_or(|s| selector_matches(s, labels)) {
+        if step
+            .selector
+            .as_ref()
+            .is_none_or(|s| slinky_api::selectors::matches(s, labels))
+        {
             out.insert(format!("{kind} {}/{name}", ns.unwrap_or_default()));
         }
     };

@@ -18,6 +18,7 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ChildFailure` condition,
 //!   retried with the Controller's exponential backoff.
 
+use crate::plugins::Builder as _;
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,

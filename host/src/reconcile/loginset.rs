@@ -16,6 +16,7 @@
 //!   state makes no writes; children the builder no longer returns are deleted with a UID
 //!   precondition.
 
+use crate::plugins::Builder as _;
 use std::{collections::BTreeSet, sync::Arc};
 
 use k8s_openapi::{ByteString, api::core::v1::Secret};

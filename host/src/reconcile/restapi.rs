@@ -14,6 +14,7 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ChildFailure` condition,
 //!   retried with the RestApi's exponential backoff.
 
+use crate::plugins::Builder as _;
 use std::{collections::BTreeSet, sync::Arc};
 
 use kube::{

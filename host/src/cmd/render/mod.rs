@@ -4,6 +4,7 @@
 
 mod read;
 
+use crate::plugins::Builder as _;
 use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
 
 use clap::Args;

@@ -160,7 +160,9 @@ impl NoServer {
 /// Without the `embedded` feature there is no embedded API server to start.
 #[cfg(not(feature = "embedded"))]
 async fn start_embedded(_: &RunArgs, _: Arc<ApiRequests>) -> anyhow::Result<(NoServer, Client)> {
-    anyhow::bail!("this slinky-host was built without the `embedded` feature: --embedded is not available (run `cargo run -p slinky-host --features embedded -- run --embedded …`)")
+    anyhow::bail!(
+        "this slinky-host was built without the `embedded` feature: --embedded is not available (run `cargo run -p slinky-host --features embedded -- run --embedded …`)"
+    )
 }
 
 /// The embedded API server `run --embedded` starts.

@@ -151,7 +151,12 @@ pub(super) enum Unlisted {
 
 /// Absence is not evidence: a running pod whose node Slurm does not list waits until the node
 /// is listed again or has been missing for longer than the Controller's `SlurmdTimeout`.
-pub(super) fn unlisted_pod(cluster: &Cluster, controller: &slinky_api::Controller, pod: &Pod, node: &str) -> Unlisted {
+pub(super) fn unlisted_pod(
+    cluster: &Cluster,
+    controller: &slinky_api::Controller,
+    pod: &Pod,
+    node: &str,
+) -> Unlisted {
     if !slurmd_may_run(pod) {
         return Unlisted::Gone;
     }
@@ -524,7 +529,10 @@ mod tests {
         };
         assert!(may_delete(&node(&["IDLE", "DRAIN"])));
         assert!(may_delete(&node(&["DOWN"])));
-        assert!(!may_delete(&node(&["IDLE"])), "idle but not drained: a job may land");
+        assert!(
+            !may_delete(&node(&["IDLE"])),
+            "idle but not drained: a job may land"
+        );
         assert!(!may_delete(&node(&["MIXED", "DRAIN"])));
         assert!(!may_delete(&node(&["IDLE", "COMPLETING", "DRAIN"])));
     }

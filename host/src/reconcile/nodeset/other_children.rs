@@ -2,6 +2,7 @@
 //! the Controller's NodeSets, and the NodeSet's own (the SSH ConfigMap), through the one child
 //! path.
 
+use crate::plugins::Builder as _;
 use std::sync::Arc;
 
 use kube::ResourceExt;

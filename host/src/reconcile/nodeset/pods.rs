@@ -1,6 +1,7 @@
 //! Pod writes of a pass: build pods with the `nodeset-pod` builder, delete the planned ones and
 //! create the missing ones in slow-start batches, raising and lowering expectations around each.
 
+use crate::plugins::Builder as _;
 use std::sync::Arc;
 
 use futures::future::join_all;

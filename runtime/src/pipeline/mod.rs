@@ -21,8 +21,13 @@ use sha2::{Digest, Sha256};
 use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
 
 use crate::{
-    AccountingInputs, BuildContext, Child, ControllerInputs, LoginSetInputs, Plugin, PluginError, PodIdentity,
+    AccountingInputs, BuildContext, Builder, Child, ControllerInputs, LoginSetInputs, Plugin, PluginError,
+    PodIdentity,
 };
+
+mod vet;
+pub use vet::vet_step;
+use vet::{children_json, keeps_children};
 
 /// One step a `BuilderPlugin` adds to the pipelines of the kinds it serves.
 #[derive(Clone)]
@@ -52,59 +57,10 @@ impl std::fmt::Debug for Step {
 impl Step {
     /// Whether this step applies to a parent with `labels`.
     pub fn applies_to(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.selector.as_ref().is_none_or(|s| selector_matches(s, labels))
+        self.selector
+            .as_ref()
+            .is_none_or(|s| slinky_api::selectors::matches(s, labels))
     }
-}
-
-/// What is wrong with `selector`, as Kubernetes validates a label selector's requirements: an
-/// operator other than `In`, `NotIn`, `Exists` and `DoesNotExist`, values with `Exists` or
-/// `DoesNotExist`, none with `In` or `NotIn`.
-///
-/// # Errors
-/// The first problem, naming the requirement.
-pub fn selector_problem(selector: &LabelSelector) -> Result<(), String> {
-    for (i, r) in selector.match_expressions.iter().flatten().enumerate() {
-        let values = r.values.as_deref().unwrap_or_default();
-        let at = format!("matchExpressions[{i}] (key {:?})", r.key);
-        match r.operator.as_str() {
-            "In" | "NotIn" if values.is_empty() => {
-                return Err(format!("{at}: operator {} needs values", r.operator));
-            }
-            "Exists" | "DoesNotExist" if !values.is_empty() => {
-                return Err(format!("{at}: operator {} takes no values", r.operator));
-            }
-            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
-            other => {
-                return Err(format!(
-                    "{at}: operator {other:?} is not one of In, NotIn, Exists, DoesNotExist"
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Whether `selector` matches `labels`, as Kubernetes matches a label selector: every
-/// `matchLabels` pair and every `matchExpressions` requirement (`In`, `NotIn`, `Exists`,
-/// `DoesNotExist`); an empty selector matches everything; an unknown operator matches nothing.
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let pairs = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let expressions = selector.match_expressions.iter().flatten().all(|r| {
-        let values = r.values.as_deref().unwrap_or_default();
-        let value = labels.get(&r.key);
-        match r.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    pairs && expressions
 }
 
 /// The builders one parent's build goes through: the base plugin, then the steps that apply to
@@ -231,12 +187,25 @@ impl Pipeline {
             ),
         ])
     }
+}
+
+/// Each build runs the base builder, then every step with its settings and the output before it,
+/// each step's output checked by the output policy (and, for children, that it keeps every child
+/// before it), then stamps the final output with the pipeline's builder annotations.
+impl Builder for Pipeline {
+    fn label(&self) -> String {
+        self.label.clone()
+    }
+
+    fn digest(&self) -> &str {
+        &self.digest
+    }
 
     /// Build the Controller's Service through the pipeline.
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
+    fn build_service(&self, ctx: &BuildContext, controller: &Controller) -> Result<Service, PluginError> {
         self.run(
             ctx,
             |p, ctx| p.build_service(ctx, controller),
@@ -250,7 +219,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_pod(
+    fn build_pod(
         &self,
         ctx: &BuildContext,
         nodeset: &NodeSet,
@@ -270,7 +239,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_controller_children(
+    fn build_controller_children(
         &self,
         ctx: &BuildContext,
         controller: &Controller,
@@ -289,7 +258,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_nodeset_children(
+    fn build_nodeset_children(
         &self,
         ctx: &BuildContext,
         nodeset: &NodeSet,
@@ -308,7 +277,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_restapi_children(
+    fn build_restapi_children(
         &self,
         ctx: &BuildContext,
         restapi: &RestApi,
@@ -327,7 +296,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_loginset_children(
+    fn build_loginset_children(
         &self,
         ctx: &BuildContext,
         loginset: &LoginSet,
@@ -347,7 +316,7 @@ impl Pipeline {
     ///
     /// # Errors
     /// The first step's error, naming the step.
-    pub fn build_accounting_children(
+    fn build_accounting_children(
         &self,
         ctx: &BuildContext,
         accounting: &Accounting,
@@ -361,101 +330,6 @@ impl Pipeline {
             stamp_children,
         )
     }
-}
-
-impl Pipeline {
-    /// Build the example inputs (`slinky_api::contract`'s examples) of `kind` through the pipeline.
-    ///
-    /// # Errors
-    /// The first step that fails, or breaks the output policy.
-    pub fn example_build(&self, ctx: &BuildContext, kind: crate::BuilderKind) -> Result<(), PluginError> {
-        use crate::BuilderKind as K;
-        let base = &self.base;
-        let (controller, nodeset) = base.examples()?;
-        match kind {
-            K::ControllerService => drop(self.build_service(ctx, controller)?),
-            K::NodesetPod => {
-                let identity = PodIdentity::for_ordinal(nodeset, 0, "smoke");
-                drop(self.build_pod(ctx, nodeset, controller, &identity)?);
-            }
-            K::ControllerChildren => {
-                let inputs = slinky_api::contract::example_inputs(std::slice::from_ref(nodeset));
-                drop(self.build_controller_children(ctx, controller, &inputs)?);
-            }
-            K::NodesetChildren => drop(self.build_nodeset_children(ctx, nodeset, controller)?),
-            K::RestapiChildren => {
-                drop(self.build_restapi_children(ctx, base.example_restapi()?, controller)?)
-            }
-            K::LoginsetChildren => {
-                let (loginset, _) = base.example_parents()?;
-                drop(self.build_loginset_children(ctx, loginset, controller, &LoginSetInputs::example())?);
-            }
-            K::AccountingChildren => {
-                let (_, accounting) = base.example_parents()?;
-                drop(self.build_accounting_children(ctx, accounting, &AccountingInputs::example())?);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Check `step` before it joins the pipelines of `kinds` (the caller has checked the spec: kinds,
-/// selector, and the settings with [`Plugin::validate_settings`]): the module builds every kind,
-/// and, after each kind's base builder, builds the example inputs through the output policy,
-/// keeping every child the base builder made (as every build checks).
-///
-/// # Errors
-/// [`PluginError::Refused`] saying what to fix; a build's own error, naming the step.
-pub fn vet_step(
-    registry: &crate::PluginRegistry,
-    step: &Step,
-    kinds: &[crate::BuilderKind],
-    ctx: &BuildContext,
-) -> Result<(), PluginError> {
-    for kind in kinds {
-        if !step.plugin.builds(*kind) {
-            let built: Vec<&str> = step.plugin.info().kinds.iter().map(|k| k.as_str()).collect();
-            return Err(PluginError::Refused {
-                plugin: format!("{} (BuilderPlugin {})", step.plugin.label(), step.name),
-                reason: format!(
-                    "spec.kinds lists {kind}, but the module builds only [{}]: remove it from \
-                     spec.kinds, or use a module that builds it",
-                    built.join(", ")
-                ),
-            });
-        }
-    }
-    for kind in kinds {
-        Pipeline::new(registry.active(*kind), vec![step.clone()]).example_build(ctx, *kind)?;
-    }
-    Ok(())
-}
-
-/// A step keeps every child the builders before it made (it may change them, or add some): one it
-/// left out would be deleted by the host from the parent.
-#[allow(clippy::ptr_arg, reason = "the pipeline's closures take the output type")]
-fn keeps_children(before: &Vec<Child>, after: &Vec<Child>) -> Result<(), String> {
-    let missing: Vec<String> = before
-        .iter()
-        .filter(|b| !after.iter().any(|a| a.kind == b.kind && a.name() == b.name()))
-        .map(Child::describe)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
-        "it left out {} that the builders before it made; a step keeps every child it receives in \
-         build-context.previous (the host would delete what it leaves out)",
-        missing.join(", ")
-    ))
-}
-
-#[allow(clippy::ptr_arg, reason = "the pipeline's closures take the output type")]
-fn children_json(children: &Vec<Child>) -> Result<Vec<String>, serde_json::Error> {
-    children
-        .iter()
-        .map(|c| serde_json::to_string(&c.object))
-        .collect()
 }
 
 fn stamp_meta(meta: &mut ObjectMeta, annotations: &BTreeMap<String, String>) {
@@ -489,8 +363,6 @@ fn stamp_value(object: &mut Value, at: &str, annotations: &BTreeMap<String, Stri
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -498,91 +370,6 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
-    }
-
-    fn requirement(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
-        LabelSelectorRequirement {
-            key: key.into(),
-            operator: operator.into(),
-            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
-        }
-    }
-
-    #[test]
-    fn selectors_match_as_kubernetes_does() {
-        let canary = labels(&[("canary", "true"), ("site", "a")]);
-        let plain = labels(&[("site", "a")]);
-        let only = |r: LabelSelectorRequirement| LabelSelector {
-            match_expressions: Some(vec![r]),
-            ..Default::default()
-        };
-        assert!(selector_matches(&LabelSelector::default(), &plain));
-        let pairs = LabelSelector {
-            match_labels: Some(labels(&[("canary", "true")])),
-            ..Default::default()
-        };
-        assert!(selector_matches(&pairs, &canary));
-        assert!(!selector_matches(&pairs, &plain));
-        assert!(selector_matches(
-            &only(requirement("canary", "DoesNotExist", &[])),
-            &plain
-        ));
-        assert!(!selector_matches(
-            &only(requirement("canary", "DoesNotExist", &[])),
-            &canary
-        ));
-        assert!(selector_matches(
-            &only(requirement("canary", "Exists", &[])),
-            &canary
-        ));
-        assert!(selector_matches(
-            &only(requirement("site", "In", &["a", "b"])),
-            &plain
-        ));
-        assert!(!selector_matches(
-            &only(requirement("site", "NotIn", &["a"])),
-            &plain
-        ));
-        assert!(selector_matches(
-            &only(requirement("zone", "NotIn", &["a"])),
-            &plain
-        ));
-        assert!(!selector_matches(
-            &only(requirement("site", "Near", &["a"])),
-            &plain
-        ));
-    }
-
-    #[test]
-    fn selectors_are_validated_as_kubernetes_does() {
-        let with = |r: LabelSelectorRequirement| LabelSelector {
-            match_expressions: Some(vec![r]),
-            ..Default::default()
-        };
-        assert!(selector_problem(&with(requirement("a", "In", &["x"]))).is_ok());
-        assert!(selector_problem(&with(requirement("a", "DoesNotExist", &[]))).is_ok());
-        assert!(
-            selector_problem(&with(requirement("a", "In", &[]))).is_err_and(|e| e.contains("needs values"))
-        );
-        assert!(
-            selector_problem(&with(requirement("a", "Exists", &["x"])))
-                .is_err_and(|e| e.contains("no values"))
-        );
-        assert!(
-            selector_problem(&with(requirement("a", "Near", &["x"]))).is_err_and(|e| e.contains("\"Near\""))
-        );
-    }
-
-    #[test]
-    fn a_step_must_keep_the_children_before_it() {
-        let child = |name: &str| Child {
-            kind: crate::ChildKind::ConfigMap,
-            ownership: crate::Ownership::Controlled,
-            object: serde_json::json!({"metadata": {"name": name}}),
-        };
-        assert!(keeps_children(&vec![child("a")], &vec![child("a"), child("b")]).is_ok());
-        let dropped = keeps_children(&vec![child("a"), child("b")], &vec![child("b")]);
-        assert!(dropped.is_err_and(|e| e.contains("ConfigMap a")));
     }
 
     #[test]

@@ -98,65 +98,11 @@ macro_rules! from_v2 {
 /// What one call returns: a trap (outer) or the builder's own result.
 pub(crate) type CallResult<T> = wasmtime::Result<Result<T, GuestError>>;
 
-/// `build-service` of any contract version.
-pub(crate) trait ServiceExport: Send + Sync {
-    /// Call it on `instance`.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_service(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        controller: &String,
-    ) -> CallResult<String>;
-}
-
-/// `build-pod` of any contract version.
-pub(crate) trait PodExport: Send + Sync {
-    /// Call it on `instance`.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_pod(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        nodeset: &String,
-        controller: &String,
-        identity: &PodIdentity,
-    ) -> CallResult<String>;
-}
-
-/// The JSON texts of a Controller's inputs' objects: its NodeSets and its Accounting.
-pub(crate) struct ControllerInputTexts {
-    /// `inputs.nodesets`.
-    pub(crate) nodesets: Vec<String>,
-    /// `inputs.accounting` (contract 0.3.0 on).
-    pub(crate) accounting: Option<String>,
-}
-
-/// `build-controller-children` (contract 0.2.0 on).
-pub(crate) trait ControllerChildrenExport: Send + Sync {
-    /// Call it on `instance`; `texts` are the JSON texts of `inputs`' objects.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_controller_children(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        controller: &String,
-        texts: ControllerInputTexts,
-        inputs: &ControllerInputs,
-    ) -> CallResult<Vec<String>>;
-}
+mod version_free;
+pub(crate) use version_free::{
+    AccountingChildrenExport, ControllerChildrenExport, ControllerInputTexts, Exports,
+    LoginsetChildrenExport, NodesetChildrenExport, PodExport, RestapiChildrenExport, ServiceExport,
+};
 
 /// A version's `controller-inputs` record, from the host's.
 trait ControllerInputsOf {
@@ -198,87 +144,6 @@ impl ControllerInputsOf for v3::types::ControllerInputs {
             accounting: texts.accounting,
         }
     }
-}
-
-/// `build-nodeset-children` (contract 0.2.0 on).
-pub(crate) trait NodesetChildrenExport: Send + Sync {
-    /// Call it on `instance`.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_nodeset_children(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        nodeset: &String,
-        controller: &String,
-    ) -> CallResult<Vec<String>>;
-}
-
-/// `build-restapi-children` (contract 0.3.0 on).
-pub(crate) trait RestapiChildrenExport: Send + Sync {
-    /// Call it on `instance`.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_restapi_children(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        restapi: &String,
-        controller: &String,
-    ) -> CallResult<Vec<String>>;
-}
-
-/// `build-loginset-children` (contract 0.3.0 on).
-pub(crate) trait LoginsetChildrenExport: Send + Sync {
-    /// Call it on `instance`.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_loginset_children(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        loginset: &String,
-        controller: &String,
-        inputs: &LoginSetInputs,
-    ) -> CallResult<Vec<String>>;
-}
-
-/// `build-accounting-children` (contract 0.3.0 on).
-pub(crate) trait AccountingChildrenExport: Send + Sync {
-    /// Call it on `instance`.
-    #[allow(
-        clippy::ptr_arg,
-        reason = "the generated binding takes the WIT `json` (a String) by reference"
-    )]
-    fn build_accounting_children(
-        &self,
-        store: &mut Store<CallState>,
-        instance: &Instance,
-        ctx: &BuildContext,
-        accounting: &String,
-        inputs: &AccountingInputs,
-    ) -> CallResult<Vec<String>>;
-}
-
-/// The builder interfaces a plugin exports, whatever its contract version.
-#[derive(Default)]
-pub(crate) struct Exports {
-    pub(crate) service: Option<Box<dyn ServiceExport>>,
-    pub(crate) pod: Option<Box<dyn PodExport>>,
-    pub(crate) controller_children: Option<Box<dyn ControllerChildrenExport>>,
-    pub(crate) nodeset_children: Option<Box<dyn NodesetChildrenExport>>,
-    pub(crate) restapi_children: Option<Box<dyn RestapiChildrenExport>>,
-    pub(crate) loginset_children: Option<Box<dyn LoginsetChildrenExport>>,
-    pub(crate) accounting_children: Option<Box<dyn AccountingChildrenExport>>,
 }
 
 /// What every contract version has, implemented for the generated types of each from one body.
@@ -614,31 +479,4 @@ pub(crate) fn call_describe(
         let guest = v::plugin::GuestIndices::new(pre)?.load(&mut *store, instance)?;
         guest.call_describe(store).map(PluginInfo::from)
     })
-}
-
-/// The contract's `log` import (0.3.0 on): the guest's lines go into the call's bounded log.
-impl slinky::builder0_3_0::log::Host for CallState {
-    fn log(&mut self, level: slinky::builder0_3_0::log::Level, message: String) {
-        use crate::guest_log::Level;
-        use slinky::builder0_3_0::log::Level as W;
-        let level = match level {
-            W::Trace => Level::Trace,
-            W::Debug => Level::Debug,
-            W::Info => Level::Info,
-            W::Warn => Level::Warn,
-            W::Error => Level::Error,
-        };
-        self.log.push(level, message);
-    }
-}
-
-/// Link the `log` import.
-///
-/// # Errors
-/// What the linker says (a name defined twice).
-pub(crate) fn add_log_to_linker(linker: &mut wasmtime::component::Linker<CallState>) -> wasmtime::Result<()> {
-    slinky::builder0_3_0::log::add_to_linker::<CallState, wasmtime::component::HasSelf<CallState>>(
-        linker,
-        |s| s,
-    )
 }
