@@ -32,7 +32,7 @@ use slinky_host::{
     plugins::BuilderKind,
     reconcile::{
         Leadership,
-        builder_plugins::{BuilderPlugins, Config, Parents},
+        builder_plugin::{BuilderPlugins, Config, Parents},
     },
 };
 use slinky_tests::{

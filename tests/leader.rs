@@ -16,7 +16,7 @@ use kube::{Api, api::ListParams};
 use slinky_host::{
     PluginRegistry,
     plugins::{BuilderKind, Plugin, PluginSource, bundled, with_custom_section},
-    reconcile::{LeaderConfig, RunConfig, leader},
+    reconcile::{LeaderConfig, RunConfig, core::leader},
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,

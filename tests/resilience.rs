@@ -22,7 +22,7 @@ use slinky_api::{Controller, NodeSet, conditions};
 use slinky_host::{
     PluginRegistry,
     embedded::{FaultError, Times},
-    reconcile::{LeaderConfig, RunConfig, leader},
+    reconcile::{LeaderConfig, RunConfig, core::leader},
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,

@@ -123,10 +123,10 @@ async fn cluster_steps(
     registry: &Arc<PluginRegistry>,
     ctx: &BuildContext,
 ) -> anyhow::Result<Vec<String>> {
-    let controller = crate::reconcile::builder_plugins::BuilderPlugins::new(
+    let controller = crate::reconcile::builder_plugin::BuilderPlugins::new(
         client.clone(),
         registry.clone(),
-        crate::reconcile::builder_plugins::Config {
+        crate::reconcile::builder_plugin::Config {
             build: ctx.clone(),
             cache: crate::plugins::default_cache_dir().map(|d| d.join("oci")),
             insecure_registries: Vec::new(),

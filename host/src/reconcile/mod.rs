@@ -7,33 +7,25 @@
 //! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
 
 mod accounting;
-mod active;
-pub mod announced;
-pub mod applied;
-pub mod apply;
-pub mod backoff;
-pub mod builder_plugins;
-pub mod caches;
-mod compare;
+pub mod builder_plugin;
 mod component;
-pub mod context;
 mod controller;
-pub mod events;
-pub mod expectations;
-mod host_keys;
-pub mod leader;
+pub mod core;
 mod loginset;
 mod nodeset;
-mod parents;
-mod pass;
-pub mod pod_index;
 mod restapi;
-pub mod rollout;
-pub mod secrets;
 pub mod slurm;
-pub mod status;
-pub mod watch;
-pub mod writer;
+
+pub use self::core::{
+    Error, Metrics, WriteMetrics,
+    backoff::Backoff,
+    caches::{Caches, ChildCaches},
+    context::{ControllerContext, Core, NodeSetContext},
+    events::Events,
+    expectations::Expectations,
+    leader::{LeaderConfig, Leadership},
+    writer::Writer,
+};
 
 use std::{
     sync::{
@@ -51,79 +43,8 @@ use kube::{
 };
 use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 
-pub use crate::metrics::{ReconcileMetrics as Metrics, WriteMetrics};
-use crate::plugins::{BuildContext, BuilderKind, PluginError, PluginRegistry};
-pub use backoff::Backoff;
-pub use caches::{Caches, ChildCaches};
-pub use context::{ControllerContext, Core, NodeSetContext};
-pub use events::Events;
-pub use expectations::Expectations;
-pub use leader::{LeaderConfig, Leadership};
-pub use writer::Writer;
-
-/// Errors of a reconcile; each becomes a backoff, never a crash.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// An API call failed.
-    #[error("API request failed: {0}")]
-    Kube(#[source] kube::Error),
-    /// A builder plugin failed.
-    #[error("builder failed: {0}")]
-    Plugin(#[source] Box<PluginError>),
-    /// A blocking task could not run.
-    #[error("internal task failed: {0}")]
-    Task(String),
-}
-
-impl Error {
-    /// A short label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Kube(_) => "kube",
-            Error::Plugin(p) => p.metric_label(),
-            Error::Task(_) => "task",
-        }
-    }
-}
-
-impl From<kube::Error> for Error {
-    fn from(e: kube::Error) -> Self {
-        Error::Kube(e)
-    }
-}
-
-/// Call a builder once, counting and timing the call under its kind and result.
-pub(crate) fn time_plugin_call<T>(
-    metrics: &Metrics,
-    kind: BuilderKind,
-    call: impl FnOnce() -> Result<T, PluginError>,
-) -> Result<T, PluginError> {
-    let started = std::time::Instant::now();
-    let r = call();
-    let result = match &r {
-        Ok(_) => "ok",
-        Err(e) => e.metric_label(),
-    };
-    metrics.record_plugin_call(kind.as_str(), result, started.elapsed().as_secs_f64());
-    r
-}
-/// Run `f` on what `m` guards, also after a thread panicked holding it (the maps it guards stay
-/// consistent between calls: a poisoned lock loses nothing).
-pub(crate) fn locked<T, R>(m: &std::sync::Mutex<T>, f: impl FnOnce(&mut T) -> R) -> R {
-    match m.lock() {
-        Ok(mut g) => f(&mut g),
-        Err(p) => f(&mut p.into_inner()),
-    }
-}
-
-/// `namespace/name` of an object.
-pub(crate) fn object_key<K: Resource>(obj: &K) -> String {
-    format!(
-        "{}/{}",
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    )
-}
+use self::core::{announced, applied, rollout, secrets, watch};
+use crate::plugins::{BuildContext, BuilderKind, PluginRegistry};
 
 /// Settings of [`start`].
 #[derive(Debug, Clone, Default)]

@@ -34,7 +34,7 @@ use kube::{
 use slinky_api::{Controller, RestApi};
 use slinky_slurm::{Client, Node, jwt::Tokens};
 
-use super::{Caches, locked};
+use super::{Caches, core::locked};
 
 /// How long a node list is shared between passes.
 pub const NODES_TTL: Duration = Duration::from_secs(1);

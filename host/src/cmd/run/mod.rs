@@ -223,7 +223,7 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
     let builder_plugins = start_builder_plugins(&args, &client, &plugins, &config).await?;
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let builder_plugins = builder_plugins.map(|bp| {
-        tokio::spawn(bp.run(reconcile::builder_plugins::Parents {
+        tokio::spawn(bp.run(reconcile::builder_plugin::Parents {
             controllers: handles.controllers.clone(),
             nodesets: handles.nodesets.clone(),
             restapis: handles.restapis.clone(),
@@ -334,7 +334,7 @@ async fn start_builder_plugins(
     client: &Client,
     plugins: &Arc<PluginRegistry>,
     config: &RunConfig,
-) -> anyhow::Result<Option<Arc<reconcile::builder_plugins::BuilderPlugins>>> {
+) -> anyhow::Result<Option<Arc<reconcile::builder_plugin::BuilderPlugins>>> {
     if !args.builder_plugins {
         return Ok(None);
     }
@@ -354,10 +354,10 @@ async fn start_builder_plugins(
         .clone()
         // Inside the compiled-component cache (the install's writable emptyDir).
         .or_else(|| crate::plugins::default_cache_dir().map(|d| d.join("oci")));
-    let bp = reconcile::builder_plugins::BuilderPlugins::new(
+    let bp = reconcile::builder_plugin::BuilderPlugins::new(
         client.clone(),
         plugins.clone(),
-        reconcile::builder_plugins::Config {
+        reconcile::builder_plugin::Config {
             build: config.build.clone(),
             cache,
             insecure_registries: args.insecure_registries.clone(),
@@ -388,7 +388,7 @@ async fn start_election(
         identity: args
             .leader_election_identity
             .clone()
-            .unwrap_or_else(reconcile::leader::default_identity),
+            .unwrap_or_else(reconcile::core::leader::default_identity),
         duration: Duration::from_secs(args.leader_election_lease_seconds),
         grace: Duration::from_secs(args.leader_election_grace_seconds),
     };
@@ -396,7 +396,7 @@ async fn start_election(
         "{}/{} as {}",
         config.namespace, config.lease_name, config.identity
     );
-    let (l, task) = reconcile::leader::elect(client.clone(), config)
+    let (l, task) = reconcile::core::leader::elect(client.clone(), config)
         .await
         .with_context(|| format!("cannot start leader election on the Lease {what}"))?;
     tracing::info!(lease = %what, "leader election started");

@@ -12,7 +12,7 @@ use slinky_api::{Controller, NodeSet, keys, owners::controller_ref};
 use super::{Pass, claim::Claims, differing, plan, pods::build_pods};
 use crate::{
     plugins::{Pipeline, PodIdentity},
-    reconcile::{Error, compare::contains, writer},
+    reconcile::{Error, core::compare::contains, core::writer},
 };
 
 /// Adopt matching orphans (after re-reading the NodeSet from the API: only a live, undeleted

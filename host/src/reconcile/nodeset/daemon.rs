@@ -56,7 +56,7 @@ pub(crate) struct DaemonBackoff {
 impl DaemonBackoff {
     /// How long the node's next pod must still wait (`None`: it may be made now).
     fn remaining(&self, uid: &str, node: &str, now: Instant) -> Option<Duration> {
-        crate::reconcile::locked(&self.inner, |m| {
+        crate::reconcile::core::locked(&self.inner, |m| {
             m.get(&(uid.to_string(), node.to_string()))
                 .and_then(|(_, until)| until.checked_duration_since(now))
                 .filter(|d| !d.is_zero())
@@ -65,7 +65,7 @@ impl DaemonBackoff {
 
     /// A pod on `node` failed: its next one waits twice as long as the last (from 1 s).
     fn failed(&self, uid: &str, node: &str, now: Instant) {
-        crate::reconcile::locked(&self.inner, |m| {
+        crate::reconcile::core::locked(&self.inner, |m| {
             let e = m
                 .entry((uid.to_string(), node.to_string()))
                 .or_insert((Duration::ZERO, now));
@@ -80,14 +80,14 @@ impl DaemonBackoff {
 
     /// A pod on `node` runs: forget its failures.
     fn ran(&self, uid: &str, node: &str) {
-        crate::reconcile::locked(&self.inner, |m| {
+        crate::reconcile::core::locked(&self.inner, |m| {
             m.remove(&(uid.to_string(), node.to_string()));
         });
     }
 
     /// Forget a NodeSet.
     pub(crate) fn forget(&self, uid: &str) {
-        crate::reconcile::locked(&self.inner, |m| m.retain(|(u, _), _| u != uid));
+        crate::reconcile::core::locked(&self.inner, |m| m.retain(|(u, _), _| u != uid));
     }
 }
 

@@ -62,7 +62,7 @@ pub fn inputs(nodeset: &NodeSet, revision: &str) -> String {
 
 impl DifferingPods {
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, Entry>) -> R) -> R {
-        crate::reconcile::locked(&self.entries, f)
+        crate::reconcile::core::locked(&self.entries, f)
     }
 
     /// Whether pod `pod_uid` of NodeSet `nodeset_uid` was found to differ at `resource_version`

@@ -39,9 +39,9 @@ use slinky_slurm::Node;
 
 use super::{Pass, plan::DeleteReason, slurm_conditions};
 use crate::reconcile::{
+    core::watch::nodes::cordoned,
+    core::writer,
     slurm::{Cluster, Reach, Unavailable, node_name},
-    watch::nodes::cordoned,
-    writer,
 };
 
 /// What a pass knows of its Controller's Slurm.
@@ -260,7 +260,7 @@ pub(super) async fn gate(
             "Slurm does not list nodes {} (slurmctld may have restarted and they have not registered \
              again): their pods are kept until the nodes are listed and drained, or have been missing \
              for longer than SlurmdTimeout ({} s)",
-            crate::reconcile::events::name_list(&unlisted),
+            crate::reconcile::core::events::name_list(&unlisted),
             controller.slurmd_timeout().as_secs()
         );
         tracing::warn!("{note}");
@@ -495,7 +495,7 @@ pub(super) async fn prune_defunct(
                 format!(
                     "Deleted defunct Slurm nodes {}: their pods are gone and no Kubernetes node maps to them \
                      (pruneSlurmNodeRecords: NodeNotFound)",
-                    crate::reconcile::events::name_list(&pruned)
+                    crate::reconcile::core::events::name_list(&pruned)
                 ),
             )
             .await;

@@ -26,8 +26,8 @@ use super::{
     drain::{SlurmView, Unlisted, unlisted_pod},
 };
 use crate::reconcile::{
+    core::writer,
     slurm::{Unavailable, node_name},
-    writer,
 };
 
 /// Whether the NodeSet carries the host's finalizer.

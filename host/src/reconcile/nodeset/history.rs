@@ -48,7 +48,7 @@ use slinky_api::{NodeSet, conditions, keys, owners::controller_ref};
 
 use super::Pass;
 use crate::{
-    reconcile::{status::ConditionChanges, writer},
+    reconcile::{core::status::ConditionChanges, core::writer},
     revision::{revision_data, revision_name},
 };
 

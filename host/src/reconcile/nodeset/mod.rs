@@ -1,6 +1,6 @@
 //! The NodeSet reconciler (StatefulSet mode): the NodeSet's other children from the
 //! `nodeset-children` builder (the workers' Service and PodDisruptionBudget shared by the
-//! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::apply`]),
+//! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::core::apply`]),
 //! then ordinal pods from the `nodeset-pod` builder, claimed ([`claim`]) and planned ([`plan`])
 //! from the cache, then written; each pod revision is kept as a ControllerRevision ([`history`]).
 //!
@@ -59,7 +59,8 @@ use pods::{create_pods, delete_pods, ordinal_slots};
 use status::{Reached, write_status};
 
 use super::{
-    Core, Error, NodeSetContext, backoff, pass::PassState, slurm::Unavailable, status::ConditionChanges,
+    Core, Error, NodeSetContext, core::backoff, core::pass::PassState, core::status::ConditionChanges,
+    slurm::Unavailable,
 };
 use drain::SlurmView;
 
@@ -151,7 +152,7 @@ impl Pass<'_> {
         }
         let note = format!(
             "Draining Slurm nodes {}: {until} once no job runs there",
-            crate::reconcile::events::name_list(nodes)
+            crate::reconcile::core::events::name_list(nodes)
         );
         self.core()
             .event(self.ns, EventType::Normal, "Draining", note)
@@ -474,6 +475,6 @@ fn skipped_note(skipped: &[(u32, Blocker)]) -> String {
     format!(
         "skipped {} held by pods this NodeSet does not own; other ordinals were used instead \
          (delete or rename those pods to free their names)",
-        crate::reconcile::events::name_list(&items)
+        crate::reconcile::core::events::name_list(&items)
     )
 }

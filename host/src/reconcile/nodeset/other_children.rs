@@ -13,8 +13,8 @@ use crate::{
     plugins::{BuilderKind, Child, ChildKind, Ownership},
     reconcile::{
         Error,
-        apply::{ChildSync, keys_of},
-        time_plugin_call,
+        core::apply::{ChildSync, keys_of},
+        core::time_plugin_call,
     },
 };
 

@@ -14,9 +14,10 @@ use crate::{
     plugins::{BuilderKind, Pipeline, PluginError, PodIdentity},
     reconcile::{
         Core, Error, Expectations,
-        compare::{differences, dropped_note},
-        events::name_list,
-        time_plugin_call, writer,
+        core::compare::{differences, dropped_note},
+        core::events::name_list,
+        core::time_plugin_call,
+        core::writer,
     },
 };
 

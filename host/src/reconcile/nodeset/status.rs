@@ -11,7 +11,7 @@ use super::{
     Pass,
     plan::{is_available, is_running_and_ready, phase},
 };
-use crate::reconcile::{Error, pass::first_of};
+use crate::reconcile::{Error, core::pass::first_of};
 
 /// How far a pass got, for the status it writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

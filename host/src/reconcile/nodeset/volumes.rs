@@ -34,7 +34,7 @@ use slinky_api::{
 };
 
 use super::{Pass, plan::DeleteReason};
-use crate::reconcile::writer;
+use crate::reconcile::core::writer;
 
 /// The cached claim `name` of the NodeSet's namespace.
 fn cached(pass: &Pass<'_>, name: &str) -> Option<Arc<PersistentVolumeClaim>> {

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::{Controller, keys};
 
-use super::{ControllerContext, slurm::Reach, writer};
+use crate::reconcile::{ControllerContext, core::writer, slurm::Reach};
 
 /// How often an HA Controller's primary is asked for.
 pub const HA_RECHECK: Duration = Duration::from_secs(5);

@@ -14,7 +14,7 @@ pub struct Announced(Mutex<HashMap<String, BTreeSet<String>>>);
 
 impl Announced {
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, BTreeSet<String>>) -> R) -> R {
-        crate::reconcile::locked(&self.0, f)
+        crate::reconcile::core::locked(&self.0, f)
     }
 
     /// Whether `message` of `parent` is new (and remember it).

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::reconcile::compare::{contains, differences};
+use crate::reconcile::core::compare::{contains, differences};
 
 /// The StatefulSet spec fields an update may change (kube-apiserver's `ValidateStatefulSetUpdate`):
 /// every other one is immutable.

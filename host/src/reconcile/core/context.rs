@@ -10,10 +10,11 @@ use kube::{
 };
 
 use super::{
-    Backoff, Error, Expectations, Leadership, Metrics, Writer, announced::Announced,
-    applied::AppliedVersions, caches::Caches, events::Events, nodeset::differing::DifferingPods, object_key,
+    Error, Metrics, announced::Announced, applied::AppliedVersions, backoff::Backoff, caches::Caches,
+    events::Events, expectations::Expectations, leader::Leadership, object_key, writer::Writer,
 };
 use crate::plugins::{BuildContext, PluginRegistry};
+use crate::reconcile::nodeset::differing::DifferingPods;
 
 /// What both reconcilers use: the API, the only writer, Events, the builders, metrics, and when
 /// a pass runs and comes back.
@@ -44,9 +45,9 @@ pub struct Core {
     /// the difference only reported.
     pub recreate_statefulsets: bool,
     /// The slurmrestd clients of the Controllers.
-    pub slurm: Arc<super::slurm::SlurmClients>,
+    pub slurm: Arc<crate::reconcile::slurm::SlurmClients>,
     /// Pods being built or created, across NodeSets (at most
-    /// [`super::nodeset::CREATES_IN_FLIGHT`]).
+    /// [`crate::reconcile::nodeset::CREATES_IN_FLIGHT`]).
     pub create_permits: tokio::sync::Semaphore,
 }
 
@@ -75,7 +76,7 @@ pub struct NodeSetContext {
     /// until they or the NodeSet change).
     pub(crate) differing: DifferingPods,
     /// DaemonSet mode: the per-node backoff of failed pods.
-    pub(crate) daemon_backoff: super::nodeset::daemon::DaemonBackoff,
+    pub(crate) daemon_backoff: crate::reconcile::nodeset::daemon::DaemonBackoff,
 }
 
 impl Core {
@@ -142,7 +143,7 @@ impl Core {
 
     /// The one reconcile wrapper: followers reconcile nothing; every log line carries the
     /// object's kind and key; the time and result are counted.
-    pub(super) async fn instrumented<K: Resource<DynamicType = ()>>(
+    pub(crate) async fn instrumented<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
         pass: impl std::future::Future<Output = Result<Action, Error>>,
@@ -164,7 +165,7 @@ impl Core {
     }
 
     /// The error policy of both kinds: log, and retry with the object's backoff.
-    pub(super) fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
+    pub(crate) fn retry_after_error<K: Resource<DynamicType = ()>>(&self, obj: &K, error: &Error) -> Action {
         let key = object_key(obj);
         let after = self.backoff.failure(&super::backoff::key(obj));
         tracing::warn!(%error, kind = %K::kind(&()), key, retry_in_ms = after.as_millis() as u64, "reconcile failed; retrying");

@@ -71,7 +71,7 @@ impl Expectations {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, Entry>) -> R) -> R {
-        crate::reconcile::locked(&self.entries, f)
+        crate::reconcile::core::locked(&self.entries, f)
     }
 
     fn lower(&self, owner: &str, f: impl FnOnce(&mut Entry)) {

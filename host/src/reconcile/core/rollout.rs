@@ -121,7 +121,7 @@ where
 /// A stream of every cached parent (of the served namespaces) each time this process becomes the
 /// leader: followers reconcile nothing, so the new leader looks at everything once.
 pub fn on_elected<K>(
-    leadership: super::Leadership,
+    leadership: super::leader::Leadership,
     store: Store<K>,
     namespaces: Arc<Vec<String>>,
 ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::watcher};
 use slinky_api::owners::controller_uid;
 
-use crate::reconcile::expectations::{Expectations, Relist};
+use crate::reconcile::core::expectations::{Expectations, Relist};
 
 /// A pod as the expectations see it.
 struct Sighting {

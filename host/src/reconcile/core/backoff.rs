@@ -83,7 +83,7 @@ pub struct Backoff {
 
 impl Backoff {
     fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, u32>) -> R) -> R {
-        crate::reconcile::locked(&self.failures, f)
+        crate::reconcile::core::locked(&self.failures, f)
     }
 
     /// Count a failure of `key` and return how long to wait before its next attempt.

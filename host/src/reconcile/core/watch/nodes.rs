@@ -22,7 +22,7 @@ use kube::{
 use slinky_api::keys;
 
 use super::triggers::Triggers;
-use crate::reconcile::parents::pod_owners;
+use crate::reconcile::core::parents::pod_owners;
 
 /// Keep what a pass reads of a Node: its labels and taints (placement), the cordon and its
 /// reason, the hostname override.

@@ -24,10 +24,10 @@ use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sightings::PodObserver;
-use crate::reconcile::pod_index::PodIndex;
+use crate::reconcile::core::pod_index::PodIndex;
 use crate::reconcile::{
-    expectations::Expectations,
-    parents::{
+    core::expectations::Expectations,
+    core::parents::{
         ParentStores, child_parents, controllers_of_accounting, loginsets_of, nodesets_of, nodesets_sharing,
         pod_owners, restapis_of,
     },

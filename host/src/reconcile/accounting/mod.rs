@@ -1,5 +1,5 @@
 //! The Accounting reconciler: slurmdbd's StatefulSet, Service and `slurmdbd.conf` Secret
-//! (`accounting-children` builder), applied through the one child path ([`super::apply`]); status
+//! (`accounting-children` builder), applied through the one child path ([`super::core::apply`]); status
 //! conditions and `observedGeneration`. Controllers that reference an Accounting take its address
 //! for their `AccountingStorage*` lines ([`super::controller`]).
 //!
@@ -32,7 +32,9 @@ use slinky_api::{
     contract::{AccountingInputs, MissingReference, secret_hash, secret_refs},
 };
 
-use super::{ControllerContext, Error, apply::ChildSync, backoff, component, pass::PassState};
+use super::{
+    ControllerContext, Error, component, core::apply::ChildSync, core::backoff, core::pass::PassState,
+};
 use crate::plugins::{BuilderKind, Child, ChildKind};
 
 /// The kinds of an Accounting's built children that pruning looks at (its Secret is not cached:
@@ -116,7 +118,11 @@ async fn reconcile_inner(a: &Accounting, ctx: &ControllerContext) -> Result<Acti
         }
     }
     if let Some((reason, message)) = &missing {
-        if !super::status::ConditionChanges::already_true(current, conditions::REFERENCE_NOT_FOUND, message) {
+        if !super::core::status::ConditionChanges::already_true(
+            current,
+            conditions::REFERENCE_NOT_FOUND,
+            message,
+        ) {
             tracing::warn!(reason, "{message}");
             core.event(a, EventType::Warning, reason, message.clone()).await;
         }

@@ -47,7 +47,7 @@ pub struct Caches {
 
 impl Caches {
     /// Wait until every cache has synced.
-    pub(super) async fn synced(&self) {
+    pub(crate) async fn synced(&self) {
         synced(&self.pods).await;
         synced(&self.children.services).await;
         synced(&self.children.configmaps).await;

@@ -1,5 +1,5 @@
 //! The RestApi reconciler: slurmrestd's Deployment and Service (`restapi-children` builder),
-//! applied through the one child path ([`super::apply`]); status conditions and
+//! applied through the one child path ([`super::core::apply`]); status conditions and
 //! `observedGeneration`. The Controller's slurmrestd client talks to the oldest RestApi's
 //! Service ([`super::slurm`]).
 //!
@@ -23,7 +23,9 @@ use kube::{
 };
 use slinky_api::{Controller, RestApi, RestApiStatus, checks, conditions};
 
-use super::{ControllerContext, Error, apply::ChildSync, backoff, component, pass::PassState};
+use super::{
+    ControllerContext, Error, component, core::apply::ChildSync, core::backoff, core::pass::PassState,
+};
 use crate::plugins::{BuilderKind, ChildKind};
 
 /// The kinds of a RestApi's children (what pruning looks at).

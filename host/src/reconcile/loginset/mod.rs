@@ -1,6 +1,6 @@
 //! The LoginSet reconciler: the login pods' host keys Secret (made here, by the host), then the
 //! Deployment, Service and `sshd_config` ConfigMap (`loginset-children` builder), applied through
-//! the one child path ([`super::apply`]); status conditions, `replicas`, `selector` and
+//! the one child path ([`super::core::apply`]); status conditions, `replicas`, `selector` and
 //! `observedGeneration`.
 //!
 //! # Guarantees
@@ -15,6 +15,8 @@
 //! * Every child is applied only over an object this LoginSet controls, or created; a steady
 //!   state makes no writes; children the builder no longer returns are deleted with a UID
 //!   precondition.
+
+mod host_keys;
 
 use crate::plugins::Builder as _;
 use std::{collections::BTreeSet, sync::Arc};
@@ -32,7 +34,10 @@ use slinky_api::{
     owners,
 };
 
-use super::{ControllerContext, Error, apply::ChildSync, backoff, component, pass::PassState, writer};
+use super::{
+    ControllerContext, Error, component, core::apply::ChildSync, core::backoff, core::pass::PassState,
+    core::writer,
+};
 use crate::plugins::{BuilderKind, ChildKind};
 
 /// The kinds of a LoginSet's built children (what pruning looks at).
@@ -109,7 +114,7 @@ async fn reconcile_inner(l: &LoginSet, ctx: &ControllerContext) -> Result<Action
         ));
     }
     if let Some((type_, reason, message)) = &waiting {
-        if !super::status::ConditionChanges::already_true(current, type_, message) {
+        if !super::core::status::ConditionChanges::already_true(current, type_, message) {
             tracing::warn!(reason, "{message}");
             core.event(l, EventType::Warning, reason, message.clone()).await;
         }
@@ -262,7 +267,7 @@ async fn host_keys(
     let comment = format!("{}@{}", l.name_any(), l.namespace().unwrap_or_default());
     let data = ctx
         .core
-        .blocking(move || super::host_keys::generate(&comment))
+        .blocking(move || host_keys::generate(&comment))
         .await?
         .map_err(|e| Error::Task(e.to_string()))?;
     let mut meta = kube::api::ObjectMeta {

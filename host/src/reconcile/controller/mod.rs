@@ -1,7 +1,7 @@
 //! The Controller reconciler: the slurmctld Service (`controller-service` builder) and the
 //! Controller's other children (`controller-children` builder: the slurmctld StatefulSet, the
 //! `slurm.conf` ConfigMap, the internal Service), applied through the one child path
-//! ([`super::apply`]); status conditions and `observedGeneration`.
+//! ([`super::core::apply`]); status conditions and `observedGeneration`.
 //!
 //! # Guarantees
 //! * Builders never see a Secret: the host reads the Secrets the Controller references (`get`,
@@ -18,6 +18,8 @@
 //! * A refused write is an Event (`FailedApply`, `FailedDelete`) and a `ChildFailure` condition,
 //!   retried with the Controller's exponential backoff.
 
+mod active;
+
 use crate::plugins::Builder as _;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -33,11 +35,11 @@ use slinky_api::{Controller, ControllerStatus, checks, conditions, contract::Mis
 
 use super::{
     ControllerContext, Error,
-    apply::{ChildSync, keys_of},
-    backoff,
-    pass::{PassState, first_of},
-    status::ConditionChanges,
-    time_plugin_call,
+    core::apply::{ChildSync, keys_of},
+    core::backoff,
+    core::pass::{PassState, first_of},
+    core::status::ConditionChanges,
+    core::time_plugin_call,
 };
 use crate::plugins::{BuilderKind, Child, ChildKind, ControllerInputs, Ownership};
 
@@ -286,7 +288,7 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
         }
     }
     let failures = sync.finish();
-    let ha_recheck = super::active::sync_active(ctx, c).await;
+    let ha_recheck = active::sync_active(ctx, c).await;
 
     let retry = !failures.is_empty()
         || pass.missing.is_some()

@@ -50,7 +50,7 @@ use kube::{
 };
 use sha2::{Digest, Sha256};
 
-use super::{Leadership, writer};
+use super::{leader::Leadership, writer};
 use crate::metrics::WriteMetrics;
 
 /// How long a series is remembered after its last repeat (kube's `Recorder`: 6 minutes).

@@ -14,9 +14,9 @@ use kube::{Api, Resource};
 
 use super::{
     Error,
-    apply::{ChildSync, keys_of},
-    pass::{PassState, first_of},
-    status::ConditionChanges,
+    core::apply::{ChildSync, keys_of},
+    core::pass::{PassState, first_of},
+    core::status::ConditionChanges,
 };
 use crate::plugins::{Child, ChildKind};
 use slinky_api::conditions;
