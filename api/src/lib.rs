@@ -21,6 +21,8 @@ pub mod contract;
 mod controller;
 /// Defaults of the host's settings.
 pub mod defaults;
+/// Why a pass stopped, typed: condition, reason, message, metric label, retry class.
+pub mod failure;
 /// The hashes of Slinky's `*-hash` annotations.
 pub mod hash;
 /// Labels and annotations a builder or the host may set.

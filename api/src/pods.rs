@@ -1,7 +1,10 @@
 //! Facts about pods the host, the API server and builders share: readiness and ordinal names.
 
-use k8s_openapi::api::core::v1::{
-    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodCondition,
+use k8s_openapi::{
+    api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodCondition,
+    },
+    jiff::Timestamp,
 };
 
 /// Pin `pod` to the node `node` (`pinToNode`): a required node affinity on the node's name
@@ -46,6 +49,42 @@ pub fn ready_condition(pod: &Pod) -> Option<&PodCondition> {
 /// Whether the pod has a `Ready=True` condition (whatever its phase).
 pub fn is_ready(pod: &Pod) -> bool {
     ready_condition(pod).is_some()
+}
+
+/// When the pod's `Ready=True` condition last changed: `None` when it is not ready,
+/// `Some(None)` when it is ready without a time.
+pub fn ready_since(pod: &Pod) -> Option<Option<Timestamp>> {
+    Some(ready_condition(pod)?.last_transition_time.as_ref().map(|t| t.0))
+}
+
+/// Whether a pod whose readiness is `ready` ([`ready_since`]) counts as available at `now`:
+/// ready, and for at least `min_ready_seconds` (Kubernetes' `podutil.IsPodAvailable`; without a
+/// transition time only when `min_ready_seconds` is 0).
+pub fn available_since(ready: Option<Option<Timestamp>>, min_ready_seconds: i64, now: Timestamp) -> bool {
+    match ready {
+        None => false,
+        Some(_) if min_ready_seconds <= 0 => true,
+        Some(since) => since.is_some_and(|t| t.as_second() + min_ready_seconds <= now.as_second()),
+    }
+}
+
+/// Whether the pod is available at `now`: `Ready=True` for at least `min_ready_seconds`.
+pub fn is_available(pod: &Pod, min_ready_seconds: i64, now: Timestamp) -> bool {
+    available_since(ready_since(pod), min_ready_seconds, now)
+}
+
+/// [`is_available`] of a pod as JSON (the API server's stored form).
+pub fn json_is_available(pod: &serde_json::Value, min_ready_seconds: i64, now: Timestamp) -> bool {
+    let ready = pod
+        .pointer("/status/conditions")
+        .and_then(serde_json::Value::as_array)
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready" && c["status"] == "True"))
+        .map(|c| {
+            c["lastTransitionTime"]
+                .as_str()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+        });
+    available_since(ready, min_ready_seconds, now)
 }
 
 /// [`is_ready`] of a pod as JSON (the API server's stored form).

@@ -6,7 +6,7 @@ use k8s_openapi::{
     api::core::v1::{ConfigMap, Secret, SecretKeySelector},
 };
 
-use crate::{Accounting, Controller, NodeSet, hash::checksum_of_map};
+use crate::{Accounting, Controller, LoginSet, NodeSet, hash::checksum_of_map};
 
 /// A ConfigMap a Controller references, by the files it provides (its keys, sorted): never their
 /// content.
@@ -138,6 +138,45 @@ impl MissingReference {
     pub fn holds_back(&self) -> bool {
         !matches!(self, MissingReference::Accounting { .. })
     }
+
+    /// What is missing, of a parent in namespace `ns`, naming the object and the field:
+    /// `Secret ns/k (spec.slurmKeyRef) does not exist`.
+    pub fn describe(&self, ns: &str) -> String {
+        match self {
+            MissingReference::Secret { field, name } => {
+                format!("Secret {ns}/{name} ({field}) does not exist")
+            }
+            MissingReference::SecretKey { field, name, key } => {
+                format!("Secret {ns}/{name} ({field}) has no key {key:?}")
+            }
+            MissingReference::ConfigMap { name } => {
+                format!("ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist")
+            }
+            MissingReference::ConfigMapKey { name, key } => {
+                format!("ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {key:?}")
+            }
+            MissingReference::Accounting { name } => {
+                format!("Accounting {ns}/{name} (spec.accountingRef) does not exist")
+            }
+        }
+    }
+}
+
+/// The value of `key` of `secret`: `stringData`'s (what a client wrote and the API server has
+/// not merged yet) over `data`'s.
+pub fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| v.as_bytes().to_vec())
+        .or_else(|| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|ByteString(v)| v.clone())
+        })
 }
 
 /// Slinky's hash of a Secret's data (`stringData` over `data`, as the API server stores it).
@@ -243,6 +282,46 @@ impl ControllerInputs {
             inputs.config_maps.push(files);
         }
         missing.extend(account_missing);
+        (inputs, missing)
+    }
+}
+
+impl LoginSetInputs {
+    /// The inputs of `loginset`'s children builder: the hash of its host keys Secret (`keys`,
+    /// `None` before the host made it: the hash is empty) and of the `sssd.conf` value
+    /// `spec.sssdConfRef` names (`secret` looks a Secret of its namespace up by name), with the
+    /// reference the lookup could not satisfy.
+    pub fn gather<'a>(
+        loginset: &LoginSet,
+        keys: Option<&Secret>,
+        secret: impl Fn(&str) -> Option<&'a Secret>,
+    ) -> (LoginSetInputs, Option<MissingReference>) {
+        let sssd = &loginset.spec.sssd_conf_ref;
+        const FIELD: &str = "spec.sssdConfRef";
+        let (sssd_conf_hash, missing) = match secret(&sssd.name) {
+            None => (
+                String::new(),
+                Some(MissingReference::Secret {
+                    field: FIELD,
+                    name: sssd.name.clone(),
+                }),
+            ),
+            Some(found) => match secret_value(found, &sssd.key) {
+                Some(value) => (crate::hash::sha256_hex(&value), None),
+                None => (
+                    String::new(),
+                    Some(MissingReference::SecretKey {
+                        field: FIELD,
+                        name: sssd.name.clone(),
+                        key: sssd.key.clone(),
+                    }),
+                ),
+            },
+        };
+        let inputs = LoginSetInputs {
+            ssh_host_keys_hash: keys.map(secret_hash).unwrap_or_default(),
+            sssd_conf_hash,
+        };
         (inputs, missing)
     }
 }

@@ -17,6 +17,7 @@ pub use examples::{
 };
 pub use inputs::{
     AccountingInputs, ConfigMapFiles, ControllerInputs, LoginSetInputs, MissingReference, secret_hash,
+    secret_value,
 };
 pub use kinds::{
     BuilderKind, CONTRACT_VERSION, Contract, LogLevel, PACKAGE, PluginInfo, SUPPORTED_CONTRACTS,

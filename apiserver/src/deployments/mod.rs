@@ -185,19 +185,7 @@ fn without_hash(template: &Value) -> Value {
 /// Whether a pod counts as available: Ready for at least `min_ready_seconds`
 /// (`podutil.IsPodAvailable`).
 fn pod_available(pod: &Value, min_ready_seconds: i64, now: k8s_openapi::jiff::Timestamp) -> bool {
-    if !slinky_api::pods::json_is_ready(pod) {
-        return false;
-    }
-    if min_ready_seconds <= 0 {
-        return true;
-    }
-    let since = pod
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-        .and_then(|c| c["lastTransitionTime"].as_str())
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
-    since.is_some_and(|t| t.as_second() + min_ready_seconds <= now.as_second())
+    slinky_api::pods::json_is_available(pod, min_ready_seconds, now)
 }
 
 #[cfg(test)]

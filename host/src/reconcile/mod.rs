@@ -8,11 +8,11 @@
 
 mod accounting;
 pub mod builder_plugin;
-mod component;
-mod controller;
+pub mod component;
+pub mod controller;
 pub mod core;
 mod loginset;
-mod nodeset;
+pub mod nodeset;
 mod restapi;
 pub mod slurm;
 
@@ -20,7 +20,7 @@ pub use self::core::{
     Error, Metrics, WriteMetrics,
     backoff::Backoff,
     caches::{Caches, ChildCaches},
-    context::{ControllerContext, Core, NodeSetContext},
+    context::Core,
     events::Events,
     expectations::Expectations,
     leader::{LeaderConfig, Leadership},
@@ -39,11 +39,14 @@ use futures::{StreamExt, future::BoxFuture};
 use k8s_openapi::api::{apps::v1::StatefulSet, core::v1::Pod};
 use kube::{
     Client, Resource,
-    runtime::{Controller as KubeController, events::Reporter, reflector::Store, watcher},
+    runtime::{
+        Controller as KubeController, controller::Action, events::Reporter, reflector::Store, watcher,
+    },
 };
 use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
 
 use self::core::{announced, applied, rollout, secrets, watch};
+pub use self::{component::ComponentContext, controller::ControllerContext, nodeset::NodeSetContext};
 use crate::plugins::{BuildContext, BuilderKind, PluginRegistry};
 
 /// Settings of [`start`].
@@ -118,43 +121,50 @@ fn receiver_stream<T: Send + 'static>(
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
 }
 
-/// A kube-runtime controller of `K` with no watch of its own: every trigger comes from the shared
-/// watches (after their stores applied the event), a swap of one of `builders`, or this process
-/// becoming the leader.
-fn queue<K>(
-    store: &Store<K>,
-    triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
-    builders: &[BuilderKind],
-    plugins: &Arc<PluginRegistry>,
-    events: &Events,
-    config: &RunConfig,
-    allowed: &Arc<Vec<String>>,
-) -> KubeController<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let mut ctl =
-        KubeController::for_stream(no_watch::<K>(), store.clone()).reconcile_on(receiver_stream(triggers));
-    for &kind in builders {
-        ctl = ctl.reconcile_on(rollout::on_swap(
-            plugins.clone(),
-            kind,
+/// What every queue of a host is made with.
+struct QueueSetup<'a> {
+    plugins: &'a Arc<PluginRegistry>,
+    events: &'a Events,
+    leadership: &'a Leadership,
+    allowed: &'a Arc<Vec<String>>,
+}
+
+impl QueueSetup<'_> {
+    /// A kube-runtime controller of `K` with no watch of its own: every trigger comes from the
+    /// shared watches (after their stores applied the event), a swap of one of `builders`, or
+    /// this process becoming the leader.
+    fn queue<K>(
+        &self,
+        store: &Store<K>,
+        triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<K>>,
+        builders: &[BuilderKind],
+    ) -> KubeController<K>
+    where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let mut ctl = KubeController::for_stream(no_watch::<K>(), store.clone())
+            .reconcile_on(receiver_stream(triggers));
+        for &kind in builders {
+            ctl = ctl.reconcile_on(rollout::on_swap(
+                self.plugins.clone(),
+                kind,
+                store.clone(),
+                self.events.clone(),
+                self.allowed.clone(),
+            ));
+        }
+        ctl.reconcile_on(rollout::on_elected(
+            self.leadership.clone(),
             store.clone(),
-            events.clone(),
-            allowed.clone(),
-        ));
+            self.allowed.clone(),
+        ))
     }
-    ctl.reconcile_on(rollout::on_elected(
-        config.leadership.clone(),
-        store.clone(),
-        allowed.clone(),
-    ))
 }
 
 /// A future that completes when `tx` sends (or is dropped).
@@ -165,16 +175,63 @@ fn on_signal(tx: &tokio::sync::broadcast::Sender<()>) -> impl std::future::Futur
     }
 }
 
-/// Log the end of one reconcile of a controller's stream (its error, if any).
-fn log_reconcile<T, E: std::fmt::Display>(
-    what: &'static str,
-) -> impl FnMut(Result<T, E>) -> futures::future::Ready<()> {
-    move |r| {
-        if let Err(error) = r {
-            tracing::debug!(%error, "{what} reconcile");
-        }
-        futures::future::ready(())
+/// A reconciler's context: it reaches the [`Core`] every reconciler shares.
+trait HasCore: Send + Sync + 'static {
+    fn core(&self) -> &Core;
+}
+
+impl HasCore for ControllerContext {
+    fn core(&self) -> &Core {
+        &self.core
     }
+}
+
+impl HasCore for NodeSetContext {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl HasCore for ComponentContext {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+}
+
+/// Run one kind's queue with `reconcile` until `tx_shutdown` sends: its errors retried with the
+/// object's backoff, each pass' error logged.
+fn run_queue<K, C, F, Fut>(
+    queue: KubeController<K>,
+    reconcile: F,
+    ctx: Arc<C>,
+    tx_shutdown: &tokio::sync::broadcast::Sender<()>,
+) -> impl std::future::Future<Output = ()> + Send + use<K, C, F, Fut>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    C: HasCore,
+    F: FnMut(Arc<K>, Arc<C>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let kind = K::kind(&()).to_string();
+    queue
+        .graceful_shutdown_on(on_signal(tx_shutdown))
+        .run(
+            reconcile,
+            |obj, error, ctx: Arc<C>| ctx.core().retry_after_error(obj.as_ref(), error),
+            ctx,
+        )
+        .for_each(move |r| {
+            if let Err(error) = r {
+                tracing::debug!(%error, "{kind} reconcile");
+            }
+            futures::future::ready(())
+        })
 }
 
 /// The controllers of a host.
@@ -186,9 +243,17 @@ struct Queues {
     accountings: KubeController<Accounting>,
 }
 
-/// Run the watches, and both controllers once every cache has synced, until `shutdown` completes.
+/// The contexts of a host's reconcilers.
+struct Contexts {
+    controller: Arc<ControllerContext>,
+    nodeset: Arc<NodeSetContext>,
+    component: Arc<ComponentContext>,
+}
+
+/// Run the watches, and every controller once every cache has synced, until `shutdown`
+/// completes.
 async fn run(
-    contexts: (Arc<ControllerContext>, Arc<NodeSetContext>),
+    contexts: Contexts,
     queues: Queues,
     watch_task: BoxFuture<'static, ()>,
     ready: Arc<AtomicBool>,
@@ -197,77 +262,66 @@ async fn run(
     let caches = tokio::spawn(watch_task);
     // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
     // Controllers are known would report its Controller missing.
-    let (controller_ctx, nodeset_ctx) = contexts;
-    let (restapi_ctx, loginset_ctx, accounting_ctx) = (
-        controller_ctx.clone(),
-        controller_ctx.clone(),
-        controller_ctx.clone(),
-    );
-    nodeset_ctx.caches.synced().await;
+    contexts.nodeset.caches.synced().await;
     ready.store(true, Ordering::SeqCst);
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
-    let controllers_run = queues
-        .controllers
-        .graceful_shutdown_on(on_signal(&tx_shutdown))
-        .run(
-            controller::reconcile,
-            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
-            controller_ctx,
-        )
-        .for_each(log_reconcile("controller"));
-    let nodesets_run = queues
-        .nodesets
-        .graceful_shutdown_on(on_signal(&tx_shutdown))
-        .run(
-            nodeset::reconcile,
-            |obj, error, ctx: Arc<NodeSetContext>| ctx.core.retry_after_error(obj.as_ref(), error),
-            nodeset_ctx,
-        )
-        .for_each(log_reconcile("nodeset"));
-    let restapis_run = queues
-        .restapis
-        .graceful_shutdown_on(on_signal(&tx_shutdown))
-        .run(
-            restapi::reconcile,
-            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
-            restapi_ctx,
-        )
-        .for_each(log_reconcile("restapi"));
-    let loginsets_run = queues
-        .loginsets
-        .graceful_shutdown_on(on_signal(&tx_shutdown))
-        .run(
-            loginset::reconcile,
-            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
-            loginset_ctx,
-        )
-        .for_each(log_reconcile("loginset"));
-    let accountings_run = queues
-        .accountings
-        .graceful_shutdown_on(on_signal(&tx_shutdown))
-        .run(
-            accounting::reconcile,
-            |obj, error, ctx: Arc<ControllerContext>| ctx.core.retry_after_error(obj.as_ref(), error),
-            accounting_ctx,
-        )
-        .for_each(log_reconcile("accounting"));
+    let component = contexts.component;
+    let tx = &tx_shutdown;
+    let runs = futures::future::join5(
+        run_queue(queues.controllers, controller::reconcile, contexts.controller, tx),
+        run_queue(queues.nodesets, nodeset::reconcile, contexts.nodeset, tx),
+        run_queue(
+            queues.restapis,
+            component::reconcile::<RestApi>,
+            component.clone(),
+            tx,
+        ),
+        run_queue(
+            queues.loginsets,
+            component::reconcile::<LoginSet>,
+            component.clone(),
+            tx,
+        ),
+        run_queue(
+            queues.accountings,
+            component::reconcile::<Accounting>,
+            component,
+            tx,
+        ),
+    );
     let trigger = async move {
         shutdown.await;
         let _ = tx_shutdown.send(());
     };
-    tokio::join!(
-        controllers_run,
-        nodesets_run,
-        restapis_run,
-        loginsets_run,
-        accountings_run,
-        trigger
-    );
+    tokio::join!(runs, trigger);
     caches.abort();
     ready.store(false, Ordering::SeqCst);
 }
 
-/// Run the host until `shutdown` completes: one watch per kind, then both controllers once every
+/// The queues of every kind over the shared watches' stores and triggers.
+fn queues(c: &Caches, triggers: watch::Receivers, setup: &QueueSetup<'_>) -> Queues {
+    Queues {
+        controllers: setup.queue(
+            &c.controllers,
+            triggers.controllers,
+            &[BuilderKind::ControllerService, BuilderKind::ControllerChildren],
+        ),
+        nodesets: setup.queue(
+            &c.nodesets,
+            triggers.nodesets,
+            &[BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
+        ),
+        restapis: setup.queue(&c.restapis, triggers.restapis, &[BuilderKind::RestapiChildren]),
+        loginsets: setup.queue(&c.loginsets, triggers.loginsets, &[BuilderKind::LoginsetChildren]),
+        accountings: setup.queue(
+            &c.accountings,
+            triggers.accountings,
+            &[BuilderKind::AccountingChildren],
+        ),
+    }
+}
+
+/// Run the host until `shutdown` completes: one watch per kind, then every controller once every
 /// cache has synced. In-flight reconciles finish before it returns.
 ///
 /// # Errors
@@ -287,7 +341,11 @@ pub fn start(
         _ => None,
     };
     let allowed = Arc::new(config.namespaces.clone());
-    let watches = watch::start(
+    let watch::Watches {
+        caches,
+        triggers,
+        task: watch_task,
+    } = watch::start(
         &client,
         &one_namespace,
         allowed.clone(),
@@ -303,53 +361,16 @@ pub fn start(
         config.leadership.clone(),
         writes.clone(),
     );
-    let queues = Queues {
-        controllers: queue(
-            &watches.caches.controllers,
-            watches.controller_triggers,
-            &[BuilderKind::ControllerService, BuilderKind::ControllerChildren],
-            &plugins,
-            &events,
-            &config,
-            &allowed,
-        ),
-        nodesets: queue(
-            &watches.caches.nodesets,
-            watches.nodeset_triggers,
-            &[BuilderKind::NodesetPod, BuilderKind::NodesetChildren],
-            &plugins,
-            &events,
-            &config,
-            &allowed,
-        ),
-        restapis: queue(
-            &watches.caches.restapis,
-            watches.restapi_triggers,
-            &[BuilderKind::RestapiChildren],
-            &plugins,
-            &events,
-            &config,
-            &allowed,
-        ),
-        loginsets: queue(
-            &watches.caches.loginsets,
-            watches.loginset_triggers,
-            &[BuilderKind::LoginsetChildren],
-            &plugins,
-            &events,
-            &config,
-            &allowed,
-        ),
-        accountings: queue(
-            &watches.caches.accountings,
-            watches.accounting_triggers,
-            &[BuilderKind::AccountingChildren],
-            &plugins,
-            &events,
-            &config,
-            &allowed,
-        ),
-    };
+    let queues = queues(
+        &caches,
+        triggers,
+        &QueueSetup {
+            plugins: &plugins,
+            events: &events,
+            leadership: &config.leadership,
+            allowed: &allowed,
+        },
+    );
     let slurm = Arc::new(slurm::SlurmClients::new(
         client.clone(),
         &config.slurmrestd_urls,
@@ -368,44 +389,47 @@ pub fn start(
         announced: announced::Announced::default(),
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
-        slurm: slurm.clone(),
-        create_permits: tokio::sync::Semaphore::new(nodeset::CREATES_IN_FLIGHT),
     });
     let applied = applied::applied_versions();
-    let contexts = (
-        Arc::new(ControllerContext {
+    let contexts = Contexts {
+        controller: Arc::new(ControllerContext {
             core: core.clone(),
-            caches: watches.caches.clone(),
+            caches: caches.clone(),
             applied: applied.clone(),
+            slurm: slurm.clone(),
         }),
-        Arc::new(NodeSetContext {
+        nodeset: Arc::new(NodeSetContext::new(
+            core.clone(),
+            caches.clone(),
+            applied.clone(),
+            expectations.clone(),
+            slurm.clone(),
+        )),
+        component: Arc::new(ComponentContext {
             core,
-            caches: watches.caches.clone(),
+            caches: caches.clone(),
             applied,
-            expectations: expectations.clone(),
-            differing: nodeset::differing::DifferingPods::default(),
-            daemon_backoff: nodeset::daemon::DaemonBackoff::default(),
         }),
-    );
+    };
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {
         ready: ready.clone(),
         writes,
         metrics,
         expectations,
-        pods: watches.caches.pods,
-        nodesets: watches.caches.nodesets,
-        controllers: watches.caches.controllers,
-        statefulsets: watches.caches.children.statefulsets,
-        restapis: watches.caches.restapis,
-        loginsets: watches.caches.loginsets,
-        accountings: watches.caches.accountings,
+        pods: caches.pods,
+        nodesets: caches.nodesets,
+        controllers: caches.controllers,
+        statefulsets: caches.children.statefulsets,
+        restapis: caches.restapis,
+        loginsets: caches.loginsets,
+        accountings: caches.accountings,
         leader: config.leadership,
         slurm,
         api_requests: config.api_requests,
     };
     (
         handles,
-        Box::pin(run(contexts, queues, watches.task, ready, shutdown)),
+        Box::pin(run(contexts, queues, watch_task, ready, shutdown)),
     )
 }

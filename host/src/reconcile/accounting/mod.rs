@@ -1,7 +1,7 @@
-//! The Accounting reconciler: slurmdbd's StatefulSet, Service and `slurmdbd.conf` Secret
-//! (`accounting-children` builder), applied through the one child path ([`super::core::apply`]); status
-//! conditions and `observedGeneration`. Controllers that reference an Accounting take its address
-//! for their `AccountingStorage*` lines ([`super::controller`]).
+//! The Accounting: slurmdbd's StatefulSet, Service and `slurmdbd.conf` Secret
+//! (`accounting-children` builder), through the generic component pass
+//! ([`crate::reconcile::component`]). Controllers that reference an Accounting take its address
+//! for their `AccountingStorage*` lines ([`crate::reconcile::controller`]).
 //!
 //! # Guarantees
 //! * The builder gets a copy of the Accounting and hashes of its key Secrets and of its stored
@@ -18,174 +18,97 @@
 //! * slurmdbd's StatefulSet goes with the Accounting (or when it turns external), never because a
 //!   build left it out.
 
-use crate::plugins::Builder as _;
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
-
-use k8s_openapi::{ByteString, api::core::v1::Secret};
-use kube::{
-    Api, ResourceExt,
-    runtime::{controller::Action, events::EventType, reflector::ObjectRef},
-};
+use k8s_openapi::{ByteString, api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::Condition};
+use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
 use serde_json::Value;
 use slinky_api::{
-    Accounting, AccountingStatus, checks, conditions,
-    contract::{AccountingInputs, MissingReference, secret_hash, secret_refs},
+    Accounting, AccountingStatus, checks,
+    contract::{AccountingInputs, MissingReference, secret_hash, secret_refs, secret_value},
+    failure::Failure,
 };
 
 use super::{
-    ControllerContext, Error, component, core::apply::ChildSync, core::backoff, core::pass::PassState,
+    component::{Component, ComponentContext, Prepared},
+    core::{Error, apply::ChildSync, caches::Caches},
 };
-use crate::plugins::{BuilderKind, Child, ChildKind};
+use crate::plugins::{BuildContext, Builder as _, BuilderKind, Child, ChildKind, Pipeline, PluginError};
 
-/// The kinds of an Accounting's built children that pruning looks at (its Secret is not cached:
-/// it goes with the Accounting).
-const CHILD_KINDS: [ChildKind; 2] = [ChildKind::Service, ChildKind::StatefulSet];
-
-/// How soon a pass that wrote a new `slurmdbd.conf` comes back to roll slurmdbd.
-const ROLL_AFTER_CONF: Duration = Duration::from_secs(1);
-
-/// Reconcile one Accounting.
-///
-/// # Errors
-/// API errors (retried with the Accounting's backoff by the error policy).
-pub async fn reconcile(a: Arc<Accounting>, ctx: Arc<ControllerContext>) -> Result<Action, Error> {
-    ctx.core.instrumented(a.as_ref(), reconcile_inner(&a, &ctx)).await
+/// What an Accounting's children are made of: the builder's inputs and the database password.
+pub(crate) struct Inputs {
+    builder: AccountingInputs,
+    password: Option<String>,
 }
 
-/// What stops a pass before the builder runs: `(reason, message)` of `ReferenceNotFound`.
-type Missing = (&'static str, String);
+impl Component for Accounting {
+    const BUILDER: BuilderKind = BuilderKind::AccountingChildren;
+    // Its Secret is not cached: it goes with the Accounting.
+    const CHILD_KINDS: &'static [ChildKind] = &[ChildKind::Service, ChildKind::StatefulSet];
+    type Inputs = Inputs;
 
-async fn reconcile_inner(a: &Accounting, ctx: &ControllerContext) -> Result<Action, Error> {
-    let core = ctx.core.as_ref();
-    let ns = a.namespace().unwrap_or_default();
-    if a.metadata.deletion_timestamp.is_some() || !core.serves(&ns) {
-        return Ok(Action::await_change());
+    fn spec_problem(&self) -> Option<String> {
+        checks::summary(&self.spec_problems())
     }
-    let current = a
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    let mut state = PassState::new(core, a, current);
-    let mut sync = ChildSync::new(
-        core,
-        &ctx.caches.children,
-        &ctx.applied,
-        a,
-        current,
-        BTreeSet::new(),
-    );
-    let mut applied = Vec::new();
-    let mut missing: Option<Missing> = None;
-    let mut roll_soon = false;
-    if let Some(problem) = checks::summary(&a.spec_problems()) {
-        state.problem(conditions::INVALID_SPEC, problem).await;
-    } else {
-        match read_inputs(ctx, a).await? {
-            Err(m) => missing = Some(m),
-            Ok((inputs, password)) => {
-                let stored_hash = inputs.slurmdbd_conf_hash.clone();
-                let copy = a.clone();
-                let built = core
-                    .call_builder(
-                        BuilderKind::AccountingChildren,
-                        a.labels(),
-                        move |plugin, build| plugin.build_accounting_children(build, &copy, &inputs),
-                    )
-                    .await?;
-                match built.map(|children| with_secret_values(children, a, password.as_deref())) {
-                    Ok(Ok(mut desired)) => {
-                        roll_soon = desired
-                            .iter()
-                            .filter(|c| c.kind == ChildKind::Secret)
-                            .any(|c| hash_of(c) != stored_hash);
-                        // No slurmdbd.conf stored yet: slurmdbd waits for it (its pod would not
-                        // mount, and would roll once the hash of the new Secret is known).
-                        if stored_hash.is_empty() && roll_soon {
-                            desired.retain(|c| c.kind != ChildKind::StatefulSet);
-                        }
-                        let kept: &[ChildKind] = if a.spec.external {
-                            &[]
-                        } else {
-                            &[ChildKind::StatefulSet]
-                        };
-                        applied = component::apply_and_prune(&mut sync, desired, &CHILD_KINDS, kept).await?;
-                    }
-                    Ok(Err(message)) => state.problem(conditions::INVALID_SPEC, message).await,
-                    Err(e) => state.builder_error(&e).await,
-                }
-            }
+
+    async fn inputs(
+        &self,
+        ctx: &ComponentContext,
+        _: &mut ChildSync<'_, Self>,
+    ) -> Result<Result<Inputs, Option<Failure>>, Error> {
+        Ok(read_inputs(ctx, self).await?.map_err(Some))
+    }
+
+    fn build(
+        &self,
+        builder: &Pipeline,
+        ctx: &BuildContext,
+        inputs: &Inputs,
+    ) -> Result<Vec<Child>, PluginError> {
+        builder.build_accounting_children(ctx, self, &inputs.builder)
+    }
+
+    fn prepare(&self, children: Vec<Child>, inputs: &Inputs) -> Result<Prepared, Failure> {
+        let stored_hash = &inputs.builder.slurmdbd_conf_hash;
+        let mut children =
+            with_secret_values(children, self, inputs.password.as_deref()).map_err(Failure::invalid_spec)?;
+        let new_conf = children
+            .iter()
+            .filter(|c| c.kind == ChildKind::Secret)
+            .any(|c| hash_of(c) != *stored_hash);
+        // No slurmdbd.conf stored yet: slurmdbd waits for it (its pod would not mount, and would
+        // roll once the hash of the new Secret is known).
+        if stored_hash.is_empty() && new_conf {
+            children.retain(|c| c.kind != ChildKind::StatefulSet);
+        }
+        Ok(Prepared {
+            children,
+            come_back_soon: new_conf,
+        })
+    }
+
+    fn kept(&self) -> &'static [ChildKind] {
+        if self.spec.external {
+            &[]
+        } else {
+            &[ChildKind::StatefulSet]
         }
     }
-    if let Some((reason, message)) = &missing {
-        if !super::core::status::ConditionChanges::already_true(
-            current,
-            conditions::REFERENCE_NOT_FOUND,
-            message,
-        ) {
-            tracing::warn!(reason, "{message}");
-            core.event(a, EventType::Warning, reason, message.clone()).await;
-        }
-        state.problem = Some((conditions::REFERENCE_NOT_FOUND, message.clone()));
-    }
-    let failures = sync.finish();
-    let retry = !failures.is_empty() || state.builder_failed || missing.is_some();
-    component::set_conditions(
-        &mut state,
-        &[
-            conditions::INVALID_SPEC,
-            conditions::BUILDER_FAILED,
-            conditions::REFERENCE_NOT_FOUND,
-        ],
-        &failures,
-        &applied,
-        readiness(ctx, a),
-    );
-    if let Some((reason, message)) = &missing {
-        state
-            .conditions
-            .set(conditions::REFERENCE_NOT_FOUND, true, reason, message.clone());
-        state
-            .conditions
-            .set(conditions::READY, false, reason, message.clone());
-    }
-    let changes = state.conditions.clone();
-    let generation = a.metadata.generation;
-    component::write_status(
-        core,
-        a,
-        move |obj: &Accounting| AccountingStatus {
-            observed_generation: generation,
-            conditions: changes.apply(
-                obj.status
-                    .as_ref()
-                    .map(|s| s.conditions.as_slice())
-                    .unwrap_or_default(),
-            ),
-        },
-        |obj: &Accounting| obj.status.clone(),
-    )
-    .await?;
-    let requeue = core
-        .backoff
-        .record(&backoff::key(a), backoff::Outcome::of(true, retry))
-        .unwrap_or(core.resync);
-    Ok(Action::requeue(if roll_soon && failures.is_empty() {
-        requeue.min(ROLL_AFTER_CONF)
-    } else {
-        requeue
-    }))
-}
 
-/// slurmdbd's readiness, as its StatefulSet reports it (none for an external Accounting).
-fn readiness(ctx: &ControllerContext, a: &Accounting) -> Option<String> {
-    if a.spec.external {
-        return Some("external: slurmdbd runs elsewhere".into());
+    fn readiness(&self, caches: &Caches) -> Option<String> {
+        if self.spec.external {
+            return Some("external: slurmdbd runs elsewhere".into());
+        }
+        let key = ObjectRef::new(&self.accounting_key()).within(&self.namespace().unwrap_or_default());
+        let sts = caches.children.statefulsets.get(&key)?;
+        let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+        Some(format!("slurmdbd {ready}/1 ready"))
     }
-    let key = ObjectRef::new(&a.accounting_key()).within(&a.namespace().unwrap_or_default());
-    let sts = ctx.caches.children.statefulsets.get(&key)?;
-    let ready = sts.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
-    Some(format!("slurmdbd {ready}/1 ready"))
+
+    fn status_after(&self, _: &Self, conditions: Vec<Condition>, _: &Caches) -> AccountingStatus {
+        AccountingStatus {
+            observed_generation: self.metadata.generation,
+            conditions,
+        }
+    }
 }
 
 /// The hash of a built Secret's data, as Slinky hashes the stored one.
@@ -197,14 +120,14 @@ fn hash_of(child: &Child) -> String {
 
 /// What the builder needs (the key hashes and the stored `slurmdbd.conf`'s) and the database
 /// password, read from the API by name; or the first missing reference.
-async fn read_inputs(
-    ctx: &ControllerContext,
-    a: &Accounting,
-) -> Result<Result<(AccountingInputs, Option<String>), Missing>, Error> {
+async fn read_inputs(ctx: &ComponentContext, a: &Accounting) -> Result<Result<Inputs, Failure>, Error> {
     let ns = a.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(ctx.core.client.clone(), &ns);
     if a.spec.external {
-        return Ok(Ok((AccountingInputs::default(), None)));
+        return Ok(Ok(Inputs {
+            builder: AccountingInputs::default(),
+            password: None,
+        }));
     }
     let mut secrets = std::collections::BTreeMap::new();
     for r in a.key_secret_refs() {
@@ -215,56 +138,38 @@ async fn read_inputs(
         }
     }
     let stored = api.get_opt(&a.accounting_key()).await?;
-    let (inputs, missing) = AccountingInputs::gather(a, |name| secrets.get(name), stored.as_ref());
+    let (builder, missing) = AccountingInputs::gather(a, |name| secrets.get(name), stored.as_ref());
+    let waits = |m: &MissingReference| {
+        Failure::reference_not_found(
+            m.reason(),
+            format!(
+                "{}: slurmdbd's StatefulSet and its configuration wait for it",
+                m.describe(&ns)
+            ),
+        )
+    };
     if let Some(m) = missing.first() {
-        return Ok(Err((m.reason(), missing_message(&ns, m))));
+        return Ok(Err(waits(m)));
     }
     let pass = &a.spec.storage_config.password_key_ref;
+    const FIELD: &str = "spec.storageConfig.passwordKeyRef";
     let Some(secret) = api.get_opt(&pass.name).await? else {
-        return Ok(Err((
-            "SecretNotFound",
-            format!(
-                "Secret {ns}/{} (spec.storageConfig.passwordKeyRef) does not exist: slurmdbd's \
-                 configuration waits for it",
-                pass.name
-            ),
-        )));
+        return Ok(Err(waits(&MissingReference::Secret {
+            field: FIELD,
+            name: pass.name.clone(),
+        })));
     };
-    let value = secret
-        .string_data
-        .as_ref()
-        .and_then(|d| d.get(&pass.key))
-        .map(|v| v.as_bytes().to_vec())
-        .or_else(|| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(&pass.key))
-                .map(|ByteString(v)| v.clone())
-        });
-    let Some(value) = value else {
-        return Ok(Err((
-            "SecretKeyNotFound",
-            format!(
-                "Secret {ns}/{} (spec.storageConfig.passwordKeyRef) has no key {:?}: slurmdbd's \
-                 configuration waits for it",
-                pass.name, pass.key
-            ),
-        )));
+    let Some(value) = secret_value(&secret, &pass.key) else {
+        return Ok(Err(waits(&MissingReference::SecretKey {
+            field: FIELD,
+            name: pass.name.clone(),
+            key: pass.key.clone(),
+        })));
     };
-    Ok(Ok((inputs, Some(String::from_utf8_lossy(&value).into_owned()))))
-}
-
-/// The `ReferenceNotFound` message of a missing key reference of an Accounting of namespace `ns`.
-fn missing_message(ns: &str, missing: &MissingReference) -> String {
-    let what = match missing {
-        MissingReference::Secret { field, name } => format!("Secret {ns}/{name} ({field}) does not exist"),
-        MissingReference::SecretKey { field, name, key } => {
-            format!("Secret {ns}/{name} ({field}) has no key {key:?}")
-        }
-        other => format!("{other:?}"),
-    };
-    format!("{what}: slurmdbd's StatefulSet and its configuration wait for it")
+    Ok(Ok(Inputs {
+        builder,
+        password: Some(String::from_utf8_lossy(&value).into_owned()),
+    }))
 }
 
 /// `children` with each Secret's placeholders replaced by the database password and its

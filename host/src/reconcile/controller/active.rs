@@ -18,7 +18,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::{Controller, keys};
 
-use crate::reconcile::{ControllerContext, core::writer, slurm::Reach};
+use super::ControllerContext;
+use crate::reconcile::{core::writer, slurm::Reach};
 
 /// How often an HA Controller's primary is asked for.
 pub const HA_RECHECK: Duration = Duration::from_secs(5);
@@ -71,7 +72,7 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
         return Some(HA_RECHECK);
     }
     let core = ctx.core.as_ref();
-    let primary = match core.slurm.reach(c, &ctx.caches).await {
+    let primary = match ctx.slurm.reach(c, &ctx.caches).await {
         Reach::On(cluster) => match cluster.client().ping().await {
             Ok(pings) => slinky_slurm::in_control(&pings).map(|p| p.hostname.clone()),
             Err(e) => {

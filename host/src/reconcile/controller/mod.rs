@@ -29,19 +29,39 @@ use std::{
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api, ResourceExt,
-    runtime::{controller::Action, events::EventType, reflector::ObjectRef},
+    runtime::{controller::Action, reflector::ObjectRef},
 };
-use slinky_api::{Controller, ControllerStatus, checks, conditions, contract::MissingReference};
+use slinky_api::{
+    Controller, ControllerStatus, checks, conditions, contract::MissingReference, failure::Failure,
+};
 
 use super::{
-    ControllerContext, Error,
-    core::apply::{ChildSync, keys_of},
-    core::backoff,
-    core::pass::{PassState, first_of},
-    core::status::ConditionChanges,
-    core::time_plugin_call,
+    core::{
+        Error,
+        applied::AppliedVersions,
+        apply::{ChildSync, keys_of},
+        backoff,
+        caches::Caches,
+        context::Core,
+        pass::PassState,
+        status,
+    },
+    slurm::SlurmClients,
 };
 use crate::plugins::{BuilderKind, Child, ChildKind, ControllerInputs, Ownership};
+
+/// What the Controller reconciler gets.
+pub struct ControllerContext {
+    /// What every reconciler shares.
+    pub core: Arc<Core>,
+    /// The caches (it reads the NodeSets, the referenced ConfigMaps and its children).
+    pub caches: Caches,
+    /// What the host last applied to each child (hash and resulting resourceVersion).
+    pub applied: Arc<AppliedVersions>,
+    /// The slurmrestd clients of the Controllers (which slurmctld is in control, for the HA
+    /// `active` label).
+    pub slurm: Arc<SlurmClients>,
+}
 
 /// The kinds of a Controller's children (what pruning looks at).
 const CHILD_KINDS: [ChildKind; 3] = [ChildKind::ConfigMap, ChildKind::Service, ChildKind::StatefulSet];
@@ -60,38 +80,25 @@ struct Pass<'a> {
     c: &'a Controller,
     /// The conditions and the problem (a builder failed or refused the input).
     state: PassState<'a, Controller>,
-    /// A referenced Secret or ConfigMap is missing: `(reason, message)`.
-    missing: Option<(&'static str, String)>,
+    /// A referenced Secret, ConfigMap or Accounting is missing (`ReferenceNotFound`).
+    missing: Option<Failure>,
 }
 
 impl Pass<'_> {
-    async fn missing(&mut self, reason: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.state.current(), conditions::REFERENCE_NOT_FOUND, &message) {
-            tracing::warn!(reason, "{message}");
-            self.ctx
-                .core
-                .event(self.c, EventType::Warning, reason, message.clone())
-                .await;
-        }
-        self.missing = Some((reason, message));
+    async fn missing(&mut self, failure: Failure) {
+        self.ctx.core.report(self.c, self.state.current(), &failure).await;
+        self.missing = Some(failure);
     }
 }
 
 /// What the children builder needs from the cluster, or the first missing reference that holds
-/// the children back, as `(reason, message)`; and a missing reference that does not (the
-/// Accounting). The Secrets the Controller references are read from the API (`get`, nothing
+/// the children back; and a missing reference that does not (the Accounting). The Secrets the Controller references are read from the API (`get`, nothing
 /// else), its ConfigMaps, NodeSets and Accounting from the caches; [`ControllerInputs::gather`]
 /// makes the inputs of them by the rule `render` uses too.
 async fn read_inputs(
     ctx: &ControllerContext,
     c: &Controller,
-) -> Result<
-    (
-        Result<ControllerInputs, (&'static str, String)>,
-        Option<(&'static str, String)>,
-    ),
-    Error,
-> {
+) -> Result<(Result<ControllerInputs, Failure>, Option<Failure>), Error> {
     let ns = c.namespace().unwrap_or_default();
     let mut secrets: BTreeMap<String, Secret> = BTreeMap::new();
     let mut config_maps: BTreeMap<String, Arc<ConfigMap>> = BTreeMap::new();
@@ -131,13 +138,11 @@ async fn read_inputs(
                 .filter(|a| a.metadata.name.as_deref() == Some(name))
         },
     );
-    let soft = missing
-        .iter()
-        .find(|m| !m.holds_back())
-        .map(|m| (m.reason(), missing_message(&ns, m)));
+    let failure = |m: &MissingReference| Failure::reference_not_found(m.reason(), missing_message(&ns, m));
+    let soft = missing.iter().find(|m| !m.holds_back()).map(failure);
     Ok((
         match missing.iter().find(|m| m.holds_back()) {
-            Some(m) => Err((m.reason(), missing_message(&ns, m))),
+            Some(m) => Err(failure(m)),
             None => Ok(inputs),
         },
         soft,
@@ -147,28 +152,19 @@ async fn read_inputs(
 /// The `ReferenceNotFound` condition's (and Event's) message for a missing reference of a
 /// Controller of namespace `ns`.
 fn missing_message(ns: &str, missing: &MissingReference) -> String {
-    let what = match missing {
-        MissingReference::Secret { field, name } => format!("Secret {ns}/{name} ({field}) does not exist"),
-        MissingReference::SecretKey { field, name, key } => {
-            format!("Secret {ns}/{name} ({field}) has no key {key:?}")
-        }
-        MissingReference::ConfigMap { name } => {
-            format!("ConfigMap {ns}/{name} (referenced by the Controller's spec) does not exist")
-        }
-        MissingReference::ConfigMapKey { name, key } => {
-            format!("ConfigMap {ns}/{name} (spec.jwksKeyRef) has no key {key:?}")
-        }
-        MissingReference::Accounting { name } => {
-            return format!(
-                "Accounting {ns}/{name} (spec.accountingRef) does not exist: slurm.conf names its \
-                 default address ({}:{}) and slurmctld keeps the accounting records until slurmdbd \
-                 answers; create it, or remove spec.accountingRef",
-                slinky_api::accounting_key(name),
-                slinky_api::SLURMDBD_PORT
-            );
-        }
-    };
-    format!("{what}: the slurmctld StatefulSet and its configuration wait for it")
+    if let MissingReference::Accounting { name } = missing {
+        return format!(
+            "{}: slurm.conf names its default address ({}:{}) and slurmctld keeps the accounting \
+             records until slurmdbd answers; create it, or remove spec.accountingRef",
+            missing.describe(ns),
+            slinky_api::accounting_key(name),
+            slinky_api::SLURMDBD_PORT
+        );
+    }
+    format!(
+        "{}: the slurmctld StatefulSet and its configuration wait for it",
+        missing.describe(ns)
+    )
 }
 
 /// Build every child of `c`: the Service (unless external) and the other children (when the
@@ -180,16 +176,13 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
     let mut desired = Vec::new();
     let mut complete = true;
     if !c.spec.external {
-        let plugin = core.plugins.pipeline(BuilderKind::ControllerService, c.labels());
-        let (copy, build) = (c.clone(), core.build.clone());
-        let metrics = core.metrics.clone();
-        core.metrics.plugin_calls.inc_by(1);
+        let copy = c.clone();
         let built = core
-            .blocking(move || {
-                time_plugin_call(&metrics, BuilderKind::ControllerService, || {
-                    plugin.build_service(&build, &copy)
-                })
-            })
+            .call_builder(
+                BuilderKind::ControllerService,
+                c.labels(),
+                move |plugin, build| plugin.build_service(build, &copy),
+            )
             .await?;
         match built {
             Ok(svc) => desired.push(Child {
@@ -204,25 +197,22 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
         }
     }
     let (inputs, soft) = read_inputs(ctx, c).await?;
-    if let Some((reason, message)) = soft {
-        pass.missing(reason, message).await;
+    if let Some(failure) = soft {
+        pass.missing(failure).await;
     }
     match inputs {
-        Err((reason, message)) => {
-            pass.missing(reason, message).await;
+        Err(failure) => {
+            pass.missing(failure).await;
             complete = false;
         }
         Ok(inputs) => {
-            let plugin = core.plugins.pipeline(BuilderKind::ControllerChildren, c.labels());
-            let (copy, build) = (c.clone(), core.build.clone());
-            let metrics = core.metrics.clone();
-            core.metrics.plugin_calls.inc_by(1);
+            let copy = c.clone();
             let built = core
-                .blocking(move || {
-                    time_plugin_call(&metrics, BuilderKind::ControllerChildren, || {
-                        plugin.build_controller_children(&build, &copy, &inputs)
-                    })
-                })
+                .call_builder(
+                    BuilderKind::ControllerChildren,
+                    c.labels(),
+                    move |plugin, build| plugin.build_controller_children(build, &copy, &inputs),
+                )
                 .await?;
             match built {
                 Ok(children) => desired.extend(children),
@@ -242,11 +232,7 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
     if c.metadata.deletion_timestamp.is_some() || !core.serves(&c.namespace().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
-    let current = c
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let current = status::HasStatus::conditions(c);
     let mut pass = Pass {
         ctx,
         c,
@@ -263,7 +249,7 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
     );
     let mut applied = Vec::new();
     if let Some(problem) = checks::summary(&c.spec_problems()) {
-        pass.state.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(Failure::invalid_spec(problem)).await;
     } else {
         let (desired, complete) = build(&mut pass).await?;
         for child in &desired {
@@ -290,13 +276,7 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
     let failures = sync.finish();
     let ha_recheck = active::sync_active(ctx, c).await;
 
-    let retry = !failures.is_empty()
-        || pass.missing.is_some()
-        || pass
-            .state
-            .problem
-            .as_ref()
-            .is_some_and(|(t, _)| *t == conditions::BUILDER_FAILED);
+    let retry = !failures.is_empty() || pass.missing.is_some() || pass.state.retry_problem();
     write_status(&mut pass, &failures, &applied).await?;
     let requeue = core
         .backoff
@@ -317,11 +297,7 @@ fn slurmctld_readiness(ctx: &ControllerContext, c: &Controller) -> Option<String
     Some(format!("slurmctld {ready}/{} ready", c.replicas()))
 }
 
-async fn write_status(
-    pass: &mut Pass<'_>,
-    failures: &[(&'static str, String)],
-    applied: &[String],
-) -> Result<(), Error> {
+async fn write_status(pass: &mut Pass<'_>, failures: &[Failure], applied: &[String]) -> Result<(), Error> {
     let (ctx, c) = (pass.ctx, pass.c);
     let readiness = slurmctld_readiness(ctx, c);
     let conds = &mut pass.state.conditions;
@@ -331,19 +307,18 @@ async fn write_status(
         conds.clear(t);
     }
     match &pass.missing {
-        Some((reason, msg)) => conds.set(conditions::REFERENCE_NOT_FOUND, true, reason, msg.clone()),
+        Some(f) => conds.set_failure(f),
         None => conds.clear(conditions::REFERENCE_NOT_FOUND),
     }
-    if let Some((reason, message)) = first_of(failures, "") {
-        conds.set(conditions::CHILD_FAILURE, true, reason, message);
+    if let Some(f) = Failure::first_of(failures, "") {
+        conds.set_failure(&f);
     } else if pass.state.problem.is_none() {
         conds.clear(conditions::CHILD_FAILURE);
     }
-    if let Some((type_, msg)) = &pass.state.problem {
-        conds.set(type_, true, type_, msg.clone());
-        conds.set(conditions::READY, false, type_, msg.clone());
-    } else if let Some((reason, msg)) = failures.first().or(pass.missing.as_ref()) {
-        conds.set(conditions::READY, false, reason, msg.clone());
+    if let Some(f) = &pass.state.problem {
+        conds.set_problem(f);
+    } else if let Some(f) = failures.first().or(pass.missing.as_ref()) {
+        conds.set(conditions::READY, false, f.reason, f.message.clone());
     } else if c.spec.external {
         conds.set(
             conditions::READY,
@@ -358,23 +333,14 @@ async fn write_status(
         }
         conds.set(conditions::READY, true, "ChildrenApplied", message);
     }
-    let api: Api<Controller> = Api::namespaced(ctx.core.client.clone(), &c.namespace().unwrap_or_default());
-    let changes = pass.state.conditions.clone();
     let generation = c.metadata.generation;
-    let compute = move |obj: &Controller| ControllerStatus {
-        observed_generation: generation,
-        conditions: changes.apply(
-            obj.status
-                .as_ref()
-                .map(|s| s.conditions.as_slice())
-                .unwrap_or_default(),
-        ),
-    };
-    ctx.core
-        .writer
-        .update_status(&api, c, compute, |obj: &Controller| obj.status.clone())
-        .await?;
-    Ok(())
+    status::write(&ctx.core, c, &pass.state.conditions, |_, conditions| {
+        ControllerStatus {
+            observed_generation: generation,
+            conditions,
+        }
+    })
+    .await
 }
 
 #[cfg(test)]

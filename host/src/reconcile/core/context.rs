@@ -1,6 +1,6 @@
-//! What the reconcilers receive: a small [`Core`] both share (the API, the writer, Events, the
-//! builders and the pass policy), the [`Caches`], and one context per reconciler with what it
-//! reads besides: [`ControllerContext`] and [`NodeSetContext`].
+//! What every reconciler receives: [`Core`] (the API, the writer, Events, the builders and the
+//! pass policy). Each kind's context (in its own room) holds the core, the caches and what only
+//! that kind uses.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,13 +10,12 @@ use kube::{
 };
 
 use super::{
-    Error, Metrics, announced::Announced, applied::AppliedVersions, backoff::Backoff, caches::Caches,
-    events::Events, expectations::Expectations, leader::Leadership, object_key, writer::Writer,
+    Error, Metrics, announced::Announced, backoff::Backoff, events::Events, leader::Leadership, object_key,
+    writer::Writer,
 };
 use crate::plugins::{BuildContext, PluginRegistry};
-use crate::reconcile::nodeset::differing::DifferingPods;
 
-/// What both reconcilers use: the API, the only writer, Events, the builders, metrics, and when
+/// What every reconciler uses: the API, the only writer, Events, the builders, metrics, and when
 /// a pass runs and comes back.
 pub struct Core {
     /// The API client (fresh reads: adoption checks, Secrets, status conflicts, child ownership).
@@ -44,39 +43,6 @@ pub struct Core {
     /// Whether a StatefulSet whose immutable fields changed is deleted and recreated (opt-in), or
     /// the difference only reported.
     pub recreate_statefulsets: bool,
-    /// The slurmrestd clients of the Controllers.
-    pub slurm: Arc<crate::reconcile::slurm::SlurmClients>,
-    /// Pods being built or created, across NodeSets (at most
-    /// [`crate::reconcile::nodeset::CREATES_IN_FLIGHT`]).
-    pub create_permits: tokio::sync::Semaphore,
-}
-
-/// What the Controller reconciler gets.
-pub struct ControllerContext {
-    /// What both reconcilers share.
-    pub core: Arc<Core>,
-    /// The caches (it reads the NodeSets, the referenced ConfigMaps and its children).
-    pub caches: Caches,
-    /// What the host last applied to each child (hash and resulting resourceVersion).
-    pub applied: Arc<AppliedVersions>,
-}
-
-/// What the NodeSet reconciler gets.
-pub struct NodeSetContext {
-    /// What both reconcilers share.
-    pub core: Arc<Core>,
-    /// The caches (it reads its pods, its Controller, the NodeSets sharing its workers' objects
-    /// and its children).
-    pub caches: Caches,
-    /// What the host last applied to each child (hash and resulting resourceVersion).
-    pub applied: Arc<AppliedVersions>,
-    /// Pending pod creations/deletions per NodeSet UID.
-    pub expectations: Arc<Expectations>,
-    /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
-    /// until they or the NodeSet change).
-    pub(crate) differing: DifferingPods,
-    /// DaemonSet mode: the per-node backoff of failed pods.
-    pub(crate) daemon_backoff: crate::reconcile::nodeset::daemon::DaemonBackoff,
 }
 
 impl Core {

@@ -1,15 +1,15 @@
-//! What one pass of either reconciler found, for the status it writes at the end: the condition
-//! changes, the problem that stopped the pass (with an Event the first time its message is seen),
-//! and whether a builder failed.
+//! What one pass of any reconciler found, for the status it writes at the end: the condition
+//! changes, the failure that stopped the pass, and whether a builder failed; and the one rule for
+//! a failure's Event: sent when the failure is new, not again while the parent's status shows it.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Resource, runtime::events::EventType};
-use slinky_api::conditions;
+use slinky_api::failure::{Failure, Retry};
 
 use super::{context::Core, status::ConditionChanges};
 use crate::plugins::{GuestError, PluginError};
 
-/// The state of one pass over `parent` that both reconcilers keep alike.
+/// The state of one pass over `parent` that every reconciler keeps alike.
 pub(crate) struct PassState<'a, P: Resource<DynamicType = ()>> {
     core: &'a Core,
     parent: &'a P,
@@ -17,10 +17,9 @@ pub(crate) struct PassState<'a, P: Resource<DynamicType = ()>> {
     current: &'a [Condition],
     /// The host's decisions about its condition types.
     pub conditions: ConditionChanges,
-    /// A condition that stops the pass: `(type, message)`.
-    pub problem: Option<(&'static str, String)>,
-    /// A builder failed other than by refusing its input (back off like a failed write).
-    pub builder_failed: bool,
+    /// The failure that stopped the pass (an invalid spec, a missing Controller or reference, a
+    /// builder failure).
+    pub problem: Option<Failure>,
 }
 
 impl<'a, P: Resource<DynamicType = ()>> PassState<'a, P> {
@@ -32,7 +31,6 @@ impl<'a, P: Resource<DynamicType = ()>> PassState<'a, P> {
             current,
             conditions: ConditionChanges::new(parent.meta().generation),
             problem: None,
-            builder_failed: false,
         }
     }
 
@@ -41,14 +39,10 @@ impl<'a, P: Resource<DynamicType = ()>> PassState<'a, P> {
         self.current
     }
 
-    /// A condition that stops the pass; an Event the first time its message is seen.
-    pub(crate) async fn problem(&mut self, type_: &'static str, message: String) {
-        if !ConditionChanges::already_true(self.current, type_, &message) {
-            self.core
-                .event(self.parent, EventType::Warning, type_, message.clone())
-                .await;
-        }
-        self.problem = Some((type_, message));
+    /// A failure that stops the pass: a Warning Event unless the status shows it already.
+    pub(crate) async fn problem(&mut self, failure: Failure) {
+        self.core.report(self.parent, self.current, &failure).await;
+        self.problem = Some(failure);
     }
 
     /// A builder error: `InvalidSpec` when the builder says the input is invalid, else
@@ -59,22 +53,40 @@ impl<'a, P: Resource<DynamicType = ()>> PassState<'a, P> {
             PluginError::Build {
                 error: GuestError::InvalidInput(m),
                 ..
-            } => self.problem(conditions::INVALID_SPEC, m.clone()).await,
-            other => {
-                self.builder_failed = true;
-                self.problem(conditions::BUILDER_FAILED, other.to_string()).await;
-            }
+            } => self.problem(Failure::invalid_spec(m.clone())).await,
+            other => self.problem(Failure::builder_failed(other.to_string())).await,
         }
+    }
+
+    /// Whether the failure that stopped the pass is retried with the backoff (a builder failed,
+    /// a reference is missing), not only when the parent changes.
+    pub(crate) fn retry_problem(&self) -> bool {
+        self.problem
+            .as_ref()
+            .is_some_and(|f| f.retry() != Retry::OnChange)
     }
 }
 
-/// The first of `failures` as `(reason, message)`, the message counting the others as
-/// `(and N more{what})`.
-pub(crate) fn first_of(failures: &[(&'static str, String)], what: &str) -> Option<(&'static str, String)> {
-    let (reason, first) = failures.first()?;
-    let message = match failures.len() {
-        1 => first.clone(),
-        n => format!("{first} (and {} more{what})", n - 1),
-    };
-    Some((reason, message))
+impl Core {
+    /// A failure of a pass over `parent`: a Warning Event (and a log line) unless `current`, the
+    /// parent's conditions when the pass began, shows it already (its Event was sent then).
+    pub(crate) async fn report<K: Resource<DynamicType = ()>>(
+        &self,
+        parent: &K,
+        current: &[Condition],
+        failure: &Failure,
+    ) {
+        if failure.shown_in(current) {
+            tracing::debug!(reason = failure.reason, "{}", failure.message);
+            return;
+        }
+        tracing::warn!(reason = failure.reason, "{}", failure.message);
+        self.event(
+            parent,
+            EventType::Warning,
+            failure.reason,
+            failure.message.clone(),
+        )
+        .await;
+    }
 }

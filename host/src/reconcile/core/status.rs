@@ -1,11 +1,20 @@
 //! Conditions the host owns on its parents' status, as changes merged into what the API server
 //! has: a status write retried after a 409 starts again from the fresh object, so conditions set
-//! by other writers are kept and the host's own are set, kept or cleared on top.
+//! by other writers are kept and the host's own are set, kept or cleared on top. And the one way
+//! every kind's status is written ([`write`], through the [`Writer`](super::writer::Writer)).
 
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
     jiff::{Timestamp, Unit},
 };
+use kube::{Api, Client, Resource};
+use serde::{Serialize, de::DeserializeOwned};
+use slinky_api::{
+    Accounting, AccountingStatus, BuilderPlugin, BuilderPluginStatus, Controller, ControllerStatus, LoginSet,
+    LoginSetStatus, NodeSet, NodeSetStatus, RestApi, RestApiStatus, conditions, failure::Failure,
+};
+
+use super::{Error, context::Core};
 
 /// What a reconcile decided about one condition type.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,11 +65,15 @@ impl ConditionChanges {
         self.put(type_, Change::Clear);
     }
 
-    /// Whether `conditions` already has `type_` True with this message (an Event for it was sent).
-    pub fn already_true(conditions: &[Condition], type_: &str, message: &str) -> bool {
-        conditions
-            .iter()
-            .any(|c| c.type_ == type_ && c.status == "True" && c.message == message)
+    /// Set `failure`'s condition True, with its reason and message.
+    pub fn set_failure(&mut self, failure: &Failure) {
+        self.set(failure.condition, true, failure.reason, failure.message.clone());
+    }
+
+    /// The failure that stopped a pass: its condition, and `Ready` False with its reason.
+    pub fn set_problem(&mut self, failure: &Failure) {
+        self.set_failure(failure);
+        self.set(conditions::READY, false, failure.reason, failure.message.clone());
     }
 
     /// `current` with these changes: a set condition keeps its transition time when its status did
@@ -93,6 +106,96 @@ impl ConditionChanges {
         }
         out.sort_by(|a, b| a.type_.cmp(&b.type_));
         out
+    }
+}
+
+/// A parent whose status the host writes.
+pub(crate) trait HasStatus:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + std::fmt::Debug + Send + Sync
+{
+    /// Its status type.
+    type Status: Serialize + PartialEq + Clone + Default + Send + Sync;
+
+    /// Its status, as the object has it.
+    fn status(&self) -> Option<&Self::Status>;
+
+    /// The conditions of `status`.
+    fn conditions_of(status: &Self::Status) -> &[Condition];
+
+    /// Its conditions (none without a status).
+    fn conditions(&self) -> &[Condition] {
+        self.status().map(Self::conditions_of).unwrap_or_default()
+    }
+
+    /// The API of its kind, where it lives.
+    fn api(&self, client: Client) -> Api<Self>;
+}
+
+/// Write `parent`'s status when it changed: `compute` gets the object as read (the cached one,
+/// then after a 409 the one read afresh from the API) and its conditions with `changes` merged
+/// in, and returns the status.
+///
+/// # Errors
+/// The API error (a 409 is retried from a fresh read by the writer).
+pub(crate) async fn write<P: HasStatus>(
+    core: &Core,
+    parent: &P,
+    changes: &ConditionChanges,
+    compute: impl Fn(&P, Vec<Condition>) -> P::Status + Send + Sync,
+) -> Result<(), Error> {
+    let api = parent.api(core.client.clone());
+    core.writer
+        .update_status(
+            &api,
+            parent,
+            |obj: &P| compute(obj, changes.apply(obj.conditions())),
+            |obj: &P| obj.status().cloned(),
+        )
+        .await?;
+    Ok(())
+}
+
+macro_rules! namespaced_status {
+    ($($kind:ty => $status:ty),+ $(,)?) => {$(
+        impl HasStatus for $kind {
+            type Status = $status;
+
+            fn status(&self) -> Option<&$status> {
+                self.status.as_ref()
+            }
+
+            fn conditions_of(status: &$status) -> &[Condition] {
+                &status.conditions
+            }
+
+            fn api(&self, client: Client) -> Api<Self> {
+                Api::namespaced(client, self.meta().namespace.as_deref().unwrap_or_default())
+            }
+        }
+    )+};
+}
+
+namespaced_status!(
+    Controller => ControllerStatus,
+    NodeSet => NodeSetStatus,
+    RestApi => RestApiStatus,
+    LoginSet => LoginSetStatus,
+    Accounting => AccountingStatus,
+);
+
+impl HasStatus for BuilderPlugin {
+    type Status = BuilderPluginStatus;
+
+    fn status(&self) -> Option<&BuilderPluginStatus> {
+        self.status.as_ref()
+    }
+
+    fn conditions_of(status: &BuilderPluginStatus) -> &[Condition] {
+        &status.conditions
+    }
+
+    fn api(&self, client: Client) -> Api<Self> {
+        Api::all(client)
     }
 }
 
@@ -133,6 +236,6 @@ mod tests {
         let mut clear = ConditionChanges::new(Some(2));
         clear.clear("ReplicaFailure");
         assert_eq!(clear.apply(&out).len(), 2);
-        assert!(ConditionChanges::already_true(&out, "ReplicaFailure", "boom"));
+        assert!(Failure::replica("FailedCreate", "boom").shown_in(&out));
     }
 }

@@ -640,7 +640,18 @@ impl Writer {
                 return Ok(None);
             }
             self.fence("status")?;
-            let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": status});
+            // A merge patch keeps what it does not name: a field the status had and the new one
+            // has not is nulled.
+            let mut body = serde_json::to_value(&status).unwrap_or_default();
+            if let (Some(new), Some(Value::Object(old))) = (
+                body.as_object_mut(),
+                current(&obj).and_then(|s| serde_json::to_value(s).ok()),
+            ) {
+                for field in old.keys() {
+                    new.entry(field.clone()).or_insert(Value::Null);
+                }
+            }
+            let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": body});
             let pp = patch_params();
             let r = self
                 .write("status", api.patch_status(&name, &pp, &Patch::Merge(&patch)))

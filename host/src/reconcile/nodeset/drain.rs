@@ -58,7 +58,7 @@ impl SlurmView {
     /// Ask the Controller's Slurm for its nodes (at most once per Controller per
     /// [`crate::reconcile::slurm::NODES_TTL`]).
     pub(super) async fn read(pass: &Pass<'_>, controller: &slinky_api::Controller) -> SlurmView {
-        match pass.core().slurm.reach(controller, &pass.ctx.caches).await {
+        match pass.ctx.slurm.reach(controller, &pass.ctx.caches).await {
             Reach::Off => SlurmView::Off,
             Reach::Failed(u) => SlurmView::Failed(u),
             Reach::On(cluster) => match cluster.nodes().await {
@@ -209,7 +209,7 @@ pub(super) async fn gate(
                     if node.is_drain() && !node.reason.is_empty() && !node.reason_is_ours() {
                         // The pod's pre-stop hook marks the node DOWN with the host's reason:
                         // the replacement's node gets this drain back.
-                        pass.core().slurm.keep_drain(controller, &name, &node.reason);
+                        pass.ctx.slurm.keep_drain(controller, &name, &node.reason);
                     }
                     now.push((pod, reason));
                     continue;
@@ -300,7 +300,7 @@ pub(super) async fn sync_kept(
         let ours = node.reason_is_ours() && node.host_may_change();
         let ready = super::is_running_and_ready(pod);
         let kept = if ours && ready {
-            pass.core().slurm.take_kept_drain(controller, &name)
+            pass.ctx.slurm.take_kept_drain(controller, &name)
         } else {
             None
         };

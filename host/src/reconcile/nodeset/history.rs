@@ -44,11 +44,11 @@ use kube::{
     runtime::{events::EventType, reflector::Store},
 };
 use serde_json::{Value, json};
-use slinky_api::{NodeSet, conditions, keys, owners::controller_ref};
+use slinky_api::{NodeSet, failure::Failure, keys, owners::controller_ref};
 
 use super::Pass;
 use crate::{
-    reconcile::{core::status::ConditionChanges, core::writer},
+    reconcile::core::writer,
     revision::{revision_data, revision_name},
 };
 
@@ -179,21 +179,22 @@ async fn failed(
     message: String,
     once: bool,
 ) {
-    if once && ConditionChanges::already_true(pass.state.current(), conditions::CHILD_FAILURE, &message) {
-        tracing::debug!(reason, "{message}");
+    let failure = Failure::child(reason, message);
+    if once && failure.shown_in(pass.state.current()) {
+        tracing::debug!(reason, "{}", failure.message);
     } else {
-        tracing::warn!(reason, "{message}");
+        tracing::warn!(reason, "{}", failure.message);
         pass.core()
             .event_about(
                 pass.ns,
                 Some(reference(about)),
                 EventType::Warning,
                 reason,
-                message.clone(),
+                failure.message.clone(),
             )
             .await;
     }
-    pass.child_failures.push((reason, message));
+    pass.child_failures.push(failure);
 }
 
 /// Whether a fresh read shows the NodeSet as the one this pass reconciles, not being deleted

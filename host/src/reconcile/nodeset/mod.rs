@@ -48,7 +48,7 @@ use kube::{
     ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use slinky_api::{Controller, NodeSet, checks, conditions};
+use slinky_api::{Controller, NodeSet, checks, failure::Failure};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
 use claim::{Blocker, Claims, classify};
@@ -59,8 +59,11 @@ use pods::{create_pods, delete_pods, ordinal_slots};
 use status::{Reached, write_status};
 
 use super::{
-    Core, Error, NodeSetContext, core::backoff, core::pass::PassState, core::status::ConditionChanges,
-    slurm::Unavailable,
+    core::{
+        Error, applied::AppliedVersions, backoff, caches::Caches, context::Core, expectations::Expectations,
+        pass::PassState,
+    },
+    slurm::{SlurmClients, Unavailable},
 };
 use drain::SlurmView;
 
@@ -72,6 +75,50 @@ use crate::{
     plugins::{BuilderKind, Pipeline},
     revision::pod_revision,
 };
+
+/// What the NodeSet reconciler gets.
+pub struct NodeSetContext {
+    /// What every reconciler shares.
+    pub core: Arc<Core>,
+    /// The caches (it reads its pods, its Controller, the NodeSets sharing its workers' objects
+    /// and its children).
+    pub caches: Caches,
+    /// What the host last applied to each child (hash and resulting resourceVersion).
+    pub applied: Arc<AppliedVersions>,
+    /// Pending pod creations/deletions per NodeSet UID.
+    pub expectations: Arc<Expectations>,
+    /// The slurmrestd clients of the Controllers (drains, node states, reservations).
+    pub slurm: Arc<SlurmClients>,
+    /// Pods being built or created, across NodeSets (at most [`CREATES_IN_FLIGHT`]).
+    pub create_permits: tokio::sync::Semaphore,
+    /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
+    /// until they or the NodeSet change).
+    pub(crate) differing: differing::DifferingPods,
+    /// DaemonSet mode: the per-node backoff of failed pods.
+    pub(crate) daemon_backoff: daemon::DaemonBackoff,
+}
+
+impl NodeSetContext {
+    /// A context over `core` and `caches`, its own state empty.
+    pub fn new(
+        core: Arc<Core>,
+        caches: Caches,
+        applied: Arc<AppliedVersions>,
+        expectations: Arc<Expectations>,
+        slurm: Arc<SlurmClients>,
+    ) -> Self {
+        NodeSetContext {
+            core,
+            caches,
+            applied,
+            expectations,
+            slurm,
+            create_permits: tokio::sync::Semaphore::new(CREATES_IN_FLIGHT),
+            differing: differing::DifferingPods::default(),
+            daemon_backoff: daemon::DaemonBackoff::default(),
+        }
+    }
+}
 
 /// Reconcile one NodeSet.
 ///
@@ -90,15 +137,15 @@ struct Pass<'a> {
     uid: String,
     /// The conditions, the problem that stops the pass, and whether a builder failed.
     state: PassState<'a, NodeSet>,
-    /// `(reason, message)` of each refused write.
-    failures: Vec<(&'static str, String)>,
-    /// `(reason, message)` of each refused child write (not a pod) or ownership problem.
-    child_failures: Vec<(&'static str, String)>,
+    /// Each refused pod write (`ReplicaFailure`).
+    failures: Vec<Failure>,
+    /// Each refused child write (not a pod) or ownership problem (`ChildFailure`).
+    child_failures: Vec<Failure>,
     /// The children were synced (so `ChildFailure` is set or cleared by this pass).
     children_synced: bool,
     /// Why Slurm could not be asked or refused what was asked (`None`: it answered, or it is
     /// not configured, or the pass did not get that far).
-    slurm_failure: Option<Unavailable>,
+    slurm_failure: Option<Failure>,
     /// The pass asked Slurm (so `SlurmFailure` is set or cleared by it).
     slurm_asked: bool,
     /// The Slurm node counts of the NodeSet's pods (when Slurm was asked).
@@ -127,22 +174,15 @@ impl Pass<'_> {
         self.core()
             .event(self.ns, EventType::Warning, reason, message.clone())
             .await;
-        self.failures.push((reason, message));
+        self.failures.push(Failure::replica(reason, message));
     }
 
     /// Slurm could not be asked or refused: an Event when the message is new, the
     /// `SlurmFailure` condition at the end of the pass (the first failure of the pass).
-    /// Logged at `warn` with the Event (once per message), at `debug` on every retry after.
     async fn slurm_failed(&mut self, u: Unavailable) {
-        if ConditionChanges::already_true(self.state.current(), conditions::SLURM_FAILURE, &u.message) {
-            tracing::debug!(reason = u.reason, "{}", u.message);
-        } else {
-            tracing::warn!(reason = u.reason, "{}", u.message);
-            self.core()
-                .event(self.ns, EventType::Warning, u.reason, u.message.clone())
-                .await;
-        }
-        self.slurm_failure.get_or_insert(u);
+        let failure = Failure::slurm(u.reason, u.message);
+        self.core().report(self.ns, self.state.current(), &failure).await;
+        self.slurm_failure.get_or_insert(failure);
     }
 
     /// A Normal `Draining` Event naming the Slurm nodes just drained, and what waits for them.
@@ -207,11 +247,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         .as_ref()
         .map(|c| pod_revision(ns, c, plugin.digest(), &core.build));
 
-    let current = ns
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
+    let current = super::core::status::HasStatus::conditions(ns);
     let mut pass = Pass {
         ctx,
         ns,
@@ -242,7 +278,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         }
         reached = Reached::Waiting;
     } else if let Some(problem) = checks::summary(&ns.spec_problems()) {
-        pass.state.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(Failure::invalid_spec(problem)).await;
         reached = Reached::Problem;
     } else if let (Some(controller), Some(revision)) = (controller.as_ref(), revision.as_deref()) {
         if satisfied {
@@ -259,16 +295,14 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
             ns.controller_namespace(),
             ns.spec.controller_ref.name
         );
-        pass.state
-            .problem(conditions::CONTROLLER_NOT_FOUND, message)
-            .await;
+        pass.state.problem(Failure::controller_not_found(message)).await;
         reached = Reached::Problem;
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), reached).await?;
     let failed = !pass.failures.is_empty()
         || !pass.child_failures.is_empty()
-        || pass.state.builder_failed
+        || pass.state.retry_problem()
         || pass.slurm_failure.is_some();
     let synced = reached == Reached::Synced;
     if let Some(after) = core
@@ -343,7 +377,7 @@ async fn sync(
         .iter()
         .find_map(|o| checks::summary(&ns.identity_problems(*o)))
     {
-        pass.state.problem(conditions::INVALID_SPEC, problem).await;
+        pass.state.problem(Failure::invalid_spec(problem)).await;
         return Ok(claims.owned);
     }
     tracing::debug!(

@@ -32,7 +32,7 @@ use slinky_api::{
     NodeSet, UpdateStrategyType,
     checks::{self, MaxUnavailable},
     keys,
-    pods::{ordinal_after, ready_condition},
+    pods::{ordinal_after, ready_since},
 };
 
 use super::claim::Blocker;
@@ -51,21 +51,14 @@ pub fn phase(p: &Pod) -> &str {
     p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
 }
 
-/// When the pod's `Ready=True` condition last changed (the epoch when it has no time).
-fn ready_since(p: &Pod) -> Option<Timestamp> {
-    let c = ready_condition(p)?;
-    Some(c.last_transition_time.as_ref().map(|t| t.0).unwrap_or_default())
-}
-
 /// Running with a `Ready=True` condition.
 pub fn is_running_and_ready(p: &Pod) -> bool {
-    phase(p) == "Running" && ready_since(p).is_some()
+    phase(p) == "Running" && slinky_api::pods::is_ready(p)
 }
 
-/// Ready for at least `min_ready` seconds at `now`.
+/// Running, and ready for at least `min_ready` seconds at `now` (`slinky_api::pods::is_available`).
 pub fn is_available(p: &Pod, min_ready: i64, now: Timestamp) -> bool {
-    is_running_and_ready(p)
-        && (min_ready <= 0 || ready_since(p).is_some_and(|t| now.as_second() - t.as_second() >= min_ready))
+    phase(p) == "Running" && slinky_api::pods::is_available(p, min_ready, now)
 }
 
 fn is_finished(p: &Pod) -> bool {

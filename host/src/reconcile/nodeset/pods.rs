@@ -219,7 +219,7 @@ pub(super) async fn create_pods(
         }
         // The semaphore is never closed: an error here cannot happen, and would only mean no
         // bound.
-        let _permits = core.create_permits.acquire_many(this.len() as u32).await.ok();
+        let _permits = pass.ctx.create_permits.acquire_many(this.len() as u32).await.ok();
         let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
         let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
             this.into_iter().map(|s| (s.identity, s.place)).unzip();

@@ -415,7 +415,7 @@ pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller
     }
     let name = pass.ns.reservation_name();
     let reach = match controller {
-        Some(c) => pass.core().slurm.reach(c, &pass.ctx.caches).await,
+        Some(c) => pass.ctx.slurm.reach(c, &pass.ctx.caches).await,
         None => Reach::Off,
     };
     let result = match reach {

@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
-use kube::{Api, ResourceExt};
-use slinky_api::{NodeSet, NodeSetStatus, conditions, keys};
+use kube::ResourceExt;
+use slinky_api::{NodeSet, NodeSetStatus, conditions, failure::Failure, keys};
 
 use super::{
     Pass,
     plan::{is_available, is_running_and_ready, phase},
 };
-use crate::reconcile::{Error, core::pass::first_of};
+use crate::reconcile::core::{Error, status};
 
 /// How far a pass got, for the status it writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,10 +53,7 @@ pub(super) async fn write_status(
         c.clear(t);
     }
     match &pass.state.problem {
-        Some((type_, msg)) => {
-            c.set(type_, true, type_, msg.clone());
-            c.set(conditions::READY, false, type_, msg.clone());
-        }
+        Some(f) => c.set_problem(f),
         None => {
             let ok = available >= desired;
             c.set(
@@ -67,18 +64,18 @@ pub(super) async fn write_status(
             );
         }
     }
-    if let Some((reason, message)) = first_of(&pass.failures, " refused writes") {
-        c.set(conditions::REPLICA_FAILURE, true, reason, message);
+    if let Some(f) = Failure::first_of(&pass.failures, " refused writes") {
+        c.set_failure(&f);
     } else if reached == Reached::Synced && pass.state.problem.is_none() {
         c.clear(conditions::REPLICA_FAILURE);
     }
-    if let Some((reason, message)) = first_of(&pass.child_failures, "") {
-        c.set(conditions::CHILD_FAILURE, true, reason, message);
+    if let Some(f) = Failure::first_of(&pass.child_failures, "") {
+        c.set_failure(&f);
     } else if pass.children_synced {
         c.clear(conditions::CHILD_FAILURE);
     }
     match &pass.slurm_failure {
-        Some(u) => c.set(conditions::SLURM_FAILURE, true, u.reason, u.message.clone()),
+        Some(f) => c.set_failure(f),
         None if pass.slurm_asked => c.clear(conditions::SLURM_FAILURE),
         None => {}
     }
@@ -129,14 +126,13 @@ pub(super) async fn write_status(
     } else {
         Vec::new()
     };
-    let changes = pass.state.conditions.clone();
-    let compute = move |obj: &NodeSet| {
+    let compute = move |obj: &NodeSet, conditions| {
         let current = obj.status.as_ref();
         let mut ordinal_to_node = current.map(|s| s.ordinal_to_node.clone()).unwrap_or_default();
         ordinal_to_node.extend(placed.iter().cloned());
         NodeSetStatus {
             ordinal_to_node,
-            conditions: changes.apply(current.map(|s| s.conditions.as_slice()).unwrap_or_default()),
+            conditions,
             observed_generation: match reached {
                 Reached::Waiting => current.and_then(|s| s.observed_generation),
                 Reached::Synced | Reached::Problem => status.observed_generation,
@@ -144,10 +140,6 @@ pub(super) async fn write_status(
             ..status.clone()
         }
     };
-    let api: Api<NodeSet> = Api::namespaced(pass.core().client.clone(), &ns.namespace().unwrap_or_default());
-    pass.core()
-        .writer
-        .update_status(&api, ns, compute, |obj: &NodeSet| obj.status.clone())
-        .await?;
+    status::write(pass.core(), ns, &pass.state.conditions, compute).await?;
     Ok(())
 }

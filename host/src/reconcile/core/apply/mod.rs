@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Api, api::DynamicObject, runtime::events::EventType};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use slinky_api::keys;
+use slinky_api::{failure::Failure, keys};
 
 use immutables::{statefulset_recreate, with_live_immutables};
 pub use ownership::owned_by;
@@ -46,7 +46,6 @@ use super::{
     caches::ChildCaches,
     compare::{contains, differences, dropped_note},
     context::Core,
-    status::ConditionChanges,
     writer,
 };
 use crate::plugins::{Child, ChildKind, Ownership};
@@ -138,8 +137,8 @@ pub struct ChildSync<'a, P: kube::Resource<DynamicType = ()>> {
     current: &'a [Condition],
     /// For shared children: the UIDs of the NodeSets sharing them.
     sharers: BTreeSet<String>,
-    /// `(reason, message)` of each refused write and ownership problem.
-    pub failures: Vec<(&'static str, String)>,
+    /// Each refused write and ownership problem (`ChildFailure`).
+    pub failures: Vec<Failure>,
     /// The messages of this pass's once-only problems (announced by one Event each).
     standing: BTreeSet<String>,
     /// The child the pass is at (the `related` object of its Events).
@@ -184,7 +183,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
 
     /// The pass is over: its failures, for the parent's condition. Once-only problems that no
     /// longer stand are forgotten, so one that recurs is announced again.
-    pub fn finish(&mut self) -> Vec<(&'static str, String)> {
+    pub fn finish(&mut self) -> Vec<Failure> {
         self.core
             .announced
             .keep_only(&self.parent_uid(), std::mem::take(&mut self.standing));
@@ -194,25 +193,24 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     /// A refused write (an Event each time) or an ownership problem (an Event once while it
     /// stands: not again on later passes, whether or not the condition names it).
     async fn failed(&mut self, reason: &'static str, message: String, once: bool) {
+        let failure = Failure::child(reason, message);
         let known = once && {
-            self.standing.insert(message.clone());
-            let in_condition =
-                ConditionChanges::already_true(self.current, slinky_api::conditions::CHILD_FAILURE, &message);
-            !self.core.announced.first(&self.parent_uid(), &message) || in_condition
+            self.standing.insert(failure.message.clone());
+            !self.core.announced.first(&self.parent_uid(), &failure.message) || failure.shown_in(self.current)
         };
         if !known {
-            tracing::warn!(reason, "{message}");
+            tracing::warn!(reason, "{}", failure.message);
             self.core
                 .event_about(
                     self.parent,
                     self.about.clone(),
                     EventType::Warning,
                     reason,
-                    message.clone(),
+                    failure.message.clone(),
                 )
                 .await;
         }
-        self.failures.push((reason, message));
+        self.failures.push(failure);
     }
 
     /// A write of a child the host makes itself (not a builder's: a LoginSet's host keys) was

@@ -55,21 +55,25 @@ use triggers::{
 pub struct Watches {
     /// The caches of the served namespaces.
     pub caches: Caches,
-    /// NodeSets to reconcile (their pods, children, siblings, themselves or their Controller
-    /// changed).
-    pub nodeset_triggers: UnboundedReceiver<ObjectRef<NodeSet>>,
-    /// Controllers to reconcile (their children, referenced ConfigMaps, NodeSets or themselves
-    /// changed).
-    pub controller_triggers: UnboundedReceiver<ObjectRef<Controller>>,
-    /// RestApis to reconcile (their children, their Controller or themselves changed).
-    pub restapi_triggers: UnboundedReceiver<ObjectRef<RestApi>>,
-    /// LoginSets to reconcile (their children, their Controller, their `sssd.conf` Secret or
-    /// themselves changed).
-    pub loginset_triggers: UnboundedReceiver<ObjectRef<LoginSet>>,
-    /// Accountings to reconcile (their children, their Secrets or themselves changed).
-    pub accounting_triggers: UnboundedReceiver<ObjectRef<Accounting>>,
+    /// The parents to reconcile, per kind.
+    pub triggers: Receivers,
     /// Drives the watches; runs until dropped.
     pub task: BoxFuture<'static, ()>,
+}
+
+/// The parents to reconcile, per kind, as the watches find them.
+pub struct Receivers {
+    /// NodeSets (their pods, children, siblings, themselves or their Controller changed).
+    pub nodesets: UnboundedReceiver<ObjectRef<NodeSet>>,
+    /// Controllers (their children, referenced ConfigMaps, NodeSets or themselves changed).
+    pub controllers: UnboundedReceiver<ObjectRef<Controller>>,
+    /// RestApis (their children, their Controller or themselves changed).
+    pub restapis: UnboundedReceiver<ObjectRef<RestApi>>,
+    /// LoginSets (their children, their Controller, their `sssd.conf` Secret or themselves
+    /// changed).
+    pub loginsets: UnboundedReceiver<ObjectRef<LoginSet>>,
+    /// Accountings (their children, their Secrets or themselves changed).
+    pub accountings: UnboundedReceiver<ObjectRef<Accounting>>,
 }
 
 /// Whether a watch event concerns one of `allowed` namespaces (all when empty).
@@ -395,11 +399,13 @@ pub fn start(
             nodes,
             revisions,
         },
-        nodeset_triggers,
-        controller_triggers,
-        restapi_triggers,
-        loginset_triggers,
-        accounting_triggers,
+        triggers: Receivers {
+            nodesets: nodeset_triggers,
+            controllers: controller_triggers,
+            restapis: restapi_triggers,
+            loginsets: loginset_triggers,
+            accountings: accounting_triggers,
+        },
         task: Box::pin(task),
     }
 }
