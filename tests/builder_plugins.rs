@@ -28,12 +28,9 @@ use serde_json::json;
 use slinky_api::BuilderPlugin;
 use slinky_host::{
     PluginRegistry,
-    oci::PublicKey,
+    oci::{DigestStore, ModuleSource, Oci, PublicKey},
     plugins::BuilderKind,
-    reconcile::{
-        Leadership,
-        builder_plugin::{BuilderPlugins, Config, Parents},
-    },
+    reconcile::{RunConfig, builder_plugin},
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,
@@ -138,37 +135,34 @@ async fn module_config_map(c: &TestCluster, ns: &str, name: &str, key: &str, byt
     Ok(())
 }
 
-/// A BuilderPlugin controller feeding `plugins` (leader), with its start-up load done.
-async fn builder_plugins(
-    c: &TestCluster,
-    plugins: &Arc<PluginRegistry>,
-    cache: Option<&Path>,
-    public_key: Option<&str>,
-) -> Result<Arc<BuilderPlugins>> {
-    let controller = Arc::new(BuilderPlugins::new(
+/// Where BuilderPlugins' modules come from: registries (kept in `cache`), ConfigMaps, signatures
+/// verified with `public_key` when given.
+fn source(c: &TestCluster, cache: Option<&Path>, public_key: Option<&str>) -> Result<Arc<ModuleSource>> {
+    let oci = Oci::new(DigestStore::new(cache.map(Path::to_path_buf)), Vec::new())?;
+    let key = public_key.map(PublicKey::from_pem).transpose()?;
+    Ok(Arc::new(ModuleSource::new(
+        oci,
         c.client.clone(),
-        plugins.clone(),
-        Config {
-            build: Default::default(),
-            cache: cache.map(Path::to_path_buf),
-            insecure_registries: Vec::new(),
-            public_key: public_key.map(PublicKey::from_pem).transpose()?,
-        },
-        Leadership::always(),
-    )?);
-    controller.load_all().await?;
-    Ok(controller)
+        key,
+        slinky_host::plugins::gunzip_if_gzipped,
+    )))
 }
 
-/// Run `controller`'s watch with the host's caches as the parents.
-fn watch(controller: &Arc<BuilderPlugins>, host: &Host) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(controller.clone().run(Parents {
-        controllers: host.handles.controllers.clone(),
-        nodesets: host.handles.nodesets.clone(),
-        restapis: host.handles.restapis.clone(),
-        loginsets: host.handles.loginsets.clone(),
-        accountings: host.handles.accountings.clone(),
-    }))
+/// A host serving namespace `ns` with `plugins` and the cluster's BuilderPlugins from `source`
+/// (loaded before anything reconciles, watched after).
+fn host_with_builder_plugins(
+    c: &TestCluster,
+    ns: &str,
+    plugins: &Arc<PluginRegistry>,
+    source: Arc<ModuleSource>,
+) -> Host {
+    let config = RunConfig {
+        namespaces: vec![ns.into()],
+        resync: Some(Duration::from_secs(1)),
+        builder_plugins: Some(source),
+        ..Default::default()
+    };
+    Host::start_config(c.client.clone(), plugins.clone(), config)
 }
 
 fn path(p: &Path) -> &str {
@@ -318,11 +312,9 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
     module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", site).await?;
 
     let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
-    let host = Host::start_with(&c, &ns, plugins.clone());
     let pem = std::fs::read_to_string(&public)?;
     let cache = tempfile::tempdir()?;
-    let controller = builder_plugins(&c, &plugins, Some(cache.path()), Some(&pem)).await?;
-    let watch = watch(&controller, &host);
+    let host = host_with_builder_plugins(&c, &ns, &plugins, source(&c, Some(cache.path()), Some(&pem))?);
     // Only this namespace's NodeSet: other tests' NodeSets (on a shared real cluster) never match.
     let selector = json!({"matchLabels": {"bp-test": ns}});
     put_plugin(
@@ -442,7 +434,12 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             .await?;
         let serving = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
         let fresh = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
-        builder_plugins(&c, &fresh, Some(cache.path()), Some(&pem)).await?;
+        let steps = builder_plugin::Steps::new(
+            fresh.clone(),
+            source(&c, Some(cache.path()), Some(&pem))?,
+            Default::default(),
+        );
+        builder_plugin::load_once(&c.client, &steps).await?;
         let after = fresh.pipeline(BuilderKind::NodesetPod, nodeset.labels());
         ensure!(
             after.digest() == serving.digest() && after.label() == serving.label(),
@@ -485,7 +482,6 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         Ok(())
     }
     .await;
-    watch.abort();
     host.stop().await;
     for name in ["gpu", "site", "legacy"] {
         let _ = Api::<BuilderPlugin>::all(c.client.clone())
@@ -505,7 +501,7 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
     let ns = c.namespace("diff").await;
     apply_example_with(&c, &ns, 2, |v| v["metadata"]["labels"]["bp-test"] = json!(ns)).await?;
     let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
-    let host = Host::start_with(&c, &ns, plugins.clone());
+    let host = host_with_builder_plugins(&c, &ns, &plugins, source(&c, None, None)?);
     let result = async {
         let api = Api::<Pod>::namespaced(c.client.clone(), &ns);
         let ready = eventually(60, || async {
@@ -549,8 +545,6 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
         // what serves: it shows the GPU changes, not the site step undone.
         let site_bytes = std::fs::read(&site)?;
         module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site_bytes)?).await?;
-        let controller = builder_plugins(&c, &plugins, None, None).await?;
-        let watch = watch(&controller, &host);
         let selector = json!({"matchLabels": {"bp-test": ns}});
         put_plugin(
             &c,
@@ -584,7 +578,6 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
             Ok(())
         }
         .await;
-        watch.abort();
         let _ = Api::<BuilderPlugin>::all(c.client.clone())
             .delete(&format!("{ns}-site"), &Default::default())
             .await;

@@ -30,6 +30,10 @@ pub const SLURM_FAILURE: &str = "SlurmFailure";
 /// `Scheduled`, `Active`) or why not (`WindowOver`, `NoSlurmNodes`, `NoReplicas`,
 /// `NoSlurmrestd`, or the Slurm failure's); absent with another strategy (Slinky's condition).
 pub const RESERVATION_CREATED: &str = "ReservationCreated";
+/// A BuilderPlugin's version serves (`True`), or why it was refused (`False`, reasons
+/// `InvalidSpec`, `InvalidSettings`, `PullFailed`, `UnknownDigest`, `BadSignature`,
+/// `ModuleUnreadable`, `Refused`): the version that served before keeps serving.
+pub const LOADED: &str = "Loaded";
 /// Set by hosts before `ChildFailure` replaced it (the Controller's Service only); the host
 /// clears it.
 #[deprecated(note = "replaced by CHILD_FAILURE; the host only clears it")]

@@ -86,9 +86,13 @@ impl Failure {
 
     /// How the pass that met it comes back.
     pub fn retry(&self) -> Retry {
-        match self.condition {
-            conditions::INVALID_SPEC | conditions::CONTROLLER_NOT_FOUND => Retry::OnChange,
-            conditions::SLURM_FAILURE => Retry::Soon,
+        match (self.condition, self.reason) {
+            (conditions::INVALID_SPEC | conditions::CONTROLLER_NOT_FOUND, _) => Retry::OnChange,
+            (conditions::SLURM_FAILURE, _) => Retry::Soon,
+            // A BuilderPlugin refused for what its spec says, or for what its module is: the same
+            // inputs give the same answer. A registry, a signature pushed later, a ConfigMap being
+            // written: tried again.
+            (conditions::LOADED, "InvalidSpec" | "InvalidSettings" | "Refused") => Retry::OnChange,
             _ => Retry::Backoff,
         }
     }

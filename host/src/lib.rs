@@ -17,8 +17,9 @@ pub mod cmd;
 pub use slinky_apiserver as embedded;
 /// The host's metrics: typed families recorded by the code that counts.
 pub mod metrics;
-/// Builder plugins as OCI artifacts: pull by digest, push, cosign-compatible signatures.
-pub mod oci;
+/// Where plugin modules come from and whether to trust them (the `slinky-plugin-source`
+/// crate): OCI references, pull by digest, push, cosign-compatible signatures, one digest store.
+pub use slinky_plugin_source as oci;
 /// The plugin runtime (the `slinky-runtime` crate): engine, loading, sandboxed calls, output
 /// policy, bundled builders, registry and reload.
 pub use slinky_runtime as plugins;

@@ -123,18 +123,9 @@ async fn cluster_steps(
     registry: &Arc<PluginRegistry>,
     ctx: &BuildContext,
 ) -> anyhow::Result<Vec<String>> {
-    let controller = crate::reconcile::builder_plugin::BuilderPlugins::new(
-        client.clone(),
-        registry.clone(),
-        crate::reconcile::builder_plugin::Config {
-            build: ctx.clone(),
-            cache: crate::plugins::default_cache_dir().map(|d| d.join("oci")),
-            insecure_registries: Vec::new(),
-            public_key: None,
-        },
-        crate::reconcile::Leadership::never(),
-    )?;
-    controller.load_all().await?;
+    let source = crate::cmd::module_source(client, None, Vec::new(), None)?;
+    let steps = crate::reconcile::builder_plugin::Steps::new(registry.clone(), Arc::new(source), ctx.clone());
+    crate::reconcile::builder_plugin::load_once(client, &steps).await?;
     let mut names: Vec<String> = crate::plugins::bundled::KINDS
         .iter()
         .flat_map(|&k| registry.steps(k))

@@ -311,3 +311,38 @@ mod tests {
         Ok(())
     }
 }
+
+/// Where BuilderPlugins' modules come from: OCI registries (plain HTTP only to loopback and
+/// `insecure` ones) kept in `cache` (default: inside the compiled-component cache, the install's
+/// writable emptyDir), ConfigMaps read with `client`, signatures verified with the PEM public
+/// key at `public_key` when given.
+///
+/// # Errors
+/// The key cannot be read or parsed; the system's root certificates cannot be read.
+pub(crate) fn module_source(
+    client: &kube::Client,
+    cache: Option<std::path::PathBuf>,
+    insecure: Vec<String>,
+    public_key: Option<&std::path::Path>,
+) -> anyhow::Result<slinky_plugin_source::ModuleSource> {
+    use anyhow::Context as _;
+    let public_key = match public_key {
+        None => None,
+        Some(path) => {
+            let pem = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --plugin-public-key {}", path.display()))?;
+            Some(
+                slinky_plugin_source::PublicKey::from_pem(&pem)
+                    .with_context(|| format!("--plugin-public-key {}", path.display()))?,
+            )
+        }
+    };
+    let cache = cache.or_else(|| crate::plugins::default_cache_dir().map(|d| d.join("oci")));
+    let oci = slinky_plugin_source::Oci::new(slinky_plugin_source::DigestStore::new(cache), insecure)?;
+    Ok(slinky_plugin_source::ModuleSource::new(
+        oci,
+        client.clone(),
+        public_key,
+        crate::plugins::gunzip_if_gzipped,
+    ))
+}

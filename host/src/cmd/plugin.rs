@@ -169,7 +169,7 @@ pub fn push(
     } else {
         Vec::new()
     };
-    let oci = crate::oci::Oci::new(None, insecure)?;
+    let oci = crate::oci::Oci::new(crate::oci::DigestStore::default(), insecure)?;
     let info = plugin.info();
     let annotations = serde_json::json!({
         "org.opencontainers.image.title": info.name,

@@ -43,10 +43,13 @@ use kube::{
         Controller as KubeController, controller::Action, events::Reporter, reflector::Store, watcher,
     },
 };
-use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
+use slinky_api::{Accounting, BuilderPlugin, Controller, LoginSet, NodeSet, RestApi};
 
 use self::core::{announced, applied, rollout, secrets, watch};
-pub use self::{component::ComponentContext, controller::ControllerContext, nodeset::NodeSetContext};
+pub use self::{
+    builder_plugin::BuilderPluginContext, component::ComponentContext, controller::ControllerContext,
+    nodeset::NodeSetContext,
+};
 use crate::plugins::{BuildContext, BuilderKind, PluginRegistry};
 
 /// Settings of [`start`].
@@ -75,6 +78,9 @@ pub struct RunConfig {
     /// The requests the client made (the one [`crate::client::client`] counts into), served in
     /// `/metrics`.
     pub api_requests: Arc<crate::client::ApiRequests>,
+    /// Where BuilderPlugins' modules come from: the host watches and loads BuilderPlugins (the
+    /// CRD must be served: [`builder_plugin::served`]); `None` runs without them.
+    pub builder_plugins: Option<Arc<slinky_plugin_source::ModuleSource>>,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.
@@ -248,6 +254,8 @@ struct Contexts {
     controller: Arc<ControllerContext>,
     nodeset: Arc<NodeSetContext>,
     component: Arc<ComponentContext>,
+    /// With BuilderPlugins: their context and queue.
+    builder_plugins: Option<(Arc<BuilderPluginContext>, KubeController<BuilderPlugin>)>,
 }
 
 /// Run the watches, and every controller once every cache has synced, until `shutdown`
@@ -263,6 +271,11 @@ async fn run(
     // Nothing is reconciled before every cache has synced: a NodeSet reconciled before the
     // Controllers are known would report its Controller missing.
     contexts.nodeset.caches.synced().await;
+    // The BuilderPlugins' steps before any parent is built: a parent built without them would
+    // roll its pods twice.
+    if let (Some((ctx, _)), Some(store)) = (&contexts.builder_plugins, &ctx_store(&contexts)) {
+        builder_plugin::load_all(ctx, store).await;
+    }
     ready.store(true, Ordering::SeqCst);
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
     let component = contexts.component;
@@ -289,13 +302,33 @@ async fn run(
             tx,
         ),
     );
+    let builder_plugins = match contexts.builder_plugins {
+        Some((ctx, queue)) => futures::future::Either::Left(
+            queue
+                .graceful_shutdown_on(on_signal(tx))
+                .run(
+                    builder_plugin::reconcile,
+                    |obj, error, ctx: Arc<BuilderPluginContext>| {
+                        ctx.core.retry_after_error(obj.as_ref(), error)
+                    },
+                    ctx,
+                )
+                .for_each(|_| futures::future::ready(())),
+        ),
+        None => futures::future::Either::Right(futures::future::ready(())),
+    };
     let trigger = async move {
         shutdown.await;
         let _ = tx_shutdown.send(());
     };
-    tokio::join!(runs, trigger);
+    tokio::join!(runs, builder_plugins, trigger);
     caches.abort();
     ready.store(false, Ordering::SeqCst);
+}
+
+/// The BuilderPlugin cache, when the host serves BuilderPlugins.
+fn ctx_store(contexts: &Contexts) -> Option<Store<BuilderPlugin>> {
+    contexts.nodeset.caches.builder_plugins.clone()
 }
 
 /// The queues of every kind over the shared watches' stores and triggers.
@@ -321,6 +354,30 @@ fn queues(c: &Caches, triggers: watch::Receivers, setup: &QueueSetup<'_>) -> Que
     }
 }
 
+/// The BuilderPlugin reconciler and its queue, when the host serves BuilderPlugins.
+fn builder_plugins_queue(
+    config: &RunConfig,
+    core: Arc<Core>,
+    caches: &Caches,
+    triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<BuilderPlugin>>,
+) -> Option<(Arc<BuilderPluginContext>, KubeController<BuilderPlugin>)> {
+    let (source, store) = (config.builder_plugins.clone()?, caches.builder_plugins.clone()?);
+    let steps = Arc::new(builder_plugin::Steps::new(
+        core.plugins.clone(),
+        source,
+        config.build.clone(),
+    ));
+    let queue = KubeController::for_stream(no_watch::<BuilderPlugin>(), store.clone()).reconcile_on(
+        builder_plugin::triggers(receiver_stream(triggers), store, steps.clone()),
+    );
+    let ctx = BuilderPluginContext {
+        core,
+        steps,
+        caches: caches.clone(),
+    };
+    Some((Arc::new(ctx), queue))
+}
+
 /// Run the host until `shutdown` completes: one watch per kind, then every controller once every
 /// cache has synced. In-flight reconciles finish before it returns.
 ///
@@ -343,7 +400,7 @@ pub fn start(
     let allowed = Arc::new(config.namespaces.clone());
     let watch::Watches {
         caches,
-        triggers,
+        mut triggers,
         task: watch_task,
     } = watch::start(
         &client,
@@ -351,6 +408,11 @@ pub fn start(
         allowed.clone(),
         expectations.clone(),
         config.secret_poll.unwrap_or(secrets::DEFAULT_INTERVAL),
+        config.builder_plugins.is_some(),
+    );
+    let bp_triggers = std::mem::replace(
+        &mut triggers.builder_plugins,
+        tokio::sync::mpsc::unbounded_channel().1,
     );
     let events = Events::new(
         client.clone(),
@@ -406,10 +468,11 @@ pub fn start(
             slurm.clone(),
         )),
         component: Arc::new(ComponentContext {
-            core,
+            core: core.clone(),
             caches: caches.clone(),
             applied,
         }),
+        builder_plugins: builder_plugins_queue(&config, core, &caches, bp_triggers),
     };
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {

@@ -248,32 +248,12 @@ impl References {
                 l.ssh_host_keys_name()
             );
         }
-        let sssd = &l.spec.sssd_conf_ref;
-        let sssd_value = self.secret(&ns, &sssd.name).and_then(|s| {
-            s.string_data
-                .as_ref()
-                .and_then(|d| d.get(&sssd.key))
-                .map(|v| v.as_bytes().to_vec())
-                .or_else(|| {
-                    s.data
-                        .as_ref()
-                        .and_then(|d| d.get(&sssd.key))
-                        .map(|v| v.0.clone())
-                })
-        });
-        if sssd_value.is_none() {
-            tracing::warn!(
-                "Secret {ns}/{} (spec.sssdConfRef) or its key {:?} is not in the input: its hash is left empty",
-                sssd.name,
-                sssd.key
-            );
+        let (inputs, missing) =
+            slinky_api::contract::LoginSetInputs::gather(l, keys, |name| self.secret(&ns, name));
+        if let Some(m) = missing {
+            tracing::warn!("{} in the input: its hash is left empty", m.describe(&ns));
         }
-        slinky_api::contract::LoginSetInputs {
-            ssh_host_keys_hash: keys.map(slinky_api::contract::secret_hash).unwrap_or_default(),
-            sssd_conf_hash: sssd_value
-                .map(|v| slinky_api::hash::sha256_hex(&v))
-                .unwrap_or_default(),
-        }
+        inputs
     }
 
     /// The inputs of an Accounting's children builder: the hashes of its key Secrets (empty, with

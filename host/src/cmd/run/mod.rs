@@ -219,18 +219,9 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
         secret_poll: Some(Duration::from_secs(args.secret_poll_seconds.max(1))),
         slurmrestd_urls: args.slurmrestd_urls.clone(),
         api_requests,
+        builder_plugins: builder_plugin_source(&args, &client).await?,
     };
-    let builder_plugins = start_builder_plugins(&args, &client, &plugins, &config).await?;
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
-    let builder_plugins = builder_plugins.map(|bp| {
-        tokio::spawn(bp.run(reconcile::builder_plugin::Parents {
-            controllers: handles.controllers.clone(),
-            nodesets: handles.nodesets.clone(),
-            restapis: handles.restapis.clone(),
-            loginsets: handles.loginsets.clone(),
-            accountings: handles.accountings.clone(),
-        }))
-    });
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());
     let http = crate::serve::serve(args.http_addr, crate::serve::Listener::Metrics, endpoints.clone())
         .await
@@ -252,9 +243,6 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
     }
     summaries.abort();
     hangups.abort();
-    if let Some(task) = builder_plugins {
-        task.abort();
-    }
     if let Some((_, task)) = reloader {
         task.abort();
     }
@@ -327,46 +315,22 @@ async fn start_reloader(
     Ok(Some((handle, task)))
 }
 
-/// With `--builder-plugins` (the default): load the cluster's BuilderPlugins now, before
-/// anything reconciles, and return the controller that keeps watching them.
-async fn start_builder_plugins(
+/// With `--builder-plugins` (the default) and the CRD served: where BuilderPlugins' modules
+/// come from (the host loads them before anything reconciles).
+async fn builder_plugin_source(
     args: &RunArgs,
     client: &Client,
-    plugins: &Arc<PluginRegistry>,
-    config: &RunConfig,
-) -> anyhow::Result<Option<Arc<reconcile::builder_plugin::BuilderPlugins>>> {
-    if !args.builder_plugins {
+) -> anyhow::Result<Option<Arc<slinky_plugin_source::ModuleSource>>> {
+    if !args.builder_plugins || !reconcile::builder_plugin::served(client).await? {
         return Ok(None);
     }
-    let public_key = match &args.plugin_public_key {
-        None => None,
-        Some(path) => {
-            let pem = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read --plugin-public-key {}", path.display()))?;
-            Some(
-                crate::oci::PublicKey::from_pem(&pem)
-                    .with_context(|| format!("--plugin-public-key {}", path.display()))?,
-            )
-        }
-    };
-    let cache = args
-        .oci_cache
-        .clone()
-        // Inside the compiled-component cache (the install's writable emptyDir).
-        .or_else(|| crate::plugins::default_cache_dir().map(|d| d.join("oci")));
-    let bp = reconcile::builder_plugin::BuilderPlugins::new(
-        client.clone(),
-        plugins.clone(),
-        reconcile::builder_plugin::Config {
-            build: config.build.clone(),
-            cache,
-            insecure_registries: args.insecure_registries.clone(),
-            public_key,
-        },
-        config.leadership.clone(),
+    let source = crate::cmd::module_source(
+        client,
+        args.oci_cache.clone(),
+        args.insecure_registries.clone(),
+        args.plugin_public_key.as_deref(),
     )?;
-    bp.load_all().await?;
-    Ok(Some(Arc::new(bp)))
+    Ok(Some(Arc::new(source)))
 }
 
 /// With `--leader-elect`: elect a leader on the Lease (the election task is returned, to be

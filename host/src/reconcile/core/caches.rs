@@ -10,7 +10,7 @@ use k8s_openapi::api::{
 };
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::Value;
-use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi};
+use slinky_api::{Accounting, BuilderPlugin, Controller, LoginSet, NodeSet, RestApi};
 
 use crate::plugins::ChildKind;
 
@@ -43,6 +43,9 @@ pub struct Caches {
     /// The NodeSets' ControllerRevisions (those labelled `app.kubernetes.io/name=slurmd`), without
     /// their `data`: a pass needs their names, numbers and owners, never what they record.
     pub revisions: Store<ControllerRevision>,
+    /// BuilderPlugins (cluster-wide), when the host serves them (`--builder-plugins` and the CRD
+    /// installed).
+    pub builder_plugins: Option<Store<BuilderPlugin>>,
 }
 
 impl Caches {
@@ -60,6 +63,9 @@ impl Caches {
         synced(&self.loginsets).await;
         synced(&self.accountings).await;
         synced(&self.revisions).await;
+        if let Some(store) = &self.builder_plugins {
+            synced(store).await;
+        }
     }
 }
 

@@ -39,7 +39,7 @@ use kube::{
         watcher,
     },
 };
-use slinky_api::{Accounting, Controller, LoginSet, NodeSet, RestApi, keys};
+use slinky_api::{Accounting, BuilderPlugin, Controller, LoginSet, NodeSet, RestApi, keys};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use super::{
@@ -47,8 +47,8 @@ use super::{
     expectations::Expectations,
 };
 use triggers::{
-    Triggers, accounting_task, child_task, claim_task, config_map_task, controller_task, loginset_task,
-    nodeset_task, pod_task, restapi_task, revision_task,
+    Triggers, accounting_task, builder_plugin_task, child_task, claim_task, config_map_task, controller_task,
+    loginset_task, nodeset_task, pod_task, restapi_task, revision_task,
 };
 
 /// The caches and the reconcile triggers derived from their watches.
@@ -74,6 +74,8 @@ pub struct Receivers {
     pub loginsets: UnboundedReceiver<ObjectRef<LoginSet>>,
     /// Accountings (their children, their Secrets or themselves changed).
     pub accountings: UnboundedReceiver<ObjectRef<Accounting>>,
+    /// BuilderPlugins (themselves changed or went away).
+    pub builder_plugins: UnboundedReceiver<ObjectRef<BuilderPlugin>>,
 }
 
 /// Whether a watch event concerns one of `allowed` namespaces (all when empty).
@@ -248,13 +250,14 @@ impl Scope<'_> {
 }
 
 /// Start the watches (namespaced when `namespace` is one namespace, else cluster-wide filtered
-/// to `allowed`).
+/// to `allowed`; BuilderPlugins, cluster-scoped, only when `builder_plugins`).
 pub fn start(
     client: &Client,
     namespace: &Option<String>,
     allowed: Arc<Vec<String>>,
     expectations: Arc<Expectations>,
     secret_poll: std::time::Duration,
+    builder_plugins: bool,
 ) -> Watches {
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (services, svc_writer) = reflector::store::<Service>();
@@ -359,6 +362,22 @@ pub fn start(
         poll.run(accountings.clone(), t.accounting_tx.clone()),
     );
     let node_task = nodes::node_task(client, node_writer, pods.clone(), t.clone());
+    let (bp_tx, bp_triggers) = unbounded_channel();
+    let (bp_store, bp_task) = if builder_plugins {
+        let (store, writer) = reflector::store::<BuilderPlugin>();
+        let events = root::<BuilderPlugin, BuilderPlugin>(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            writer,
+            Arc::new(Vec::new()),
+            "BuilderPlugin",
+            |_| {},
+        );
+        let task = builder_plugin_task(events, store.clone(), bp_tx);
+        (Some(store), futures::future::Either::Left(task))
+    } else {
+        (None, futures::future::Either::Right(futures::future::ready(())))
+    };
     let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
     let task = async move {
         tokio::join!(
@@ -376,7 +395,8 @@ pub fn start(
             ctl_task,
             ns_task,
             secret_task,
-            node_task
+            node_task,
+            bp_task
         );
     };
     Watches {
@@ -398,6 +418,7 @@ pub fn start(
             claims,
             nodes,
             revisions,
+            builder_plugins: bp_store,
         },
         triggers: Receivers {
             nodesets: nodeset_triggers,
@@ -405,6 +426,7 @@ pub fn start(
             restapis: restapi_triggers,
             loginsets: loginset_triggers,
             accountings: accounting_triggers,
+            builder_plugins: bp_triggers,
         },
         task: Box::pin(task),
     }

@@ -125,7 +125,7 @@ impl Triggers {
     }
 
     /// Every cached RestApi, LoginSet and Accounting (the component parents).
-    fn all_restapis(&self) {
+    fn all_components(&self) {
         for r in self.restapis.state() {
             self.restapi(ObjectRef::from_obj(r.as_ref()));
         }
@@ -181,7 +181,7 @@ impl Triggers {
             watcher::Event::InitDone => {
                 self.all_controllers();
                 self.all_nodesets();
-                self.all_restapis();
+                self.all_components();
             }
             _ => {}
         }
@@ -350,7 +350,7 @@ pub(super) fn controller_task(
                 seen.reset(&t.controllers.state());
                 t.all_controllers();
                 t.all_nodesets();
-                t.all_restapis();
+                t.all_components();
             }
             _ => {}
         }
@@ -423,7 +423,7 @@ pub(super) fn restapi_task(
             watcher::Event::Delete(r) => seen.forget(r),
             watcher::Event::InitDone => {
                 seen.reset(&t.restapis.state());
-                t.all_restapis();
+                t.all_components();
             }
             _ => {}
         }
@@ -443,7 +443,7 @@ pub(super) fn loginset_task(
             watcher::Event::Delete(l) => seen.forget(l),
             watcher::Event::InitDone => {
                 seen.reset(&t.loginsets.state());
-                t.all_restapis();
+                t.all_components();
             }
             _ => {}
         }
@@ -477,7 +477,7 @@ pub(super) fn accounting_task(
             }
             watcher::Event::InitDone => {
                 seen.reset(&t.accountings.state());
-                t.all_restapis();
+                t.all_components();
                 t.all_controllers();
             }
             _ => {}
@@ -531,4 +531,25 @@ mod tests {
         n.metadata.uid = Some("v".into());
         assert!(seen.changed(&n), "recreated under its name");
     }
+}
+
+/// BuilderPlugins: every change and deletion (the queue's trigger stream lets a deleted one
+/// leave the pipelines at once), and every one when the list completes (their status).
+pub(super) fn builder_plugin_task(
+    builder_plugins: impl Stream<Item = watcher::Event<slinky_api::BuilderPlugin>> + Send + 'static,
+    store: Store<slinky_api::BuilderPlugin>,
+    tx: UnboundedSender<ObjectRef<slinky_api::BuilderPlugin>>,
+) -> impl Future<Output = ()> + Send + 'static {
+    builder_plugins.for_each(move |ev| {
+        match &ev {
+            watcher::Event::Apply(bp) | watcher::Event::Delete(bp) => send(&tx, ObjectRef::from_obj(bp)),
+            watcher::Event::InitDone => {
+                for bp in store.state() {
+                    send(&tx, ObjectRef::from_obj(bp.as_ref()));
+                }
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
 }

@@ -1,0 +1,410 @@
+//! The steps the cluster's BuilderPlugins add to the pipelines, as one process loads them:
+//! what each BuilderPlugin's spec asks for (checked), the version that serves, the last version
+//! tried and why it was refused. It fetches through the plugin source and loads through the
+//! runtime; it writes nothing to the API (the reconciler reports what it returns).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use serde_json::json;
+use slinky_api::{
+    BuilderPlugin, BuilderPluginSpec, DEFAULT_ORDER,
+    conditions::LOADED,
+    failure::{Failure, Retry},
+};
+use slinky_plugin_source::{ModuleSource, sha256};
+
+use crate::{
+    plugins::{BuildContext, BuilderKind, Plugin, PluginRegistry, PluginSource, Step, vet_step},
+    reconcile::core::locked,
+};
+
+/// One BuilderPlugin's serving version.
+pub(super) struct Loaded {
+    fingerprint: String,
+    pub(super) step: Step,
+    pub(super) kinds: Vec<BuilderKind>,
+    /// The spec it was loaded with (`status.serving`).
+    pub(super) spec: BuilderPluginSpec,
+    /// The component's `sha256:<hex>`.
+    pub(super) digest: String,
+}
+
+/// What the last look at one BuilderPlugin found.
+#[derive(Clone)]
+pub(super) enum Outcome {
+    /// This generation serves.
+    Loaded,
+    /// Refused; the serving version (if any) keeps serving.
+    Refused(Failure),
+}
+
+/// What a look at a BuilderPlugin has to report (an Event), when it found something new.
+pub(super) enum Report {
+    /// A version was loaded and serves now.
+    Loaded {
+        /// `<plugin>@<version>`.
+        plugin: String,
+        /// The component's digest.
+        digest: String,
+        /// The kinds it serves.
+        kinds: String,
+        /// Its order.
+        order: i32,
+    },
+    /// A version was refused (the message says what keeps serving).
+    Refused(Failure),
+}
+
+#[derive(Default)]
+struct State {
+    loaded: BTreeMap<String, Arc<Loaded>>,
+    /// Name → (fingerprint, outcome) of the last version tried.
+    tried: BTreeMap<String, (String, Outcome)>,
+    /// The BuilderPlugins whose `status.serving` this process tried to load again.
+    restored: BTreeSet<String>,
+}
+
+/// What a spec asks for, checked: the kinds, the settings (JSON text), the order, the selector.
+struct Wanted {
+    kinds: Vec<BuilderKind>,
+    settings: String,
+    order: i32,
+    selector: Option<LabelSelector>,
+}
+
+fn invalid(message: String) -> Failure {
+    Failure::new(LOADED, "InvalidSpec", message)
+}
+
+impl Wanted {
+    fn of(spec: &BuilderPluginSpec) -> Result<Wanted, Failure> {
+        let mut kinds = Vec::new();
+        for (i, k) in spec.kinds.iter().enumerate() {
+            let kind = k
+                .parse::<BuilderKind>()
+                .map_err(|e| invalid(format!("spec.kinds[{i}]: {e}")))?;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        if kinds.is_empty() {
+            return Err(invalid(
+                "spec.kinds is empty: list the builder kinds it serves, like [nodeset-pod]".into(),
+            ));
+        }
+        if let Some(selector) = &spec.selector {
+            slinky_api::selectors::problem(selector).map_err(|e| invalid(format!("spec.selector.{e}")))?;
+        }
+        let settings = match &spec.settings {
+            None => slinky_api::contract::NO_SETTINGS.to_string(),
+            Some(v) => serde_json::to_string(v).map_err(|e| invalid(format!("spec.settings: {e}")))?,
+        };
+        Ok(Wanted {
+            kinds,
+            settings,
+            order: spec.order.unwrap_or(DEFAULT_ORDER),
+            selector: spec.selector.clone(),
+        })
+    }
+
+    /// What identifies this version with the module `module` (its digest, or an immutable
+    /// reference).
+    fn fingerprint(&self, module: &str) -> String {
+        sha256(
+            serde_json::to_string(&json!([
+                module,
+                self.settings,
+                self.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+                self.order,
+                self.selector,
+            ]))
+            .unwrap_or_default()
+            .as_bytes(),
+        )
+    }
+}
+
+/// The kinds as `a, b`.
+pub(super) fn kinds_text(kinds: &[BuilderKind]) -> String {
+    kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// The BuilderPlugin steps of one process.
+pub struct Steps {
+    registry: Arc<PluginRegistry>,
+    source: Arc<ModuleSource>,
+    build: BuildContext,
+    state: Mutex<State>,
+}
+
+impl Steps {
+    /// Steps fetched through `source`, loaded into `registry` (examples built with `build`).
+    pub fn new(registry: Arc<PluginRegistry>, source: Arc<ModuleSource>, build: BuildContext) -> Steps {
+        Steps {
+            registry,
+            source,
+            build,
+            state: Mutex::default(),
+        }
+    }
+
+    /// The serving version of `name`.
+    pub(super) fn loaded(&self, name: &str) -> Option<Arc<Loaded>> {
+        locked(&self.state, |s| s.loaded.get(name).cloned())
+    }
+
+    /// The outcome of the last look at `name`.
+    pub(super) fn outcome(&self, name: &str) -> Option<Outcome> {
+        locked(&self.state, |s| s.tried.get(name).map(|(_, o)| o.clone()))
+    }
+
+    /// `name` is gone: its step leaves the pipelines.
+    pub fn forget(&self, name: &str) {
+        let kinds = locked(&self.state, |s| {
+            s.tried.remove(name);
+            s.loaded.remove(name).map(|l| l.kinds.clone())
+        });
+        if let Some(kinds) = kinds {
+            tracing::info!(builder_plugin = %name, "BuilderPlugin deleted; its step leaves the pipelines");
+            self.publish(&kinds);
+        }
+    }
+
+    /// Replace the registry's steps of `kinds` with what serves now.
+    fn publish(&self, kinds: &[BuilderKind]) {
+        for &kind in kinds {
+            let steps = locked(&self.state, |s| {
+                s.loaded
+                    .values()
+                    .filter(|l| l.kinds.contains(&kind))
+                    .map(|l| l.step.clone())
+                    .collect()
+            });
+            self.registry.set_steps(kind, steps);
+        }
+    }
+
+    /// Look at `bp`: load its version when it changed (or was refused for a reason that may
+    /// have gone), and put what serves into the pipelines. What is new to report, if anything.
+    pub(super) async fn sync(&self, bp: &BuilderPlugin) -> Option<Report> {
+        let name = bp.name_any();
+        let wanted = match Wanted::of(&bp.spec) {
+            Ok(w) => w,
+            Err(failure) => {
+                let key = format!("spec:{}", failure.message);
+                return self.refused(bp, key, failure).await;
+            }
+        };
+        // A module pinned in a registry never changes: this version is known without a pull.
+        let pinned = bp
+            .spec
+            .module
+            .image
+            .as_deref()
+            .map(|image| wanted.fingerprint(image));
+        if let Some(fp) = &pinned
+            && self.known(&name, fp)
+        {
+            return None;
+        }
+        let fetched = match self.source.fetch(&bp.spec.module).await {
+            Ok(f) => f,
+            Err(failure) => {
+                let key = pinned.unwrap_or_else(|| format!("fetch:{}", failure.message));
+                return self.refused(bp, key, failure).await;
+            }
+        };
+        let fingerprint = pinned.unwrap_or_else(|| wanted.fingerprint(&fetched.digest));
+        if self.known(&name, &fingerprint) {
+            return None;
+        }
+        match self.load(&name, &fetched.bytes, &fetched.label, &wanted).await {
+            Ok(step) => {
+                let report = Report::Loaded {
+                    plugin: step.plugin.label(),
+                    digest: fetched.digest.clone(),
+                    kinds: kinds_text(&wanted.kinds),
+                    order: step.order,
+                };
+                tracing::info!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %&step.plugin.digest()[..12],
+                    kinds = %kinds_text(&wanted.kinds), order = step.order, "BuilderPlugin loaded; it serves now");
+                self.source.store().put(&fetched.bytes);
+                let kinds = wanted.kinds.clone();
+                locked(&self.state, |s| {
+                    s.tried
+                        .insert(name.clone(), (fingerprint.clone(), Outcome::Loaded));
+                    let old = s.loaded.insert(
+                        name,
+                        Arc::new(Loaded {
+                            fingerprint,
+                            step,
+                            kinds: wanted.kinds,
+                            spec: bp.spec.clone(),
+                            digest: fetched.digest,
+                        }),
+                    );
+                    old.map(|o| o.kinds.clone()).unwrap_or_default()
+                })
+                .into_iter()
+                .chain(kinds)
+                .for_each(|k| self.publish(&[k]));
+                Some(report)
+            }
+            Err(mut failure) => {
+                failure.message = format!(
+                    "{} (module {}, {})",
+                    failure.message, fetched.label, fetched.digest
+                );
+                self.refused(bp, fingerprint, failure).await
+            }
+        }
+    }
+
+    /// Whether the version `fingerprint` of `name` was looked at already (serving, or refused
+    /// for a reason that depends only on the inputs, with nothing changed since).
+    fn known(&self, name: &str, fingerprint: &str) -> bool {
+        locked(&self.state, |s| {
+            if s.loaded.get(name).is_some_and(|l| l.fingerprint == fingerprint) {
+                s.tried
+                    .insert(name.to_string(), (fingerprint.to_string(), Outcome::Loaded));
+                return true;
+            }
+            s.tried.get(name).is_some_and(|(f, o)| {
+                f == fingerprint && !matches!(o, Outcome::Refused(r) if r.retry() != Retry::OnChange)
+            })
+        })
+    }
+
+    /// Load `bytes` as the step `name` wants, off the async threads: compiled, described, its
+    /// settings validated, the example inputs built through base + it.
+    async fn load(&self, name: &str, bytes: &[u8], module: &str, wanted: &Wanted) -> Result<Step, Failure> {
+        let (registry, build) = (self.registry.clone(), self.build.clone());
+        let (bytes, name) = (bytes.to_vec(), name.to_string());
+        let source = PluginSource::Resource {
+            name: name.clone(),
+            module: module.to_string(),
+        };
+        let (settings, order, selector, kinds) = (
+            wanted.settings.clone(),
+            wanted.order,
+            wanted.selector.clone(),
+            wanted.kinds.clone(),
+        );
+        let refused = |reason, message: String| Failure::new(LOADED, reason, message);
+        let loaded = tokio::task::spawn_blocking(move || {
+            let plugin = Plugin::load_unoptimized(registry.engine(), &bytes, source)
+                .map_err(|e| refused("Refused", e.to_string()))?;
+            plugin
+                .validate_settings(&settings)
+                .map_err(|e| refused("InvalidSettings", e.in_step(&name).to_string()))?;
+            let step = Step {
+                name,
+                plugin,
+                settings,
+                order,
+                selector,
+            };
+            vet_step(&registry, &step, &kinds, &build).map_err(|e| refused("Refused", e.to_string()))?;
+            step.plugin.optimize_in_background(&bytes);
+            Ok::<_, Failure>(step)
+        })
+        .await;
+        loaded.unwrap_or_else(|join| Err(refused("Refused", format!("the load task failed: {join}"))))
+    }
+
+    /// After a restart, when this BuilderPlugin's current spec is refused: load the version its
+    /// status says served (`status.serving`), so the parents keep their steps and their pods do
+    /// not roll. Tried once per process.
+    async fn restore(&self, bp: &BuilderPlugin) {
+        let name = bp.name_any();
+        let first = locked(&self.state, |s| {
+            !s.loaded.contains_key(&name) && s.restored.insert(name.clone())
+        });
+        let Some(serving) = bp
+            .status
+            .as_ref()
+            .and_then(|s| s.serving.clone())
+            .filter(|_| first)
+        else {
+            return;
+        };
+        let restored = async {
+            let wanted = Wanted::of(&serving.spec)?;
+            let bytes = match self.source.store().get(&serving.digest) {
+                Some(bytes) => bytes,
+                None => {
+                    let fetched = self.source.fetch(&serving.spec.module).await?;
+                    if fetched.digest != serving.digest {
+                        return Err(Failure::new(
+                            LOADED,
+                            "Refused",
+                            format!("its source no longer has {}", serving.digest),
+                        ));
+                    }
+                    fetched.bytes
+                }
+            };
+            let label = format!("status.serving, {}", serving.digest);
+            let step = self.load(&name, &bytes, &label, &wanted).await?;
+            Ok::<_, Failure>((step, wanted))
+        }
+        .await;
+        match restored {
+            Ok((step, wanted)) => {
+                tracing::warn!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %serving.digest,
+                    "the BuilderPlugin's current spec is refused; the version that served before this restart serves again");
+                let kinds = wanted.kinds.clone();
+                locked(&self.state, |s| {
+                    s.loaded.insert(
+                        name,
+                        Arc::new(Loaded {
+                            fingerprint: format!("restored:{}", serving.digest),
+                            step,
+                            kinds: wanted.kinds,
+                            spec: serving.spec,
+                            digest: serving.digest,
+                        }),
+                    )
+                });
+                self.publish(&kinds);
+            }
+            Err(failure) => {
+                tracing::error!(builder_plugin = %name, digest = %serving.digest, message = %failure.message,
+                    "the version that served before this restart cannot be loaded again; the parents it applied to are built without it");
+            }
+        }
+    }
+
+    /// A refused version: reported once (not again while the same refusal stands); the version
+    /// that served before keeps serving (restored from `status.serving` after a restart).
+    async fn refused(&self, bp: &BuilderPlugin, fingerprint: String, failure: Failure) -> Option<Report> {
+        let name = bp.name_any();
+        let again = locked(&self.state, |s| {
+            s.tried
+                .get(&name)
+                .is_some_and(|(f, o)| *f == fingerprint && matches!(o, Outcome::Refused(r) if *r == failure))
+        });
+        if again {
+            return None;
+        }
+        self.restore(bp).await;
+        let serving = self
+            .loaded(&name)
+            .map(|l| format!("; {} ({}) keeps serving", l.step.plugin.label(), l.digest));
+        tracing::warn!(builder_plugin = %name, reason = failure.reason, message = %failure.message,
+            "BuilderPlugin refused; the version serving before keeps serving");
+        locked(&self.state, |s| {
+            s.tried
+                .insert(name, (fingerprint, Outcome::Refused(failure.clone())))
+        });
+        Some(Report::Refused(Failure {
+            message: format!("{}{}", failure.message, serving.unwrap_or_default()),
+            ..failure
+        }))
+    }
+}

@@ -1,0 +1,143 @@
+//! cosign signatures, as `cosign sign --key` makes them: a manifest tagged `sha256-<hex>.sig` in
+//! the same repository, one `application/vnd.dev.cosign.simplesigning.v1+json` layer whose blob
+//! is the simple-signing payload naming the signed manifest digest, the signature (ECDSA P-256,
+//! SHA-256, ASN.1 DER, base64) in its `dev.cosignproject.cosign/signature` annotation.
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{Method, StatusCode, header};
+use ring::signature;
+use serde_json::Value;
+
+use crate::{
+    COSIGN_PAYLOAD_TYPE, COSIGN_SIGNATURE, MANIFEST_TYPE, MAX_MANIFEST, MAX_PAYLOAD, MAX_SIGNATURES, Oci,
+    OciError, PublicKey, Reference,
+};
+
+/// The store's record of the signatures of a manifest that verified.
+const SIGNATURES: &str = "signatures.json";
+
+impl Oci {
+    /// Verify the cosign signature of `reference`'s manifest digest with `public_key` (PEM). The
+    /// signature manifest and payload are cached beside the artifact and re-verified from there.
+    ///
+    /// # Errors
+    /// [`OciError::Signature`] when there is no signature or none verifies with the key.
+    pub async fn verify(
+        &self,
+        reference: &Reference,
+        manifest_digest: &str,
+        public_key: &PublicKey,
+    ) -> Result<(), OciError> {
+        let hex = manifest_digest.trim_start_matches("sha256:");
+        // Only a signature that verified is kept (and checked again here, with today's key).
+        let cached: Option<Vec<(String, Vec<u8>)>> = self
+            .store
+            .get_record(manifest_digest, SIGNATURES)
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        for (sig, payload) in cached.iter().flatten() {
+            if check_signature(public_key, sig, payload, manifest_digest).is_ok() {
+                return Ok(());
+            }
+        }
+        let signatures = self.fetch_signatures(reference, manifest_digest).await?;
+        let mut why = Vec::new();
+        for (sig, payload) in &signatures {
+            match check_signature(public_key, sig, payload, manifest_digest) {
+                Ok(()) => {
+                    if let Ok(bytes) = serde_json::to_vec(&[(sig, payload)]) {
+                        self.store.put_record(manifest_digest, SIGNATURES, &bytes);
+                    }
+                    return Ok(());
+                }
+                Err(e) => why.push(e),
+            }
+        }
+        Err(OciError::Signature(if why.is_empty() {
+            format!(
+                "{} has no cosign signature (tag sha256-{hex}.sig): sign it (`slinky-host plugin push --sign-key`, or `cosign sign --key`)",
+                reference.pinned(manifest_digest)
+            )
+        } else {
+            format!(
+                "no signature of {} verifies with the configured public key: {}",
+                reference.pinned(manifest_digest),
+                why.join("; ")
+            )
+        }))
+    }
+
+    async fn fetch_signatures(
+        &self,
+        reference: &Reference,
+        manifest_digest: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, OciError> {
+        let base = self.base(&reference.registry);
+        let tag = format!("{}.sig", manifest_digest.replace(':', "-"));
+        let url = format!("{base}/{}/manifests/{tag}", reference.repository);
+        let (status, _, body) = self
+            .request(
+                Method::GET,
+                &url,
+                &[(header::ACCEPT, MANIFEST_TYPE)],
+                Bytes::new(),
+                MAX_MANIFEST,
+            )
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(Vec::new());
+        }
+        if !status.is_success() {
+            return Err(self.http_error(&Method::GET, &url, status));
+        }
+        let manifest: Value =
+            serde_json::from_slice(&body).map_err(|e| OciError::Signature(format!("{url}: {e}")))?;
+        let mut out = Vec::new();
+        let layers = manifest["layers"].as_array().into_iter().flatten();
+        for layer in layers
+            .filter(|l| l["mediaType"] == COSIGN_PAYLOAD_TYPE)
+            .take(MAX_SIGNATURES)
+        {
+            let (Some(sig), Some(digest)) = (
+                layer["annotations"][COSIGN_SIGNATURE].as_str(),
+                layer["digest"].as_str(),
+            ) else {
+                continue;
+            };
+            let payload = self
+                .blob(&base, &reference.repository, digest, MAX_PAYLOAD)
+                .await?
+                .map_err(OciError::Signature)?;
+            out.push((sig.to_string(), payload.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+/// Check one cosign signature: it verifies over `payload` with `key`, and the payload names
+/// `manifest_digest`.
+pub(crate) fn check_signature(
+    key: &PublicKey,
+    sig_b64: &str,
+    payload: &[u8],
+    manifest_digest: &str,
+) -> Result<(), String> {
+    let sig = base64::engine::general_purpose::STANDARD
+        .decode(sig_b64.trim())
+        .map_err(|e| format!("the signature is not base64: {e}"))?;
+    signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_ASN1, &key.point)
+        .verify(payload, &sig)
+        .map_err(|_| {
+            "a signature does not verify with the key (signed with another key, or altered)".to_string()
+        })?;
+    let p: Value = serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
+    let named = p["critical"]["image"]["docker-manifest-digest"]
+        .as_str()
+        .unwrap_or_default();
+    if named != manifest_digest {
+        return Err(format!(
+            "a valid signature names {named}, not {manifest_digest} (a signature copied from another artifact)"
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! What can go wrong fetching a module or checking it.
+
+/// What can go wrong talking to a registry or checking what it sent.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    /// The reference does not parse.
+    #[error("{0:?} is not an OCI reference like registry.example.com/site/plugin@sha256:<64 hex>: {1}")]
+    Reference(String, &'static str),
+    /// An HTTP request failed.
+    #[error("{method} {url}: {reason}")]
+    Http {
+        /// The method.
+        method: &'static str,
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The registry sent something that is not what was asked for.
+    #[error("{0}")]
+    Content(String),
+    /// The signature is missing or does not verify.
+    #[error("signature: {0}")]
+    Signature(String),
+    /// A key does not parse.
+    #[error("key: {0}")]
+    Key(String),
+}
