@@ -577,34 +577,4 @@ fn encode_special_or_message(v: &Value, message: &str) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn objects_round_trip_through_protobuf() {
-        let pod = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "namespace": "default", "labels": {"app": "x"},
-                         "creationTimestamp": "2026-01-02T03:04:05Z"},
-            "spec": {"containers": [{"name": "c", "image": "x:1", "ports": [{"containerPort": 80, "protocol": "TCP"}],
-                                      "resources": {"limits": {"cpu": "500m"}},
-                                      "readinessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 5}}],
-                     "volumes": [{"name": "v", "emptyDir": {}}], "terminationGracePeriodSeconds": 30}});
-        let bytes = encode(&pod).unwrap_or_default();
-        assert!(bytes.starts_with(MAGIC));
-        let back = decode(&bytes).unwrap_or_default();
-        assert_eq!(back, pod);
-        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
-            "data": {"k": "dmFsdWU="}, "type": "Opaque"});
-        assert_eq!(
-            decode(&encode(&secret).unwrap_or_default()).unwrap_or_default(),
-            secret
-        );
-    }
-
-    #[test]
-    fn custom_kinds_have_no_protobuf_form() {
-        assert!(encode(&json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet"})).is_none());
-        assert_eq!(go_duration(3_723_500_000_000), "1h2m3.5s");
-        assert_eq!(parse_go_duration("1h2m3.5s"), 3_723_500_000_000);
-    }
-}
+mod tests;

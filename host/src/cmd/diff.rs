@@ -198,42 +198,81 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
         ..BuildContext::default()
     };
     let (plain, with, plugin, installed) = registries(engine, args, &client, &ctx).await?;
-    let mut manifests = Vec::new();
+    let manifests = live_parents(&client, &args.namespaces).await?;
+    let references = live_references(&client, &manifests).await;
+    let before = render::render_with(&manifests, &references, &plain, &ctx)
+        .context("the builders serving now fail")?;
+    let after = render::render_with(&manifests, &references, &with, &ctx)
+        .with_context(|| format!("{} fails", plugin.label()))?;
+    let mut out = header(args, &plugin, manifests.len(), &installed);
+    let mut changes = Changes::default();
+    for child in &after {
+        changes.compare(&client, &before, child, &mut out).await?;
+    }
+    for gone in before.iter().filter(|b| {
+        !after
+            .iter()
+            .any(|a| a.describe() == b.describe() && namespace(a) == namespace(b))
+    }) {
+        changes.changed += 1;
+        out.push_str(&format!(
+            "{} in {}: would be deleted (the plugin no longer builds it)\n\n",
+            gone.describe(),
+            namespace(gone)
+        ));
+    }
+    for (nodeset, pods) in &changes.rolling {
+        out.push_str(&format!(
+            "{nodeset}: {} pod(s) would roll: {}\n",
+            pods.len(),
+            pods.join(", ")
+        ));
+    }
+    out.push_str(&format!(
+        "{} object(s) would change; {} pod(s) would roll\n",
+        changes.changed,
+        changes.rolling.values().map(Vec::len).sum::<usize>()
+    ));
+    Ok(out)
+}
+
+/// The parents of `namespaces` (all when empty) as the cluster has them.
+///
+/// # Errors
+/// Controllers or NodeSets cannot be listed (the other kinds may not be served: absent is none).
+async fn live_parents(client: &Client, namespaces: &[String]) -> anyhow::Result<Vec<Manifest>> {
     let live = |at: &str, parent| Manifest {
         at: format!("live {at}"),
         parent,
     };
-    for c in list::<Controller>(&client, &args.namespaces)
+    let mut manifests = Vec::new();
+    for c in list::<Controller>(client, namespaces)
         .await
         .context("cannot list Controllers")?
     {
         manifests.push(live("Controller", Parent::Controller(Box::new(c))));
     }
-    for n in list::<NodeSet>(&client, &args.namespaces)
+    for n in list::<NodeSet>(client, namespaces)
         .await
         .context("cannot list NodeSets")?
     {
         manifests.push(live("NodeSet", Parent::NodeSet(Box::new(n))));
     }
-    // The kinds a cluster may not serve: absent is none.
-    for r in list::<RestApi>(&client, &args.namespaces)
-        .await
-        .unwrap_or_default()
-    {
+    for r in list::<RestApi>(client, namespaces).await.unwrap_or_default() {
         manifests.push(live("RestApi", Parent::RestApi(Box::new(r))));
     }
-    for l in list::<LoginSet>(&client, &args.namespaces)
-        .await
-        .unwrap_or_default()
-    {
+    for l in list::<LoginSet>(client, namespaces).await.unwrap_or_default() {
         manifests.push(live("LoginSet", Parent::LoginSet(Box::new(l))));
     }
-    for a in list::<Accounting>(&client, &args.namespaces)
-        .await
-        .unwrap_or_default()
-    {
+    for a in list::<Accounting>(client, namespaces).await.unwrap_or_default() {
         manifests.push(live("Accounting", Parent::Accounting(Box::new(a))));
     }
+    Ok(manifests)
+}
+
+/// The ConfigMaps and Secrets of the parents' namespaces. Only the Secrets' hashes are used (as
+/// the host does); without RBAC to read them the key hash annotations show as changes.
+async fn live_references(client: &Client, manifests: &[Manifest]) -> References {
     let namespaces: std::collections::BTreeSet<String> = manifests
         .iter()
         .filter_map(|m| match &m.parent {
@@ -245,18 +284,15 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
         })
         .collect();
     let namespaces: Vec<String> = namespaces.into_iter().collect();
-    let references = References {
-        config_maps: list::<ConfigMap>(&client, &namespaces).await.unwrap_or_default(),
-        // Only their hashes are used (as the host does); without RBAC to read them the key hash
-        // annotations show as changes.
-        secrets: list::<Secret>(&client, &namespaces).await.unwrap_or_default(),
-    };
-    let before = render::render_with(&manifests, &references, &plain, &ctx)
-        .context("the builders serving now fail")?;
-    let after = render::render_with(&manifests, &references, &with, &ctx)
-        .with_context(|| format!("{} fails", plugin.label()))?;
+    References {
+        config_maps: list::<ConfigMap>(client, &namespaces).await.unwrap_or_default(),
+        secrets: list::<Secret>(client, &namespaces).await.unwrap_or_default(),
+    }
+}
 
-    let mut out = format!(
+/// What the diff compares: the plugin, how it joins, and what serves now.
+fn header(args: &DiffArgs, plugin: &Plugin, parents: usize, installed: &[String]) -> String {
+    format!(
         "plugin: {} (sha256:{}), {} {}, settings {}\nparents: {} read from the cluster; BuilderPlugins serving: {}\n\n",
         plugin.label(),
         plugin.digest(),
@@ -273,26 +309,43 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
             .collect::<Vec<_>>()
             .join(", "),
         args.settings,
-        manifests.len(),
+        parents,
         if installed.is_empty() {
             "none".to_string()
         } else {
             installed.join(", ")
         }
-    );
-    let (mut changed, mut rolling) = (0, BTreeMap::<String, Vec<String>>::new());
-    for child in &after {
+    )
+}
+
+/// What changes: the count of objects, and the pods that would roll per NodeSet.
+#[derive(Default)]
+struct Changes {
+    changed: usize,
+    rolling: BTreeMap<String, Vec<String>>,
+}
+
+impl Changes {
+    /// Compare `child` (built with the plugin) with what the builders serving now build and
+    /// with the live object; print its diff into `out`.
+    async fn compare(
+        &mut self,
+        client: &Client,
+        before: &[Child],
+        child: &Child,
+        out: &mut String,
+    ) -> anyhow::Result<()> {
         let same = before
             .iter()
             .find(|b| b.describe() == child.describe() && namespace(b) == namespace(child))
             .is_some_and(|b| strip(b.to_json()) == strip(child.to_json()));
         if same {
-            continue;
+            return Ok(());
         }
-        changed += 1;
+        self.changed += 1;
         let desired = child.to_json();
         let ns = namespace(child);
-        let current = live_object(&client, child, &ns).await?;
+        let current = live_object(client, child, &ns).await?;
         match (&current, child) {
             (None, _) => out.push_str(&format!("{} in {ns}: would be created\n\n", child.describe())),
             (Some(current), Child::Pod(pod)) => {
@@ -308,7 +361,7 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
                         .first()
                         .map(|o| o.name.clone())
                         .unwrap_or_default();
-                    rolling
+                    self.rolling
                         .entry(format!("NodeSet {ns}/{owner}"))
                         .or_default()
                         .push(pod.name_any());
@@ -326,31 +379,8 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
                 ));
             }
         }
+        Ok(())
     }
-    for gone in before.iter().filter(|b| {
-        !after
-            .iter()
-            .any(|a| a.describe() == b.describe() && namespace(a) == namespace(b))
-    }) {
-        changed += 1;
-        out.push_str(&format!(
-            "{} in {}: would be deleted (the plugin no longer builds it)\n\n",
-            gone.describe(),
-            namespace(gone)
-        ));
-    }
-    for (nodeset, pods) in &rolling {
-        out.push_str(&format!(
-            "{nodeset}: {} pod(s) would roll: {}\n",
-            pods.len(),
-            pods.join(", ")
-        ));
-    }
-    out.push_str(&format!(
-        "{changed} object(s) would change; {} pod(s) would roll\n",
-        rolling.values().map(Vec::len).sum::<usize>()
-    ));
-    Ok(out)
 }
 
 fn namespace(c: &Child) -> String {

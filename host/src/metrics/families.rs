@@ -289,6 +289,8 @@ pub struct WriteMetrics {
     counts: Counts<WriteLabels>,
     /// 409s retried from a fresh read.
     pub conflict_retries: Total,
+    /// Writes between their fence check and their answer.
+    in_flight: std::sync::atomic::AtomicU64,
 }
 
 impl WriteMetrics {
@@ -320,6 +322,22 @@ impl WriteMetrics {
     /// Total writes (any outcome).
     pub fn total(&self) -> u64 {
         self.snapshot().values().sum()
+    }
+
+    /// Writes that passed (or are at) their fence check and have no answer yet: once the fence
+    /// is closed, at most these can still land.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A write enters: counted in flight before its fence is checked.
+    pub(crate) fn enter(&self) {
+        self.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A write has its answer (or was refused).
+    pub(crate) fn leave(&self) {
+        self.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -354,6 +354,39 @@ fn queues(c: &Caches, triggers: watch::Receivers, setup: &QueueSetup<'_>) -> Que
     }
 }
 
+/// Every reconciler's context over one core and the shared caches.
+fn contexts(
+    config: &RunConfig,
+    core: Arc<Core>,
+    caches: &Caches,
+    expectations: &Arc<Expectations>,
+    slurm: &Arc<slurm::SlurmClients>,
+    bp_triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<BuilderPlugin>>,
+) -> Contexts {
+    let applied = applied::applied_versions();
+    Contexts {
+        controller: Arc::new(ControllerContext {
+            core: core.clone(),
+            caches: caches.clone(),
+            applied: applied.clone(),
+            slurm: slurm.clone(),
+        }),
+        nodeset: Arc::new(NodeSetContext::new(
+            core.clone(),
+            caches.clone(),
+            applied.clone(),
+            expectations.clone(),
+            slurm.clone(),
+        )),
+        component: Arc::new(ComponentContext {
+            core: core.clone(),
+            caches: caches.clone(),
+            applied,
+        }),
+        builder_plugins: builder_plugins_queue(config, core, caches, bp_triggers),
+    }
+}
+
 /// The BuilderPlugin reconciler and its queue, when the host serves BuilderPlugins.
 fn builder_plugins_queue(
     config: &RunConfig,
@@ -452,28 +485,7 @@ pub fn start(
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
     });
-    let applied = applied::applied_versions();
-    let contexts = Contexts {
-        controller: Arc::new(ControllerContext {
-            core: core.clone(),
-            caches: caches.clone(),
-            applied: applied.clone(),
-            slurm: slurm.clone(),
-        }),
-        nodeset: Arc::new(NodeSetContext::new(
-            core.clone(),
-            caches.clone(),
-            applied.clone(),
-            expectations.clone(),
-            slurm.clone(),
-        )),
-        component: Arc::new(ComponentContext {
-            core: core.clone(),
-            caches: caches.clone(),
-            applied,
-        }),
-        builder_plugins: builder_plugins_queue(&config, core, &caches, bp_triggers),
-    };
+    let contexts = contexts(&config, core, &caches, &expectations, &slurm, bp_triggers);
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {
         ready: ready.clone(),

@@ -2,10 +2,12 @@
 //! reference) and print what the builders make of them, offline, through exactly the plugin path
 //! the reconciler uses.
 
+mod build;
 mod read;
 
-use crate::plugins::Builder as _;
-use std::{collections::BTreeSet, path::PathBuf, sync::Arc};
+pub use self::build::render_with;
+
+use std::{path::PathBuf, sync::Arc};
 
 use clap::Args;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
@@ -18,10 +20,7 @@ use slinky_api::{
 
 pub use self::read::{parse_manifests, parse_yaml, read_manifests, read_references, yaml_documents};
 use super::{OutputFormat, print};
-use crate::{
-    plugins::{BuildContext, BuilderKind, EngineHandle, Ownership, PluginError, PluginRegistry, PodIdentity},
-    revision::pod_revision,
-};
+use crate::plugins::{BuildContext, EngineHandle, PluginError, PluginRegistry};
 
 /// Errors of reading manifests and rendering them; each names the file/object.
 #[derive(Debug, thiserror::Error)]
@@ -296,190 +295,6 @@ pub fn render(
     ctx: &BuildContext,
 ) -> Result<Vec<Child>, RenderError> {
     render_with(manifests, &References::default(), plugins, ctx)
-}
-
-/// Build every child of the parents, in a stable order: for each Controller (in input order) its
-/// children by kind (ConfigMaps, Services, StatefulSet) and name; for each NodeSet its children
-/// other than pods (the workers' Service and PodDisruptionBudget once per Controller and
-/// namespace, owned by every NodeSet of the input sharing them), then its pods for ordinals
-/// `0..replicas`. An external Controller has only its minimal ConfigMap.
-///
-/// # Errors
-/// The first parent whose Controller is missing or whose builder fails.
-pub fn render_with(
-    manifests: &[Manifest],
-    references: &References,
-    plugins: &PluginRegistry,
-    ctx: &BuildContext,
-) -> Result<Vec<Child>, RenderError> {
-    let controllers = controllers(manifests);
-    let mut children = Vec::new();
-    let mut shared_done = BTreeSet::new();
-    let build_error = |at: &str, object: String| {
-        let at = at.to_string();
-        move |source| RenderError::Build {
-            at,
-            object,
-            source: Box::new(source),
-        }
-    };
-    for m in manifests {
-        match &m.parent {
-            Parent::Controller(c) => {
-                let object = format!(
-                    "Controller {}",
-                    key(&c.namespace().unwrap_or_default(), &c.name_any())
-                );
-                if let Some(problem) = slinky_api::checks::summary(&c.spec_problems()) {
-                    return Err(RenderError::Invalid {
-                        at: m.at.clone(),
-                        reason: format!("Controller {}: {problem}", c.name_any()),
-                    });
-                }
-                let mut built = Vec::new();
-                if c.spec.external {
-                    tracing::info!(controller = %c.name_any(), "external Controller: no Service, StatefulSet or internal Service to build");
-                } else {
-                    let plugin = plugins.pipeline(BuilderKind::ControllerService, c.labels());
-                    let svc = plugin
-                        .build_service(ctx, c)
-                        .map_err(build_error(&m.at, object.clone()))?;
-                    built.push(crate::plugins::Child {
-                        kind: crate::plugins::ChildKind::Service,
-                        ownership: Ownership::Controlled,
-                        object: serde_json::to_value(&svc).unwrap_or_default(),
-                    });
-                }
-                let inputs = references.inputs(c, manifests);
-                let plugin = plugins.pipeline(BuilderKind::ControllerChildren, c.labels());
-                built.extend(
-                    plugin
-                        .build_controller_children(ctx, c, &inputs)
-                        .map_err(build_error(&m.at, object))?,
-                );
-                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
-            }
-            Parent::NodeSet(n) => {
-                let ns = n.namespace().unwrap_or_default();
-                let (ctl_ns, ctl_name) = (n.controller_namespace(), n.spec.controller_ref.name.as_str());
-                let controller = controllers
-                    .iter()
-                    .find(|c| c.namespace().as_deref() == Some(ctl_ns) && c.name_any() == ctl_name)
-                    .ok_or_else(|| RenderError::MissingController {
-                        at: m.at.clone(),
-                        nodeset: format!("NodeSet {}", key(&ns, &n.name_any())),
-                        controller: key(ctl_ns, ctl_name),
-                    })?;
-                // What the host would refuse with an InvalidSpec condition, render refuses too.
-                if let Some(problem) = slinky_api::checks::summary(&n.spec_problems()) {
-                    return Err(RenderError::Invalid {
-                        at: m.at.clone(),
-                        reason: format!("NodeSet {}: {problem}", n.name_any()),
-                    });
-                }
-                let object = format!("NodeSet {}", key(&ns, &n.name_any()));
-                let plugin = plugins.pipeline(BuilderKind::NodesetChildren, n.labels());
-                let mut built = plugin
-                    .build_nodeset_children(ctx, n, controller)
-                    .map_err(build_error(&m.at, object.clone()))?;
-                let sharing: Vec<&NodeSet> = manifests
-                    .iter()
-                    .filter_map(|m| m.parent.as_nodeset())
-                    .filter(|o| o.shares_workers_with(n))
-                    .collect();
-                let owners = slinky_api::owners::shared_refs(sharing);
-                built.retain(|c| {
-                    c.ownership == Ownership::Controlled
-                        || shared_done.insert((c.kind, ns.clone(), c.name().to_string()))
-                });
-                for c in built.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
-                    c.set_owners(owners.clone());
-                }
-                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
-                let plugin = plugins.pipeline(BuilderKind::NodesetPod, n.labels());
-                let revision = pod_revision(n, controller, plugin.digest(), ctx);
-                for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
-                    let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
-                    let pod = plugin
-                        .build_pod(ctx, n, controller, &identity)
-                        .map_err(build_error(&m.at, object.clone()))?;
-                    children.push(Child::Pod(Box::new(pod)));
-                }
-            }
-            Parent::RestApi(r) => {
-                let ns = r.namespace().unwrap_or_default();
-                let ctl_name = r.spec.controller_ref.name.as_str();
-                let object = format!("RestApi {}", key(&ns, &r.name_any()));
-                if let Some(problem) = slinky_api::checks::summary(&r.spec_problems()) {
-                    return Err(RenderError::Invalid {
-                        at: m.at.clone(),
-                        reason: format!("RestApi {}: {problem}", r.name_any()),
-                    });
-                }
-                let controller = controllers
-                    .iter()
-                    .find(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == ctl_name)
-                    .ok_or_else(|| RenderError::MissingController {
-                        at: m.at.clone(),
-                        nodeset: object.clone(),
-                        controller: key(&ns, ctl_name),
-                    })?;
-                let plugin = plugins.pipeline(BuilderKind::RestapiChildren, r.labels());
-                let mut built = plugin
-                    .build_restapi_children(ctx, r, controller)
-                    .map_err(build_error(&m.at, object))?;
-                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
-            }
-            Parent::LoginSet(l) => {
-                let ns = l.namespace().unwrap_or_default();
-                let ctl_name = l.spec.controller_ref.name.as_str();
-                let object = format!("LoginSet {}", key(&ns, &l.name_any()));
-                if let Some(problem) = slinky_api::checks::summary(&l.spec_problems()) {
-                    return Err(RenderError::Invalid {
-                        at: m.at.clone(),
-                        reason: format!("LoginSet {}: {problem}", l.name_any()),
-                    });
-                }
-                let controller = controllers
-                    .iter()
-                    .find(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.name_any() == ctl_name)
-                    .ok_or_else(|| RenderError::MissingController {
-                        at: m.at.clone(),
-                        nodeset: object.clone(),
-                        controller: key(&ns, ctl_name),
-                    })?;
-                let inputs = references.loginset_inputs(l);
-                let mut built = plugins
-                    .pipeline(BuilderKind::LoginsetChildren, l.labels())
-                    .build_loginset_children(ctx, l, controller, &inputs)
-                    .map_err(build_error(&m.at, object))?;
-                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
-            }
-            Parent::Accounting(a) => {
-                let ns = a.namespace().unwrap_or_default();
-                let object = format!("Accounting {}", key(&ns, &a.name_any()));
-                if let Some(problem) = slinky_api::checks::summary(&a.spec_problems()) {
-                    return Err(RenderError::Invalid {
-                        at: m.at.clone(),
-                        reason: format!("Accounting {}: {problem}", a.name_any()),
-                    });
-                }
-                let inputs = references.accounting_inputs(a);
-                // The password placeholder stays: the host, not render, writes the value.
-                let mut built = plugins
-                    .pipeline(BuilderKind::AccountingChildren, a.labels())
-                    .build_accounting_children(ctx, a, &inputs)
-                    .map_err(build_error(&m.at, object))?;
-                built.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
-                children.extend(built.into_iter().map(|o| Child::Object(Box::new(o))));
-            }
-        }
-    }
-    Ok(children)
 }
 
 /// The Controllers among `manifests`.

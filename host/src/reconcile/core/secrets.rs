@@ -95,6 +95,24 @@ pub(super) struct Poll {
 impl Poll {
     /// Poll the referenced Secrets of the cached parents of kind `K` every interval, sending the
     /// parents whose Secrets changed to `tx`. Runs until `tx`'s receiver is gone.
+    /// Poll the Secrets of the Controllers, LoginSets and Accountings, triggering each parent one
+    /// of whose Secrets changed.
+    pub(super) fn run_all(
+        self,
+        (controllers, loginsets, accountings): (&Store<Controller>, &Store<LoginSet>, &Store<Accounting>),
+        (to_controllers, to_loginsets, to_accountings): (
+            UnboundedSender<ObjectRef<Controller>>,
+            UnboundedSender<ObjectRef<LoginSet>>,
+            UnboundedSender<ObjectRef<Accounting>>,
+        ),
+    ) -> impl std::future::Future<Output = ((), (), ())> + Send + 'static {
+        futures::future::join3(
+            self.clone().run(controllers.clone(), to_controllers),
+            self.clone().run(loginsets.clone(), to_loginsets),
+            self.run(accountings.clone(), to_accountings),
+        )
+    }
+
     pub(super) async fn run<K: ReferencesSecrets>(
         self,
         parents: Store<K>,

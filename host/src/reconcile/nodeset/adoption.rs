@@ -70,19 +70,19 @@ fn owners(refs: &[OwnerReference]) -> Value {
     serde_json::to_value(refs).unwrap_or(Value::Null)
 }
 
-/// Owned pods labelled with another revision scheme (Slinky's `<nodeset>-<hash>`) whose content
-/// equals what the active builder makes for their ordinal get this revision's label instead of
-/// being replaced: switching from Slinky does not roll the fleet. A pod found to differ is not
-/// built and compared again until it or the NodeSet changes ([`super::differing`]).
-pub(super) async fn relabel_equal_pods(
-    pass: &mut Pass<'_>,
-    controller: &Controller,
-    revision: &str,
-    owned: &mut [Arc<Pod>],
-    plugin: &Pipeline,
-) -> Result<(), Error> {
+/// A pod's UID and resourceVersion.
+fn version(p: &Pod) -> (String, String) {
+    (
+        p.uid().unwrap_or_default(),
+        p.resource_version().unwrap_or_default(),
+    )
+}
+
+/// The pods labelled by Slinky (a revision hash `<nodeset>-…`) worth comparing with what the
+/// builder makes: live, of an ordinal of this NodeSet, not found to differ since they last
+/// changed; at most a burst. `(index in owned, ordinal)`.
+fn relabel_candidates(pass: &Pass<'_>, owned: &[Arc<Pod>], inputs: &str) -> Vec<(usize, u32)> {
     let (ns, ctx) = (pass.ns, pass.ctx);
-    let core = ctx.core.as_ref();
     let foreign = format!("{}-", ns.name_any());
     let nodesets = &ctx.caches.nodesets;
     ctx.differing.retain_nodesets(|namespace, name, uid| {
@@ -103,21 +103,31 @@ pub(super) async fn relabel_equal_pods(
         .collect();
     ctx.differing
         .retain_pods(&pass.uid, labelled.iter().filter_map(|(i, _)| owned[*i].uid()));
-    let inputs = differing::inputs(ns, revision);
-    let version = |p: &Pod| {
-        (
-            p.uid().unwrap_or_default(),
-            p.resource_version().unwrap_or_default(),
-        )
-    };
-    let candidates: Vec<(usize, u32)> = labelled
+    labelled
         .into_iter()
         .filter(|(i, _)| {
             let (uid, rv) = version(&owned[*i]);
-            !ctx.differing.differs(&pass.uid, &uid, &rv, &inputs)
+            !ctx.differing.differs(&pass.uid, &uid, &rv, inputs)
         })
         .take(plan::BURST)
-        .collect();
+        .collect()
+}
+
+/// Owned pods labelled with another revision scheme (Slinky's `<nodeset>-<hash>`) whose content
+/// equals what the active builder makes for their ordinal get this revision's label instead of
+/// being replaced: switching from Slinky does not roll the fleet. A pod found to differ is not
+/// built and compared again until it or the NodeSet changes ([`super::differing`]).
+pub(super) async fn relabel_equal_pods(
+    pass: &mut Pass<'_>,
+    controller: &Controller,
+    revision: &str,
+    owned: &mut [Arc<Pod>],
+    plugin: &Pipeline,
+) -> Result<(), Error> {
+    let (ns, ctx) = (pass.ns, pass.ctx);
+    let core = ctx.core.as_ref();
+    let inputs = differing::inputs(ns, revision);
+    let candidates = relabel_candidates(pass, owned, &inputs);
     if candidates.is_empty() {
         return Ok(());
     }

@@ -226,10 +226,20 @@ pub(super) fn plan_daemon(inp: &DaemonInputs<'_>) -> DaemonPlan {
     }
     plan.deletes.truncate(BURST);
 
+    plan_updates(inp, &mut plan, old_live, unavailable);
+    plan
+}
+
+/// The old pods a rolling (or scheduled) update replaces now: every unavailable one, then healthy
+/// ones in condemn order while the `maxUnavailable` budget lasts (a scheduled update: those in
+/// its window, no budget).
+fn plan_updates(inp: &DaemonInputs<'_>, plan: &mut DaemonPlan, old_live: Vec<&Arc<Pod>>, unavailable: usize) {
+    let ns = inp.nodeset;
+    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let strategy = ns.spec.update_strategy.as_ref();
     let scheduled = strategy.is_some_and(|s| s.type_ == UpdateStrategyType::ScheduledUpdate);
     if old_live.is_empty() || strategy.is_some_and(|s| s.type_ == UpdateStrategyType::OnDelete) {
-        return plan;
+        return;
     }
     let max = MaxUnavailable::resolve(
         checks::max_unavailable(
@@ -260,7 +270,6 @@ pub(super) fn plan_daemon(inp: &DaemonInputs<'_>) -> DaemonPlan {
         plan.deletes.push((p.clone(), DeleteReason::Update));
         budget -= 1;
     }
-    plan
 }
 
 #[cfg(test)]

@@ -215,17 +215,7 @@ pub(super) async fn gate(
                     continue;
                 }
                 if !node.is_drain() {
-                    let why = match reason {
-                        DeleteReason::Update if pass.ns.is_scheduled_update() => format!(
-                            "pod {} is replaced in the maintenance window of reservation {}",
-                            pod.name_any(),
-                            pass.ns.reservation_name()
-                        ),
-                        DeleteReason::Update => {
-                            format!("pod {} is replaced by a rolling update", pod.name_any())
-                        }
-                        _ => format!("pod {} is removed by a scale-in", pod.name_any()),
-                    };
+                    let why = drain_reason(pass.ns, &pod, reason);
                     match cluster.drain(&name, &why).await {
                         Ok(()) => drained.push(name.clone()),
                         Err(u) => {
@@ -256,22 +246,41 @@ pub(super) async fn gate(
     }
     pass.draining(&drained, "their pods are deleted").await;
     if !unlisted.is_empty() {
-        let note = format!(
-            "Slurm does not list nodes {} (slurmctld may have restarted and they have not registered \
-             again): their pods are kept until the nodes are listed and drained, or have been missing \
-             for longer than SlurmdTimeout ({} s)",
-            crate::reconcile::core::events::name_list(&unlisted),
-            controller.slurmd_timeout().as_secs()
-        );
-        tracing::warn!("{note}");
-        pass.core()
-            .event(pass.ns, EventType::Normal, "WaitingForSlurmNode", note)
-            .await;
+        waiting_for_unlisted(pass, controller, &unlisted).await;
     }
     if !waiting.is_empty() {
         pass.wait_for_slurm();
     }
     now
+}
+
+/// Why a pod's node is drained (the drain reason after the host's prefix).
+fn drain_reason(ns: &slinky_api::NodeSet, pod: &Pod, reason: DeleteReason) -> String {
+    match reason {
+        DeleteReason::Update if ns.is_scheduled_update() => format!(
+            "pod {} is replaced in the maintenance window of reservation {}",
+            pod.name_any(),
+            ns.reservation_name()
+        ),
+        DeleteReason::Update => format!("pod {} is replaced by a rolling update", pod.name_any()),
+        _ => format!("pod {} is removed by a scale-in", pod.name_any()),
+    }
+}
+
+/// A Normal Event (and a warning in the log) naming the nodes just found missing from Slurm's
+/// list, whose pods are kept.
+async fn waiting_for_unlisted(pass: &Pass<'_>, controller: &slinky_api::Controller, unlisted: &[String]) {
+    let note = format!(
+        "Slurm does not list nodes {} (slurmctld may have restarted and they have not registered \
+         again): their pods are kept until the nodes are listed and drained, or have been missing \
+         for longer than SlurmdTimeout ({} s)",
+        crate::reconcile::core::events::name_list(unlisted),
+        controller.slurmd_timeout().as_secs()
+    );
+    tracing::warn!("{note}");
+    pass.core()
+        .event(pass.ns, EventType::Normal, "WaitingForSlurmNode", note)
+        .await;
 }
 
 /// For the pods that stay: undrain the nodes the host drained for them, and set

@@ -367,13 +367,21 @@ async fn create(pass: &mut Pass<'_>, hash: &str, number: i64) {
             return;
         }
     };
+    take_existing(pass, &live, hash).await;
+}
+
+/// A revision of the name the pass wanted to create exists: put back its labels when it is this
+/// NodeSet's, adopt it when it is nobody's, report it when it is someone else's.
+async fn take_existing(pass: &mut Pass<'_>, live: &ControllerRevision, hash: &str) {
+    let ns = pass.ns;
+    let name = live.name_any();
     match live
         .owner_references()
         .iter()
         .find(|o| o.controller == Some(true))
     {
         Some(o) if o.uid == pass.uid => {
-            if labelled(ns, &live, hash) {
+            if labelled(ns, live, hash) {
                 // The cache has not shown it yet.
                 pass.retry_soon();
                 return;
@@ -383,7 +391,7 @@ async fn create(pass: &mut Pass<'_>, hash: &str, number: i64) {
             match pass
                 .core()
                 .writer
-                .patch_revision(&live, json!({"metadata": {"labels": labels}}))
+                .patch_revision(live, json!({"metadata": {"labels": labels}}))
                 .await
             {
                 Ok(_) => tracing::info!(revision = %name, "put back the labels of a revision"),
@@ -393,13 +401,13 @@ async fn create(pass: &mut Pass<'_>, hash: &str, number: i64) {
                         "Error labelling ControllerRevision {name}: {}",
                         writer::message(&e)
                     );
-                    failed(pass, &live, "FailedUpdate", msg, false).await;
+                    failed(pass, live, "FailedUpdate", msg, false).await;
                 }
             }
         }
         None => {
-            if may_adopt(pass, &live).await {
-                adopt(pass, &live, Some(hash)).await;
+            if may_adopt(pass, live).await {
+                adopt(pass, live, Some(hash)).await;
             }
         }
         Some(o) => {
@@ -415,7 +423,7 @@ async fn create(pass: &mut Pass<'_>, hash: &str, number: i64) {
                 "ControllerRevision {name} belongs to {whose}: revision {hash} is not recorded \
                  (its pods roll all the same) until that object is gone"
             );
-            failed(pass, &live, "NotOwned", msg, true).await;
+            failed(pass, live, "NotOwned", msg, true).await;
         }
     }
 }

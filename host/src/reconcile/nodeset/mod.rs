@@ -300,38 +300,48 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     }
 
     write_status(&mut pass, &owned, revision.as_deref(), reached).await?;
-    let failed = !pass.failures.is_empty()
-        || !pass.child_failures.is_empty()
-        || pass.state.retry_problem()
-        || pass.slurm_failure.is_some();
-    let synced = reached == Reached::Synced;
-    if let Some(after) = core
-        .backoff
-        .record(&backoff::key(ns), backoff::Outcome::of(synced, failed))
-    {
-        requeue = after;
+    Ok(Action::requeue(pass.come_back_after(requeue, reached, &owned)))
+}
+
+impl Pass<'_> {
+    /// When the NodeSet comes back after this pass (`requeue` unless something sooner): its
+    /// backoff after a failure, within seconds while Slurm cannot be asked or a pod waits on its
+    /// node, at a maintenance window's edge, when a pod becomes available.
+    fn come_back_after(&self, mut requeue: Duration, reached: Reached, owned: &[Arc<Pod>]) -> Duration {
+        let failed = !self.failures.is_empty()
+            || !self.child_failures.is_empty()
+            || self.state.retry_problem()
+            || self.slurm_failure.is_some();
+        let synced = reached == Reached::Synced;
+        if let Some(after) = self
+            .core()
+            .backoff
+            .record(&backoff::key(self.ns), backoff::Outcome::of(synced, failed))
+        {
+            requeue = after;
+        }
+        if self.slurm_failure.is_some() && self.failures.is_empty() && self.child_failures.is_empty() {
+            // Slurm unreachable holds scale-ins and updates: ask again within seconds of its
+            // return, whatever the backoff has grown to (Slinky: every 30 s).
+            requeue = requeue.min(SLURM_RETRY_CAP);
+        }
+        if let Some(after) = self.come_back {
+            requeue = requeue.min(after);
+        }
+        if (self.waits_for_slurm || self.retry_soon) && !failed {
+            // A node drains as its jobs end: look again soon (Slinky: 30 s).
+            requeue = requeue.min(DRAIN_RECHECK);
+        }
+        let min_ready = i64::from(self.ns.spec.min_ready_seconds.unwrap_or(0));
+        let now = Timestamp::now();
+        if owned
+            .iter()
+            .any(|p| is_running_and_ready(p) && !is_available(p, min_ready, now))
+        {
+            requeue = requeue.min(Duration::from_secs(min_ready.max(0) as u64 + 1));
+        }
+        requeue
     }
-    if pass.slurm_failure.is_some() && pass.failures.is_empty() && pass.child_failures.is_empty() {
-        // Slurm unreachable holds scale-ins and updates: ask again within seconds of its
-        // return, whatever the backoff has grown to (Slinky: every 30 s).
-        requeue = requeue.min(SLURM_RETRY_CAP);
-    }
-    if let Some(after) = pass.come_back {
-        requeue = requeue.min(after);
-    }
-    if (pass.waits_for_slurm || pass.retry_soon) && !failed {
-        // A node drains as its jobs end: look again soon (Slinky: 30 s).
-        requeue = requeue.min(DRAIN_RECHECK);
-    }
-    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
-    let now = Timestamp::now();
-    if owned
-        .iter()
-        .any(|p| is_running_and_ready(p) && !is_available(p, min_ready, now))
-    {
-        requeue = requeue.min(Duration::from_secs(min_ready.max(0) as u64 + 1));
-    }
-    Ok(Action::requeue(requeue))
 }
 
 /// Claim, plan and write; returns the pods the NodeSet owns afterwards (for status).

@@ -154,7 +154,7 @@ pub struct Inputs<'a> {
 pub fn plan(inp: &Inputs<'_>) -> Plan {
     let ns = inp.nodeset;
     let replicas = ns.replicas().max(0) as usize;
-    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
+    let _min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let ordinal = |p: &Pod| ordinal_after(&ns.name_any(), &p.name_any());
     let mut plan = Plan::default();
 
@@ -212,10 +212,22 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         next += 1;
     }
 
+    plan_updates(inp, &mut plan, &live, need);
+    plan
+}
+
+/// The old pods a rolling (or scheduled) update replaces now: every unavailable one, then healthy
+/// ones (draining, idle, busy; then in condemn order) while the `maxUnavailable` budget lasts,
+/// counting the `need` pods still missing as unavailable (a scheduled update: those in its
+/// window, at most a burst).
+fn plan_updates(inp: &Inputs<'_>, plan: &mut Plan, live: &[&Arc<Pod>], need: usize) {
+    let ns = inp.nodeset;
+    let replicas = ns.replicas().max(0) as usize;
+    let min_ready = i64::from(ns.spec.min_ready_seconds.unwrap_or(0));
     let strategy = ns.spec.update_strategy.as_ref();
     let scheduled = strategy.is_some_and(|s| s.type_ == UpdateStrategyType::ScheduledUpdate);
     if strategy.is_some_and(|s| s.type_ == UpdateStrategyType::OnDelete) {
-        return plan;
+        return;
     }
     let old: Vec<&Arc<Pod>> = live
         .iter()
@@ -226,7 +238,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         })
         .collect();
     if old.is_empty() {
-        return plan;
+        return;
     }
     let max = MaxUnavailable::resolve(
         checks::max_unavailable(
@@ -266,7 +278,6 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
         plan.deletes.push((p.clone(), DeleteReason::Update));
         budget -= 1;
     }
-    plan
 }
 
 #[cfg(test)]

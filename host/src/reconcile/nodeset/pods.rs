@@ -209,9 +209,7 @@ pub(super) async fn create_pods(
         .expect_creations(&owner, slots.iter().map(|s| s.identity.name.clone()));
     let mut pending = slots.into_iter();
     let mut batch = 1;
-    let mut created = Vec::new();
-    let mut taken = Vec::new();
-    let mut claims_made = Vec::new();
+    let mut done = Created::default();
     loop {
         let this: Vec<Slot> = pending.by_ref().take(batch.min(CREATES_IN_FLIGHT)).collect();
         if this.is_empty() {
@@ -247,26 +245,63 @@ pub(super) async fn create_pods(
                 None => {}
             }
         }
-        let shared: &Pass<'_> = pass;
-        // Each pod's claims first (as the StatefulSet controller): no pod without its storage.
-        // The pass's first pod is read back (what the server dropped of it is checked: the pods
-        // of a pass are built alike); the others' answers are not decoded.
-        let first_of_pass = batch == 1;
-        let results = join_all(built.iter().enumerate().map(|(i, pod)| async move {
-            let made = volumes::ensure(shared, &pod.name_any())
-                .await
-                .map_err(Refused::Claim)?;
-            let created = if first_of_pass && i == 0 {
-                core.writer.create_pod(pod).await.map(Some)
-            } else {
-                core.writer.create_pod_unread(pod).await.map(|()| None)
-            };
-            match created {
-                Ok(stored) => Ok((stored, made)),
-                Err(e) => Err(Refused::Api(e, made)),
-            }
-        }))
-        .await;
+        let results = create_batch(pass, &built, batch == 1).await;
+        if done.record(pass, &built, results).await {
+            // Creates never attempted are released: nothing will ever observe them.
+            release(&ctx.expectations, &owner, pending.map(|s| s.identity.name));
+            break;
+        }
+        batch *= 2;
+    }
+    done.announce(core, ns).await;
+    Ok(())
+}
+
+/// Create one batch of pods, each after its claims (as the StatefulSet controller: no pod
+/// without its storage). The pass's first pod is read back (`first_of_pass`: what the server
+/// dropped of it is checked; the pods of a pass are built alike); the others' answers are not
+/// decoded.
+async fn create_batch(
+    pass: &Pass<'_>,
+    built: &[Pod],
+    first_of_pass: bool,
+) -> Vec<Result<(Option<Pod>, Vec<String>), Refused>> {
+    let core = pass.core();
+    join_all(built.iter().enumerate().map(|(i, pod)| async move {
+        let made = volumes::ensure(pass, &pod.name_any())
+            .await
+            .map_err(Refused::Claim)?;
+        let created = if first_of_pass && i == 0 {
+            core.writer.create_pod(pod).await.map(Some)
+        } else {
+            core.writer.create_pod_unread(pod).await.map(|()| None)
+        };
+        match created {
+            Ok(stored) => Ok((stored, made)),
+            Err(e) => Err(Refused::Api(e, made)),
+        }
+    }))
+    .await
+}
+
+/// What the creates of a pass made: pods, names found taken, claims.
+#[derive(Default)]
+struct Created {
+    pods: Vec<String>,
+    taken: Vec<String>,
+    claims: Vec<String>,
+}
+
+impl Created {
+    /// Record the answers of one batch (expectations lowered for every pod not created, a
+    /// `FailedCreate` for every refusal); whether a create was refused (the pass stops).
+    async fn record(
+        &mut self,
+        pass: &mut Pass<'_>,
+        built: &[Pod],
+        results: Vec<Result<(Option<Pod>, Vec<String>), Refused>>,
+    ) -> bool {
+        let (ctx, owner) = (pass.ctx, pass.uid.clone());
         let mut refused = false;
         for (pod, r) in built.iter().zip(results) {
             let name = pod.name_any();
@@ -277,19 +312,19 @@ pub(super) async fn create_pods(
                     pass.failed("FailedCreate", missing.message).await;
                 }
                 Ok((stored, made)) => {
-                    claims_made.extend(made);
+                    self.claims.extend(made);
                     ctx.expectations.creation_succeeded(&owner, &name);
                     // Pods of one pass are built alike: the first tells what the server drops.
                     if let Some(stored) = stored {
                         warn_dropped_fields(pass, pod, &stored).await;
                     }
-                    created.push(name);
+                    self.pods.push(name);
                 }
                 Err(Refused::Api(e, made)) => {
-                    claims_made.extend(made);
+                    self.claims.extend(made);
                     ctx.expectations.creation_observed(&owner, &name);
                     if writer::is_already_exists(&e) {
-                        taken.push(name);
+                        self.taken.push(name);
                     } else {
                         refused = true;
                         pass.failed(
@@ -301,43 +336,26 @@ pub(super) async fn create_pods(
                 }
             }
         }
-        if refused {
-            // Creates never attempted are released: nothing will ever observe them.
-            release(&ctx.expectations, &owner, pending.map(|s| s.identity.name));
-            break;
+        refused
+    }
+
+    /// One Event each for the claims and pods created and the names found taken.
+    async fn announce(&self, core: &crate::reconcile::core::context::Core, ns: &NodeSet) {
+        if !self.claims.is_empty() {
+            let note = format!("Created claims: {}", name_list(&self.claims));
+            core.event(ns, EventType::Normal, "SuccessfulCreate", note).await;
         }
-        batch *= 2;
-    }
-    if !claims_made.is_empty() {
-        core.event(
-            ns,
-            EventType::Normal,
-            "SuccessfulCreate",
-            format!("Created claims: {}", name_list(&claims_made)),
-        )
-        .await;
-    }
-    if !created.is_empty() {
-        core.event(
-            ns,
-            EventType::Normal,
-            "SuccessfulCreate",
-            format!("Created pods: {}", name_list(&created)),
-        )
-        .await;
-    }
-    if !taken.is_empty() {
-        core.event(
-            ns,
-            EventType::Warning,
-            "PodNameTaken",
-            format!(
+        if !self.pods.is_empty() {
+            let note = format!("Created pods: {}", name_list(&self.pods));
+            core.event(ns, EventType::Normal, "SuccessfulCreate", note).await;
+        }
+        if !self.taken.is_empty() {
+            let note = format!(
                 "pods {} already exist and are not this NodeSet's (the cache had not shown them yet); \
                  they were skipped",
-                name_list(&taken)
-            ),
-        )
-        .await;
+                name_list(&self.taken)
+            );
+            core.event(ns, EventType::Warning, "PodNameTaken", note).await;
+        }
     }
-    Ok(())
 }

@@ -226,57 +226,16 @@ pub(super) async fn sync(
     };
     pass.slurm_asked = true;
     let has_pods = ns.is_daemon() || ns.replicas() > 0;
-    let wanted = window.as_ref().filter(|_| has_pods).map(|w| {
-        let mut names: Vec<String> = owned
-            .iter()
-            .map(|p| node_name(p))
-            .filter(|n| slurm_nodes.contains_key(n))
-            .collect();
-        names.sort();
-        names.dedup();
-        Wanted {
-            name: name.clone(),
-            window: w.clone(),
-            nodes: names,
-        }
-    });
+    let wanted = window
+        .as_ref()
+        .filter(|_| has_pods)
+        .map(|w| wanted_reservation(&name, w, owned, slurm_nodes));
     let now = Timestamp::now().as_second();
     let step = decide(wanted.as_ref(), actual.as_ref(), now);
     tracing::debug!(reservation = %name, ?step, ?actual, "maintenance reservation");
-    let will_exist = match &step {
-        Step::Keep => actual.is_some(),
-        Step::Create(_) | Step::Update(_) | Step::Delete(Some(_)) => true,
-        Step::Delete(None) => false,
-    };
-    if will_exist && !has_finalizer(ns) {
-        // The finalizer first: a reservation never exists without it. (When the NodeSet's other
-        // finalizer was written this pass, the next one writes this.)
-        if finalizer::has(ns) {
-            finalizer::add(pass, keys::FINALIZER_RESERVATION).await;
-        }
-        pass.retry_soon();
+    let Some(exists) = converge(pass, &cluster, &step, actual.is_some()).await else {
         return window.map(|_| BTreeSet::new());
-    }
-    let result = apply(pass, &cluster, &step).await;
-    let exists = match (&step, result) {
-        (_, Err(u)) => {
-            if matches!(step, Step::Create(_)) {
-                set_condition(pass, false, u.reason, u.message.clone());
-            }
-            pass.slurm_failed(u).await;
-            return window.map(|_| BTreeSet::new());
-        }
-        (Step::Keep, Ok(())) => actual.is_some(),
-        (Step::Delete(None), Ok(())) => false,
-        (_, Ok(())) => {
-            // Written: the next pass reads what Slurm made of it.
-            pass.retry_soon();
-            true
-        }
     };
-    if !exists && has_finalizer(ns) {
-        finalizer::remove(pass, keys::FINALIZER_RESERVATION).await;
-    }
     let Some(w) = window else {
         pass.state.conditions.clear(conditions::RESERVATION_CREATED);
         return None;
@@ -288,9 +247,92 @@ pub(super) async fn sync(
             break;
         }
     }
-    let list = match wanted.as_ref().filter(|w| !w.nodes.is_empty()) {
+    report(pass, &w, &name, wanted.as_ref(), actual.as_ref(), exists, now);
+    let replace = match (&step, &actual) {
+        (Step::Keep | Step::Update(_), Some(a)) => in_window(a, owned, now),
+        _ => BTreeSet::new(),
+    };
+    Some(replace)
+}
+
+/// Make Slurm's reservation what `step` says, its finalizer first (a reservation never exists
+/// without it); whether it exists afterwards, `None` when the pass stops here (the finalizer was
+/// just written, or Slurm refused).
+async fn converge(pass: &mut Pass<'_>, cluster: &Cluster, step: &Step, existed: bool) -> Option<bool> {
+    let ns = pass.ns;
+    let will_exist = match &step {
+        Step::Keep => existed,
+        Step::Create(_) | Step::Update(_) | Step::Delete(Some(_)) => true,
+        Step::Delete(None) => false,
+    };
+    if will_exist && !has_finalizer(ns) {
+        // The finalizer first: a reservation never exists without it. (When the NodeSet's other
+        // finalizer was written this pass, the next one writes this.)
+        if finalizer::has(ns) {
+            finalizer::add(pass, keys::FINALIZER_RESERVATION).await;
+        }
+        pass.retry_soon();
+        return None;
+    }
+    let result = apply(pass, cluster, step).await;
+    let exists = match (step, result) {
+        (_, Err(u)) => {
+            if matches!(step, Step::Create(_)) {
+                set_condition(pass, false, u.reason, u.message.clone());
+            }
+            pass.slurm_failed(u).await;
+            return None;
+        }
+        (Step::Keep, Ok(())) => existed,
+        (Step::Delete(None), Ok(())) => false,
+        (_, Ok(())) => {
+            // Written: the next pass reads what Slurm made of it.
+            pass.retry_soon();
+            true
+        }
+    };
+    if !exists && has_finalizer(ns) {
+        finalizer::remove(pass, keys::FINALIZER_RESERVATION).await;
+    }
+    Some(exists)
+}
+
+/// The reservation a maintenance window wants: the Slurm nodes of the NodeSet's pods that Slurm
+/// lists, sorted.
+fn wanted_reservation(
+    name: &str,
+    window: &Window,
+    owned: &[Arc<Pod>],
+    slurm_nodes: &std::collections::HashMap<String, slinky_slurm::Node>,
+) -> Wanted {
+    let mut names: Vec<String> = owned
+        .iter()
+        .map(|p| node_name(p))
+        .filter(|n| slurm_nodes.contains_key(n))
+        .collect();
+    names.sort();
+    names.dedup();
+    Wanted {
+        name: name.to_string(),
+        window: window.clone(),
+        nodes: names,
+    }
+}
+
+/// The `ReservationCreated` condition of a window: whether its reservation exists, why not, and
+/// when the old pods are replaced.
+fn report(
+    pass: &mut Pass<'_>,
+    w: &Window,
+    name: &str,
+    wanted: Option<&Wanted>,
+    actual: Option<&Reservation>,
+    exists: bool,
+    now: i64,
+) {
+    let list = match wanted.filter(|w| !w.nodes.is_empty()) {
         Some(w) => slinky_slurm::hostlist::compress(&w.nodes),
-        None => actual.as_ref().map(|a| a.node_list.clone()).unwrap_or_default(),
+        None => actual.map(|a| a.node_list.clone()).unwrap_or_default(),
     };
     let held = |when: &str| {
         format!(
@@ -326,11 +368,6 @@ pub(super) async fn sync(
         )
     };
     set_condition(pass, status, reason, message);
-    let replace = match (&step, &actual) {
-        (Step::Keep | Step::Update(_), Some(a)) => in_window(a, owned, now),
-        _ => BTreeSet::new(),
-    };
-    Some(replace)
 }
 
 /// Do `step`; a Normal Event for each change.
@@ -456,204 +493,4 @@ pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use super::*;
-    use crate::reconcile::nodeset::fixtures::{nodeset, pod};
-
-    /// Pod names and their Slurm nodes.
-    fn names(pods: &[Arc<Pod>]) -> BTreeMap<String, String> {
-        pods.iter().map(|p| (p.name_any(), node_name(p))).collect()
-    }
-
-    const START: i64 = 1_748_743_200;
-
-    fn window(flags: &[&str]) -> Window {
-        let mut flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
-        flags.extend(["IGNORE_JOBS".to_string(), "MAINT".to_string()]);
-        flags.sort();
-        flags.dedup();
-        Window {
-            start: START,
-            end: START + 1800,
-            flags,
-        }
-    }
-
-    fn wanted(nodes: &[&str]) -> Wanted {
-        Wanted {
-            name: "SlurmOperatorMaint-w".into(),
-            window: window(&[]),
-            nodes: nodes.iter().map(|n| n.to_string()).collect(),
-        }
-    }
-
-    fn slurm(start: i64, end: i64, nodes: &str, flags: &[&str]) -> Reservation {
-        Reservation {
-            name: "SlurmOperatorMaint-w".into(),
-            start_time: Some(start),
-            end_time: Some(end),
-            flags: flags.iter().map(|f| f.to_string()).collect(),
-            node_list: nodes.into(),
-            users: "slurm".into(),
-        }
-    }
-
-    const FLAGS: [&str; 3] = ["MAINT", "IGNORE_JOBS", "SPEC_NODES"];
-
-    #[test]
-    fn a_future_window_is_created_as_declared_and_then_kept() {
-        let w = wanted(&["w-0", "w-1"]);
-        let Step::Create(r) = decide(Some(&w), None, START - 600) else {
-            panic!("not created");
-        };
-        assert_eq!((r.start_time, r.end_time), (Some(START), Some(START + 1800)));
-        assert_eq!(r.flags, ["IGNORE_JOBS", "MAINT"]);
-        assert_eq!(r.users, ["slurm"]);
-        assert_eq!(
-            r.nodes.as_deref(),
-            Some(&["w-0".to_string(), "w-1".to_string()][..])
-        );
-        let made = slurm(START, START + 1800, "w-[0-1]", &FLAGS);
-        assert_eq!(decide(Some(&w), Some(&made), START - 590), Step::Keep);
-        assert_eq!(decide(Some(&w), Some(&made), START + 10), Step::Keep, "active");
-    }
-
-    #[test]
-    fn a_begun_window_is_reserved_from_now_and_that_is_in_step() {
-        let w = wanted(&["w-0"]);
-        let now = START + 900;
-        let Step::Create(r) = decide(Some(&w), None, now) else {
-            panic!("not created");
-        };
-        assert_eq!((r.start_time, r.end_time), (Some(now), Some(START + 1800)));
-        let made = slurm(now, START + 1800, "w-0", &FLAGS);
-        assert_eq!(decide(Some(&w), Some(&made), now + 30), Step::Keep);
-    }
-
-    #[test]
-    fn an_ended_window_is_not_made_again() {
-        let w = wanted(&["w-0"]);
-        assert_eq!(decide(Some(&w), None, START + 1800), Step::Keep);
-        // Still listed at its end: Slurm removes it.
-        let ending = slurm(START, START + 1800, "w-0", &FLAGS);
-        assert_eq!(decide(Some(&w), Some(&ending), START + 1801), Step::Keep);
-        // One for another window goes.
-        let other = slurm(START + 86_400, START + 88_200, "w-0", &FLAGS);
-        assert_eq!(decide(Some(&w), Some(&other), START + 1801), Step::Delete(None));
-    }
-
-    #[test]
-    fn nodes_follow_the_nodeset_even_in_an_active_window() {
-        let made = slurm(START, START + 1800, "w-[0-1]", &FLAGS);
-        let w = wanted(&["w-0", "w-1", "w-2"]);
-        let Step::Update(r) = decide(Some(&w), Some(&made), START + 60) else {
-            panic!("not updated");
-        };
-        assert_eq!(
-            r.nodes.map(|n| slinky_slurm::hostlist::compress(&n)).as_deref(),
-            Some("w-[0-2]")
-        );
-        assert_eq!((r.start_time, r.end_time), (None, None), "only the nodes");
-        assert!(r.flags.is_empty(), "flags untouched");
-    }
-
-    #[test]
-    fn a_node_list_that_cannot_be_read_is_not_rewritten_every_pass() {
-        let made = slurm(START, START + 1800, "w-[0-", &FLAGS);
-        assert!(made.nodes().is_err(), "the list is unreadable");
-        let w = wanted(&["w-0", "w-1"]);
-        assert_eq!(decide(Some(&w), Some(&made), START + 60), Step::Keep);
-    }
-
-    #[test]
-    fn a_moved_window_is_updated_before_it_begins_and_replaced_after() {
-        let made = slurm(START + 3600, START + 5400, "w-0", &FLAGS);
-        let w = wanted(&["w-0"]);
-        let Step::Update(r) = decide(Some(&w), Some(&made), START - 600) else {
-            panic!("not updated");
-        };
-        assert_eq!((r.start_time, r.end_time), (Some(START), Some(START + 1800)));
-        // startTime patched to now while the old window is still ahead: updated to start now.
-        let Step::Update(r) = decide(Some(&w), Some(&made), START + 5) else {
-            panic!("not updated");
-        };
-        assert_eq!(r.start_time, Some(START + 5));
-        // Begun: only the end moves.
-        let begun = slurm(START, START + 600, "w-0", &FLAGS);
-        let Step::Update(r) = decide(Some(&w), Some(&begun), START + 60) else {
-            panic!("not updated");
-        };
-        assert_eq!((r.start_time, r.end_time), (None, Some(START + 1800)));
-        // Begun, and the spec moved the start later: made again.
-        let later = Wanted {
-            window: Window {
-                start: START + 7200,
-                end: START + 9000,
-                flags: window(&[]).flags,
-            },
-            ..w.clone()
-        };
-        assert!(matches!(
-            decide(Some(&later), Some(&begun), START + 60),
-            Step::Delete(Some(_))
-        ));
-    }
-
-    #[test]
-    fn other_flags_or_users_are_replaced_and_slurms_own_flags_ignored() {
-        let w = Wanted {
-            window: window(&["FLEX"]),
-            ..wanted(&["w-0"])
-        };
-        let made = slurm(
-            START,
-            START + 1800,
-            "w-0",
-            &["MAINT", "IGNORE_JOBS", "SPEC_NODES"],
-        );
-        assert!(matches!(
-            decide(Some(&w), Some(&made), START - 60),
-            Step::Delete(Some(_))
-        ));
-        let flex = slurm(
-            START,
-            START + 1800,
-            "w-0",
-            &["MAINT", "IGNORE_JOBS", "FLEX", "SPEC_NODES"],
-        );
-        assert_eq!(decide(Some(&w), Some(&flex), START - 60), Step::Keep);
-        let mut root = flex.clone();
-        root.users = "root".into();
-        assert!(matches!(
-            decide(Some(&w), Some(&root), START - 60),
-            Step::Delete(Some(_))
-        ));
-    }
-
-    #[test]
-    fn not_wanted_is_deleted_and_no_nodes_keeps_what_is_there() {
-        let made = slurm(START, START + 1800, "w-0", &FLAGS);
-        assert_eq!(decide(None, Some(&made), START - 60), Step::Delete(None));
-        assert_eq!(decide(None, None, START - 60), Step::Keep);
-        let none = wanted(&[]);
-        assert_eq!(decide(Some(&none), None, START - 60), Step::Keep);
-        assert_eq!(decide(Some(&none), Some(&made), START - 60), Step::Keep);
-    }
-
-    #[test]
-    fn the_window_lets_go_the_pods_of_the_nodes_it_holds_while_active() {
-        let ns = nodeset("w", 3);
-        let pods: Vec<Arc<Pod>> = (0..3).map(|o| pod(&ns, o).owned().arc()).collect();
-        let by_pod = names(&pods);
-        let node = |o: usize| by_pod.get(&format!("w-{o}")).cloned().unwrap_or_default();
-        let r = slurm(START, START + 1800, &format!("{},{}", node(0), node(2)), &FLAGS);
-        assert!(in_window(&r, &pods, START - 1).is_empty(), "not begun");
-        assert_eq!(
-            in_window(&r, &pods, START).into_iter().collect::<Vec<_>>(),
-            ["w-0", "w-2"]
-        );
-        assert!(in_window(&r, &pods, START + 1800).is_empty(), "ended");
-    }
-}
+mod tests;

@@ -44,41 +44,7 @@ pub(super) async fn write_status(
         .collect();
     let desired = pass.desired.unwrap_or_else(|| ns.replicas().max(0));
     let available = live.iter().filter(|p| is_available(p, min_ready, now)).count() as i32;
-    let c = &mut pass.state.conditions;
-    for t in [
-        conditions::INVALID_SPEC,
-        conditions::BUILDER_FAILED,
-        conditions::CONTROLLER_NOT_FOUND,
-    ] {
-        c.clear(t);
-    }
-    match &pass.state.problem {
-        Some(f) => c.set_problem(f),
-        None => {
-            let ok = available >= desired;
-            c.set(
-                conditions::READY,
-                ok,
-                if ok { "AllPodsAvailable" } else { "PodsUnavailable" },
-                format!("{available}/{desired} pods available"),
-            );
-        }
-    }
-    if let Some(f) = Failure::first_of(&pass.failures, " refused writes") {
-        c.set_failure(&f);
-    } else if reached == Reached::Synced && pass.state.problem.is_none() {
-        c.clear(conditions::REPLICA_FAILURE);
-    }
-    if let Some(f) = Failure::first_of(&pass.child_failures, "") {
-        c.set_failure(&f);
-    } else if pass.children_synced {
-        c.clear(conditions::CHILD_FAILURE);
-    }
-    match &pass.slurm_failure {
-        Some(f) => c.set_failure(f),
-        None if pass.slurm_asked => c.clear(conditions::SLURM_FAILURE),
-        None => {}
-    }
+    set_conditions(pass, available, desired, reached);
     let old = ns.status.clone().unwrap_or_default();
     let counts = pass.slurm_counts.unwrap_or(slinky_slurm::Counts {
         idle: old.slurm_idle,
@@ -142,4 +108,45 @@ pub(super) async fn write_status(
     };
     status::write(pass.core(), ns, &pass.state.conditions, compute).await?;
     Ok(())
+}
+
+/// The host's conditions after a pass: the problem that stopped it, `Ready` from the available
+/// pods, the refused pod and child writes, Slurm's failure (each cleared by a pass that got far
+/// enough to know).
+fn set_conditions(pass: &mut Pass<'_>, available: i32, desired: i32, reached: Reached) {
+    let c = &mut pass.state.conditions;
+    for t in [
+        conditions::INVALID_SPEC,
+        conditions::BUILDER_FAILED,
+        conditions::CONTROLLER_NOT_FOUND,
+    ] {
+        c.clear(t);
+    }
+    match &pass.state.problem {
+        Some(f) => c.set_problem(f),
+        None => {
+            let ok = available >= desired;
+            c.set(
+                conditions::READY,
+                ok,
+                if ok { "AllPodsAvailable" } else { "PodsUnavailable" },
+                format!("{available}/{desired} pods available"),
+            );
+        }
+    }
+    if let Some(f) = Failure::first_of(&pass.failures, " refused writes") {
+        c.set_failure(&f);
+    } else if reached == Reached::Synced && pass.state.problem.is_none() {
+        c.clear(conditions::REPLICA_FAILURE);
+    }
+    if let Some(f) = Failure::first_of(&pass.child_failures, "") {
+        c.set_failure(&f);
+    } else if pass.children_synced {
+        c.clear(conditions::CHILD_FAILURE);
+    }
+    match &pass.slurm_failure {
+        Some(f) => c.set_failure(f),
+        None if pass.slurm_asked => c.clear(conditions::SLURM_FAILURE),
+        None => {}
+    }
 }

@@ -249,6 +249,131 @@ impl Scope<'_> {
     }
 }
 
+/// The child kinds' watches (Services, ConfigMaps, StatefulSets, PodDisruptionBudgets,
+/// Deployments, claims, the NodeSets' revisions), each triggering the parents of what changed.
+fn children_task(
+    scope: &Scope<'_>,
+    writers: ChildWriters,
+    t: &Triggers,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let ChildWriters {
+        services,
+        configmaps,
+        statefulsets,
+        pdbs,
+        deployments,
+        claims,
+        revisions,
+    } = writers;
+    let svc = child_task(scope.watch(services, "Service", |_| {}), "Service", t.clone());
+    let sts = child_task(
+        scope.watch(statefulsets, "StatefulSet", |_| {}),
+        "StatefulSet",
+        t.clone(),
+    );
+    let pdb = child_task(
+        scope.watch(pdbs, "PodDisruptionBudget", |_| {}),
+        "PodDisruptionBudget",
+        t.clone(),
+    );
+    let deploy = child_task(
+        scope.watch(deployments, "Deployment", |_| {}),
+        "Deployment",
+        t.clone(),
+    );
+    let claim = claim_task(scope.watch(claims, "PersistentVolumeClaim", |_| {}), t.clone());
+    let cm = config_map_task(scope.watch(configmaps, "ConfigMap", keys_only), t.clone());
+    // The NodeSets' revisions only (not every StatefulSet's and DaemonSet's of the cluster), and
+    // without what they record.
+    let revision = revision_task(
+        scope.watch_with(
+            revisions,
+            "ControllerRevision",
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                keys::LABEL_NAME,
+                slinky_api::labels::WORKER.name
+            )),
+            |r| r.data = RawExtension(serde_json::Value::Null),
+        ),
+        t.clone(),
+    );
+    async move {
+        tokio::join!(svc, sts, pdb, deploy, claim, cm, revision);
+    }
+}
+
+impl ChildWriters {
+    /// The child kinds' stores (and the claims' and revisions'), and their writers.
+    fn stores() -> (
+        ChildCaches,
+        reflector::Store<PersistentVolumeClaim>,
+        reflector::Store<ControllerRevision>,
+        ChildWriters,
+    ) {
+        let (services, svc_writer) = reflector::store::<Service>();
+        let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
+        let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
+        let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
+        let (deployments, deploy_writer) = reflector::store::<Deployment>();
+        let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
+        let (revisions, revision_writer) = reflector::store::<ControllerRevision>();
+        let caches = ChildCaches {
+            services,
+            configmaps,
+            statefulsets,
+            pdbs,
+            deployments,
+        };
+        let writers = ChildWriters {
+            services: svc_writer,
+            configmaps: cm_writer,
+            statefulsets: sts_writer,
+            pdbs: pdb_writer,
+            deployments: deploy_writer,
+            claims: claim_writer,
+            revisions: revision_writer,
+        };
+        (caches, claims, revisions, writers)
+    }
+}
+
+/// The writers of the child kinds' stores.
+struct ChildWriters {
+    services: Writer<Service>,
+    configmaps: Writer<ConfigMap>,
+    statefulsets: Writer<StatefulSet>,
+    pdbs: Writer<PodDisruptionBudget>,
+    deployments: Writer<Deployment>,
+    claims: Writer<PersistentVolumeClaim>,
+    revisions: Writer<ControllerRevision>,
+}
+
+/// The BuilderPlugins' watch (cluster-scoped) when `enabled`: its store and task.
+fn builder_plugin_watch(
+    client: &Client,
+    enabled: bool,
+    tx: tokio::sync::mpsc::UnboundedSender<ObjectRef<BuilderPlugin>>,
+) -> (
+    Option<reflector::Store<BuilderPlugin>>,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    if !enabled {
+        return (None, futures::future::Either::Right(futures::future::ready(())));
+    }
+    let (store, writer) = reflector::store::<BuilderPlugin>();
+    let events = root::<BuilderPlugin, BuilderPlugin>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        writer,
+        Arc::new(Vec::new()),
+        "BuilderPlugin",
+        |_| {},
+    );
+    let task = builder_plugin_task(events, store.clone(), tx);
+    (Some(store), futures::future::Either::Left(task))
+}
+
 /// Start the watches (namespaced when `namespace` is one namespace, else cluster-wide filtered
 /// to `allowed`; BuilderPlugins, cluster-scoped, only when `builder_plugins`).
 pub fn start(
@@ -260,36 +385,14 @@ pub fn start(
     builder_plugins: bool,
 ) -> Watches {
     let (pods, pod_writer) = reflector::store::<Pod>();
-    let (services, svc_writer) = reflector::store::<Service>();
-    let (configmaps, cm_writer) = reflector::store::<ConfigMap>();
-    let (statefulsets, sts_writer) = reflector::store::<StatefulSet>();
-    let (pdbs, pdb_writer) = reflector::store::<PodDisruptionBudget>();
-    let (deployments, deploy_writer) = reflector::store::<Deployment>();
+    let (children, claims, revisions, writers) = ChildWriters::stores();
     let (restapis, restapi_writer) = reflector::store::<RestApi>();
     let (loginsets, loginset_writer) = reflector::store::<LoginSet>();
     let (accountings, accounting_writer) = reflector::store::<Accounting>();
-    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let (controllers, ctl_writer) = reflector::store::<Controller>();
     let (nodesets, ns_writer) = reflector::store::<NodeSet>();
     let (nodes, node_writer) = reflector::store::<k8s_openapi::api::core::v1::Node>();
-    let (revisions, revision_writer) = reflector::store::<ControllerRevision>();
-    let (nodeset_tx, nodeset_triggers) = unbounded_channel();
-    let (controller_tx, controller_triggers) = unbounded_channel();
-    let (restapi_tx, restapi_triggers) = unbounded_channel();
-    let (loginset_tx, loginset_triggers) = unbounded_channel();
-    let (accounting_tx, accounting_triggers) = unbounded_channel();
-    let t = Triggers {
-        nodesets: nodesets.clone(),
-        controllers: controllers.clone(),
-        restapis: restapis.clone(),
-        loginsets: loginsets.clone(),
-        accountings: accountings.clone(),
-        nodeset_tx,
-        controller_tx,
-        restapi_tx,
-        loginset_tx,
-        accounting_tx,
-    };
+    let (t, mut receivers) = Triggers::new(&nodesets, &controllers, &restapis, &loginsets, &accountings);
     let scope = Scope {
         client,
         namespace,
@@ -310,89 +413,37 @@ pub fn start(
         (pod_index.clone(), pods.clone()),
         t.clone(),
     );
-    let svc_task = child_task(scope.watch(svc_writer, "Service", |_| {}), "Service", t.clone());
-    let sts_task = child_task(
-        scope.watch(sts_writer, "StatefulSet", |_| {}),
-        "StatefulSet",
-        t.clone(),
+    let children_task = children_task(&scope, writers, &t);
+    let parents_task = futures::future::join4(
+        restapi_task(scope.watch(restapi_writer, "RestApi", |_| {}), t.clone()),
+        loginset_task(scope.watch(loginset_writer, "LoginSet", |_| {}), t.clone()),
+        accounting_task(scope.watch(accounting_writer, "Accounting", |_| {}), t.clone()),
+        controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone()),
     );
-    let pdb_task = child_task(
-        scope.watch(pdb_writer, "PodDisruptionBudget", |_| {}),
-        "PodDisruptionBudget",
-        t.clone(),
-    );
-    let deploy_task = child_task(
-        scope.watch(deploy_writer, "Deployment", |_| {}),
-        "Deployment",
-        t.clone(),
-    );
-    let restapi_task = restapi_task(scope.watch(restapi_writer, "RestApi", |_| {}), t.clone());
-    let loginset_task = loginset_task(scope.watch(loginset_writer, "LoginSet", |_| {}), t.clone());
-    let accounting_task = accounting_task(scope.watch(accounting_writer, "Accounting", |_| {}), t.clone());
-    let claim_task = claim_task(
-        scope.watch(claim_writer, "PersistentVolumeClaim", |_| {}),
-        t.clone(),
-    );
-    let cm_task = config_map_task(scope.watch(cm_writer, "ConfigMap", keys_only), t.clone());
-    // The NodeSets' revisions only (not every StatefulSet's and DaemonSet's of the cluster), and
-    // without what they record.
-    let revision_task = revision_task(
-        scope.watch_with(
-            revision_writer,
-            "ControllerRevision",
-            watcher::Config::default().labels(&format!(
-                "{}={}",
-                keys::LABEL_NAME,
-                slinky_api::labels::WORKER.name
-            )),
-            |r| r.data = RawExtension(serde_json::Value::Null),
-        ),
-        t.clone(),
-    );
-    let ctl_task = controller_task(scope.watch(ctl_writer, "Controller", |_| {}), t.clone());
     // Key Secrets are polled by name, not watched (see `secrets`).
     let poll = super::secrets::Poll {
         client: client.clone(),
         allowed: allowed.clone(),
         interval: secret_poll,
     };
-    let secret_task = futures::future::join3(
-        poll.clone().run(controllers.clone(), t.controller_tx.clone()),
-        poll.clone().run(loginsets.clone(), t.loginset_tx.clone()),
-        poll.run(accountings.clone(), t.accounting_tx.clone()),
+    let secret_task = poll.run_all(
+        (&controllers, &loginsets, &accountings),
+        (
+            t.controller_tx.clone(),
+            t.loginset_tx.clone(),
+            t.accounting_tx.clone(),
+        ),
     );
     let node_task = nodes::node_task(client, node_writer, pods.clone(), t.clone());
     let (bp_tx, bp_triggers) = unbounded_channel();
-    let (bp_store, bp_task) = if builder_plugins {
-        let (store, writer) = reflector::store::<BuilderPlugin>();
-        let events = root::<BuilderPlugin, BuilderPlugin>(
-            Api::all(client.clone()),
-            watcher::Config::default(),
-            writer,
-            Arc::new(Vec::new()),
-            "BuilderPlugin",
-            |_| {},
-        );
-        let task = builder_plugin_task(events, store.clone(), bp_tx);
-        (Some(store), futures::future::Either::Left(task))
-    } else {
-        (None, futures::future::Either::Right(futures::future::ready(())))
-    };
+    receivers.builder_plugins = bp_triggers;
+    let (bp_store, bp_task) = builder_plugin_watch(client, builder_plugins, bp_tx);
     let ns_task = nodeset_task(scope.watch(ns_writer, "NodeSet", |_| {}), expectations, t);
     let task = async move {
         tokio::join!(
             pod_task,
-            svc_task,
-            cm_task,
-            sts_task,
-            pdb_task,
-            deploy_task,
-            restapi_task,
-            loginset_task,
-            accounting_task,
-            claim_task,
-            revision_task,
-            ctl_task,
+            children_task,
+            parents_task,
             ns_task,
             secret_task,
             node_task,
@@ -403,13 +454,7 @@ pub fn start(
         caches: Caches {
             pods,
             pod_index,
-            children: ChildCaches {
-                services,
-                configmaps,
-                statefulsets,
-                pdbs,
-                deployments,
-            },
+            children,
             controllers,
             nodesets,
             restapis,
@@ -420,14 +465,7 @@ pub fn start(
             revisions,
             builder_plugins: bp_store,
         },
-        triggers: Receivers {
-            nodesets: nodeset_triggers,
-            controllers: controller_triggers,
-            restapis: restapi_triggers,
-            loginsets: loginset_triggers,
-            accountings: accounting_triggers,
-            builder_plugins: bp_triggers,
-        },
+        triggers: receivers,
         task: Box::pin(task),
     }
 }

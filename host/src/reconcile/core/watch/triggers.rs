@@ -104,6 +104,43 @@ pub(super) struct Triggers {
 }
 
 impl Triggers {
+    /// Triggers over the parents' stores, and the receiving ends of their channels (no
+    /// BuilderPlugin triggers: the caller sets those when it watches them).
+    pub(super) fn new(
+        nodesets: &Store<NodeSet>,
+        controllers: &Store<Controller>,
+        restapis: &Store<RestApi>,
+        loginsets: &Store<LoginSet>,
+        accountings: &Store<Accounting>,
+    ) -> (Triggers, super::Receivers) {
+        let (nodeset_tx, nodesets_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (controller_tx, controllers_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (restapi_tx, restapis_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (loginset_tx, loginsets_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (accounting_tx, accountings_rx) = tokio::sync::mpsc::unbounded_channel();
+        let triggers = Triggers {
+            nodesets: nodesets.clone(),
+            controllers: controllers.clone(),
+            restapis: restapis.clone(),
+            loginsets: loginsets.clone(),
+            accountings: accountings.clone(),
+            nodeset_tx,
+            controller_tx,
+            restapi_tx,
+            loginset_tx,
+            accounting_tx,
+        };
+        let receivers = super::Receivers {
+            nodesets: nodesets_rx,
+            controllers: controllers_rx,
+            restapis: restapis_rx,
+            loginsets: loginsets_rx,
+            accountings: accountings_rx,
+            builder_plugins: tokio::sync::mpsc::unbounded_channel().1,
+        };
+        (triggers, receivers)
+    }
+
     pub(super) fn nodeset(&self, obj: ObjectRef<NodeSet>) {
         send(&self.nodeset_tx, obj);
     }

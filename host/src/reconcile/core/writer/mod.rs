@@ -1,4 +1,5 @@
-//! The writer: the only code that writes to the API server.
+//! The writer: the only code that writes to the API server (children here, pods, claims and
+//! revisions in [`pods`], status, finalizers and labels in [`status`]).
 //!
 //! * Children other than pods (Services, ConfigMaps, StatefulSets, PodDisruptionBudgets) are
 //!   server-side applied with the host's field manager, forced over the version whose ownership
@@ -38,6 +39,9 @@ use kube::{
 use crate::{metrics::WriteMetrics, plugins::ChildKind};
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
+
+mod pods;
+mod status;
 
 /// The host's field manager.
 pub const FIELD_MANAGER: &str = "slinky-host";
@@ -166,8 +170,18 @@ impl Writer {
         verb: &str,
         write: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, kube::Error> {
-        let r = bounded(self.leader.write_timeout(), write).await;
-        self.metrics.record(verb, outcome(&r));
+        // Counted in flight before the fence is checked: once it is closed, only writes counted
+        // then can still land.
+        self.metrics.enter();
+        let r = match self.fence(verb) {
+            Ok(()) => {
+                let r = bounded(self.leader.write_timeout(), write).await;
+                self.metrics.record(verb, outcome(&r));
+                r
+            }
+            Err(e) => Err(e),
+        };
+        self.metrics.leave();
         r
     }
 
@@ -343,334 +357,6 @@ impl Writer {
             Ok(_) => Ok(true),
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(e),
-        }
-    }
-
-    /// Create a pod.
-    ///
-    /// # Errors
-    /// The API error (409 AlreadyExists included).
-    pub async fn create_pod(&self, pod: &Pod) -> Result<Pod, kube::Error> {
-        self.fence("create")?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let pp = post_params();
-        self.write("create", api.create(&pp, pod)).await
-    }
-
-    /// Create a pod without reading back what the server stored: its answer (the whole pod,
-    /// managedFields included) is skipped over, not decoded (decoding it was about a tenth of
-    /// the host's CPU in a scale-up). [`Writer::create_pod`] returns it, for the one pod of a
-    /// batch the dropped-fields check compares.
-    ///
-    /// # Errors
-    /// The API error (409 AlreadyExists included).
-    pub async fn create_pod_unread(&self, pod: &Pod) -> Result<(), kube::Error> {
-        /// What is read of the answer: nothing (serde skips every field without allocating).
-        #[derive(serde::Deserialize)]
-        struct Skipped {}
-        self.fence("create")?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let pp = post_params();
-        let create = async {
-            let body = serde_json::to_vec(pod).map_err(kube::Error::SerdeError)?;
-            let req = kube::core::Request::new(api.resource_url())
-                .create(&pp, body)
-                .map_err(kube::Error::BuildRequest)?;
-            self.client.request::<Skipped>(req).await.map(|_| ())
-        };
-        self.write("create", create).await
-    }
-
-    /// A pod as the API server has it now (`None` when it is gone): the cache keeps pods slimmed
-    /// (see `watch::slim`), so what needs a pod's whole spec reads it here. Counted as `get`
-    /// (a read, not a write).
-    ///
-    /// # Errors
-    /// The API error.
-    pub async fn get_pod(&self, ns: &str, name: &str) -> Result<Option<Pod>, kube::Error> {
-        Api::<Pod>::namespaced(self.client.clone(), ns)
-            .get_opt(name)
-            .await
-    }
-
-    /// What the API server would store for `pod` (defaults set, fields it does not serve
-    /// dropped), from a server-side dry run of its creation under a generated name. Nothing is
-    /// written; counted as `dry_run`.
-    ///
-    /// # Errors
-    /// The API error.
-    pub async fn dry_run_pod(&self, pod: &Pod) -> Result<Pod, kube::Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let mut probe = pod.clone();
-        probe.metadata.generate_name = probe.metadata.name.take().map(|n| format!("{n}-"));
-        let pp = PostParams {
-            dry_run: true,
-            field_manager: Some(FIELD_MANAGER.into()),
-        };
-        let r = api.create(&pp, &probe).await;
-        self.metrics.record("dry_run", outcome(&r));
-        r
-    }
-
-    /// Delete a pod, only if it still has `uid`: `true` when deleted now, `false` when it was
-    /// already gone (not an error).
-    ///
-    /// # Errors
-    /// The API error (409 when the name now belongs to another pod).
-    pub async fn delete_pod(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
-        self.fence("delete")?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let r = self
-            .write("delete", api.delete(name, &uid_precondition(uid)))
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Create a volume claim (a NodeSet pod's, made before the pod); counted as `create_claim`.
-    ///
-    /// # Errors
-    /// The API error (409 AlreadyExists included).
-    pub async fn create_claim(
-        &self,
-        claim: &PersistentVolumeClaim,
-    ) -> Result<PersistentVolumeClaim, kube::Error> {
-        self.fence("create_claim")?;
-        let api: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let pp = post_params();
-        self.write("create_claim", api.create(&pp, claim)).await
-    }
-
-    /// Replace a volume claim's owner references (its retention policy), with a resourceVersion
-    /// precondition; counted as `patch_claim`.
-    ///
-    /// # Errors
-    /// The API error (409 when the claim changed meanwhile).
-    pub async fn set_claim_owners(
-        &self,
-        claim: &PersistentVolumeClaim,
-        owners: Value,
-    ) -> Result<PersistentVolumeClaim, kube::Error> {
-        self.fence("patch_claim")?;
-        let api: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
-        let patch =
-            json!({"metadata": {"resourceVersion": claim.resource_version(), "ownerReferences": owners}});
-        let pp = patch_params();
-        self.write(
-            "patch_claim",
-            api.patch(&claim.name_any(), &pp, &Patch::Merge(patch)),
-        )
-        .await
-    }
-
-    /// Create a ControllerRevision; counted as `create_revision`.
-    ///
-    /// # Errors
-    /// The API error (409 AlreadyExists included).
-    pub async fn create_revision(&self, rev: &ControllerRevision) -> Result<ControllerRevision, kube::Error> {
-        self.fence("create_revision")?;
-        let api: Api<ControllerRevision> =
-            Api::namespaced(self.client.clone(), &rev.namespace().unwrap_or_default());
-        let pp = post_params();
-        self.write("create_revision", api.create(&pp, rev)).await
-    }
-
-    /// Merge-patch a ControllerRevision (`patch`, a JSON object: its `revision` number, owners or
-    /// labels) with the resourceVersion of `rev`, the version the patch was computed from;
-    /// counted as `patch_revision`.
-    ///
-    /// # Errors
-    /// The API error (409 when it changed meanwhile).
-    pub async fn patch_revision(
-        &self,
-        rev: &ControllerRevision,
-        mut patch: Value,
-    ) -> Result<ControllerRevision, kube::Error> {
-        self.fence("patch_revision")?;
-        if let Some(Value::Object(meta)) = patch
-            .as_object_mut()
-            .map(|m| m.entry("metadata").or_insert_with(|| json!({})))
-        {
-            meta.insert("resourceVersion".into(), json!(rev.resource_version()));
-        }
-        let api: Api<ControllerRevision> =
-            Api::namespaced(self.client.clone(), &rev.namespace().unwrap_or_default());
-        let pp = patch_params();
-        self.write(
-            "patch_revision",
-            api.patch(&rev.name_any(), &pp, &Patch::Merge(patch)),
-        )
-        .await
-    }
-
-    /// Delete a ControllerRevision, only if it still has `uid`: `true` when deleted now, `false`
-    /// when it was already gone; counted as `delete_revision`.
-    ///
-    /// # Errors
-    /// The API error (409 when the name now belongs to another object).
-    pub async fn delete_revision(&self, ns: &str, name: &str, uid: &str) -> Result<bool, kube::Error> {
-        self.fence("delete_revision")?;
-        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), ns);
-        let r = self
-            .write("delete_revision", api.delete(name, &uid_precondition(uid)))
-            .await;
-        match r {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Replace a pod's owner references (adoption, release), with a resourceVersion precondition.
-    ///
-    /// # Errors
-    /// The API error.
-    pub async fn set_pod_owners(&self, pod: &Pod, owners: Value) -> Result<Pod, kube::Error> {
-        self.fence("patch")?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch =
-            json!({"metadata": {"resourceVersion": pod.resource_version(), "ownerReferences": owners}});
-        let pp = patch_params();
-        self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
-            .await
-    }
-
-    /// Set a pod's revision label and builder annotations (a pod equal to what the builder
-    /// makes, labelled by another revision scheme), with a resourceVersion precondition.
-    ///
-    /// # Errors
-    /// The API error.
-    pub async fn relabel_pod(
-        &self,
-        pod: &Pod,
-        labels: &BTreeMap<String, String>,
-        annotations: &BTreeMap<String, String>,
-    ) -> Result<Pod, kube::Error> {
-        self.fence("patch")?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(),
-            "labels": labels, "annotations": annotations}});
-        let pp = patch_params();
-        self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
-            .await
-    }
-
-    /// Set (`Some`) or remove (`None`) one label of a pod: a merge patch of that key alone, with
-    /// the resourceVersion the decision was made on (a decision made on a stale cache is
-    /// refused with a 409, not written).
-    ///
-    /// # Errors
-    /// The API error.
-    pub async fn set_pod_label(&self, pod: &Pod, key: &str, value: Option<&str>) -> Result<Pod, kube::Error> {
-        self.fence("patch")?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {key: value}}});
-        let pp = patch_params();
-        self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
-            .await
-    }
-
-    /// Set a NodeSet's finalizers (a merge patch with the resourceVersion they were read at).
-    ///
-    /// # Errors
-    /// The API error (409 when the NodeSet changed meanwhile).
-    pub async fn set_finalizers(
-        &self,
-        ns: &slinky_api::NodeSet,
-        finalizers: &[String],
-    ) -> Result<slinky_api::NodeSet, kube::Error> {
-        self.fence("patch")?;
-        let api: Api<slinky_api::NodeSet> =
-            Api::namespaced(self.client.clone(), &ns.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"resourceVersion": ns.resource_version(), "finalizers": finalizers}});
-        let pp = patch_params();
-        self.write("patch", api.patch(&ns.name_any(), &pp, &Patch::Merge(patch)))
-            .await
-    }
-
-    /// Patch a pod's status with a JSON patch (its conditions: see
-    /// `nodeset::slurm_conditions`).
-    ///
-    /// # Errors
-    /// The API error (a failed `test` operation too).
-    pub async fn patch_pod_status(&self, pod: &Pod, patch: Value) -> Result<Pod, kube::Error> {
-        self.fence("status")?;
-        // A raw request: kube's typed JSON patch needs a feature the host does not build.
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{}/status?fieldManager={FIELD_MANAGER}",
-            pod.namespace().unwrap_or_default(),
-            pod.name_any()
-        );
-        let req = http::Request::patch(path)
-            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
-            .body(patch.to_string().into_bytes())
-            .map_err(kube::Error::HttpError)?;
-        self.write("status", self.client.request::<Pod>(req)).await
-    }
-
-    /// Write `status` computed by `compute` from an object, only when it changed: the first attempt
-    /// uses `cached`; after a 409 the object is re-read from the API and `compute` runs again on
-    /// it (so it must merge what it owns into what it reads, keeping other writers' parts). Returns the written object,
-    /// or `None` when nothing needed writing.
-    ///
-    /// # Errors
-    /// The API error, or the last 409 after [`STATUS_ATTEMPTS`] attempts.
-    pub async fn update_status<K, S>(
-        &self,
-        api: &Api<K>,
-        cached: &K,
-        compute: impl Fn(&K) -> S,
-        current: impl Fn(&K) -> Option<S>,
-    ) -> Result<Option<K>, kube::Error>
-    where
-        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-        S: Serialize + PartialEq,
-    {
-        let name = cached.name_any();
-        let mut obj = cached.clone();
-        let mut attempt = 0;
-        loop {
-            let status = compute(&obj);
-            if current(&obj).as_ref() == Some(&status) {
-                return Ok(None);
-            }
-            self.fence("status")?;
-            // A merge patch keeps what it does not name: a field the status had and the new one
-            // has not is nulled.
-            let mut body = serde_json::to_value(&status).unwrap_or_default();
-            if let (Some(new), Some(Value::Object(old))) = (
-                body.as_object_mut(),
-                current(&obj).and_then(|s| serde_json::to_value(s).ok()),
-            ) {
-                for field in old.keys() {
-                    new.entry(field.clone()).or_insert(Value::Null);
-                }
-            }
-            let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": body});
-            let pp = patch_params();
-            let r = self
-                .write("status", api.patch_status(&name, &pp, &Patch::Merge(&patch)))
-                .await;
-            match r {
-                Ok(o) => return Ok(Some(o)),
-                Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {
-                    attempt += 1;
-                    self.metrics.conflict_retries.inc();
-                    tokio::time::sleep(super::backoff::delay(
-                        attempt,
-                        Duration::from_millis(10),
-                        Duration::from_secs(1),
-                    ))
-                    .await;
-                    obj = api.get(&name).await?;
-                }
-                Err(e) => return Err(e),
-            }
         }
     }
 }

@@ -1,0 +1,105 @@
+//! Status, finalizers and a pod's conditions: status written only when it changed, as a merge
+//! patch carrying the resourceVersion it was computed from, a 409 retried from a fresh read.
+
+use super::*;
+
+impl Writer {
+    /// Set a NodeSet's finalizers (a merge patch with the resourceVersion they were read at).
+    ///
+    /// # Errors
+    /// The API error (409 when the NodeSet changed meanwhile).
+    pub async fn set_finalizers(
+        &self,
+        ns: &slinky_api::NodeSet,
+        finalizers: &[String],
+    ) -> Result<slinky_api::NodeSet, kube::Error> {
+        self.fence("patch")?;
+        let api: Api<slinky_api::NodeSet> =
+            Api::namespaced(self.client.clone(), &ns.namespace().unwrap_or_default());
+        let patch = json!({"metadata": {"resourceVersion": ns.resource_version(), "finalizers": finalizers}});
+        let pp = patch_params();
+        self.write("patch", api.patch(&ns.name_any(), &pp, &Patch::Merge(patch)))
+            .await
+    }
+
+    /// Patch a pod's status with a JSON patch (its conditions: see
+    /// `nodeset::slurm_conditions`).
+    ///
+    /// # Errors
+    /// The API error (a failed `test` operation too).
+    pub async fn patch_pod_status(&self, pod: &Pod, patch: Value) -> Result<Pod, kube::Error> {
+        self.fence("status")?;
+        // A raw request: kube's typed JSON patch needs a feature the host does not build.
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}/status?fieldManager={FIELD_MANAGER}",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any()
+        );
+        let req = http::Request::patch(path)
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .body(patch.to_string().into_bytes())
+            .map_err(kube::Error::HttpError)?;
+        self.write("status", self.client.request::<Pod>(req)).await
+    }
+
+    /// Write `status` computed by `compute` from an object, only when it changed: the first attempt
+    /// uses `cached`; after a 409 the object is re-read from the API and `compute` runs again on
+    /// it (so it must merge what it owns into what it reads, keeping other writers' parts). Returns the written object,
+    /// or `None` when nothing needed writing.
+    ///
+    /// # Errors
+    /// The API error, or the last 409 after [`STATUS_ATTEMPTS`] attempts.
+    pub async fn update_status<K, S>(
+        &self,
+        api: &Api<K>,
+        cached: &K,
+        compute: impl Fn(&K) -> S,
+        current: impl Fn(&K) -> Option<S>,
+    ) -> Result<Option<K>, kube::Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+        S: Serialize + PartialEq,
+    {
+        let name = cached.name_any();
+        let mut obj = cached.clone();
+        let mut attempt = 0;
+        loop {
+            let status = compute(&obj);
+            if current(&obj).as_ref() == Some(&status) {
+                return Ok(None);
+            }
+            self.fence("status")?;
+            // A merge patch keeps what it does not name: a field the status had and the new one
+            // has not is nulled.
+            let mut body = serde_json::to_value(&status).unwrap_or_default();
+            if let (Some(new), Some(Value::Object(old))) = (
+                body.as_object_mut(),
+                current(&obj).and_then(|s| serde_json::to_value(s).ok()),
+            ) {
+                for field in old.keys() {
+                    new.entry(field.clone()).or_insert(Value::Null);
+                }
+            }
+            let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": body});
+            let pp = patch_params();
+            let r = self
+                .write("status", api.patch_status(&name, &pp, &Patch::Merge(&patch)))
+                .await;
+            match r {
+                Ok(o) => return Ok(Some(o)),
+                Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {
+                    attempt += 1;
+                    self.metrics.conflict_retries.inc();
+                    tokio::time::sleep(super::super::backoff::delay(
+                        attempt,
+                        Duration::from_millis(10),
+                        Duration::from_secs(1),
+                    ))
+                    .await;
+                    obj = api.get(&name).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
