@@ -401,10 +401,7 @@ impl SlurmClients {
             .await
             .map_err(|e| format!("cannot read Secret {ns}/{} (jwtKeyRef): {e}", r.name))?
             .ok_or_else(|| format!("Secret {ns}/{} (jwtKeyRef) does not exist", r.name))?;
-        secret
-            .data
-            .and_then(|mut d| d.remove(&r.key))
-            .map(|b| b.0)
+        slinky_api::contract::secret_value(&secret, &r.key)
             .filter(|b| !b.is_empty())
             .ok_or_else(|| format!("Secret {ns}/{} (jwtKeyRef) has no key {:?}", r.name, r.key))
     }

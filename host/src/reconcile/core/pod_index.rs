@@ -5,7 +5,7 @@
 //! A pod is indexed under every NodeSet it could concern ([`keys`]): the one that controls it,
 //! and each name its own name starts with followed by `-` (`a-b-3` under `a` and `a-b`: the
 //! NodeSets whose ordinal or DaemonSet-mode names it could carry). The pass still classifies what
-//! it gets ([`super::nodeset::claim::classify`]), so an entry that is no longer right costs a
+//! it gets ([`crate::reconcile::nodeset::classify::classify`]), so an entry that is no longer right costs a
 //! lookup, never a wrong claim.
 //!
 //! The pod watch updates the index after the store applied the event and before the event lowers

@@ -9,7 +9,7 @@ use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
 use serde_json::Value;
 use slinky_api::{Controller, NodeSet, keys, owners::controller_ref};
 
-use super::{Pass, claim::Claims, differing, plan, pods::build_pods};
+use super::{Pass, classify::Claims, differing, plan, pods::build_pods};
 use crate::{
     plugins::{Pipeline, PodIdentity},
     reconcile::{Error, core::compare::contains, core::writer},

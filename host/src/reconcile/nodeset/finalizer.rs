@@ -30,9 +30,10 @@ use crate::reconcile::{
     slurm::{Unavailable, node_name},
 };
 
-/// Whether the NodeSet carries the host's finalizer.
-pub(super) fn has(ns: &slinky_api::NodeSet) -> bool {
-    ns.finalizers().iter().any(|f| f == FINALIZER_SLURM_NODES)
+/// Whether the NodeSet carries the finalizer `key` (the host's: [`FINALIZER_SLURM_NODES`],
+/// `slinky_api::keys::FINALIZER_RESERVATION`).
+pub(super) fn has(ns: &slinky_api::NodeSet, key: &str) -> bool {
+    ns.finalizers().iter().any(|f| f == key)
 }
 
 /// Add the finalizer `key` to the NodeSet; whether it was written (a conflict waits for the next
@@ -78,7 +79,7 @@ async fn write(pass: &mut Pass<'_>, finalizers: Vec<String>) -> bool {
 
 /// A live NodeSet whose Slurm is configured gets the finalizer.
 pub(super) async fn ensure(pass: &mut Pass<'_>, view: &SlurmView) {
-    if matches!(view, SlurmView::Off) || has(pass.ns) {
+    if matches!(view, SlurmView::Off) || has(pass.ns, FINALIZER_SLURM_NODES) {
         return;
     }
     add(pass, FINALIZER_SLURM_NODES).await;
@@ -92,7 +93,7 @@ pub(super) async fn finalize(
     controller: Option<&Controller>,
     owned: &[Arc<Pod>],
 ) -> bool {
-    if !has(pass.ns) {
+    if !has(pass.ns, FINALIZER_SLURM_NODES) {
         return true;
     }
     let Some(controller) = controller else {

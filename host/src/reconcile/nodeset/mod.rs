@@ -1,7 +1,7 @@
 //! The NodeSet reconciler (StatefulSet mode): the NodeSet's other children from the
 //! `nodeset-children` builder (the workers' Service and PodDisruptionBudget shared by the
 //! Controller's NodeSets, the SSH ConfigMap) through the one child path ([`super::core::apply`]),
-//! then ordinal pods from the `nodeset-pod` builder, claimed ([`claim`]) and planned ([`plan`])
+//! then ordinal pods from the `nodeset-pod` builder, classified ([`classify`]) and planned ([`plan`])
 //! from the cache, then written; each pod revision is kept as a ControllerRevision ([`history`]).
 //!
 //! # Guarantees
@@ -24,7 +24,7 @@
 //!   writers' conditions.
 
 mod adoption;
-mod claim;
+mod classify;
 pub(crate) mod daemon;
 pub(crate) mod differing;
 mod drain;
@@ -48,10 +48,10 @@ use kube::{
     ResourceExt,
     runtime::{controller::Action, events::EventType, reflector::ObjectRef},
 };
-use slinky_api::{Controller, NodeSet, checks, failure::Failure};
+use slinky_api::{Controller, NodeSet, checks, failure::Failure, keys};
 
 use adoption::{adopt_and_release, relabel_equal_pods};
-use claim::{Blocker, Claims, classify};
+use classify::{Blocker, Claims, classify};
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
 use plan::{Inputs, is_available, plan};
@@ -222,7 +222,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     if !core.serves(&namespace) {
         return Ok(Action::await_change());
     }
-    if ns.metadata.deletion_timestamp.is_some() && !finalizer::has(ns) && !reservation::has_finalizer(ns) {
+    if ns.metadata.deletion_timestamp.is_some()
+        && !finalizer::has(ns, keys::FINALIZER_SLURM_NODES)
+        && !finalizer::has(ns, keys::FINALIZER_RESERVATION)
+    {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);
         ctx.daemon_backoff.forget(&uid);

@@ -35,7 +35,7 @@ use slinky_api::{
     pods::{ordinal_after, ready_since},
 };
 
-use super::claim::Blocker;
+use super::classify::Blocker;
 
 /// Most deletes (and scheduled-update replacements) in one pass.
 pub const BURST: usize = 250;
@@ -284,7 +284,7 @@ fn plan_updates(inp: &Inputs<'_>, plan: &mut Plan, live: &[&Arc<Pod>], need: usi
 mod tests {
     use super::*;
     use crate::reconcile::nodeset::{
-        claim::classify,
+        classify::classify,
         fixtures::{nodeset, pod},
     };
 

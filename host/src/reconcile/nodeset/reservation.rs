@@ -30,7 +30,7 @@ use std::{collections::BTreeSet, sync::Arc};
 
 use k8s_openapi::{api::core::v1::Pod, jiff::Timestamp};
 use kube::{ResourceExt, runtime::events::EventType};
-use slinky_api::{Controller, NodeSet, conditions, keys, scheduled::Window};
+use slinky_api::{Controller, conditions, keys, scheduled::Window};
 use slinky_slurm::{Reservation, ReservationRequest};
 
 use super::{Pass, drain::SlurmView, finalizer};
@@ -39,11 +39,6 @@ use crate::reconcile::slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name
 /// The flags the host sets or compares (Slurm adds others, e.g. `SPEC_NODES`, which are left
 /// out of the comparison).
 const COMPARED_FLAGS: [&str; 8] = slinky_api::scheduled::ALLOWED_FLAGS;
-
-/// Whether the NodeSet carries the reservation finalizer.
-pub(super) fn has_finalizer(ns: &NodeSet) -> bool {
-    ns.finalizers().iter().any(|f| f == keys::FINALIZER_RESERVATION)
-}
 
 /// The reservation the NodeSet should have now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +206,7 @@ pub(super) async fn sync(
             return window.map(|_| BTreeSet::new());
         }
     };
-    if !scheduled && !has_finalizer(ns) {
+    if !scheduled && !finalizer::has(ns, keys::FINALIZER_RESERVATION) {
         // Never had one (or removed it once it was gone): nothing to ask.
         pass.state.conditions.clear(conditions::RESERVATION_CREATED);
         return None;
@@ -265,10 +260,10 @@ async fn converge(pass: &mut Pass<'_>, cluster: &Cluster, step: &Step, existed: 
         Step::Create(_) | Step::Update(_) | Step::Delete(Some(_)) => true,
         Step::Delete(None) => false,
     };
-    if will_exist && !has_finalizer(ns) {
+    if will_exist && !finalizer::has(ns, keys::FINALIZER_RESERVATION) {
         // The finalizer first: a reservation never exists without it. (When the NodeSet's other
         // finalizer was written this pass, the next one writes this.)
-        if finalizer::has(ns) {
+        if finalizer::has(ns, keys::FINALIZER_SLURM_NODES) {
             finalizer::add(pass, keys::FINALIZER_RESERVATION).await;
         }
         pass.retry_soon();
@@ -291,7 +286,7 @@ async fn converge(pass: &mut Pass<'_>, cluster: &Cluster, step: &Step, existed: 
             true
         }
     };
-    if !exists && has_finalizer(ns) {
+    if !exists && finalizer::has(ns, keys::FINALIZER_RESERVATION) {
         finalizer::remove(pass, keys::FINALIZER_RESERVATION).await;
     }
     Some(exists)
@@ -447,7 +442,7 @@ fn set_condition(pass: &mut Pass<'_>, status: bool, reason: &str, message: Strin
 /// NodeSet had no such finalizer when the pass began (after removing it, the pass stops: the
 /// next one sees the fresh NodeSet).
 pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller>) -> bool {
-    if !has_finalizer(pass.ns) {
+    if !finalizer::has(pass.ns, keys::FINALIZER_RESERVATION) {
         return true;
     }
     let name = pass.ns.reservation_name();
