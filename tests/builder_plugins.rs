@@ -273,7 +273,11 @@ fn uids(pods: &[Pod]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previous_version() -> Result<()> {
     let Some(registry) = Registry::start()? else {
-        eprintln!("skipped: {REGISTRY} is not installed (apt-get install docker-registry)");
+        slinky_apiserver::testing::skip(
+            "two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previous_version",
+            "registry",
+            &format!("{REGISTRY} is not installed (apt-get install docker-registry)"),
+        );
         return Ok(());
     };
     registry.wait().await?;
@@ -356,16 +360,21 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         })
         .await;
         ensure!(applies_ok.is_some(), "appliesTo never named the NodeSet: {applies}");
-        let table = Command::new("kubectl")
-            .args(["--kubeconfig", path(&c.kubeconfig), "get", "builderplugins"])
-            .output();
-        if let Ok(out) = table {
+        if slinky_apiserver::testing::on_path("kubectl") {
+            let out = Command::new("kubectl")
+                .args(["--kubeconfig", path(&c.kubeconfig), "get", "builderplugins"])
+                .output()?;
             let text = String::from_utf8_lossy(&out.stdout);
             ensure!(
-                text.contains("STATUS") && text.contains("Loaded") && text.contains("gpu-nodeset-pod@0.1.0"),
+                out.status.success()
+                    && text.contains("STATUS")
+                    && text.contains("Loaded")
+                    && text.contains("gpu-nodeset-pod@0.1.0"),
                 "kubectl get builderplugins:\n{text}{}",
                 String::from_utf8_lossy(&out.stderr)
             );
+        } else {
+            slinky_apiserver::testing::skip("kubectl get builderplugins", "kubectl", "kubectl is not on PATH");
         }
 
         // A setting change rolls the pods.
@@ -418,12 +427,13 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         let unknown = format!("{}/site/gpu@sha256:{}", registry.addr, "0".repeat(64));
         patch_spec(&c, &format!("{ns}-gpu"), json!({"module": {"image": unknown}})).await?;
         let s = wait_phase(&c, &format!("{ns}-gpu"), "Refused", "UnknownDigest").await?;
-        ensure!(s["digest"].as_str().is_some_and(|d| d.starts_with("sha256:")), "the serving digest is gone: {s}");
+        ensure!(s["digest"] == gpu_status["digest"], "the serving version is not the one loaded before: {s}");
         // A ConfigMap module whose digest is not the pinned one: refused.
         patch_spec(&c, &format!("{ns}-site"), json!({"module": {"digest": format!("sha256:{}", "1".repeat(64))}})).await?;
         wait_phase(&c, &format!("{ns}-site"), "Refused", "UnknownDigest").await?;
-        // Through all of it the previous versions served: the pods never rolled.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Through all of it the previous versions served: the pods never rolled (over several
+        // passes of the host, not a fixed time).
+        host.passes_later(6).await?;
         let still = pods_with(&c, &ns, 2, "2").await?;
         ensure!(uids(&still) == uids(&rolled), "a refused version rolled the pods");
 
@@ -433,6 +443,11 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             .get("slurm-worker-slinky")
             .await?;
         let serving = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+        ensure!(
+            serving.steps().len() == 2 && serving.label().ends_with(" > gpu-nodeset-pod@0.1.0 > site-pod@0.2.0"),
+            "before the restart the pipeline is {}: both steps should serve",
+            serving.label()
+        );
         let fresh = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
         let steps = builder_plugin::Steps::new(
             fresh.clone(),

@@ -6,7 +6,6 @@
 use std::{
     collections::BTreeMap,
     process::{Command, Stdio},
-    time::Duration,
 };
 
 use anyhow::{Context, Result, ensure};
@@ -137,6 +136,9 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
             &ns,
         ])
         .args(["--resync-seconds", "1", "--http-addr", &addr.to_string()])
+        // A slurmrestd (refusing at once) for the Controller `other` only: its NodeSet gets the
+        // host's finalizer (patch nodesets); the example's NodeSet has no Slurm to ask.
+        .args(["--slurmrestd-url", &format!("{ns}/other=http://127.0.0.1:9")])
         .env("SLINKY_HOST_PLUGIN_CACHE", slinky_tests::cache_dir())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -251,7 +253,44 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         })
         .await
         .context("the Service was not pruned")?;
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // A second Controller with a slurmrestd, and its NodeSet of no pods: the finalizer.
+        apply_file(&c, &ns, "slurm-cluster.yaml", |v| match v["kind"].as_str() {
+            Some("Controller") => v["metadata"]["name"] = json!("other"),
+            Some("NodeSet") => {
+                v["metadata"]["name"] = json!("other-workers");
+                v["spec"]["controllerRef"]["name"] = json!("other");
+                v["spec"]["replicas"] = json!(0);
+            }
+            _ => {}
+        })
+        .await?;
+        eventually(30, || async {
+            let n = nodesets.get("other-workers").await.ok()?;
+            n.metadata
+                .finalizers?
+                .iter()
+                .any(|f| f == slinky_api::keys::FINALIZER_SLURM_NODES)
+                .then_some(())
+        })
+        .await
+        .context("the NodeSet of a Controller with a slurmrestd never got the host's finalizer")?;
+        // A BuilderPlugin it refuses: its status is written (patch builderplugins/status).
+        let bp_name = format!("{ns}-refused");
+        let bp: slinky_api::BuilderPlugin = serde_json::from_value(json!({
+            "apiVersion": "plugins.slinky.slurm.net/v1alpha1", "kind": "BuilderPlugin",
+            "metadata": {"name": bp_name},
+            "spec": {"module": {"image": "registry.invalid/x@sha256:0000000000000000000000000000000000000000000000000000000000000000"},
+                     "kinds": ["no-such-kind"]}
+        }))?;
+        let bps = Api::<slinky_api::BuilderPlugin>::all(c.client.clone());
+        bps.create(&PostParams::default(), &bp).await?;
+        let refused = eventually(30, || async {
+            let s = bps.get(&bp_name).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Refused")).then_some(())
+        })
+        .await;
+        let _ = bps.delete(&bp_name, &Default::default()).await;
+        refused.context("the host never wrote the refused BuilderPlugin's status")?;
         anyhow::Ok(())
     };
     let result = scenario.await;
@@ -282,6 +321,14 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         missing.is_empty(),
         "the manifests' roles do not grant: {missing:?}"
     );
+    // What a host with a reachable Slurm also writes (the real-Slurm tests make these writes):
+    // the roles grant them.
+    for (verb, group, resource) in [("patch", "", "pods/status"), ("patch", "", "pods")] {
+        ensure!(
+            allowed(&cluster_rules, verb, group, resource),
+            "the manifests' roles do not grant {verb} {group}/{resource}"
+        );
+    }
     // And the host used what matters most (the audit is not vacuous).
     for (verb, group, resource) in [
         ("create", "", "pods"),
@@ -313,6 +360,10 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("get", "apps", "controllerrevisions"),
         ("patch", "apps", "controllerrevisions"),
         ("delete", "apps", "controllerrevisions"),
+        // The NodeSet's finalizer (a slurmrestd is configured).
+        ("patch", "slinky.slurm.net", "nodesets"),
+        ("watch", "plugins.slinky.slurm.net", "builderplugins"),
+        ("patch", "plugins.slinky.slurm.net", "builderplugins/status"),
     ] {
         ensure!(
             used.iter()

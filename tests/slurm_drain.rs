@@ -6,8 +6,6 @@
 //! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`); without them each test
 //! prints `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
 
-use std::time::Duration;
-
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -20,12 +18,8 @@ use slinky_slurm_local::SlurmLocal;
 use slinky_tests::{
     TestCluster, eventually,
     host::{NS_NAME, apply_file, cluster_with_statefulsets, nodeset_condition, pod_names, scale},
-    slurm::{field, host_for, nodes_idle, run_job, show, start},
+    slurm::{end_job, field, host_for, job_state, nodes_idle, run_open_job, show, start},
 };
-use tokio::sync::Mutex;
-
-/// One Slurm at a time: each test runs slurmctld, slurmrestd and a slurmd per pod.
-static TURN: Mutex<()> = Mutex::const_new(());
 
 /// A node state (`IDLE+DYNAMIC_NORM`) is IDLE with no DRAIN, DOWN or other flag that matters.
 fn idle(state: Option<&str>) -> bool {
@@ -60,7 +54,6 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "scale-in", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
@@ -92,7 +85,7 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "reason=bad dimm",
     ])
     .await?;
-    let job = run_job(&h, "slinky-2", 25, None).await?;
+    let job = run_open_job(&h, "slinky-2").await?;
     scale(&c, &ns, 1).await?;
 
     let drained = eventually(20, || async {
@@ -112,8 +105,14 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
         show(&h, "node", "slinky-2").await?,
         pod_names(&c, &ns).await?
     );
-    // While the job runs, its pod stays.
-    ensure!(pod_names(&c, &ns).await?.contains(&format!("{NS_NAME}-2")));
+    // While the job runs (over several passes of the host), its pod stays.
+    host.passes_later(6).await?;
+    ensure!(job_state(&h, &job).await? == "RUNNING", "the job no longer runs");
+    ensure!(
+        pod_names(&c, &ns).await?.contains(&format!("{NS_NAME}-2")),
+        "the busy pod went while its job ran"
+    );
+    end_job(&h, &job).await?;
     let gone = eventually(60, || async {
         let pods = pod_names(&c, &ns).await.ok()?;
         (!pods.contains(&format!("{NS_NAME}-2"))).then_some(())
@@ -147,7 +146,6 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "rolling", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
@@ -159,7 +157,7 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "reason=bad dimm",
     ])
     .await?;
-    let job = run_job(&h, "slinky-1", 60, None).await?;
+    let job = run_open_job(&h, "slinky-1").await?;
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     let uid_of = |pods: &[Pod], n: u32| {
         pods.iter()
@@ -180,7 +178,7 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
     )
     .await?;
     // The idle pods are replaced while the busy one keeps its job.
-    let replaced = eventually(55, || async {
+    let replaced = eventually(120, || async {
         let pods = Api::<Pod>::namespaced(c.client.clone(), &ns)
             .list(&ListParams::default())
             .await
@@ -201,8 +199,18 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "node -1: {}",
         show(&h, "node", "slinky-1").await?
     );
-    let line = show(&h, "job", &job).await?;
-    ensure!(field(&line, "JobState") == Some("RUNNING"), "{line}");
+    // The busy pod stays over several passes of the host while its job runs.
+    host.passes_later(6).await?;
+    ensure!(job_state(&h, &job).await? == "RUNNING", "the job no longer runs");
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    ensure!(
+        uid_of(&pods, 1).as_ref() == Some(&busy_uid),
+        "the busy pod was replaced while its job ran"
+    );
+    end_job(&h, &job).await?;
     // After the job, -1 is replaced too, and returns to service.
     let done = eventually(90, || async {
         let pods = Api::<Pod>::namespaced(c.client.clone(), &ns)
@@ -241,7 +249,6 @@ async fn a_cordoned_kubernetes_node_drains_its_slurm_nodes() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "cordon", 1).await?;
     nodes_idle(&h, &["slinky-0"]).await?;
@@ -291,7 +298,6 @@ async fn a_scale_in_without_slurmrestd_waits_and_completes_when_it_is_back() -> 
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "restd-down", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
@@ -303,7 +309,7 @@ async fn a_scale_in_without_slurmrestd_waits_and_completes_when_it_is_back() -> 
     })
     .await;
     ensure!(failing.is_some(), "no SlurmFailure condition");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    host.passes_later(6).await?;
     let left = workers(&c, &ns).await?;
     ensure!(
         left.len() == 3,
@@ -329,7 +335,6 @@ async fn the_active_label_follows_slurms_primary() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let ns = c.namespace("ha-slurm").await;
     apply_file(&c, &ns, "slurm-cluster.yaml", |v| {

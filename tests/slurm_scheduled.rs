@@ -21,12 +21,8 @@ use slinky_slurm_local::SlurmLocal;
 use slinky_tests::{
     TestCluster, eventually,
     host::{NS_NAME, cluster_with_statefulsets, nodeset_condition, scale},
-    slurm::{field, nodes_idle, run_job, show, start},
+    slurm::{end_job, field, job_state, nodes_idle, run_open_job_limited, show, start},
 };
-use tokio::sync::Mutex;
-
-/// One Slurm at a time.
-static TURN: Mutex<()> = Mutex::const_new(());
 
 /// The example NodeSet's reservation.
 const RESERVATION: &str = "SlurmOperatorMaint-slurm-worker-slinky";
@@ -158,7 +154,6 @@ async fn a_future_window_reserves_the_nodes_and_rolls_nothing() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "sched-future", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
@@ -198,7 +193,7 @@ async fn a_future_window_reserves_the_nodes_and_rolls_nothing() -> Result<()> {
     // A new revision: nothing rolls before the window.
     let before = pod_uids(&c, &ns).await?;
     patch_nodeset(&c, &ns, json!({"spec": {"slurmd": {"image": NEW_IMAGE}}})).await?;
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    host.passes_later(8).await?;
     ensure!(
         pod_uids(&c, &ns).await? == before,
         "pods rolled outside the window"
@@ -267,7 +262,6 @@ async fn a_begun_window_rolls_the_pods_and_a_job_keeps_its_pod() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
-    let _turn = TURN.lock().await;
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "sched-now", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
@@ -275,7 +269,7 @@ async fn a_begun_window_rolls_the_pods_and_a_job_keeps_its_pod() -> Result<()> {
     schedule(&c, &ns, later, "30m").await?;
     reserved(&h, "slinky-[0-2]", |s, _| s == later.as_second()).await?;
     // A job that ends before the window may start (Slurm keeps reserved nodes for the window).
-    let job = run_job(&h, "slinky-1", 40, Some(5)).await?;
+    let job = run_open_job_limited(&h, "slinky-1", Some(5)).await?;
     let before = pod_uids(&c, &ns).await?;
     patch_nodeset(&c, &ns, json!({"spec": {"slurmd": {"image": NEW_IMAGE}}})).await?;
     let now = Timestamp::now();
@@ -309,14 +303,22 @@ async fn a_begun_window_rolls_the_pods_and_a_job_keeps_its_pod() -> Result<()> {
         );
     };
     ensure!(node.contains("maintenance window"), "{node}");
-    let line = show(&h, "job", &job).await?;
-    ensure!(field(&line, "JobState") == Some("RUNNING"), "{line}");
+    ensure!(job_state(&h, &job).await? == "RUNNING", "the job no longer runs");
     let active = eventually(30, || async {
         let c = nodeset_condition(&c, &ns, "ReservationCreated").await.ok()??;
         (c.status == "True" && c.reason == "Active").then_some(())
     })
     .await;
     ensure!(active.is_some(), "ReservationCreated is not True/Active");
+    // The busy pod stays over several passes while its job runs; then the job ends.
+    host.passes_later(6).await?;
+    let uids = pod_uids(&c, &ns).await?;
+    let busy = format!("{NS_NAME}-1");
+    ensure!(
+        uids.get(&busy) == before.get(&busy),
+        "the busy pod was replaced while its job ran"
+    );
+    end_job(&h, &job).await?;
     // After the job, -1 is replaced too.
     let done = eventually(90, || async {
         let uids = pod_uids(&c, &ns).await.ok()?;

@@ -35,6 +35,53 @@ impl std::fmt::Debug for TestCluster {
     }
 }
 
+/// The environment variable listing the tools the run provided (comma-separated: `slurm`,
+/// `slurmdbd`, `registry`, `kubectl`, `podman`, …): a test that needs one of them and does not
+/// find it fails instead of skipping. `.ci/run` sets it to what it installed.
+pub const REQUIRE_ENV: &str = "SLINKY_TEST_REQUIRE";
+/// The environment variable naming a file every skip is appended to (`.ci/run` prints it at the
+/// end, so a skip is never silent).
+pub const SKIPS_ENV: &str = "SLINKY_TEST_SKIPS";
+
+/// Whether the run requires `tool` ([`REQUIRE_ENV`] lists it).
+pub fn required(tool: &str) -> bool {
+    std::env::var(REQUIRE_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .any(|t| t.trim() == tool)
+}
+
+/// A test that needs `tool`, missing for `why`, skips: said on stderr and appended to
+/// [`SKIPS_ENV`]'s file, so the run reports it. When the run requires the tool ([`required`]),
+/// the test fails instead (a panic naming the tool and why).
+///
+/// # Panics
+/// When `tool` is required.
+pub fn skip(test: &str, tool: &str, why: &str) {
+    assert!(
+        !required(tool),
+        "{test}: {tool} is required ({REQUIRE_ENV}) but not usable: {why}"
+    );
+    let line = format!("{test}: skipped, no {tool}: {why}");
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os(SKIPS_ENV) {
+        use std::io::Write as _;
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+/// Whether `program` runs (`program --help` or `version` answers).
+pub fn on_path(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("version")
+        .arg("--client")
+        .output()
+        .or_else(|_| std::process::Command::new(program).arg("--help").output())
+        .is_ok()
+}
+
 /// Whether the tests run against a real cluster (`SLINKY_TEST_KUBECONFIG` is set).
 pub fn real_cluster() -> bool {
     std::env::var_os(KUBECONFIG_ENV).is_some()

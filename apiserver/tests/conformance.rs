@@ -1046,13 +1046,12 @@ async fn a_reflector_survives_410s_and_closed_streams() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_works_against_the_embedded_server() -> Result<()> {
-    if std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_err()
-    {
-        eprintln!("kubectl_works_against_the_embedded_server: skipped, kubectl is not on PATH");
+    if !slinky_apiserver::testing::on_path("kubectl") {
+        slinky_apiserver::testing::skip(
+            "kubectl_works_against_the_embedded_server",
+            "kubectl",
+            "kubectl is not on PATH",
+        );
         return Ok(());
     }
     let c = TestCluster::start().await;
@@ -1356,12 +1355,12 @@ async fn the_simulated_kubelet_finishes_terminating_pods_after_the_scaled_grace_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_generators_send_protobuf_and_work() -> Result<()> {
-    if std::process::Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        eprintln!("kubectl_generators_send_protobuf_and_work: skipped, kubectl is not on PATH");
+    if !slinky_apiserver::testing::on_path("kubectl") {
+        slinky_apiserver::testing::skip(
+            "kubectl_generators_send_protobuf_and_work",
+            "kubectl",
+            "kubectl is not on PATH",
+        );
         return Ok(());
     }
     let c = TestCluster::start().await;
@@ -1636,12 +1635,12 @@ async fn events_over_the_api_limits_are_refused_with_kube_apiservers_message() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_prints_kube_apiservers_columns_for_workloads_claims_and_budgets() -> Result<()> {
-    if std::process::Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        eprintln!("kubectl_get_prints_kube_apiservers_columns: skipped, kubectl is not on PATH");
+    if !slinky_apiserver::testing::on_path("kubectl") {
+        slinky_apiserver::testing::skip(
+            "kubectl_get_prints_kube_apiservers_columns",
+            "kubectl",
+            "kubectl is not on PATH",
+        );
         return Ok(());
     }
     let c = TestCluster::start().await;

@@ -86,6 +86,24 @@ impl Host {
         }
     }
 
+    /// Passes of every kind, whatever their result, so far.
+    pub fn passes(&self) -> u64 {
+        self.handles.metrics.reconciles.snapshot().values().sum()
+    }
+
+    /// Wait until the host has made `n` more passes (at most 60 s): a check that nothing happens
+    /// waits for the host's work, not for wall-clock time a slow machine may spend elsewhere.
+    ///
+    /// # Errors
+    /// When the host makes fewer passes in 60 s.
+    pub async fn passes_later(&self, n: u64) -> Result<()> {
+        use anyhow::Context as _;
+        let start = self.passes();
+        eventually(60, || async { (self.passes() >= start + n).then_some(()) })
+            .await
+            .with_context(|| format!("the host made {} of {n} passes", self.passes() - start))
+    }
+
     /// Wait (up to 30 s) until the host's caches have synced and it reconciles.
     pub async fn wait_ready(&self) -> Result<()> {
         use anyhow::Context as _;
@@ -449,15 +467,16 @@ where
         .cloned()
 }
 
-/// Wait until `host` makes no write for 1.5 s, then check that the next 3 s make none either (a
-/// steady state makes zero writes).
+/// Wait until `host` makes no write across 6 passes, then check that the next 10 make none
+/// either (a steady state makes zero writes). Counted in passes, not seconds: a slow machine
+/// waits longer instead of checking less.
 ///
 /// # Errors
 /// When writes never stop, or a steady state writes.
 pub async fn settled_without_writes(host: &Host) -> Result<()> {
-    let settled = eventually(60, || async {
+    let settled = eventually(90, || async {
         let before = host.handles.writes.total();
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        host.passes_later(6).await.ok()?;
         (host.handles.writes.total() == before).then_some(())
     })
     .await;
@@ -467,7 +486,7 @@ pub async fn settled_without_writes(host: &Host) -> Result<()> {
         host.handles.writes.snapshot()
     );
     let before = host.handles.writes.total();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    host.passes_later(10).await?;
     anyhow::ensure!(
         host.handles.writes.total() == before,
         "a steady state makes zero writes: {:?}",

@@ -227,35 +227,72 @@ pub fn render_json(files: &[&std::path::Path], extra: &[&str]) -> anyhow::Result
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
-/// The Slurm build for the tests judged by a real Slurm (`tests/slurm.rs`, `tests/slurm_drain.rs`),
-/// or `None` after printing why they skip (no build, not root). Also starts test logging
+/// One Slurm test's turn: the Slurm build it runs, while it holds the binary's one turn (each
+/// test starts a whole local Slurm; two at once on a small machine race for its cores and
+/// bridges). Derefs to the build's directory.
+pub struct SlurmTurn {
+    dir: PathBuf,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for SlurmTurn {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl AsRef<Path> for SlurmTurn {
+    fn as_ref(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// The one turn of the Slurm tests of a test binary.
+static SLURM_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The Slurm build for the tests judged by a real Slurm (`tests/slurm*.rs`), with the turn of
+/// this test binary ([`SlurmTurn`]); or `None` after saying why they skip (no build, not root;
+/// a failure instead when the run requires `slurm`). Also starts test logging
 /// (`RUST_LOG=slinky_host=debug,slinky_slurm_local=info` to follow a run).
-pub fn slurm_or_skip() -> Option<PathBuf> {
+pub fn slurm_or_skip() -> Option<SlurmTurn> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     match slinky_slurm_local::usable() {
-        Ok(dir) => Some(dir),
+        Ok(dir) => Some(SlurmTurn {
+            dir,
+            // A test that panicked holding it loses nothing: the next takes its turn.
+            _turn: SLURM_TURN
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        }),
         Err(why) => {
-            eprintln!("skipping: {why}");
+            slinky_apiserver::testing::skip(&test_name(), "slurm", &why);
             None
         }
     }
 }
 
 /// The Slurm build for the tests of slurmdbd (`tests/slurm_accounting.rs`), or `None` after
-/// printing why they skip: as [`slurm_or_skip`], and the build must have slurmdbd and its MySQL
-/// plugin, and Debian's `mariadb-server` must be installed.
-pub fn slurmdbd_or_skip() -> Option<PathBuf> {
+/// saying why they skip: as [`slurm_or_skip`], and the build must have slurmdbd and its MySQL
+/// plugin, and Debian's `mariadb-server` must be installed (the run may require `slurmdbd`).
+pub fn slurmdbd_or_skip() -> Option<SlurmTurn> {
     let slurm = slurm_or_skip()?;
     match slinky_slurm_local::accounting_usable(&slurm) {
         Ok(()) => Some(slurm),
         Err(why) => {
-            eprintln!("skipping: {why}");
+            slinky_apiserver::testing::skip(&test_name(), "slurmdbd", &why);
             None
         }
     }
+}
+
+/// The running test's name (its thread's), for skip lines.
+pub fn test_name() -> String {
+    std::thread::current().name().unwrap_or("a test").to_string()
 }
 
 /// Every child `slinky-host render` builds for the manifests in `files`, by `Kind/name`: each

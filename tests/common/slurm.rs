@@ -112,6 +112,60 @@ pub async fn run_job(h: &SlurmLocal, node: &str, secs: u32, minutes: Option<u32>
     Ok(id)
 }
 
+/// Submit a job on `node` in partition `slinky` that runs until [`end_job`] ends it (its script
+/// exits 0 on SIGUSR1: the job is COMPLETED, not cancelled); returns its id once it runs. A job
+/// of a fixed length races a slow machine; this one ends when the test says so.
+///
+/// # Errors
+/// `sbatch` failed, or the job did not run within 30 s.
+pub async fn run_open_job(h: &SlurmLocal, node: &str) -> Result<String> {
+    run_open_job_limited(h, node, None).await
+}
+
+/// [`run_open_job`] with a time limit of `minutes` when given (Slurm starts a job on nodes a
+/// reservation will take only if it is to end before).
+///
+/// # Errors
+/// `sbatch` failed, or the job did not run within 30 s.
+pub async fn run_open_job_limited(h: &SlurmLocal, node: &str, minutes: Option<u32>) -> Result<String> {
+    let script = "trap 'exit 0' USR1; while :; do sleep 1; done";
+    let time = minutes.map(|m| format!("--time={m}"));
+    let mut args = vec!["sbatch", "--parsable", "-p", "slinky", "-w", node];
+    args.extend(time.as_deref());
+    args.extend(["--wrap", script]);
+    let out = h.exec_ok(&args).await?;
+    let id = out.trim().split(';').next().unwrap_or_default().to_string();
+    let running = eventually(30, || async {
+        let line = show(h, "job", &id).await.ok()?;
+        (field(&line, "JobState") == Some("RUNNING")).then_some(())
+    })
+    .await;
+    ensure!(
+        running.is_some(),
+        "job {id} never ran: {}",
+        show(h, "job", &id).await?
+    );
+    Ok(id)
+}
+
+/// End a job of [`run_open_job`]: its script gets SIGUSR1 and exits 0.
+///
+/// # Errors
+/// `scancel` failed.
+pub async fn end_job(h: &SlurmLocal, id: &str) -> Result<()> {
+    h.exec_ok(&["scancel", "--batch", "--signal=USR1", id]).await?;
+    Ok(())
+}
+
+/// The state of job `id` (`RUNNING`, `COMPLETED`, …).
+///
+/// # Errors
+/// `scontrol` failed.
+pub async fn job_state(h: &SlurmLocal, id: &str) -> Result<String> {
+    let line = show(h, "job", id).await?;
+    Ok(field(&line, "JobState").unwrap_or_default().to_string())
+}
+
 /// The Slurm build's version, `(major, minor)`, from `slurmctld -V` (`slurm 25.05.8`; slurmdbd
 /// reads its configuration before it answers `-V`).
 ///

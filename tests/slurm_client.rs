@@ -1,0 +1,104 @@
+//! The slurmrestd client (`slinky-slurm`) against a real slurmrestd: the example cluster's Slurm
+//! run by `slinky-slurm-local`, its slurmrestd as the RestApi's Deployment runs it. The host's
+//! tokens are accepted, drains and undrains land, a token signed with another key is refused
+//! with a message saying what to check, and a slurmrestd that does not answer is a clear error
+//! within the deadline, never a hang, whether nothing listens or a server accepts and stays
+//! silent.
+//!
+//! Needs root and a Slurm build, as `tests/slurm.rs`.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use slinky_slurm::{Client, Error, jwt::Tokens};
+use slinky_tests::{
+    host::cluster_with_statefulsets,
+    slurm::{nodes_idle, start},
+};
+
+/// The example's JWT key, as slurmctld reads it (`jwtKeyRef`).
+async fn jwt_key(c: &slinky_tests::TestCluster, ns: &str) -> Result<Vec<u8>> {
+    let secret = Api::<Secret>::namespaced(c.client.clone(), ns)
+        .get("slurm-auth-jwths256")
+        .await?;
+    slinky_api::contract::secret_value(&secret, "jwt_hs256.key")
+        .context("the example's JWT key Secret has no key")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_slurmrestd_answers_the_hosts_tokens_and_drains() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "client", 1).await?;
+    let result = async {
+        nodes_idle(&h, &["slinky-0"]).await?;
+        let key = jwt_key(&c, &ns).await?;
+        let client = Client::new(
+            &h.restapi_url(),
+            Tokens::new(key, "slurm", Duration::from_secs(900)),
+            Duration::from_secs(5),
+        )?;
+        ensure!(client.version().await? == "v0.0.43", "Slurm 25.05 serves v0.0.43");
+        let pings = client.ping().await?;
+        ensure!(
+            slinky_slurm::in_control(&pings).is_some_and(|p| p.mode == "primary"),
+            "{pings:?}"
+        );
+        client.drain("slinky-0", "slurm-operator: test drain").await?;
+        let drained = client.nodes().await?.into_iter().find(|n| n.name == "slinky-0");
+        ensure!(
+            drained
+                .as_ref()
+                .is_some_and(|n| n.is_drain() && n.reason_is_ours()),
+            "{drained:?}"
+        );
+        client.undrain("slinky-0").await?;
+        let undrained = client.nodes().await?.into_iter().find(|n| n.name == "slinky-0");
+        ensure!(undrained.as_ref().is_some_and(|n| !n.is_drain()), "{undrained:?}");
+        // A token signed with another key is refused, with a message saying what to check.
+        let wrong = Client::new(
+            &h.restapi_url(),
+            Tokens::new(b"wrong".to_vec(), "slurm", Duration::from_secs(900)),
+            Duration::from_secs(5),
+        )?;
+        match wrong.nodes().await {
+            Err(e @ Error::Unauthorized { .. }) => ensure!(e.to_string().contains("jwtKeyRef"), "{e}"),
+            other => anyhow::bail!("expected Unauthorized, got {other:?}"),
+        }
+        Ok(())
+    }
+    .await;
+    h.shutdown().await;
+    host.stop().await;
+    result
+}
+
+/// Nothing listens, or a server accepts and never answers: a clear error within the deadline.
+#[tokio::test]
+async fn a_slurmrestd_that_does_not_answer_is_an_error_within_the_deadline() -> Result<()> {
+    let tokens = || Tokens::new(vec![1], "slurm", Duration::from_secs(900));
+    let nowhere = Client::new("http://127.0.0.1:9", tokens(), Duration::from_secs(2))?;
+    let r = nowhere.nodes().await;
+    ensure!(matches!(r, Err(Error::Unreachable { .. })), "{r:?}");
+    // Accepts every connection, reads, never answers.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let client = Client::new(&format!("http://{addr}"), tokens(), Duration::from_secs(2))?;
+    // The client's own deadline ends the call (a Timeout error); a hang fails here instead.
+    let r = tokio::time::timeout(Duration::from_secs(60), client.nodes())
+        .await
+        .context("the call hung past its deadline")?;
+    silent.abort();
+    ensure!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    Ok(())
+}
