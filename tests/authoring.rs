@@ -394,8 +394,6 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
     let plugins = tmp.path().join("plugins.d");
     std::fs::create_dir(&plugins)?;
     let kubeconfig = tmp.path().join("kubeconfig");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut host = Command::new(slinky_tests::binary())
         .args(["run", "--embedded", "--apply"])
         .arg(example("slurm-cluster.yaml"))
@@ -408,15 +406,19 @@ async fn the_gpu_example_hot_reloads_into_a_running_host() -> Result<()> {
             "120",
             "--http-addr",
         ])
-        .arg(format!("127.0.0.1:{port}"))
+        // Port 0: it binds its own ports and logs them.
+        .arg("127.0.0.1:0")
         .arg("--admin-addr")
-        .arg(admin.to_string())
+        .arg("127.0.0.1:0")
         .arg("--kubeconfig-out")
         .arg(&kubeconfig)
         .env("SLINKY_HOST_PLUGIN_CACHE", slinky_tests::cache_dir())
+        .env("RUST_LOG", "slinky_host::serve=info")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()?;
+    let stderr = host.stderr.take().context("no stderr")?;
+    let (_http, admin, _log) = slinky_tests::process::bound_addresses(stderr)?;
     let result = async {
         let client = slinky_tests::eventually(60, || async {
             let kc = kube::config::Kubeconfig::read_from(&kubeconfig).ok()?;

@@ -83,13 +83,34 @@ impl Registry {
         }))
     }
 
-    async fn wait(&self) -> Result<()> {
-        let addr = self.addr.parse()?;
-        eventually(30, || async {
-            slinky_tests::http_get(addr, "/v2/").await.ok().map(|_| ())
-        })
-        .await
-        .context("the registry never answered /v2/")
+    /// Wait until it answers; an error when it exited (its port taken meanwhile: the caller
+    /// starts another) or never answered.
+    async fn wait(&mut self) -> Result<()> {
+        let addr: std::net::SocketAddr = self.addr.parse()?;
+        for _ in 0..300 {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                bail!("the registry exited (its port {addr} was taken)");
+            }
+            if slinky_tests::http_get(addr, "/v2/").await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("the registry never answered /v2/")
+    }
+
+    /// A registry that answers (another port when one was taken meanwhile), or none when it is
+    /// not installed.
+    async fn start_answering() -> Result<Option<Registry>> {
+        for _ in 0..3 {
+            let Some(mut registry) = Registry::start()? else {
+                return Ok(None);
+            };
+            if registry.wait().await.is_ok() {
+                return Ok(Some(registry));
+            }
+        }
+        bail!("no registry answered after 3 tries")
     }
 }
 
@@ -272,7 +293,7 @@ fn uids(pods: &[Pod]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previous_version() -> Result<()> {
-    let Some(registry) = Registry::start()? else {
+    let Some(registry) = Registry::start_answering().await? else {
         slinky_apiserver::testing::skip(
             "two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previous_version",
             "registry",
@@ -280,7 +301,6 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         );
         return Ok(());
     };
-    registry.wait().await?;
     let keys = tempfile::tempdir()?;
     let prefix = keys.path().join("signing");
     host_cli(&["plugin", "keygen", path(&prefix)])?;

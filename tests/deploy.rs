@@ -123,7 +123,6 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         v["spec"]["persistentVolumeClaimRetentionPolicy"] = json!({"whenScaled": "Delete"});
     })
     .await?;
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let mut host = Command::new(slinky_tests::binary())
         .arg("run")
         .arg("--kubeconfig")
@@ -135,7 +134,7 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
             "--leader-election-namespace",
             &ns,
         ])
-        .args(["--resync-seconds", "1", "--http-addr", &addr.to_string()])
+        .args(["--resync-seconds", "1", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
         // A slurmrestd (refusing at once) for the Controller `other` only: its NodeSet gets the
         // host's finalizer (patch nodesets); the example's NodeSet has no Slurm to ask.
         .args(["--slurmrestd-url", &format!("{ns}/other=http://127.0.0.1:9")])

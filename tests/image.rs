@@ -20,7 +20,7 @@ use slinky_tests::{
     eventually,
     host::{apply_example, cluster},
     kubectl,
-    process::free_addr,
+    process::bound_addresses,
     run,
 };
 
@@ -139,9 +139,8 @@ async fn the_image_reconciles_as_the_installs_service_account() -> Result<()> {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
     }
     apply_example(&c, &ns, 2).await?;
-    let (http, admin) = (free_addr()?, free_addr()?);
     let started = Instant::now();
-    let child = Command::new("podman")
+    let mut child = Command::new("podman")
         .args(["run", "--rm", "--network", "host", "--name", &ns, "-v"])
         .arg(format!("{}:/etc/slinky/kubeconfig:ro", kubeconfig.display()))
         .arg(&image)
@@ -152,12 +151,8 @@ async fn the_image_reconciles_as_the_installs_service_account() -> Result<()> {
             "--namespace",
             &ns,
         ])
-        .args([
-            "--http-addr",
-            &http.to_string(),
-            "--admin-addr",
-            &admin.to_string(),
-        ])
+        // Port 0: the host binds its own and logs them.
+        .args(["--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
         .args([
             "--leader-elect",
             "--leader-election-namespace",
@@ -169,6 +164,7 @@ async fn the_image_reconciles_as_the_installs_service_account() -> Result<()> {
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot run podman")?;
+    let (http, _admin, log) = bound_addresses(child.stderr.take().context("no stderr")?)?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let made = eventually(60, || async {
         let list = pods.list(&ListParams::default()).await.ok()?;
@@ -181,11 +177,7 @@ async fn the_image_reconciles_as_the_installs_service_account() -> Result<()> {
     })
     .await;
     let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
-    let logs = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let logs = format!("{}{}", String::from_utf8_lossy(&out.stdout), log.text());
     let made = made.with_context(|| format!("the container made no pods; its output:\n{logs}"))?;
     ensure!(ready.is_some(), "/readyz never answered; the output:\n{logs}");
     ensure!(

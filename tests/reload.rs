@@ -531,16 +531,13 @@ async fn two_files_building_one_kind_conflict_and_the_serving_one_stays() -> Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_endpoint_and_plugin_reload_command() -> Result<()> {
     let s = setup(1, 60_000).await?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    drop(listener);
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse()?;
     let endpoints =
         slinky_host::serve::Endpoints::new(s.host.handles.clone(), s.plugins.clone(), Some(s.reload.clone()));
-    let http =
-        slinky_host::serve::serve(addr, slinky_host::serve::Listener::Admin, endpoints.clone()).await?;
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let metrics_http =
-        slinky_host::serve::serve(metrics_addr, slinky_host::serve::Listener::Metrics, endpoints).await?;
+    let (http, addr) =
+        slinky_host::serve::serve(any, slinky_host::serve::Listener::Admin, endpoints.clone()).await?;
+    let (metrics_http, metrics_addr) =
+        slinky_host::serve::serve(any, slinky_host::serve::Listener::Metrics, endpoints).await?;
     let hostile = variant(&std::fs::read(test_plugin("hostile"))?, "cli");
     put(s.dir.path(), "cli.wasm", &hostile)?;
     // The poll is a minute: only the command makes it load now.

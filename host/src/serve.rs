@@ -115,7 +115,8 @@ async fn answer(
     }
 }
 
-/// Serve one listener's endpoints until the task is dropped.
+/// Serve one listener's endpoints until the task is dropped; the task and the address bound
+/// (`addr` with port 0 binds a free one).
 ///
 /// # Errors
 /// When the address can't be bound.
@@ -123,14 +124,15 @@ pub async fn serve(
     addr: SocketAddr,
     listener: Listener,
     endpoints: Endpoints,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
+) -> std::io::Result<(tokio::task::JoinHandle<()>, SocketAddr)> {
     let socket = tokio::net::TcpListener::bind(addr).await?;
     let what = match listener {
         Listener::Metrics => "/healthz, /readyz, /metrics",
         Listener::Admin => "/plugins, POST /plugins/reload (admin)",
     };
-    tracing::info!(addr = %socket.local_addr()?, "serving {what}");
-    Ok(tokio::spawn(async move {
+    let bound = socket.local_addr()?;
+    tracing::info!(addr = %bound, "serving {what}");
+    let task = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = socket.accept().await else {
                 continue;
@@ -155,7 +157,8 @@ pub async fn serve(
                     .await;
             });
         }
-    }))
+    });
+    Ok((task, bound))
 }
 
 /// What `/metrics` reads at each scrape: the host's state (readiness, leadership, pending

@@ -20,6 +20,67 @@ pub fn free_addr() -> Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
+/// The addresses a `slinky-host run` logs it serves on (`serving /healthz…`, `serving
+/// /plugins…`), read from its stderr (within 60 s), which is drained afterwards.
+///
+/// # Errors
+/// It exited or said nothing of both within 60 s.
+pub fn bound_addresses(stderr: impl std::io::Read + Send + 'static) -> Result<(SocketAddr, SocketAddr, Log)> {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let log = Log::default();
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+            kept.push(&line);
+            let addr = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("addr="))
+                .and_then(|a| a.parse::<SocketAddr>().ok());
+            if let Some(addr) = addr {
+                let admin = line.contains("/plugins");
+                // The reader is gone once both were read: keep draining.
+                let _ = tx.send((admin, addr));
+            }
+        }
+    });
+    let (mut http, mut admin) = (None, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while http.is_none() || admin.is_none() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let (is_admin, addr) = rx
+            .recv_timeout(left)
+            .context("slinky-host run never said where it serves")?;
+        if is_admin {
+            admin = Some(addr);
+        } else {
+            http = Some(addr);
+        }
+    }
+    Ok((
+        http.context("no http address")?,
+        admin.context("no admin address")?,
+        log,
+    ))
+}
+
+/// The lines a process wrote, as they come.
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    fn push(&self, line: &str) {
+        if let Ok(mut l) = self.0.lock() {
+            l.push(line.to_string());
+        }
+    }
+
+    /// Every line so far.
+    pub fn text(&self) -> String {
+        self.0.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+}
+
 /// A `slinky-host run` process on the test cluster.
 pub struct HostProcess {
     child: Child,
@@ -36,8 +97,9 @@ impl HostProcess {
     /// # Errors
     /// The process could not start.
     pub fn start(c: &TestCluster, ns: &str, identity: &str, extra: &[&str]) -> Result<Self> {
-        let (addr, admin) = (free_addr()?, free_addr()?);
-        let child = Command::new(crate::binary())
+        // Port 0: the process binds its own ports and logs them (a port picked here and handed
+        // over could be taken by another process meanwhile).
+        let mut child = Command::new(crate::binary())
             .arg("run")
             .arg("--kubeconfig")
             .arg(&c.kubeconfig)
@@ -45,9 +107,9 @@ impl HostProcess {
                 "--namespace",
                 ns,
                 "--http-addr",
-                &addr.to_string(),
+                "127.0.0.1:0",
                 "--admin-addr",
-                &admin.to_string(),
+                "127.0.0.1:0",
                 "--resync-seconds",
                 "2",
             ])
@@ -59,10 +121,19 @@ impl HostProcess {
             ])
             .args(extra)
             .env("SLINKY_HOST_PLUGIN_CACHE", crate::cache_dir())
-            .env_remove("RUST_LOG")
+            .env("RUST_LOG", "slinky_host::serve=info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let (addr, admin) = match bound_addresses(stderr) {
+            Ok((addr, admin, _)) => (addr, admin),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
         Ok(HostProcess { child, addr, admin })
     }
 

@@ -223,10 +223,10 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());
-    let http = crate::serve::serve(args.http_addr, crate::serve::Listener::Metrics, endpoints.clone())
+    let (http, _) = crate::serve::serve(args.http_addr, crate::serve::Listener::Metrics, endpoints.clone())
         .await
         .with_context(|| format!("cannot serve on {}", args.http_addr))?;
-    let admin = crate::serve::serve(args.admin_addr, crate::serve::Listener::Admin, endpoints)
+    let (admin, _) = crate::serve::serve(args.admin_addr, crate::serve::Listener::Admin, endpoints)
         .await
         .with_context(|| format!("cannot serve the admin endpoints on {}", args.admin_addr))?;
     let host = tokio::spawn(host);
