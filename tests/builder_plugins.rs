@@ -29,7 +29,7 @@ use slinky_api::BuilderPlugin;
 use slinky_host::{
     PluginRegistry,
     oci::{DigestStore, ModuleSource, Oci, PublicKey},
-    plugins::BuilderKind,
+    plugins::{BuilderKind, Pipeline},
     reconcile::{RunConfig, builder_plugin},
 };
 use slinky_tests::{
@@ -184,6 +184,24 @@ fn host_with_builder_plugins(
         ..Default::default()
     };
     Host::start_config(c.client.clone(), plugins.clone(), config)
+}
+
+/// The Warning Events with `reason` about the BuilderPlugin `name` (cluster-scoped: in any
+/// namespace), counting a series as its count.
+async fn warnings(c: &TestCluster, name: &str, reason: &str) -> Result<i32> {
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(events
+        .items
+        .iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum())
 }
 
 fn path(p: &Path) -> &str {
@@ -514,6 +532,47 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         let s = wait_phase(&c, &format!("{ns}-legacy"), "Refused", "Refused").await?;
         let message = s["conditions"][0]["message"].as_str().unwrap_or_default();
         ensure!(message.contains("raw-v2@0.0.2") && message.contains("left out PodDisruptionBudget"), "{s}");
+
+        // A refusal is one Warning Event, however many passes see it again.
+        let refusals = warnings(&c, &format!("{ns}-gpu"), "InvalidSettings").await?;
+        ensure!(refusals == 1, "{refusals} InvalidSettings Events for one refusal");
+        // The pipeline's digest does not hold a step's name: renaming a BuilderPlugin rolls
+        // nothing.
+        let steps = plugins.steps(BuilderKind::NodesetPod);
+        ensure!(!steps.is_empty(), "no step serves");
+        let renamed: Vec<_> = steps
+            .iter()
+            .cloned()
+            .map(|mut s| {
+                s.name = format!("{}-renamed", s.name);
+                s
+            })
+            .collect();
+        let base = plugins.active(BuilderKind::NodesetPod);
+        ensure!(
+            Pipeline::new(base.clone(), steps).digest() == Pipeline::new(base, renamed).digest(),
+            "a step's name changes the pipeline's digest"
+        );
+        // A deleted BuilderPlugin leaves the pipelines: the pods roll without its label.
+        Api::<BuilderPlugin>::all(c.client.clone())
+            .delete(&format!("{ns}-site"), &Default::default())
+            .await?;
+        let unsited = eventually(120, || async {
+            let list = Api::<Pod>::namespaced(c.client.clone(), &ns).list(&ListParams::default()).await.ok()?;
+            let live: Vec<&Pod> = list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+            (live.len() == 2
+                && live.iter().all(|p| ready_or_no_kubelet(p) && !p.labels().contains_key("site.example.com/rack")))
+            .then_some(())
+        })
+        .await;
+        ensure!(unsited.is_some(), "the deleted site step still builds the pods");
+        ensure!(
+            !plugins
+                .pipeline(BuilderKind::NodesetPod, nodeset.labels())
+                .label()
+                .contains("site-pod"),
+            "the deleted step is still in the pipeline"
+        );
         Ok(())
     }
     .await;

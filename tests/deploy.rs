@@ -134,7 +134,14 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
             "--leader-election-namespace",
             &ns,
         ])
-        .args(["--resync-seconds", "1", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .args([
+            "--resync-seconds",
+            "1",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
         // A slurmrestd (refusing at once) for the Controller `other` only: its NodeSet gets the
         // host's finalizer (patch nodesets); the example's NodeSet has no Slurm to ask.
         .args(["--slurmrestd-url", &format!("{ns}/other=http://127.0.0.1:9")])
@@ -584,7 +591,11 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     );
     ensure!(e.contains("replicaCount"), "{e}");
     let refused = helm_template("x", &json!({"replicas": 2}));
-    ensure!(refused.is_err(), "an unknown key was accepted");
+    let e = format!("{:#}", refused.err().context("an unknown key was accepted")?);
+    ensure!(
+        e.contains("additional properties 'replicas' not allowed"),
+        "the refusal does not name the unknown key: {e}"
+    );
     Ok(())
 }
 

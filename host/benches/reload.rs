@@ -9,6 +9,8 @@
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
 use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -59,35 +61,84 @@ fn settle(registry: &PluginRegistry) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A host of its own for [`pipeline`]: its plugins compiled as `mode` says (artifacts cached in
+/// `cache`), settled, and a reloader of `dir`.
+fn reload_host(cache: &Path, dir: &Path, mode: Mode) -> anyhow::Result<(Arc<PluginRegistry>, Reloader)> {
+    let engine = EngineHandle::new(RuntimeConfig {
+        cache_dir: Some(cache.to_path_buf()),
+        tiering: if mode == Mode::Optimized {
+            Tiering::Optimized
+        } else {
+            Tiering::Tiered
+        },
+        ..RuntimeConfig::default()
+    })?;
+    let registry = Arc::new(PluginRegistry::new(&engine, &[])?);
+    settle(&registry)?;
+    let config = ReloadConfig {
+        dir: dir.to_path_buf(),
+        poll: Duration::from_secs(1),
+        build: Default::default(),
+    };
+    Ok((registry.clone(), Reloader::new(registry, config)))
+}
+
+/// What [`pipeline`]'s rounds add up to: seconds and count per stage, and the time from landing
+/// to serving and to optimized code.
+#[derive(Default)]
+struct Totals {
+    stages: BTreeMap<&'static str, (f64, u64)>,
+    landing: Duration,
+    optimized: Duration,
+}
+
+/// Round `round` of [`pipeline`]: `version` lands in `dir` as `p.wasm`, `reloader` scans (forced)
+/// and `kind` reaches optimized code; its times are added to `totals`.
+fn land(
+    kind: BuilderKind,
+    round: usize,
+    registry: &PluginRegistry,
+    reloader: &mut Reloader,
+    dir: &Path,
+    version: &[u8],
+    totals: &mut Totals,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    std::fs::write(dir.join("p.wasm"), version)?;
+    let report = reloader.scan(true);
+    totals.landing += t.elapsed();
+    anyhow::ensure!(report.swapped.len() == 1, "round {round}: {report:?}");
+    // The next round starts once this version's background compile is done.
+    anyhow::ensure!(
+        registry
+            .active(kind)
+            .wait_for_tier(Tier::Optimized, Duration::from_secs(120)),
+        "round {round}: no switch to optimized code"
+    );
+    totals.optimized += t.elapsed();
+    for (stage, (sum, n)) in registry
+        .reloads
+        .stages
+        .lock()
+        .map(|m| m.clone())
+        .unwrap_or_default()
+    {
+        let e = totals.stages.entry(stage).or_default();
+        e.0 += sum;
+        e.1 += n;
+    }
+    Ok(())
+}
+
 /// Land a new version of `kind`'s bundled plugin `ROUNDS` times and scan (forced): the pipeline
 /// alone, without the debounce.
 fn pipeline(kind: BuilderKind, mode: Mode) -> anyhow::Result<()> {
     let cached = mode == Mode::Cached;
     let cache = tempfile::tempdir()?;
     let dir = tempfile::tempdir()?;
-    let host = || -> anyhow::Result<(Arc<PluginRegistry>, Reloader)> {
-        let engine = EngineHandle::new(RuntimeConfig {
-            cache_dir: Some(cache.path().to_path_buf()),
-            tiering: if mode == Mode::Optimized {
-                Tiering::Optimized
-            } else {
-                Tiering::Tiered
-            },
-            ..RuntimeConfig::default()
-        })?;
-        let registry = Arc::new(PluginRegistry::new(&engine, &[])?);
-        settle(&registry)?;
-        let config = ReloadConfig {
-            dir: dir.path().to_path_buf(),
-            poll: Duration::from_secs(1),
-            build: Default::default(),
-        };
-        Ok((registry.clone(), Reloader::new(registry, config)))
-    };
+    let host = || reload_host(cache.path(), dir.path(), mode);
     let bytes = bundled::bundled_bytes(kind);
-    let mut totals: std::collections::BTreeMap<&str, (f64, u64)> = Default::default();
-    let mut landing = Duration::ZERO;
-    let mut optimized = Duration::ZERO;
+    let mut totals = Totals::default();
     let (mut registry, mut reloader) = host()?;
     for round in 0..ROUNDS {
         let tag = if cached {
@@ -112,56 +163,46 @@ fn pipeline(kind: BuilderKind, mode: Mode) -> anyhow::Result<()> {
             reloader.scan(true);
             registry.reloads.stages.lock().map(|mut m| m.clear()).ok();
         }
-        let t = Instant::now();
-        std::fs::write(dir.path().join("p.wasm"), &version)?;
-        let report = reloader.scan(true);
-        landing += t.elapsed();
-        anyhow::ensure!(report.swapped.len() == 1, "round {round}: {report:?}");
-        // The next round starts once this version's background compile is done.
-        anyhow::ensure!(
-            registry
-                .active(kind)
-                .wait_for_tier(Tier::Optimized, Duration::from_secs(120)),
-            "round {round}: no switch to optimized code"
-        );
-        optimized += t.elapsed();
-        for (stage, (sum, n)) in registry
-            .reloads
-            .stages
-            .lock()
-            .map(|m| m.clone())
-            .unwrap_or_default()
-        {
-            let e = totals.entry(stage).or_default();
-            e.0 += sum;
-            e.1 += n;
-        }
+        land(
+            kind,
+            round,
+            &registry,
+            &mut reloader,
+            dir.path(),
+            &version,
+            &mut totals,
+        )?;
     }
+    print_pipeline(kind, mode, bytes.len(), &totals);
+    Ok(())
+}
+
+/// Prints [`pipeline`]'s figures for `kind` (`len` bytes) in `mode`: means per round.
+fn print_pipeline(kind: BuilderKind, mode: Mode, len: usize, totals: &Totals) {
     let per_stage: Vec<String> = ["read", "compile", "validate", "swap"]
         .into_iter()
         .map(|s| {
-            let (sum, n) = totals.get(s).copied().unwrap_or_default();
+            let (sum, n) = totals.stages.get(s).copied().unwrap_or_default();
             format!("{s} {:.2} ms", sum / n.max(1) as f64 * 1e3)
         })
         .collect();
     let mean_ms = |d: Duration| d.as_secs_f64() * 1e3 / ROUNDS as f64;
     println!(
         "  {kind} ({} KiB), {}: landing -> serving {:.1} ms (mean of {ROUNDS}): {}{}",
-        bytes.len() >> 10,
+        len >> 10,
         match mode {
             Mode::Tiered => "raw .wasm, tiered",
             Mode::Optimized => "raw .wasm, Cranelift only",
             Mode::Cached => "precompiled cache",
         },
-        mean_ms(landing),
+        mean_ms(totals.landing),
         per_stage.join(", "),
         if mode == Mode::Tiered {
-            format!("; landing -> optimized code {:.1} ms", mean_ms(optimized))
+            format!("; landing -> optimized code {:.1} ms", mean_ms(totals.optimized))
         } else {
             String::new()
         }
     );
-    Ok(())
 }
 
 /// The same through the polling reloader: file written → active, including the debounce.
@@ -241,6 +282,34 @@ fn summary(v: &[f64]) -> String {
     )
 }
 
+/// Writes a new controller-service version to `path` every 300 ms (each a fresh compile for the
+/// reloader), until aborted or a write fails.
+fn spawn_versions(path: PathBuf) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in 0.. {
+            let v = with_custom_section(bundled::CONTROLLER_SERVICE, "bench", format!("{i}").as_bytes());
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, v)
+                .and_then(|()| std::fs::rename(&tmp, &path))
+                .is_err()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// Passes so far whose result was not `ok`.
+fn failed(h: &reconcile::Handles) -> u64 {
+    h.metrics
+        .snapshot()
+        .iter()
+        .filter(|((_, result), _)| result != "ok")
+        .map(|(_, n)| n)
+        .sum()
+}
+
 async fn latency_during_reloads() -> anyhow::Result<()> {
     let server = ApiServer::start(ApiServerConfig {
         lifecycle: Some(LifecycleConfig {
@@ -292,28 +361,7 @@ async fn latency_during_reloads() -> anyhow::Result<()> {
     let quiet = scale_latencies(&client, 20).await?;
     // Reloads running: a new controller-service version (a fresh compile each) every 300 ms, so
     // the reloader compiles continuously next to the NodeSet reconciles being measured.
-    let path = dir.path().join("service.wasm");
-    let writer = tokio::spawn(async move {
-        for i in 0.. {
-            let v = with_custom_section(bundled::CONTROLLER_SERVICE, "bench", format!("{i}").as_bytes());
-            let tmp = path.with_extension("tmp");
-            if std::fs::write(&tmp, v)
-                .and_then(|()| std::fs::rename(&tmp, &path))
-                .is_err()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    });
-    let failed = |h: &reconcile::Handles| -> u64 {
-        h.metrics
-            .snapshot()
-            .iter()
-            .filter(|((_, result), _)| result != "ok")
-            .map(|(_, n)| n)
-            .sum()
-    };
+    let writer = spawn_versions(dir.path().join("service.wasm"));
     let failed_before = failed(&handles);
     let busy = scale_latencies(&client, 20).await?;
     writer.abort();

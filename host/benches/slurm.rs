@@ -107,7 +107,9 @@ async fn scale(nodesets: &Api<NodeSet>, n: i32) -> anyhow::Result<Instant> {
     Ok(t)
 }
 
-async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<()> {
+/// An embedded API server (StatefulSets and simulated pod readiness) with the CRDs and the
+/// example, whose Controller declares `pods` + 10 static Slurm nodes.
+async fn start_server(pods: i32) -> anyhow::Result<(ApiServer, kube::Client)> {
     let server = ApiServer::start(ApiServerConfig {
         lifecycle: Some(LifecycleConfig {
             nodes: 50,
@@ -131,6 +133,144 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
         last = pods + 9,
     );
     apply_example(&client, &extra).await?;
+    Ok((server, client))
+}
+
+/// A host running in this process, until [`Running::stop`].
+struct Running {
+    handles: reconcile::Handles,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    /// Kept for as long as the host runs.
+    _engine: Arc<EngineHandle>,
+}
+
+impl Running {
+    /// Starts a host on every namespace, resyncing every `resync`, asking `harness`'s slurmrestd
+    /// if any.
+    fn start(
+        client: &kube::Client,
+        harness: Option<&slinky_slurm_local::SlurmLocal>,
+        resync: Duration,
+    ) -> anyhow::Result<Self> {
+        let engine = EngineHandle::new(RuntimeConfig::default())?;
+        let plugins = Arc::new(PluginRegistry::new(&engine, &[])?);
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let mut rx2 = rx.clone();
+        let shutdown = async move {
+            let _ = rx2.wait_for(|s| *s).await;
+        }
+        .boxed();
+        let config = RunConfig {
+            resync: Some(resync),
+            slurmrestd_urls: harness.iter().map(|h| h.restapi_url()).collect(),
+            ..RunConfig::default()
+        };
+        let (handles, fut) = reconcile::start(client.clone(), plugins, config, "bench", shutdown);
+        let task = tokio::spawn(fut);
+        Ok(Self {
+            handles,
+            stop,
+            task,
+            _engine: engine,
+        })
+    }
+
+    /// Stops the host and waits up to 30 s for it to end.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+    }
+}
+
+/// Waits (up to two minutes) until slurmctld answers, so that it serves the static nodes before
+/// the figures start.
+async fn wait_slurmctld(h: &slinky_slurm_local::SlurmLocal) -> anyhow::Result<()> {
+    let t = Instant::now();
+    while !h
+        .exec_ok(&["scontrol", "ping"])
+        .await
+        .is_ok_and(|o| o.contains("is UP"))
+    {
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "slurmctld never answered");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// Once nothing was written for a second, `BENCH_RESYNCS` resyncs of `resync` at steady state:
+/// NodeSet passes and API writes per resync, Slurm requests per pass.
+async fn steady_state(handles: &reconcile::Handles, resync: Duration) {
+    let mut last = handles.writes.total();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if handles.writes.total() == last {
+            break;
+        }
+        last = handles.writes.total();
+    }
+    let resyncs: u32 = env_or("BENCH_RESYNCS", 5);
+    let (w0, p0, s0) = (
+        handles.writes.total(),
+        nodeset_passes(handles),
+        handles.slurm.requests(),
+    );
+    tokio::time::sleep(resync * resyncs).await;
+    let (w, p, s) = (
+        handles.writes.total() - w0,
+        nodeset_passes(handles) - p0,
+        handles.slurm.requests() - s0,
+    );
+    println!(
+        "  steady state over {resyncs} resyncs of {} s: {:.2} NodeSet passes per resync, {:.2} Slurm requests per pass, {:.1} API writes per resync",
+        resync.as_secs_f64(),
+        p as f64 / f64::from(resyncs),
+        if p == 0 { 0.0 } else { s as f64 / p as f64 },
+        w as f64 / f64::from(resyncs)
+    );
+}
+
+/// Scales `pods` → `pods` - 100 and prints the time until done, the NodeSet passes and the Slurm
+/// requests meanwhile.
+async fn scale_in(nodesets: &Api<NodeSet>, handles: &reconcile::Handles, pods: i32) -> anyhow::Result<()> {
+    let (p0, s0) = (nodeset_passes(handles), handles.slurm.requests());
+    let t = scale(nodesets, pods - 100).await?;
+    wait_available(nodesets, pods - 100).await?;
+    let (p, s) = (nodeset_passes(handles) - p0, handles.slurm.requests() - s0);
+    println!(
+        "  scale-in {pods} -> {} (100 pods deleted): {:.2} s, {p} NodeSet passes, {s} Slurm requests",
+        pods - 100,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Prints the latency of one node list through `h`'s slurmrestd (20 of them: median and max).
+async fn node_list_latency(client: &kube::Client, h: &slinky_slurm_local::SlurmLocal) -> anyhow::Result<()> {
+    let key = jwt_key(client).await?;
+    let c = slinky_slurm::Client::new(
+        &h.restapi_url(),
+        slinky_slurm::jwt::Tokens::new(key, "slurm", slinky_slurm::jwt::LIFETIME),
+        slinky_slurm::DEFAULT_TIMEOUT,
+    )?;
+    let mut times = Vec::new();
+    let mut listed = 0;
+    for _ in 0..20 {
+        let t = Instant::now();
+        listed = c.nodes().await?.len();
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "  one node list ({listed} nodes) through slurmrestd: p50 {:.1} ms, max {:.1} ms",
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+    Ok(())
+}
+
+async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<()> {
+    let (server, client) = start_server(pods).await?;
     let harness = match with_slurm {
         Some(dir) => {
             let h = slinky_slurm_local::SlurmLocal::start(client.clone(), dir, "slurm", "slurm").await?;
@@ -138,35 +278,13 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
         }
         None => None,
     };
-    let engine = EngineHandle::new(RuntimeConfig::default())?;
-    let plugins = Arc::new(PluginRegistry::new(&engine, &[])?);
-    let (stop, rx) = tokio::sync::watch::channel(false);
-    let mut rx2 = rx.clone();
-    let shutdown = async move {
-        let _ = rx2.wait_for(|s| *s).await;
-    }
-    .boxed();
     let resync = Duration::from_secs(2);
-    let config = RunConfig {
-        resync: Some(resync),
-        slurmrestd_urls: harness.iter().map(|h| h.restapi_url()).collect(),
-        ..RunConfig::default()
-    };
-    let (handles, fut) = reconcile::start(client.clone(), plugins, config, "bench", shutdown);
-    let task = tokio::spawn(fut);
+    let host = Running::start(&client, harness.as_ref(), resync)?;
     let nodesets: Api<NodeSet> = Api::namespaced(client.clone(), WORKERS);
     wait_available(&nodesets, 3).await?;
     if let Some(h) = &harness {
         // slurmctld serves the static nodes before the figures start.
-        let t = Instant::now();
-        while !h
-            .exec_ok(&["scontrol", "ping"])
-            .await
-            .is_ok_and(|o| o.contains("is UP"))
-        {
-            anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "slurmctld never answered");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        wait_slurmctld(h).await?;
     }
     let label = if harness.is_some() {
         "with Slurm"
@@ -181,70 +299,14 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
         "  scale 3 -> {pods} pods (all ready): {:.1} s",
         t.elapsed().as_secs_f64()
     );
-
-    // Steady state: once nothing was written for a second.
-    let mut last = handles.writes.total();
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if handles.writes.total() == last {
-            break;
-        }
-        last = handles.writes.total();
-    }
-    let resyncs: u32 = env_or("BENCH_RESYNCS", 5);
-    let (w0, p0, s0) = (
-        handles.writes.total(),
-        nodeset_passes(&handles),
-        handles.slurm.requests(),
-    );
-    tokio::time::sleep(resync * resyncs).await;
-    let (w, p, s) = (
-        handles.writes.total() - w0,
-        nodeset_passes(&handles) - p0,
-        handles.slurm.requests() - s0,
-    );
-    println!(
-        "  steady state over {resyncs} resyncs of {} s: {:.2} NodeSet passes per resync, {:.2} Slurm requests per pass, {:.1} API writes per resync",
-        resync.as_secs_f64(),
-        p as f64 / f64::from(resyncs),
-        if p == 0 { 0.0 } else { s as f64 / p as f64 },
-        w as f64 / f64::from(resyncs)
-    );
-
-    let (p0, s0) = (nodeset_passes(&handles), handles.slurm.requests());
-    let t = scale(&nodesets, pods - 100).await?;
-    wait_available(&nodesets, pods - 100).await?;
-    let (p, s) = (nodeset_passes(&handles) - p0, handles.slurm.requests() - s0);
-    println!(
-        "  scale-in {pods} -> {} (100 pods deleted): {:.2} s, {p} NodeSet passes, {s} Slurm requests",
-        pods - 100,
-        t.elapsed().as_secs_f64()
-    );
+    steady_state(&host.handles, resync).await;
+    scale_in(&nodesets, &host.handles, pods).await?;
 
     if let Some(h) = &harness {
-        let key = jwt_key(&client).await?;
-        let c = slinky_slurm::Client::new(
-            &h.restapi_url(),
-            slinky_slurm::jwt::Tokens::new(key, "slurm", slinky_slurm::jwt::LIFETIME),
-            slinky_slurm::DEFAULT_TIMEOUT,
-        )?;
-        let mut times = Vec::new();
-        let mut listed = 0;
-        for _ in 0..20 {
-            let t = Instant::now();
-            listed = c.nodes().await?.len();
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-        }
-        times.sort_by(f64::total_cmp);
-        println!(
-            "  one node list ({listed} nodes) through slurmrestd: p50 {:.1} ms, max {:.1} ms",
-            times[times.len() / 2],
-            times[times.len() - 1]
-        );
+        node_list_latency(&client, h).await?;
         h.shutdown().await;
     }
-    let _ = stop.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+    host.stop().await;
     server.shutdown().await;
     Ok(())
 }

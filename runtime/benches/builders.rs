@@ -18,7 +18,14 @@ include!("support/example_inputs.rs");
 
 include!("../wasm_build.rs");
 
-use std::time::Instant;
+// The module lives beside this file (`builders/`), this file staying the bench's root.
+#[path = "builders/webhook.rs"]
+mod webhook;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use slinky_api::{Controller, NodeSet};
 
@@ -26,18 +33,17 @@ use slinky_runtime::{
     BuildContext, EngineHandle, Plugin, PluginSource, PodIdentity, RuntimeConfig, Tier, Tiering, bundled,
 };
 
-fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
 /// The median time of each contestant over `n` calls, measured in 20 interleaved rounds so that
 /// the machine's slow and fast spells (a shared 2-core VM) fall on every contestant alike.
-fn interleaved(n: usize, contestants: &mut [&mut dyn FnMut()]) -> Vec<std::time::Duration> {
+fn interleaved(n: usize, contestants: &mut [&mut dyn FnMut()]) -> Vec<Duration> {
     const ROUNDS: usize = 20;
     let per_round = n.div_ceil(ROUNDS);
-    let mut samples: Vec<Vec<std::time::Duration>> =
-        contestants.iter().map(|_| Vec::with_capacity(n)).collect();
+    let mut samples: Vec<Vec<Duration>> = contestants.iter().map(|_| Vec::with_capacity(n)).collect();
     for c in contestants.iter_mut() {
         for _ in 0..n.min(50) {
             c(); // warm up
@@ -55,7 +61,7 @@ fn interleaved(n: usize, contestants: &mut [&mut dyn FnMut()]) -> Vec<std::time:
     samples.into_iter().map(median).collect()
 }
 
-fn us(d: std::time::Duration) -> f64 {
+fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
@@ -94,119 +100,26 @@ fn fresh_calls(engine: &EngineHandle, plugin: &Plugin, n: usize, call: impl Fn(&
     (faults, grows as f64 / calls.max(1) as f64)
 }
 
-/// The same builder natively behind a loopback HTTP/1.1 webhook (one keep-alive connection): the
-/// median round trip of `n` requests carrying the NodeSet, Controller and identity as JSON.
-fn webhook(
-    n: usize,
-    ns_json: &str,
-    ctl_json: &str,
-    identity: &slinky_guest_sdk::PodIdentity,
-) -> std::time::Duration {
-    use http_body_util::{BodyExt, Full};
-    use hyper::{Request, Response, body::Incoming, service::service_fn};
-    use hyper_util::rt::TokioIo;
-
-    #[derive(serde::Deserialize)]
-    struct Hook {
-        nodeset: NodeSet,
-        controller: Controller,
-        ordinal: u32,
-        name: String,
-        hostname: String,
-        revision: String,
-    }
-
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    listener.set_nonblocking(true).expect("nonblocking");
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let svc = service_fn(|req: Request<Incoming>| async move {
-                        let body = req.into_body().collect().await?.to_bytes();
-                        let hook: Hook = serde_json::from_slice(&body).expect("hook request");
-                        let id = slinky_guest_sdk::PodIdentity {
-                            ordinal: hook.ordinal,
-                            name: hook.name,
-                            hostname: hook.hostname,
-                            revision: hook.revision,
-                        };
-                        let pod = slinky_guest_sdk::slinky::build_nodeset_pod(
-                            &slinky_guest_sdk::BuildContext::default(),
-                            &hook.nodeset,
-                            &hook.controller,
-                            &id,
-                        )
-                        .expect("build");
-                        let json = serde_json::to_vec(&pod).expect("json");
-                        Ok::<_, hyper::Error>(Response::new(Full::new(bytes::Bytes::from(json))))
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
-        });
-    });
-    let body = format!(
-        r#"{{"nodeset":{ns_json},"controller":{ctl_json},"ordinal":{},"name":"{}","hostname":"{}","revision":"{}"}}"#,
-        identity.ordinal, identity.name, identity.hostname, identity.revision
-    );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(conn);
-        let mut times = Vec::with_capacity(n);
-        for i in 0..n + 50 {
-            let req = Request::post("/build-pod")
-                .header(hyper::header::HOST, "bench")
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .body(Full::new(bytes::Bytes::from(body.clone())))
-                .expect("request");
-            let t = Instant::now();
-            let resp = sender.send_request(req).await.expect("send");
-            let out = resp.into_body().collect().await.expect("body").to_bytes();
-            std::hint::black_box(String::from_utf8_lossy(&out).len());
-            if i >= 50 {
-                times.push(t.elapsed());
-            }
-        }
-        median(times)
-    })
+/// The inputs of every build-pod call: the example's NodeSet and Controller as JSON, the pod's
+/// identity and the build context.
+struct Inputs {
+    ctx: BuildContext,
+    identity: PodIdentity,
+    ns_json: String,
+    ctl_json: String,
 }
 
-fn main() -> anyhow::Result<()> {
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let (nodeset, controller) = example_parents()?;
-    let identity = PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
-    let ctx = BuildContext::default();
-    let n: usize = std::env::var("BENCH_CALLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let cache = tempfile::tempdir()?;
-    // Cranelift before serving: the figures are those of the code plugins run once tiered up.
-    let base = RuntimeConfig {
-        cache_dir: Some(cache.path().to_path_buf()),
-        tiering: Tiering::Optimized,
-        ..RuntimeConfig::default()
-    };
-    let ns_json = serde_json::to_string(&nodeset)?;
-    let ctl_json = serde_json::to_string(&controller)?;
+/// The times of loading the pod builder: compiling it with Cranelift, loading the precompiled
+/// artifact, compiling it with Winch.
+struct LoadTimes {
+    compile: Duration,
+    precompiled: Duration,
+    winch_compile: Duration,
+}
 
-    // Compile vs. precompiled load (fresh engines so the in-memory cache doesn't count).
+/// Compile vs. precompiled load (fresh engines so the in-memory cache doesn't count). Returns the
+/// first engine (`base`) and its pod builder too.
+fn load_times(base: &RuntimeConfig) -> anyhow::Result<(Arc<EngineHandle>, Plugin, LoadTimes)> {
     let t = Instant::now();
     let engine = EngineHandle::new(base.clone())?;
     let plugin = Plugin::load(&engine, bundled::NODESET_POD, PluginSource::Bundled)?;
@@ -227,29 +140,23 @@ fn main() -> anyhow::Result<()> {
     let winch_compile = t.elapsed();
     assert_eq!(baseline.tier(), Tier::Baseline);
     drop((baseline_engine, baseline));
-
-    // Native: the same work as the guest (JSON in, build, JSON out).
-    let sdk_ctx = slinky_guest_sdk::BuildContext::default();
-    let sdk_id = slinky_guest_sdk::PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
-    let mut native = || {
-        let ns: NodeSet = serde_json::from_str(&ns_json).expect("nodeset");
-        let ctl: Controller = serde_json::from_str(&ctl_json).expect("controller");
-        let pod = slinky_guest_sdk::slinky::build_nodeset_pod(&sdk_ctx, &ns, &ctl, &sdk_id).expect("build");
-        std::hint::black_box(serde_json::to_string(&pod).expect("json"));
+    let times = LoadTimes {
+        compile,
+        precompiled,
+        winch_compile,
     };
-    let webhook = webhook(n, &ns_json, &ctl_json, &sdk_id);
+    Ok((engine, plugin, times))
+}
 
-    let build_raw = |p: &Plugin| {
-        p.build_pod_raw(&ctx, &ns_json, &ctl_json, &identity)
-            .expect("build");
-    };
+/// The engine configurations compared, by name: instance allocators and the Winch tier;
+/// `default_kept` names the first (the default resident size).
+fn variants<'a>(base: &RuntimeConfig, default_kept: &'a str) -> [(&'a str, RuntimeConfig); 7] {
     // The default resident size, and the size before it (16 MiB) for comparison.
     let kept = slinky_runtime::DEFAULT_KEEP_RESIDENT;
     let mib16 = 16 << 20;
-    let default_kept = format!("pooling, {} MiB kept resident, PAGEMAP_SCAN", kept >> 20);
-    let variants = [
+    [
         (
-            default_kept.as_str(),
+            default_kept,
             RuntimeConfig {
                 keep_resident: kept,
                 pagemap_scan: true,
@@ -303,7 +210,19 @@ fn main() -> anyhow::Result<()> {
                 ..base.clone()
             },
         ),
-    ];
+    ]
+}
+
+/// A Wasm contestant: its name, whether its engine is the default one, the engine, the pod
+/// builder loaded on it.
+type Loaded<'a> = (&'a str, bool, Arc<EngineHandle>, Plugin);
+
+/// The pod builder on an engine of each of `variants`, then each `BENCH_COMPARE` build on an
+/// engine of `base`.
+fn load_contestants<'a>(
+    variants: [(&'a str, RuntimeConfig); 7],
+    base: &RuntimeConfig,
+) -> anyhow::Result<Vec<Loaded<'a>>> {
     let is_default = |c: &RuntimeConfig| {
         let d = RuntimeConfig::default();
         (c.pooling, c.keep_resident, c.pagemap_scan, c.memory_init_cow)
@@ -329,30 +248,40 @@ fn main() -> anyhow::Result<()> {
         let name: &'static str = Box::leak(format!("{file} (default engine)").into_boxed_str());
         loaded.push((name, false, engine, plugin));
     }
-    // `BENCH_PROFILE=SECONDS`: only fresh-instance calls on the default engine, for `perf record`
-    // (with `SLINKY_HOST_PLUGIN_PERF_MAP=1` so the guest's functions have names).
-    if let Some(seconds) = std::env::var("BENCH_PROFILE")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-    {
-        // The first `BENCH_COMPARE` build if any, else the bundled one.
-        let plugin = &loaded
-            .iter()
-            .find(|l| l.0.ends_with("(default engine)"))
-            .or_else(|| loaded.iter().find(|l| l.1))
-            .expect("the default variant")
-            .3;
-        let (started, mut calls) = (Instant::now(), 0u64);
-        while started.elapsed().as_secs_f64() < seconds {
-            build_raw(plugin);
-            calls += 1;
-        }
-        println!(
-            "profile: {calls} calls, {:.1} µs each",
-            started.elapsed().as_secs_f64() * 1e6 / calls as f64
-        );
-        return Ok(());
+    Ok(loaded)
+}
+
+/// `BENCH_PROFILE=SECONDS`: only fresh-instance calls on the default engine for `seconds`, for
+/// `perf record` (with `SLINKY_HOST_PLUGIN_PERF_MAP=1` so the guest's functions have names).
+fn profile(loaded: &[Loaded<'_>], seconds: f64, build_raw: impl Fn(&Plugin)) {
+    // The first `BENCH_COMPARE` build if any, else the bundled one.
+    let plugin = &loaded
+        .iter()
+        .find(|l| l.0.ends_with("(default engine)"))
+        .or_else(|| loaded.iter().find(|l| l.1))
+        .expect("the default variant")
+        .3;
+    let (started, mut calls) = (Instant::now(), 0u64);
+    while started.elapsed().as_secs_f64() < seconds {
+        build_raw(plugin);
+        calls += 1;
     }
+    println!(
+        "profile: {calls} calls, {:.1} µs each",
+        started.elapsed().as_secs_f64() * 1e6 / calls as f64
+    );
+}
+
+/// build-pod for the example NodeSet: `native`, the `webhook`'s time and each of `loaded` over
+/// `n` calls (interleaved medians; for Wasm also faults and memory growth per call), and the
+/// default Wasm engine's ratios to both. Returns the native median.
+fn compare<F: Fn(&Plugin) + Copy>(
+    n: usize,
+    loaded: &[Loaded<'_>],
+    native: &mut dyn FnMut(),
+    webhook: Duration,
+    build_raw: F,
+) -> Duration {
     let mut wasm_calls: Vec<Box<dyn FnMut()>> = loaded
         .iter()
         .map(|(_, _, _, plugin)| {
@@ -360,7 +289,7 @@ fn main() -> anyhow::Result<()> {
             Box::new(move || build_raw(&plugin)) as Box<dyn FnMut()>
         })
         .collect();
-    let mut contestants: Vec<&mut dyn FnMut()> = vec![&mut native];
+    let mut contestants: Vec<&mut dyn FnMut()> = vec![native];
     contestants.extend(wasm_calls.iter_mut().map(|c| c.as_mut() as &mut dyn FnMut()));
     let medians = interleaved(n, &mut contestants);
     let native = medians[0];
@@ -399,11 +328,44 @@ fn main() -> anyhow::Result<()> {
         "  ratio wasm/webhook                                         {:>8.2}x",
         us(wasm) / us(webhook)
     );
+    native
+}
 
-    // Where the time of one fresh-instance call goes (default engine).
-    let phases_dir = build_wasm(&workspace, &["phases-guest"]);
+/// Where the time of one fresh-instance call goes: instantiation, teardown, the measurement
+/// guest's phases (an empty call, with the arguments lowered, parsed, built, whole), the compiled
+/// code alone on one reused instance, and memory growth and page faults per call.
+struct Breakdown {
+    inst: Duration,
+    drop_t: Duration,
+    none_empty: Duration,
+    none: Duration,
+    parse: Duration,
+    build: Duration,
+    full: Duration,
+    reused: Duration,
+    faults: f64,
+    grows: f64,
+}
+
+/// Measures the [`Breakdown`] of a call of `plugin` on `engine` (the default one) over `n`
+/// calls, the phases with the measurement guest `phases` (built from `workspace`).
+fn measure_breakdown(
+    workspace: &Path,
+    engine: &Arc<EngineHandle>,
+    plugin: &Plugin,
+    inputs: &Inputs,
+    n: usize,
+    build_raw: impl Fn(&Plugin),
+) -> anyhow::Result<Breakdown> {
+    let Inputs {
+        ctx,
+        identity,
+        ns_json,
+        ctl_json,
+    } = inputs;
+    let phases_dir = build_wasm(workspace, &["phases-guest"]);
     let phases_bytes = std::fs::read(phases_dir.join("phases_guest.wasm"))?;
-    let phases = Plugin::load(&engine, &phases_bytes, PluginSource::Bundled)?;
+    let phases = Plugin::load(engine, &phases_bytes, PluginSource::Bundled)?;
     let phase = |revision: &str, ns: String, ctl: String| {
         let id = PodIdentity {
             revision: revision.into(),
@@ -435,60 +397,140 @@ fn main() -> anyhow::Result<()> {
     let (inst, drop_t) = (median(inst), median(drop_t));
     // The guests' bump allocator never frees (an instance serves one call), so a reused instance
     // fills its memory cap after ~30 builds: 20 calls on one instance, measurement only.
-    let reused = median(plugin.time_build_pod_on_one_instance(&ctx, &ns_json, &ctl_json, &identity, 20)?);
-    let (faults, grows) = fresh_calls(&engine, &plugin, n.min(500), build_raw);
-    let d = |a: std::time::Duration, b: std::time::Duration| us(a) - us(b);
+    let reused = median(plugin.time_build_pod_on_one_instance(ctx, ns_json, ctl_json, identity, 20)?);
+    let (faults, grows) = fresh_calls(engine, plugin, n.min(500), build_raw);
+    Ok(Breakdown {
+        inst,
+        drop_t,
+        none_empty,
+        none,
+        parse,
+        build,
+        full,
+        reused,
+        faults,
+        grows,
+    })
+}
+
+/// Prints the [`Breakdown`] (the reused instance's time also against `native`).
+fn print_breakdown(b: &Breakdown, native: Duration) {
+    let d = |a: Duration, b: Duration| us(a) - us(b);
     println!("breakdown of a fresh-instance call (default engine; measurement guest `phases`):");
     println!(
         "  instantiate (new Store + instance)                          {:>8.1} µs",
-        us(inst)
+        us(b.inst)
     );
     println!(
         "  teardown (drop the Store)                                   {:>8.1} µs",
-        us(drop_t)
+        us(b.drop_t)
     );
     println!(
         "  an empty call (instantiate, call, teardown)                 {:>8.1} µs",
-        us(none_empty)
+        us(b.none_empty)
     );
     println!(
         "  + lowering the NodeSet and Controller JSON                  {:>8.1} µs",
-        d(none, none_empty)
+        d(b.none, b.none_empty)
     );
     println!(
         "  + guest parsing (serde_json into the typed objects)         {:>8.1} µs",
-        d(parse, none)
+        d(b.parse, b.none)
     );
     println!(
         "  + building the pod                                          {:>8.1} µs",
-        d(build, parse)
+        d(b.build, b.parse)
     );
     println!(
         "  + serialising and lifting the result                        {:>8.1} µs",
-        d(full, build)
+        d(b.full, b.build)
     );
     println!(
         "  = the whole call (measurement guest)                        {:>8.1} µs",
-        us(full)
+        us(b.full)
     );
+    let Breakdown { faults, grows, .. } = b;
     println!("  memory: {grows:.1} memory_growing calls and {faults:.1} minor page faults per call");
     println!(
         "  compiled code alone, one reused instance (measurement only) {:>8.1} µs  ({:.2}x native)",
-        us(reused),
-        us(reused) / us(native)
+        us(b.reused),
+        us(b.reused) / us(native)
     );
+}
+
+/// Prints the [`LoadTimes`].
+fn print_load(load: &LoadTimes) {
     println!("component load ({} KiB):", bundled::NODESET_POD.len() / 1024);
     println!(
         "  compile with cranelift                                      {:>8.1} ms",
-        compile.as_secs_f64() * 1e3
+        load.compile.as_secs_f64() * 1e3
     );
     println!(
         "  compile with winch (the baseline tier)                      {:>8.1} ms",
-        winch_compile.as_secs_f64() * 1e3
+        load.winch_compile.as_secs_f64() * 1e3
     );
     println!(
         "  load precompiled artifact                                   {:>8.1} ms",
-        precompiled.as_secs_f64() * 1e3
+        load.precompiled.as_secs_f64() * 1e3
     );
+}
+
+fn main() -> anyhow::Result<()> {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let (nodeset, controller) = example_parents()?;
+    let identity = PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
+    let ctx = BuildContext::default();
+    let n: usize = std::env::var("BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let cache = tempfile::tempdir()?;
+    // Cranelift before serving: the figures are those of the code plugins run once tiered up.
+    let base = RuntimeConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        tiering: Tiering::Optimized,
+        ..RuntimeConfig::default()
+    };
+    let inputs = Inputs {
+        ctx,
+        identity,
+        ns_json: serde_json::to_string(&nodeset)?,
+        ctl_json: serde_json::to_string(&controller)?,
+    };
+    let (ns_json, ctl_json) = (&inputs.ns_json, &inputs.ctl_json);
+
+    let (engine, plugin, load) = load_times(&base)?;
+
+    // Native: the same work as the guest (JSON in, build, JSON out).
+    let sdk_ctx = slinky_guest_sdk::BuildContext::default();
+    let sdk_id = slinky_guest_sdk::PodIdentity::for_ordinal(&nodeset, 1, "0123456789");
+    let mut native = || {
+        let ns: NodeSet = serde_json::from_str(ns_json).expect("nodeset");
+        let ctl: Controller = serde_json::from_str(ctl_json).expect("controller");
+        let pod = slinky_guest_sdk::slinky::build_nodeset_pod(&sdk_ctx, &ns, &ctl, &sdk_id).expect("build");
+        std::hint::black_box(serde_json::to_string(&pod).expect("json"));
+    };
+    let webhook = webhook::webhook(n, ns_json, ctl_json, &sdk_id);
+
+    let build_raw = |p: &Plugin| {
+        p.build_pod_raw(&inputs.ctx, ns_json, ctl_json, &inputs.identity)
+            .expect("build");
+    };
+    let kept = slinky_runtime::DEFAULT_KEEP_RESIDENT;
+    let default_kept = format!("pooling, {} MiB kept resident, PAGEMAP_SCAN", kept >> 20);
+    let loaded = load_contestants(variants(&base, &default_kept), &base)?;
+    if let Some(seconds) = std::env::var("BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        profile(&loaded, seconds, build_raw);
+        return Ok(());
+    }
+    let native = compare(n, &loaded, &mut native, webhook, build_raw);
+
+    // Where the time of one fresh-instance call goes (default engine).
+    let breakdown = measure_breakdown(&workspace, &engine, &plugin, &inputs, n, build_raw)?;
+    print_breakdown(&breakdown, native);
+    print_load(&load);
     Ok(())
 }

@@ -31,7 +31,10 @@ pub fn bound_addresses(stderr: impl std::io::Read + Send + 'static) -> Result<(S
     let log = Log::default();
     let kept = log.clone();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(std::result::Result::ok)
+        {
             kept.push(&line);
             let addr = line
                 .split_whitespace()

@@ -281,37 +281,6 @@ pub fn print(text: &str) -> anyhow::Result<()> {
         .context("cannot write to stdout")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `--allow` takes every class by the name the policy's refusals print, repeated or
-    /// comma-separated, and the runtime gets exactly those.
-    #[test]
-    fn allow_takes_every_class_by_the_name_refusals_print() -> Result<(), clap::Error> {
-        for class in Allow::ALL {
-            let cli = Cli::try_parse_from(["slinky-host", "crds", "--allow", class.as_str()])?;
-            let allow = cli.global.runtime_config(false).allow;
-            assert_eq!(allow.iter().collect::<Vec<_>>(), [class]);
-        }
-        let cli = Cli::try_parse_from([
-            "slinky-host",
-            "crds",
-            "--allow",
-            "host-path,finalizers",
-            "--allow=privileges",
-        ])?;
-        assert_eq!(
-            cli.global.runtime_config(true).allow.to_string(),
-            "finalizers,host-path,privileges"
-        );
-        let cli = Cli::try_parse_from(["slinky-host", "crds"])?;
-        assert!(cli.global.runtime_config(true).allow.is_empty());
-        assert!(Cli::try_parse_from(["slinky-host", "crds", "--allow", "everything"]).is_err());
-        Ok(())
-    }
-}
-
 /// Where BuilderPlugins' modules come from: OCI registries (plain HTTP only to loopback and
 /// `insecure` ones) kept in `cache` (default: inside the compiled-component cache, the install's
 /// writable emptyDir), ConfigMaps read with `client`, signatures verified with the PEM public
@@ -345,4 +314,35 @@ pub(crate) fn module_source(
         public_key,
         crate::plugins::gunzip_if_gzipped,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--allow` takes every class by the name the policy's refusals print, repeated or
+    /// comma-separated, and the runtime gets exactly those.
+    #[test]
+    fn allow_takes_every_class_by_the_name_refusals_print() -> Result<(), clap::Error> {
+        for class in Allow::ALL {
+            let cli = Cli::try_parse_from(["slinky-host", "crds", "--allow", class.as_str()])?;
+            let allow = cli.global.runtime_config(false).allow;
+            assert_eq!(allow.iter().collect::<Vec<_>>(), [class]);
+        }
+        let cli = Cli::try_parse_from([
+            "slinky-host",
+            "crds",
+            "--allow",
+            "host-path,finalizers",
+            "--allow=privileges",
+        ])?;
+        assert_eq!(
+            cli.global.runtime_config(true).allow.to_string(),
+            "finalizers,host-path,privileges"
+        );
+        let cli = Cli::try_parse_from(["slinky-host", "crds"])?;
+        assert!(cli.global.runtime_config(true).allow.is_empty());
+        assert!(Cli::try_parse_from(["slinky-host", "crds", "--allow", "everything"]).is_err());
+        Ok(())
+    }
 }

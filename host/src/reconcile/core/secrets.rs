@@ -92,19 +92,20 @@ pub(super) struct Poll {
     pub(super) interval: Duration,
 }
 
+/// Where the parents whose Secrets changed are sent: Controllers, LoginSets, Accountings.
+pub(super) type ParentSenders = (
+    UnboundedSender<ObjectRef<Controller>>,
+    UnboundedSender<ObjectRef<LoginSet>>,
+    UnboundedSender<ObjectRef<Accounting>>,
+);
+
 impl Poll {
-    /// Poll the referenced Secrets of the cached parents of kind `K` every interval, sending the
-    /// parents whose Secrets changed to `tx`. Runs until `tx`'s receiver is gone.
     /// Poll the Secrets of the Controllers, LoginSets and Accountings, triggering each parent one
     /// of whose Secrets changed.
     pub(super) fn run_all(
         self,
         (controllers, loginsets, accountings): (&Store<Controller>, &Store<LoginSet>, &Store<Accounting>),
-        (to_controllers, to_loginsets, to_accountings): (
-            UnboundedSender<ObjectRef<Controller>>,
-            UnboundedSender<ObjectRef<LoginSet>>,
-            UnboundedSender<ObjectRef<Accounting>>,
-        ),
+        (to_controllers, to_loginsets, to_accountings): ParentSenders,
     ) -> impl std::future::Future<Output = ((), (), ())> + Send + 'static {
         futures::future::join3(
             self.clone().run(controllers.clone(), to_controllers),
@@ -113,6 +114,8 @@ impl Poll {
         )
     }
 
+    /// Poll the referenced Secrets of the cached parents of kind `K` every interval, sending the
+    /// parents whose Secrets changed to `tx`. Runs until `tx`'s receiver is gone.
     pub(super) async fn run<K: ReferencesSecrets>(
         self,
         parents: Store<K>,

@@ -261,11 +261,7 @@ pub(super) async fn create_pods(
 /// without its storage). The pass's first pod is read back (`first_of_pass`: what the server
 /// dropped of it is checked; the pods of a pass are built alike); the others' answers are not
 /// decoded.
-async fn create_batch(
-    pass: &Pass<'_>,
-    built: &[Pod],
-    first_of_pass: bool,
-) -> Vec<Result<(Option<Pod>, Vec<String>), Refused>> {
+async fn create_batch(pass: &Pass<'_>, built: &[Pod], first_of_pass: bool) -> Vec<Made> {
     let core = pass.core();
     join_all(built.iter().enumerate().map(|(i, pod)| async move {
         let made = volumes::ensure(pass, &pod.name_any())
@@ -284,6 +280,10 @@ async fn create_batch(
     .await
 }
 
+/// What one create made: the pod as stored (the first of a pass, read back) and the claims made
+/// for it; or why it was refused.
+type Made = Result<(Option<Pod>, Vec<String>), Refused>;
+
 /// What the creates of a pass made: pods, names found taken, claims.
 #[derive(Default)]
 struct Created {
@@ -295,12 +295,7 @@ struct Created {
 impl Created {
     /// Record the answers of one batch (expectations lowered for every pod not created, a
     /// `FailedCreate` for every refusal); whether a create was refused (the pass stops).
-    async fn record(
-        &mut self,
-        pass: &mut Pass<'_>,
-        built: &[Pod],
-        results: Vec<Result<(Option<Pod>, Vec<String>), Refused>>,
-    ) -> bool {
+    async fn record(&mut self, pass: &mut Pass<'_>, built: &[Pod], results: Vec<Made>) -> bool {
         let (ctx, owner) = (pass.ctx, pass.uid.clone());
         let mut refused = false;
         for (pod, r) in built.iter().zip(results) {

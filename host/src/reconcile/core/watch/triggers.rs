@@ -537,6 +537,27 @@ fn meta_event<K>(
     }
 }
 
+/// BuilderPlugins: every change and deletion (the queue's trigger stream lets a deleted one
+/// leave the pipelines at once), and every one when the list completes (their status).
+pub(super) fn builder_plugin_task(
+    builder_plugins: impl Stream<Item = watcher::Event<slinky_api::BuilderPlugin>> + Send + 'static,
+    store: Store<slinky_api::BuilderPlugin>,
+    tx: UnboundedSender<ObjectRef<slinky_api::BuilderPlugin>>,
+) -> impl Future<Output = ()> + Send + 'static {
+    builder_plugins.for_each(move |ev| {
+        match &ev {
+            watcher::Event::Apply(bp) | watcher::Event::Delete(bp) => send(&tx, ObjectRef::from_obj(bp)),
+            watcher::Event::InitDone => {
+                for bp in store.state() {
+                    send(&tx, ObjectRef::from_obj(bp.as_ref()));
+                }
+            }
+            _ => {}
+        }
+        futures::future::ready(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,25 +589,4 @@ mod tests {
         n.metadata.uid = Some("v".into());
         assert!(seen.changed(&n), "recreated under its name");
     }
-}
-
-/// BuilderPlugins: every change and deletion (the queue's trigger stream lets a deleted one
-/// leave the pipelines at once), and every one when the list completes (their status).
-pub(super) fn builder_plugin_task(
-    builder_plugins: impl Stream<Item = watcher::Event<slinky_api::BuilderPlugin>> + Send + 'static,
-    store: Store<slinky_api::BuilderPlugin>,
-    tx: UnboundedSender<ObjectRef<slinky_api::BuilderPlugin>>,
-) -> impl Future<Output = ()> + Send + 'static {
-    builder_plugins.for_each(move |ev| {
-        match &ev {
-            watcher::Event::Apply(bp) | watcher::Event::Delete(bp) => send(&tx, ObjectRef::from_obj(bp)),
-            watcher::Event::InitDone => {
-                for bp in store.state() {
-                    send(&tx, ObjectRef::from_obj(bp.as_ref()));
-                }
-            }
-            _ => {}
-        }
-        futures::future::ready(())
-    })
 }

@@ -1,0 +1,148 @@
+//! kube-controller-manager's side of the scale benchmark (with a real API server only): the
+//! [`Kcm`] process running the StatefulSet controller, [`kcm_run`] scaling StatefulSets to the
+//! host's pods, and the deletion of a round's namespace (finalizers dropped, as no host runs).
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use slinky_api::{Controller, NodeSet};
+
+use super::{
+    Scenario, create_namespace,
+    measure::{PodCount, cpu_note, cpu_now},
+};
+
+/// Runs kube-controller-manager's StatefulSet controller, unthrottled, until dropped.
+struct Kcm(std::process::Child);
+
+impl Kcm {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        let log = std::fs::File::create(dir.join("kcm-bench.log"))?;
+        let child = std::process::Command::new(dir.join("kube-controller-manager"))
+            .args([
+                "--kubeconfig",
+                &dir.join("kubeconfig").display().to_string(),
+                "--controllers",
+                "statefulset",
+                "--kube-api-qps",
+                "100000",
+                "--kube-api-burst",
+                "100000",
+                "--leader-elect=false",
+                "--secure-port",
+                "0",
+            ])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("cannot start kube-controller-manager")?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Kcm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// kube-controller-manager's StatefulSet controller making the same pods: one StatefulSet per
+/// NodeSet (Parallel), `pod` as their template. Returns the seconds until every pod exists.
+pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Value) -> anyhow::Result<f64> {
+    create_namespace(client, &s.namespace).await?;
+    let kcm = Kcm::start(dir)?;
+    // Its informers synced: give it a moment (the StatefulSet is created after).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut spec = pod["spec"].clone();
+    for field in ["nodeName", "hostname", "subdomain"] {
+        if let Some(o) = spec.as_object_mut() {
+            o.remove(field);
+        }
+    }
+    let count = PodCount::start(client, &s.namespace).await;
+    let api: Api<StatefulSet> = Api::namespaced(client.clone(), &s.namespace);
+    let kcm_pid = kcm.0.id().to_string();
+    let cpu_before = cpu_now(&kcm_pid);
+    let t = Instant::now();
+    futures::stream::iter(s.nodeset_names())
+        .map(|name| {
+            let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": name},
+                "spec": {"replicas": s.pods, "podManagementPolicy": "Parallel", "serviceName": "bench",
+                    "selector": {"matchLabels": {"bench": name}},
+                    "template": {"metadata": {"labels": {"bench": name}}, "spec": spec}}});
+            let api = api.clone();
+            async move {
+                let sts: StatefulSet = serde_json::from_value(sts)?;
+                api.create(&PostParams::default(), &sts).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    count.wait(s.total()).await;
+    let seconds = t.elapsed().as_secs_f64();
+    println!(
+        "  kube-controller-manager (StatefulSet controller, Parallel, --kube-api-qps 100000): {} pods in {seconds:.2} s; {}",
+        s.total(),
+        cpu_note(&kcm_pid, "kcm's", cpu_before)
+    );
+    Ok(seconds)
+}
+
+/// Deletes namespace `ns` of a real API server (the finalizers of its NodeSets, Controllers and
+/// claims dropped first: no host runs any more) and waits up to two minutes for it to be gone.
+pub(crate) async fn delete_namespace(client: &Client, ns: &str) {
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    let _ = namespaces.delete(ns, &DeleteParams::default()).await;
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(120) {
+        // Again each time: a StatefulSet's claim may appear after the delete.
+        drop_finalizers::<NodeSet>(client, ns).await;
+        drop_finalizers::<Controller>(client, ns).await;
+        // No pvc-protection controller runs beside realkube: its finalizer would hold the
+        // namespace.
+        drop_finalizers::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(client, ns).await;
+        if let Ok(None) = namespaces.get_opt(ns).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("  (namespace {ns} is still there after 120 s: the next round runs beside it)");
+}
+
+/// Drops the finalizers of every `K` in namespace `ns`.
+async fn drop_finalizers<K>(client: &Client, ns: &str)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let merge = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    for o in api
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if o.meta().finalizers.as_ref().is_some_and(|f| !f.is_empty())
+            && let Err(e) = api.patch(&o.name_any(), &PatchParams::default(), &merge).await
+        {
+            println!("  (cannot drop the finalizers of {}: {e})", o.name_any());
+        }
+    }
+}

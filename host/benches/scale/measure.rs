@@ -1,0 +1,125 @@
+//! What the scale benchmark measures with: the process's RSS, the CPU seconds of a process and of
+//! the real kube-apiserver, a count of a namespace's pods as they appear ([`PodCount`]), and the
+//! passes of the host's reconcilers.
+
+use std::{collections::HashSet, path::PathBuf, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{WatchStreamExt, watcher},
+};
+use slinky_host::reconcile;
+
+/// The process's RSS field (`VmRSS:`, `VmHWM:`) in MiB.
+pub(crate) fn rss_mib(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// CPU seconds (user + system) process `pid` has used (`/proc/PID/stat`, 100 ticks a second).
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) end with `)`.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The kube-apiserver's pid, when it runs from `REALKUBE_DIR` (its CPU is printed beside ours).
+fn apiserver_pid() -> Option<String> {
+    let dir = std::env::var_os("REALKUBE_DIR")?;
+    let pid = std::fs::read_to_string(PathBuf::from(dir).join("apiserver.pid")).ok()?;
+    Some(pid.trim().to_string())
+}
+
+/// The CPU seconds process `pid` (`who`) and the API server used since `cpu_before`
+/// ([`cpu_now`]).
+pub(crate) fn cpu_note(pid: &str, who: &str, cpu_before: (f64, f64)) -> String {
+    let server = apiserver_pid().map(|p| cpu_seconds(&p) - cpu_before.1);
+    let ours = cpu_seconds(pid) - cpu_before.0;
+    match server {
+        Some(s) => format!("CPU: {ours:.1} s {who}, {s:.1} s kube-apiserver's"),
+        None => format!("CPU: {ours:.1} s {who} (the embedded API server runs in the parent)"),
+    }
+}
+
+pub(crate) fn cpu_now(pid: &str) -> (f64, f64) {
+    let server = apiserver_pid().map_or(0.0, |p| cpu_seconds(&p));
+    (cpu_seconds(pid), server)
+}
+
+/// Counts the pods of `namespace` as they appear (a metadata watch); `wait(n)` returns when `n`
+/// exist.
+pub(crate) struct PodCount {
+    seen: Arc<std::sync::Mutex<HashSet<String>>>,
+    changed: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PodCount {
+    pub(crate) async fn start(client: &Client, namespace: &str) -> Self {
+        let seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let (s, c) = (seen.clone(), changed.clone());
+        let api: Api<kube::core::PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), namespace);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                        s.lock().expect("lock").insert(p.name_any());
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        s.lock().expect("lock").remove(&p.name_any());
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                    }
+                    Ok(watcher::Event::Init) | Err(_) => {}
+                }
+                c.notify_waiters();
+            }
+        });
+        let _ = ready_rx.await;
+        Self { seen, changed, task }
+    }
+
+    fn now(&self) -> usize {
+        self.seen.lock().expect("lock").len()
+    }
+
+    pub(crate) async fn wait(&self, n: usize) {
+        loop {
+            let notified = self.changed.notified();
+            if self.now() >= n {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+}
+
+impl Drop for PodCount {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Passes of every parent (NodeSets and the Controller) so far, whatever their result.
+pub(crate) fn passes(handles: &reconcile::Handles) -> u64 {
+    handles.metrics.snapshot().values().sum()
+}
