@@ -17,7 +17,7 @@ use slinky_api::{NodeSet, keys};
 use slinky_slurm_local::SlurmLocal;
 use slinky_tests::{
     TestCluster, eventually,
-    host::{NS_NAME, apply_file, cluster_with_statefulsets, nodeset_condition, pod_names, scale},
+    host::{NS_NAME, apply_file, cluster_with_statefulsets, events, nodeset_condition, pod_names, scale},
     slurm::{end_job, field, host_for, job_state, nodes_idle, run_open_job, show, start},
 };
 
@@ -237,6 +237,13 @@ async fn a_rolling_update_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "the admin's drain was lost: {}",
         show(&h, "node", "slinky-2").await?
     );
+    let kept = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        kept.iter().any(|(reason, note)| reason == "DrainKept"
+            && note.contains("slinky-2")
+            && note.contains("bad dimm")),
+        "no DrainKept Event for slinky-2: {kept:?}"
+    );
     host.stop().await;
     h.shutdown().await;
     Ok(())
@@ -377,6 +384,10 @@ async fn the_active_label_follows_slurms_primary() -> Result<()> {
         h.exec_ok(&["scontrol", "ping"]).await.ok(),
         active(&c).await
     );
+    // Every state of the slurmctld pods the API server shows through the move has one active
+    // pod at least (the label is added to the new one before it is taken from the old).
+    let none_active = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = tokio::spawn(watch_active(c.client.clone(), ns.clone(), none_active.clone()));
     h.kill_slurmctld("slurm-controller-0").await?;
     let moved = eventually(120, || async {
         let a = active(&c).await?;
@@ -389,7 +400,218 @@ async fn the_active_label_follows_slurms_primary() -> Result<()> {
         h.exec_ok(&["scontrol", "ping"]).await.ok(),
         active(&c).await
     );
+    watch.abort();
+    ensure!(
+        !none_active.load(std::sync::atomic::Ordering::SeqCst),
+        "a state with no active slurmctld pod was seen during the move (the label was taken before it was added)"
+    );
     host.stop().await;
     h.shutdown().await;
     Ok(())
+}
+
+/// Watch the slurmctld pods of `ns` and set `none_active` when a state has none carrying the
+/// active label (after the watch's initial list, which had one).
+async fn watch_active(
+    client: kube::Client,
+    ns: String,
+    none_active: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use futures::StreamExt as _;
+    use kube::runtime::watcher;
+    let api = Api::<Pod>::namespaced(client, &ns);
+    let config = watcher::Config::default().labels("app.kubernetes.io/name=slurmctld");
+    let mut active = std::collections::BTreeMap::<String, bool>::new();
+    let mut listed = false;
+    let mut events = std::pin::pin!(watcher(api, config));
+    while let Some(Ok(event)) = events.next().await {
+        let is_active = |p: &Pod| {
+            p.labels()
+                .get(keys::LABEL_CONTROLLER_ACTIVE)
+                .is_some_and(|v| v == "true")
+        };
+        match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                active.insert(
+                    p.name_any(),
+                    is_active(&p) && p.metadata.deletion_timestamp.is_none(),
+                );
+            }
+            watcher::Event::Delete(p) => {
+                active.remove(&p.name_any());
+            }
+            watcher::Event::InitDone => listed = true,
+            watcher::Event::Init => {}
+        }
+        if listed && !active.values().any(|a| *a) {
+            none_active.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// `pod-protect` is on exactly the pods whose node runs a job, and goes when the job ends.
+#[tokio::test]
+async fn pod_protect_is_on_exactly_the_busy_pods_and_goes_with_their_jobs() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "protect", 2).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1"]).await?;
+    let protected = |c: &TestCluster| {
+        let c = c.client.clone();
+        let ns = ns.clone();
+        async move {
+            let pods = Api::<Pod>::namespaced(c, &ns)
+                .list(&ListParams::default().labels(&format!("{}=true", keys::LABEL_POD_PROTECT)))
+                .await
+                .ok()?;
+            let mut names: Vec<String> = pods.items.iter().map(ResourceExt::name_any).collect();
+            names.sort();
+            Some(names)
+        }
+    };
+    let result = async {
+        let job = run_open_job(&h, "slinky-1").await?;
+        let busy = vec![format!("{NS_NAME}-1")];
+        let on = eventually(60, || async { (protected(&c).await? == busy).then_some(()) }).await;
+        ensure!(
+            on.is_some(),
+            "protected pods {:?}, want {busy:?}",
+            protected(&c).await
+        );
+        // Still exactly that one over several passes.
+        host.passes_later(6).await?;
+        ensure!(
+            protected(&c).await == Some(busy.clone()),
+            "protected pods {:?}",
+            protected(&c).await
+        );
+        end_job(&h, &job).await?;
+        let off = eventually(60, || async { protected(&c).await?.is_empty().then_some(()) }).await;
+        ensure!(
+            off.is_some(),
+            "protected pods {:?} after the job",
+            protected(&c).await
+        );
+        ensure!(
+            job_state(&h, &job).await? == "COMPLETED",
+            "the job did not complete"
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    h.shutdown().await;
+    result
+}
+
+/// A deleted NodeSet stays (its finalizer), its node drained, while a job runs there; once the
+/// job ends it goes.
+#[tokio::test]
+async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "deleted", 1).await?;
+    nodes_idle(&h, &["slinky-0"]).await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let result = async {
+        let finalized = eventually(60, || async {
+            let n = nodesets.get(NS_NAME).await.ok()?;
+            n.finalizers()
+                .iter()
+                .any(|f| f == keys::FINALIZER_SLURM_NODES)
+                .then_some(())
+        })
+        .await;
+        ensure!(finalized.is_some(), "the NodeSet never got the host's finalizer");
+        let job = run_open_job(&h, "slinky-0").await?;
+        nodesets.delete(NS_NAME, &Default::default()).await?;
+        let drained = eventually(60, || async {
+            let node = show(&h, "node", "slinky-0").await.ok()?;
+            (field(&node, "State").is_some_and(|s| s.contains("DRAIN")) && node.contains("is being deleted"))
+                .then_some(())
+        })
+        .await;
+        ensure!(drained.is_some(), "node {}", show(&h, "node", "slinky-0").await?);
+        // Held over several passes while the job runs.
+        host.passes_later(6).await?;
+        ensure!(job_state(&h, &job).await? == "RUNNING", "the job no longer runs");
+        let held = nodesets.get_opt(NS_NAME).await?;
+        ensure!(
+            held.as_ref()
+                .is_some_and(|n| n.metadata.deletion_timestamp.is_some()),
+            "the NodeSet went while its job ran"
+        );
+        end_job(&h, &job).await?;
+        let gone = eventually(90, || async {
+            nodesets.get_opt(NS_NAME).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        ensure!(gone.is_some(), "the NodeSet never went after its job");
+        ensure!(
+            job_state(&h, &job).await? == "COMPLETED",
+            "the job did not complete"
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    h.shutdown().await;
+    result
+}
+
+/// A node slurmctld marked DOWN "Not responding" (its slurmd died, the pod stays) is left alone:
+/// the host neither resumes nor drains it, however many passes see it (an admin or Slurm decides).
+#[tokio::test]
+async fn a_not_responding_node_is_left_to_slurm() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let ns = c.namespace("not-responding").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            // slurmctld marks a silent slurmd DOWN after SlurmdTimeout (300 s by default).
+            v["spec"]["extraConf"] = json!("SlurmdTimeout=5");
+        }
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = json!(1);
+        }
+    })
+    .await?;
+    apply_file(&c, &ns, "restapi.yaml", |_| {}).await?;
+    let h = SlurmLocal::start(c.client.clone(), &slurm, &ns, "slurm").await?;
+    let host = host_for(&c, &ns, &h)?;
+    let result = async {
+        nodes_idle(&h, &["slinky-0"]).await?;
+        h.kill_slurmd(&format!("{NS_NAME}-0")).await?;
+        let down = eventually(90, || async {
+            let node = show(&h, "node", "slinky-0").await.ok()?;
+            (field(&node, "State").is_some_and(|s| s.contains("DOWN"))
+                && node.contains("Reason=Not responding"))
+            .then_some(())
+        })
+        .await;
+        ensure!(down.is_some(), "node {}", show(&h, "node", "slinky-0").await?);
+        host.passes_later(8).await?;
+        let node = show(&h, "node", "slinky-0").await?;
+        ensure!(
+            field(&node, "State").is_some_and(|s| s.contains("DOWN"))
+                && node.contains("Reason=Not responding"),
+            "the host touched a node Slurm marked not responding: {node}"
+        );
+        ensure!(
+            workers(&c, &ns).await? == [format!("{NS_NAME}-0")],
+            "the pod of a not responding node went"
+        );
+        h.restart_slurmd(&format!("{NS_NAME}-0")).await?;
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    h.shutdown().await;
+    result
 }

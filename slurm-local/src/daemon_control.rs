@@ -85,16 +85,47 @@ impl SlurmLocal {
     /// # Errors
     /// No such slurmctld pod is run.
     pub async fn kill_slurmctld(&self, pod: &str) -> Result<()> {
+        self.kill_daemon(Role::Slurmctld, "slurmctld", pod).await
+    }
+
+    /// Let the slurmctld of `pod` run again after [`kill_slurmctld`](Self::kill_slurmctld)
+    /// (started within a tick, 250 ms).
+    ///
+    /// # Errors
+    /// No such slurmctld pod is run.
+    pub async fn restart_slurmctld(&self, pod: &str) -> Result<()> {
+        self.restart_daemon(Role::Slurmctld, "slurmctld", pod).await
+    }
+
+    /// SIGKILL the slurmd of worker pod `pod` and keep it down (a crashed container in
+    /// back-off; the pod stays) until [`restart_slurmd`](Self::restart_slurmd): slurmctld then
+    /// marks its node DOWN, "Not responding", after `SlurmdTimeout`.
+    ///
+    /// # Errors
+    /// No such worker pod is run.
+    pub async fn kill_slurmd(&self, pod: &str) -> Result<()> {
+        self.kill_daemon(Role::Slurmd, "slurmd", pod).await
+    }
+
+    /// Let the slurmd of `pod` run again after [`kill_slurmd`](Self::kill_slurmd).
+    ///
+    /// # Errors
+    /// No such worker pod is run.
+    pub async fn restart_slurmd(&self, pod: &str) -> Result<()> {
+        self.restart_daemon(Role::Slurmd, "slurmd", pod).await
+    }
+
+    async fn kill_daemon(&self, role: Role, what: &str, pod: &str) -> Result<()> {
         let proc = {
             let mut st = self.shared.state.lock().await;
-            let known = known_pods(&st, Role::Slurmctld);
+            let known = known_pods(&st, role);
             let Some(e) = st
                 .pods
                 .values_mut()
-                .find(|e| e.plan.name == pod && e.plan.role == Role::Slurmctld && !e.terminating)
+                .find(|e| e.plan.name == pod && e.plan.role == role && !e.terminating)
             else {
                 return Err(Error::NoSuchPod {
-                    role: "slurmctld".into(),
+                    role: what.into(),
                     name: pod.into(),
                     known,
                 });
@@ -106,25 +137,20 @@ impl SlurmLocal {
             sys::signal(pid, rustix::process::Signal::KILL);
             let _ = tokio::time::timeout(Duration::from_secs(5), exited.wait_for(|x| *x)).await;
         }
-        tracing::info!(pod, "slurmctld killed (kept down)");
+        tracing::info!(pod, "{what} killed (kept down)");
         Ok(())
     }
 
-    /// Let the slurmctld of `pod` run again after [`kill_slurmctld`](Self::kill_slurmctld)
-    /// (started within a tick, 250 ms).
-    ///
-    /// # Errors
-    /// No such slurmctld pod is run.
-    pub async fn restart_slurmctld(&self, pod: &str) -> Result<()> {
+    async fn restart_daemon(&self, role: Role, what: &str, pod: &str) -> Result<()> {
         let mut st = self.shared.state.lock().await;
-        let known = known_pods(&st, Role::Slurmctld);
+        let known = known_pods(&st, role);
         let Some(e) = st
             .pods
             .values_mut()
-            .find(|e| e.plan.name == pod && e.plan.role == Role::Slurmctld && !e.terminating)
+            .find(|e| e.plan.name == pod && e.plan.role == role && !e.terminating)
         else {
             return Err(Error::NoSuchPod {
-                role: "slurmctld".into(),
+                role: what.into(),
                 name: pod.into(),
                 known,
             });
