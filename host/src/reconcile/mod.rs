@@ -1,10 +1,13 @@
-//! The reconciliation host: caches, expectations, the writer, and the Controller and NodeSet
-//! reconcilers, wired to kube-runtime controllers.
+//! The reconcilers, wired to kube-runtime controllers: [`core`] (the machinery every kind
+//! shares: watches and caches, contexts, passes and status, the child path, the writer, Events,
+//! expectations, backoff, leader election) and one folder per kind (`controller`, `nodeset`,
+//! `component` with `restapi`, `loginset` and `accounting`, `builder_plugin`).
 //!
-//! Data flows one way: watches fill the caches (one reflector store per kind, managedFields
-//! stripped); the work queue (kube-runtime `Controller`) hands object keys to a reconciler; the
-//! reconciler reads the caches, consults expectations, asks a Wasm builder for the desired
-//! children (with copies), diffs, and asks the [`writer::Writer`], the only code that writes.
+//! Data flows one way: the watches fill the caches (one reflector store per kind, managedFields
+//! stripped) and trigger the parents an event concerns; each kind's queue (a kube-runtime
+//! `Controller`) hands object keys to its reconciler; the reconciler reads the caches, consults
+//! expectations, asks its builders for the desired children (with copies), diffs, and asks the
+//! [`Writer`], through which every write is made.
 
 mod accounting;
 pub mod builder_plugin;
