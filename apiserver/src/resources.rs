@@ -19,6 +19,8 @@ pub struct ResourceType {
     pub namespaced: bool,
     /// Short names (`kubectl get nss`).
     pub short_names: Vec<String>,
+    /// Categories (`kubectl get all`, `kubectl get slurm`).
+    pub categories: Vec<String>,
     /// Has a status subresource (spec/status split).
     pub status: bool,
     /// Scale subresource paths (spec replicas, status replicas, label selector), if any.
@@ -42,6 +44,20 @@ pub struct ScalePaths {
     pub label_selector: Option<String>,
 }
 
+/// The built-in resources kube-apiserver lists in the category `all`.
+const ALL_CATEGORY: [&str; 10] = [
+    "pods",
+    "replicationcontrollers",
+    "services",
+    "daemonsets",
+    "deployments",
+    "replicasets",
+    "statefulsets",
+    "horizontalpodautoscalers",
+    "cronjobs",
+    "jobs",
+];
+
 impl ResourceType {
     fn builtin(
         group: &str,
@@ -60,6 +76,12 @@ impl ResourceType {
             singular: kind.to_lowercase(),
             namespaced,
             short_names: short.iter().map(|s| s.to_string()).collect(),
+            // kube-apiserver 1.28 puts these built-ins in the category `all`.
+            categories: if ALL_CATEGORY.contains(&plural) {
+                vec!["all".into()]
+            } else {
+                Vec::new()
+            },
             status,
             scale: None,
             schema: None,
@@ -96,6 +118,18 @@ impl ResourceType {
 
     /// The APIResource discovery entries (the resource and its subresources).
     pub fn discovery(&self) -> Vec<Value> {
+        let mut resource = self.resource_entry();
+        if !self.categories.is_empty()
+            && let Some(o) = resource.as_object_mut()
+        {
+            o.insert("categories".into(), json!(self.categories));
+        }
+        let mut out = vec![resource];
+        out.extend(self.subresource_entries());
+        out
+    }
+
+    fn resource_entry(&self) -> Value {
         let verbs = json!([
             "create",
             "delete",
@@ -106,10 +140,14 @@ impl ResourceType {
             "update",
             "watch"
         ]);
-        let mut out = vec![json!({
+        json!({
             "name": self.plural, "singularName": self.singular, "namespaced": self.namespaced,
             "kind": self.kind, "verbs": verbs, "shortNames": self.short_names,
-        })];
+        })
+    }
+
+    fn subresource_entries(&self) -> Vec<Value> {
+        let mut out = Vec::new();
         if self.status {
             out.push(json!({"name": format!("{}/status", self.plural), "singularName": "", "namespaced": self.namespaced,
                 "kind": self.kind, "verbs": ["get", "patch", "update"]}));
@@ -289,6 +327,11 @@ pub fn from_crd(crd: &Value) -> Result<ResourceType, String> {
         namespaced: scope != "Cluster",
         short_names: names
             .get("shortNames")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .unwrap_or_default(),
+        categories: names
+            .get("categories")
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
             .unwrap_or_default(),

@@ -1127,6 +1127,15 @@ async fn kubectl_works_against_the_embedded_server() -> Result<()> {
         "jsonpath={.spec.replicas}",
     ])?;
     assert_eq!(replicas, "5");
+    // Categories, as the CRDs and kube-apiserver's built-ins declare them.
+    let slurm = kubectl(&["-n", &ns, "get", "slurm", "-o", "name"])?;
+    assert!(
+        slurm.contains("controller.slinky.slurm.net/slurm")
+            && slurm.contains("nodeset.slinky.slurm.net/slurm-worker-slinky"),
+        "kubectl get slurm: {slurm}"
+    );
+    let all = kubectl(&["-n", &ns, "get", "all", "-o", "name"])?;
+    assert!(all.contains("pod/watched"), "kubectl get all: {all}");
     kubectl(&[
         "-n",
         &ns,
