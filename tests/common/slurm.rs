@@ -86,32 +86,6 @@ pub async fn nodes_idle(h: &SlurmLocal, nodes: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Submit `sleep secs` on `node` in partition `slinky` (with a time limit of `minutes` when
-/// given); returns the job id once it runs.
-///
-/// # Errors
-/// `sbatch` failed, or the job did not run within 30 s.
-pub async fn run_job(h: &SlurmLocal, node: &str, secs: u32, minutes: Option<u32>) -> Result<String> {
-    let sleep = format!("sleep {secs}");
-    let time = minutes.map(|m| format!("--time={m}"));
-    let mut args = vec!["sbatch", "--parsable", "-p", "slinky", "-w", node];
-    args.extend(time.as_deref());
-    args.extend(["--wrap", &sleep]);
-    let out = h.exec_ok(&args).await?;
-    let id = out.trim().split(';').next().unwrap_or_default().to_string();
-    let running = eventually(30, || async {
-        let line = show(h, "job", &id).await.ok()?;
-        (field(&line, "JobState") == Some("RUNNING")).then_some(())
-    })
-    .await;
-    ensure!(
-        running.is_some(),
-        "job {id} never ran: {}",
-        show(h, "job", &id).await?
-    );
-    Ok(id)
-}
-
 /// Submit a job on `node` in partition `slinky` that runs until [`end_job`] ends it (its script
 /// exits 0 on SIGUSR1: the job is COMPLETED, not cancelled); returns its id once it runs. A job
 /// of a fixed length races a slow machine; this one ends when the test says so.
