@@ -52,6 +52,33 @@ async fn condition(c: &TestCluster, ns: &str, kind: &str, name: &str, type_: &st
         .cloned()
 }
 
+/// Passes of `kind` (`controller`, `nodeset`) the host made so far, whatever their result.
+fn passes_of(host: &Host, kind: &str) -> u64 {
+    host.handles
+        .metrics
+        .snapshot()
+        .iter()
+        .filter(|((k, _), _)| k == kind)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Wait until the host has made `n` more passes of `kind` (at most 60 s): a parent that fails
+/// retries with its backoff, not at the resync, so other parents' passes do not count for it.
+async fn passes_of_later(host: &Host, kind: &str, n: u64) -> Result<()> {
+    let start = passes_of(host, kind);
+    eventually(60, || async {
+        (passes_of(host, kind) >= start + n).then_some(())
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "the host made {} of {n} {kind} passes",
+            passes_of(host, kind) - start
+        )
+    })
+}
+
 fn owner_names(o: &Value) -> Vec<String> {
     o.pointer("/metadata/ownerReferences")
         .and_then(Value::as_array)
@@ -155,10 +182,11 @@ async fn every_child_of_the_ha_cluster_is_applied_and_a_steady_state_makes_no_wr
         .await;
         ensure!(slurmctld.is_some(), "the slurmctld pods did not come up");
     }
-    // Every pod ready, every status written: then several resyncs make no write.
-    let settled = eventually(60, || async {
+    // Every pod ready, every status written: then several resyncs make no write. (Settled: no
+    // write across 6 passes, a resync and a half of the four parents.)
+    let settled = eventually(90, || async {
         let before = host.handles.writes.total();
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        host.passes_later(6).await.ok()?;
         (host.handles.writes.total() == before).then_some(())
     })
     .await;
@@ -172,7 +200,8 @@ async fn every_child_of_the_ha_cluster_is_applied_and_a_steady_state_makes_no_wr
         host.handles.metrics.count("Controller", "ok"),
         host.handles.metrics.count("NodeSet", "ok"),
     );
-    tokio::time::sleep(Duration::from_secs(4)).await; // 1 s resyncs
+    // Four 1 s resyncs of the four parents (Accounting, Controller, two NodeSets).
+    host.passes_later(16).await?;
     ensure!(
         host.handles.metrics.count("Controller", "ok") >= reconciles.0 + 2
             && host.handles.metrics.count("NodeSet", "ok") >= reconciles.1 + 2,
@@ -226,7 +255,8 @@ async fn two_nodesets_reconciling_at_once_share_one_service_and_pdb() -> Result<
             events(&c, &ns, "workers-b").await?,
         );
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the three parents (the Controller, both NodeSets): no failure, no recreate.
+    host.passes_later(6).await?;
     for name in both {
         let evs = events(&c, &ns, name).await?;
         ensure!(
@@ -416,7 +446,8 @@ async fn a_nodeset_added_rewrites_slurm_conf_and_rolls_slurmctld_only_with_the_c
     })
     .await
     .context("slurm.conf still lists the removed NodeSet")?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the NodeSet left (and more): slurmctld is not rolled.
+    host.passes_later(6).await?;
     let (h4, g4) = slurmctld_template(&c, &ns).await.context("StatefulSet")?;
     ensure!(
         h4.is_none() && g4 == g3,
@@ -708,12 +739,25 @@ async fn quantities_stored_in_canonical_form_are_no_change() -> Result<()> {
         json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}),
         "the API server stores quantities in canonical form"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let applies = || host.handles.writes.ok("apply");
+    // The first passes' applies done: none across 4 passes (two resyncs of the Controller and the
+    // NodeSet).
+    let settled = eventually(90, || async {
+        let before = applies();
+        host.passes_later(4).await.ok()?;
+        (applies() == before).then_some(())
+    })
+    .await;
+    ensure!(
+        settled.is_some(),
+        "applies never stopped: {:?}",
+        host.handles.writes.snapshot()
+    );
     let before = applies();
     // Another writer changes the StatefulSet's status: each change is an event for the host.
     let api: Api<DynamicObject> =
         Api::namespaced_with(c.client.clone(), &ns, &ChildKind::StatefulSet.api_resource());
+    let cached = kube::runtime::reflector::ObjectRef::new("slurm-controller").within(&ns);
     for i in 0..5 {
         api.patch_status(
             "slurm-controller",
@@ -721,9 +765,20 @@ async fn quantities_stored_in_canonical_form_are_no_change() -> Result<()> {
             &Patch::Merge(json!({"status": {"replicas": 0, "observedGeneration": i + 1}})),
         )
         .await?;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // Each change seen on its own: in the host's cache, then by a Controller pass that began
+        // after it (the second to end from then).
+        let seen = eventually(60, || async {
+            let sts = host.handles.statefulsets.get(&cached)?;
+            (sts.status.as_ref()?.observed_generation == Some(i64::from(i + 1))).then_some(())
+        })
+        .await;
+        ensure!(seen.is_some(), "the host's cache never showed status change {i}");
+        passes_of_later(&host, "controller", 2)
+            .await
+            .with_context(|| format!("after status change {i}"))?;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the NodeSet (and more) after the last change.
+    host.passes_later(6).await?;
     assert_eq!(applies(), before, "status changes re-applied the StatefulSet");
     let evs = events(&c, &ns, "slurm").await?;
     // (On Kubernetes 1.28 a true one names the native sidecar's restartPolicy: not a quantity.)
@@ -847,8 +902,10 @@ async fn each_foreign_object_is_announced_once_however_many_there_are() -> Resul
     })
     .await
     .context("no ChildFailure condition")?;
-    // Several 1-second resyncs.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Several passes: five 1 s resyncs of the Controller and the NodeSet, and at least three of
+    // the Controller's own (it retries with its backoff).
+    host.passes_later(10).await?;
+    passes_of_later(&host, "controller", 3).await?;
     let list = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c.client.clone(), &ns)
         .list(&ListParams::default())
         .await?;
@@ -952,7 +1009,9 @@ async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned(
         text(&cond, "/message").contains("ConfigMap slurm-config"),
         "{cond}"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two passes of each parent (the Controller's retries with its backoff): theirs is left alone.
+    host.passes_later(4).await?;
+    passes_of_later(&host, "controller", 2).await?;
     assert_eq!(
         text(
             &object(&c, &ns, ChildKind::ConfigMap, "slurm-config")
@@ -1200,7 +1259,9 @@ async fn no_build_deletes_slurmctlds_statefulset_or_its_claims() -> Result<()> {
             .any(|(r, n)| r == "NotBuilt" && n.contains("StatefulSet slurm-controller")),
         "a NotBuilt Event"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of both parents, and two more passes of the failing Controller (its backoff).
+    host.passes_later(4).await?;
+    passes_of_later(&host, "controller", 2).await?;
     let kept = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await;
     ensure!(
         kept.as_ref().is_some_and(|s| text(s, "/metadata/uid") == uid),
@@ -1231,7 +1292,9 @@ async fn no_build_deletes_slurmctlds_statefulset_or_its_claims() -> Result<()> {
             && text(&cond, "/message").contains("--recreate-statefulsets"),
         "{cond}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of both parents, and two more passes of the failing Controller (its backoff).
+    host.passes_later(4).await?;
+    passes_of_later(&host, "controller", 2).await?;
     let kept = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await;
     ensure!(
         kept.as_ref().is_some_and(|s| text(s, "/metadata/uid") == uid),
@@ -1291,7 +1354,8 @@ async fn unchanged(c: &TestCluster, ns: &str, before: &(Value, Value)) -> Result
 }
 
 /// Host the hostile children builder with `allow` until the Controller's `BuilderFailed`
-/// condition says `says` (and an Event too); check the children are `unchanged` after 2 s more.
+/// condition says `says` (and an Event too); check the children are `unchanged` after two more
+/// resyncs of both parents and two more (refused) passes of the Controller.
 async fn refused_with(
     c: &TestCluster,
     ns: &str,
@@ -1311,6 +1375,15 @@ async fn refused_with(
     })
     .await;
     let events = events(c, ns, "slurm").await?;
+    // The host keeps running meanwhile: a stopped host changes nothing whatever it would do.
+    let more = if cond.is_some() {
+        match host.passes_later(4).await {
+            Ok(()) => passes_of_later(&host, "controller", 2).await,
+            Err(e) => Err(e),
+        }
+    } else {
+        Ok(())
+    };
     host.stop().await;
     ensure!(
         cond.is_some(),
@@ -1323,7 +1396,7 @@ async fn refused_with(
             .any(|(r, n)| r == "BuilderFailed" && says.iter().all(|s| n.contains(s))),
         "allowing {allow:?}: no BuilderFailed Event saying {says:?}: {events:?}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    more.with_context(|| format!("allowing {allow:?}"))?;
     unchanged(c, ns, before).await
 }
 

@@ -69,10 +69,34 @@ async fn an_ha_controller_without_slurm_has_exactly_one_active_slurmctld_pod() -
         active_pods(&c, &ns).await?,
         pod_names(&c, &ns).await?
     );
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let active = active_pods(&c, &ns).await?;
-        ensure!(active == ["slurm-controller-1"], "active pods {active:?}");
+    // Pod 0 back and Ready (a candidate the label could wrongly move to) ...
+    let back = eventually(60, || async {
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let p = pods.get_opt("slurm-controller-0").await.ok()??;
+        slinky_tests::host::pod_ready(&p).then_some(())
+    })
+    .await;
+    ensure!(back.is_some(), "pod 0 did not come back ready");
+    // ... and the label stays on pod 1: looked at every 300 ms until the host made 6 more passes
+    // (three resyncs of the Controller and the NodeSet).
+    {
+        let resyncs = host.passes_later(6);
+        tokio::pin!(resyncs);
+        let mut resynced = false;
+        loop {
+            let active = active_pods(&c, &ns).await?;
+            ensure!(active == ["slurm-controller-1"], "active pods {active:?}");
+            if resynced {
+                break;
+            }
+            tokio::select! {
+                done = &mut resyncs => {
+                    done?;
+                    resynced = true;
+                }
+                () = tokio::time::sleep(Duration::from_millis(300)) => {}
+            }
+        }
     }
     host.stop().await;
     Ok(())
@@ -115,8 +139,9 @@ async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Res
             .any(|(r, n)| r == "SlurmUnreachable" && n.contains("127.0.0.1:9")),
         "{evs:?}"
     );
-    // Fail closed: a few seconds later all three pods are still there.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Fail closed: a few resyncs later (three of the Controller and three of the NodeSet, whose
+    // Slurm calls are retried within seconds) all three pods are still there.
+    host.passes_later(6).await?;
     ensure!(
         pod_names(&c, &ns).await? == names(&[0, 1, 2]),
         "{:?}",
@@ -141,7 +166,8 @@ async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Res
     })
     .await;
     ensure!(held.is_some(), "no SlurmFailure naming the deletion");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the NodeSet (and more): it is still there.
+    host.passes_later(6).await?;
     let still = api.get_opt(NS_NAME).await?;
     ensure!(
         still.is_some_and(|n| n.metadata.deletion_timestamp.is_some()),

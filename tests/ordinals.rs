@@ -181,17 +181,32 @@ async fn a_terminating_pod_keeps_its_ordinal_until_it_is_gone() -> Result<()> {
     )
     .await?;
     pods.delete(&one, &DeleteParams::default()).await?;
-    // Several resyncs while ordinal 1 terminates: no other ordinal takes its place.
-    for _ in 0..30 {
-        let all: BTreeSet<String> = pods
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(ResourceExt::name_any)
-            .collect();
-        assert_eq!(all, names(&[0, 1, 2]), "no new ordinal while {one} terminates");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // Several resyncs while ordinal 1 terminates (6 passes: three of the Controller and three of
+    // the NodeSet): no other ordinal takes its place, looked at every 100 ms until then.
+    {
+        let resyncs = host.passes_later(6);
+        tokio::pin!(resyncs);
+        let mut resynced = false;
+        loop {
+            let all: BTreeSet<String> = pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect();
+            assert_eq!(all, names(&[0, 1, 2]), "no new ordinal while {one} terminates");
+            if resynced {
+                break;
+            }
+            tokio::select! {
+                done = &mut resyncs => {
+                    done?;
+                    resynced = true;
+                }
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
     }
     pods.patch(
         &one,
@@ -292,7 +307,8 @@ async fn a_nodeset_recreated_under_its_name_waits_for_its_predecessors_pods() ->
     .context("the NodeSet was not deleted")?;
     apply_example(&c, &ns, 2).await?;
     ensure!(nodesets.get(NS_NAME).await?.uid() != old_uid, "a new NodeSet");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the new NodeSet (and more).
+    host.passes_later(6).await?;
     ensure!(
         owned(&c, &ns).await?.is_empty(),
         "the new NodeSet created pods while its predecessor's held their names"
@@ -338,7 +354,8 @@ async fn editing_the_partition_line_restarts_no_worker() -> Result<()> {
         .generation
         .unwrap_or_default();
     converge(&c, &ns, &names(&[0, 1, 2]), g, c.server.is_some()).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await; // several 1 s resyncs
+    // Several 1 s resyncs: three of the Controller and three of the NodeSet.
+    host.passes_later(6).await?;
     assert_eq!(
         uids(pods.list(&ListParams::default()).await?.items),
         before,
@@ -459,7 +476,17 @@ async fn pods_with_a_grace_period_keep_their_ordinals_while_they_terminate() -> 
     );
     // Scale down to 1 and straight back up to 3 while pods terminate.
     scale(&c, &ns, 1).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The scale-down under way: pod 2 terminates (or is gone) before the scale back up.
+    let two = format!("{NS_NAME}-2");
+    eventually(30, || async {
+        pods.get_opt(&two)
+            .await
+            .ok()?
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await
+    .context("the scale-down to 1 did not delete pod 2")?;
     let g = scale(&c, &ns, 3).await?;
     let seen = std::sync::Mutex::new(BTreeSet::new());
     let done = eventually(60, || async {
@@ -577,7 +604,8 @@ async fn a_pod_terminating_above_replicas_does_not_hold_back_a_missing_ordinal()
     })
     .await
     .context("pod 5 was not removed")?;
-    tokio::time::sleep(Duration::from_secs(2)).await; // two resyncs
+    // Two resyncs of the Controller and the NodeSet (and more): 5 stays gone.
+    host.passes_later(6).await?;
     converge(&c, &ns, &names(&[0, 1]), g, true).await?;
     assert_eq!(host.handles.writes.ok("create"), 8, "6 pods and 2 replacements");
     assert_eq!(host.handles.expectations.total_pending(), 0);
@@ -628,13 +656,15 @@ async fn pods_labelled_by_slinky_that_differ_are_compared_once_per_change() -> R
             .unwrap_or(0)
     };
     // Several passes (resync 1 s) per step: each pod is dry-run once per change, not per pass.
+    let h = &host;
     let settle = |want: u64| async move {
         let reached = eventually(30, || async { (dry_runs() >= want).then_some(()) }).await;
         ensure!(reached.is_some(), "fewer than {want} dry runs: {}", dry_runs());
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        // Four resyncs of the Controller and the NodeSet.
+        h.passes_later(8).await?;
         ensure!(
             dry_runs() == want,
-            "{} dry runs over 4 s of passes, not {want}: {:?}",
+            "{} dry runs over 8 passes, not {want}: {:?}",
             dry_runs(),
             writes.snapshot()
         );
@@ -747,8 +777,10 @@ async fn pin_to_node_brings_a_replacement_back_to_its_node_while_it_is_schedulab
             &Patch::Merge(json!({"spec": {"unschedulable": true}})),
         )
         .await?;
-    // Let the node watch show the cordon before the pod goes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Let the node watch show the cordon before the pod goes: the host's node cache is not
+    // visible here, so two passes of the Controller and the NodeSet (the cordon itself triggers
+    // the NodeSet of the pods on that node) stand for it.
+    host.passes_later(4).await?;
     let old_uid = pods.get(&pod2).await?.uid();
     pods.delete(&pod2, &DeleteParams::default()).await?;
     let replacement = eventually(60, || async {

@@ -71,7 +71,7 @@ async fn lagging_caches_never_cause_duplicate_or_extra_creates() -> Result<()> {
         return Ok(());
     };
     let (ns, host) = start_example(&c, "lag", 0).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    host.wait_ready().await?;
     server.faults().set_watch_delay(Duration::from_millis(150));
     let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     scale(&c, &ns, 6).await?;
@@ -89,7 +89,8 @@ async fn lagging_caches_never_cause_duplicate_or_extra_creates() -> Result<()> {
     })
     .await;
     ensure!(ok.is_some(), "did not reach 6 pods");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the NodeSet (and the burst's last passes): no 7th create.
+    host.passes_later(6).await?;
     assert_eq!(pod_names(&c, &ns).await?, names(&[0, 1, 2, 3, 4, 5]));
     let creates = host.handles.writes.snapshot();
     let attempted: u64 = creates
@@ -193,8 +194,8 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
     converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
     other.await??;
     // The host writes again after the storm (a label poke is a pass; the pods' readiness and the
-    // scale below are status changes).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // scale below are status changes): two resyncs of the Controller and the NodeSet, and more.
+    host.passes_later(6).await?;
     let site = |o: &NodeSet| {
         o.status
             .iter()
@@ -216,7 +217,8 @@ async fn a_conflict_storm_on_status_converges_without_lost_updates() -> Result<(
     set_other_condition(&api, "after-scale").await?;
     converge(&c, &ns, &names(&[0, 1, 2, 3]), g, true).await?;
     server.faults().set_watch_delay(Duration::ZERO);
-    tokio::time::sleep(Duration::from_secs(2)).await; // resyncs: more status writes
+    // Resyncs, more status writes: two of the Controller and the NodeSet, and more.
+    host.passes_later(6).await?;
     let conds = api
         .get(NS_NAME)
         .await?
@@ -340,6 +342,24 @@ async fn status_writes_trigger_no_pass_and_a_new_generation_one() -> Result<()> 
         set_other_condition(&nodesets, &format!("NodeSet status {i}")).await?;
         set_condition_of(&controller_status, "slurm", &format!("Controller status {i}")).await?;
     }
+    // The host's caches hold the last of them (their watch events came): a pass they would
+    // trigger is due now, not after `quiet` has already looked.
+    let (nodeset_ref, controller_ref) = (
+        kube::runtime::reflector::ObjectRef::<NodeSet>::new(NS_NAME).within(&ns),
+        kube::runtime::reflector::ObjectRef::<Controller>::new("slurm").within(&ns),
+    );
+    eventually(30, || async {
+        let n = host.handles.nodesets.get(&nodeset_ref)?;
+        let c = host.handles.controllers.get(&controller_ref)?;
+        let has = |conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], m: &str| {
+            conds.iter().any(|c| c.message == m)
+        };
+        (has(&n.status.as_ref()?.conditions, "NodeSet status 2")
+            && has(&c.status.as_ref()?.conditions, "Controller status 2"))
+        .then_some(())
+    })
+    .await
+    .context("the host's caches never showed the other controller's status writes")?;
     let after_status = quiet(&host).await?;
     assert_eq!(
         after_status, start,
@@ -444,18 +464,34 @@ async fn observed_generation_waits_for_a_pass_that_synced() -> Result<()> {
     })
     .await
     .context("no pass wrote the status of generation 3")?;
-    for _ in 0..10 {
-        let st = nodesets.get(NS_NAME).await?.status.unwrap_or_default();
-        assert_eq!(
-            st.observed_generation,
-            Some(g2),
-            "a pass that waited on its expectations observed generation {g3}"
-        );
-        ensure!(
-            pods.get_opt(&format!("{NS_NAME}-2")).await?.is_none(),
-            "no pod is created while expectations wait"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Looked at every 200 ms until the host made 6 more passes (the 500 ms retries and the
+    // resyncs of the NodeSet, the Controller's resyncs).
+    {
+        let waited = host.passes_later(6);
+        tokio::pin!(waited);
+        let mut done = false;
+        loop {
+            let st = nodesets.get(NS_NAME).await?.status.unwrap_or_default();
+            assert_eq!(
+                st.observed_generation,
+                Some(g2),
+                "a pass that waited on its expectations observed generation {g3}"
+            );
+            ensure!(
+                pods.get_opt(&format!("{NS_NAME}-2")).await?.is_none(),
+                "no pod is created while expectations wait"
+            );
+            if done {
+                break;
+            }
+            tokio::select! {
+                passed = &mut waited => {
+                    passed?;
+                    done = true;
+                }
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
     }
     server.faults().release_watch("pods");
     converge(&c, &ns, &names(&[0, 1, 2]), g3, false).await?;
@@ -468,10 +504,23 @@ async fn steady_state_makes_no_writes_and_a_restart_adopts_without_duplicates() 
     let c = cluster(true).await;
     let (ns, host) = start_example(&c, "steady", 4).await?;
     converge_current(&c, &ns, &names(&[0, 1, 2, 3]), c.server.is_some()).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The last status writes done: no write across 4 passes (two resyncs of the Controller and
+    // the NodeSet).
+    let settled = eventually(90, || async {
+        let before = host.handles.writes.total();
+        host.passes_later(4).await.ok()?;
+        (host.handles.writes.total() == before).then_some(())
+    })
+    .await;
+    ensure!(
+        settled.is_some(),
+        "writes never stopped: {:?}",
+        host.handles.writes.snapshot()
+    );
     let before = host.handles.writes.total();
     let reconciles = host.handles.metrics.count("NodeSet", "ok");
-    tokio::time::sleep(Duration::from_secs(4)).await; // several 1 s resyncs
+    // Several 1 s resyncs: four of the Controller and four of the NodeSet.
+    host.passes_later(8).await?;
     ensure!(
         host.handles.metrics.count("NodeSet", "ok") >= reconciles + 2,
         "resyncs happened"
@@ -786,7 +835,8 @@ async fn orphan_pods_are_adopted() -> Result<()> {
         (host.handles.writes.ok("create") >= 1).then_some(())
     })
     .await;
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // Two passes of the Controller and the NodeSet: no second create.
+    host.passes_later(4).await?;
     assert_eq!(host.handles.writes.ok("create"), 1, "only ordinal 1 was created");
     host.stop().await;
     Ok(())

@@ -718,7 +718,8 @@ async fn a_children_version_leaving_out_a_child_is_refused() -> Result<()> {
         serving,
         "the serving version keeps serving"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the NodeSet (and more): the StatefulSet is not pruned.
+    s.host.passes_later(6).await?;
     let still = statefulsets
         .get_opt("slurm-controller")
         .await?

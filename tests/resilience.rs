@@ -34,6 +34,18 @@ use slinky_tests::{
     process::HostProcess,
 };
 
+/// The passes a `slinky-host run` process made so far: its `slinky_host_reconcile_total` samples
+/// (every controller, every result).
+async fn process_passes(host: &HostProcess) -> Result<f64> {
+    Ok(host
+        .metrics()
+        .await?
+        .iter()
+        .filter(|(k, _)| k.split('{').next() == Some("slinky_host_reconcile_total"))
+        .map(|(_, v)| v)
+        .sum())
+}
+
 /// Wait until `check` holds for the example NodeSet's condition `type_`.
 async fn wait_condition(
     c: &TestCluster,
@@ -139,7 +151,8 @@ async fn names_the_api_server_would_refuse_are_an_invalid_spec_not_a_create_loop
         "{}",
         cond.message
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the three parents (the Controller, both NodeSets): no pod is created.
+    host.passes_later(6).await?;
     assert_eq!(
         host.handles.writes.ok("create")
             + host
@@ -299,7 +312,8 @@ async fn a_service_the_host_did_not_build_is_never_taken_over() -> Result<()> {
     .await
     .context("no ChildFailure condition")?;
     assert_eq!(cond.reason, "NotOwned");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two resyncs of the Controller and the NodeSet (and the Controller's retries, with backoff).
+    host.passes_later(6).await?;
     let svc = svcs.get("slurm-controller").await?;
     assert_eq!(
         svc.spec.as_ref().and_then(|s| s.selector.clone()),
@@ -358,9 +372,22 @@ async fn another_managers_port_is_kept_without_reapplying_and_an_unwanted_servic
         &Patch::Apply(&port),
     )
     .await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The other manager's apply seen and answered: no apply across 4 passes (two resyncs of the
+    // Controller and the NodeSet).
+    let settled = eventually(90, || async {
+        let before = host.handles.writes.ok("apply");
+        host.passes_later(4).await.ok()?;
+        (host.handles.writes.ok("apply") == before).then_some(())
+    })
+    .await;
+    ensure!(
+        settled.is_some(),
+        "applies never stopped: {:?}",
+        host.handles.writes.snapshot()
+    );
     let applies = host.handles.writes.ok("apply");
-    tokio::time::sleep(Duration::from_secs(4)).await; // several 1 s resyncs
+    // Several 1 s resyncs: four of the Controller and four of the NodeSet.
+    host.passes_later(8).await?;
     assert_eq!(
         host.handles.writes.ok("apply"),
         applies,
@@ -456,7 +483,9 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     for n in [10, 20, 30] {
         scale(&c, &ns, n).await?;
         if had > 0 {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // Three passes (the scale's own, then resyncs of the NodeSet and the Controller):
+            // the next batch waits.
+            host.passes_later(3).await?;
             ensure!(
                 count().await? == had && pending() == 10,
                 "the unseen batch holds the next one back"
@@ -493,7 +522,8 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     eventually(30, || async { host.handles.pods.get(&marker_ref).map(|_| ()) })
         .await
         .context("the relist never reached the host's cache")?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Two passes after it (the NodeSet's is held by its creates: the Controller's resyncs).
+    host.passes_later(2).await?;
     ensure!(
         pending() == 10,
         "creations in flight during the relist are still awaited ({} are)",
@@ -507,7 +537,8 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     })
     .await
     .context("pods 30..40 were not created")?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Two passes of the Controller and the NodeSet: nothing releases them but their events.
+    host.passes_later(4).await?;
     ensure!(pending() > 0, "their watch events are still held");
     server.faults().release_watch("pods");
     let all: Vec<u32> = (0..40).collect();
@@ -523,9 +554,23 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
 
     // A pod created, then deleted while the pod watch was down: the relist shows it gone, so the
     // expectation of its creation is released at once (not after the 5-minute expiry).
+    let refused_watches = || {
+        server
+            .faults()
+            .fired()
+            .iter()
+            .filter(|(v, r, _)| v == "watch" && r == "pods")
+            .count()
+    };
+    let refused_before = refused_watches();
     inject_fault(server, "watch", "pods", FaultError::Internal, Times::Count(1000));
     server.faults().close_watches();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The pod watch is down: the host tried to watch again and was refused.
+    eventually(30, || async {
+        (refused_watches() > refused_before).then_some(())
+    })
+    .await
+    .context("the host's pod watch was never refused")?;
     let g = scale(&c, &ns, 41).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let last = format!("{NS_NAME}-40");
@@ -712,7 +757,14 @@ async fn sigkill_while_creates_are_in_flight_then_a_restart_converges_without_ex
     let second = HostProcess::start(&c, &ns, "second", &[])?;
     let all: Vec<u32> = (0..20).collect();
     converge(&c, &ns, &names(&all), g, false).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Two more passes of the second host (a resync of the Controller and the NodeSet): no pod
+    // beyond the 20 follows.
+    let start = process_passes(&second).await?;
+    eventually(60, || async {
+        (process_passes(&second).await.ok()? >= start + 2.0).then_some(())
+    })
+    .await
+    .context("the second host made no more passes")?;
     recorder.abort();
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
     assert_eq!(seen, names(&all), "no pod beyond the 20 ordinals ever existed");
@@ -735,8 +787,8 @@ async fn ready_stays_true_through_a_scale_down_with_enough_available_pods() -> R
     }
     let (ns, host) = start_example(&c, "ready", 5).await?;
     converge_current(&c, &ns, &names(&[0, 1, 2, 3, 4]), true).await?;
-    // Every Ready status the NodeSet goes through from here.
-    let statuses: Arc<Mutex<Vec<String>>> = Arc::default();
+    // Every Ready status the NodeSet goes through from here, with its resourceVersion.
+    let statuses: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let recorder = {
         let statuses = statuses.clone();
         let stream = watcher(
@@ -754,17 +806,30 @@ async fn ready_stays_true_through_a_scale_down_with_enough_available_pods() -> R
                     .map(|c| c.status)
                     .unwrap_or_default();
                 if let Ok(mut s) = statuses.lock() {
-                    s.push(ready);
+                    s.push((n.metadata.resource_version.unwrap_or_default(), ready));
                 }
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let recorded = || statuses.lock().map(|s| s.clone()).unwrap_or_default();
+    // The recorder watches: it has the NodeSet as it is now.
+    eventually(30, || async { (!recorded().is_empty()).then_some(()) })
+        .await
+        .context("the recorder never saw the NodeSet")?;
     let g = scale(&c, &ns, 2).await?;
     converge(&c, &ns, &names(&[0, 1]), g, true).await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Two more passes of the Controller and the NodeSet (a status they would write comes), then
+    // the recorder has seen the NodeSet as it is after them.
+    host.passes_later(4).await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let caught_up = eventually(30, || async {
+        let now = nodesets.get(NS_NAME).await.ok()?.metadata.resource_version;
+        (recorded().last().map(|(rv, _)| rv) == now.as_ref()).then_some(())
+    })
+    .await;
     recorder.abort();
-    let seen = statuses.lock().map(|s| s.clone()).unwrap_or_default();
+    ensure!(caught_up.is_some(), "the recorder fell behind: {:?}", recorded());
+    let seen: Vec<String> = recorded().into_iter().map(|(_, ready)| ready).collect();
     ensure!(seen.len() >= 2, "statuses were recorded: {seen:?}");
     ensure!(
         seen.iter().all(|s| s == "True"),

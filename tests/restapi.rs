@@ -4,8 +4,6 @@
 //! `SLINKY_TEST_KUBECONFIG`): applied and owned, a steady state without writes, a deleted child
 //! re-made, a missing Controller reported.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result, ensure};
 use kube::{
     Api,
@@ -16,7 +14,7 @@ use slinky_api::{RestApi, conditions};
 use slinky_host::{cmd::render::Parent, plugins::ChildKind};
 use slinky_tests::{
     TestCluster, eventually, example,
-    host::{Host, apply, apply_file, cluster, events},
+    host::{Host, apply, apply_file, cluster, events, settled_without_writes},
 };
 
 /// The children `render` builds for the example cluster and its RestApi (edited by `edit`), by
@@ -233,26 +231,9 @@ async fn a_restapi_gets_its_deployment_and_service_and_keeps_them() -> Result<()
     let owner = &d["metadata"]["ownerReferences"][0];
     ensure!(owner["kind"] == "RestApi" && owner["name"] == "slurm", "{owner}");
 
-    // Settled: then resyncs make no write.
-    let settled = eventually(60, || async {
-        let before = host.handles.writes.total();
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        (host.handles.writes.total() == before).then_some(())
-    })
-    .await;
-    ensure!(
-        settled.is_some(),
-        "writes never stopped: {:?}",
-        host.handles.writes.snapshot()
-    );
-    let before = host.handles.writes.total();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        host.handles.writes.total(),
-        before,
-        "a steady state makes zero writes: {:?}",
-        host.handles.writes.snapshot()
-    );
+    // Settled: then resyncs make no write (no write across 6 passes, then none across 10 more:
+    // three resyncs of the Controller, the NodeSet and the RestApi).
+    settled_without_writes(&host).await?;
 
     // Someone scales the Deployment: the host applies what its builder says again.
     let api: Api<DynamicObject> =
