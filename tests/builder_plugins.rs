@@ -573,6 +573,26 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
                 .contains("site-pod"),
             "the deleted step is still in the pipeline"
         );
+        // One deleted while the host's watch is down (its deletion event never arrives): the
+        // re-list no longer has it, and its step leaves the pipelines.
+        if let Some(server) = c.embedded("a BuilderPlugin deleted while the watch is down (fault injection)") {
+            server.faults().hold_watch("builderplugins");
+            Api::<BuilderPlugin>::all(c.client.clone())
+                .delete(&format!("{ns}-gpu"), &Default::default())
+                .await?;
+            server.faults().force_relist("builderplugins");
+            server.faults().release_watch("builderplugins");
+            let left = eventually(60, || async {
+                let pipeline = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+                (!pipeline.label().contains("gpu-nodeset-pod")).then_some(())
+            })
+            .await;
+            ensure!(
+                left.is_some(),
+                "a BuilderPlugin deleted during a watch gap still serves: {}",
+                plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label()
+            );
+        }
         Ok(())
     }
     .await;

@@ -207,6 +207,12 @@ impl HasCore for ComponentContext {
     }
 }
 
+impl HasCore for BuilderPluginContext {
+    fn core(&self) -> &Core {
+        &self.core
+    }
+}
+
 /// Run one kind's queue with `reconcile` until `tx_shutdown` sends: its errors retried with the
 /// object's backoff, each pass' error logged.
 fn run_queue<K, C, F, Fut>(
@@ -306,18 +312,9 @@ async fn run(
         ),
     );
     let builder_plugins = match contexts.builder_plugins {
-        Some((ctx, queue)) => futures::future::Either::Left(
-            queue
-                .graceful_shutdown_on(on_signal(tx))
-                .run(
-                    builder_plugin::reconcile,
-                    |obj, error, ctx: Arc<BuilderPluginContext>| {
-                        ctx.core.retry_after_error(obj.as_ref(), error)
-                    },
-                    ctx,
-                )
-                .for_each(|_| futures::future::ready(())),
-        ),
+        Some((ctx, queue)) => {
+            futures::future::Either::Left(run_queue(queue, builder_plugin::reconcile, ctx, tx))
+        }
         None => futures::future::Either::Right(futures::future::ready(())),
     };
     let trigger = async move {
@@ -403,9 +400,16 @@ fn builder_plugins_queue(
         source,
         config.build.clone(),
     ));
-    let queue = KubeController::for_stream(no_watch::<BuilderPlugin>(), store.clone()).reconcile_on(
-        builder_plugin::triggers(receiver_stream(triggers), store, steps.clone()),
-    );
+    // A new leader writes every BuilderPlugin's status at once (they are cluster-scoped: no
+    // namespace filter).
+    let elected = rollout::on_elected(core.leader.clone(), store.clone(), Arc::new(Vec::new()));
+    let queue = KubeController::for_stream(no_watch::<BuilderPlugin>(), store.clone())
+        .reconcile_on(builder_plugin::triggers(
+            receiver_stream(triggers),
+            store,
+            steps.clone(),
+        ))
+        .reconcile_on(elected);
     let ctx = BuilderPluginContext {
         core,
         steps,

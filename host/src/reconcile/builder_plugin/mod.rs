@@ -17,9 +17,11 @@
 //! A version that fails any step is refused with the reason in `status` (phase `Refused`, the
 //! `Loaded` condition False) and a Warning Event; the version that served before keeps serving.
 //! The same inputs are not tried again until they change ([`slinky_api::failure::Retry`]).
-//! Status and Events are written by the leader only; every replica loads the steps, so a new
-//! leader builds what the old one built. A deleted BuilderPlugin's step leaves the pipelines as
-//! soon as the watch shows the deletion.
+//! Status and Events are written by the leader only (a new leader looks at every BuilderPlugin
+//! at once); every replica loads the steps, so a new leader builds what the old one built. A
+//! deleted BuilderPlugin's step leaves the pipelines as soon as the watch shows the deletion, or
+//! its re-list no longer has it (deleted while the watch was down); a look under way when it was
+//! deleted puts nothing in the pipelines.
 //!
 //! At start-up the host loads the BuilderPlugins before it reconciles anything ([`load_all`]): a
 //! restart never builds a parent without its steps (which would roll its pods twice).

@@ -67,6 +67,30 @@ struct State {
     tried: BTreeMap<String, (String, Outcome)>,
     /// The BuilderPlugins whose `status.serving` this process tried to load again.
     restored: BTreeSet<String>,
+    /// Name → how many times a BuilderPlugin of that name was deleted: a look that began before
+    /// a deletion puts nothing in the pipelines.
+    deletions: BTreeMap<String, u64>,
+}
+
+impl State {
+    /// The deletions of `name` so far.
+    fn deletions(&self, name: &str) -> u64 {
+        self.deletions.get(name).copied().unwrap_or_default()
+    }
+
+    /// Replace the registry's steps of `kinds` with what serves now (under the state's lock, so
+    /// two loads never publish out of order).
+    fn publish(&self, registry: &PluginRegistry, kinds: &[BuilderKind]) {
+        for &kind in kinds {
+            let steps = self
+                .loaded
+                .values()
+                .filter(|l| l.kinds.contains(&kind))
+                .map(|l| l.step.clone())
+                .collect();
+            registry.set_steps(kind, steps);
+        }
+    }
 }
 
 /// What a spec asks for, checked: the kinds, the settings (JSON text), the order, the selector.
@@ -163,41 +187,50 @@ impl Steps {
         locked(&self.state, |s| s.tried.get(name).map(|(_, o)| o.clone()))
     }
 
-    /// `name` is gone: its step leaves the pipelines.
+    /// `name` is gone: its step leaves the pipelines (and a look at it still under way puts
+    /// nothing there).
     pub fn forget(&self, name: &str) {
-        let kinds = locked(&self.state, |s| {
+        let gone = locked(&self.state, |s| {
+            *s.deletions.entry(name.to_string()).or_default() += 1;
             s.tried.remove(name);
-            s.loaded.remove(name).map(|l| l.kinds.clone())
+            s.restored.remove(name);
+            let gone = s.loaded.remove(name);
+            if let Some(l) = &gone {
+                s.publish(&self.registry, &l.kinds);
+            }
+            gone.is_some()
         });
-        if let Some(kinds) = kinds {
+        if gone {
             tracing::info!(builder_plugin = %name, "BuilderPlugin deleted; its step leaves the pipelines");
-            self.publish(&kinds);
-        }
-    }
-
-    /// Replace the registry's steps of `kinds` with what serves now.
-    fn publish(&self, kinds: &[BuilderKind]) {
-        for &kind in kinds {
-            let steps = locked(&self.state, |s| {
-                s.loaded
-                    .values()
-                    .filter(|l| l.kinds.contains(&kind))
-                    .map(|l| l.step.clone())
-                    .collect()
-            });
-            self.registry.set_steps(kind, steps);
         }
     }
 
     /// Look at `bp`: load its version when it changed (or was refused for a reason that may
-    /// have gone), and put what serves into the pipelines. What is new to report, if anything.
+    /// have gone), and put what serves into the pipelines. What is new to report, if anything;
+    /// nothing when `bp` was deleted while it was looked at.
     pub(super) async fn sync(&self, bp: &BuilderPlugin) -> Option<Report> {
+        let name = bp.name_any();
+        let deletions = locked(&self.state, |s| s.deletions(&name));
+        let report = self.look(bp, deletions).await;
+        let deleted = locked(&self.state, |s| {
+            let deleted = s.deletions(&name) != deletions;
+            if deleted {
+                // What the look recorded belongs to an object that is gone.
+                s.tried.remove(&name);
+            }
+            deleted
+        });
+        (!deleted).then_some(report).flatten()
+    }
+
+    /// [`Steps::sync`] of `bp`, whose name was deleted `deletions` times when the look began.
+    async fn look(&self, bp: &BuilderPlugin, deletions: u64) -> Option<Report> {
         let name = bp.name_any();
         let wanted = match Wanted::of(&bp.spec) {
             Ok(w) => w,
             Err(failure) => {
                 let key = format!("spec:{}", failure.message);
-                return self.refused(bp, key, failure).await;
+                return self.refused(bp, key, failure, deletions).await;
             }
         };
         // A module pinned in a registry never changes: this version is known without a pull.
@@ -216,7 +249,7 @@ impl Steps {
             Ok(f) => f,
             Err(failure) => {
                 let key = pinned.unwrap_or_else(|| format!("fetch:{}", failure.message));
-                return self.refused(bp, key, failure).await;
+                return self.refused(bp, key, failure, deletions).await;
             }
         };
         let fingerprint = pinned.unwrap_or_else(|| wanted.fingerprint(&fetched.digest));
@@ -234,10 +267,13 @@ impl Steps {
                 tracing::info!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %&step.plugin.digest()[..12],
                     kinds = %kinds_text(&wanted.kinds), order = step.order, "BuilderPlugin loaded; it serves now");
                 self.source.store().put(&fetched.bytes);
-                let kinds = wanted.kinds.clone();
                 locked(&self.state, |s| {
+                    if s.deletions(&name) != deletions {
+                        return;
+                    }
                     s.tried
                         .insert(name.clone(), (fingerprint.clone(), Outcome::Loaded));
+                    let mut kinds = wanted.kinds.clone();
                     let old = s.loaded.insert(
                         name,
                         Arc::new(Loaded {
@@ -248,11 +284,9 @@ impl Steps {
                             digest: fetched.digest,
                         }),
                     );
-                    old.map(|o| o.kinds.clone()).unwrap_or_default()
-                })
-                .into_iter()
-                .chain(kinds)
-                .for_each(|k| self.publish(&[k]));
+                    kinds.extend(old.map(|o| o.kinds.clone()).unwrap_or_default());
+                    s.publish(&self.registry, &kinds);
+                });
                 Some(report)
             }
             Err(mut failure) => {
@@ -260,7 +294,7 @@ impl Steps {
                     "{} (module {}, {})",
                     failure.message, fetched.label, fetched.digest
                 );
-                self.refused(bp, fingerprint, failure).await
+                self.refused(bp, fingerprint, failure, deletions).await
             }
         }
     }
@@ -320,7 +354,7 @@ impl Steps {
     /// After a restart, when this BuilderPlugin's current spec is refused: load the version its
     /// status says served (`status.serving`), so the parents keep their steps and their pods do
     /// not roll. Tried once per process.
-    async fn restore(&self, bp: &BuilderPlugin) {
+    async fn restore(&self, bp: &BuilderPlugin, deletions: u64) {
         let name = bp.name_any();
         let first = locked(&self.state, |s| {
             !s.loaded.contains_key(&name) && s.restored.insert(name.clone())
@@ -358,8 +392,11 @@ impl Steps {
             Ok((step, wanted)) => {
                 tracing::warn!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %serving.digest,
                     "the BuilderPlugin's current spec is refused; the version that served before this restart serves again");
-                let kinds = wanted.kinds.clone();
                 locked(&self.state, |s| {
+                    if s.deletions(&name) != deletions {
+                        return;
+                    }
+                    let kinds = wanted.kinds.clone();
                     s.loaded.insert(
                         name,
                         Arc::new(Loaded {
@@ -369,9 +406,9 @@ impl Steps {
                             spec: serving.spec,
                             digest: serving.digest,
                         }),
-                    )
+                    );
+                    s.publish(&self.registry, &kinds);
                 });
-                self.publish(&kinds);
             }
             Err(failure) => {
                 tracing::error!(builder_plugin = %name, digest = %serving.digest, message = %failure.message,
@@ -382,7 +419,13 @@ impl Steps {
 
     /// A refused version: reported once (not again while the same refusal stands); the version
     /// that served before keeps serving (restored from `status.serving` after a restart).
-    async fn refused(&self, bp: &BuilderPlugin, fingerprint: String, failure: Failure) -> Option<Report> {
+    async fn refused(
+        &self,
+        bp: &BuilderPlugin,
+        fingerprint: String,
+        failure: Failure,
+        deletions: u64,
+    ) -> Option<Report> {
         let name = bp.name_any();
         let again = locked(&self.state, |s| {
             s.tried
@@ -392,7 +435,7 @@ impl Steps {
         if again {
             return None;
         }
-        self.restore(bp).await;
+        self.restore(bp, deletions).await;
         let serving = self
             .loaded(&name)
             .map(|l| format!("; {} ({}) keeps serving", l.step.plugin.label(), l.digest));

@@ -12,11 +12,14 @@
 //! Relists (after a `410 Gone` or a broken watch): the reflector swaps the new list into its
 //! store at once when the list completes, so pod sightings of a relist are applied to the
 //! expectations at that moment too, never earlier; and an expected pod missing from the
-//! completed list is released at once (see [`Expectations::relisted`]).
+//! completed list is released at once (see [`Expectations::relisted`]). A BuilderPlugin the
+//! completed list no longer has (deleted while the watch was down) is triggered, so its step
+//! leaves the pipelines ([`listed`]).
 //!
 //! Here: the watches and their wiring; [`triggers`]: what each kind's events trigger;
 //! [`sightings`]: what the pod watch tells the expectations.
 
+mod listed;
 pub mod nodes;
 mod sightings;
 mod slim;

@@ -538,22 +538,28 @@ fn meta_event<K>(
 }
 
 /// BuilderPlugins: every change and deletion (the queue's trigger stream lets a deleted one
-/// leave the pipelines at once), and every one when the list completes (their status).
+/// leave the pipelines at once), every one when a list completes (their status), and every one
+/// that a re-list no longer has (deleted while the watch was down: no deletion event tells).
 pub(super) fn builder_plugin_task(
     builder_plugins: impl Stream<Item = watcher::Event<slinky_api::BuilderPlugin>> + Send + 'static,
     store: Store<slinky_api::BuilderPlugin>,
     tx: UnboundedSender<ObjectRef<slinky_api::BuilderPlugin>>,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let mut names = super::listed::ListedNames::default();
     builder_plugins.for_each(move |ev| {
         match &ev {
             watcher::Event::Apply(bp) | watcher::Event::Delete(bp) => send(&tx, ObjectRef::from_obj(bp)),
             watcher::Event::InitDone => {
+                for name in names.gone() {
+                    send(&tx, ObjectRef::new(&name));
+                }
                 for bp in store.state() {
                     send(&tx, ObjectRef::from_obj(bp.as_ref()));
                 }
             }
             _ => {}
         }
+        names.see(&ev);
         futures::future::ready(())
     })
 }
