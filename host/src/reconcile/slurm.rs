@@ -89,10 +89,10 @@ pub struct Cluster {
     /// When its key was last read and found the same.
     checked: Mutex<Instant>,
     nodes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Node>>)>>,
-    /// Nodes Slurm did not list while their pods ran: name → when first found missing (forgotten
-    /// once a list names them again). In memory only: a host restarted counts afresh, which
-    /// only waits longer.
-    missing: Mutex<HashMap<String, Instant>>,
+    /// Nodes Slurm did not list while their pods ran: name → (the pod's UID, when first found
+    /// missing), forgotten once a list names them again; a new pod of the same name starts its
+    /// own clock. In memory only: a host restarted counts afresh, which only waits longer.
+    missing: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl Cluster {
@@ -128,13 +128,13 @@ impl Cluster {
         });
     }
 
-    /// How long `node` has been missing from Slurm's lists while its pod ran, and whether this
-    /// is the first time it is found missing (the clock starts now).
-    pub fn missing_for(&self, node: &str) -> (Duration, bool) {
+    /// How long `node` has been missing from Slurm's lists while its pod (`pod_uid`) ran, and
+    /// whether this is the first time it is found missing (the clock starts now).
+    pub fn missing_for(&self, node: &str, pod_uid: &str) -> (Duration, bool) {
         locked(&self.missing, |m| match m.get(node) {
-            Some(since) => (since.elapsed(), false),
-            None => {
-                m.insert(node.to_string(), Instant::now());
+            Some((uid, since)) if uid == pod_uid => (since.elapsed(), false),
+            _ => {
+                m.insert(node.to_string(), (pod_uid.to_string(), Instant::now()));
                 (Duration::ZERO, true)
             }
         })

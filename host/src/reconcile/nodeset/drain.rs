@@ -160,7 +160,8 @@ pub(super) fn unlisted_pod(
     if !slurmd_may_run(pod) {
         return Unlisted::Gone;
     }
-    let (gone, first) = cluster.missing_for(node);
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let (gone, first) = cluster.missing_for(node, uid);
     if gone >= controller.slurmd_timeout() {
         tracing::info!(pod = %pod.name_any(), node, missing_s = gone.as_secs(), "Slurm has not listed the node for longer than SlurmdTimeout: nothing runs there");
         Unlisted::Gone
