@@ -76,13 +76,25 @@ impl Core {
         current: &[Condition],
         failure: &Failure,
     ) {
+        self.report_about(parent, None, current, failure).await;
+    }
+
+    /// [`Core::report`] of a failure about `related` (a child the Event names).
+    pub(crate) async fn report_about<K: Resource<DynamicType = ()>>(
+        &self,
+        parent: &K,
+        related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+        current: &[Condition],
+        failure: &Failure,
+    ) {
         if failure.shown_in(current) {
             tracing::debug!(reason = failure.reason, "{}", failure.message);
             return;
         }
         tracing::warn!(reason = failure.reason, "{}", failure.message);
-        self.event(
+        self.event_about(
             parent,
+            related,
             EventType::Warning,
             failure.reason,
             failure.message.clone(),

@@ -38,11 +38,7 @@ use k8s_openapi::{
     },
     apimachinery::pkg::runtime::RawExtension,
 };
-use kube::{
-    Api, ResourceExt,
-    api::ObjectMeta,
-    runtime::{events::EventType, reflector::Store},
-};
+use kube::{Api, ResourceExt, api::ObjectMeta, runtime::reflector::Store};
 use serde_json::{Value, json};
 use slinky_api::{NodeSet, failure::Failure, keys, owners::controller_ref};
 
@@ -180,20 +176,10 @@ async fn failed(
     once: bool,
 ) {
     let failure = Failure::child(reason, message);
-    if once && failure.shown_in(pass.state.current()) {
-        tracing::debug!(reason, "{}", failure.message);
-    } else {
-        tracing::warn!(reason, "{}", failure.message);
-        pass.core()
-            .event_about(
-                pass.ns,
-                Some(reference(about)),
-                EventType::Warning,
-                reason,
-                failure.message.clone(),
-            )
-            .await;
-    }
+    let current = if once { pass.state.current() } else { &[] };
+    pass.core()
+        .report_about(pass.ns, Some(reference(about)), current, &failure)
+        .await;
     pass.child_failures.push(failure);
 }
 

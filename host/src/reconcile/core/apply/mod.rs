@@ -194,20 +194,14 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
     /// stands: not again on later passes, whether or not the condition names it).
     async fn failed(&mut self, reason: &'static str, message: String, once: bool) {
         let failure = Failure::child(reason, message);
-        let known = once && {
+        let announced = once && {
             self.standing.insert(failure.message.clone());
-            !self.core.announced.first(&self.parent_uid(), &failure.message) || failure.shown_in(self.current)
+            !self.core.announced.first(&self.parent_uid(), &failure.message)
         };
-        if !known {
-            tracing::warn!(reason, "{}", failure.message);
+        if !announced {
+            let current = if once { self.current } else { &[] };
             self.core
-                .event_about(
-                    self.parent,
-                    self.about.clone(),
-                    EventType::Warning,
-                    reason,
-                    failure.message.clone(),
-                )
+                .report_about(self.parent, self.about.clone(), current, &failure)
                 .await;
         }
         self.failures.push(failure);
