@@ -7,8 +7,8 @@
 //! every node.
 //!
 //! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`, found through
-//! `$REALSLURM_DIR`, `~/.cache/realslurm` or `~/realslurm`); without them each test prints
-//! `skipping: <why>` and passes.
+//! `$REALSLURM_DIR`, `~/.cache/realslurm` or `~/realslurm`); without them each test skips
+//! (listed in `$SLINKY_TEST_SKIPS`), and fails instead when `SLINKY_TEST_REQUIRE` has `slurm`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -429,7 +429,8 @@ async fn metrics_need_slurm_25_11_slurmctld_25_05_refuses_metrics_type() -> Resu
 async fn the_shared_fixture_loads_and_agrees() -> Result<()> {
     let fixture = slinky_tests::workspace().join("../shared/fixtures/slurm-cluster.yaml");
     if !fixture.exists() {
-        eprintln!("skipping: no {}", fixture.display());
+        let why = format!("no {}", fixture.display());
+        slinky_apiserver::testing::skip(&slinky_tests::test_name(), "shared-fixtures", &why);
         return Ok(());
     }
     loads_and_agrees("slurm-fixture", documents(&fixture)?).await

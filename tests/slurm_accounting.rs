@@ -12,8 +12,9 @@
 //! `slurm`) out of the Secret's mount, which slurmdbd 25.05 refuses as it is.
 //!
 //! Needs root, a Slurm build with slurmdbd's MySQL plugin (`../shared/tools/realslurm/setup.sh`
-//! with `libmariadb-dev` installed) and `mariadb-server`; without them each test prints
-//! `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
+//! with `libmariadb-dev` installed) and `mariadb-server`; without them each test skips (listed in
+//! `$SLINKY_TEST_SKIPS`), and fails instead when `SLINKY_TEST_REQUIRE` has `slurmdbd`. The tests
+//! take turns (each runs a whole Slurm).
 
 use std::{sync::Arc, time::Duration};
 

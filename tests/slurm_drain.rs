@@ -4,7 +4,8 @@
 //! there with `sbatch`, and `scontrol` says what became of them and of the nodes.
 //!
 //! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`); without them each test
-//! prints `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
+//! skips (listed in `$SLINKY_TEST_SKIPS`), and fails instead when `SLINKY_TEST_REQUIRE` has
+//! `slurm`. The tests take turns (each runs a whole Slurm).
 
 use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;

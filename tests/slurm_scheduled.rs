@@ -5,7 +5,8 @@
 //! to 0, and before a deleted NodeSet's finalizer goes.
 //!
 //! Needs root and a Slurm build (`../shared/tools/realslurm/setup.sh`); without them each test
-//! prints `skipping: <why>` and passes. The tests take turns (each runs a whole Slurm).
+//! skips (listed in `$SLINKY_TEST_SKIPS`), and fails instead when `SLINKY_TEST_REQUIRE` has
+//! `slurm`. The tests take turns (each runs a whole Slurm).
 
 use std::time::Duration;
 
