@@ -9,8 +9,9 @@
 //!   roll of the login pods, and go with the LoginSet); a Secret of that name the LoginSet does not
 //!   control is left alone (`ChildFailure`, `NotOwned`).
 //! * A missing Controller is `ControllerNotFound`; a missing `sssd.conf` Secret (or key) is
-//!   `ReferenceNotFound`: the children wait (the existing ones stay) and the pass is retried with
-//!   backoff.
+//!   `ReferenceNotFound`: the children wait (the existing ones stay). The pass runs again when
+//!   the Controller appears (its watch triggers the LoginSet); a missing reference is retried
+//!   with backoff.
 
 mod host_keys;
 
