@@ -79,6 +79,7 @@ pub struct StorageConfig {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::immutable::accounting)]
 pub struct AccountingSpec {
     /// The Slurm auth key (`slurm.key`); required unless external.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,7 +10,7 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{ContainerWrapper, PodTemplate, ServiceSpec, is_default, wrappers};
+use crate::{ContainerWrapper, PodTemplate, ServiceSpec, is_default};
 
 /// Metrics settings.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -106,6 +106,19 @@ pub struct Persistence {
     pub claim_spec: BTreeMap<String, serde_json::Value>,
 }
 
+/// `persistence`: `enabled` and `existingClaim` typed (the immutability rules read them), the
+/// rest of a PersistentVolumeClaimSpec passed through.
+fn persistence_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "properties": {
+            "enabled": {"type": "boolean", "description": "Persist the state (default true)."},
+            "existingClaim": {"type": "string", "description": "Use this existing claim instead of a volume claim template."}
+        },
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
 /// `spec` of a Slinky Controller (slurmctld).
 #[allow(
     clippy::duplicated_attributes,
@@ -143,6 +156,7 @@ pub struct Persistence {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::immutable::controller)]
 pub struct ControllerSpec {
     /// The Slurm cluster name; empty means `<namespace>_<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,7 +217,7 @@ pub struct ControllerSpec {
     pub epilog_slurmctld_script_refs: Vec<LocalObjectReference>,
     /// State-save persistence (inlines a PersistentVolumeClaimSpec, passed through).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "wrappers::preserve_unknown")]
+    #[schemars(schema_with = "persistence_schema")]
     pub persistence: Option<Persistence>,
     /// The Service customisation.
     #[serde(default, skip_serializing_if = "is_default")]

@@ -25,6 +25,8 @@ pub mod defaults;
 pub mod failure;
 /// The hashes of Slinky's `*-hash` annotations.
 pub mod hash;
+/// The fields a change of which would destroy a cluster's state: CRD rules refuse the change.
+mod immutable;
 /// Labels and annotations a builder or the host may set.
 pub mod keys;
 /// Component labels and the parents' selector labels.

@@ -72,6 +72,7 @@ pub const SSH_HOST_KEY_FILES: [&str; 6] = [
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::immutable::loginset)]
 pub struct LoginSetSpec {
     /// The Controller (same namespace) whose cluster these login nodes use.
     pub controller_ref: LocalObjectReference,

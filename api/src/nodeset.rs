@@ -150,6 +150,7 @@ pub struct RollingUpdate {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::immutable::nodeset)]
 pub struct NodeSetSpec {
     /// The Controller (Slurm cluster) these workers join. Required; immutable.
     pub controller_ref: ControllerReference,

@@ -8,6 +8,7 @@
 //! refused with a proper `Status` error. See `docs/embedded-apiserver.md` for the list of what it
 //! does and does not do.
 
+mod cel;
 mod convert;
 mod deployments;
 mod faults;

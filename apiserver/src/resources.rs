@@ -280,6 +280,38 @@ pub fn builtins() -> Vec<ResourceType> {
     ]
 }
 
+/// Every validation rule in `schema` is one this server evaluates ([`crate::cel`]): a CRD whose
+/// rule it could not enforce is refused, never served with the rule skipped.
+fn rules_parse(schema: &Value, path: &str) -> Result<(), String> {
+    for (i, rule) in schema
+        .get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let text = rule.get("rule").and_then(Value::as_str).unwrap_or_default();
+        crate::cel::parse(text).map_err(|e| {
+            format!("{path}.x-kubernetes-validations[{i}].rule: Invalid value: {text:?}: this server evaluates a part of CEL only: {e}")
+        })?;
+    }
+    let children = ["properties", "patternProperties"]
+        .iter()
+        .filter_map(|k| schema.get(*k).and_then(Value::as_object))
+        .flatten()
+        .map(|(k, v)| (format!("{path}.properties[{k}]"), v));
+    let single = ["items", "additionalProperties"].iter().filter_map(|k| {
+        schema
+            .get(*k)
+            .filter(|v| v.is_object())
+            .map(|v| (format!("{path}.{k}"), v))
+    });
+    for (p, sub) in children.chain(single) {
+        rules_parse(sub, &p)?;
+    }
+    Ok(())
+}
+
 /// The served type a CRD object defines (its first served version), or why it can't be served.
 pub fn from_crd(crd: &Value) -> Result<ResourceType, String> {
     let spec = crd.get("spec").ok_or("spec is required")?;
@@ -302,6 +334,9 @@ pub fn from_crd(crd: &Value) -> Result<ResourceType, String> {
         return Err(format!(
             "metadata.name must be {expected:?} (spec.names.plural + \".\" + spec.group)"
         ));
+    }
+    if let Some(schema) = version.pointer("/schema/openAPIV3Schema") {
+        rules_parse(schema, "spec.versions[].schema.openAPIV3Schema")?;
     }
     let sub = version.get("subresources");
     let scale = sub.and_then(|s| s.get("scale")).map(|sc| ScalePaths {

@@ -1,11 +1,14 @@
 //! Structural-schema handling for custom resources: defaulting, pruning of unknown fields, and
-//! validation of required fields, types and enums, as the real API server does for CRDs.
+//! validation of required fields, types and enums, and the CRD's validation rules
+//! (`x-kubernetes-validations`, transition rules against the object before an update; the part of
+//! CEL in [`crate::cel`]), as the real API server does for CRDs.
 
 use serde_json::{Map, Value};
 
 use super::{ApiError, resources::ResourceType};
 
-/// Default, prune and validate `obj` against a CRD version's `openAPIV3Schema`.
+/// Default, prune and validate `obj` against a CRD version's `openAPIV3Schema`; `old` is the
+/// object an update replaces (its transition rules compare with it).
 ///
 /// # Errors
 /// 422 Invalid listing every violation with its field path.
@@ -14,6 +17,7 @@ pub fn default_and_validate(
     name: &str,
     schema: &Value,
     obj: &mut Value,
+    old: Option<&Value>,
 ) -> Result<(), ApiError> {
     let mut errors = Vec::new();
     if let Value::Object(m) = obj {
@@ -22,7 +26,7 @@ pub fn default_and_validate(
             .iter()
             .filter_map(|k| m.remove(*k).map(|v| (k.to_string(), v)))
             .collect();
-        walk(schema, obj, "", &mut errors);
+        walk(schema, obj, old, "", &mut errors);
         if let Value::Object(m) = obj {
             m.extend(kept);
         }
@@ -54,10 +58,70 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
-fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, String)>) {
+fn walk(schema: &Value, v: &mut Value, old: Option<&Value>, path: &str, errors: &mut Vec<(String, String)>) {
     if v.is_null() && schema.get("nullable") == Some(&Value::Bool(true)) {
         return;
     }
+    walk_value(schema, v, old, path, errors);
+    // Rules see the value defaulted and pruned, as kube-apiserver evaluates them.
+    rules(schema, v, old, path, errors);
+}
+
+/// The rules (`x-kubernetes-validations`) on this schema node, evaluated over `v`. A transition
+/// rule (one that reads `oldSelf`) runs only where the old object has a value here.
+fn rules(schema: &Value, v: &Value, old: Option<&Value>, path: &str, errors: &mut Vec<(String, String)>) {
+    let Some(list) = schema.get("x-kubernetes-validations").and_then(Value::as_array) else {
+        return;
+    };
+    for rule in list {
+        let text = rule.get("rule").and_then(Value::as_str).unwrap_or_default();
+        let message = rule
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty());
+        let shown = message.unwrap_or(text.trim());
+        let at = match rule.get("fieldPath").and_then(Value::as_str) {
+            Some(f) => format!("{path}{f}"),
+            None => path.to_string(),
+        };
+        let expr = match crate::cel::parse(text) {
+            Ok(e) => e,
+            Err(e) => {
+                errors.push((
+                    path.to_string(),
+                    format!("Invalid value: \"{}\": rule compile error: {e}", type_name(v)),
+                ));
+                continue;
+            }
+        };
+        if expr.transition() && old.is_none() {
+            continue;
+        }
+        match expr.holds(v, old) {
+            Ok(true) => {}
+            Ok(false) => {
+                let detail = message.map_or_else(|| format!("failed rule: {shown}"), str::to_string);
+                errors.push((at, format!("Invalid value: \"{}\": {detail}", type_name(v))));
+            }
+            Err(e) => errors.push((
+                path.to_string(),
+                format!(
+                    "Invalid value: \"{}\": {e} evaluating rule: {shown}",
+                    type_name(v)
+                ),
+            )),
+        }
+    }
+}
+
+fn walk_value(
+    schema: &Value,
+    v: &mut Value,
+    old: Option<&Value>,
+    path: &str,
+    errors: &mut Vec<(String, String)>,
+) {
     let int_or_string = schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
     if int_or_string {
         if !matches!(type_name(v), "integer" | "string") {
@@ -100,7 +164,8 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, Str
                         m.insert(key.clone(), d.clone());
                     }
                     if let Some(value) = m.get_mut(key) {
-                        walk(sub, value, &child(path, key), errors);
+                        let was = old.and_then(|o| o.get(key));
+                        walk(sub, value, was, &child(path, key), errors);
                     }
                 }
             }
@@ -109,7 +174,8 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, Str
                     let sub = &schema["additionalProperties"];
                     for (key, value) in m.iter_mut() {
                         if props.is_none_or(|p| !p.contains_key(key)) {
-                            walk(sub, value, &child(path, key), errors);
+                            let was = old.and_then(|o| o.get(key));
+                            walk(sub, value, was, &child(path, key), errors);
                         }
                     }
                 }
@@ -131,13 +197,38 @@ fn walk(schema: &Value, v: &mut Value, path: &str, errors: &mut Vec<(String, Str
         }
         Value::Array(items) => {
             if let Some(sub) = schema.get("items") {
+                // Items of a list are correlated with the old list's only by a map list's keys
+                // (as kube-apiserver does); other items run no transition rules.
+                let keys = map_keys(schema);
                 for (i, item) in items.iter_mut().enumerate() {
-                    walk(sub, item, &format!("{path}[{i}]"), errors);
+                    let was = keys.as_deref().and_then(|k| same_keys(old, item, k));
+                    walk(sub, item, was, &format!("{path}[{i}]"), errors);
                 }
             }
         }
         _ => {}
     }
+}
+
+/// A map list's keys (`x-kubernetes-list-type: map`).
+fn map_keys(schema: &Value) -> Option<Vec<String>> {
+    if schema.get("x-kubernetes-list-type").and_then(Value::as_str) != Some("map") {
+        return None;
+    }
+    let keys = schema.get("x-kubernetes-list-map-keys")?.as_array()?;
+    Some(
+        keys.iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// The item of the old list with the same keys as `item`.
+fn same_keys<'a>(old: Option<&'a Value>, item: &Value, keys: &[String]) -> Option<&'a Value> {
+    old?.as_array()?
+        .iter()
+        .find(|o| keys.iter().all(|k| o.get(k) == item.get(k)))
 }
 
 fn prune(m: &mut Map<String, Value>, props: Option<&Map<String, Value>>) {

@@ -240,6 +240,148 @@ async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<(
     Ok(())
 }
 
+/// The fields whose change destroys a cluster's state are refused by the API server (the CRDs'
+/// transition rules), with the same answer on both servers; other changes pass, and Slinky's
+/// `jwtHs256KeyRef` is kept, not pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immutable_fields_are_refused_with_kube_apiservers_answer() -> Result<()> {
+    let c = TestCluster::start().await;
+    c.install_crds(&crds()).await;
+    let ns = c.namespace("immutable").await;
+    let controllers: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &ns,
+        &kube::discovery::ApiResource::erase::<slinky_api::Controller>(&()),
+    );
+    let nodesets: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        c.client.clone(),
+        &ns,
+        &kube::discovery::ApiResource::erase::<NodeSet>(&()),
+    );
+    let controller = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "Controller", "metadata": {"name": "slurm"},
+        "spec": {"clusterName": "alpha", "slurmKeyRef": {"name": "slurm-key", "key": "slurm.key"},
+                 "jwtHs256KeyRef": {"name": "jwt-key", "key": "jwt.key"},
+                 "persistence": {"enabled": true, "existingClaim": "state", "storageClassName": "fast"}}});
+    let created = controllers
+        .create(&PostParams::default(), &serde_json::from_value(controller)?)
+        .await?;
+    ensure!(
+        created.data.pointer("/spec/jwtHs256KeyRef/name") == Some(&json!("jwt-key")),
+        "jwtHs256KeyRef was pruned: {:?}",
+        created.data.get("spec")
+    );
+    let patch = |spec: serde_json::Value| Patch::Merge(json!({"spec": spec}));
+    let refused = |e: kube::Error| match e {
+        kube::Error::Api(s) if s.code == 422 => Ok(s.message),
+        other => bail!("refused otherwise: {other}"),
+    };
+    let is = "Controller.slinky.slurm.net \"slurm\" is invalid: ";
+    let cases = [
+        (
+            json!({"clusterName": "beta"}),
+            "spec.clusterName: Invalid value: \"object\": clusterName is immutable: slurmctld keeps its state (every job) under the cluster's name, and a new name starts it empty; create a new Controller for a new cluster",
+        ),
+        (
+            json!({"clusterName": null}),
+            "spec.clusterName: Invalid value: \"object\": clusterName is immutable",
+        ),
+        (
+            json!({"slurmKeyRef": {"name": "other-key"}}),
+            "spec.slurmKeyRef: Invalid value: \"object\": slurmKeyRef is immutable",
+        ),
+        (
+            json!({"jwtHs256KeyRef": {"name": "other-jwt"}}),
+            "spec.jwtKeyRef: Invalid value: \"object\": jwtKeyRef is immutable",
+        ),
+        (
+            json!({"jwtKeyRef": {"name": "jwt-key", "key": "jwt.key"}}),
+            "spec.jwtHs256KeyRef: Invalid value: \"object\": set jwtKeyRef or its older name jwtHs256KeyRef, not both",
+        ),
+        (
+            json!({"persistence": {"enabled": false}}),
+            "spec.persistence.enabled: Invalid value: \"object\": persistence.enabled is immutable",
+        ),
+        (
+            json!({"persistence": {"existingClaim": "other"}}),
+            "spec.persistence.existingClaim: Invalid value: \"object\": persistence.existingClaim is immutable while persistence is enabled",
+        ),
+    ];
+    for (change, answer) in cases {
+        let err = controllers
+            .patch("slurm", &PatchParams::default(), &patch(change.clone()))
+            .await
+            .err()
+            .with_context(|| format!("{change} was accepted"))?;
+        let message = refused(err)?;
+        ensure!(
+            message.starts_with(&format!("{is}{answer}")),
+            "{change}: {message}"
+        );
+    }
+    // What does not destroy state passes: another setting, the JWT key under its newer name,
+    // the rest of the claim spec.
+    controllers
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &patch(json!({"extraConf": "MaxJobCount=1000", "jwtHs256KeyRef": null,
+                          "jwtKeyRef": {"name": "jwt-key", "key": "jwt.key"},
+                          "persistence": {"storageClassName": "slow"}})),
+        )
+        .await?;
+    if slinky_apiserver::testing::on_path("kubectl") {
+        let out = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&c.kubeconfig)
+            .args(["-n", &ns, "patch", "controller", "slurm", "--type=merge", "-p"])
+            .arg(r#"{"spec":{"clusterName":"beta"}}"#)
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && stderr.contains("clusterName is immutable"),
+            "kubectl patch of clusterName: {stderr}"
+        );
+    } else {
+        slinky_apiserver::testing::skip(
+            "immutable_fields_are_refused_with_kube_apiservers_answer (its kubectl step)",
+            "kubectl",
+            "kubectl is not on PATH",
+        );
+    }
+    nodesets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::to_value(nodeset("workers", 1)?)?)?,
+        )
+        .await?;
+    let ns_is = "NodeSet.slinky.slurm.net \"workers\" is invalid: ";
+    for (change, answer) in [
+        (
+            json!({"controllerRef": {"name": "other"}}),
+            "spec.controllerRef: Invalid value: \"object\": controllerRef is immutable",
+        ),
+        (
+            json!({"volumeClaimTemplates": [{"metadata": {"name": "scratch"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}),
+            "spec.volumeClaimTemplates: Invalid value: \"object\": volumeClaimTemplates is immutable",
+        ),
+    ] {
+        let err = nodesets
+            .patch("workers", &PatchParams::default(), &patch(change.clone()))
+            .await
+            .err()
+            .with_context(|| format!("{change} was accepted"))?;
+        let message = refused(err)?;
+        ensure!(
+            message.starts_with(&format!("{ns_is}{answer}")),
+            "{change}: {message}"
+        );
+    }
+    nodesets
+        .patch("workers", &PatchParams::default(), &patch(json!({"replicas": 3})))
+        .await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_delivers_changes_in_order_and_410_past_the_window() -> Result<()> {
     let c = TestCluster::start().await;

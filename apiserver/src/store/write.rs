@@ -76,7 +76,7 @@ impl Inner {
         }
         canonical_quantities(&rt, &mut obj);
         if let Some(schema) = &rt.schema {
-            schema::default_and_validate(&rt, &name, schema, &mut obj)?;
+            schema::default_and_validate(&rt, &name, schema, &mut obj, None)?;
         }
         let key = (ns.to_string(), name.clone());
         if self.objects.get(res).is_some_and(|m| m.contains_key(&key)) {
@@ -196,7 +196,7 @@ impl Inner {
             canonical_quantities(&rt, &mut new);
         }
         if let Some(schema) = &rt.schema {
-            schema::default_and_validate(&rt, &name, schema, &mut new)?;
+            schema::default_and_validate(&rt, &name, schema, &mut new, Some(current))?;
         }
         if spec_part(&new) != spec_part(current) && current.pointer("/metadata/generation").is_some() {
             let g = current
