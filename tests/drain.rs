@@ -1,14 +1,14 @@
-//! What the host does with Slurm that needs no Slurm to check: an HA Controller's `active`
-//! label without a slurmrestd (pod 0, as Slinky), and fail-closed deletes when the configured
+//! What the host does with Slurm that needs no Slurm to check: a Controller's `active` label
+//! without a slurmrestd (pod 0, as Slinky; without HA too, for a Service Slinky made), and fail-closed deletes when the configured
 //! slurmrestd cannot be asked. (With a real Slurm: `tests/slurm.rs`.)
 
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result, ensure};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::{
     ResourceExt,
-    api::{Api, ListParams},
+    api::{Api, ListParams, Patch, PatchParams},
 };
 use serde_json::json;
 use slinky_api::{NodeSet, keys};
@@ -98,6 +98,65 @@ async fn an_ha_controller_without_slurm_has_exactly_one_active_slurmctld_pod() -
             }
         }
     }
+    host.stop().await;
+    Ok(())
+}
+
+/// Without HA the one slurmctld pod carries the `active` label, as Slinky's operator labels it: a
+/// Service that operator made selects `active=true` (from v1.2.2, with or without HA), and the
+/// host's apply cannot drop a selector key another manager owns, so without the label a replaced
+/// slurmctld pod would be no endpoint of it (slurmctld unreachable, Slinky's #257).
+#[tokio::test]
+async fn without_ha_the_slurmctld_pod_is_active_for_a_service_slinky_made() -> Result<()> {
+    let c = cluster_with_statefulsets().await;
+    let ns = c.namespace("no-ha-active").await;
+    // The Service as Slinky's operator leaves it: its selector, its field manager.
+    let mut selector = slinky_api::labels::CONTROLLER.selector_labels("slurm");
+    selector.insert(keys::LABEL_CONTROLLER_ACTIVE.to_string(), "true".to_string());
+    let slinky_made: Service = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "slurm-controller", "namespace": ns},
+        "spec": {"selector": selector, "clusterIP": "None",
+                 "ports": [{"name": "slurmctld", "port": 6817, "targetPort": "slurmctld"}]}
+    }))?;
+    let services = Api::<Service>::namespaced(c.client.clone(), &ns);
+    services
+        .patch(
+            "slurm-controller",
+            &PatchParams::apply("manager").force(),
+            &Patch::Apply(&slinky_made),
+        )
+        .await?;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    // The Service selects the slurmctld pod: every key of its selector is one of the pod's labels.
+    let selected = |uid: Option<String>| {
+        let (pods, services) = (pods.clone(), services.clone());
+        async move {
+            let svc = services.get("slurm-controller").await.ok()?;
+            let pod = pods.get_opt("slurm-controller-0").await.ok()??;
+            let selector = svc.spec?.selector?;
+            let fresh = uid.is_none_or(|u| pod.metadata.uid.as_ref() != Some(&u));
+            (fresh && selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)))
+                .then_some(pod.metadata.uid)
+        }
+    };
+    let first = eventually(60, || selected(None)).await;
+    let uid = first.context("slurmctld pod 0 is never selected by the Service Slinky made")?;
+    ensure!(
+        active_pods(&c, &ns).await? == ["slurm-controller-0"],
+        "active pods {:?}",
+        active_pods(&c, &ns).await?
+    );
+    // A new slurmctld pod (a node lost, an upgrade): labelled again.
+    pods.delete("slurm-controller-0", &Default::default()).await?;
+    let again = eventually(60, || selected(uid.clone())).await;
+    ensure!(
+        again.is_some(),
+        "the replaced slurmctld pod is no endpoint: active pods {:?}",
+        active_pods(&c, &ns).await?
+    );
     host.stop().await;
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The `controller.slinky.slurm.net/active=true` label of an HA Controller's slurmctld pods: the
+//! The `controller.slinky.slurm.net/active=true` label of a Controller's slurmctld pods: an HA
 //! Controller's Service selects it, so it must be on exactly the slurmctld that is in charge.
 //!
 //! # Rules
@@ -10,7 +10,12 @@
 //! * Without one (or when it answers with no responding primary, or cannot be asked), a label
 //!   already on a live pod stays; when no live pod has it, pod 0 gets it (as Slinky does
 //!   without a Slurm client), so the Service always has an endpoint to try.
-//! * Without HA the Service selects no `active` label and the host writes none.
+//! * Without HA there is one slurmctld pod, and it carries the label (as Slinky labels it): the
+//!   bundled builder's Service selects no `active` label then, but a Service that Slinky's
+//!   operator made (v1.2.2 on selects `active=true` with or without HA) and the host adopted keeps
+//!   that selector, which only its first manager can drop: without the label a new slurmctld pod
+//!   would be no endpoint of it. Nothing is asked of Slurm, and nothing is looked at again: the
+//!   pod's StatefulSet changes when the pod is replaced, and that runs the Controller's pass.
 
 use std::{sync::Arc, time::Duration};
 
@@ -61,17 +66,22 @@ fn hostname(p: &Pod) -> String {
         .unwrap_or_else(|| p.name_any())
 }
 
-/// Label the active slurmctld pod of an HA Controller. Returns when to look again (`None`
-/// without HA). Refused writes are Warning Events (the next look retries them).
+/// Label the active slurmctld pod. Returns when to look again (`None` without HA). Refused
+/// writes are Warning Events (the next look retries them).
 pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Option<Duration> {
-    if c.spec.external || !c.ha_enabled() {
+    if c.spec.external {
         return None;
     }
     let pods = slurmctld_pods(ctx, c);
+    if !c.ha_enabled() {
+        if let Some(pod) = pods.first() {
+            move_label(ctx, c, &pods, pod).await;
+        }
+        return None;
+    }
     if pods.is_empty() {
         return Some(HA_RECHECK);
     }
-    let core = ctx.core.as_ref();
     let primary = match ctx.slurm.reach(c, &ctx.caches).await {
         Reach::On(cluster) => match cluster.client().ping().await {
             Ok(pings) => slinky_slurm::in_control(&pings).map(|p| p.hostname.clone()),
@@ -94,9 +104,16 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
             None => pods[0].clone(),
         },
     };
-    // Add first, then take away: the Service keeps an endpoint throughout.
+    move_label(ctx, c, &pods, &active).await;
+    Some(HA_RECHECK)
+}
+
+/// Put the label on `active` and take it from the other `pods`: added first, then taken away,
+/// so the Service keeps an endpoint throughout.
+async fn move_label(ctx: &ControllerContext, c: &Controller, pods: &[Arc<Pod>], active: &Arc<Pod>) {
+    let core = ctx.core.as_ref();
     let mut writes: Vec<(Arc<Pod>, Option<&str>)> = Vec::new();
-    if !is_active(&active) {
+    if !is_active(active) {
         writes.push((active.clone(), Some("true")));
     }
     for p in pods
@@ -141,5 +158,4 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
             tracing::info!(controller = %c.name_any(), pod = %pod.name_any(), "slurmctld pod is active");
         }
     }
-    Some(HA_RECHECK)
 }
