@@ -161,6 +161,80 @@ async fn without_ha_the_slurmctld_pod_is_active_for_a_service_slinky_made() -> R
     Ok(())
 }
 
+/// Closed stays closed: a NodeSet that had a slurmrestd and has none now (here the flag is
+/// dropped; a RestApi deleted is the same) deletes no pod without a drain; only its annotation
+/// `delete-without-drain=true` lets the pods go undrained, and an Event says so.
+#[tokio::test]
+async fn a_nodeset_that_had_a_slurmrestd_deletes_nothing_undrained_once_it_is_gone() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("slurm-gone").await;
+    apply_example(&c, &ns, 2).await?;
+    let registry = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let config = |urls: Vec<String>| RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(1)),
+        slurmrestd_urls: urls,
+        ..Default::default()
+    };
+    let host = Host::start_config(
+        c.client.clone(),
+        registry.clone(),
+        config(vec!["http://127.0.0.1:9".into()]),
+    );
+    converge_current(&c, &ns, &names(&[0, 1]), true).await?;
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let marked = eventually(30, || async {
+        let n = api.get(NS_NAME).await.ok()?;
+        n.finalizers()
+            .iter()
+            .any(|f| f == keys::FINALIZER_SLURM_NODES)
+            .then_some(())
+    })
+    .await;
+    ensure!(marked.is_some(), "the NodeSet never got its finalizer");
+    host.stop().await;
+    // The host again, with no slurmrestd for the Controller.
+    let host = Host::start_config(c.client.clone(), registry, config(Vec::new()));
+    scale(&c, &ns, 1).await?;
+    let condition = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "SlurmFailure").await.ok()??;
+        (cond.status == "True" && cond.message.contains("any more")).then_some(cond)
+    })
+    .await
+    .context("no SlurmFailure condition saying the slurmrestd is gone")?;
+    ensure!(
+        condition.reason == "SlurmUnreachable"
+            && condition.message.contains(keys::ANNOTATION_DELETE_WITHOUT_DRAIN),
+        "{condition:?}"
+    );
+    host.passes_later(6).await?;
+    ensure!(
+        pod_names(&c, &ns).await? == names(&[0, 1]),
+        "a pod went without a drain: {:?}",
+        pod_names(&c, &ns).await?
+    );
+    // The explicit opt-out.
+    api.patch(
+        NS_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {keys::ANNOTATION_DELETE_WITHOUT_DRAIN: "true"}}})),
+    )
+    .await?;
+    let gone = eventually(30, || async {
+        (pod_names(&c, &ns).await.ok()? == names(&[0])).then_some(())
+    })
+    .await;
+    ensure!(gone.is_some(), "{:?}", pod_names(&c, &ns).await?);
+    let evs = events(&c, &ns, NS_NAME).await?;
+    ensure!(
+        evs.iter()
+            .any(|(r, n)| r == "DeleteWithoutDrain" && n.contains("without a drain")),
+        "{evs:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Result<()> {
     let c = cluster(true).await;

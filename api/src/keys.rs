@@ -24,6 +24,9 @@ pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
 /// no job runs on its Slurm nodes (Slinky's #138: slurmctld crashed on job records of nodes a
 /// reconfigure removed).
 pub const FINALIZER_SLURM_NODES: &str = "nodeset.slinky.slurm.net/slurm-nodes";
+/// NodeSet annotation (`"true"`): with no slurmrestd configured any more for a NodeSet that had
+/// one, delete its pods without draining them (jobs on them die) instead of waiting for Slurm.
+pub const ANNOTATION_DELETE_WITHOUT_DRAIN: &str = "nodeset.slinky.slurm.net/delete-without-drain";
 /// NodeSet finalizer (Slinky's): a `ScheduledUpdate` NodeSet stays until its Slurm maintenance
 /// reservation is deleted.
 pub const FINALIZER_RESERVATION: &str = "nodeset.slinky.slurm.net/reservation";

@@ -8,7 +8,9 @@
 //!   `http://<controller>-restapi.<namespace>:6820` while that Service exists (a slurmrestd this
 //!   host does not build, named as Slinky's Helm chart names it). Without any, the Controller's Slurm is
 //!   [`Reach::Off`]: its NodeSets behave as Slinky's without a Slurm client (pods are deleted
-//!   without a drain) and say so in their status.
+//!   without a drain) and say so in their status, except those that had a slurmrestd before:
+//!   for them no slurmrestd is an unreachable one (closed stays closed, see
+//!   `nodeset::drain`).
 //! * With a slurmrestd, Slurm is **fail-closed**: when it cannot be asked (no JWT key, no
 //!   answer within the deadline, a refused token, an unknown data parser), [`Reach::Failed`]
 //!   names the cause and the callers delete nothing that could run a job.

@@ -16,6 +16,12 @@
 //! * When the Controller's Slurm cannot be asked (see [`crate::reconcile::slurm`]) no live pod
 //!   is deleted: fail closed, never "treat as drained" (Slinky's PR #79), never wait on it
 //!   (#239): the pass records why, and the NodeSet retries with its backoff.
+//! * Closed stays closed: a NodeSet that had a slurmrestd (it carries the finalizer
+//!   [`keys::FINALIZER_SLURM_NODES`], added at its first pass with one) and has none now (its
+//!   RestApi deleted or being deleted, the Service gone, the `--slurmrestd-url` flag dropped) is
+//!   `SlurmUnreachable`, never "delete without a drain". Only the NodeSet's annotation
+//!   [`keys::ANNOTATION_DELETE_WITHOUT_DRAIN`]`=true` lets its pods go undrained again (a
+//!   Warning Event says so once).
 //! * A node the host drained (reason with its prefix) whose pod is no longer to be deleted is
 //!   undrained (resumed if the host also set it DOWN). A drain or DOWN someone else set, and a
 //!   DOWN "Not responding" node, are never touched (#3).
@@ -59,7 +65,7 @@ impl SlurmView {
     /// [`crate::reconcile::slurm::NODES_TTL`]).
     pub(super) async fn read(pass: &Pass<'_>, controller: &slinky_api::Controller) -> SlurmView {
         match pass.ctx.slurm.reach(controller, &pass.ctx.caches).await {
-            Reach::Off => SlurmView::Off,
+            Reach::Off => SlurmView::off(pass, controller).await,
             Reach::Failed(u) => SlurmView::Failed(u),
             Reach::On(cluster) => match cluster.nodes().await {
                 Ok(nodes) => {
@@ -69,6 +75,48 @@ impl SlurmView {
                 Err(u) => SlurmView::Failed(u),
             },
         }
+    }
+
+    /// No slurmrestd is configured for `controller`: [`SlurmView::Off`] for a NodeSet that never
+    /// had one (or that opts out); for one that had, Slurm is unreachable (closed stays closed).
+    async fn off(pass: &Pass<'_>, controller: &slinky_api::Controller) -> SlurmView {
+        if !super::finalizer::has(pass.ns, keys::FINALIZER_SLURM_NODES) {
+            return SlurmView::Off;
+        }
+        let opted_out = pass
+            .ns
+            .annotations()
+            .get(keys::ANNOTATION_DELETE_WITHOUT_DRAIN)
+            .is_some_and(|v| v == "true");
+        let controller = controller.name_any();
+        if opted_out {
+            let message = format!(
+                "NodeSet {} had a slurmrestd and Controller {controller} has none now; its annotation \
+                 {}=true lets its pods be deleted without a drain (jobs on them are killed)",
+                pass.ns.name_any(),
+                keys::ANNOTATION_DELETE_WITHOUT_DRAIN
+            );
+            let once = format!("{}/delete-without-drain", pass.ns.uid().unwrap_or_default());
+            if pass.core().announced.first(&once, &message) {
+                tracing::warn!(nodeset = %pass.ns.name_any(), "{message}");
+                pass.core()
+                    .event(pass.ns, EventType::Warning, "DeleteWithoutDrain", message)
+                    .await;
+            }
+            return SlurmView::Off;
+        }
+        SlurmView::Failed(Unavailable {
+            reason: "SlurmUnreachable",
+            message: format!(
+                "no slurmrestd is configured for Controller {controller} any more (its RestApi deleted, \
+                 the RestApi's Service gone, or the --slurmrestd-url flag dropped), but NodeSet {} had one \
+                 (finalizer {}): no pod that could run a job is deleted without a drain. Bring the \
+                 slurmrestd back, or annotate the NodeSet {}=true to delete its pods without draining them",
+                pass.ns.name_any(),
+                keys::FINALIZER_SLURM_NODES,
+                keys::ANNOTATION_DELETE_WITHOUT_DRAIN
+            ),
+        })
     }
 
     /// The same view read afresh from Slurm when `deletes` holds a live pod (a delete is never

@@ -4,7 +4,10 @@
 //!
 //! # Rules
 //! * A NodeSet whose Controller has a slurmrestd gets the finalizer at its first pass that asks
-//!   Slurm; without one it gets none (and a finalizer it has is removed when it is deleted).
+//!   Slurm; without one it gets none. The finalizer also records that it had one: when the
+//!   slurmrestd is gone later (a RestApi deleted, a flag dropped), Slurm is unreachable for it,
+//!   not absent, and the finalizer stays while it is deleted (closed stays closed, see
+//!   [`super::drain`]), unless the NodeSet's annotation `delete-without-drain=true` gives up.
 //! * Deleted: every node of its pods is drained (reason `slurm-operator: NodeSet … is being
 //!   deleted`, so no job lands there) and the finalizer is removed once none is busy; the
 //!   garbage collector then deletes the pods and the Controller rewrites `slurm.conf`. Decided
