@@ -11,8 +11,10 @@
 //!   as unregistered) and `volumeClaimTemplates` (a StatefulSet's cannot change either);
 //! * LoginSet: `controllerRef`; Accounting: `jwtKeyRef`.
 //!
-//! A field left unset counts as its default (`''`, persistence on): writing the default out is
-//! a change only where the default is not what is written. Where a key Secret is named by its
+//! A field left unset (or `null`) counts as its default (`''`, persistence on). A reference may
+//! be set where it was empty (a Controller without `jwtKeyRef` is told to set it), never changed
+//! once set; `clusterName` may not be set later either (its default is `<namespace>_<name>`,
+//! which a rule cannot see). Where a key Secret is named by its
 //! older name (`jwtHs256KeyRef`, which Slinky's chart writes), the two names are one field.
 //!
 //! The rules stay inside the part of CEL the embedded API server evaluates (`has`, `size`,
@@ -29,17 +31,37 @@ struct Rule {
     field: &'static str,
 }
 
+/// Whether `x.field` is set (present and not `null`: the key references are nullable).
+fn set(x: &str, field: &str) -> String {
+    format!("(has({x}.{field}) && {x}.{field} != null)")
+}
+
 /// `x.field.name`, or `''` where either is unset.
 fn name_of(x: &str, field: &str) -> String {
-    format!("(has({x}.{field}) && has({x}.{field}.name) ? {x}.{field}.name : '')")
+    format!(
+        "({} && has({x}.{field}.name) ? {x}.{field}.name : '')",
+        set(x, field)
+    )
 }
 
 /// The JWT key Secret's name under either of its names.
 fn jwt_name(x: &str) -> String {
     format!(
-        "(has({x}.jwtKeyRef) ? {} : {})",
+        "({} ? {} : {})",
+        set(x, "jwtKeyRef"),
         name_of(x, "jwtKeyRef"),
         name_of(x, "jwtHs256KeyRef")
+    )
+}
+
+/// `name` may be set where it was empty (the host's own advice for a missing reference), and
+/// not changed once set.
+fn once_set(name: impl Fn(&str) -> String) -> String {
+    format!(
+        "{} == '' || {} == {}",
+        name("oldSelf"),
+        name("self"),
+        name("oldSelf")
     )
 }
 
@@ -47,13 +69,17 @@ fn jwt_name(x: &str) -> String {
 fn jwt_rules() -> [Rule; 2] {
     [
         Rule {
-            rule: "!(has(self.jwtKeyRef) && has(self.jwtHs256KeyRef))".into(),
+            rule: format!(
+                "!({} && {})",
+                set("self", "jwtKeyRef"),
+                set("self", "jwtHs256KeyRef")
+            ),
             message: "set jwtKeyRef or its older name jwtHs256KeyRef, not both",
             field: ".jwtHs256KeyRef",
         },
         Rule {
-            rule: format!("{} == {}", jwt_name("self"), jwt_name("oldSelf")),
-            message: "jwtKeyRef is immutable: slurmctld, slurmdbd and slurmrestd sign and check every token with this Secret's key; rotate the key inside the Secret instead",
+            rule: once_set(jwt_name),
+            message: "jwtKeyRef is immutable once set: slurmctld, slurmdbd and slurmrestd sign and check every token with this Secret's key; rotate the key inside the Secret instead",
             field: ".jwtKeyRef",
         },
     ]
@@ -100,11 +126,15 @@ pub(crate) fn controller(schema: &mut Schema) {
         format!("(has(self.{field}) ? self.{field} : '') == (has(oldSelf.{field}) ? oldSelf.{field} : '')")
     };
     let enabled = |x: &str| {
-        format!("(has({x}.persistence) && has({x}.persistence.enabled) ? {x}.persistence.enabled : true)")
+        format!(
+            "({} && has({x}.persistence.enabled) ? {x}.persistence.enabled : true)",
+            set(x, "persistence")
+        )
     };
     let claim = |x: &str| {
         format!(
-            "(has({x}.persistence) && has({x}.persistence.existingClaim) ? {x}.persistence.existingClaim : '')"
+            "({} && has({x}.persistence.existingClaim) ? {x}.persistence.existingClaim : '')",
+            set(x, "persistence")
         )
     };
     let rules = [
@@ -114,12 +144,8 @@ pub(crate) fn controller(schema: &mut Schema) {
             field: ".clusterName",
         },
         Rule {
-            rule: format!(
-                "{} == {}",
-                name_of("self", "slurmKeyRef"),
-                name_of("oldSelf", "slurmKeyRef")
-            ),
-            message: "slurmKeyRef is immutable: every Slurm daemon of the cluster authenticates with this Secret's key; rotate the key inside the Secret instead",
+            rule: once_set(|x| name_of(x, "slurmKeyRef")),
+            message: "slurmKeyRef is immutable once set: every Slurm daemon of the cluster authenticates with this Secret's key; rotate the key inside the Secret instead",
             field: ".slurmKeyRef",
         },
         Rule {
@@ -148,8 +174,9 @@ pub(crate) fn nodeset(schema: &mut Schema) {
         schema,
         [
             Rule {
-                rule: "self.controllerRef == oldSelf.controllerRef".into(),
-                message: "controllerRef is immutable: the NodeSet's pods are nodes of that Controller's Slurm cluster; create a new NodeSet for another cluster",
+                rule: "oldSelf.controllerRef.name == '' || self.controllerRef == oldSelf.controllerRef"
+                    .into(),
+                message: "controllerRef is immutable once set: the NodeSet's pods are nodes of that Controller's Slurm cluster; create a new NodeSet for another cluster",
                 field: ".controllerRef",
             },
             Rule {
@@ -170,8 +197,8 @@ pub(crate) fn loginset(schema: &mut Schema) {
     add(
         schema,
         [Rule {
-            rule: "self.controllerRef == oldSelf.controllerRef".into(),
-            message: "controllerRef is immutable: the login pods are configured for that Controller's Slurm cluster; create a new LoginSet for another cluster",
+            rule: "(has(oldSelf.controllerRef.name) ? oldSelf.controllerRef.name : '') == '' || self.controllerRef == oldSelf.controllerRef".into(),
+            message: "controllerRef is immutable once set: the login pods are configured for that Controller's Slurm cluster; create a new LoginSet for another cluster",
             field: ".controllerRef",
         }],
     );
