@@ -12,6 +12,10 @@ pub const PLUGINS_GROUP: &str = "plugins.slinky.slurm.net";
 
 /// The order of a step that does not give one.
 pub const DEFAULT_ORDER: i32 = 100;
+/// The lowest `spec.order` (an `int32`'s).
+pub const ORDER_MIN: i64 = i32::MIN as i64;
+/// The highest `spec.order` (an `int32`'s).
+pub const ORDER_MAX: i64 = i32::MAX as i64;
 
 /// `spec` of a BuilderPlugin: a step added, after the base builder (bundled, or the plugins
 /// directory's), to the pipelines of the builder kinds it lists.
@@ -55,9 +59,12 @@ pub struct BuilderPluginSpec {
     /// module must build every one.
     pub kinds: Vec<String>,
     /// Its place in each kind's pipeline, after the base builder: lower runs first (default
-    /// 100; ties run in name order).
+    /// 100; ties run in name order), an `int32`. Held as an `i64`, so a value the API server let
+    /// through before the schema bounded it (it does not enforce `format: int32` on custom
+    /// resources) refuses this BuilderPlugin, never the decoding of every BuilderPlugin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub order: Option<i32>,
+    #[schemars(extend("minimum" = ORDER_MIN, "maximum" = ORDER_MAX))]
+    pub order: Option<i64>,
     /// Its settings: any JSON, checked by the plugin's `validate-settings` before it serves
     /// with them, and passed to every build.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -58,8 +58,8 @@ pub use accounting::{
     SLURMDBD_CONF, SLURMDBD_PORT, StorageConfig, accounting_key,
 };
 pub use builder_plugin::{
-    BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, ConfigMapModule, DEFAULT_ORDER, PLUGINS_GROUP,
-    PluginModule, ServingVersion,
+    BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, ConfigMapModule, DEFAULT_ORDER, ORDER_MAX,
+    ORDER_MIN, PLUGINS_GROUP, PluginModule, ServingVersion,
 };
 pub use controller::{
     Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, MetricEndpoint, Metrics,

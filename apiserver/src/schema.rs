@@ -143,6 +143,7 @@ fn walk_value(
             return;
         }
     }
+    bounds(schema, v, path, errors);
     if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
         && !allowed.contains(v)
     {
@@ -207,6 +208,50 @@ fn walk_value(
             }
         }
         _ => {}
+    }
+}
+
+/// `minimum` and `maximum` (and their `exclusive*` flags), with kube-apiserver's messages.
+fn bounds(schema: &Value, v: &Value, path: &str, errors: &mut Vec<(String, String)>) {
+    let Some(n) = v.as_f64() else {
+        return;
+    };
+    let flag = |k: &str| schema.get(k) == Some(&Value::Bool(true));
+    if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+        let exclusive = flag("exclusiveMaximum");
+        if n > max || (exclusive && n == max) {
+            let or_equal = if exclusive { "" } else { "or equal to " };
+            errors.push((
+                path.to_string(),
+                format!(
+                    "Invalid value: {v}: {path} in body should be less than {or_equal}{}",
+                    bound_text(max)
+                ),
+            ));
+        }
+    }
+    if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
+        let exclusive = flag("exclusiveMinimum");
+        if n < min || (exclusive && n == min) {
+            let or_equal = if exclusive { "" } else { "or equal to " };
+            errors.push((
+                path.to_string(),
+                format!(
+                    "Invalid value: {v}: {path} in body should be greater than {or_equal}{}",
+                    bound_text(min)
+                ),
+            ));
+        }
+    }
+}
+
+/// A schema bound as kube-apiserver 1.28 prints it: an integral one without a fraction or an
+/// exponent (`2147483647`), as measured; others as Rust prints them (`0.5`).
+fn bound_text(f: f64) -> String {
+    if f.fract() == 0.0 && f.abs() < 1e18 {
+        format!("{f:.0}")
+    } else {
+        f.to_string()
     }
 }
 

@@ -124,6 +124,16 @@ impl Wanted {
         if let Some(selector) = &spec.selector {
             slinky_api::selectors::problem(selector).map_err(|e| invalid(format!("spec.selector.{e}")))?;
         }
+        let order = match spec.order {
+            None => DEFAULT_ORDER,
+            Some(o) => i32::try_from(o).map_err(|_| {
+                invalid(format!(
+                    "spec.order: {o} is out of range: give an order from {} to {}",
+                    slinky_api::ORDER_MIN,
+                    slinky_api::ORDER_MAX
+                ))
+            })?,
+        };
         let settings = match &spec.settings {
             None => slinky_api::contract::NO_SETTINGS.to_string(),
             Some(v) => serde_json::to_string(v).map_err(|e| invalid(format!("spec.settings: {e}")))?,
@@ -131,7 +141,7 @@ impl Wanted {
         Ok(Wanted {
             kinds,
             settings,
-            order: spec.order.unwrap_or(DEFAULT_ORDER),
+            order,
             selector: spec.selector.clone(),
         })
     }
@@ -449,5 +459,32 @@ impl Steps {
             message: format!("{}{}", failure.message, serving.unwrap_or_default()),
             ..failure
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An order the API server let through before the CRD bounded it (it does not enforce
+    /// `int32` on custom resources) decodes, and refuses this BuilderPlugin alone.
+    #[test]
+    fn an_order_out_of_range_refuses_only_its_builder_plugin() -> Result<(), serde_json::Error> {
+        let spec: BuilderPluginSpec = serde_json::from_value(json!({
+            "module": {"image": "registry.example/p@sha256:00"}, "kinds": ["nodeset-pod"],
+            "order": 2_147_483_648_i64
+        }))?;
+        let failure = Wanted::of(&spec).err();
+        assert!(
+            failure
+                .as_ref()
+                .is_some_and(|f| f.reason == "InvalidSpec"
+                    && f.message.contains("spec.order: 2147483648 is out of range")),
+            "{failure:?}"
+        );
+        let fine: BuilderPluginSpec =
+            serde_json::from_value(json!({"module": {}, "kinds": ["nodeset-pod"], "order": -7}))?;
+        assert!(Wanted::of(&fine).is_ok_and(|w| w.order == -7));
+        Ok(())
     }
 }
