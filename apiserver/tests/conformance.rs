@@ -240,6 +240,70 @@ async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<(
     Ok(())
 }
 
+/// A schema's `minimum` and `maximum` are enforced with kube-apiserver's message: a
+/// BuilderPlugin's `order` out of range is refused at the door (kube-apiserver does not enforce
+/// `format: int32` on custom resources, so the bounds are the schema's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_bounds_are_enforced_with_kube_apiservers_message() -> Result<()> {
+    use kube::CustomResourceExt;
+    let c = TestCluster::start().await;
+    c.install_crds(&[slinky_api::BuilderPlugin::crd()]).await;
+    let api: Api<kube::api::DynamicObject> = Api::all_with(
+        c.client.clone(),
+        &kube::discovery::ApiResource::erase::<slinky_api::BuilderPlugin>(&()),
+    );
+    let name = format!("bounds-{}", std::process::id());
+    let bp = |order: i64| -> Result<kube::api::DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "plugins.slinky.slurm.net/v1alpha1", "kind": "BuilderPlugin",
+            "metadata": {"name": name},
+            "spec": {"module": {"image": "registry.example/p@sha256:00"}, "kinds": ["nodeset-pod"], "order": order}
+        }))?)
+    };
+    for (order, answer) in [
+        (
+            2_147_483_648_i64,
+            "spec.order: Invalid value: 2147483648: spec.order in body should be less than or equal to 2147483647",
+        ),
+        (
+            -2_147_483_649,
+            "spec.order: Invalid value: -2147483649: spec.order in body should be greater than or equal to -2147483648",
+        ),
+    ] {
+        match api.create(&PostParams::default(), &bp(order)?).await {
+            Ok(_) => bail!("order {order} was accepted"),
+            Err(kube::Error::Api(s)) if s.code == 422 => ensure!(
+                s.message
+                    == format!("BuilderPlugin.plugins.slinky.slurm.net \"{name}\" is invalid: {answer}"),
+                "{}",
+                s.message
+            ),
+            Err(other) => bail!("order {order} refused otherwise: {other}"),
+        }
+    }
+    api.create(&PostParams::default(), &bp(2_147_483_647)?).await?;
+    api.delete(&name, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// A merge patch of `spec` with `change` is refused `422 Invalid` with a message starting `answer`.
+async fn refused(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    change: serde_json::Value,
+    answer: &str,
+) -> Result<()> {
+    let patch = Patch::Merge(json!({"spec": change}));
+    match api.patch(name, &PatchParams::default(), &patch).await {
+        Ok(_) => bail!("{change} was accepted"),
+        Err(kube::Error::Api(s)) if s.code == 422 => {
+            ensure!(s.message.starts_with(answer), "{change}: {}", s.message);
+            Ok(())
+        }
+        Err(other) => bail!("{change} refused otherwise: {other}"),
+    }
+}
+
 /// The fields whose change destroys a cluster's state are refused by the API server (the CRDs'
 /// transition rules), with the same answer on both servers; other changes pass, and Slinky's
 /// `jwtHs256KeyRef` is kept, not pruned.
@@ -271,10 +335,6 @@ async fn immutable_fields_are_refused_with_kube_apiservers_answer() -> Result<()
         created.data.get("spec")
     );
     let patch = |spec: serde_json::Value| Patch::Merge(json!({"spec": spec}));
-    let refused = |e: kube::Error| match e {
-        kube::Error::Api(s) if s.code == 422 => Ok(s.message),
-        other => bail!("refused otherwise: {other}"),
-    };
     let is = "Controller.slinky.slurm.net \"slurm\" is invalid: ";
     let cases = [
         (
@@ -287,11 +347,11 @@ async fn immutable_fields_are_refused_with_kube_apiservers_answer() -> Result<()
         ),
         (
             json!({"slurmKeyRef": {"name": "other-key"}}),
-            "spec.slurmKeyRef: Invalid value: \"object\": slurmKeyRef is immutable",
+            "spec.slurmKeyRef: Invalid value: \"object\": slurmKeyRef is immutable once set",
         ),
         (
             json!({"jwtHs256KeyRef": {"name": "other-jwt"}}),
-            "spec.jwtKeyRef: Invalid value: \"object\": jwtKeyRef is immutable",
+            "spec.jwtKeyRef: Invalid value: \"object\": jwtKeyRef is immutable once set",
         ),
         (
             json!({"jwtKeyRef": {"name": "jwt-key", "key": "jwt.key"}}),
@@ -307,16 +367,7 @@ async fn immutable_fields_are_refused_with_kube_apiservers_answer() -> Result<()
         ),
     ];
     for (change, answer) in cases {
-        let err = controllers
-            .patch("slurm", &PatchParams::default(), &patch(change.clone()))
-            .await
-            .err()
-            .with_context(|| format!("{change} was accepted"))?;
-        let message = refused(err)?;
-        ensure!(
-            message.starts_with(&format!("{is}{answer}")),
-            "{change}: {message}"
-        );
+        refused(&controllers, "slurm", change, &format!("{is}{answer}")).await?;
     }
     // What does not destroy state passes: another setting, the JWT key under its newer name,
     // the rest of the claim spec.
@@ -329,6 +380,28 @@ async fn immutable_fields_are_refused_with_kube_apiservers_answer() -> Result<()
                           "persistence": {"storageClassName": "slow"}})),
         )
         .await?;
+    // A reference may be set where it was empty (the host's advice for a missing one), and a
+    // null one (YAML `slurmKeyRef:` with no value) counts as unset.
+    let bare = json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "Controller", "metadata": {"name": "bare"},
+        "spec": {"slurmKeyRef": null}});
+    controllers
+        .create(&PostParams::default(), &serde_json::from_value(bare)?)
+        .await?;
+    controllers
+        .patch(
+            "bare",
+            &PatchParams::default(),
+            &patch(json!({"slurmKeyRef": {"name": "slurm-key", "key": "slurm.key"},
+                          "jwtKeyRef": {"name": "jwt-key", "key": "jwt.key"}})),
+        )
+        .await?;
+    refused(
+        &controllers,
+        "bare",
+        json!({"slurmKeyRef": {"name": "other-key"}}),
+        "Controller.slinky.slurm.net \"bare\" is invalid: spec.slurmKeyRef: Invalid value: \"object\": slurmKeyRef is immutable once set",
+    )
+    .await?;
     if slinky_apiserver::testing::on_path("kubectl") {
         let out = std::process::Command::new("kubectl")
             .arg("--kubeconfig")
@@ -358,23 +431,14 @@ async fn immutable_fields_are_refused_with_kube_apiservers_answer() -> Result<()
     for (change, answer) in [
         (
             json!({"controllerRef": {"name": "other"}}),
-            "spec.controllerRef: Invalid value: \"object\": controllerRef is immutable",
+            "spec.controllerRef: Invalid value: \"object\": controllerRef is immutable once set",
         ),
         (
             json!({"volumeClaimTemplates": [{"metadata": {"name": "scratch"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}),
             "spec.volumeClaimTemplates: Invalid value: \"object\": volumeClaimTemplates is immutable",
         ),
     ] {
-        let err = nodesets
-            .patch("workers", &PatchParams::default(), &patch(change.clone()))
-            .await
-            .err()
-            .with_context(|| format!("{change} was accepted"))?;
-        let message = refused(err)?;
-        ensure!(
-            message.starts_with(&format!("{ns_is}{answer}")),
-            "{change}: {message}"
-        );
+        refused(&nodesets, "workers", change, &format!("{ns_is}{answer}")).await?;
     }
     nodesets
         .patch("workers", &PatchParams::default(), &patch(json!({"replicas": 3})))
