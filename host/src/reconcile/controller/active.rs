@@ -74,10 +74,12 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
     }
     let pods = slurmctld_pods(ctx, c);
     if !c.ha_enabled() {
-        if let Some(pod) = pods.first() {
-            move_label(ctx, c, &pods, pod).await;
-        }
-        return None;
+        // A write that did not land is tried again soon, not at the next resync.
+        let landed = match pods.first() {
+            Some(pod) => move_label(ctx, c, &pods, pod).await,
+            None => true,
+        };
+        return (!landed).then_some(HA_RECHECK);
     }
     if pods.is_empty() {
         return Some(HA_RECHECK);
@@ -109,9 +111,10 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
 }
 
 /// Put the label on `active` and take it from the other `pods`: added first, then taken away,
-/// so the Service keeps an endpoint throughout.
-async fn move_label(ctx: &ControllerContext, c: &Controller, pods: &[Arc<Pod>], active: &Arc<Pod>) {
+/// so the Service keeps an endpoint throughout. Whether every write landed.
+async fn move_label(ctx: &ControllerContext, c: &Controller, pods: &[Arc<Pod>], active: &Arc<Pod>) -> bool {
     let core = ctx.core.as_ref();
+    let mut landed = true;
     let mut writes: Vec<(Arc<Pod>, Option<&str>)> = Vec::new();
     if !is_active(active) {
         writes.push((active.clone(), Some("true")));
@@ -132,7 +135,7 @@ async fn move_label(ctx: &ControllerContext, c: &Controller, pods: &[Arc<Pod>], 
         {
             // Decided on a stale cache: the next look decides on the fresh pod.
             tracing::debug!(pod = %pod.name_any(), "active label not moved: {e}");
-            break;
+            return false;
         }
         if let Err(e) = r {
             let adding = value.is_some();
@@ -152,10 +155,12 @@ async fn move_label(ctx: &ControllerContext, c: &Controller, pods: &[Arc<Pod>], 
             if adding {
                 // The new active pod has no label: the old one keeps it (the Service keeps an
                 // endpoint) until the next look.
-                break;
+                return false;
             }
+            landed = false;
         } else if value.is_some() {
             tracing::info!(controller = %c.name_any(), pod = %pod.name_any(), "slurmctld pod is active");
         }
     }
+    landed
 }
