@@ -26,7 +26,8 @@ use slinky_api::{Controller, keys::FINALIZER_SLURM_NODES};
 
 use super::{
     Pass,
-    drain::{SlurmView, Unlisted, unlisted_pod},
+    drain::{Unlisted, unlisted_pod},
+    slurm_view::SlurmView,
 };
 use crate::reconcile::{
     core::writer,

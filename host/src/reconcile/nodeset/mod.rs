@@ -38,6 +38,7 @@ mod pods;
 pub use pods::CREATES_IN_FLIGHT;
 mod reservation;
 mod slurm_conditions;
+mod slurm_view;
 mod status;
 mod volumes;
 
@@ -65,7 +66,7 @@ use super::{
     },
     slurm::{SlurmClients, Unavailable},
 };
-use drain::SlurmView;
+use slurm_view::SlurmView;
 
 /// The longest wait between two passes of a NodeSet whose Slurm could not be asked.
 const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);

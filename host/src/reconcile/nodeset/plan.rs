@@ -143,7 +143,7 @@ pub struct Inputs<'a> {
     /// The time availability is judged at.
     pub now: Timestamp,
     /// How a rolling update ranks its old pods by their Slurm node (pod name → rank, lower
-    /// first; see [`super::drain::SlurmView::update_ranks`]); empty without Slurm.
+    /// first; see [`super::slurm_view::SlurmView::update_ranks`]); empty without Slurm.
     pub update_ranks: &'a BTreeMap<String, u8>,
     /// `ScheduledUpdate`: the pods whose Slurm nodes are in the open maintenance window (see
     /// [`super::reservation`]); `None` for another strategy.

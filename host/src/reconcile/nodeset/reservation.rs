@@ -33,7 +33,7 @@ use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::{Controller, conditions, keys, scheduled::Window};
 use slinky_slurm::{Reservation, ReservationRequest};
 
-use super::{Pass, drain::SlurmView, finalizer};
+use super::{Pass, finalizer, slurm_view::SlurmView};
 use crate::reconcile::slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name};
 
 /// The flags the host sets or compares (Slurm adds others, e.g. `SPEC_NODES`, which are left
