@@ -1,6 +1,7 @@
 //! The fields whose change would destroy a cluster's state, refused by the API server itself:
 //! CRD validation rules (`x-kubernetes-validations`, transition rules comparing with `oldSelf`),
-//! which kube-apiserver 1.25+ enforces with no webhook to run. They are the fields Slinky's
+//! which kube-apiserver enforces with no webhook to run (1.28 on: the rules name their field with
+//! `fieldPath`). They are the fields Slinky's
 //! admission webhook makes immutable (`internal/webhook/*_webhook.go`):
 //!
 //! * Controller: `clusterName` (slurmctld's StateSaveLocation is named after it: a new name
@@ -11,8 +12,9 @@
 //!   as unregistered) and `volumeClaimTemplates` (a StatefulSet's cannot change either);
 //! * LoginSet: `controllerRef`; Accounting: `jwtKeyRef`.
 //!
-//! A field left unset (or `null`) counts as its default (`''`, persistence on). A reference may
-//! be set where it was empty (a Controller without `jwtKeyRef` is told to set it), never changed
+//! A field left unset counts as its default (`''`, persistence on), and so does a `null`
+//! reference or `persistence` (a string cannot be compared with `null` in CEL: a `null`
+//! `clusterName` stays what it is). A reference may be set where it was empty (a Controller without `jwtKeyRef` is told to set it), never changed
 //! once set; `clusterName` may not be set later either (its default is `<namespace>_<name>`,
 //! which a rule cannot see). Where a key Secret is named by its
 //! older name (`jwtHs256KeyRef`, which Slinky's chart writes), the two names are one field.
