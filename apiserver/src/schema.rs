@@ -217,28 +217,22 @@ fn bounds(schema: &Value, v: &Value, path: &str, errors: &mut Vec<(String, Strin
         return;
     };
     let flag = |k: &str| schema.get(k) == Some(&Value::Bool(true));
-    if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
-        let exclusive = flag("exclusiveMaximum");
-        if n > max || (exclusive && n == max) {
+    for (key, exclusive, above, word) in [
+        ("maximum", "exclusiveMaximum", true, "less"),
+        ("minimum", "exclusiveMinimum", false, "greater"),
+    ] {
+        let Some(bound) = schema.get(key).and_then(Value::as_f64) else {
+            continue;
+        };
+        let exclusive = flag(exclusive);
+        let beyond = if above { n > bound } else { n < bound };
+        if beyond || (exclusive && n == bound) {
             let or_equal = if exclusive { "" } else { "or equal to " };
             errors.push((
                 path.to_string(),
                 format!(
-                    "Invalid value: {v}: {path} in body should be less than {or_equal}{}",
-                    bound_text(max)
-                ),
-            ));
-        }
-    }
-    if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
-        let exclusive = flag("exclusiveMinimum");
-        if n < min || (exclusive && n == min) {
-            let or_equal = if exclusive { "" } else { "or equal to " };
-            errors.push((
-                path.to_string(),
-                format!(
-                    "Invalid value: {v}: {path} in body should be greater than {or_equal}{}",
-                    bound_text(min)
+                    "Invalid value: {v}: {path} in body should be {word} than {or_equal}{}",
+                    bound_text(bound)
                 ),
             ));
         }

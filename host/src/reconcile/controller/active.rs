@@ -14,8 +14,9 @@
 //!   bundled builder's Service selects no `active` label then, but a Service that Slinky's
 //!   operator made (v1.2.2 on selects `active=true` with or without HA) and the host adopted keeps
 //!   that selector, which only its first manager can drop: without the label a new slurmctld pod
-//!   would be no endpoint of it. Nothing is asked of Slurm, and nothing is looked at again: the
-//!   pod's StatefulSet changes when the pod is replaced, and that runs the Controller's pass.
+//!   would be no endpoint of it. Nothing is asked of Slurm, and nothing is looked at again once
+//!   the label is on (the pod's StatefulSet changes when the pod is replaced, and that runs the
+//!   Controller's pass); a write that did not land is tried again after [`HA_RECHECK`].
 
 use std::{sync::Arc, time::Duration};
 

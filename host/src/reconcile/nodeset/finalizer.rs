@@ -27,18 +27,13 @@ use slinky_api::{Controller, keys::FINALIZER_SLURM_NODES};
 use super::{
     Pass,
     drain::{Unlisted, unlisted_pod},
+    has_finalizer,
     slurm_view::SlurmView,
 };
 use crate::reconcile::{
     core::writer,
     slurm::{Unavailable, node_name},
 };
-
-/// Whether the NodeSet carries the finalizer `key` (the host's: [`FINALIZER_SLURM_NODES`],
-/// `slinky_api::keys::FINALIZER_RESERVATION`).
-pub(super) fn has(ns: &slinky_api::NodeSet, key: &str) -> bool {
-    ns.finalizers().iter().any(|f| f == key)
-}
 
 /// Add the finalizer `key` to the NodeSet; whether it was written (a conflict waits for the next
 /// pass, which sees the fresh NodeSet).
@@ -83,7 +78,7 @@ async fn write(pass: &mut Pass<'_>, finalizers: Vec<String>) -> bool {
 
 /// A live NodeSet whose Slurm is configured gets the finalizer.
 pub(super) async fn ensure(pass: &mut Pass<'_>, view: &SlurmView) {
-    if matches!(view, SlurmView::Off) || has(pass.ns, FINALIZER_SLURM_NODES) {
+    if matches!(view, SlurmView::Off) || has_finalizer(pass.ns, FINALIZER_SLURM_NODES) {
         return;
     }
     add(pass, FINALIZER_SLURM_NODES).await;
@@ -97,7 +92,7 @@ pub(super) async fn finalize(
     controller: Option<&Controller>,
     owned: &[Arc<Pod>],
 ) -> bool {
-    if !has(pass.ns, FINALIZER_SLURM_NODES) {
+    if !has_finalizer(pass.ns, FINALIZER_SLURM_NODES) {
         return true;
     }
     let Some(controller) = controller else {

@@ -68,6 +68,12 @@ use super::{
 };
 use slurm_view::SlurmView;
 
+/// Whether the NodeSet carries the finalizer `key` (the host's:
+/// [`keys::FINALIZER_SLURM_NODES`], [`keys::FINALIZER_RESERVATION`]).
+fn has_finalizer(ns: &NodeSet, key: &str) -> bool {
+    ns.finalizers().iter().any(|f| f == key)
+}
+
 /// The longest wait between two passes of a NodeSet whose Slurm could not be asked.
 const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How soon a pass comes back while a pod waits for its Slurm node to drain.
@@ -224,8 +230,8 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         return Ok(Action::await_change());
     }
     if ns.metadata.deletion_timestamp.is_some()
-        && !finalizer::has(ns, keys::FINALIZER_SLURM_NODES)
-        && !finalizer::has(ns, keys::FINALIZER_RESERVATION)
+        && !has_finalizer(ns, keys::FINALIZER_SLURM_NODES)
+        && !has_finalizer(ns, keys::FINALIZER_RESERVATION)
     {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);

@@ -33,7 +33,7 @@ use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::{Controller, conditions, keys, scheduled::Window};
 use slinky_slurm::{Reservation, ReservationRequest};
 
-use super::{Pass, finalizer, slurm_view::SlurmView};
+use super::{Pass, finalizer, has_finalizer, slurm_view::SlurmView};
 use crate::reconcile::slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name};
 
 /// The flags the host sets or compares (Slurm adds others, e.g. `SPEC_NODES`, which are left
@@ -206,7 +206,7 @@ pub(super) async fn sync(
             return window.map(|_| BTreeSet::new());
         }
     };
-    if !scheduled && !finalizer::has(ns, keys::FINALIZER_RESERVATION) {
+    if !scheduled && !has_finalizer(ns, keys::FINALIZER_RESERVATION) {
         // Never had one (or removed it once it was gone): nothing to ask.
         pass.state.conditions.clear(conditions::RESERVATION_CREATED);
         return None;
@@ -260,10 +260,10 @@ async fn converge(pass: &mut Pass<'_>, cluster: &Cluster, step: &Step, existed: 
         Step::Create(_) | Step::Update(_) | Step::Delete(Some(_)) => true,
         Step::Delete(None) => false,
     };
-    if will_exist && !finalizer::has(ns, keys::FINALIZER_RESERVATION) {
+    if will_exist && !has_finalizer(ns, keys::FINALIZER_RESERVATION) {
         // The finalizer first: a reservation never exists without it. (When the NodeSet's other
         // finalizer was written this pass, the next one writes this.)
-        if finalizer::has(ns, keys::FINALIZER_SLURM_NODES) {
+        if has_finalizer(ns, keys::FINALIZER_SLURM_NODES) {
             finalizer::add(pass, keys::FINALIZER_RESERVATION).await;
         }
         pass.retry_soon();
@@ -286,7 +286,7 @@ async fn converge(pass: &mut Pass<'_>, cluster: &Cluster, step: &Step, existed: 
             true
         }
     };
-    if !exists && finalizer::has(ns, keys::FINALIZER_RESERVATION) {
+    if !exists && has_finalizer(ns, keys::FINALIZER_RESERVATION) {
         finalizer::remove(pass, keys::FINALIZER_RESERVATION).await;
     }
     Some(exists)
@@ -442,7 +442,7 @@ fn set_condition(pass: &mut Pass<'_>, status: bool, reason: &str, message: Strin
 /// NodeSet had no such finalizer when the pass began (after removing it, the pass stops: the
 /// next one sees the fresh NodeSet).
 pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller>) -> bool {
-    if !finalizer::has(pass.ns, keys::FINALIZER_RESERVATION) {
+    if !has_finalizer(pass.ns, keys::FINALIZER_RESERVATION) {
         return true;
     }
     let name = pass.ns.reservation_name();

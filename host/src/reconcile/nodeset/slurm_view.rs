@@ -45,7 +45,7 @@ impl SlurmView {
     /// No slurmrestd is configured for `controller`: [`SlurmView::Off`] for a NodeSet that never
     /// had one (or that opts out); for one that had, Slurm is unreachable (closed stays closed).
     async fn off(pass: &Pass<'_>, controller: &slinky_api::Controller) -> SlurmView {
-        if !super::finalizer::has(pass.ns, keys::FINALIZER_SLURM_NODES) {
+        if !super::has_finalizer(pass.ns, keys::FINALIZER_SLURM_NODES) {
             return SlurmView::Off;
         }
         let opted_out = pass
