@@ -56,7 +56,11 @@ struct Setup {
 }
 
 async fn setup(replicas: i32, poll_ms: u64) -> Result<Setup> {
-    let c = cluster(true).await;
+    setup_on(cluster(true).await, replicas, poll_ms).await
+}
+
+/// [`setup`] on `c`.
+async fn setup_on(c: TestCluster, replicas: i32, poll_ms: u64) -> Result<Setup> {
     let ns = c.namespace("reload").await;
     apply_example(&c, &ns, replicas).await?;
     let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
@@ -113,13 +117,22 @@ impl Setup {
         Ok((nodeset, controller))
     }
 
-    /// Wait until `n` pods exist, all Ready, all built by the builder with `digest`.
+    /// Wait until `n` pods exist, all Ready, all of the revision the builder with `digest` (the
+    /// active one) builds and naming it as their builder.
     async fn rolled_to(&self, n: usize, digest: &str) -> Result<()> {
         let (nodeset, controller) = self.nodeset_and_controller().await?;
-        let revision = pod_revision(&nodeset, &controller, digest, &Default::default());
+        let active = self.plugins.active(BuilderKind::NodesetPod);
+        ensure!(
+            active.digest() == digest,
+            "the active builder is {}",
+            active.digest()
+        );
+        let revision = pod_revision(&active, &nodeset, &controller, &Default::default())?;
         let pods = Api::<Pod>::namespaced(self.c.client.clone(), &self.ns);
+        // The NodeSet's pods (not slurmctld's).
+        let workers = ListParams::default().labels(&format!("app.kubernetes.io/instance={NS_NAME}"));
         let done = eventually(90, || async {
-            let list = pods.list(&ListParams::default()).await.ok()?;
+            let list = pods.list(&workers).await.ok()?;
             let live: Vec<&Pod> = list
                 .items
                 .iter()
@@ -208,6 +221,15 @@ async fn twenty_swaps_under_scaling_load_fail_nothing_and_every_pod_names_one_bu
         .map(|(b, n)| (slinky_host::plugins::digest(b), *n))
         .chain([(slinky_host::plugins::digest(bundled), "nodeset-pod")])
         .collect();
+    let builders: BTreeMap<String, slinky_host::Plugin> = versions
+        .iter()
+        .map(|(b, _)| b.as_slice())
+        .chain([bundled])
+        .map(|b| {
+            slinky_host::Plugin::load(&default_engine(), b, slinky_host::plugins::PluginSource::Bundled)
+                .map(|p| (slinky_host::plugins::digest(b), p))
+        })
+        .collect::<Result<_, _>>()?;
     s.rolled_to(3, &s.active_digest()).await?;
     let (seen, recorder) = record_pods(&s.c, &s.ns);
 
@@ -283,10 +305,16 @@ async fn twenty_swaps_under_scaling_load_fail_nothing_and_every_pod_names_one_bu
             "{}: builder name and digest disagree",
             pod.name_any()
         );
+        let builder = builders.get(digest).context("a builder of the test")?;
         assert_eq!(
             pod.labels().get(keys::LABEL_REVISION_HASH),
-            Some(&pod_revision(&nodeset, &controller, digest, &Default::default())),
-            "{}: revision and builder digest disagree",
+            Some(&pod_revision(
+                builder,
+                &nodeset,
+                &controller,
+                &Default::default()
+            )?),
+            "{}: its revision is not what its builder builds",
             pod.name_any()
         );
         digests.insert(digest.to_string());
@@ -725,6 +753,132 @@ async fn a_children_version_leaving_out_a_child_is_refused() -> Result<()> {
         .await?
         .and_then(|s| s.uid());
     assert_eq!(still, Some(uid), "the StatefulSet stays");
+    s.stop().await;
+    Ok(())
+}
+
+/// Every pod of the namespace: name → UID.
+async fn pod_uids(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, String>> {
+    let list = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect())
+}
+
+/// Every StatefulSet of the namespace: name → (generation, builder digest annotation).
+async fn statefulsets(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, (i64, String)>> {
+    let list = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .map(|s| {
+            let digest = s
+                .annotations()
+                .get(keys::ANNOTATION_BUILDER_DIGEST)
+                .cloned()
+                .unwrap_or_default();
+            (s.name_any(), (s.metadata.generation.unwrap_or(0), digest))
+        })
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn builders_with_the_same_output_restart_nothing_and_one_adding_an_annotation_rolls_only_the_workers()
+-> Result<()> {
+    // The simulated StatefulSet controller makes slurmctld's pod.
+    let s = setup_on(slinky_tests::host::cluster_with_statefulsets().await, 3, 50).await?;
+    s.rolled_to(3, &s.active_digest()).await?;
+    // A NodeSet annotation the bundled builder copies onto pods and the hostile builder reads.
+    Api::<NodeSet>::namespaced(s.c.client.clone(), &s.ns)
+        .patch(
+            NS_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!(
+                {"metadata": {"annotations": {"hostile.test/behaviour": "count"}}})),
+        )
+        .await?;
+    let ctld = eventually(60, || async {
+        let sets = statefulsets(&s.c, &s.ns).await.ok()?;
+        (!sets.is_empty()).then_some(sets)
+    })
+    .await
+    .context("the Controller's StatefulSet was not made")?;
+    // The workers and the StatefulSets' pods (slurmctld).
+    let before = eventually(60, || async {
+        let pods = pod_uids(&s.c, &s.ns).await.ok()?;
+        (pods.len() > 3).then_some(pods)
+    })
+    .await
+    .context("slurmctld's pod was not made")?;
+
+    // Byte-different builders of the same objects: the workers' and the Controller's.
+    let pod_variant = variant(bundled::NODESET_POD, "same-output");
+    let ctld_variant = variant(bundled::CONTROLLER_CHILDREN, "same-output");
+    put(s.dir.path(), "workers.wasm", &pod_variant)?;
+    put(s.dir.path(), "controller.wasm", &ctld_variant)?;
+    let pod_digest = slinky_host::plugins::digest(&pod_variant);
+    let ctld_digest = format!("sha256:{}", slinky_host::plugins::digest(&ctld_variant));
+    s.wait_active(&pod_digest).await?;
+    // Provenance is patched in place: the pods name the new builder, the StatefulSet too.
+    s.rolled_to(3, &pod_digest).await?;
+    let patched = eventually(60, || async {
+        let sets = statefulsets(&s.c, &s.ns).await.ok()?;
+        sets.values().all(|(_, d)| *d == ctld_digest).then_some(sets)
+    })
+    .await
+    .with_context(|| format!("the StatefulSets do not name {ctld_digest}"))?;
+    let after = pod_uids(&s.c, &s.ns).await?;
+    assert_eq!(after, before, "a builder with the same output restarts no pod");
+    for (name, (generation, _)) in &ctld {
+        assert_eq!(
+            patched.get(name).map(|p| p.0),
+            Some(*generation),
+            "StatefulSet {name}: its template did not change"
+        );
+    }
+
+    // A builder whose pods carry one more annotation: the workers roll, nothing else.
+    let hostile = variant(&std::fs::read(test_plugin("hostile"))?, "counts");
+    put(s.dir.path(), "workers.wasm", &hostile)?;
+    let hostile_digest = slinky_host::plugins::digest(&hostile);
+    s.wait_active(&hostile_digest).await?;
+    s.rolled_to(3, &hostile_digest).await?;
+    let rolled = pod_uids(&s.c, &s.ns).await?;
+    for (name, uid) in &before {
+        let worker = name.starts_with(&format!("{NS_NAME}-"));
+        assert_eq!(
+            rolled.get(name) != Some(uid),
+            worker,
+            "{name}: {}",
+            if worker {
+                "a worker rolls"
+            } else {
+                "not a worker: it stays"
+            }
+        );
+    }
+    let pods = Api::<Pod>::namespaced(s.c.client.clone(), &s.ns)
+        .list(&ListParams::default())
+        .await?;
+    for p in pods
+        .items
+        .iter()
+        .filter(|p| p.name_any().starts_with(&format!("{NS_NAME}-")))
+    {
+        assert_eq!(
+            p.annotations().get("hostile.test/calls").map(String::as_str),
+            Some("1"),
+            "{}: built by the new builder",
+            p.name_any()
+        );
+    }
     s.stop().await;
     Ok(())
 }

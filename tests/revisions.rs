@@ -354,3 +354,159 @@ async fn a_refused_revision_write_is_a_condition_and_an_event_and_is_retried() -
     host.stop().await;
     Ok(())
 }
+
+/// Every pod of the namespace: name → UID.
+async fn pod_uids(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, String>> {
+    Ok(Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect())
+}
+
+/// The worker pods, once there are `n` and each carries a revision of this host's scheme (12 hex
+/// digits) and a builder digest other than `not`: name → revision label.
+async fn workers_of_this_scheme(
+    c: &TestCluster,
+    ns: &str,
+    n: usize,
+    not: &str,
+) -> Option<BTreeMap<String, String>> {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={NS_NAME}"));
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns)
+        .list(&lp)
+        .await
+        .ok()?;
+    let out: BTreeMap<String, String> = pods
+        .items
+        .iter()
+        .filter(|p| {
+            p.annotations()
+                .get("slinky.slurm.net/builder-digest")
+                .is_some_and(|d| d != not)
+        })
+        .filter_map(|p| {
+            let rev = p.labels().get("controller-revision-hash")?;
+            (rev.len() == 12 && rev.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| (p.name_any(), rev.clone()))
+        })
+        .collect();
+    (pods.items.len() == n && out.len() == n).then_some(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn upgrading_from_a_host_before_output_revisions_restarts_nothing() -> Result<()> {
+    let c = slinky_tests::host::cluster_with_statefulsets().await;
+    let ns = c.namespace("upgrade").await;
+    apply_example_with(&c, &ns, 2, |_| {}).await?;
+    let host = Host::start(&c, &ns)?;
+    let revs = eventually(90, || workers_of_this_scheme(&c, &ns, 2, ""))
+        .await
+        .context("the workers did not come up")?;
+    let sts = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.client.clone(), &ns);
+    eventually(60, || async { sts.get_opt("slurm-controller").await.ok()? })
+        .await
+        .context("no slurmctld StatefulSet")?;
+    host.stop().await;
+
+    // As an earlier host left them: an input-hash revision on the pods, the builder annotations
+    // on slurmctld's pod template, another builder digest everywhere.
+    let old = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    for name in revs.keys() {
+        let patch = json!({"metadata": {"labels": {"controller-revision-hash": "0123456789"},
+            "annotations": {"slinky.slurm.net/builder-digest": old}}});
+        pods.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    let provenance = json!({"slinky.slurm.net/builder": "controller-children@0.1.0",
+        "slinky.slurm.net/builder-digest": old});
+    // Applied by the host's field manager, as that host applied it (so the new host's apply
+    // would remove what it no longer builds).
+    let mut old_apply = serde_json::to_value(sts.get("slurm-controller").await?)?;
+    if let Some(o) = old_apply.as_object_mut() {
+        o.remove("status");
+    }
+    if let Some(m) = old_apply["metadata"].as_object_mut() {
+        for k in [
+            "managedFields",
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "generation",
+        ] {
+            m.remove(k);
+        }
+    }
+    old_apply["metadata"]["annotations"]["slinky.slurm.net/builder-digest"] = old.into();
+    old_apply["metadata"]["annotations"]["slinky.slurm.net/applied-hash"] = "0000000000000000".into();
+    old_apply["spec"]["template"]["metadata"]["annotations"]
+        .as_object_mut()
+        .context("template annotations")?
+        .extend(provenance.as_object().cloned().unwrap_or_default());
+    let set = sts
+        .patch(
+            "slurm-controller",
+            &PatchParams::apply("slinky-host").force(),
+            &Patch::Apply(&old_apply),
+        )
+        .await?;
+    let generation = set.metadata.generation;
+    // slurmctld's pod of that template (the simulated StatefulSet controller's).
+    let sim = c
+        .embedded("slurmctld's pod (the simulated StatefulSet controller)")
+        .is_some();
+    if sim {
+        eventually(90, || async {
+            let s = sts.get("slurm-controller").await.ok()?;
+            let current = s.status.as_ref()?.update_revision.clone()?;
+            let pod = pods.get_opt("slurm-controller-0").await.ok()??;
+            (pod.metadata.deletion_timestamp.is_none()
+                && pod.labels().get("controller-revision-hash") == Some(&current)
+                && s.status.as_ref()?.observed_generation == generation)
+                .then_some(())
+        })
+        .await
+        .context("slurmctld's pod of the old template did not come up")?;
+    }
+    let before = pod_uids(&c, &ns).await?;
+    ensure!(!sim || before.contains_key("slurm-controller-0"), "{before:?}");
+
+    // The new host: the workers are compared and relabelled, the StatefulSet's own metadata
+    // is applied, its template keeps what it has.
+    let host = Host::start(&c, &ns)?;
+    let relabelled = eventually(90, || workers_of_this_scheme(&c, &ns, 2, old))
+        .await
+        .with_context(|| "the workers were not relabelled")?;
+    assert_eq!(
+        relabelled, revs,
+        "the same revision as before, now on the old pods"
+    );
+    let applied = eventually(60, || async {
+        let s = sts.get("slurm-controller").await.ok()?;
+        (s.annotations()
+            .get("slinky.slurm.net/builder-digest")
+            .map(String::as_str)
+            != Some(old))
+        .then_some(s)
+    })
+    .await
+    .context("the StatefulSet was not applied")?;
+    assert_eq!(
+        applied.metadata.generation, generation,
+        "slurmctld's template is unchanged: no restart"
+    );
+    assert_eq!(
+        serde_json::to_value(&applied)?
+            .pointer("/spec/template/metadata/annotations/slinky.slurm.net~1builder-digest")
+            .and_then(Value::as_str),
+        Some(old),
+        "the old template's provenance is kept"
+    );
+    assert_eq!(pod_uids(&c, &ns).await?, before, "no pod was replaced");
+    host.stop().await;
+    Ok(())
+}

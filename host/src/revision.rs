@@ -1,84 +1,161 @@
-//! The NodeSet pod revision: a hash over exactly what determines a pod's content, so that a
-//! change of any of it (template, containers, extraConf, …, the cluster domain, or the builder
-//! plugin itself) gives new pods a new `controller-revision-hash` and rolls the old ones, and a
-//! change of anything else (scaling, the update strategy, the Slurm partition line) restarts
-//! nothing.
+//! The NodeSet pod revision: a hash of **what the builders make**, not of who made it or from
+//! what. The builders build one *probe* pod (ordinal 0, or a DaemonSet-mode pod of a node named
+//! `probe`); the revision is the hash of that pod with its provenance (the builder annotations),
+//! its revision label, and the labels and annotations it carries from the NodeSet's own metadata
+//! (key and value equal) left out. So:
+//!
+//! * a host upgrade, a hot reload, a rebuilt plugin, a BuilderPlugin step or a settings change
+//!   that makes the same pod gives the same revision and restarts nothing;
+//! * one that makes another pod (a label added, an image changed) gives a new revision, and the
+//!   rolling update replaces the pods within `maxUnavailable`;
+//! * scaling, the update strategy and the partition line are no input, and the NodeSet's own
+//!   labels and annotations copied onto pods are none either (as in Slinky, `kubectl label
+//!   nodeset …` restarts no worker; new pods get the labels when they are built). A builder that
+//!   *reads* one (an annotation that turns a feature on) and builds another pod from it rolls
+//!   the pods, as any other change of its output.
+//!
+//! Provenance lives on the pods' metadata (`slinky.slurm.net/builder`, `…/builder-digest`) and is
+//! patched in place when only it changes.
+//!
+//! Pods labelled by another scheme (a host before output revisions: 10 hex digits of an input
+//! hash; Slinky: `<nodeset>-<hash>`) are compared one by one with what the builders make for
+//! their ordinal, and relabelled when equal ([`crate::reconcile::nodeset`]'s adoption): the
+//! upgrade to output revisions restarts nothing. An output revision is [`OUTPUT_REVISION_LEN`]
+//! hex digits, which tells it apart.
+//!
+//! Building a probe costs a builder call: the host remembers each NodeSet's revision under
+//! [`build_key`], a hash of everything the builders are given, and builds again only when it
+//! changes.
+//!
+//! # Caveats
+//! The probe is one pod: a builder whose output differs by ordinal in ways ordinal 0 does not
+//! show (settings for ordinal 7 only) changes ordinal 7's pod without a new revision. Such a
+//! pod is replaced when it is replaced for another reason, or by deleting it.
 
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use slinky_api::{Controller, NodeSet};
+use slinky_api::{Controller, NodeSet, keys};
 
-use crate::plugins::BuildContext;
+use crate::plugins::{BuildContext, Builder, PluginError, PodIdentity};
 
-/// The pod revision of `nodeset` built by the builder with digest `builder_digest` in `ctx`:
-/// 10 hex digits.
+/// How many hex digits an output revision has (a host before them wrote 10).
+pub const OUTPUT_REVISION_LEN: usize = 12;
+
+/// The revision label the probe pod is built with (left out of the hash).
+const PROBE_REVISION: &str = "probe";
+
+/// Whether `label` is an output revision (of this scheme), rather than another scheme's.
+pub fn is_output_revision(label: &str) -> bool {
+    label.len() == OUTPUT_REVISION_LEN
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The identity the probe pod is built with.
+pub fn probe_identity(nodeset: &NodeSet) -> PodIdentity {
+    if nodeset.is_daemon() {
+        PodIdentity {
+            ordinal: 0,
+            name: nodeset.daemon_pod_name("probe"),
+            hostname: "probe".into(),
+            revision: PROBE_REVISION.into(),
+        }
+    } else {
+        PodIdentity::for_ordinal(nodeset, 0, PROBE_REVISION)
+    }
+}
+
+/// The revision of `nodeset`'s built probe pod: 12 hex digits of the hash of the pod without
+/// its revision label, its builder annotations, and the labels and annotations equal to the
+/// NodeSet's own.
+pub fn output_revision(probe: &Pod, nodeset: &NodeSet) -> String {
+    let mut pod = probe.clone();
+    let same = |from: &Option<std::collections::BTreeMap<String, String>>, k: &String, v: &String| {
+        from.as_ref().and_then(|m| m.get(k)) == Some(v)
+    };
+    if let Some(l) = pod.metadata.labels.as_mut() {
+        l.remove(keys::LABEL_REVISION_HASH);
+        l.retain(|k, v| !same(&nodeset.metadata.labels, k, v));
+    }
+    if let Some(a) = pod.metadata.annotations.as_mut() {
+        a.remove(keys::ANNOTATION_BUILDER);
+        a.remove(keys::ANNOTATION_BUILDER_DIGEST);
+        a.retain(|k, v| !same(&nodeset.metadata.annotations, k, v));
+    }
+    // The pod's fields serialize in a fixed order and its maps are sorted: the text is canonical.
+    let text = serde_json::to_string(&pod).unwrap_or_default();
+    hex::encode(&Sha256::digest(text.as_bytes())[..OUTPUT_REVISION_LEN / 2])
+}
+
+/// The provenance of a built pod: its builder annotations, to patch onto pods of its revision.
+pub fn provenance(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    pod.metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| {
+            k.as_str() == keys::ANNOTATION_BUILDER || k.as_str() == keys::ANNOTATION_BUILDER_DIGEST
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Build `nodeset`'s probe pod with `builder`: the pod [`output_revision`] hashes.
 ///
-/// Covered: the NodeSet fields the bundled builder reads (`controllerRef`, `scalingMode`,
-/// `slurmd`, `logfile`, `ssh`, `template`, `extraConf`, `ordinalPadding`, `oversubscribeNode`,
-/// the name and namespace), the Controller fields it reads (name, namespace, `slurmKeyRef`,
-/// `external`, `externalConfig`), the build context (`--cluster-domain`) and the builder digest.
+/// # Errors
+/// The builder's error.
+pub fn build_probe<B: Builder + ?Sized>(
+    builder: &B,
+    nodeset: &NodeSet,
+    controller: &Controller,
+    ctx: &BuildContext,
+) -> Result<Pod, PluginError> {
+    builder.build_pod(ctx, nodeset, controller, &probe_identity(nodeset))
+}
+
+/// The pod revision of `nodeset` as `builder` builds it: [`output_revision`] of its probe.
 ///
-/// Not covered: `replicas`, `updateStrategy`, `minReadySeconds`, `revisionHistoryLimit`,
-/// `partition` (a `slurm.conf` line, not a pod field), `pinToNode`, the claim templates' specs
-/// (a claim is made once and reused: only their names are pod fields, and they are covered),
-/// `persistentVolumeClaimRetentionPolicy`, `workloadDisruptionProtection`,
-/// `pruneSlurmNodeRecords`, and the NodeSet's own labels and annotations: as in Slinky,
-/// `kubectl label nodeset …` must not restart a Slurm cluster's workers; new pods get them when
-/// they are built. A custom builder that reads other fields should say so in its docs: changing
-/// them rolls nothing until the pods are replaced for another reason.
-pub fn pod_revision(
+/// # Errors
+/// The builder's error.
+pub fn pod_revision<B: Builder + ?Sized>(
+    builder: &B,
+    nodeset: &NodeSet,
+    controller: &Controller,
+    ctx: &BuildContext,
+) -> Result<String, PluginError> {
+    build_probe(builder, nodeset, controller, ctx).map(|p| output_revision(&p, nodeset))
+}
+
+/// A hash of everything the probe is built from: the NodeSet's name, namespace, labels,
+/// annotations and spec (but `replicas`, so scaling builds nothing), the Controller's metadata
+/// and spec, the build context
+/// and the builder's digest (a pipeline's covers its steps and their settings). While it stays
+/// the same, so does the revision.
+pub fn build_key(
     nodeset: &NodeSet,
     controller: &Controller,
     builder_digest: &str,
     ctx: &BuildContext,
 ) -> String {
-    let s = &nodeset.spec;
-    let mut input = json!({
-        "nodeset": {
-            "name": nodeset.metadata.name,
-            "namespace": nodeset.metadata.namespace,
-        },
-        "spec": {
-            "controllerRef": s.controller_ref,
-            "scalingMode": s.scaling_mode,
-            "slurmd": s.slurmd,
-            "logfile": s.logfile,
-            "ssh": s.ssh,
-            "template": s.template,
-            "extraConf": s.extra_conf,
-            "ordinalPadding": s.ordinal_padding,
-            "oversubscribeNode": s.oversubscribe_node,
-        },
-        "controller": {
-            "name": controller.metadata.name,
-            "namespace": controller.metadata.namespace,
-            "slurmKeyRef": controller.spec.slurm_key_ref,
-            "external": controller.spec.external,
-            "externalConfig": controller.spec.external_config,
-        },
-        "context": {
-            "clusterDomain": ctx.cluster_domain,
-        },
+    let mut spec = serde_json::to_value(&nodeset.spec).unwrap_or(Value::Null);
+    if let Some(m) = spec.as_object_mut() {
+        m.remove("replicas");
+    }
+    let input = json!({
+        "nodeset": [nodeset.metadata.name, nodeset.metadata.namespace,
+            nodeset.metadata.labels, nodeset.metadata.annotations, spec],
+        "controller": [controller.metadata.name, controller.metadata.namespace,
+            controller.metadata.labels, controller.metadata.annotations, controller.spec],
+        "context": [ctx.cluster_domain, ctx.settings],
         "builder": builder_digest,
     });
-    // The claim templates' names are the pod's claim volumes; absent when there are none, so
-    // NodeSets without claims keep the revisions they had before claims were served.
-    let claims: Vec<String> = nodeset
-        .claim_templates()
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|c| c.metadata.name)
-        .collect();
-    if !claims.is_empty() {
-        input["spec"]["volumeClaimTemplates"] = json!(claims);
-    }
-    // serde_json maps are ordered by key, so the text is canonical.
-    let digest = Sha256::digest(input.to_string().as_bytes());
-    hex::encode(&digest[..5])
+    hex::encode(&Sha256::digest(input.to_string().as_bytes())[..16])
 }
 
-/// The NodeSet spec fields a ControllerRevision records: those of [`pod_revision`]'s that a user
-/// may change (`controllerRef` and the claim templates are immutable).
+/// The NodeSet spec fields a ControllerRevision records: those the bundled builder builds pods
+/// from that a user may change (`controllerRef` and the claim templates are immutable).
 pub const REVISION_FIELDS: [&str; 8] = [
     "template",
     "slurmd",
@@ -126,9 +203,69 @@ mod tests {
     use super::*;
 
     #[test]
-    fn revision_follows_pod_inputs_only() {
+    fn the_revision_is_the_output_without_its_provenance() {
+        let pod = |labels: &[(&str, &str)], annotations: &[(&str, &str)]| -> Pod {
+            let map =
+                |kv: &[(&str, &str)]| Some(kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            Pod {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some("w-0".into()),
+                    labels: map(labels),
+                    annotations: map(annotations),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        };
+        let mut ns = NodeSet::new("w", NodeSetSpec::default());
+        ns.metadata.labels = Some([("team".to_string(), "hpc".to_string())].into());
+        let base = output_revision(
+            &pod(
+                &[("app", "slurmd"), (keys::LABEL_REVISION_HASH, "probe")],
+                &[
+                    (keys::ANNOTATION_BUILDER, "a@1"),
+                    (keys::ANNOTATION_BUILDER_DIGEST, "sha256:1"),
+                ],
+            ),
+            &ns,
+        );
+        assert!(is_output_revision(&base), "{base}");
+        let other_builder = output_revision(
+            &pod(
+                &[
+                    ("app", "slurmd"),
+                    (keys::LABEL_REVISION_HASH, "other"),
+                    ("team", "hpc"),
+                ],
+                &[
+                    (keys::ANNOTATION_BUILDER, "b@2 > c@1"),
+                    (keys::ANNOTATION_BUILDER_DIGEST, "sha256:2"),
+                ],
+            ),
+            &ns,
+        );
+        assert_eq!(
+            base, other_builder,
+            "provenance, the revision label and the NodeSet's labels are no output"
+        );
+        let labelled = output_revision(&pod(&[("app", "slurmd"), ("extra", "1")], &[]), &ns);
+        assert_ne!(base, labelled, "a label is output");
+        let other_value = output_revision(&pod(&[("app", "slurmd"), ("team", "ops")], &[]), &ns);
+        assert_ne!(
+            base, other_value,
+            "a label the NodeSet has with another value is output"
+        );
+        assert!(
+            !is_output_revision("0123456789"),
+            "a revision of the input-hash scheme"
+        );
+        assert!(!is_output_revision("w-7d9f8c6b5"), "Slinky's");
+    }
+
+    #[test]
+    fn the_build_key_follows_what_builders_are_given_but_scaling() {
         let ctx = BuildContext::default();
-        let mut controller = Controller::new("slurm", ControllerSpec::default());
+        let controller = Controller::new("slurm", ControllerSpec::default());
         let mut ns = NodeSet::new(
             "w",
             NodeSetSpec {
@@ -136,36 +273,29 @@ mod tests {
                 ..Default::default()
             },
         );
-        let base = pod_revision(&ns, &controller, "d1", &ctx);
-        assert_eq!(base.len(), 10);
-        let same = |ns: &NodeSet, c: &Controller| pod_revision(ns, c, "d1", &ctx) == base;
-
-        ns.spec.replicas = Some(5);
+        let base = build_key(&ns, &controller, "d1", &ctx);
+        ns.spec.replicas = Some(7);
+        assert_eq!(
+            build_key(&ns, &controller, "d1", &ctx),
+            base,
+            "scaling builds no probe"
+        );
+        assert_ne!(build_key(&ns, &controller, "d2", &ctx), base, "another builder");
+        let mut labelled = ns.clone();
+        labelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert_ne!(
+            build_key(&labelled, &controller, "d1", &ctx),
+            base,
+            "a builder may read labels"
+        );
         ns.spec.partition = Some(Partition {
             enabled: true,
-            config: Some("MaxTime=UNLIMITED".into()),
+            config: Some("MaxTime=1".into()),
         });
-        ns.spec.min_ready_seconds = Some(10);
-        ns.metadata.labels = Some([("team".to_string(), "hpc".to_string())].into());
-        controller.spec.extra_conf = Some("SchedulerType=sched/backfill".into());
-        assert!(
-            same(&ns, &controller),
-            "scaling, partition, labels, other Controller fields roll nothing"
-        );
-
         assert_ne!(
-            pod_revision(&ns, &controller, "d2", &ctx),
+            build_key(&ns, &controller, "d1", &ctx),
             base,
-            "a new builder rolls pods"
-        );
-        let other_domain = BuildContext {
-            cluster_domain: "example.org".into(),
-            ..BuildContext::default()
-        };
-        assert_ne!(
-            pod_revision(&ns, &controller, "d1", &other_domain),
-            base,
-            "--cluster-domain"
+            "any other spec field"
         );
         let mut c2 = controller.clone();
         c2.spec.external = true;
@@ -173,23 +303,8 @@ mod tests {
             host: "ctld".into(),
             port: 6817,
         });
-        assert!(!same(&ns, &c2), "the conf server");
-        let claim = |size: &str| {
-            serde_json::json!({"metadata": {"name": "scratch"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}})
-        };
-        let mut with_claim = ns.clone();
-        with_claim.spec.volume_claim_templates = vec![claim("1Gi")];
-        let claimed = pod_revision(&with_claim, &controller, "d1", &ctx);
-        assert_ne!(claimed, base, "a new claim template is a new pod volume");
-        with_claim.spec.volume_claim_templates = vec![claim("2Gi")];
-        assert_eq!(
-            pod_revision(&with_claim, &controller, "d1", &ctx),
-            claimed,
-            "a claim's size is not a pod field (claims are made once)"
-        );
-        ns.spec.extra_conf = Some("Weight=1".into());
-        assert!(!same(&ns, &controller), "a pod field rolls pods");
+        ns.spec.partition = None;
+        assert_ne!(build_key(&ns, &c2, "d1", &ctx), base, "the Controller");
     }
 
     /// RFC 7386, as `kubectl patch --type merge` has the API server apply it.
@@ -245,7 +360,7 @@ mod tests {
             "ordinalPadding": 3, "oversubscribeNode": true,
             "template": {"metadata": {"labels": {"pool": "b"}}, "spec": {"nodeSelector": {"x": "2"}}}});
         let b = nodeset(b_spec.clone());
-        let rev = |n: &NodeSet| pod_revision(n, &controller, "d", &ctx);
+        let rev = |n: &NodeSet| build_key(n, &controller, "d", &ctx);
         assert_ne!(rev(&a), rev(&b));
         let mut back = b_spec;
         merge(&mut back, &data["spec"]);
@@ -255,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn every_revision_field_is_a_pod_revision_input() {
+    fn every_revision_field_is_a_build_input() {
         let ctx = BuildContext::default();
         let controller = Controller::new("slurm", ControllerSpec::default());
         let base = nodeset(json!({"controllerRef": {"name": "slurm"}}));
@@ -275,9 +390,9 @@ mod tests {
             let mut spec = serde_json::to_value(&base.spec).unwrap_or_else(|e| panic!("{e}"));
             spec[field] = value;
             assert_ne!(
-                pod_revision(&nodeset(spec), &controller, "d", &ctx),
-                pod_revision(&base, &controller, "d", &ctx),
-                "{field} is a pod revision input"
+                build_key(&nodeset(spec), &controller, "d", &ctx),
+                build_key(&base, &controller, "d", &ctx),
+                "{field} is a build input"
             );
         }
     }

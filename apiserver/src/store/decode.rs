@@ -244,6 +244,13 @@ pub(super) fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
                 .flatten()
             {
                 claim(t.get_mut("spec"));
+                // kube-apiserver converts each template to its internal type and back: whatever
+                // type fields a client sent, it stores and returns `v1`/`PersistentVolumeClaim`
+                // (pkg/apis/apps/v1/conversion.go).
+                if let Some(m) = t.as_object_mut() {
+                    m.insert("apiVersion".into(), "v1".into());
+                    m.insert("kind".into(), "PersistentVolumeClaim".into());
+                }
             }
         }
         "deployments" | "replicasets" | "daemonsets" | "jobs" | "podtemplates" => {

@@ -338,12 +338,11 @@ fn stamp_meta(meta: &mut ObjectMeta, annotations: &BTreeMap<String, String>) {
         .extend(annotations.clone());
 }
 
-/// The annotations on each child and on its pod template, where it has one (so a pipeline change
-/// rolls a StatefulSet's or Deployment's pods, as a builder change does).
+/// The annotations on each child, not on its pod template (a pipeline that builds the same
+/// template restarts no pod: what is built rolls pods, not who built it).
 fn stamp_children(children: &mut Vec<Child>, annotations: &BTreeMap<String, String>) {
     for child in children {
         stamp_value(&mut child.object, "/metadata", annotations);
-        stamp_value(&mut child.object, "/spec/template/metadata", annotations);
     }
 }
 
@@ -373,7 +372,7 @@ mod tests {
     }
 
     #[test]
-    fn children_are_stamped_with_their_templates() {
+    fn children_are_stamped_but_not_their_templates() {
         let mut children = vec![Child {
             kind: crate::ChildKind::StatefulSet,
             ownership: crate::Ownership::Controlled,
@@ -391,8 +390,9 @@ mod tests {
             "a@1 > b@2"
         );
         assert_eq!(
-            o["spec"]["template"]["metadata"]["annotations"][keys::ANNOTATION_BUILDER],
-            "a@1 > b@2"
+            o["spec"]["template"]["metadata"].get("annotations"),
+            None,
+            "provenance is not a template change"
         );
     }
 }

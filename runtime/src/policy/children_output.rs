@@ -3,7 +3,8 @@
 //! object must be of a kind the builder kind may return, in the parent's namespace, named for its
 //! parent, valid as the API server checks it, and not listed twice. The host sets owner references
 //! (the parent as controller, or every NodeSet of the Controller for the shared workers' objects)
-//! and the builder annotations, on a StatefulSet's or Deployment's pod template too.
+//! and the builder annotations (on the objects, never on a StatefulSet's or Deployment's pod
+//! template: what a builder builds rolls pods, not who built it).
 
 use std::collections::BTreeSet;
 

@@ -177,7 +177,7 @@ impl<'a> Renderer<'a> {
         }
         self.push(built);
         let plugin = self.plugins.pipeline(BuilderKind::NodesetPod, n.labels());
-        let revision = pod_revision(n, controller, plugin.digest(), self.ctx);
+        let revision = pod_revision(&plugin, n, controller, self.ctx).map_err(Self::failed(m, &object))?;
         for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
             let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
             let pod = plugin

@@ -1,8 +1,14 @@
 //! Pods that exist before this pass decides anything: orphans matching the NodeSet are adopted,
-//! owned pods that lost the selector labels are released, and owned pods labelled by another
-//! revision scheme whose content equals what the builder makes are relabelled, not replaced.
+//! owned pods that lost the selector labels are released, owned pods labelled by another
+//! revision scheme whose content equals what the builder makes are relabelled, not replaced, and
+//! pods whose only change is their builder get its annotations patched in place.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
+
+use futures::future::join_all;
 
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
 use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
@@ -13,6 +19,7 @@ use super::{Pass, classify::Claims, differing, plan, pods::build_pods};
 use crate::{
     plugins::{Pipeline, PodIdentity},
     reconcile::{Error, core::compare::contains, core::writer},
+    revision::{is_output_revision, provenance},
 };
 
 /// Adopt matching orphans (after re-reading the NodeSet from the API: only a live, undeleted
@@ -78,71 +85,95 @@ fn version(p: &Pod) -> (String, String) {
     )
 }
 
-/// The pods labelled by Slinky (a revision hash `<nodeset>-…`) worth comparing with what the
-/// builder makes: live, of an ordinal of this NodeSet, not found to differ since they last
-/// changed; at most a burst. `(index in owned, ordinal)`.
-fn relabel_candidates(pass: &Pass<'_>, owned: &[Arc<Pod>], inputs: &str) -> Vec<(usize, u32)> {
-    let (ns, ctx) = (pass.ns, pass.ctx);
-    let foreign = format!("{}-", ns.name_any());
-    let nodesets = &ctx.caches.nodesets;
-    ctx.differing.retain_nodesets(|namespace, name, uid| {
-        nodesets
-            .get(&ObjectRef::<NodeSet>::new(name).within(namespace))
-            .is_some_and(|n| n.uid().as_deref() == Some(uid))
-    });
-    let labelled: Vec<(usize, u32)> = owned
+/// The identity `pod` was built with, for `revision`: its ordinal's (StatefulSet mode) or its
+/// node's hostname's (DaemonSet mode); `None` for a pod of no identity the NodeSet gives.
+fn identity_of(ns: &NodeSet, pod: &Pod, revision: &str) -> Option<PodIdentity> {
+    let name = pod.name_any();
+    if ns.is_daemon() {
+        let hostname = pod.labels().get(keys::LABEL_POD_HOSTNAME)?;
+        (ns.daemon_pod_name(hostname) == name).then(|| PodIdentity {
+            ordinal: 0,
+            name,
+            hostname: hostname.clone(),
+            revision: revision.to_string(),
+        })
+    } else {
+        ns.pod_ordinal(&name)
+            .map(|o| PodIdentity::for_ordinal(ns, o, revision))
+    }
+}
+
+/// Whether a live pod carries a revision of another scheme than this host's output revisions
+/// (an earlier host's input hash, Slinky's `<nodeset>-<hash>`, none): what it runs is known only
+/// by comparing it with what the builders make.
+fn other_scheme(pod: &Pod, revision: &str) -> bool {
+    let label = pod.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str);
+    label != Some(revision) && !label.is_some_and(is_output_revision)
+}
+
+/// The live pods of another revision scheme that have an identity: `(index in owned, identity)`.
+fn other_scheme_pods(ns: &NodeSet, owned: &[Arc<Pod>], revision: &str) -> Vec<(usize, PodIdentity)> {
+    owned
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
-        .filter(|(_, p)| {
-            p.labels()
-                .get(keys::LABEL_REVISION_HASH)
-                .is_some_and(|r| r.starts_with(&foreign))
-        })
-        .filter_map(|(i, p)| ns.pod_ordinal(&p.name_any()).map(|o| (i, o)))
-        .collect();
-    ctx.differing
-        .retain_pods(&pass.uid, labelled.iter().filter_map(|(i, _)| owned[*i].uid()));
-    labelled
-        .into_iter()
-        .filter(|(i, _)| {
-            let (uid, rv) = version(&owned[*i]);
-            !ctx.differing.differs(&pass.uid, &uid, &rv, inputs)
-        })
-        .take(plan::BURST)
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none() && other_scheme(p, revision))
+        .filter_map(|(i, p)| identity_of(ns, p, revision).map(|id| (i, id)))
         .collect()
 }
 
-/// Owned pods labelled with another revision scheme (Slinky's `<nodeset>-<hash>`) whose content
-/// equals what the active builder makes for their ordinal get this revision's label instead of
-/// being replaced: switching from Slinky does not roll the fleet. A pod found to differ is not
-/// built and compared again until it or the NodeSet changes ([`super::differing`]).
+/// Owned pods labelled with another revision scheme (a host before output revisions, Slinky's
+/// `<nodeset>-<hash>`) whose content equals what the builders make for their identity get this
+/// revision's label instead of being replaced: upgrading the host, or switching from Slinky,
+/// does not roll the fleet. A pod found to differ is not built and compared again until it or
+/// the NodeSet changes ([`super::differing`]).
+///
+/// Returns the UIDs of such pods not judged yet (beyond this pass's burst, or not readable): a
+/// rolling update leaves them alone until they are.
 pub(super) async fn relabel_equal_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
     revision: &str,
     owned: &mut [Arc<Pod>],
     plugin: &Pipeline,
-) -> Result<(), Error> {
+) -> Result<HashSet<String>, Error> {
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
     let inputs = differing::inputs(ns, revision);
-    let candidates = relabel_candidates(pass, owned, &inputs);
-    if candidates.is_empty() {
-        return Ok(());
-    }
-    let identities: Vec<PodIdentity> = candidates
+    let nodesets = &ctx.caches.nodesets;
+    ctx.differing.retain_nodesets(|namespace, name, uid| {
+        nodesets
+            .get(&ObjectRef::<NodeSet>::new(name).within(namespace))
+            .is_some_and(|n| n.uid().as_deref() == Some(uid))
+    });
+    let others = other_scheme_pods(ns, owned, revision);
+    ctx.differing
+        .retain_pods(&pass.uid, others.iter().filter_map(|(i, _)| owned[*i].uid()));
+    let mut unjudged: HashSet<String> = others
         .iter()
-        .map(|(_, o)| PodIdentity::for_ordinal(ns, *o, revision))
+        .filter(|(i, _)| {
+            let (uid, rv) = version(&owned[*i]);
+            !ctx.differing.differs(&pass.uid, &uid, &rv, &inputs)
+        })
+        .filter_map(|(i, _)| owned[*i].uid())
         .collect();
+    let candidates: Vec<(usize, PodIdentity)> = others
+        .into_iter()
+        .filter(|(i, _)| owned[*i].uid().is_some_and(|u| unjudged.contains(&u)))
+        .take(plan::BURST)
+        .collect();
+    if candidates.is_empty() {
+        return Ok(unjudged);
+    }
+    let (indices, identities): (Vec<usize>, Vec<PodIdentity>) = candidates.into_iter().unzip();
     let built = match build_pods(core, ns, controller, plugin, identities).await? {
         Ok(built) => built,
         Err(e) => {
             pass.state.builder_error(&e).await;
-            return Ok(());
+            return Ok(unjudged);
         }
     };
-    for ((i, _), want) in candidates.into_iter().zip(built) {
+    for (i, want) in indices.into_iter().zip(built) {
+        let uid = owned[i].uid().unwrap_or_default();
         // The cache keeps pods without most of their spec: compare the pod as the server has it.
         let have = match core
             .writer
@@ -168,6 +199,8 @@ pub(super) async fn relabel_equal_pods(
             }
         };
         if !same_pod(have, &stored) {
+            // Judged: it differs, and rolls in its turn.
+            unjudged.remove(&uid);
             if dry_run {
                 let (uid, rv) = version(have);
                 tracing::debug!(pod = %have.name_any(), rv, "differs from the builder's pod; not compared again until it or the NodeSet changes");
@@ -176,16 +209,11 @@ pub(super) async fn relabel_equal_pods(
             continue;
         }
         let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);
-        let annotations: BTreeMap<String, String> = want
-            .annotations()
-            .iter()
-            .filter(|(k, _)| {
-                k.as_str() == keys::ANNOTATION_BUILDER || k.as_str() == keys::ANNOTATION_BUILDER_DIGEST
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        match core.writer.relabel_pod(have, &labels, &annotations).await {
-            Ok(p) => owned[i] = Arc::new(p),
+        match core.writer.relabel_pod(have, &labels, &provenance(&want)).await {
+            Ok(p) => {
+                unjudged.remove(&uid);
+                owned[i] = Arc::new(p);
+            }
             Err(e) => {
                 let msg = format!(
                     "Error relabelling pod {}: {}",
@@ -196,7 +224,56 @@ pub(super) async fn relabel_equal_pods(
             }
         }
     }
-    Ok(())
+    Ok(unjudged)
+}
+
+/// Pods of this revision whose builder annotations name another builder than the one building
+/// it now (the same output from another plugin, pipeline or host): their annotations are patched
+/// in place, at most a burst a pass. The pod restarts for nothing of it.
+pub(super) async fn refresh_provenance(
+    pass: &mut Pass<'_>,
+    revision: &str,
+    provenance: &BTreeMap<String, String>,
+    owned: &mut [Arc<Pod>],
+) {
+    if provenance.is_empty() {
+        return;
+    }
+    let stale: Vec<usize> = owned
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+        .filter(|(_, p)| p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) == Some(revision))
+        .filter(|(_, p)| provenance.iter().any(|(k, v)| p.annotations().get(k) != Some(v)))
+        .map(|(i, _)| i)
+        .take(plan::BURST)
+        .collect();
+    let core = pass.core();
+    let results = join_all(stale.iter().map(|&i| {
+        let pod = owned[i].clone();
+        async move {
+            (
+                i,
+                core.writer.relabel_pod(&pod, &BTreeMap::new(), provenance).await,
+            )
+        }
+    }))
+    .await;
+    for (i, r) in results {
+        match r {
+            Ok(p) => owned[i] = Arc::new(p),
+            // Changed meanwhile: its event brings the next pass, which looks again.
+            Err(e) if writer::is_conflict(&e) || writer::is_not_found(&e) => pass.retry_soon = true,
+            Err(e) => {
+                let msg = format!(
+                    "Error updating the builder annotations of pod {}: {}",
+                    owned[i].name_any(),
+                    writer::message(&e)
+                );
+                pass.failed("FailedUpdate", msg).await;
+            }
+        }
+    }
 }
 
 fn have_ns(p: &Pod) -> String {

@@ -34,6 +34,9 @@ pub struct Claims {
     /// by a previous NodeSet of this name (deleted and recreated: the garbage collector deletes
     /// its pods). These ordinals wait for their names to free rather than being skipped.
     pub leaving: std::collections::BTreeSet<u32>,
+    /// UIDs of owned pods of another revision scheme not compared with the builders' output yet
+    /// (filled by the relabelling): a rolling update leaves them alone until they are.
+    pub unjudged: std::collections::HashSet<String>,
 }
 
 /// Whether `pod` is named as a DaemonSet-mode pod of `nodeset` would be (`<nodeset>-<hostname>`).

@@ -127,6 +127,9 @@ pub(super) struct DaemonInputs<'a> {
     pub backoff: &'a DaemonBackoff,
     /// `ScheduledUpdate`: the pods in the open maintenance window (`None` for another strategy).
     pub window: Option<&'a std::collections::BTreeSet<String>>,
+    /// UIDs of pods of another revision scheme not yet compared with what the builders make:
+    /// not updated until they are.
+    pub unjudged: &'a std::collections::HashSet<String>,
 }
 
 fn finished(p: &Pod) -> bool {
@@ -204,7 +207,9 @@ pub(super) fn plan_daemon(inp: &DaemonInputs<'_>) -> DaemonPlan {
             if !is_available(p, min_ready, inp.now) {
                 unavailable += 1;
             }
-            let current = p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) == Some(inp.revision)
+            let revision = p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str);
+            let current = (revision == Some(inp.revision)
+                || p.uid().is_some_and(|u| inp.unjudged.contains(&u)))
                 && p.labels().get(keys::LABEL_SCALING_MODE).map(String::as_str)
                     == Some(ns.spec.scaling_mode.as_str());
             if !current {
@@ -319,6 +324,7 @@ mod tests {
             now: Timestamp::now(),
             backoff,
             window: None,
+            unjudged: Box::leak(Box::default()),
         }
     }
 

@@ -37,6 +37,7 @@ mod plan;
 mod pods;
 pub use pods::CREATES_IN_FLIGHT;
 mod reservation;
+pub(crate) mod revisions;
 mod slurm_conditions;
 mod slurm_view;
 mod status;
@@ -51,7 +52,7 @@ use kube::{
 };
 use slinky_api::{Controller, NodeSet, checks, failure::Failure, keys};
 
-use adoption::{adopt_and_release, relabel_equal_pods};
+use adoption::{adopt_and_release, refresh_provenance, relabel_equal_pods};
 use classify::{Blocker, Claims, classify};
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
@@ -78,10 +79,7 @@ fn has_finalizer(ns: &NodeSet, key: &str) -> bool {
 const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How soon a pass comes back while a pod waits for its Slurm node to drain.
 const DRAIN_RECHECK: Duration = Duration::from_secs(3);
-use crate::{
-    plugins::{BuilderKind, Pipeline},
-    revision::pod_revision,
-};
+use crate::plugins::{BuilderKind, Pipeline};
 
 /// What the NodeSet reconciler gets.
 pub struct NodeSetContext {
@@ -101,6 +99,8 @@ pub struct NodeSetContext {
     /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
     /// until they or the NodeSet change).
     pub(crate) differing: differing::DifferingPods,
+    /// Each NodeSet's pod revision, under the build key it was built for.
+    pub(crate) revisions: revisions::Revisions,
     /// DaemonSet mode: the per-node backoff of failed pods.
     pub(crate) daemon_backoff: daemon::DaemonBackoff,
 }
@@ -122,6 +122,7 @@ impl NodeSetContext {
             slurm,
             create_permits: tokio::sync::Semaphore::new(CREATES_IN_FLIGHT),
             differing: differing::DifferingPods::default(),
+            revisions: revisions::Revisions::default(),
             daemon_backoff: daemon::DaemonBackoff::default(),
         }
     }
@@ -235,6 +236,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     {
         ctx.expectations.forget(&uid);
         ctx.differing.forget(&uid);
+        ctx.revisions.forget(&uid);
         ctx.daemon_backoff.forget(&uid);
         return Ok(Action::await_change());
     }
@@ -253,9 +255,13 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         .controllers
         .get(&ObjectRef::<Controller>::new(&ns.spec.controller_ref.name).within(ns.controller_namespace()));
     let plugin = core.plugins.pipeline(BuilderKind::NodesetPod, ns.labels());
-    let revision = controller
-        .as_ref()
-        .map(|c| pod_revision(ns, c, plugin.digest(), &core.build));
+    // What the builders make decides the revision (see `crate::revision`).
+    let built = match controller.as_ref() {
+        Some(c) => Some(ctx.revisions.of(core, ns, c, &plugin).await?),
+        None => None,
+    };
+    let known = built.as_ref().and_then(|b| b.as_ref().ok());
+    let revision = known.map(|k| k.revision.clone());
 
     let current = super::core::status::HasStatus::conditions(ns);
     let mut pass = Pass {
@@ -284,15 +290,19 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         {
             ctx.expectations.forget(&pass.uid);
             ctx.differing.forget(&pass.uid);
+            ctx.revisions.forget(&pass.uid);
             return Ok(Action::await_change());
         }
         reached = Reached::Waiting;
     } else if let Some(problem) = checks::summary(&ns.spec_problems()) {
         pass.state.problem(Failure::invalid_spec(problem)).await;
         reached = Reached::Problem;
-    } else if let (Some(controller), Some(revision)) = (controller.as_ref(), revision.as_deref()) {
+    } else if let Some(Err(e)) = &built {
+        pass.state.builder_error(e).await;
+        reached = Reached::Problem;
+    } else if let (Some(controller), Some(known)) = (controller.as_ref(), known) {
         if satisfied {
-            owned = sync(&mut pass, controller, revision, claims, &plugin).await?;
+            owned = sync(&mut pass, controller, known, claims, &plugin).await?;
             reached = Reached::Synced;
         } else {
             // The watch will trigger the next pass when it shows what we wait for.
@@ -358,20 +368,22 @@ impl Pass<'_> {
 async fn sync(
     pass: &mut Pass<'_>,
     controller: &Controller,
-    revision: &str,
+    known: &revisions::Known,
     mut claims: Claims,
     plugin: &Pipeline,
 ) -> Result<Vec<Arc<Pod>>, Error> {
     let ns = pass.ns;
+    let revision = known.revision.as_str();
     sync_children(pass, controller).await?;
     if pass.state.problem.is_some() {
         return Ok(claims.owned);
     }
     adopt_and_release(pass, &mut claims).await?;
-    relabel_equal_pods(pass, controller, revision, &mut claims.owned, plugin).await?;
+    claims.unjudged = relabel_equal_pods(pass, controller, revision, &mut claims.owned, plugin).await?;
     if pass.state.problem.is_some() {
         return Ok(claims.owned);
     }
+    refresh_provenance(pass, revision, &known.provenance, &mut claims.owned).await;
     let history = history::record(pass, revision).await;
     let slurm = SlurmView::read(pass, controller).await;
     finalizer::ensure(pass, &slurm).await;
@@ -391,6 +403,7 @@ async fn sync(
         now: Timestamp::now(),
         update_ranks: &update_ranks,
         window: window.as_ref(),
+        unjudged: &claims.unjudged,
     });
     if let Some(problem) = plan
         .creates
@@ -479,6 +492,7 @@ async fn sync_daemon(
         now: Timestamp::now(),
         backoff: &pass.ctx.daemon_backoff,
         window: window.as_ref(),
+        unjudged: &claims.unjudged,
     });
     pass.desired = Some(i32::try_from(plan.desired).unwrap_or(i32::MAX));
     if let Some(after) = plan.backoff {

@@ -148,6 +148,9 @@ pub struct Inputs<'a> {
     /// `ScheduledUpdate`: the pods whose Slurm nodes are in the open maintenance window (see
     /// [`super::reservation`]); `None` for another strategy.
     pub window: Option<&'a BTreeSet<String>>,
+    /// UIDs of pods of another revision scheme not yet compared with what the builders make:
+    /// not updated until they are (see [`super::adoption`]).
+    pub unjudged: &'a std::collections::HashSet<String>,
 }
 
 /// Plan one pass. The NodeSet's spec is valid ([`NodeSet::spec_problems`] is empty).
@@ -233,7 +236,8 @@ fn plan_updates(inp: &Inputs<'_>, plan: &mut Plan, live: &[&Arc<Pod>], need: usi
         .iter()
         .copied()
         .filter(|p| {
-            p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(inp.revision)
+            (p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(inp.revision)
+                && !p.uid().is_some_and(|u| inp.unjudged.contains(&u)))
                 || ns.pod_ordinal(&p.name_any()).is_none()
         })
         .collect();
@@ -299,6 +303,7 @@ mod tests {
             now: Timestamp::now(),
             update_ranks: &BTreeMap::new(),
             window: None,
+            unjudged: &Default::default(),
         })
     }
 
@@ -505,6 +510,7 @@ mod tests {
                 now: Timestamp::now(),
                 update_ranks: &BTreeMap::new(),
                 window,
+                unjudged: &Default::default(),
             })
         };
         // Outside the window: the unhealthy old pod only.
@@ -541,6 +547,7 @@ mod tests {
             now: Timestamp::now(),
             update_ranks: &BTreeMap::new(),
             window: Some(&open),
+            unjudged: &Default::default(),
         });
         assert_eq!(p.deletes.len(), BURST);
     }

@@ -290,8 +290,8 @@ fn statefulset_problems(sts: &mut StatefulSet, plugin: &Plugin, rules: &Rules<'_
 }
 
 /// A workload's pod template (a StatefulSet's, a Deployment's): labels matching its selector,
-/// valid containers, nothing past the parent's grants (unless allowed); the host puts the builder
-/// annotations on the template too, so a new builder rolls its pods.
+/// valid containers, nothing past the parent's grants (unless allowed); no builder annotations
+/// (they are on the workload: a new builder of the same template rolls nothing).
 fn template_problems(
     selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
     template: &mut k8s_openapi::api::core::v1::PodTemplateSpec,
@@ -308,10 +308,13 @@ fn template_problems(
         template_meta.labels.as_ref().unwrap_or(&Default::default()),
         &selector,
     )?;
-    template_meta
-        .annotations
-        .get_or_insert_default()
-        .extend(builder_annotations(plugin));
+    // Provenance is the workload's, never its template's: a new builder that builds the same
+    // template restarts nothing (a builder that copied them there gets them removed).
+    if let Some(a) = template_meta.annotations.as_mut() {
+        for k in builder_annotations(plugin).keys() {
+            a.remove(k);
+        }
+    }
     let template_check = ObjectMeta {
         labels: template_meta.labels.clone(),
         annotations: template_meta.annotations.clone(),

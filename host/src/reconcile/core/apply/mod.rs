@@ -72,6 +72,43 @@ fn unhashed(object: &Value) -> Value {
     o
 }
 
+/// The builder annotations a host before output revisions put on a workload's pod template:
+/// applied again as they are, so the upgrade does not change the template (and restart
+/// slurmctld, slurmdbd, slurmrestd or the login pods) for provenance. They stay while the
+/// template does (whether the rest of a live template is what the builder builds cannot be told
+/// for sure: an API server drops fields it does not serve); the workload's own annotations name
+/// today's builder.
+fn keep_template_provenance(live: &Value, desired: &mut Value) {
+    const TEMPLATE_ANNOTATIONS: &str = "/spec/template/metadata/annotations";
+    let Some(live_annotations) = live.pointer(TEMPLATE_ANNOTATIONS).and_then(Value::as_object) else {
+        return;
+    };
+    let kept: serde_json::Map<String, Value> = [keys::ANNOTATION_BUILDER, keys::ANNOTATION_BUILDER_DIGEST]
+        .iter()
+        .filter_map(|k| live_annotations.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect();
+    if kept.is_empty() {
+        return;
+    }
+    let Some(template) = desired
+        .pointer_mut("/spec/template")
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let meta = template
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Some(meta) = meta.as_object_mut() {
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(a) = annotations.as_object_mut() {
+            a.extend(kept);
+        }
+    }
+}
+
 /// A child as its builder wants it, through the attempts of one [`ChildSync::ensure`].
 struct Wanted {
     key: ChildKey,
@@ -327,6 +364,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                 return Step::Done(false);
             }
         }
+        keep_template_provenance(live, &mut want.object);
         Step::ApplyOver(rv)
     }
 
