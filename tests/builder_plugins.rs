@@ -161,12 +161,16 @@ async fn module_config_map(c: &TestCluster, ns: &str, name: &str, key: &str, byt
 fn source(c: &TestCluster, cache: Option<&Path>, public_key: Option<&str>) -> Result<Arc<ModuleSource>> {
     let oci = Oci::new(DigestStore::new(cache.map(Path::to_path_buf)), Vec::new())?;
     let key = public_key.map(PublicKey::from_pem).transpose()?;
-    Ok(Arc::new(ModuleSource::new(
-        oci,
-        c.client.clone(),
-        key,
-        slinky_host::plugins::gunzip_if_gzipped,
-    )))
+    // The tests keep modules in their own namespaces.
+    Ok(Arc::new(
+        ModuleSource::new(
+            oci,
+            c.client.clone(),
+            key,
+            slinky_host::plugins::gunzip_if_gzipped,
+        )
+        .with_config_map_namespaces(vec![slinky_host::oci::ANY_NAMESPACE.into()]),
+    ))
 }
 
 /// A host serving namespace `ns` with `plugins` and the cluster's BuilderPlugins from `source`
@@ -503,6 +507,37 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             serving.digest()
         );
 
+        // The status is a hint, not a source of trust: a restart whose keys no longer include
+        // the one the GPU step was signed with restores the site step (a ConfigMap module its
+        // spec pinned) but not the GPU step; one with the old and the new key restores both; one
+        // without keys and without the module in its cache restores nothing it cannot vouch for.
+        let restart = |pem: Option<String>, cache: std::path::PathBuf| {
+            let c = &c;
+            async move {
+                let fresh = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+                let steps = builder_plugin::Steps::new(fresh.clone(), source(c, Some(&cache), pem.as_deref())?, Default::default());
+                builder_plugin::load_once(&c.client, &steps).await?;
+                anyhow::Ok(fresh)
+            }
+        };
+        let stranger_pem = std::fs::read_to_string(keys.path().join("stranger.pub"))?;
+        let rotated = restart(Some(stranger_pem.clone()), cache.path().to_path_buf()).await?;
+        let label = rotated.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        ensure!(
+            !label.contains("gpu-nodeset-pod") && label.ends_with(" > site-pod@0.2.0"),
+            "after a restart with another key the pipeline is {label}: the GPU step's signature no longer verifies"
+        );
+        let overlap = restart(Some(format!("{stranger_pem}{pem}")), cache.path().to_path_buf()).await?;
+        let label = overlap.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        ensure!(label == serving.label(), "with both keys the pipeline is {label}, before {}", serving.label());
+        let empty = tempfile::tempdir()?;
+        let unkeyed = restart(None, empty.path().to_path_buf()).await?;
+        let label = unkeyed.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        ensure!(
+            !label.contains("gpu-nodeset-pod") && !label.contains("site-pod"),
+            "a host that never loaded them restored {label} on the status' word"
+        );
+
         // A contract 0.2.0 plugin loads as a step (compiled, described, contract checked), is
         // refused settings (its contract has no way to receive them), and is judged on what it
         // builds: this one builds only the workers' Service, which would delete the PDB and the
@@ -663,7 +698,9 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
         put_plugin(
             &c,
             &format!("{ns}-site"),
-            json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}}, "kinds": ["nodeset-pod"],
+            json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"},
+                              "digest": slinky_host::oci::sha256(&site_bytes)},
+                   "kinds": ["nodeset-pod"],
                    "settings": {"labels": {"site.example.com/rack": "a"}}, "selector": selector}),
         )
         .await?;
@@ -700,4 +737,74 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
     .await;
     host.stop().await;
     result
+}
+
+/// A ConfigMap module is pinned by its digest (the API server refuses one without it, with the
+/// same message on both servers) and read only from the namespaces the host allows (default: its
+/// own): an editor of another namespace's ConfigMaps cannot choose code every pod runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_map_module_is_pinned_and_read_only_where_the_host_allows() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("tenant").await;
+    let name = format!("{ns}-unpinned");
+    let refused = put_plugin(
+        &c,
+        &name,
+        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}}, "kinds": ["nodeset-pod"]}),
+    )
+    .await;
+    let message = format!(
+        "{:#}",
+        refused
+            .as_ref()
+            .err()
+            .context("a ConfigMap module without a digest was stored")?
+    );
+    ensure!(
+        message.contains("spec.module.digest: Invalid value") && message.contains(slinky_api::CONFIG_MAP_PIN),
+        "{message}"
+    );
+
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let digest = slinky_host::oci::sha256(&site);
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site)?).await?;
+    let module: slinky_api::PluginModule = serde_json::from_value(json!(
+        {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": digest}))?;
+    let oci = Oci::new(DigestStore::new(None), Vec::new())?;
+    let default = ModuleSource::new(
+        oci,
+        c.client.clone(),
+        None,
+        slinky_host::plugins::gunzip_if_gzipped,
+    );
+    ensure!(
+        default.config_map_namespaces() == ["default"],
+        "{:?}",
+        default.config_map_namespaces()
+    );
+    let failure = default
+        .fetch(&module)
+        .await
+        .err()
+        .context("read from a namespace the host does not allow")?;
+    ensure!(
+        failure.reason == "InvalidSpec" && failure.message.contains("--plugin-configmap-namespace"),
+        "{failure:?}"
+    );
+    let allowed = default.with_config_map_namespaces(vec![ns.clone()]);
+    let fetched = allowed
+        .fetch(&module)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f:?}"))?;
+    ensure!(fetched.digest == digest, "{}", fetched.digest);
+    // One stored before the schema required the digest is refused by the host too.
+    let unpinned: slinky_api::PluginModule =
+        serde_json::from_value(json!({"configMap": {"namespace": ns, "name": "site-pod"}}))?;
+    let failure = allowed
+        .fetch(&unpinned)
+        .await
+        .err()
+        .context("an unpinned module was read")?;
+    ensure!(failure.message == slinky_api::CONFIG_MAP_PIN, "{failure:?}");
+    Ok(())
 }

@@ -1093,7 +1093,7 @@ async fn foreign_objects_are_left_alone_and_children_no_longer_built_are_pruned(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_children_builder_hot_reloads_and_its_digest_rolls_slurmctlds_template() -> Result<()> {
+async fn a_children_builder_hot_reloads_and_names_itself_without_restarting_slurmctld() -> Result<()> {
     use slinky_host::plugins::reload::{self, ReloadConfig};
     let c = cluster(false).await;
     let ns = c.namespace("reload-children").await;
@@ -1110,34 +1110,42 @@ async fn a_children_builder_hot_reloads_and_its_digest_rolls_slurmctlds_template
     )
     .await?;
     let host = Host::start_with(&c, &ns, plugins.clone());
-    let template_builder = |sts: &Value| {
-        text(
-            sts,
-            "/spec/template/metadata/annotations/slinky.slurm.net~1builder",
-        )
-        .to_string()
-    };
-    eventually(60, || async {
+    // Provenance is the StatefulSet's, never its pod template's.
+    let builder = |sts: &Value| text(sts, "/metadata/annotations/slinky.slurm.net~1builder").to_string();
+    let generation = |sts: &Value| sts.pointer("/metadata/generation").and_then(Value::as_i64);
+    let first = eventually(60, || async {
         let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
-        (template_builder(&sts) == "controller-children@0.1.0").then_some(())
+        (builder(&sts) == "controller-children@0.1.0").then_some(sts)
     })
     .await
     .context("no StatefulSet from the bundled builder")?;
+    ensure!(
+        first
+            .pointer("/spec/template/metadata/annotations/slinky.slurm.net~1builder")
+            .is_none(),
+        "the pod template names its builder: {first}"
+    );
     std::fs::copy(test_plugin("hostile_children"), dir.path().join("children.wasm"))?;
     let digest = slinky_host::plugins::digest(&std::fs::read(test_plugin("hostile_children"))?);
-    eventually(60, || async {
+    let swapped = eventually(60, || async {
         let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
         let svc = object(&c, &ns, ChildKind::Service, "slurm-workers-slurm").await?;
-        (template_builder(&sts) == "hostile-children@0.1.0"
-            && text(
-                &sts,
-                "/spec/template/metadata/annotations/slinky.slurm.net~1builder-digest",
-            ) == format!("sha256:{digest}")
+        (builder(&sts) == "hostile-children@0.1.0"
+            && text(&sts, "/metadata/annotations/slinky.slurm.net~1builder-digest")
+                == format!("sha256:{digest}")
             && text(&svc, "/metadata/annotations/slinky.slurm.net~1builder") == "hostile-children@0.1.0")
-            .then_some(())
+            .then_some(sts)
     })
     .await
     .context("the children were not rebuilt by the new builder")?;
+    // It builds the same template (without a `hostile.test/behaviour` annotation): slurmctld
+    // keeps running.
+    ensure!(
+        generation(&swapped) == generation(&first),
+        "slurmctld's template changed: generation {:?} -> {:?}",
+        generation(&first),
+        generation(&swapped)
+    );
     ensure!(
         events(&c, &ns, "slurm")
             .await?
@@ -1157,7 +1165,7 @@ async fn a_children_builder_hot_reloads_and_its_digest_rolls_slurmctlds_template
     std::fs::remove_file(dir.path().join("children.wasm"))?;
     eventually(60, || async {
         let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
-        (template_builder(&sts) == "controller-children@0.1.0").then_some(())
+        (builder(&sts) == "controller-children@0.1.0").then_some(())
     })
     .await
     .context("no fallback to the bundled builder")?;

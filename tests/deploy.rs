@@ -461,6 +461,8 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         replicas: 2,
         watch_namespaces: Vec::new(),
         plugins_configmap: Some("slinky-plugins".into()),
+        plugin_public_key_secret: None,
+        plugin_configmap_namespaces: Vec::new(),
         log_level: "info".into(),
         no_crds: true,
     };
@@ -501,6 +503,34 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
             assert_eq!(&theirs["metadata"]["labels"][k], v, "{key} label {k}");
         }
     }
+    // Verification on, as the chart's values and `manifests`' flags ask for it: the same pod.
+    let verified = helm_template(
+        "slinky-host",
+        &json!({"builderPlugins": {"publicKeySecret": "slinky-plugin-keys", "configMapNamespaces": ["slurm"]}}),
+    )?;
+    let verified_args = manifests::ManifestsArgs {
+        plugin_public_key_secret: Some("slinky-plugin-keys".into()),
+        plugin_configmap_namespaces: vec!["slurm".into()],
+        ..args
+    };
+    let ours = manifests::objects(&verified_args)?
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .context("no Deployment")?;
+    let mut theirs = verified["Deployment/slinky-host"]["spec"]["template"]["spec"].clone();
+    theirs["containers"][0]["imagePullPolicy"] = Value::Null;
+    assert_eq!(
+        strip_nulls(theirs.clone()),
+        ours["spec"]["template"]["spec"],
+        "verification on: pod spec"
+    );
+    let vargs = theirs["containers"][0]["args"].to_string();
+    ensure!(
+        vargs.contains("\"--plugin-public-key\",\"/etc/slinky-host/keys/cosign.pub\"")
+            && vargs.contains("\"--plugin-configmap-namespace\",\"slurm\""),
+        "{vargs}"
+    );
+
     // The admin endpoints are on loopback, and the metrics Service reaches only the metrics port.
     let deploy = &chart_objects["Deployment/slinky-host"];
     let container = &deploy["spec"]["template"]["spec"]["containers"][0];

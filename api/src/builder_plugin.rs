@@ -90,7 +90,8 @@ pub struct PluginModule {
     /// sites.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map: Option<ConfigMapModule>,
-    /// The sha256 the component must have (`sha256:<hex>`), to pin a ConfigMap's module.
+    /// The sha256 the component must have (`sha256:<hex>`): required for a ConfigMap's module
+    /// (the API server refuses one without it), optional for an image (pinned by its digest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
 }

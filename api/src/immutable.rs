@@ -211,3 +211,36 @@ pub(crate) fn accounting(schema: &mut Schema) {
     jwt_alias(schema);
     add(schema, jwt_rules());
 }
+
+/// The BuilderPlugin CRD's rule on `spec.module`: a ConfigMap module pins its digest (a
+/// ConfigMap carries no signature: the digest is what its author vouches for). On the spec only:
+/// `status.serving` holds specs stored before the rule, and a status write must not fail on
+/// them.
+pub fn builder_plugin(
+    crd: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) {
+    for version in &mut crd.spec.versions {
+        let Some(module) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("spec"))
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("module"))
+        else {
+            continue;
+        };
+        module.x_kubernetes_validations.get_or_insert_default().push(
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::ValidationRule {
+                rule: format!("!{} || has(self.digest)", set("self", "configMap")),
+                message: Some(CONFIG_MAP_PIN.into()),
+                field_path: Some(".digest".into()),
+                ..Default::default()
+            },
+        );
+    }
+}
+
+/// Why a ConfigMap module without a digest is refused.
+pub const CONFIG_MAP_PIN: &str = "a ConfigMap module must pin its digest: set spec.module.digest to the component's sha256:<hex> (`sha256sum plugin.wasm`, of the uncompressed component); a ConfigMap carries no signature, the digest is what its author vouches for";

@@ -27,6 +27,7 @@ pub mod failure;
 pub mod hash;
 /// The fields a change of which would destroy a cluster's state: CRD rules refuse the change.
 mod immutable;
+pub use immutable::{CONFIG_MAP_PIN, builder_plugin as builder_plugin_rules};
 /// Labels and annotations a builder or the host may set.
 pub mod keys;
 /// Component labels and the parents' selector labels.

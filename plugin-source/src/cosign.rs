@@ -36,14 +36,14 @@ impl Oci {
             .get_record(manifest_digest, SIGNATURES)
             .and_then(|b| serde_json::from_slice(&b).ok());
         for (sig, payload) in cached.iter().flatten() {
-            if check_signature(public_key, sig, payload, manifest_digest).is_ok() {
+            if check_signature(public_key, sig, payload, manifest_digest, reference).is_ok() {
                 return Ok(());
             }
         }
         let signatures = self.fetch_signatures(reference, manifest_digest).await?;
         let mut why = Vec::new();
         for (sig, payload) in &signatures {
-            match check_signature(public_key, sig, payload, manifest_digest) {
+            match check_signature(public_key, sig, payload, manifest_digest, reference) {
                 Ok(()) => {
                     if let Ok(bytes) = serde_json::to_vec(&[(sig, payload)]) {
                         self.store.put_record(manifest_digest, SIGNATURES, &bytes);
@@ -114,22 +114,40 @@ impl Oci {
     }
 }
 
-/// Check one cosign signature: it verifies over `payload` with `key`, and the payload names
-/// `manifest_digest`.
+/// A repository as cosign names it in `docker-reference`, Docker Hub's spellings made one.
+fn repository_name(name: &str) -> String {
+    for hub in ["index.docker.io/", "registry-1.docker.io/", "docker.io/"] {
+        if let Some(rest) = name.strip_prefix(hub) {
+            return format!("docker.io/{rest}");
+        }
+    }
+    name.to_string()
+}
+
+/// Check one cosign signature: it verifies over `payload` with one of `key`'s keys, and the
+/// payload names `manifest_digest` and `reference`'s repository (`docker-reference`: a signature
+/// made for another repository's copy of the same artifact is not this one's).
 pub(crate) fn check_signature(
     key: &PublicKey,
     sig_b64: &str,
     payload: &[u8],
     manifest_digest: &str,
+    reference: &Reference,
 ) -> Result<(), String> {
     let sig = base64::engine::general_purpose::STANDARD
         .decode(sig_b64.trim())
         .map_err(|e| format!("the signature is not base64: {e}"))?;
-    signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_ASN1, &key.point)
-        .verify(payload, &sig)
-        .map_err(|_| {
-            "a signature does not verify with the key (signed with another key, or altered)".to_string()
-        })?;
+    let verifies = key.points.iter().any(|point| {
+        signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_ASN1, point)
+            .verify(payload, &sig)
+            .is_ok()
+    });
+    if !verifies {
+        return Err(format!(
+            "a signature does not verify with the configured key{} (signed with another key, or altered)",
+            if key.points.len() > 1 { "s" } else { "" }
+        ));
+    }
     let p: Value = serde_json::from_slice(payload).map_err(|e| format!("the payload is not JSON: {e}"))?;
     let named = p["critical"]["image"]["docker-manifest-digest"]
         .as_str()
@@ -137,6 +155,16 @@ pub(crate) fn check_signature(
     if named != manifest_digest {
         return Err(format!(
             "a valid signature names {named}, not {manifest_digest} (a signature copied from another artifact)"
+        ));
+    }
+    let want = format!("{}/{}", reference.registry, reference.repository);
+    let signed_for = p["critical"]["identity"]["docker-reference"]
+        .as_str()
+        .unwrap_or_default();
+    if repository_name(signed_for) != repository_name(&want) {
+        return Err(format!(
+            "a valid signature of {manifest_digest} was made for the repository {signed_for:?}, not {want} \
+             (sign the artifact where it is pulled from)"
         ));
     }
     Ok(())

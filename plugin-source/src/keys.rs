@@ -13,52 +13,87 @@ const P256_SPKI_PREFIX: [u8; 26] = [
     0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00,
 ];
 
-fn pem_body(pem: &str, label: &str) -> Result<Vec<u8>, OciError> {
+/// The bodies of every `label` block of `pem`, in order.
+fn pem_bodies(pem: &str, label: &str) -> Result<Vec<Vec<u8>>, OciError> {
     let begin = format!("-----BEGIN {label}-----");
     let end = format!("-----END {label}-----");
-    let start = pem
-        .find(&begin)
-        .ok_or_else(|| OciError::Key(format!("no {begin} block")))?
-        + begin.len();
-    let stop = pem[start..]
-        .find(&end)
-        .ok_or_else(|| OciError::Key(format!("no {end}")))?
-        + start;
-    let b64: String = pem[start..stop].split_whitespace().collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|e| OciError::Key(format!("the {label} block is not base64: {e}")))
+    let mut out = Vec::new();
+    let mut rest = pem;
+    while let Some(at) = rest.find(&begin) {
+        let start = at + begin.len();
+        let stop = rest[start..]
+            .find(&end)
+            .ok_or_else(|| OciError::Key(format!("block {} has no {end}", out.len() + 1)))?
+            + start;
+        let b64: String = rest[start..stop].split_whitespace().collect();
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| OciError::Key(format!("{label} block {} is not base64: {e}", out.len() + 1)))?;
+        out.push(der);
+        rest = &rest[stop + end.len()..];
+    }
+    if out.is_empty() {
+        return Err(OciError::Key(format!("no {begin} block")));
+    }
+    Ok(out)
 }
 
-/// An ECDSA P-256 public key (cosign's `cosign.pub`).
+fn pem_body(pem: &str, label: &str) -> Result<Vec<u8>, OciError> {
+    pem_bodies(pem, label)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| OciError::Key(format!("no {label} block")))
+}
+
+/// The ECDSA P-256 public keys a signature may verify with (cosign's `cosign.pub`): one, or
+/// several while a key is rotated (the PEM blocks of the old and the new key, one after the
+/// other: a module signed with either verifies).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublicKey {
-    pub(crate) point: Vec<u8>,
+    pub(crate) points: Vec<Vec<u8>>,
 }
 
 impl PublicKey {
-    /// Parse a PEM `PUBLIC KEY` (P-256 SubjectPublicKeyInfo).
+    /// Parse every PEM `PUBLIC KEY` block (P-256 SubjectPublicKeyInfo) of `pem`.
     ///
     /// # Errors
-    /// [`OciError::Key`] when it is not one.
+    /// [`OciError::Key`] when there is none or one is not a P-256 key, naming which.
     pub fn from_pem(pem: &str) -> Result<PublicKey, OciError> {
-        let der = pem_body(pem, "PUBLIC KEY")?;
-        match der.strip_prefix(&P256_SPKI_PREFIX[..]) {
-            Some(point) if point.len() == 65 && point[0] == 4 => Ok(PublicKey {
-                point: point.to_vec(),
-            }),
-            _ => Err(OciError::Key(
-                "not an ECDSA P-256 public key (cosign's keys are; `slinky-host plugin keygen` makes one)"
-                    .into(),
-            )),
-        }
+        let points = pem_bodies(pem, "PUBLIC KEY")?
+            .into_iter()
+            .enumerate()
+            .map(|(i, der)| match der.strip_prefix(&P256_SPKI_PREFIX[..]) {
+                Some(point) if point.len() == 65 && point[0] == 4 => Ok(point.to_vec()),
+                _ => Err(OciError::Key(format!(
+                    "PUBLIC KEY block {} is not an ECDSA P-256 public key (cosign's keys are; `slinky-host \
+                     plugin keygen` makes one)",
+                    i + 1
+                ))),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(PublicKey { points })
     }
 
-    /// As PEM.
+    /// How many keys the set has.
+    pub fn len(&self) -> usize {
+        self.points.len()
+    }
+
+    /// Whether the set has no key (never: parsing refuses that).
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// As PEM, one block per key.
     pub fn to_pem(&self) -> String {
-        let mut der = P256_SPKI_PREFIX.to_vec();
-        der.extend_from_slice(&self.point);
-        pem_wrap("PUBLIC KEY", &der)
+        self.points
+            .iter()
+            .map(|point| {
+                let mut der = P256_SPKI_PREFIX.to_vec();
+                der.extend_from_slice(point);
+                pem_wrap("PUBLIC KEY", &der)
+            })
+            .collect()
     }
 }
 
@@ -111,7 +146,7 @@ impl SigningKey {
     /// Its public key.
     pub fn public(&self) -> PublicKey {
         PublicKey {
-            point: self.pair.public_key().as_ref().to_vec(),
+            points: vec![self.pair.public_key().as_ref().to_vec()],
         }
     }
 

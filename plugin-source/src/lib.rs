@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 
 pub use error::OciError;
 pub use keys::{PublicKey, SigningKey};
-pub use module::{Decode, Fetched, ModuleSource};
+pub use module::{ANY_NAMESPACE, Decode, Fetched, ModuleSource};
 pub use pull::Pulled;
 pub use reference::Reference;
 pub use registry::Oci;
@@ -119,16 +119,48 @@ mod tests {
         let public = PublicKey::from_pem(&public)?;
         assert_eq!(key.public(), public);
         let digest = format!("sha256:{}", "b".repeat(64));
-        let payload = serde_json::to_vec(&json!({"critical": {"image": {"docker-manifest-digest": digest}}}))
-            .map_err(|e| OciError::Content(e.to_string()))?;
+        let at = |r: &str| Reference::parse(&format!("{r}@{digest}")).unwrap_or_else(|e| panic!("{e}"));
+        let here = at("r.io:5000/site/gpu");
+        let payload = serde_json::to_vec(&json!({"critical": {
+            "identity": {"docker-reference": "r.io:5000/site/gpu"},
+            "image": {"docker-manifest-digest": digest}}}))
+        .map_err(|e| OciError::Content(e.to_string()))?;
         let sig = base64::engine::general_purpose::STANDARD.encode(key.sign(&payload)?);
-        assert_eq!(check_signature(&public, &sig, &payload, &digest), Ok(()));
+        assert_eq!(check_signature(&public, &sig, &payload, &digest, &here), Ok(()));
         let other = format!("sha256:{}", "c".repeat(64));
-        assert!(check_signature(&public, &sig, &payload, &other).is_err_and(|e| e.contains("copied")));
+        assert!(check_signature(&public, &sig, &payload, &other, &here).is_err_and(|e| e.contains("copied")));
+        assert!(
+            check_signature(&public, &sig, &payload, &digest, &at("r.io:5000/tenant/gpu"))
+                .is_err_and(|e| e.contains("made for the repository")),
+            "the same artifact copied to another repository"
+        );
         let (_, stranger) = SigningKey::generate()?;
         let stranger = PublicKey::from_pem(&stranger)?;
         assert!(
-            check_signature(&stranger, &sig, &payload, &digest).is_err_and(|e| e.contains("does not verify"))
+            check_signature(&stranger, &sig, &payload, &digest, &here)
+                .is_err_and(|e| e.contains("does not verify"))
+        );
+        // A rotation: the old and the new key in one file; either verifies.
+        let both = PublicKey::from_pem(&format!("{}{}", stranger.to_pem(), public.to_pem()))?;
+        assert_eq!(both.len(), 2);
+        assert_eq!(check_signature(&both, &sig, &payload, &digest, &here), Ok(()));
+        assert!(
+            PublicKey::from_pem(&format!(
+                "{}-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+                public.to_pem()
+            ))
+            .is_err_and(|e| e.to_string().contains("block 2"))
+        );
+        let hub = Reference::parse(&format!("docker.io/site/gpu@{digest}")).unwrap_or_else(|e| panic!("{e}"));
+        let hub_payload = serde_json::to_vec(&json!({"critical": {
+            "identity": {"docker-reference": "index.docker.io/site/gpu"},
+            "image": {"docker-manifest-digest": digest}}}))
+        .map_err(|e| OciError::Content(e.to_string()))?;
+        let hub_sig = base64::engine::general_purpose::STANDARD.encode(key.sign(&hub_payload)?);
+        assert_eq!(
+            check_signature(&public, &hub_sig, &hub_payload, &digest, &hub),
+            Ok(()),
+            "Docker Hub's spellings"
         );
         Ok(())
     }

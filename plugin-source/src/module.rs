@@ -29,7 +29,12 @@ pub struct ModuleSource {
     kube: kube::Client,
     public_key: Option<PublicKey>,
     decode: Decode,
+    /// The namespaces ConfigMap modules may be read from (`*`: any).
+    config_map_namespaces: Vec<String>,
 }
+
+/// Every namespace, in [`ModuleSource::with_config_map_namespaces`].
+pub const ANY_NAMESPACE: &str = "*";
 
 impl std::fmt::Debug for ModuleSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,14 +50,33 @@ fn refused(reason: &'static str, message: impl Into<String>) -> Failure {
 
 impl ModuleSource {
     /// Modules pulled with `oci` or read with `kube`, their signatures verified with
-    /// `public_key` when given, decoded with `decode`.
+    /// `public_key` when given, decoded with `decode`; ConfigMap modules only from `kube`'s
+    /// default namespace (the host's own, in a cluster).
     pub fn new(oci: Oci, kube: kube::Client, public_key: Option<PublicKey>, decode: Decode) -> ModuleSource {
+        let own = kube.default_namespace().to_string();
         ModuleSource {
             oci,
             kube,
             public_key,
             decode,
+            config_map_namespaces: vec![own],
         }
+    }
+
+    /// ConfigMap modules only from `namespaces` ([`ANY_NAMESPACE`]: from any, which lets whoever
+    /// may write a ConfigMap anywhere replace the code a BuilderPlugin pins, when the pin is
+    /// changed too). An empty list keeps the default.
+    #[must_use]
+    pub fn with_config_map_namespaces(mut self, namespaces: Vec<String>) -> ModuleSource {
+        if !namespaces.is_empty() {
+            self.config_map_namespaces = namespaces;
+        }
+        self
+    }
+
+    /// The namespaces ConfigMap modules are read from.
+    pub fn config_map_namespaces(&self) -> &[String] {
+        &self.config_map_namespaces
     }
 
     /// Where modules that served are kept.
@@ -74,12 +98,23 @@ impl ModuleSource {
         let (raw, label) = match (&spec.image, &spec.config_map) {
             (Some(image), None) => self.pull(image).await?,
             (None, Some(cm)) => {
-                if self.public_key.is_some() && spec.digest.is_none() {
+                // The schema requires it; one stored before the rule is refused here.
+                if spec.digest.is_none() {
+                    return Err(refused("InvalidSpec", slinky_api::CONFIG_MAP_PIN));
+                }
+                let allowed = &self.config_map_namespaces;
+                if !allowed.iter().any(|n| n == ANY_NAMESPACE || *n == cm.namespace) {
                     return Err(refused(
                         "InvalidSpec",
-                        "spec.module.digest is required for a ConfigMap module on a host with \
-                         --plugin-public-key (a ConfigMap carries no signature: the digest pins what \
-                         the BuilderPlugin's author installed)",
+                        format!(
+                            "spec.module.configMap is in namespace {:?}, but this host reads ConfigMap modules \
+                             only from {} (its --plugin-configmap-namespace): keep the module's ConfigMap \
+                             there (whoever may edit a ConfigMap in {:?} would choose the code of every pod \
+                             this step builds), or have the host's admin add the namespace",
+                            cm.namespace,
+                            allowed.join(", "),
+                            cm.namespace
+                        ),
                     ));
                 }
                 self.read_config_map(cm).await?

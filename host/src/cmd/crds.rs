@@ -12,7 +12,11 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         RestApi::crd(),
         LoginSet::crd(),
         Accounting::crd(),
-        BuilderPlugin::crd(),
+        {
+            let mut crd = BuilderPlugin::crd();
+            slinky_api::builder_plugin_rules(&mut crd);
+            crd
+        },
     ]
 }
 

@@ -123,7 +123,14 @@ async fn cluster_steps(
     registry: &Arc<PluginRegistry>,
     ctx: &BuildContext,
 ) -> anyhow::Result<Vec<String>> {
-    let source = crate::cmd::module_source(client, None, Vec::new(), None)?;
+    // `plugin diff` shows what the cluster's BuilderPlugins build, wherever their modules are.
+    let source = crate::cmd::module_source(
+        client,
+        None,
+        Vec::new(),
+        None,
+        vec![slinky_plugin_source::ANY_NAMESPACE.into()],
+    )?;
     let steps = crate::reconcile::builder_plugin::Steps::new(registry.clone(), Arc::new(source), ctx.clone());
     crate::reconcile::builder_plugin::load_once(client, &steps).await?;
     let mut names: Vec<String> = crate::plugins::bundled::KINDS

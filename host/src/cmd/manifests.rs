@@ -28,6 +28,15 @@ pub struct ManifestsArgs {
     /// Mount this ConfigMap (optional: it may not exist) as the plugins directory, hot-reloaded.
     #[arg(long)]
     pub plugins_configmap: Option<String>,
+    /// Verify every BuilderPlugin module pulled from a registry with the public key(s) in this
+    /// Secret (key `cosign.pub`; the old and the new key one after the other while rotating):
+    /// mounted and passed as `--plugin-public-key`. Without it, signatures are not checked.
+    #[arg(long)]
+    pub plugin_public_key_secret: Option<String>,
+    /// The namespaces BuilderPlugin modules kept in ConfigMaps are read from (default: the
+    /// install's namespace; `*`: any).
+    #[arg(long = "plugin-configmap-namespace", value_delimiter = ',')]
+    pub plugin_configmap_namespaces: Vec<String>,
     /// The host's log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -40,6 +49,10 @@ pub struct ManifestsArgs {
 pub const NAME: &str = "slinky-host";
 /// Where a plugins ConfigMap is mounted.
 pub const PLUGINS_DIR: &str = "/etc/slinky-host/plugins";
+/// Where the BuilderPlugins' public key Secret is mounted.
+pub const KEYS_DIR: &str = "/etc/slinky-host/keys";
+/// The key of the public key in its Secret (cosign's file name).
+pub const PUBLIC_KEY_FILE: &str = "cosign.pub";
 /// The precompiled-plugin cache (an emptyDir: the root file system is read-only).
 pub const CACHE_DIR: &str = "/var/cache/slinky-host";
 
@@ -267,6 +280,19 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
         ]);
         mounts.push(json!({"name": "plugins", "mountPath": PLUGINS_DIR, "readOnly": true}));
         volumes.push(json!({"name": "plugins", "configMap": {"name": cm, "optional": true}}));
+    }
+    if let Some(secret) = &args.plugin_public_key_secret {
+        run_args.extend([
+            "--plugin-public-key".into(),
+            format!("{KEYS_DIR}/{PUBLIC_KEY_FILE}"),
+        ]);
+        mounts.push(json!({"name": "plugin-keys", "mountPath": KEYS_DIR, "readOnly": true}));
+        // Not optional: a host told to verify never starts without its key.
+        volumes.push(json!({"name": "plugin-keys", "secret": {"secretName": secret,
+            "items": [{"key": PUBLIC_KEY_FILE, "path": PUBLIC_KEY_FILE}]}}));
+    }
+    for n in &args.plugin_configmap_namespaces {
+        run_args.extend(["--plugin-configmap-namespace".into(), n.clone()]);
     }
     (run_args, mounts, volumes)
 }

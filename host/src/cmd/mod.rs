@@ -283,8 +283,9 @@ pub fn print(text: &str) -> anyhow::Result<()> {
 
 /// Where BuilderPlugins' modules come from: OCI registries (plain HTTP only to loopback and
 /// `insecure` ones) kept in `cache` (default: inside the compiled-component cache, the install's
-/// writable emptyDir), ConfigMaps read with `client`, signatures verified with the PEM public
-/// key at `public_key` when given.
+/// writable emptyDir), ConfigMaps read with `client` from `config_map_namespaces` (empty: the
+/// client's default namespace, the host's own), signatures verified with the PEM public keys at
+/// `public_key` when given.
 ///
 /// # Errors
 /// The key cannot be read or parsed; the system's root certificates cannot be read.
@@ -293,6 +294,7 @@ pub(crate) fn module_source(
     cache: Option<std::path::PathBuf>,
     insecure: Vec<String>,
     public_key: Option<&std::path::Path>,
+    config_map_namespaces: Vec<String>,
 ) -> anyhow::Result<slinky_plugin_source::ModuleSource> {
     use anyhow::Context as _;
     let public_key = match public_key {
@@ -313,7 +315,8 @@ pub(crate) fn module_source(
         client.clone(),
         public_key,
         crate::plugins::gunzip_if_gzipped,
-    ))
+    )
+    .with_config_map_namespaces(config_map_namespaces))
 }
 
 #[cfg(test)]

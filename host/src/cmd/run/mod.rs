@@ -134,6 +134,15 @@ pub struct RunArgs {
     /// signatures are not checked (modules are still pinned by digest).
     #[arg(long, env = "SLINKY_HOST_PLUGIN_PUBLIC_KEY", value_name = "PEM")]
     pub plugin_public_key: Option<PathBuf>,
+    /// The namespaces BuilderPlugin modules kept in ConfigMaps are read from; repeatable or
+    /// comma-separated (default: the host's own namespace; `*`: any, which lets whoever may
+    /// edit a ConfigMap there choose code that runs in every pod the step builds).
+    #[arg(
+        long = "plugin-configmap-namespace",
+        env = "SLINKY_HOST_PLUGIN_CONFIGMAP_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub plugin_configmap_namespaces: Vec<String>,
     /// A registry (`host:port`) reached over plain HTTP; repeatable (loopback registries always
     /// are).
     #[arg(
@@ -329,6 +338,7 @@ async fn builder_plugin_source(
         args.oci_cache.clone(),
         args.insecure_registries.clone(),
         args.plugin_public_key.as_deref(),
+        args.plugin_configmap_namespaces.clone(),
     )?;
     Ok(Some(Arc::new(source)))
 }

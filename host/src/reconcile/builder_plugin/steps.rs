@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use serde_json::json;
 use slinky_api::{
-    BuilderPlugin, BuilderPluginSpec, DEFAULT_ORDER,
+    BuilderPlugin, BuilderPluginSpec, DEFAULT_ORDER, ServingVersion,
     conditions::LOADED,
     failure::{Failure, Retry},
 };
@@ -22,6 +22,9 @@ use crate::{
     plugins::{BuildContext, BuilderKind, Plugin, PluginRegistry, PluginSource, Step, vet_step},
     reconcile::core::locked,
 };
+
+/// The module-cache record of a component loaded under a spec that pinned its digest.
+const PINNED: &str = "pinned";
 
 /// One BuilderPlugin's serving version.
 pub(super) struct Loaded {
@@ -277,6 +280,13 @@ impl Steps {
                 tracing::info!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %&step.plugin.digest()[..12],
                     kinds = %kinds_text(&wanted.kinds), order = step.order, "BuilderPlugin loaded; it serves now");
                 self.source.store().put(&fetched.bytes);
+                if bp.spec.module.digest.is_some() {
+                    // Its author pinned it: a restore may trust the cached bytes (see
+                    // `restorable`).
+                    self.source
+                        .store()
+                        .put_record(&fetched.digest, PINNED, b"pinned by spec.module.digest");
+                }
                 locked(&self.state, |s| {
                     if s.deletions(&name) != deletions {
                         return;
@@ -364,6 +374,9 @@ impl Steps {
     /// After a restart, when this BuilderPlugin's current spec is refused: load the version its
     /// status says served (`status.serving`), so the parents keep their steps and their pods do
     /// not roll. Tried once per process.
+    ///
+    /// The status is a hint, never a source of trust (whoever may write `builderplugins/status`
+    /// could name any module there): see [`Steps::restorable`].
     async fn restore(&self, bp: &BuilderPlugin, deletions: u64) {
         let name = bp.name_any();
         let first = locked(&self.state, |s| {
@@ -379,20 +392,7 @@ impl Steps {
         };
         let restored = async {
             let wanted = Wanted::of(&serving.spec)?;
-            let bytes = match self.source.store().get(&serving.digest) {
-                Some(bytes) => bytes,
-                None => {
-                    let fetched = self.source.fetch(&serving.spec.module).await?;
-                    if fetched.digest != serving.digest {
-                        return Err(Failure::new(
-                            LOADED,
-                            "Refused",
-                            format!("its source no longer has {}", serving.digest),
-                        ));
-                    }
-                    fetched.bytes
-                }
-            };
+            let bytes = self.restorable(&serving).await?;
             let label = format!("status.serving, {}", serving.digest);
             let step = self.load(&name, &bytes, &label, &wanted).await?;
             Ok::<_, Failure>((step, wanted))
@@ -425,6 +425,49 @@ impl Steps {
                     "the version that served before this restart cannot be loaded again; the parents it applied to are built without it");
             }
         }
+    }
+
+    /// The component `status.serving` names, when this host may trust it again:
+    /// * a registry module on a host with keys: fetched as every load is (from the cache or the
+    ///   registry) and its signature verified under **today's** keys (a key turned on or
+    ///   rotated since stops it);
+    /// * a registry module on a host without keys, or a ConfigMap module: only one this host
+    ///   loaded before (its disk cache holds it, checked by digest); on a host with keys, a
+    ///   ConfigMap module only if the spec it was loaded under pinned its digest (recorded then).
+    ///
+    /// # Errors
+    /// Why it is not restored (a `Loaded` failure: `BadSignature`, `Refused`, …).
+    async fn restorable(&self, serving: &ServingVersion) -> Result<Vec<u8>, Failure> {
+        let refused = |m: String| Failure::new(LOADED, "Refused", m);
+        let store = self.source.store();
+        if serving.spec.module.image.is_some() && self.source.verifies() {
+            let fetched = self.source.fetch(&serving.spec.module).await?;
+            if fetched.digest != serving.digest {
+                return Err(refused(format!(
+                    "status.serving names {}, but its module has {}",
+                    serving.digest, fetched.digest
+                )));
+            }
+            return Ok(fetched.bytes);
+        }
+        let bytes = store.get(&serving.digest).ok_or_else(|| {
+            refused(format!(
+                "status.serving names {}, which this host never loaded (it is not in its module \
+                 cache), and nothing else vouches for it",
+                serving.digest
+            ))
+        })?;
+        if serving.spec.module.config_map.is_some()
+            && self.source.verifies()
+            && store.get_record(&serving.digest, PINNED).is_none()
+        {
+            return Err(refused(format!(
+                "status.serving names the ConfigMap module {}, loaded without a pinned digest: a host \
+                 with --plugin-public-key runs a ConfigMap module only under spec.module.digest",
+                serving.digest
+            )));
+        }
+        Ok(bytes)
     }
 
     /// A refused version: reported once (not again while the same refusal stands); the version
