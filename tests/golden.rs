@@ -245,7 +245,18 @@ fn the_example_clusters_objects_match_slinky_field_by_field() -> Result<()> {
         Some(config_hash.as_str()),
         "the ConfigMap's values in key order"
     );
-    builder_annotations(template, "controller-children")?;
+    // Provenance is the StatefulSet's, not its template's: a new builder of the same template
+    // restarts no slurmctld.
+    ensure!(
+        template["metadata"]["annotations"]
+            .get(keys::ANNOTATION_BUILDER)
+            .is_none()
+            && template["metadata"]["annotations"]
+                .get(keys::ANNOTATION_BUILDER_DIGEST)
+                .is_none(),
+        "{}",
+        template["metadata"]["annotations"]
+    );
     let pod = &template["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert_eq!(

@@ -107,7 +107,7 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         assert_eq!(meta.namespace.as_deref(), Some("slurm"));
         let l = meta.labels.clone().unwrap_or_default();
         let revision = l.get("controller-revision-hash").cloned().unwrap_or_default();
-        assert_eq!(revision.len(), 10, "revision hash label");
+        assert_eq!(revision.len(), 12, "revision hash label (an output revision)");
         let ordinal_s = ordinal.to_string();
         assert_eq!(
             l,
