@@ -46,13 +46,14 @@ pub fn strategic_merge(target: &mut Value, patch: &Value, plural: &str) {
         t.retain(|k, _| keep.contains(k.as_str()));
     }
     for (key, pv) in p {
-        if key.starts_with('$') {
-            continue;
-        }
+        // Before the other directives are skipped: this one changes the target.
         if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
             if let (Some(Value::Array(items)), Value::Array(del)) = (t.get_mut(field), pv) {
                 items.retain(|i| !del.contains(i));
             }
+            continue;
+        }
+        if key.starts_with('$') {
             continue;
         }
         if pv.is_null() {
@@ -63,6 +64,18 @@ pub fn strategic_merge(target: &mut Value, patch: &Value, plural: &str) {
             (Some(tv @ Value::Object(_)), Value::Object(_)) => strategic_merge(tv, pv, plural),
             (Some(Value::Array(tl)), Value::Array(pl)) => match list_key(plural, key) {
                 Some(mk) => merge_keyed(tl, pl, mk, plural),
+                // `metadata.finalizers` is a primitive list with the merge strategy: the
+                // patch's values, then the object's others, as kube-apiserver merges them
+                // (`$deleteFromPrimitiveList` removes).
+                None if key == "finalizers" => {
+                    let mut merged: Vec<Value> = Vec::new();
+                    for v in pl.iter().chain(tl.iter()) {
+                        if !merged.contains(v) {
+                            merged.push(v.clone());
+                        }
+                    }
+                    *tl = merged;
+                }
                 None => *tl = pl.clone(),
             },
             _ => {

@@ -977,6 +977,43 @@ async fn strategic_merge_patches_merge_containers_by_name() -> Result<()> {
     Ok(())
 }
 
+/// `metadata.finalizers` under a strategic merge patch: a primitive list with the merge strategy
+/// (the patch's values come first, then the object's others), and
+/// `$deleteFromPrimitiveList/finalizers` removes values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strategic_merge_patches_merge_and_delete_finalizers() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("smp-fin").await;
+    let api: Api<ConfigMap> = Api::namespaced(c.client.clone(), &ns);
+    let (a, b, d) = ("example.com/a", "example.com/b", "example.com/d");
+    api.create(&PostParams::default(), &cm("f", &[], &[])).await?;
+    let finalizers = |m: &ConfigMap| m.metadata.finalizers.clone().unwrap_or_default();
+    let step = |patch: serde_json::Value| {
+        let api = api.clone();
+        async move {
+            api.patch("f", &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+        }
+    };
+    let m = step(json!({"metadata": {"finalizers": [a, b]}})).await?;
+    assert_eq!(finalizers(&m), [a, b]);
+    let m = step(json!({"metadata": {"finalizers": [d]}})).await?;
+    assert_eq!(
+        finalizers(&m),
+        [d, a, b],
+        "merged (the patch's first), not replaced"
+    );
+    let m = step(json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [a, d]}})).await?;
+    assert_eq!(finalizers(&m), [b], "deleted from the list");
+    api.patch(
+        "f",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_faults_reach_the_client_and_replay_from_the_seed() -> Result<()> {
     use slinky_apiserver::{ApiServerConfig, FaultError, FaultRule, Times};
