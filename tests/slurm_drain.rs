@@ -48,10 +48,12 @@ async fn pod_labels(
         .map(|p| p.labels().clone())
 }
 
-/// A NodeSet of 3 runs a job on `-2`; scaled to 1, `-1` goes at once, `-2` is drained and
-/// protected, and deleted only once the job completed. An admin's drain survives.
+/// A NodeSet of 3 runs a long job on its highest ordinal, `-2`; scaled to 2, the idle `-1` goes
+/// within seconds and the busy `-2` is neither drained nor deleted. With a second job on `-0`
+/// (which an admin then drains) and a scale to 1, both nodes are busy: `-2` is drained and
+/// protected, and deleted only once its job completed; the admin's drain survives.
 #[tokio::test]
-async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
+async fn a_scale_in_takes_an_idle_node_and_waits_for_the_job_on_a_busy_one() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
         return Ok(());
     };
@@ -78,6 +80,29 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
             .contains(&("SLURM_JWT".to_string(), "daemon".to_string())),
         "{restd:?}"
     );
+    let job = run_open_job(&h, "slinky-2").await?;
+    // Idle first: -1 goes, the busy highest ordinal stays undrained.
+    scale(&c, &ns, 2).await?;
+    let idle_gone = eventually(20, || async {
+        let pods = pod_names(&c, &ns).await.ok()?;
+        (!pods.contains(&format!("{NS_NAME}-1")) && pods.contains(&format!("{NS_NAME}-2"))).then_some(())
+    })
+    .await;
+    ensure!(
+        idle_gone.is_some(),
+        "the idle pod did not go first: pods {:?}, node {}",
+        pod_names(&c, &ns).await?,
+        show(&h, "node", "slinky-2").await?
+    );
+    let busy = show(&h, "node", "slinky-2").await?;
+    ensure!(
+        !field(&busy, "State").is_some_and(|s| s.contains("DRAIN")),
+        "the busy node was drained while an idle one could go: {busy}"
+    );
+    ensure!(job_state(&h, &job).await? == "RUNNING", "the job no longer runs");
+
+    // Both remaining nodes busy: the highest ordinal is drained and waits for its job.
+    let other = run_open_job(&h, "slinky-0").await?;
     h.exec_ok(&[
         "scontrol",
         "update",
@@ -86,17 +111,13 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
         "reason=bad dimm",
     ])
     .await?;
-    let job = run_open_job(&h, "slinky-2").await?;
     scale(&c, &ns, 1).await?;
-
     let drained = eventually(20, || async {
         let node = show(&h, "node", "slinky-2").await.ok()?;
-        let pods = pod_names(&c, &ns).await.ok()?;
         let labels = pod_labels(&c, &ns, &format!("{NS_NAME}-2")).await?;
         (field(&node, "State").is_some_and(|s| s.contains("DRAIN"))
             && node.contains("Reason=slurm-operator:")
-            && labels.get(keys::LABEL_POD_PROTECT).map(String::as_str) == Some("true")
-            && !pods.contains(&format!("{NS_NAME}-1")))
+            && labels.get(keys::LABEL_POD_PROTECT).map(String::as_str) == Some("true"))
         .then_some(())
     })
     .await;
@@ -135,6 +156,7 @@ async fn a_scale_in_waits_for_the_job_on_the_busy_node() -> Result<()> {
         field(&admin, "State").is_some_and(|s| s.contains("DRAIN")),
         "{admin}"
     );
+    end_job(&h, &other).await?;
     host.stop().await;
     h.shutdown().await;
     Ok(())
@@ -459,6 +481,23 @@ async fn pod_protect_is_on_exactly_the_busy_pods_and_goes_with_their_jobs() -> R
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "protect", 2).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1"]).await?;
+    // A host that resyncs every 10 minutes, on a NodeSet it cannot sync (InvalidSpec): no
+    // other pass than the protection's own comes in time.
+    host.stop().await;
+    let host = slinky_tests::slurm::host_with_resync(&c, &ns, &h, std::time::Duration::from_secs(600))?;
+    Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"revisionHistoryLimit": -1}})),
+        )
+        .await?;
+    let invalid = eventually(30, || async {
+        let cond = nodeset_condition(&c, &ns, "InvalidSpec").await.ok()??;
+        (cond.status == "True").then_some(())
+    })
+    .await;
+    ensure!(invalid.is_some(), "the NodeSet did not turn InvalidSpec");
     let protected = |c: &TestCluster| {
         let c = c.client.clone();
         let ns = ns.clone();
@@ -474,22 +513,28 @@ async fn pod_protect_is_on_exactly_the_busy_pods_and_goes_with_their_jobs() -> R
     };
     let result = async {
         let job = run_open_job(&h, "slinky-1").await?;
+        let started = std::time::Instant::now();
         let busy = vec![format!("{NS_NAME}-1")];
-        let on = eventually(60, || async { (protected(&c).await? == busy).then_some(()) }).await;
+        // Within 30 s of the job starting (Slinky's refresh), whatever the NodeSet waits on.
+        let on = eventually(30, || async { (protected(&c).await? == busy).then_some(()) }).await;
+        eprintln!(
+            "pod-protect set {:.1} s after the job started",
+            started.elapsed().as_secs_f64()
+        );
         ensure!(
             on.is_some(),
             "protected pods {:?}, want {busy:?}",
             protected(&c).await
         );
-        // Still exactly that one over several passes.
-        host.passes_later(6).await?;
+        // Still exactly that one over the next passes (one every 20 s here).
+        host.passes_later(2).await?;
         ensure!(
             protected(&c).await == Some(busy.clone()),
             "protected pods {:?}",
             protected(&c).await
         );
         end_job(&h, &job).await?;
-        let off = eventually(60, || async { protected(&c).await?.is_empty().then_some(()) }).await;
+        let off = eventually(30, || async { protected(&c).await?.is_empty().then_some(()) }).await;
         ensure!(
             off.is_some(),
             "protected pods {:?} after the job",

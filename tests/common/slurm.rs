@@ -37,9 +37,17 @@ pub async fn start(
 /// # Errors
 /// The plugin registry could not be made.
 pub fn host_for(c: &TestCluster, ns: &str, harness: &SlurmLocal) -> Result<Host> {
+    host_with_resync(c, ns, harness, Duration::from_secs(1))
+}
+
+/// [`host_for`], resyncing every `resync`.
+///
+/// # Errors
+/// The plugin registry could not be made.
+pub fn host_with_resync(c: &TestCluster, ns: &str, harness: &SlurmLocal, resync: Duration) -> Result<Host> {
     let config = RunConfig {
         namespaces: vec![ns.to_string()],
-        resync: Some(Duration::from_secs(1)),
+        resync: Some(resync),
         slurmrestd_urls: vec![harness.restapi_url()],
         ..Default::default()
     };

@@ -214,6 +214,7 @@ pub(super) async fn sync_kept(
     let SlurmView::Nodes(cluster, nodes) = view else {
         return;
     };
+    pass.watches_slurm = true;
     let protect = pass.ns.spec.workload_disruption_protection.unwrap_or(true);
     for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         let name = node_name(pod);
@@ -342,6 +343,27 @@ async fn write_conditions(pass: &mut Pass<'_>, pod: &Pod, node: &Node) {
                 ),
             )
             .await;
+        }
+    }
+}
+
+/// `pod-protect` on the busy pods and off the others, from the Controller's shared node list,
+/// for a pass that does not sync its pods (the NodeSet is `InvalidSpec`, waits on its
+/// expectations, or its builder fails): a job that starts meanwhile is protected all the same.
+pub(super) async fn refresh_protection(
+    pass: &mut Pass<'_>,
+    controller: &slinky_api::Controller,
+    owned: &[Arc<Pod>],
+) {
+    let view = SlurmView::read(pass, controller).await;
+    let SlurmView::Nodes(_, nodes) = &view else {
+        return;
+    };
+    pass.watches_slurm = true;
+    let protect = pass.ns.spec.workload_disruption_protection.unwrap_or(true);
+    for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        if let Some(node) = nodes.get(&node_name(pod)) {
+            set_protect(pass, pod, protect && node.is_busy()).await;
         }
     }
 }

@@ -174,6 +174,12 @@ impl PodFixture {
         self
     }
 
+    /// With the annotation `key=value`.
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.pod.annotations_mut().insert(key.into(), value.into());
+        self
+    }
+
     /// Bound to `node`.
     pub fn on_node(mut self, node: &str) -> Self {
         self.pod.spec.get_or_insert_default().node_name = Some(node.into());

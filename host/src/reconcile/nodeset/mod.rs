@@ -79,6 +79,10 @@ fn has_finalizer(ns: &NodeSet, key: &str) -> bool {
 const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How soon a pass comes back while a pod waits for its Slurm node to drain.
 const DRAIN_RECHECK: Duration = Duration::from_secs(3);
+/// How soon a pass of a NodeSet whose pods are Slurm nodes comes back, whatever else it waits
+/// on: a job that starts on an idle pod gets `pod-protect` within this (plus the node list's
+/// age), as Slinky's 30 s refresh does.
+pub const PROTECT_INTERVAL: Duration = Duration::from_secs(20);
 use crate::plugins::{BuilderKind, Pipeline};
 
 /// What the NodeSet reconciler gets.
@@ -160,6 +164,9 @@ struct Pass<'a> {
     slurm_counts: Option<slinky_slurm::Counts>,
     /// A pod waits on its Slurm node: come back soon.
     waits_for_slurm: bool,
+    /// Slurm listed the nodes in this pass and `pod-protect` was refreshed from the list: the
+    /// pass comes back within [`PROTECT_INTERVAL`].
+    watches_slurm: bool,
     /// A write met a 409 because the cache lagged behind our own previous write: come back soon
     /// (not a failure: no Event, no backoff).
     retry_soon: bool,
@@ -276,6 +283,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         slurm_asked: false,
         slurm_counts: None,
         waits_for_slurm: false,
+        watches_slurm: false,
         retry_soon: false,
         desired: None,
         come_back: None,
@@ -319,7 +327,17 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         reached = Reached::Problem;
     }
 
-    write_status(&mut pass, &owned, revision.as_deref(), reached).await?;
+    if !pass.watches_slurm
+        && ns.metadata.deletion_timestamp.is_none()
+        && let Some(controller) = controller.as_deref()
+    {
+        // The pass did not get to its pods (an invalid spec, its expectations, a builder or
+        // child problem): protection still follows the jobs.
+        drain::refresh_protection(&mut pass, controller, &owned).await;
+    }
+    // Without a revision this pass (no Controller, a failing builder), the last one counts.
+    let shown = revision.or_else(|| ns.status.as_ref().and_then(|s| s.node_set_hash.clone()));
+    write_status(&mut pass, &owned, shown.as_deref(), reached).await?;
     Ok(Action::requeue(pass.come_back_after(requeue, reached, &owned)))
 }
 
@@ -347,6 +365,9 @@ impl Pass<'_> {
         }
         if let Some(after) = self.come_back {
             requeue = requeue.min(after);
+        }
+        if self.watches_slurm && owned.iter().any(|p| p.metadata.deletion_timestamp.is_none()) {
+            requeue = requeue.min(PROTECT_INTERVAL);
         }
         if (self.waits_for_slurm || self.retry_soon) && !failed {
             // A node drains as its jobs end: look again soon (Slinky: 30 s).
@@ -393,6 +414,22 @@ async fn sync(
         history::truncate(pass, &history, &owned, revision).await;
         return Ok(owned);
     }
+    // Which pod a scale-down or an update takes is decided on a fresh node list, as every
+    // delete is: a job that started a moment ago makes its node busy, not idle.
+    let live: Vec<&Arc<Pod>> = claims
+        .owned
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    let slurm = if live.len() > ns.replicas().max(0) as usize
+        || live
+            .iter()
+            .any(|p| p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(revision))
+    {
+        slurm.fresh().await
+    } else {
+        slurm
+    };
     let update_ranks = slurm.update_ranks(&claims.owned);
     let plan = plan(&Inputs {
         nodeset: ns,

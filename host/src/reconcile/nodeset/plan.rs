@@ -12,8 +12,11 @@
 //!   node) holds no place: it is not coming back, and the ordinals below it are filled meanwhile.
 //! * Scale up fills the lowest ordinals nobody holds.
 //! * Scale down removes pods in Slinky's `ActivePods` order (unscheduled, pending, not ready,
-//!   lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal, more recently
-//!   ready, newer).
+//!   lower `pod-deletion-cost`, earlier `pod-deadline` (compared as times; none first), cordoned,
+//!   higher ordinal, more recently ready, newer), except that among pods equally alive the ones
+//!   whose Slurm nodes the host drains go first, then idle ones, then busy ones: a busy node is
+//!   never drained while an idle one can go. The ordinal gap this leaves is filled by the next
+//!   scale up (the lowest free ordinal).
 //! * A rolling update replaces pods of another revision (or named with another padding) without
 //!   more than `maxUnavailable` pods unavailable, counting missing pods: old unhealthy pods first,
 //!   then healthy ones in scale-down order.
@@ -74,29 +77,56 @@ fn deletion_cost(p: &Pod) -> i64 {
 
 /// Slinky's `ActivePods` order: the pods to delete first come first.
 pub fn condemn_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
+    liveness_order(a, b).then(preference_order(a, b, nodeset))
+}
+
+/// A scale-down's order: [`condemn_order`], but among pods equally alive the Slurm node's rank
+/// ([`Inputs::update_ranks`]: nodes the host drains, then idle, then busy ones) comes before
+/// every preference: a busy node is never drained while an idle one of the NodeSet can go.
+fn scale_down_order(a: &Pod, b: &Pod, nodeset: &NodeSet, ranks: &BTreeMap<String, u8>) -> Ordering {
+    let rank = |p: &Pod| ranks.get(&p.name_any()).copied().unwrap_or(1);
+    liveness_order(a, b)
+        .then(rank(a).cmp(&rank(b)))
+        .then(preference_order(a, b, nodeset))
+}
+
+/// Unscheduled, pending, not ready first.
+fn liveness_order(a: &Pod, b: &Pod) -> Ordering {
     let scheduled = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
     let phase_rank = |p: &Pod| match phase(p) {
         "Pending" => 0,
         "Unknown" | "" => 1,
         _ => 2,
     };
+    scheduled(a)
+        .cmp(&scheduled(b))
+        .then(phase_rank(a).cmp(&phase_rank(b)))
+        .then(is_running_and_ready(a).cmp(&is_running_and_ready(b)))
+}
+
+/// The `pod-deadline` of a pod (when its node's jobs end), as a time: none (no job, or not
+/// written) sorts first, as in Slinky; an unreadable one last.
+fn deadline(p: &Pod) -> (u8, Option<Timestamp>) {
+    match p.annotations().get(keys::ANNOTATION_POD_DEADLINE) {
+        None => (0, None),
+        Some(v) => match v.parse::<Timestamp>() {
+            Ok(t) => (1, Some(t)),
+            Err(_) => (2, None),
+        },
+    }
+}
+
+/// Lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal, more recently
+/// ready, newer first.
+fn preference_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
     let cordoned = |p: &Pod| {
         p.annotations()
             .get(keys::ANNOTATION_POD_CORDON)
             .is_some_and(|v| v == "true")
     };
-    let deadline = |p: &Pod| {
-        p.annotations()
-            .get(keys::ANNOTATION_POD_DEADLINE)
-            .cloned()
-            .unwrap_or_else(|| "~".into())
-    };
     let ordinal = |p: &Pod| ordinal_after(&nodeset.name_any(), &p.name_any());
-    scheduled(a)
-        .cmp(&scheduled(b))
-        .then(phase_rank(a).cmp(&phase_rank(b)))
-        .then(is_running_and_ready(a).cmp(&is_running_and_ready(b)))
-        .then(deletion_cost(a).cmp(&deletion_cost(b)))
+    deletion_cost(a)
+        .cmp(&deletion_cost(b))
         .then(deadline(a).cmp(&deadline(b)))
         .then(cordoned(b).cmp(&cordoned(a)))
         .then(ordinal(b).cmp(&ordinal(a)))
@@ -142,8 +172,8 @@ pub struct Inputs<'a> {
     pub leaving: &'a BTreeSet<u32>,
     /// The time availability is judged at.
     pub now: Timestamp,
-    /// How a rolling update ranks its old pods by their Slurm node (pod name → rank, lower
-    /// first; see [`super::slurm_view::SlurmView::update_ranks`]); empty without Slurm.
+    /// How a scale down and a rolling update rank pods by their Slurm node (pod name → rank,
+    /// lower first; see [`super::slurm_view::SlurmView::update_ranks`]); empty without Slurm.
     pub update_ranks: &'a BTreeMap<String, u8>,
     /// `ScheduledUpdate`: the pods whose Slurm nodes are in the open maintenance window (see
     /// [`super::reservation`]); `None` for another strategy.
@@ -185,7 +215,7 @@ pub fn plan(inp: &Inputs<'_>) -> Plan {
 
     if live.len() > replicas {
         let mut sorted = live.clone();
-        sorted.sort_by(|a, b| condemn_order(a, b, ns));
+        sorted.sort_by(|a, b| scale_down_order(a, b, ns, inp.update_ranks));
         let n = (live.len() - replicas).min(BURST);
         plan.deletes.extend(
             sorted
@@ -293,6 +323,16 @@ mod tests {
     };
 
     fn run(ns: &NodeSet, pods: Vec<Arc<Pod>>) -> Plan {
+        run_with(ns, pods, &BTreeMap::new(), None)
+    }
+
+    /// [`run`] with Slurm's ranks and a scheduled update's window.
+    fn run_with(
+        ns: &NodeSet,
+        pods: Vec<Arc<Pod>>,
+        ranks: &BTreeMap<String, u8>,
+        window: Option<&BTreeSet<String>>,
+    ) -> Plan {
         let claims = classify(ns, pods);
         plan(&Inputs {
             nodeset: ns,
@@ -301,8 +341,8 @@ mod tests {
             blocked: &claims.blocked,
             leaving: &claims.leaving,
             now: Timestamp::now(),
-            update_ranks: &BTreeMap::new(),
-            window: None,
+            update_ranks: ranks,
+            window,
             unjudged: &Default::default(),
         })
     }
@@ -441,6 +481,58 @@ mod tests {
     }
 
     #[test]
+    fn a_scale_down_drains_no_busy_node_while_an_idle_one_can_go() {
+        let w = nodeset("w", 9);
+        let pods: Vec<Arc<Pod>> = (0..10).map(|o| pod(&w, o).owned().arc()).collect();
+        let plan_with = |ranks: &BTreeMap<String, u8>| run_with(&w, pods.clone(), ranks, None);
+        assert_eq!(
+            deleted(&plan_with(&BTreeMap::new())),
+            ["w-9"],
+            "without Slurm: the highest ordinal"
+        );
+        // w-9 runs a 7-day job, the rest are idle: the highest idle one goes.
+        let busy = BTreeMap::from([("w-9".to_string(), 2)]);
+        assert_eq!(deleted(&plan_with(&busy)), ["w-8"]);
+        // Once the host drains a node, that one goes first (a pass does not change its mind).
+        let draining = BTreeMap::from([("w-9".to_string(), 2), ("w-3".to_string(), 0)]);
+        assert_eq!(deleted(&plan_with(&draining)), ["w-3"]);
+        // The gap is filled by the next scale up: the lowest free ordinal.
+        let after: Vec<Arc<Pod>> = (0..10)
+            .filter(|o| *o != 8)
+            .map(|o| pod(&w, o).owned().arc())
+            .collect();
+        let more = nodeset("w", 10);
+        assert_eq!(run(&more, after).creates, [8]);
+    }
+
+    #[test]
+    fn pod_deadlines_compare_as_times_and_none_goes_first() {
+        let w = nodeset("w", 2);
+        let deadline = keys::ANNOTATION_POD_DEADLINE;
+        let pods = vec![
+            // 10:00+02:00 is 08:00Z: earlier than 09:00Z, though its text sorts later.
+            pod(&w, 0)
+                .owned()
+                .annotation(deadline, "2026-11-28T10:00:00+02:00")
+                .arc(),
+            pod(&w, 1)
+                .owned()
+                .annotation(deadline, "2026-11-28T09:00:00Z")
+                .arc(),
+            pod(&w, 2).owned().arc(),
+            pod(&w, 3)
+                .owned()
+                .annotation(deadline, "2026-11-28T08:30:00Z")
+                .arc(),
+        ];
+        assert_eq!(
+            deleted(&run(&w, pods)),
+            ["w-2", "w-0"],
+            "no deadline (no job) first, then the earliest"
+        );
+    }
+
+    #[test]
     fn a_rolling_update_stays_within_max_unavailable_counting_missing_pods() {
         let w = nodeset("w", 8); // 25% of 8 = 2
         let mut pods: Vec<Arc<Pod>> = (0..8).map(|o| pod(&w, o).owned().revision("old").arc()).collect();
@@ -499,20 +591,8 @@ mod tests {
             pod(&w, 2).owned().revision("old").arc(),
             pod(&w, 3).owned().revision("old").arc(),
         ];
-        let plan_with = |window: Option<&BTreeSet<String>>| {
-            let claims = classify(&w, pods.clone());
-            plan(&Inputs {
-                nodeset: &w,
-                revision: "rev1",
-                owned: &claims.owned,
-                blocked: &claims.blocked,
-                leaving: &claims.leaving,
-                now: Timestamp::now(),
-                update_ranks: &BTreeMap::new(),
-                window,
-                unjudged: &Default::default(),
-            })
-        };
+        let plan_with =
+            |window: Option<&BTreeSet<String>>| run_with(&w, pods.clone(), &BTreeMap::new(), window);
         // Outside the window: the unhealthy old pod only.
         assert_eq!(deleted(&plan_with(None)), ["w-0"]);
         assert_eq!(deleted(&plan_with(Some(&BTreeSet::new()))), ["w-0"]);
@@ -537,18 +617,7 @@ mod tests {
             .map(|o| pod(&w, o).owned().revision("old").arc())
             .collect();
         let open: BTreeSet<String> = pods.iter().map(|p| p.name_any()).collect();
-        let claims = classify(&w, pods);
-        let p = plan(&Inputs {
-            nodeset: &w,
-            revision: "rev1",
-            owned: &claims.owned,
-            blocked: &claims.blocked,
-            leaving: &claims.leaving,
-            now: Timestamp::now(),
-            update_ranks: &BTreeMap::new(),
-            window: Some(&open),
-            unjudged: &Default::default(),
-        });
+        let p = run_with(&w, pods, &BTreeMap::new(), Some(&open));
         assert_eq!(p.deletes.len(), BURST);
     }
 
