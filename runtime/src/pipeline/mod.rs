@@ -6,9 +6,10 @@
 //! parents its `spec.selector` matches. Every step receives its own settings and the previous
 //! step's output (`build-context.previous`), and its output passes the output policy before the
 //! next step sees it: a step that breaks the policy is named in the error. The final object
-//! carries the pipeline's label and digest in the builder annotations, and the pipeline's digest
-//! (every step's module digest and settings) goes into the pod revision: changing a step or its
-//! settings rolls the pods it builds.
+//! carries the pipeline's label and digest in the builder annotations (on the object, never on a
+//! workload's pod template). The pipeline's digest (every step's module digest and settings) tells
+//! the host when to build again; the pod revision is a hash of what is built, so changing a step
+//! or its settings rolls exactly the pods it builds differently.
 
 use std::{collections::BTreeMap, sync::Arc};
 

@@ -23,8 +23,19 @@ use crate::{
     reconcile::core::locked,
 };
 
-/// The module-cache record of a component loaded under a spec that pinned its digest.
+/// The module-cache record of a ConfigMap's component loaded under a spec that pinned its
+/// digest: which ConfigMap ([`pinned_record`]).
 const PINNED: &str = "pinned";
+
+/// What [`PINNED`] records: the ConfigMap (namespace, name, key) the pinned module came from.
+fn pinned_record(cm: &slinky_api::ConfigMapModule) -> String {
+    format!(
+        "{}/{}/{}",
+        cm.namespace,
+        cm.name,
+        cm.key.as_deref().unwrap_or("plugin.wasm")
+    )
+}
 
 /// One BuilderPlugin's serving version.
 pub(super) struct Loaded {
@@ -280,12 +291,12 @@ impl Steps {
                 tracing::info!(builder_plugin = %name, plugin = %step.plugin.label(), digest = %&step.plugin.digest()[..12],
                     kinds = %kinds_text(&wanted.kinds), order = step.order, "BuilderPlugin loaded; it serves now");
                 self.source.store().put(&fetched.bytes);
-                if bp.spec.module.digest.is_some() {
-                    // Its author pinned it: a restore may trust the cached bytes (see
-                    // `restorable`).
+                if let (Some(cm), Some(_)) = (&bp.spec.module.config_map, &bp.spec.module.digest) {
+                    // Its author pinned this ConfigMap's module: a restore may trust the cached
+                    // bytes for this ConfigMap (see `restorable`).
                     self.source
                         .store()
-                        .put_record(&fetched.digest, PINNED, b"pinned by spec.module.digest");
+                        .put_record(&fetched.digest, PINNED, pinned_record(cm).as_bytes());
                 }
                 locked(&self.state, |s| {
                     if s.deletions(&name) != deletions {
@@ -432,8 +443,9 @@ impl Steps {
     ///   registry) and its signature verified under **today's** keys (a key turned on or
     ///   rotated since stops it);
     /// * a registry module on a host without keys, or a ConfigMap module: only one this host
-    ///   loaded before (its disk cache holds it, checked by digest); on a host with keys, a
-    ///   ConfigMap module only if the spec it was loaded under pinned its digest (recorded then).
+    ///   loaded before (its disk cache holds it, checked by digest); a ConfigMap module only from
+    ///   a namespace the host allows today, and on a host with keys only if this host loaded it
+    ///   from that very ConfigMap under a spec that pinned its digest (recorded then).
     ///
     /// # Errors
     /// Why it is not restored (a `Loaded` failure: `BadSignature`, `Refused`, …).
@@ -457,15 +469,31 @@ impl Steps {
                 serving.digest
             ))
         })?;
-        if serving.spec.module.config_map.is_some()
-            && self.source.verifies()
-            && store.get_record(&serving.digest, PINNED).is_none()
-        {
-            return Err(refused(format!(
-                "status.serving names the ConfigMap module {}, loaded without a pinned digest: a host \
-                 with --plugin-public-key runs a ConfigMap module only under spec.module.digest",
-                serving.digest
-            )));
+        if let Some(cm) = &serving.spec.module.config_map {
+            let allowed = self.source.config_map_namespaces();
+            if !allowed
+                .iter()
+                .any(|n| n == slinky_plugin_source::ANY_NAMESPACE || *n == cm.namespace)
+            {
+                return Err(refused(format!(
+                    "status.serving names a ConfigMap module in namespace {:?}, from which this host \
+                     reads no modules (--plugin-configmap-namespace {})",
+                    cm.namespace,
+                    allowed.join(",")
+                )));
+            }
+            let pinned = store.get_record(&serving.digest, PINNED);
+            if self.source.verifies()
+                && (serving.spec.module.digest.as_deref() != Some(serving.digest.as_str())
+                    || pinned.as_deref() != Some(pinned_record(cm).as_bytes()))
+            {
+                return Err(refused(format!(
+                    "status.serving names the ConfigMap module {}, which this host never loaded from \
+                     that ConfigMap under a pinned spec.module.digest: a host with --plugin-public-key \
+                     restores a ConfigMap module only then",
+                    serving.digest
+                )));
+            }
         }
         Ok(bytes)
     }

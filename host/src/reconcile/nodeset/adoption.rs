@@ -198,14 +198,18 @@ pub(super) async fn relabel_equal_pods(
                 (want.clone(), false)
             }
         };
-        if !same_pod(have, &stored) {
+        if !same_pod(have, &stored, ns) {
+            if !dry_run {
+                // Compared with the pod as built, not as the API server would store it: not
+                // enough to replace it on. It stays unjudged; the next pass compares again.
+                pass.retry_soon = true;
+                continue;
+            }
             // Judged: it differs, and rolls in its turn.
             unjudged.remove(&uid);
-            if dry_run {
-                let (uid, rv) = version(have);
-                tracing::debug!(pod = %have.name_any(), rv, "differs from the builder's pod; not compared again until it or the NodeSet changes");
-                ctx.differing.remember(ns, &uid, &rv, &inputs);
-            }
+            let (uid, rv) = version(have);
+            tracing::debug!(pod = %have.name_any(), rv, "differs from the builder's pod; not compared again until it or the NodeSet changes");
+            ctx.differing.remember(ns, &uid, &rv, &inputs);
             continue;
         }
         let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);
@@ -281,15 +285,52 @@ fn have_ns(p: &Pod) -> String {
 }
 
 /// Whether a live pod has the labels, annotations and spec of `want` (our pod as stored), but
-/// for the revision label and the builder annotations.
-fn same_pod(have: &Pod, want: &Pod) -> bool {
-    let strip = |p: &Pod| {
-        let mut labels = p.labels().clone();
-        labels.remove(keys::LABEL_REVISION_HASH);
-        let mut annotations = p.annotations().clone();
-        annotations.remove(keys::ANNOTATION_BUILDER);
-        annotations.remove(keys::ANNOTATION_BUILDER_DIGEST);
-        serde_json::json!({"labels": labels, "annotations": annotations, "spec": p.spec})
-    };
-    contains(&strip(have), &strip(want))
+/// for the revision label, the builder annotations, and what `want` carries from `nodeset`'s own
+/// labels and annotations (no input of the revision: a pod made before `kubectl label nodeset`
+/// is not replaced for it).
+fn same_pod(have: &Pod, want: &Pod, nodeset: &NodeSet) -> bool {
+    let none = BTreeMap::new();
+    contains(
+        &comparable(have, &none, &none),
+        &comparable(want, nodeset.labels(), nodeset.annotations()),
+    )
+}
+
+/// `p`'s labels, annotations and spec, without the revision label, the builder annotations and
+/// the labels and annotations equal to `own_labels` and `own_annotations`.
+fn comparable(
+    p: &Pod,
+    own_labels: &BTreeMap<String, String>,
+    own_annotations: &BTreeMap<String, String>,
+) -> Value {
+    let mut labels = p.labels().clone();
+    labels.remove(keys::LABEL_REVISION_HASH);
+    labels.retain(|k, v| own_labels.get(k) != Some(v));
+    let mut annotations = p.annotations().clone();
+    annotations.remove(keys::ANNOTATION_BUILDER);
+    annotations.remove(keys::ANNOTATION_BUILDER_DIGEST);
+    annotations.retain(|k, v| own_annotations.get(k) != Some(v));
+    serde_json::json!({"labels": labels, "annotations": annotations, "spec": p.spec})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::nodeset::fixtures::{nodeset, pod};
+
+    #[test]
+    fn a_pod_made_before_the_nodeset_was_labelled_is_the_same_pod() {
+        let mut w = nodeset("w", 1);
+        w.metadata.labels = Some(BTreeMap::from([("team".to_string(), "hpc".to_string())]));
+        let have = pod(&w, 0).revision("0123456789").arc();
+        let want = pod(&w, 0).revision("0123456789ab").label("team", "hpc").arc();
+        assert!(same_pod(&have, &want, &w), "the NodeSet's own label is no difference");
+        let other = pod(&w, 0).label("team", "ops").arc();
+        assert!(
+            !same_pod(&have, &other, &w),
+            "a label the NodeSet does not have with that value is one"
+        );
+        let image = pod(&w, 0).on_node("node-9").arc();
+        assert!(!same_pod(&have, &image, &w), "a spec field is one");
+    }
 }

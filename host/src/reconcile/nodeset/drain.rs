@@ -377,13 +377,17 @@ async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) {
             .is_some_and(|v| v == "true");
         if want != has {
             let value = want.then_some("true");
-            if let Err(e) = pass
+            let result = pass
                 .core()
                 .writer
                 .set_pod_label(pod, keys::LABEL_POD_PROTECT, value)
-                .await
-                && !writer::is_conflict(&e)
+                .await;
+            if let Err(e) = result.as_ref()
+                && writer::is_conflict(e)
             {
+                // The pod changed since the cache showed it: look again soon, not in 20 s.
+                pass.retry_soon = true;
+            } else if let Err(e) = result {
                 pass.failed(
                     "FailedUpdate",
                     format!(

@@ -262,10 +262,14 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         .controllers
         .get(&ObjectRef::<Controller>::new(&ns.spec.controller_ref.name).within(ns.controller_namespace()));
     let plugin = core.plugins.pipeline(BuilderKind::NodesetPod, ns.labels());
-    // What the builders make decides the revision (see `crate::revision`).
+    // What the builders make decides the revision (see `crate::revision`): built for a NodeSet
+    // that is to sync only (not one being deleted or invalid).
+    let spec_problem = checks::summary(&ns.spec_problems());
     let built = match controller.as_ref() {
-        Some(c) => Some(ctx.revisions.of(core, ns, c, &plugin).await?),
-        None => None,
+        Some(c) if ns.metadata.deletion_timestamp.is_none() && spec_problem.is_none() => {
+            Some(ctx.revisions.of(core, ns, c, &plugin).await?)
+        }
+        _ => None,
     };
     let known = built.as_ref().and_then(|b| b.as_ref().ok());
     let revision = known.map(|k| k.revision.clone());
@@ -302,7 +306,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
             return Ok(Action::await_change());
         }
         reached = Reached::Waiting;
-    } else if let Some(problem) = checks::summary(&ns.spec_problems()) {
+    } else if let Some(problem) = spec_problem {
         pass.state.problem(Failure::invalid_spec(problem)).await;
         reached = Reached::Problem;
     } else if let Some(Err(e)) = &built {
@@ -421,11 +425,17 @@ async fn sync(
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
+    let on_delete = ns
+        .spec
+        .update_strategy
+        .as_ref()
+        .is_some_and(|s| s.type_ == slinky_api::UpdateStrategyType::OnDelete);
     let slurm = if live.len() > ns.replicas().max(0) as usize
-        || live
-            .iter()
-            .any(|p| p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(revision))
-    {
+        || (!on_delete
+            && live.iter().any(|p| {
+                p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(revision)
+                    && !p.uid().is_some_and(|u| claims.unjudged.contains(&u))
+            })) {
         slurm.fresh().await
     } else {
         slurm

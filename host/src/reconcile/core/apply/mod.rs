@@ -74,10 +74,10 @@ fn unhashed(object: &Value) -> Value {
 
 /// The builder annotations a host before output revisions put on a workload's pod template:
 /// applied again as they are, so the upgrade does not change the template (and restart
-/// slurmctld, slurmdbd, slurmrestd or the login pods) for provenance. They stay while the
-/// template does (whether the rest of a live template is what the builder builds cannot be told
-/// for sure: an API server drops fields it does not serve); the workload's own annotations name
-/// today's builder.
+/// slurmctld, slurmdbd, slurmrestd or the login pods) for provenance. They stay, even after a
+/// later template change (whether the rest of a live template is what the builder builds cannot
+/// be told for sure: an API server drops fields it does not serve, and a restart over it would be
+/// the costly mistake); the workload's own annotations name today's builder.
 fn keep_template_provenance(live: &Value, desired: &mut Value) {
     const TEMPLATE_ANNOTATIONS: &str = "/spec/template/metadata/annotations";
     let Some(live_annotations) = live.pointer(TEMPLATE_ANNOTATIONS).and_then(Value::as_object) else {
