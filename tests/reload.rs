@@ -882,3 +882,52 @@ async fn builders_with_the_same_output_restart_nothing_and_one_adding_an_annotat
     s.stop().await;
     Ok(())
 }
+
+/// A builder that fails for a NodeSet (its probe cannot be built) leaves the last revision in
+/// force: the NodeSet still scales down (no Slurm here: pods go at once), and the failure is its
+/// condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nodeset_whose_builder_fails_still_scales_down() -> Result<()> {
+    let s = setup(3, 50).await?;
+    let hostile = variant(&std::fs::read(test_plugin("hostile"))?, "fails");
+    put(s.dir.path(), "nodeset.wasm", &hostile)?;
+    let digest = slinky_host::plugins::digest(&hostile);
+    s.wait_active(&digest).await?;
+    s.rolled_to(3, &digest).await?;
+    Api::<NodeSet>::namespaced(s.c.client.clone(), &s.ns)
+        .patch(
+            NS_NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!(
+                {"metadata": {"annotations": {"hostile.test/behaviour": "error"}}})),
+        )
+        .await?;
+    let failing = eventually(60, || async {
+        let cond = slinky_tests::host::nodeset_condition(&s.c, &s.ns, "InvalidSpec")
+            .await
+            .ok()??;
+        (cond.status == "True").then_some(cond.message)
+    })
+    .await
+    .context("the builder's failure is not the NodeSet's condition")?;
+    scale(&s.c, &s.ns, 1).await?;
+    let workers = ListParams::default().labels(&format!("app.kubernetes.io/instance={NS_NAME}"));
+    let pods = Api::<Pod>::namespaced(s.c.client.clone(), &s.ns);
+    let scaled = eventually(60, || async {
+        let list = pods.list(&workers).await.ok()?;
+        (list.items.len() == 1).then_some(())
+    })
+    .await;
+    ensure!(
+        scaled.is_some(),
+        "the NodeSet did not scale down while its builder failed ({failing}): {:?}",
+        pods.list(&workers)
+            .await?
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+    );
+    s.stop().await;
+    Ok(())
+}

@@ -324,7 +324,10 @@ mod tests {
         w.metadata.labels = Some(BTreeMap::from([("team".to_string(), "hpc".to_string())]));
         let have = pod(&w, 0).revision("0123456789").arc();
         let want = pod(&w, 0).revision("0123456789ab").label("team", "hpc").arc();
-        assert!(same_pod(&have, &want, &w), "the NodeSet's own label is no difference");
+        assert!(
+            same_pod(&have, &want, &w),
+            "the NodeSet's own label is no difference"
+        );
         let other = pod(&w, 0).label("team", "ops").arc();
         assert!(
             !same_pod(&have, &other, &w),

@@ -271,8 +271,15 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         }
         _ => None,
     };
-    let known = built.as_ref().and_then(|b| b.as_ref().ok());
-    let revision = known.map(|k| k.revision.clone());
+    // A probe that cannot be built leaves the last revision in force: scale-downs, failed pods
+    // and drains go on; creates and relabelling need the builder and wait for it.
+    let last = || ns.status.as_ref().and_then(|s| s.node_set_hash.clone());
+    let (known, probe_error) = match built {
+        Some(Ok(k)) => (Some(k), None),
+        Some(Err(e)) => (last().map(revisions::Known::last), Some(e)),
+        None => (None, None),
+    };
+    let revision = known.as_ref().map(|k| k.revision.clone());
 
     let current = super::core::status::HasStatus::conditions(ns);
     let mut pass = Pass {
@@ -309,10 +316,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     } else if let Some(problem) = spec_problem {
         pass.state.problem(Failure::invalid_spec(problem)).await;
         reached = Reached::Problem;
-    } else if let Some(Err(e)) = &built {
+    } else if let (Some(e), None) = (&probe_error, &known) {
         pass.state.builder_error(e).await;
         reached = Reached::Problem;
-    } else if let (Some(controller), Some(known)) = (controller.as_ref(), known) {
+    } else if let (Some(controller), Some(known)) = (controller.as_ref(), known.as_ref()) {
         if satisfied {
             owned = sync(&mut pass, controller, known, claims, &plugin).await?;
             reached = Reached::Synced;
@@ -320,6 +327,9 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
             // The watch will trigger the next pass when it shows what we wait for.
             requeue = Duration::from_millis(500);
             reached = Reached::Waiting;
+        }
+        if let Some(e) = &probe_error {
+            pass.state.builder_error(e).await;
         }
     } else {
         let message = format!(

@@ -30,6 +30,18 @@ pub(crate) struct Known {
     pub provenance: BTreeMap<String, String>,
 }
 
+impl Known {
+    /// The revision the NodeSet's status names, for a pass whose probe could not be built: its
+    /// pods are synced under it (deletes, drains, protection) while what needs the builder waits.
+    pub fn last(revision: String) -> Known {
+        Known {
+            key: String::new(),
+            revision,
+            provenance: BTreeMap::new(),
+        }
+    }
+}
+
 /// The remembered revisions, per NodeSet UID.
 #[derive(Debug, Default)]
 pub(crate) struct Revisions {
