@@ -19,7 +19,9 @@ use slinky_slurm_local::SlurmLocal;
 use slinky_tests::{
     TestCluster, eventually,
     host::{NS_NAME, apply_file, cluster_with_statefulsets, events, nodeset_condition, pod_names, scale},
-    slurm::{end_job, field, host_for, job_state, nodes_idle, run_open_job, show, start},
+    slurm::{
+        end_job, field, host_for, job_state, nodes_idle, run_open_job, run_open_job_limited, show, start,
+    },
 };
 
 /// A node state (`IDLE+DYNAMIC_NORM`) is IDLE with no DRAIN, DOWN or other flag that matters.
@@ -654,6 +656,88 @@ async fn a_not_responding_node_is_left_to_slurm() -> Result<()> {
             "the pod of a not responding node went"
         );
         h.restart_slurmd(&format!("{NS_NAME}-0")).await?;
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    h.shutdown().await;
+    result
+}
+
+/// Three busy nodes whose jobs end in 60, 10 and 30 minutes: each pod carries its node's
+/// `pod-deadline` (from Slurm's job end times, as Slinky writes it), and a scale to 2 drains the
+/// node whose job ends first (`-1`), not the highest ordinal.
+#[tokio::test]
+async fn a_scale_in_drains_the_busy_node_whose_jobs_end_first() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "deadline", 3).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    let result = async {
+        let mut jobs = Vec::new();
+        for (node, minutes) in [("slinky-0", 60), ("slinky-1", 10), ("slinky-2", 30)] {
+            jobs.push(run_open_job_limited(&h, node, Some(minutes)).await?);
+        }
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let deadline = |p: &Pod| {
+            p.annotations()
+                .get(keys::ANNOTATION_POD_DEADLINE)
+                .and_then(|d| d.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        };
+        let written = eventually(30, || async {
+            let mut at = Vec::new();
+            for o in 0..3 {
+                at.push(deadline(&pods.get(&format!("{NS_NAME}-{o}")).await.ok()?)?);
+            }
+            Some(at)
+        })
+        .await
+        .context("the pods never got their pod-deadline")?;
+        ensure!(
+            written[1] < written[2] && written[2] < written[0],
+            "deadlines {written:?}: the 10-minute job's node first"
+        );
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let minutes = (written[1].as_second() - now) as f64 / 60.0;
+        ensure!(
+            (8.0..=11.0).contains(&minutes),
+            "-1's deadline is {minutes:.1} minutes away"
+        );
+        scale(&c, &ns, 2).await?;
+        let drained = eventually(20, || async {
+            let node = show(&h, "node", "slinky-1").await.ok()?;
+            (field(&node, "State").is_some_and(|s| s.contains("DRAIN"))
+                && node.contains("Reason=slurm-operator:"))
+            .then_some(())
+        })
+        .await;
+        ensure!(
+            drained.is_some(),
+            "slinky-1 was not drained: {}",
+            show(&h, "node", "slinky-1").await?
+        );
+        for other in ["slinky-0", "slinky-2"] {
+            let node = show(&h, "node", other).await?;
+            ensure!(
+                !field(&node, "State").is_some_and(|s| s.contains("DRAIN")),
+                "{other} was drained too: {node}"
+            );
+        }
+        for job in &jobs {
+            end_job(&h, job).await?;
+        }
+        let gone = eventually(60, || async {
+            let names = pod_names(&c, &ns).await.ok()?;
+            (!names.contains(&format!("{NS_NAME}-1"))).then_some(())
+        })
+        .await;
+        ensure!(
+            gone.is_some(),
+            "pod -1 never went: {:?}",
+            pod_names(&c, &ns).await?
+        );
         Ok(())
     }
     .await;

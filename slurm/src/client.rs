@@ -304,6 +304,15 @@ impl Client {
         parse(&value, "nodes", "nodes")
     }
 
+    /// Every job (`GET /slurm/<v>/jobs`).
+    ///
+    /// # Errors
+    /// The call failed, or its answer is not a job list.
+    pub async fn jobs(&self) -> Result<Vec<crate::Job>, Error> {
+        let value = self.call(Method::GET, "the job list", "/jobs", None).await?;
+        parse(&value, "jobs", "jobs")
+    }
+
     /// Mark `node` DRAIN with `reason` (which should start with [`crate::REASON_PREFIX`]).
     ///
     /// # Errors

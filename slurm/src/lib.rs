@@ -11,6 +11,7 @@
 
 mod client;
 pub mod hostlist;
+mod job;
 pub mod jwt;
 mod node;
 mod reservation;
@@ -18,6 +19,7 @@ mod reservation;
 use std::time::Duration;
 
 pub use client::{Client, DEFAULT_TIMEOUT, Ping, RESERVATION_WRITE_VERSION, VERSIONS, in_control};
+pub use job::{Deadline, Job, deadlines};
 pub use node::{Counts, Node, REASON_PREFIX};
 pub use reservation::{Reservation, ReservationRequest};
 

@@ -40,6 +40,12 @@ use super::{Caches, core::locked};
 
 /// How long a node list is shared between passes.
 pub const NODES_TTL: Duration = Duration::from_secs(1);
+/// How long a job list (the busy nodes' deadlines) is used: jobs' end times change when jobs
+/// start and end, and only order which busy node a scale-in drains first.
+pub const JOBS_TTL: Duration = Duration::from_secs(10);
+
+/// When each busy node's jobs end, by node name.
+pub type Deadlines = HashMap<String, slinky_slurm::Deadline>;
 /// How long a client's key is trusted before the Secret is read again.
 const KEY_TTL: Duration = Duration::from_secs(60);
 /// The Slurm user the host's tokens are for (`SlurmUser` of the generated slurm.conf).
@@ -91,6 +97,8 @@ pub struct Cluster {
     /// When its key was last read and found the same.
     checked: Mutex<Instant>,
     nodes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Node>>)>>,
+    /// When each busy node's jobs end, read at most once per [`JOBS_TTL`].
+    deadlines: tokio::sync::Mutex<Option<(Instant, Arc<Deadlines>)>>,
     /// Nodes Slurm did not list while their pods ran: name → (the pod's UID, when first found
     /// missing), forgotten once a list names them again; a new pod of the same name starts its
     /// own clock. In memory only: a host restarted counts afresh, which only waits longer.
@@ -152,6 +160,23 @@ impl Cluster {
         self.listed(&nodes);
         *held = Some((Instant::now(), nodes.clone()));
         Ok(nodes)
+    }
+
+    /// When each busy node's jobs end (the job list, at most once per [`JOBS_TTL`]).
+    ///
+    /// # Errors
+    /// Slurm could not be asked.
+    pub async fn deadlines(&self) -> Result<Arc<Deadlines>, Unavailable> {
+        let mut held = self.deadlines.lock().await;
+        if let Some((at, d)) = held.as_ref()
+            && at.elapsed() < JOBS_TTL
+        {
+            return Ok(d.clone());
+        }
+        let jobs = self.client.jobs().await.map_err(|e| Unavailable::of(&e))?;
+        let d = Arc::new(slinky_slurm::deadlines(&jobs));
+        *held = Some((Instant::now(), d.clone()));
+        Ok(d)
     }
 
     /// Forget the node list (after a change the next pass must see).
@@ -344,6 +369,7 @@ impl SlurmClients {
                     client,
                     checked: Mutex::new(Instant::now()),
                     nodes: tokio::sync::Mutex::new(None),
+                    deadlines: tokio::sync::Mutex::new(None),
                     missing: Mutex::new(HashMap::new()),
                 });
                 if let Some((_, old)) = locked(&self.clusters, |m| m.insert(key, (url, cluster.clone()))) {

@@ -216,12 +216,32 @@ pub(super) async fn sync_kept(
     };
     pass.watches_slurm = true;
     let protect = pass.ns.spec.workload_disruption_protection.unwrap_or(true);
-    for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+    let live = || owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none());
+    // When the busy nodes' jobs end (`pod-deadline`), when some node is busy.
+    let deadlines = if live().any(|p| nodes.get(&node_name(p)).is_some_and(Node::is_busy)) {
+        match cluster.deadlines().await {
+            Ok(d) => Some(d),
+            Err(u) => {
+                tracing::debug!(nodeset = %pass.ns.name_any(), message = %u.message, "cannot list the jobs; pod-deadline stays as it is");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    for pod in live() {
         let name = node_name(pod);
         let Some(node) = nodes.get(&name) else { continue };
         write_conditions(pass, pod, node).await;
         let want = protect && node.is_busy();
         set_protect(pass, pod, want).await;
+        if !node.is_busy() || deadlines.is_some() {
+            let deadline = deadlines
+                .as_ref()
+                .filter(|_| node.is_busy())
+                .and_then(|d| d.get(&name).copied());
+            set_deadline(pass, pod, deadline).await;
+        }
         if deleting.contains(&pod.name_any()) {
             // Draining for its delete: nothing to undo.
             continue;
@@ -364,6 +384,42 @@ pub(super) async fn refresh_protection(
     for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         if let Some(node) = nodes.get(&node_name(pod)) {
             set_protect(pass, pod, protect && node.is_busy()).await;
+        }
+    }
+}
+
+/// `pod-deadline` on the pod: when its node's jobs end (Slinky's annotation, RFC 3339), none
+/// when the node is idle or a job has no end.
+async fn set_deadline(pass: &mut Pass<'_>, pod: &Pod, deadline: Option<slinky_slurm::Deadline>) {
+    let want = match deadline {
+        Some(slinky_slurm::Deadline::At(t)) => k8s_openapi::jiff::Timestamp::from_second(t)
+            .ok()
+            .map(|t| t.to_string()),
+        _ => None,
+    };
+    let have = pod.annotations().get(keys::ANNOTATION_POD_DEADLINE);
+    if have == want.as_ref() {
+        return;
+    }
+    match pass
+        .core()
+        .writer
+        .set_pod_annotation(pod, keys::ANNOTATION_POD_DEADLINE, want.as_deref())
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if writer::is_conflict(&e) => pass.retry_soon = true,
+        Err(e) => {
+            pass.failed(
+                "FailedUpdate",
+                format!(
+                    "Error setting {} on pod {}: {}",
+                    keys::ANNOTATION_POD_DEADLINE,
+                    pod.name_any(),
+                    writer::message(&e)
+                ),
+            )
+            .await;
         }
     }
 }

@@ -77,7 +77,7 @@ fn deletion_cost(p: &Pod) -> i64 {
 
 /// Slinky's `ActivePods` order: the pods to delete first come first.
 pub fn condemn_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
-    liveness_order(a, b).then(preference_order(a, b, nodeset))
+    liveness_order(a, b).then(preference_order(a, b, nodeset, false))
 }
 
 /// A scale-down's order: [`condemn_order`], but among pods equally alive the Slurm node's rank
@@ -85,9 +85,11 @@ pub fn condemn_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
 /// every preference: a busy node is never drained while an idle one of the NodeSet can go.
 fn scale_down_order(a: &Pod, b: &Pod, nodeset: &NodeSet, ranks: &BTreeMap<String, u8>) -> Ordering {
     let rank = |p: &Pod| ranks.get(&p.name_any()).copied().unwrap_or(1);
+    // Among busy nodes, one whose jobs have no known end goes last.
+    let busy = rank(a) == 2 && rank(b) == 2;
     liveness_order(a, b)
         .then(rank(a).cmp(&rank(b)))
-        .then(preference_order(a, b, nodeset))
+        .then(preference_order(a, b, nodeset, busy))
 }
 
 /// Unscheduled, pending, not ready first.
@@ -105,9 +107,11 @@ fn liveness_order(a: &Pod, b: &Pod) -> Ordering {
 }
 
 /// The `pod-deadline` of a pod (when its node's jobs end), as a time: none (no job, or not
-/// written) sorts first, as in Slinky; an unreadable one last.
-fn deadline(p: &Pod) -> (u8, Option<Timestamp>) {
+/// written) sorts first, as in Slinky, or last among busy nodes (`busy`: a job without an end);
+/// an unreadable one last.
+fn deadline(p: &Pod, busy: bool) -> (u8, Option<Timestamp>) {
     match p.annotations().get(keys::ANNOTATION_POD_DEADLINE) {
+        None if busy => (3, None),
         None => (0, None),
         Some(v) => match v.parse::<Timestamp>() {
             Ok(t) => (1, Some(t)),
@@ -117,8 +121,8 @@ fn deadline(p: &Pod) -> (u8, Option<Timestamp>) {
 }
 
 /// Lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal, more recently
-/// ready, newer first.
-fn preference_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
+/// ready, newer first (`busy`: both pods' nodes are busy).
+fn preference_order(a: &Pod, b: &Pod, nodeset: &NodeSet, busy: bool) -> Ordering {
     let cordoned = |p: &Pod| {
         p.annotations()
             .get(keys::ANNOTATION_POD_CORDON)
@@ -127,7 +131,7 @@ fn preference_order(a: &Pod, b: &Pod, nodeset: &NodeSet) -> Ordering {
     let ordinal = |p: &Pod| ordinal_after(&nodeset.name_any(), &p.name_any());
     deletion_cost(a)
         .cmp(&deletion_cost(b))
-        .then(deadline(a).cmp(&deadline(b)))
+        .then(deadline(a, busy).cmp(&deadline(b, busy)))
         .then(cordoned(b).cmp(&cordoned(a)))
         .then(ordinal(b).cmp(&ordinal(a)))
         .then(ready_since(b).cmp(&ready_since(a)))

@@ -226,9 +226,32 @@ impl Writer {
     /// # Errors
     /// The API error.
     pub async fn set_pod_label(&self, pod: &Pod, key: &str, value: Option<&str>) -> Result<Pod, kube::Error> {
+        self.set_pod_meta(pod, "labels", key, value).await
+    }
+
+    /// [`Writer::set_pod_label`] for an annotation.
+    ///
+    /// # Errors
+    /// The API error.
+    pub async fn set_pod_annotation(
+        &self,
+        pod: &Pod,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<Pod, kube::Error> {
+        self.set_pod_meta(pod, "annotations", key, value).await
+    }
+
+    async fn set_pod_meta(
+        &self,
+        pod: &Pod,
+        field: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<Pod, kube::Error> {
         self.fence("patch")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), "labels": {key: value}}});
+        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(), field: {key: value}}});
         let pp = patch_params();
         self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
             .await

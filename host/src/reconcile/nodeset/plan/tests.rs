@@ -312,3 +312,28 @@ fn bursts_are_bounded() {
     let w = nodeset("w", 0);
     assert_eq!(run(&w, live).deletes.len(), BURST);
 }
+
+#[test]
+fn among_busy_nodes_the_one_whose_jobs_end_first_goes_and_one_without_an_end_last() {
+    let w = nodeset("w", 2);
+    let deadline = keys::ANNOTATION_POD_DEADLINE;
+    let pods = vec![
+        pod(&w, 0)
+            .owned()
+            .annotation(deadline, "2026-11-28T10:00:00Z")
+            .arc(),
+        pod(&w, 1)
+            .owned()
+            .annotation(deadline, "2026-11-28T09:00:00Z")
+            .arc(),
+        pod(&w, 2).owned().arc(),
+    ];
+    let busy: BTreeMap<String, u8> = ["w-0", "w-1", "w-2"].iter().map(|p| (p.to_string(), 2)).collect();
+    assert_eq!(deleted(&run_with(&w, pods.clone(), &busy, None)), ["w-1"]);
+    let fewer = nodeset("w", 1);
+    assert_eq!(
+        deleted(&run_with(&fewer, pods, &busy, None)),
+        ["w-1", "w-0"],
+        "a job without an end keeps its node longest"
+    );
+}
