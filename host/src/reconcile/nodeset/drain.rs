@@ -232,15 +232,22 @@ pub(super) async fn sync_kept(
     for pod in live() {
         let name = node_name(pod);
         let Some(node) = nodes.get(&name) else { continue };
-        write_conditions(pass, pod, node).await;
+        // Each write of the pod goes over the version the one before it left (a label patch
+        // carries the resourceVersion it was decided on).
+        let mut now: Pod = pod.as_ref().clone();
+        if let Some(p) = write_conditions(pass, &now, node).await {
+            now = p;
+        }
         let want = protect && node.is_busy();
-        set_protect(pass, pod, want).await;
+        if let Some(p) = set_protect(pass, &now, want).await {
+            now = p;
+        }
         if !node.is_busy() || deadlines.is_some() {
             let deadline = deadlines
                 .as_ref()
                 .filter(|_| node.is_busy())
                 .and_then(|d| d.get(&name).copied());
-            set_deadline(pass, pod, deadline).await;
+            set_deadline(pass, &now, deadline).await;
         }
         if deleting.contains(&pod.name_any()) {
             // Draining for its delete: nothing to undo.
@@ -343,13 +350,11 @@ async fn give_back(pass: &mut Pass<'_>, cluster: &Cluster, name: &str, node: &No
 
 /// The pod's `SlurmNodeState*` conditions made to match its node. A refused `test` (the
 /// kubelet wrote meanwhile) is left to the next pass.
-async fn write_conditions(pass: &mut Pass<'_>, pod: &Pod, node: &Node) {
-    let Some(conditions) = slurm_conditions::desired(pod, node, k8s_openapi::jiff::Timestamp::now()) else {
-        return;
-    };
+async fn write_conditions(pass: &mut Pass<'_>, pod: &Pod, node: &Node) -> Option<Pod> {
+    let conditions = slurm_conditions::desired(pod, node, k8s_openapi::jiff::Timestamp::now())?;
     let patch = slurm_conditions::patch(pod, &conditions);
     match pass.core().writer.patch_pod_status(pod, patch).await {
-        Ok(_) => {}
+        Ok(p) => return Some(p),
         Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 422 || s.code == 409) => {
             tracing::debug!(pod = %pod.name_any(), "pod conditions changed meanwhile: {e}");
         }
@@ -365,6 +370,7 @@ async fn write_conditions(pass: &mut Pass<'_>, pod: &Pod, node: &Node) {
             .await;
         }
     }
+    None
 }
 
 /// `pod-protect` on the busy pods and off the others, from the Controller's shared node list,
@@ -425,36 +431,39 @@ async fn set_deadline(pass: &mut Pass<'_>, pod: &Pod, deadline: Option<slinky_sl
 }
 
 /// `pod-protect=true` on the pod when `want`, off otherwise.
-async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) {
+async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) -> Option<Pod> {
+    let has = pod
+        .labels()
+        .get(keys::LABEL_POD_PROTECT)
+        .is_some_and(|v| v == "true");
+    if want == has {
+        return None;
+    }
+    let value = want.then_some("true");
+    match pass
+        .core()
+        .writer
+        .set_pod_label(pod, keys::LABEL_POD_PROTECT, value)
+        .await
     {
-        let has = pod
-            .labels()
-            .get(keys::LABEL_POD_PROTECT)
-            .is_some_and(|v| v == "true");
-        if want != has {
-            let value = want.then_some("true");
-            let result = pass
-                .core()
-                .writer
-                .set_pod_label(pod, keys::LABEL_POD_PROTECT, value)
-                .await;
-            if let Err(e) = result.as_ref()
-                && writer::is_conflict(e)
-            {
-                // The pod changed since the cache showed it: look again soon, not in 20 s.
-                pass.retry_soon = true;
-            } else if let Err(e) = result {
-                pass.failed(
-                    "FailedUpdate",
-                    format!(
-                        "Error setting {} on pod {}: {}",
-                        keys::LABEL_POD_PROTECT,
-                        pod.name_any(),
-                        writer::message(&e)
-                    ),
-                )
-                .await;
-            }
+        Ok(p) => Some(p),
+        Err(e) if writer::is_conflict(&e) => {
+            // The pod changed since the cache showed it: look again soon, not in 20 s.
+            pass.retry_soon = true;
+            None
+        }
+        Err(e) => {
+            pass.failed(
+                "FailedUpdate",
+                format!(
+                    "Error setting {} on pod {}: {}",
+                    keys::LABEL_POD_PROTECT,
+                    pod.name_any(),
+                    writer::message(&e)
+                ),
+            )
+            .await;
+            None
         }
     }
 }
