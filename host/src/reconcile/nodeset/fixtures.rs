@@ -180,6 +180,11 @@ impl PodFixture {
         self
     }
 
+    /// With a `pod-deadline` annotation (RFC 3339).
+    pub fn deadline(self, at: &str) -> Self {
+        self.annotation(keys::ANNOTATION_POD_DEADLINE, at)
+    }
+
     /// Bound to `node`.
     pub fn on_node(mut self, node: &str) -> Self {
         self.pod.spec.get_or_insert_default().node_name = Some(node.into());

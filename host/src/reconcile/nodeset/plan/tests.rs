@@ -190,22 +190,12 @@ fn a_scale_down_drains_no_busy_node_while_an_idle_one_can_go() {
 #[test]
 fn pod_deadlines_compare_as_times_and_none_goes_first() {
     let w = nodeset("w", 2);
-    let deadline = keys::ANNOTATION_POD_DEADLINE;
     let pods = vec![
         // 10:00+02:00 is 08:00Z: earlier than 09:00Z, though its text sorts later.
-        pod(&w, 0)
-            .owned()
-            .annotation(deadline, "2026-11-28T10:00:00+02:00")
-            .arc(),
-        pod(&w, 1)
-            .owned()
-            .annotation(deadline, "2026-11-28T09:00:00Z")
-            .arc(),
+        pod(&w, 0).owned().deadline("2026-11-28T10:00:00+02:00").arc(),
+        pod(&w, 1).owned().deadline("2026-11-28T09:00:00Z").arc(),
         pod(&w, 2).owned().arc(),
-        pod(&w, 3)
-            .owned()
-            .annotation(deadline, "2026-11-28T08:30:00Z")
-            .arc(),
+        pod(&w, 3).owned().deadline("2026-11-28T08:30:00Z").arc(),
     ];
     assert_eq!(
         deleted(&run(&w, pods)),
@@ -316,16 +306,9 @@ fn bursts_are_bounded() {
 #[test]
 fn among_busy_nodes_the_one_whose_jobs_end_first_goes_and_one_without_an_end_last() {
     let w = nodeset("w", 2);
-    let deadline = keys::ANNOTATION_POD_DEADLINE;
     let pods = vec![
-        pod(&w, 0)
-            .owned()
-            .annotation(deadline, "2026-11-28T10:00:00Z")
-            .arc(),
-        pod(&w, 1)
-            .owned()
-            .annotation(deadline, "2026-11-28T09:00:00Z")
-            .arc(),
+        pod(&w, 0).owned().deadline("2026-11-28T10:00:00Z").arc(),
+        pod(&w, 1).owned().deadline("2026-11-28T09:00:00Z").arc(),
         pod(&w, 2).owned().arc(),
     ];
     let busy: BTreeMap<String, u8> = ["w-0", "w-1", "w-2"].iter().map(|p| (p.to_string(), 2)).collect();
