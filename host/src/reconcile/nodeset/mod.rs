@@ -56,7 +56,7 @@ use adoption::{adopt_and_release, refresh_provenance, relabel_equal_pods};
 use classify::{Blocker, Claims, classify};
 use other_children::sync_children;
 pub use plan::is_running_and_ready;
-use plan::{Inputs, is_available, plan};
+use plan::{DeleteReason, Inputs, is_available, plan};
 use pods::{create_pods, delete_pods, ordinal_slots};
 use status::{Reached, write_status};
 
@@ -428,40 +428,27 @@ async fn sync(
         history::truncate(pass, &history, &owned, revision).await;
         return Ok(owned);
     }
-    // Which pod a scale-down or an update takes is decided on a fresh node list, as every
-    // delete is: a job that started a moment ago makes its node busy, not idle.
-    let live: Vec<&Arc<Pod>> = claims
-        .owned
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    let on_delete = ns
-        .spec
-        .update_strategy
-        .as_ref()
-        .is_some_and(|s| s.type_ == slinky_api::UpdateStrategyType::OnDelete);
-    let slurm = if live.len() > ns.replicas().max(0) as usize
-        || (!on_delete
-            && live.iter().any(|p| {
-                p.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str) != Some(revision)
-                    && !p.uid().is_some_and(|u| claims.unjudged.contains(&u))
-            })) {
-        slurm.fresh().await
-    } else {
-        slurm
+    let plan_with = |slurm: &SlurmView| {
+        plan(&Inputs {
+            nodeset: ns,
+            revision,
+            owned: &claims.owned,
+            blocked: &claims.blocked,
+            leaving: &claims.leaving,
+            now: Timestamp::now(),
+            update_ranks: &slurm.update_ranks(&claims.owned),
+            window: window.as_ref(),
+            unjudged: &claims.unjudged,
+        })
     };
-    let update_ranks = slurm.update_ranks(&claims.owned);
-    let plan = plan(&Inputs {
-        nodeset: ns,
-        revision,
-        owned: &claims.owned,
-        blocked: &claims.blocked,
-        leaving: &claims.leaving,
-        now: Timestamp::now(),
-        update_ranks: &update_ranks,
-        window: window.as_ref(),
-        unjudged: &claims.unjudged,
-    });
+    let mut plan = plan_with(&slurm);
+    // A delete is decided on a fresh node list, and so is which pod it takes: a job that started a
+    // moment ago makes its node busy, not idle.
+    let refresh = plan.deletes.iter().any(|(_, r)| *r != DeleteReason::Finished);
+    let slurm = slurm.for_deletes(&plan.deletes).await;
+    if refresh {
+        plan = plan_with(&slurm);
+    }
     if let Some(problem) = plan
         .creates
         .iter()
@@ -487,7 +474,6 @@ async fn sync(
             .await;
     }
     let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
-    let slurm = slurm.for_deletes(&plan.deletes).await;
     let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
     let deletes = volumes::sync_owners(pass, &claims.owned, deletes).await;
     delete_pods(pass, &deletes).await;
@@ -579,7 +565,6 @@ async fn sync_daemon(
         "sync daemon pods"
     );
     let deleting: Vec<String> = plan.deletes.iter().map(|(p, _)| p.name_any()).collect();
-    let slurm = slurm.for_deletes(&plan.deletes).await;
     let deletes = drain::gate(pass, controller, &slurm, plan.deletes).await;
     let deletes = volumes::sync_owners(pass, &claims.owned, deletes).await;
     delete_pods(pass, &deletes).await;
