@@ -3,7 +3,8 @@
 //! made by `slinky-host plugin keygen` and pushed by `slinky-host plugin push`, one read from a
 //! ConfigMap; pods built by the bundled builder and both steps, in order; a setting change rolls
 //! the pods; a wrong setting, an unsigned module and an unknown digest are each refused with a
-//! clear status while the previous version serves; a contract 0.1.0 plugin still loads.
+//! clear status while the previous version serves; a contract 0.1.0 plugin still loads; one the
+//! host cannot decode is refused alone.
 //!
 //! Skips (saying why) where `docker-registry` is not installed (`apt-get install docker-registry`;
 //! `.ci/run` installs it).
@@ -807,4 +808,109 @@ async fn a_config_map_module_is_pinned_and_read_only_where_the_host_allows() -> 
         .context("an unpinned module was read")?;
     ensure!(failure.message == slinky_api::CONFIG_MAP_PIN, "{failure:?}");
     Ok(())
+}
+
+/// BuilderPlugin requests whose answers the test reads as text: a BuilderPlugin nested deeper
+/// than a JSON decoder goes cannot be read or written typed.
+fn bp_request() -> kube::core::Request {
+    kube::core::Request::new("/apis/plugins.slinky.slurm.net/v1alpha1/builderplugins")
+}
+
+/// The `status` of BuilderPlugin `name`, read from its text (the rest is skipped unread).
+async fn raw_status(c: &TestCluster, name: &str) -> Result<serde_json::Value> {
+    #[derive(serde::Deserialize)]
+    struct Only {
+        #[serde(default)]
+        status: serde_json::Value,
+    }
+    let text = c
+        .client
+        .request_text(bp_request().get(name, &kube::api::GetParams::default())?)
+        .await?;
+    Ok(serde_json::from_str::<Only>(&text)?.status)
+}
+
+/// A BuilderPlugin the host cannot decode (settings 120 levels deep, which the API servers
+/// store, and the managedFields mirroring them go past the 128 levels of a JSON decoder) is
+/// refused alone, with a condition saying why, while the others load and serve. Before each
+/// BuilderPlugin was decoded on its own, its list never decoded: no cache synced and the host
+/// reconciled nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_builder_plugin_too_deep_to_decode_is_refused_alone_and_the_others_serve() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("deep").await;
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let digest = slinky_host::oci::sha256(&site);
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", gzip(&site)?).await?;
+    let module = json!({"configMap": {"namespace": ns, "name": "site-pod", "key": "plugin.wasm.gz"}, "digest": digest});
+    let selector = json!({"matchLabels": {"bp-test": ns}});
+    let deep_settings = (1..120).fold(json!({"a": 1}), |v, _| json!({"a": v}));
+    let deep = format!("{ns}-deep");
+    let bp = json!({
+        "apiVersion": "plugins.slinky.slurm.net/v1alpha1",
+        "kind": "BuilderPlugin",
+        "metadata": {"name": deep},
+        "spec": {"module": module, "kinds": ["nodeset-pod"], "order": 10, "settings": deep_settings,
+                 "selector": selector},
+    });
+    // Created (the embedded server's apply parses YAML with a depth budget of 64).
+    let create = bp_request().create(&PostParams::default(), serde_json::to_vec(&bp)?)?;
+    c.client
+        .request_text(create)
+        .await
+        .context("the API server did not store the deep BuilderPlugin")?;
+    put_plugin(
+        &c,
+        &format!("{ns}-site"),
+        json!({"module": module, "kinds": ["nodeset-pod"], "order": 20,
+               "settings": {"labels": {"site.example.com/rack": "a"}}, "selector": selector}),
+    )
+    .await?;
+
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let host = host_with_builder_plugins(&c, &ns, &plugins, source(&c, None, None)?);
+    let result = async {
+        wait_phase(&c, &format!("{ns}-site"), "Loaded", "Loaded").await?;
+        let refused = eventually(60, || async {
+            let s = raw_status(&c, &deep).await.ok()?;
+            (s["phase"] == "Refused" && s["conditions"][0]["reason"] == "InvalidSpec").then_some(s)
+        })
+        .await;
+        let refused = match refused {
+            Some(s) => s,
+            None => bail!(
+                "the deep BuilderPlugin was never refused; its status: {}",
+                raw_status(&c, &deep).await?
+            ),
+        };
+        let message = refused["conditions"][0]["message"].as_str().unwrap_or_default();
+        ensure!(
+            message.contains("spec.settings: nested 120 levels deep, more than the 32 allowed"),
+            "{message}"
+        );
+        // The other one serves: the NodeSet's pods carry its label.
+        apply_example_with(&c, &ns, 2, |v| v["metadata"]["labels"]["bp-test"] = json!(ns)).await?;
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let labelled = eventually(90, || async {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            (list.items.len() == 2
+                && list.items.iter().all(|p| {
+                    // Built by the bundled builder and the site step once: not by the deep one.
+                    p.labels().get("site.example.com/rack").map(String::as_str) == Some("a")
+                        && p.annotations()
+                            .get(slinky_api::keys::ANNOTATION_BUILDER)
+                            .is_some_and(|b| b.matches("site-pod@").count() == 1)
+                }))
+            .then_some(())
+        })
+        .await;
+        ensure!(
+            labelled.is_some(),
+            "the NodeSet's pods never carried the site step's label"
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    result
 }

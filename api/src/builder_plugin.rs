@@ -65,11 +65,11 @@ pub struct BuilderPluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("minimum" = ORDER_MIN, "maximum" = ORDER_MAX))]
     pub order: Option<i64>,
-    /// Its settings: any JSON, checked by the plugin's `validate-settings` before it serves
-    /// with them, and passed to every build.
+    /// Its settings: any JSON (at most 64 KiB of it, nested at most 32 levels deep), checked by
+    /// the plugin's `validate-settings` before it serves with them, and passed to every build.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "any_json")]
-    pub settings: Option<serde_json::Value>,
+    pub settings: Option<Settings>,
     /// The Controllers, NodeSets, RestApis, LoginSets and Accountings it applies to, by their
     /// labels (default: every one). A canary: a new version's BuilderPlugin selects one NodeSet
     /// (`matchLabels: {canary: "true"}`) while the old one's selects the rest
@@ -164,7 +164,136 @@ pub struct ServingVersion {
     pub spec: BuilderPluginSpec,
 }
 
+/// The longest `spec.settings` (its JSON text): longer ones refuse their BuilderPlugin.
+pub const SETTINGS_MAX_BYTES: usize = 64 * 1024;
+/// The deepest `spec.settings` (objects and arrays within each other): deeper ones refuse their
+/// BuilderPlugin.
+pub const SETTINGS_MAX_DEPTH: usize = 32;
+
+/// A BuilderPlugin's `spec.settings` as the API server serves it: kept as JSON text and looked
+/// into only by [`Settings::checked`]. kube-apiserver stores settings nested thousands of levels
+/// deep, while a JSON decoder of the host stops at 128 levels, and a list decodes all or
+/// nothing: held as a value, one BuilderPlugin's settings would stop every BuilderPlugin from
+/// loading (and the host from starting). Held as text, they refuse only their own.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+#[serde(transparent)]
+pub struct Settings(Box<serde_json::value::RawValue>);
+
+impl PartialEq for Settings {
+    fn eq(&self, other: &Settings) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl Settings {
+    /// The settings' JSON text, as served.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The settings as a value, within the bounds.
+    ///
+    /// # Errors
+    /// What is wrong with them (too long, too deep), and how to fix it.
+    pub fn checked(&self) -> Result<serde_json::Value, String> {
+        let text = self.0.get();
+        if text.len() > SETTINGS_MAX_BYTES {
+            return Err(format!(
+                "{} bytes of JSON, more than the {SETTINGS_MAX_BYTES} allowed: keep large data in the plugin, or in a \
+                 ConfigMap the pods mount",
+                text.len()
+            ));
+        }
+        let depth = json_depth(text);
+        if depth > SETTINGS_MAX_DEPTH {
+            return Err(format!(
+                "nested {depth} levels deep, more than the {SETTINGS_MAX_DEPTH} allowed: flatten them"
+            ));
+        }
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+}
+
+impl From<serde_json::Value> for Settings {
+    fn from(value: serde_json::Value) -> Settings {
+        // A value always has a JSON text: the default (`null`) is never taken.
+        Settings(serde_json::value::to_raw_value(&value).unwrap_or_default())
+    }
+}
+
+/// How deep the arrays and objects of the JSON text `text` go (strings skipped, escapes
+/// included), without a recursive parse.
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// `settings` takes any JSON value.
 fn any_json(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `{"a":{"a":…1…}}`, `depth` objects deep.
+    fn nested(depth: usize) -> String {
+        format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth))
+    }
+
+    #[test]
+    fn settings_deeper_than_the_decoder_goes_refuse_only_their_own_builder_plugin() -> Result<(), String> {
+        // A list of two: the first's settings nested 200 deep (kube-apiserver stores them).
+        let list = format!(
+            r#"{{"items":[{{"metadata":{{"name":"deep"}},"spec":{{"module":{{}},"kinds":["nodeset-pod"],"settings":{}}}}},
+                {{"metadata":{{"name":"fine"}},"spec":{{"module":{{}},"kinds":["nodeset-pod"],"settings":{{"gpus":[1, "}}"]}}}}}}]}}"#,
+            nested(200)
+        );
+        #[derive(Deserialize)]
+        struct List {
+            items: Vec<BuilderPlugin>,
+        }
+        let list: List =
+            serde_json::from_str(&list).map_err(|e| format!("a list with deep settings: {e}"))?;
+        let settings = |i: usize| list.items[i].spec.settings.clone().ok_or("no settings");
+        let error = settings(0)?.checked().err().ok_or("200 levels pass")?;
+        assert!(
+            error.contains("nested 200 levels deep, more than the 32 allowed"),
+            "{error}"
+        );
+        let fine = settings(1)?;
+        assert_eq!(fine.checked(), Ok(serde_json::json!({"gpus": [1, "}"]})));
+        assert_eq!(json_depth(fine.text()), 2, "a brace in a string is not a level");
+        assert_eq!(json_depth(r#"["\\\"[", {}]"#), 2, "escapes inside strings");
+        let long = Settings::from(serde_json::json!({"x": "a".repeat(SETTINGS_MAX_BYTES)}));
+        assert!(long.checked().err().ok_or("too long passes")?.contains("allowed"));
+        // It serializes to the text it was.
+        let round: Settings = serde_json::from_str(r#"{"b": 1, "a": [true]}"#).map_err(|e| e.to_string())?;
+        assert_eq!(
+            serde_json::to_string(&round).map_err(|e| e.to_string())?,
+            r#"{"b": 1, "a": [true]}"#
+        );
+        Ok(())
+    }
 }

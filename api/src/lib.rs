@@ -60,7 +60,7 @@ pub use accounting::{
 };
 pub use builder_plugin::{
     BuilderPlugin, BuilderPluginSpec, BuilderPluginStatus, ConfigMapModule, DEFAULT_ORDER, ORDER_MAX,
-    ORDER_MIN, PLUGINS_GROUP, PluginModule, ServingVersion,
+    ORDER_MIN, PLUGINS_GROUP, PluginModule, SETTINGS_MAX_BYTES, SETTINGS_MAX_DEPTH, ServingVersion, Settings,
 };
 pub use controller::{
     Controller, ControllerSpec, ControllerStatus, ExternalConfig, HighAvailability, MetricEndpoint, Metrics,

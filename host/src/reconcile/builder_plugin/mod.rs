@@ -44,7 +44,7 @@ use slinky_api::BuilderPlugin;
 pub use steps::Steps;
 
 use self::steps::Report;
-use super::core::{Error, caches::Caches, context::Core, status as status_write};
+use super::core::{Error, caches::Caches, context::Core, status::HasStatus, watch::WireBuilderPlugin};
 
 /// How often every BuilderPlugin is looked at again without a change of its own (a ConfigMap's
 /// content, a refusal that depends on a registry, a parent's labels for `status.appliesTo`).
@@ -148,10 +148,18 @@ async fn look(bp: &BuilderPlugin, ctx: &BuilderPluginContext, synced: bool) -> R
     }
     let changes = status::conditions(bp, &ctx.steps);
     let caches = synced.then_some(&ctx.caches);
-    status_write::write(core, bp, &changes, |obj, conditions| {
-        status::status(obj, &ctx.steps, conditions, caches)
-    })
-    .await
+    // Through the wire type, as the watch decodes: the write's answer (and a re-read after a
+    // 409) decodes even for a BuilderPlugin nested too deep for the host's decoder.
+    let api = Api::<WireBuilderPlugin>::all(core.client.clone());
+    core.writer
+        .update_status(
+            &api,
+            &WireBuilderPlugin(bp.clone()),
+            |w| status::status(&w.0, &ctx.steps, changes.apply(w.0.conditions()), caches),
+            |w| w.0.status.clone(),
+        )
+        .await?;
+    Ok(())
 }
 
 /// The BuilderPlugins to reconcile, from the watch's triggers: one that is gone from the cache
@@ -179,11 +187,12 @@ pub async fn load_once(client: &Client, steps: &Steps) -> anyhow::Result<usize> 
     if !served(client).await? {
         return Ok(0);
     }
-    let list = Api::<BuilderPlugin>::all(client.clone())
+    // Each decoded on its own, as the watch decodes them.
+    let list = Api::<WireBuilderPlugin>::all(client.clone())
         .list(&Default::default())
         .await?;
     for bp in &list.items {
-        steps.sync(bp).await;
+        steps.sync(&bp.0).await;
     }
     Ok(list.items.len())
 }

@@ -20,7 +20,7 @@ use slinky_plugin_source::{ModuleSource, sha256};
 
 use crate::{
     plugins::{BuildContext, BuilderKind, Plugin, PluginRegistry, PluginSource, Step, vet_step},
-    reconcile::core::locked,
+    reconcile::core::{locked, watch::UNDECODABLE},
 };
 
 /// The module-cache record of a ConfigMap's component loaded under a spec that pinned its
@@ -150,7 +150,12 @@ impl Wanted {
         };
         let settings = match &spec.settings {
             None => slinky_api::contract::NO_SETTINGS.to_string(),
-            Some(v) => serde_json::to_string(v).map_err(|e| invalid(format!("spec.settings: {e}")))?,
+            // The value's own text: settings served before they were held as text keep their
+            // fingerprint (and their pods their revision).
+            Some(v) => v
+                .checked()
+                .and_then(|v| serde_json::to_string(&v).map_err(|e| e.to_string()))
+                .map_err(|e| invalid(format!("spec.settings: {e}")))?,
         };
         Ok(Wanted {
             kinds,
@@ -250,7 +255,11 @@ impl Steps {
     /// [`Steps::sync`] of `bp`, whose name was deleted `deletions` times when the look began.
     async fn look(&self, bp: &BuilderPlugin, deletions: u64) -> Option<Report> {
         let name = bp.name_any();
-        let wanted = match Wanted::of(&bp.spec) {
+        let wanted = match bp.annotations().get(UNDECODABLE) {
+            Some(why) => Err(invalid(why.clone())),
+            None => Wanted::of(&bp.spec),
+        };
+        let wanted = match wanted {
             Ok(w) => w,
             Err(failure) => {
                 let key = format!("spec:{}", failure.message);

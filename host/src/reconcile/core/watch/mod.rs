@@ -24,6 +24,7 @@ pub mod nodes;
 mod sightings;
 mod slim;
 mod triggers;
+mod wire;
 
 use std::sync::Arc;
 
@@ -53,6 +54,7 @@ use triggers::{
     Triggers, accounting_task, builder_plugin_task, child_task, claim_task, config_map_task, controller_task,
     loginset_task, nodeset_task, pod_task, restapi_task, revision_task,
 };
+pub use wire::{UNDECODABLE, WireBuilderPlugin};
 
 /// The caches and the reconcile triggers derived from their watches.
 pub struct Watches {
@@ -365,7 +367,8 @@ fn builder_plugin_watch(
         return (None, futures::future::Either::Right(futures::future::ready(())));
     }
     let (store, writer) = reflector::store::<BuilderPlugin>();
-    let events = root::<BuilderPlugin, BuilderPlugin>(
+    // Each decoded on its own (see `wire`): one the host cannot decode is refused alone.
+    let events = root::<WireBuilderPlugin, BuilderPlugin>(
         Api::all(client.clone()),
         watcher::Config::default(),
         writer,

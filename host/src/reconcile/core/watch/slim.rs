@@ -53,11 +53,11 @@ impl kube::Resource for SlimPod {
     }
 }
 
-/// The kept fields of a pod's metadata (every field of [`ObjectMeta`] but managedFields and
-/// selfLink).
+/// The kept fields of an object's metadata (every field of [`ObjectMeta`] but managedFields and
+/// selfLink: serde skips those without looking into them, however deep they go).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Meta {
+pub(super) struct Meta {
     annotations: Option<BTreeMap<String, String>>,
     creation_timestamp: Option<Time>,
     deletion_grace_period_seconds: Option<i64>,
@@ -71,6 +71,29 @@ struct Meta {
     owner_references: Option<Vec<OwnerReference>>,
     resource_version: Option<String>,
     uid: Option<String>,
+}
+
+impl Meta {
+    /// The metadata as an [`ObjectMeta`].
+    pub(super) fn into_object_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            annotations: self.annotations,
+            creation_timestamp: self.creation_timestamp,
+            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
+            deletion_timestamp: self.deletion_timestamp,
+            finalizers: self.finalizers,
+            generate_name: self.generate_name,
+            generation: self.generation,
+            labels: self.labels,
+            managed_fields: None,
+            name: self.name,
+            namespace: self.namespace,
+            owner_references: self.owner_references,
+            resource_version: self.resource_version,
+            self_link: None,
+            uid: self.uid,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -105,23 +128,9 @@ struct Wire {
 impl<'de> Deserialize<'de> for SlimPod {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let w = Wire::deserialize(d)?;
-        let metadata = w.metadata.map_or_else(ObjectMeta::default, |m| ObjectMeta {
-            annotations: m.annotations,
-            creation_timestamp: m.creation_timestamp,
-            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-            deletion_timestamp: m.deletion_timestamp,
-            finalizers: m.finalizers,
-            generate_name: m.generate_name,
-            generation: m.generation,
-            labels: m.labels,
-            managed_fields: None,
-            name: m.name,
-            namespace: m.namespace,
-            owner_references: m.owner_references,
-            resource_version: m.resource_version,
-            self_link: None,
-            uid: m.uid,
-        });
+        let metadata = w
+            .metadata
+            .map_or_else(ObjectMeta::default, Meta::into_object_meta);
         let spec = w.spec.map(|s| PodSpec {
             node_name: s.node_name,
             hostname: s.hostname,
