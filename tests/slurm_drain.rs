@@ -745,3 +745,181 @@ async fn a_scale_in_drains_the_busy_node_whose_jobs_end_first() -> Result<()> {
     h.shutdown().await;
     result
 }
+
+/// `Reason=` of a `scontrol show node -o` line: up to the next ` Key=` (reasons hold spaces).
+fn reason(line: &str) -> Option<&str> {
+    let at = line.find("Reason=")? + "Reason=".len();
+    let rest = &line[at..];
+    // `Reason=why [user@time]`: the reason ends before the bracket of who set it.
+    Some(rest.split(" [").next().unwrap_or(rest).trim_end())
+}
+
+/// Drains that are not the host's stay, whatever their prefix, and outlive a host restart and a
+/// rolling update: a health checker's `slurm-operator:`-prefixed drain on `-0`, an admin's DOWN
+/// (`bad-gpu`) on `-1` and a `pod-cordon` on pod `-2` are kept in the NodeSet's
+/// `status.keptDrains`; with the host stopped, a new slurmd image is set, and a new host
+/// replaces all three pods and gives each node what it had (the cordoned pod's replacement is
+/// annotated again). Removing the annotation, or an admin's resume, returns a node to service
+/// and the record goes.
+#[tokio::test]
+async fn drains_that_are_not_ours_survive_a_host_restart_and_a_rolling_update() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "kept", 3).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    let health = "slurm-operator: GPU XID 79 (health check)";
+    h.exec_ok(&[
+        "scontrol",
+        "update",
+        "nodename=slinky-0",
+        "state=drain",
+        &format!("reason={health}"),
+    ])
+    .await?;
+    h.exec_ok(&[
+        "scontrol",
+        "update",
+        "nodename=slinky-1",
+        "state=down",
+        "reason=bad-gpu",
+    ])
+    .await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let cordon_patch = |on: bool| {
+        Patch::Merge(
+            json!({"metadata": {"annotations": {keys::ANNOTATION_POD_CORDON: on.then_some("true")}}}),
+        )
+    };
+    pods.patch(
+        &format!("{NS_NAME}-2"),
+        &PatchParams::default(),
+        &cordon_patch(true),
+    )
+    .await?;
+    let cordoned = format!("slurm-operator: Pod ({ns}/{NS_NAME}-2) was cordoned");
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let want = [
+        ("slinky-0", "DRAIN", health.to_string()),
+        ("slinky-1", "DOWN", "bad-gpu".to_string()),
+        ("slinky-2", "DRAIN", cordoned.clone()),
+    ];
+    let states_are = |nodes: Vec<(&'static str, &'static str, String)>| {
+        let h = &h;
+        async move {
+            for (node, state, why) in &nodes {
+                let line = show(h, "node", node).await.ok()?;
+                let has = field(&line, "State").is_some_and(|s| s.split('+').any(|f| f == *state));
+                (has && reason(&line) == Some(why.as_str())).then_some(())?;
+            }
+            Some(())
+        }
+    };
+    let recorded = eventually(60, || async {
+        let kept = nodesets.get(NS_NAME).await.ok()?.status?.kept_drains;
+        let all = want.iter().all(|(node, state, why)| {
+            kept.get(*node)
+                .is_some_and(|k| k.state == *state && k.reason == *why)
+        });
+        (all && kept.len() == 3).then_some(())?;
+        states_are(want.to_vec()).await
+    })
+    .await;
+    ensure!(
+        recorded.is_some(),
+        "not kept: {:?}; nodes: {:?}",
+        nodesets.get(NS_NAME).await?.status.map(|s| s.kept_drains),
+        h.nodes(None).await?
+    );
+    // Several passes later nothing was undone (the health checker's drain looks like ours by
+    // its prefix alone).
+    host.passes_later(4).await?;
+    ensure!(
+        states_are(want.to_vec()).await.is_some(),
+        "a drain that is not the host's was undone: {:?}",
+        h.nodes(None).await?
+    );
+
+    // The host stops; a rolling update is asked for; a new host (nothing in its memory) does it.
+    host.stop().await;
+    let uid = |p: &Pod| p.uid().unwrap_or_default();
+    let before: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(uid)
+        .collect();
+    nodesets
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"slurmd": {"image": "ghcr.io/slinkyproject/slurmd:25.05-ubuntu24.04-v2"}}}),
+            ),
+        )
+        .await?;
+    let host = slinky_tests::slurm::host_for(&c, &ns, &h)?;
+    let replaced = eventually(240, || async {
+        let now = pods.list(&ListParams::default()).await.ok()?.items;
+        let workers: Vec<&Pod> = now.iter().filter(|p| p.name_any().starts_with(NS_NAME)).collect();
+        let fresh = workers.len() == 3
+            && workers
+                .iter()
+                .all(|p| !before.contains(&uid(p)) && slinky_tests::host::pod_ready(p));
+        fresh.then_some(())?;
+        states_are(want.to_vec()).await
+    })
+    .await;
+    ensure!(
+        replaced.is_some(),
+        "after the rolling update: {:?}; pods: {:?}",
+        h.nodes(None).await?,
+        pod_names(&c, &ns).await?
+    );
+    let annotated = pods.get(&format!("{NS_NAME}-2")).await?;
+    ensure!(
+        annotated
+            .annotations()
+            .get(keys::ANNOTATION_POD_CORDON)
+            .map(String::as_str)
+            == Some("true"),
+        "the cordoned pod's replacement is not annotated: {:?}",
+        annotated.annotations()
+    );
+    let kept_events = events(&c, &ns, NS_NAME).await?;
+    for node in ["slinky-0", "slinky-1", "slinky-2"] {
+        ensure!(
+            kept_events
+                .iter()
+                .any(|(r, note)| r == "DrainKept" && note.contains(node)),
+            "no DrainKept Event for {node}: {kept_events:?}"
+        );
+    }
+
+    // The annotation removed: -2 returns to service. An admin resumes -1: its record goes.
+    pods.patch(
+        &format!("{NS_NAME}-2"),
+        &PatchParams::default(),
+        &cordon_patch(false),
+    )
+    .await?;
+    h.exec_ok(&["scontrol", "update", "nodename=slinky-1", "state=resume"])
+        .await?;
+    let back = eventually(60, || async {
+        let two = show(&h, "node", "slinky-2").await.ok()?;
+        let kept = nodesets.get(NS_NAME).await.ok()?.status?.kept_drains;
+        (idle(field(&two, "State")) && kept.keys().map(String::as_str).eq(["slinky-0"])).then_some(())
+    })
+    .await;
+    ensure!(
+        back.is_some(),
+        "kept: {:?}; nodes: {:?}",
+        nodesets.get(NS_NAME).await?.status.map(|s| s.kept_drains),
+        h.nodes(None).await?
+    );
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}

@@ -68,8 +68,8 @@ pub use controller::{
 };
 pub use loginset::{LOGIN_SSH_PORT, LoginSet, LoginSetSpec, LoginSetStatus, SSH_HOST_KEY_FILES};
 pub use nodeset::{
-    ControllerReference, NodeSet, NodeSetSpec, NodeSetStatus, Partition, RollingUpdate, ScalingMode, Ssh,
-    UpdateStrategy, UpdateStrategyType,
+    ControllerReference, KeptDrain, NodeSet, NodeSetSpec, NodeSetStatus, Partition, RollingUpdate,
+    ScalingMode, Ssh, UpdateStrategy, UpdateStrategyType,
 };
 pub use restapi::{RestApi, RestApiSpec, RestApiStatus, SLURMRESTD_PORT, restapi_key};
 pub use scheduled::ScheduledUpdate;

@@ -269,6 +269,26 @@ pub struct NodeSetStatus {
     /// string → the node name), so its replacement is pinned there.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub ordinal_to_node: std::collections::BTreeMap<String, String>,
+    /// Drains and DOWNs the host did not make (an admin's, a health checker's, a
+    /// `pod-cordon` annotation's), by Slurm node name: remembered while the node has one, so
+    /// that the node of a replacement pod gets it back (a pod's pre-stop hook marks its node
+    /// DOWN with the host's reason). Forgotten once the node is returned to service.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kept_drains: std::collections::BTreeMap<String, KeptDrain>,
+}
+
+/// A drain or DOWN someone else set on a Slurm node, kept for the node of a replacement pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeptDrain {
+    /// `DRAIN` or `DOWN`.
+    pub state: String,
+    /// The node's reason, as it was set.
+    pub reason: String,
+    /// The UID of the pod whose `pod-cordon` annotation made the drain (none for someone
+    /// else's): a replacement pod (another UID) gets the annotation again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
 }
 
 impl NodeSet {

@@ -377,6 +377,23 @@ impl Client {
         .await
         .map(drop)
     }
+
+    /// Mark `node` DOWN with `reason` (a node already DOWN keeps its jobs' fate: it has none;
+    /// jobs on a node that is not down are killed, so the host sends this only to a DOWN node).
+    ///
+    /// # Errors
+    /// The call failed or Slurm refused it.
+    pub async fn down(&self, node: &str, reason: &str) -> Result<(), Error> {
+        let body = serde_json::json!({"state": ["DOWN"], "reason": reason});
+        self.call(
+            Method::POST,
+            &format!("marking node {node} down"),
+            &format!("/node/{node}"),
+            Some(&body),
+        )
+        .await
+        .map(drop)
+    }
 }
 
 /// The data parser that can create and update reservations (v0.0.41 and v0.0.42 only list and

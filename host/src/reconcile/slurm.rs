@@ -215,6 +215,17 @@ impl Cluster {
         r.map_err(|e| Unavailable::of(&e))
     }
 
+    /// Set the reason of `node`, DOWN, to `reason` as it is (someone else's, given back): only
+    /// for a node that is DOWN already (Slurm kills the jobs of a node marked DOWN).
+    ///
+    /// # Errors
+    /// Why Slurm did not do it.
+    pub async fn down_as_is(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
+        let r = self.client.down(node, reason).await;
+        self.forget_nodes().await;
+        r.map_err(|e| Unavailable::of(&e))
+    }
+
     /// Undrain `node` (`resume` too when it is DOWN by the host's reason).
     ///
     /// # Errors
@@ -256,11 +267,6 @@ impl Urls {
 
 /// The Slurm clients of every Controller.
 pub struct SlurmClients {
-    /// Drains someone else set on nodes whose pods the host replaced (`namespace/controller/node`
-    /// → reason): the pod's pre-stop hook marks its node DOWN with the host's reason, so the
-    /// drain is given back to the replacement's node instead of the node being resumed. Kept in
-    /// memory: a host restarted between the delete and the replacement forgets it.
-    kept: Mutex<HashMap<String, String>>,
     kube: kube::Client,
     urls: Urls,
     timeout: Duration,
@@ -283,7 +289,6 @@ impl SlurmClients {
     /// per call.
     pub fn new(kube: kube::Client, urls: &[String], timeout: Duration) -> SlurmClients {
         SlurmClients {
-            kept: Mutex::new(HashMap::new()),
             kube,
             urls: Urls::parse(urls),
             timeout,
@@ -379,18 +384,6 @@ impl SlurmClients {
             }
             Err(e) => Reach::Failed(Unavailable::of(&e)),
         }
-    }
-
-    /// Remember the foreign drain `reason` of `node` of `c`, whose pod the host deletes.
-    pub fn keep_drain(&self, c: &Controller, node: &str, reason: &str) {
-        let key = format!("{}/{}/{node}", c.namespace().unwrap_or_default(), c.name_any());
-        locked(&self.kept, |m| m.insert(key, reason.to_string()));
-    }
-
-    /// The foreign drain reason remembered for `node` of `c`, taken out.
-    pub fn take_kept_drain(&self, c: &Controller, node: &str) -> Option<String> {
-        let key = format!("{}/{}/{node}", c.namespace().unwrap_or_default(), c.name_any());
-        locked(&self.kept, |m| m.remove(&key))
     }
 
     /// Requests sent to every Controller's slurmrestd since the start (`slurm_requests_total`).

@@ -22,12 +22,15 @@
 //!   `SlurmUnreachable`, never "delete without a drain". Only the NodeSet's annotation
 //!   [`keys::ANNOTATION_DELETE_WITHOUT_DRAIN`]`=true` lets its pods go undrained again (a
 //!   Warning Event says so once).
-//! * A node the host drained (reason with its prefix) whose pod is no longer to be deleted is
-//!   undrained (resumed if the host also set it DOWN). A drain or DOWN someone else set, and a
-//!   DOWN "Not responding" node, are never touched (#3).
+//! * A node the host drained (one of its own reason texts for the pod, see [`super::kept`])
+//!   whose pod is no longer to be deleted is undrained (resumed if the host also set it DOWN). A
+//!   drain or DOWN someone else set (whatever its prefix), and a DOWN "Not responding" node, are
+//!   never undone (#3): they are kept in `status.keptDrains` and given back to the node of a
+//!   replacement pod.
 //! * A pod on a cordoned Kubernetes node has its Slurm node drained (reason from the node's
-//!   `nodeset.slinky.slurm.net/node-cordon-reason` annotation); uncordoned, the host's drain is
-//!   undone. Someone else's drain is left alone either way.
+//!   `nodeset.slinky.slurm.net/node-cordon-reason` annotation), and so has a pod annotated
+//!   `nodeset.slinky.slurm.net/pod-cordon=true`; uncordoned, the host's drain is undone.
+//!   Someone else's drain is left alone either way.
 //! * `nodeset.slinky.slurm.net/pod-protect=true` is on exactly the pods whose node is busy
 //!   (with `workloadDisruptionProtection`, the default): the workers' PodDisruptionBudget selects
 //!   them, so an eviction (a node drain by `kubectl drain`, the cluster autoscaler) waits for their
@@ -40,7 +43,7 @@ use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::keys;
 use slinky_slurm::Node;
 
-use super::{Pass, plan::DeleteReason, slurm_conditions, slurm_view::SlurmView};
+use super::{Pass, kept, plan::DeleteReason, slurm_conditions, slurm_view::SlurmView};
 use crate::reconcile::{
     core::watch::nodes::cordoned,
     core::writer,
@@ -125,16 +128,20 @@ pub(super) async fn gate(
                     continue;
                 };
                 if may_delete(node) {
-                    if node.is_drain() && !node.reason.is_empty() && !node.reason_is_ours() {
-                        // The pod's pre-stop hook marks the node DOWN with the host's reason:
-                        // the replacement's node gets this drain back.
-                        pass.ctx.slurm.keep_drain(controller, &name, &node.reason);
+                    if let Some(k) = kept::to_keep(node, &pod, pass.ns)
+                        && kept::stored(pass.ns, &name) != Some(&k)
+                    {
+                        // Someone else's drain or DOWN: the pod's pre-stop hook overwrites it,
+                        // so it is kept in the status first and the pod goes on a later pass.
+                        pass.remember(&name, Some(k));
+                        pass.retry_soon();
+                        continue;
                     }
                     now.push((pod, reason));
                     continue;
                 }
                 if !node.is_drain() {
-                    let why = drain_reason(pass.ns, &pod, reason);
+                    let why = kept::drain_reason(pass.ns, &pod, reason);
                     match cluster.drain(&name, &why).await {
                         Ok(()) => drained.push(name.clone()),
                         Err(u) => {
@@ -173,19 +180,6 @@ pub(super) async fn gate(
     now
 }
 
-/// Why a pod's node is drained (the drain reason after the host's prefix).
-fn drain_reason(ns: &slinky_api::NodeSet, pod: &Pod, reason: DeleteReason) -> String {
-    match reason {
-        DeleteReason::Update if ns.is_scheduled_update() => format!(
-            "pod {} is replaced in the maintenance window of reservation {}",
-            pod.name_any(),
-            ns.reservation_name()
-        ),
-        DeleteReason::Update => format!("pod {} is replaced by a rolling update", pod.name_any()),
-        _ => format!("pod {} is removed by a scale-in", pod.name_any()),
-    }
-}
-
 /// A Normal Event (and a warning in the log) naming the nodes just found missing from Slurm's
 /// list, whose pods are kept.
 async fn waiting_for_unlisted(pass: &Pass<'_>, controller: &slinky_api::Controller, unlisted: &[String]) {
@@ -206,7 +200,6 @@ async fn waiting_for_unlisted(pass: &Pass<'_>, controller: &slinky_api::Controll
 /// `pod-protect` on the busy ones (removing it from the others).
 pub(super) async fn sync_kept(
     pass: &mut Pass<'_>,
-    controller: &slinky_api::Controller,
     view: &SlurmView,
     owned: &[Arc<Pod>],
     deleting: &[String],
@@ -253,39 +246,46 @@ pub(super) async fn sync_kept(
             // Draining for its delete: nothing to undo.
             continue;
         }
-        let ours = node.reason_is_ours() && node.host_may_change();
+        let ours = kept::ours(&node.reason, pod, pass.ns) && node.host_may_change();
         let ready = super::is_running_and_ready(pod);
-        let kept = if ours && ready {
-            pass.ctx.slurm.take_kept_drain(controller, &name)
-        } else {
-            None
-        };
+        let keep = kept::to_keep(node, pod, pass.ns);
+        let stored = kept::stored(pass.ns, &name).cloned();
+        let replaced = node.is_down() && node.reason == kept::PRESTOP_REASON;
+        let inherited = stored
+            .as_ref()
+            .is_some_and(|k| k.pod.is_some() && k.pod != pod.uid());
+        if inherited && !kept::pod_cordoned(pod) {
+            // Its predecessor was cordoned (`pod-cordon`): so is it.
+            kept::annotate_cordon(pass, pod).await;
+            pass.retry_soon();
+            continue;
+        }
+        if keep.is_some() && keep != stored {
+            pass.remember(&name, keep.clone());
+        } else if keep.is_none() && stored.is_some() && !replaced {
+            // Back in service, or drained by the host since: nothing to give back.
+            pass.remember(&name, None);
+        }
         let cordon = cordoned(&pass.ctx.caches.nodes, pod);
         tracing::debug!(pod = %pod.name_any(), uid = ?pod.uid(), k8s = ?pod.spec.as_ref().and_then(|s| s.node_name.clone()), node = %name, ?cordon, state = ?node.state, reason = %node.reason, "slurm node of a kept pod");
+        let free = !node.is_drain() && !node.is_down() && node.host_may_change();
         if let Some(why) = &cordon {
-            if !node.is_drain() && !node.is_down() && node.host_may_change() {
+            if free {
                 let k8s_node = pod
                     .spec
                     .as_ref()
                     .and_then(|s| s.node_name.clone())
                     .unwrap_or_default();
-                let reason = cordon_reason(&k8s_node, why.as_deref());
-                match cluster.drain(&name, &reason).await {
-                    Ok(()) => {
-                        pass.core()
-                            .event(
-                                pass.ns,
-                                EventType::Normal,
-                                "Draining",
-                                format!("Draining Slurm node {name}: {reason}"),
-                            )
-                            .await;
-                    }
-                    Err(u) => pass.slurm_failed(u).await,
-                }
+                drain_for_cordon(pass, cluster, &name, &cordon_reason(&k8s_node, why.as_deref())).await;
             }
-        } else if let Some(reason) = kept {
-            give_back(pass, cluster, &name, node, &reason).await;
+        } else if let (Some(k), true) = (&stored, replaced) {
+            if ready {
+                kept::give_back(pass, cluster, pod, node, k).await;
+            }
+        } else if kept::pod_cordoned(pod) {
+            if free {
+                drain_for_cordon(pass, cluster, &name, &kept::pod_cordon_reason(pod)).await;
+            }
         } else if ours && (node.is_drain() || (node.is_down() && ready)) {
             match cluster.undrain(&name, node.is_down()).await {
                 Ok(()) => {
@@ -307,6 +307,23 @@ pub(super) async fn sync_kept(
     }
 }
 
+/// Drain the node `name` of a kept pod with the host's `reason` (a cordon), with an Event.
+async fn drain_for_cordon(pass: &mut Pass<'_>, cluster: &Cluster, name: &str, reason: &str) {
+    match cluster.drain(name, reason).await {
+        Ok(()) => {
+            pass.core()
+                .event(
+                    pass.ns,
+                    EventType::Normal,
+                    "Draining",
+                    format!("Draining Slurm node {name}: {reason}"),
+                )
+                .await;
+        }
+        Err(u) => pass.slurm_failed(u).await,
+    }
+}
+
 /// The drain reason of a cordoned Kubernetes node's Slurm nodes: the node's
 /// `node-cordon-reason` annotation (control characters made spaces, at most 256 bytes), else
 /// that it is cordoned.
@@ -324,28 +341,6 @@ fn cordon_reason(k8s_node: &str, annotation: Option<&str>) -> String {
     }
     reason.truncate(end);
     reason
-}
-
-/// Give the replacement of a pod its node's earlier drain (someone else's reason, as it was).
-async fn give_back(pass: &mut Pass<'_>, cluster: &Cluster, name: &str, node: &Node, reason: &str) {
-    let resumed = if node.is_down() {
-        cluster.undrain(name, true).await
-    } else {
-        Ok(())
-    };
-    match resumed.and(cluster.drain_as_is(name, reason).await) {
-        Ok(()) => {
-            pass.core()
-                .event(
-                    pass.ns,
-                    EventType::Normal,
-                    "DrainKept",
-                    format!("Slurm node {name} keeps the drain it had before its pod was replaced: {reason}"),
-                )
-                .await;
-        }
-        Err(u) => pass.slurm_failed(u).await,
-    }
 }
 
 /// The pod's `SlurmNodeState*` conditions made to match its node. A refused `test` (the

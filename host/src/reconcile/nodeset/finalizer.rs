@@ -132,7 +132,7 @@ pub(super) async fn finalize(
                     continue;
                 };
                 if !node.is_drain() && !node.is_down() && node.host_may_change() {
-                    let why = format!("NodeSet {} is being deleted", pass.ns.name_any());
+                    let why = super::kept::deletion_reason(pass.ns);
                     match cluster.drain(&name, &why).await {
                         Ok(()) => drained.push(name.clone()),
                         Err(u) => pass.slurm_failed(u).await,

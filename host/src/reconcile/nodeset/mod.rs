@@ -32,6 +32,7 @@ mod finalizer;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod history;
+mod kept;
 mod other_children;
 mod plan;
 mod pods;
@@ -175,6 +176,8 @@ struct Pass<'a> {
     /// The soonest the pass must come back: a DaemonSet-mode node's failure backoff, a
     /// maintenance window's start or end.
     come_back: Option<Duration>,
+    /// Changes to `status.keptDrains` (node → the drain to keep, `None`: forget it).
+    kept: std::collections::BTreeMap<String, Option<slinky_api::KeptDrain>>,
 }
 
 impl Pass<'_> {
@@ -298,6 +301,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         retry_soon: false,
         desired: None,
         come_back: None,
+        kept: Default::default(),
     };
     let mut owned = claims.owned.clone();
     let mut requeue = core.resync;
@@ -436,7 +440,7 @@ async fn sync(
             blocked: &claims.blocked,
             leaving: &claims.leaving,
             now: Timestamp::now(),
-            update_ranks: &slurm.update_ranks(&claims.owned),
+            update_ranks: &slurm.update_ranks(ns, &claims.owned),
             window: window.as_ref(),
             unjudged: &claims.unjudged,
         })
@@ -479,7 +483,7 @@ async fn sync(
     delete_pods(pass, &deletes).await;
     let slots = ordinal_slots(pass, revision, &plan.creates);
     create_pods(pass, controller, slots, plugin).await?;
-    drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;
+    drain::sync_kept(pass, &slurm, &claims.owned, &deleting).await;
     history::truncate(pass, &history, &claims.owned, revision).await;
     pass.slurm_counts = slurm.counts(&claims.owned);
     Ok(claims.owned)
@@ -569,7 +573,7 @@ async fn sync_daemon(
     let deletes = volumes::sync_owners(pass, &claims.owned, deletes).await;
     delete_pods(pass, &deletes).await;
     create_pods(pass, controller, slots, plugin).await?;
-    drain::sync_kept(pass, controller, &slurm, &claims.owned, &deleting).await;
+    drain::sync_kept(pass, &slurm, &claims.owned, &deleting).await;
     if ns.spec.prune_slurm_node_records.as_deref() == Some("NodeNotFound") {
         drain::prune_defunct(pass, &slurm, &claims.owned, &nodes).await;
     }

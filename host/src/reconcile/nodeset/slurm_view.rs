@@ -128,11 +128,11 @@ impl SlurmView {
 
     /// How a rolling update ranks old pods: nodes the host is draining first (their turn has
     /// come), then idle ones, then busy ones (pod name → rank; unknown pods rank as idle).
-    pub(super) fn update_ranks(&self, pods: &[Arc<Pod>]) -> BTreeMap<String, u8> {
+    pub(super) fn update_ranks(&self, ns: &slinky_api::NodeSet, pods: &[Arc<Pod>]) -> BTreeMap<String, u8> {
         pods.iter()
             .map(|p| {
                 let rank = match self.node(p) {
-                    Some(n) if n.is_drain() && n.reason_is_ours() => 0,
+                    Some(n) if n.is_drain() && super::kept::ours(&n.reason, p, ns) => 0,
                     Some(n) if n.is_busy() => 2,
                     _ => 1,
                 };

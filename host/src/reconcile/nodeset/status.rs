@@ -79,7 +79,9 @@ pub(super) async fn write_status(
         selector: Some(selector.join(",")),
         conditions: Vec::new(),
         ordinal_to_node: Default::default(),
+        kept_drains: Default::default(),
     };
+    let kept = pass.kept.clone();
     // pinToNode: where each ordinal's pod runs now, added to what the status remembers.
     let placed: Vec<(String, String)> = if ns.spec.pin_to_node {
         live.iter()
@@ -96,8 +98,17 @@ pub(super) async fn write_status(
         let current = obj.status.as_ref();
         let mut ordinal_to_node = current.map(|s| s.ordinal_to_node.clone()).unwrap_or_default();
         ordinal_to_node.extend(placed.iter().cloned());
+        // The drains kept (see `kept`), with this pass' changes.
+        let mut kept_drains = current.map(|s| s.kept_drains.clone()).unwrap_or_default();
+        for (node, drain) in &kept {
+            match drain {
+                Some(d) => kept_drains.insert(node.clone(), d.clone()),
+                None => kept_drains.remove(node),
+            };
+        }
         NodeSetStatus {
             ordinal_to_node,
+            kept_drains,
             conditions,
             observed_generation: match reached {
                 Reached::Waiting => current.and_then(|s| s.observed_generation),

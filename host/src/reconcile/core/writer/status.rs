@@ -70,15 +70,10 @@ impl Writer {
             }
             self.fence("status")?;
             // A merge patch keeps what it does not name: a field the status had and the new one
-            // has not is nulled.
+            // has not is nulled (at any depth: a key gone from a map of the status too).
             let mut body = serde_json::to_value(&status).unwrap_or_default();
-            if let (Some(new), Some(Value::Object(old))) = (
-                body.as_object_mut(),
-                current(&obj).and_then(|s| serde_json::to_value(s).ok()),
-            ) {
-                for field in old.keys() {
-                    new.entry(field.clone()).or_insert(Value::Null);
-                }
+            if let Some(old) = current(&obj).and_then(|s| serde_json::to_value(s).ok()) {
+                null_removed(&mut body, &old);
             }
             let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": body});
             let pp = patch_params();
@@ -101,5 +96,40 @@ impl Writer {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// Make `new` a merge patch from `old`: every key of an object of `old` that the same object of
+/// `new` lacks is added as `null` (objects in both are compared key by key; anything else is
+/// replaced whole by a merge patch).
+fn null_removed(new: &mut Value, old: &Value) {
+    let (Value::Object(new), Value::Object(old)) = (new, old) else {
+        return;
+    };
+    for (key, was) in old {
+        match new.get_mut(key) {
+            Some(now) => null_removed(now, was),
+            None => {
+                new.insert(key.clone(), Value::Null);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod null_tests {
+    use serde_json::json;
+
+    use super::null_removed;
+
+    #[test]
+    fn a_key_gone_at_any_depth_is_nulled() {
+        let old = json!({"a": 1, "m": {"x": {"s": "DRAIN"}, "y": {"s": "DOWN"}}, "l": [1, 2]});
+        let mut new = json!({"m": {"y": {"s": "DOWN"}}, "l": [1]});
+        null_removed(&mut new, &old);
+        assert_eq!(
+            new,
+            json!({"a": null, "m": {"x": null, "y": {"s": "DOWN"}}, "l": [1]})
+        );
     }
 }
