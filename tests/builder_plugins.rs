@@ -41,6 +41,10 @@ use slinky_tests::{
 
 const REGISTRY: &str = "/usr/bin/docker-registry";
 
+/// The tests whose hosts reconcile BuilderPlugins take turns: BuilderPlugins are cluster-scoped,
+/// so on a shared real cluster each host would also report on the other test's.
+static BP_HOSTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A `docker-registry` on a free loopback port, storing in a temporary directory.
 struct Registry {
     child: Child,
@@ -324,6 +328,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         );
         return Ok(());
     };
+    let _turn = BP_HOSTS.lock().await;
     let keys = tempfile::tempdir()?;
     let prefix = keys.path().join("signing");
     host_cli(&["plugin", "keygen", path(&prefix)])?;
@@ -647,6 +652,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
 /// written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<()> {
+    let _turn = BP_HOSTS.lock().await;
     let c = cluster(true).await;
     let ns = c.namespace("diff").await;
     apply_example_with(&c, &ns, 2, |v| v["metadata"]["labels"]["bp-test"] = json!(ns)).await?;
@@ -837,6 +843,7 @@ async fn raw_status(c: &TestCluster, name: &str) -> Result<serde_json::Value> {
 /// reconciled nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_builder_plugin_too_deep_to_decode_is_refused_alone_and_the_others_serve() -> Result<()> {
+    let _turn = BP_HOSTS.lock().await;
     let c = cluster(true).await;
     let ns = c.namespace("deep").await;
     let site = std::fs::read(test_plugin("site_pod"))?;
@@ -912,5 +919,8 @@ async fn a_builder_plugin_too_deep_to_decode_is_refused_alone_and_the_others_ser
     }
     .await;
     host.stop().await;
+    // Not left behind on a shared cluster (a typed list of BuilderPlugins would fail on it).
+    let delete = bp_request().delete(&deep, &kube::api::DeleteParams::default())?;
+    c.client.request_text(delete).await?;
     result
 }

@@ -67,7 +67,8 @@ pub struct BuilderPluginContext {
 /// would rebuild every parent without its steps and roll its pods, so the host stops with the
 /// reason instead (`--builder-plugins=false` runs without them).
 pub async fn served(client: &Client) -> anyhow::Result<bool> {
-    let api = Api::<BuilderPlugin>::all(client.clone());
+    // Decoded as the watch decodes them: one the host cannot decode must not stop it here.
+    let api = Api::<WireBuilderPlugin>::all(client.clone());
     match api.list(&kube::api::ListParams::default().limit(1)).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => {

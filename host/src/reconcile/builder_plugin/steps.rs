@@ -37,6 +37,15 @@ fn pinned_record(cm: &slinky_api::ConfigMapModule) -> String {
     )
 }
 
+/// The ConfigMaps a [`PINNED`] record names, one per line (several BuilderPlugins may pin the
+/// same module in ConfigMaps of their own).
+fn pinned_records(record: &[u8]) -> impl Iterator<Item = &str> {
+    std::str::from_utf8(record).unwrap_or_default().lines()
+}
+
+/// The most ConfigMaps a [`PINNED`] record keeps (the oldest go first).
+const PINNED_RECORDS: usize = 64;
+
 /// One BuilderPlugin's serving version.
 pub(super) struct Loaded {
     fingerprint: String,
@@ -206,6 +215,18 @@ impl Steps {
         }
     }
 
+    /// Record that the module `digest` was loaded from `cm` under a spec that pinned it, beside
+    /// the other ConfigMaps recorded for it.
+    fn remember_pinned(&self, digest: &str, cm: &slinky_api::ConfigMapModule) {
+        let store = self.source.store();
+        let this = pinned_record(cm);
+        let old = store.get_record(digest, PINNED).unwrap_or_default();
+        let mut records: Vec<&str> = pinned_records(&old).filter(|r| *r != this).collect();
+        records.push(&this);
+        let keep = records.len().saturating_sub(PINNED_RECORDS);
+        store.put_record(digest, PINNED, records[keep..].join("\n").as_bytes());
+    }
+
     /// The serving version of `name`.
     pub(super) fn loaded(&self, name: &str) -> Option<Arc<Loaded>> {
         locked(&self.state, |s| s.loaded.get(name).cloned())
@@ -303,9 +324,7 @@ impl Steps {
                 if let (Some(cm), Some(_)) = (&bp.spec.module.config_map, &bp.spec.module.digest) {
                     // Its author pinned this ConfigMap's module: a restore may trust the cached
                     // bytes for this ConfigMap (see `restorable`).
-                    self.source
-                        .store()
-                        .put_record(&fetched.digest, PINNED, pinned_record(cm).as_bytes());
+                    self.remember_pinned(&fetched.digest, cm);
                 }
                 locked(&self.state, |s| {
                     if s.deletions(&name) != deletions {
@@ -494,7 +513,7 @@ impl Steps {
             let pinned = store.get_record(&serving.digest, PINNED);
             if self.source.verifies()
                 && (serving.spec.module.digest.as_deref() != Some(serving.digest.as_str())
-                    || pinned.as_deref() != Some(pinned_record(cm).as_bytes()))
+                    || !pinned.is_some_and(|p| pinned_records(&p).any(|r| r == pinned_record(cm))))
             {
                 return Err(refused(format!(
                     "status.serving names the ConfigMap module {}, which this host never loaded from \
