@@ -400,3 +400,60 @@ async fn a_begun_window_rolls_the_pods_and_a_job_keeps_its_pod() -> Result<()> {
     h.shutdown().await;
     Ok(())
 }
+
+/// A recurring window (`DAILY`, as a NodeSet migrated from Slinky may have) is served, not
+/// refused: its first occurrence was yesterday, so the host reserves today's, with the flag, and
+/// replaces the old pods when it opens.
+#[tokio::test]
+async fn a_daily_window_reserves_todays_occurrence_and_rolls_the_pods_in_it() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "sched-daily", 2).await?;
+    nodes_idle(&h, &["slinky-0", "slinky-1"]).await?;
+    let before = pod_uids(&c, &ns).await?;
+    let today = Timestamp::now().as_second() + 40;
+    let yesterday = Timestamp::from_second(today - 86_400)?;
+    patch_nodeset(
+        &c,
+        &ns,
+        json!({"spec": {"slurmd": {"image": NEW_IMAGE}, "updateStrategy": {
+            "type": "ScheduledUpdate",
+            "scheduledUpdate": {"startTime": yesterday.to_string(), "duration": "10m", "flags": ["daily"]}
+        }}}),
+    )
+    .await?;
+    let r = reserved(&h, "slinky-[0-1]", |s, e| s == today && e == today + 600).await?;
+    ensure!(flags(&r).iter().any(|f| f == "DAILY"), "{r}");
+    ensure!(
+        nodeset_condition(&c, &ns, "InvalidSpec")
+            .await?
+            .is_none_or(|c| c.status != "True"),
+        "a DAILY window was refused"
+    );
+    // Nothing rolls before the occurrence opens; everything does in it.
+    ensure!(
+        pod_uids(&c, &ns).await? == before,
+        "pods rolled before the window"
+    );
+    let rolled = eventually(90, || async {
+        let now = pod_uids(&c, &ns).await.ok()?;
+        (now.len() == 2 && now.iter().all(|(n, u)| before.get(n) != Some(u))).then_some(())
+    })
+    .await;
+    ensure!(
+        rolled.is_some(),
+        "pods {:?} (before {before:?}); reservation {}",
+        pod_uids(&c, &ns).await?,
+        show_reservation(&h).await
+    );
+    let active = nodeset_condition(&c, &ns, "ReservationCreated").await?;
+    ensure!(
+        active.as_ref().is_some_and(|c| c.status == "True"),
+        "ReservationCreated: {active:?}"
+    );
+    host.stop().await;
+    h.shutdown().await;
+    Ok(())
+}

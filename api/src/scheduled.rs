@@ -7,12 +7,13 @@
 //! * `duration` is a Go duration (`30m`, `1h30m`, `90s`; default `30m`) of at least a minute and
 //!   at most a year.
 //! * `flags` are Slurm reservation flags added to `MAINT` and `IGNORE_JOBS` (always set, as
-//!   Slinky), case-insensitive. Only flags that keep the reservation one window over the
-//!   NodeSet's nodes are accepted: a recurring window (`HOURLY`, `DAILY`, `WEEKLY`, `WEEKDAY`,
-//!   `WEEKEND`), a floating start (`TIME_FLOAT`), another node selection (`ANY_NODES`,
-//!   `PART_NODES`, `ALL_NODES`), purging (`PURGE_COMP`) or `NO_MAINT` would make Slurm's
-//!   reservation differ from the declared window, and are refused (a spec problem naming the
-//!   flag), never ignored.
+//!   Slinky), case-insensitive. A recurring flag (`HOURLY`, `DAILY`, `WEEKLY`, `WEEKDAY`,
+//!   `WEEKEND`; at most one) makes the window recur as Slurm repeats the reservation: `startTime`
+//!   is its first occurrence, each lasts `duration` (no longer than the step between two), and
+//!   the window the host works with is the occurrence open now or the next one ([`Window::at`]).
+//!   Flags that would make Slurm's reservation differ from the declared window are refused (a
+//!   spec problem naming the flag), never ignored: a floating start (`TIME_FLOAT`), another node
+//!   selection (`ANY_NODES`, `PART_NODES`, `ALL_NODES`), purging (`PURGE_COMP`), `NO_MAINT`.
 
 use k8s_openapi::jiff::Timestamp;
 use schemars::JsonSchema;
@@ -35,6 +36,17 @@ pub const ALLOWED_FLAGS: [&str; 8] = [
     "USER_DELETE",
     "NO_HOLD_JOBS_AFTER_END",
 ];
+/// The recurring flags (Slurm repeats the reservation) and the step between two occurrences:
+/// `WEEKDAY` and `WEEKEND` recur daily, on the days they name (Monday to Friday, Saturday and
+/// Sunday; days as slurmctld's clock has them, UTC in Slinky's images).
+pub const RECURRING_FLAGS: [(&str, i64); 5] = [
+    ("HOURLY", 3600),
+    ("DAILY", 86_400),
+    ("WEEKLY", 7 * 86_400),
+    ("WEEKDAY", 86_400),
+    ("WEEKEND", 86_400),
+];
+
 /// The shortest window.
 pub const MIN_DURATION_SECS: i64 = 60;
 /// The longest window (Slurm's "infinite" reservation is a year).
@@ -54,7 +66,8 @@ pub struct ScheduledUpdate {
     #[schemars(extend("default" = "30m"))]
     pub duration: Option<String>,
     /// Slurm reservation flags added to `MAINT` and `IGNORE_JOBS`: `OVERLAP`, `FLEX`,
-    /// `MAGNETIC`, `STATIC`, `USER_DELETE` or `NO_HOLD_JOBS_AFTER_END`.
+    /// `MAGNETIC`, `STATIC`, `USER_DELETE` or `NO_HOLD_JOBS_AFTER_END`, and at most one of
+    /// `HOURLY`, `DAILY`, `WEEKLY`, `WEEKDAY` or `WEEKEND` for a window that recurs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flags: Option<Vec<String>>,
 }
@@ -69,6 +82,8 @@ pub struct Window {
     /// The reservation's flags: upper case, sorted, without duplicates, `MAINT` and
     /// `IGNORE_JOBS` included.
     pub flags: Vec<String>,
+    /// Its recurring flag, when it recurs (see [`RECURRING_FLAGS`]).
+    pub recurs: Option<&'static str>,
 }
 
 impl Window {
@@ -77,9 +92,45 @@ impl Window {
         self.start <= now && now < self.end
     }
 
-    /// The window has ended at `now`.
+    /// The window has ended at `now` (a recurring one never has).
     pub fn is_over(&self, now: i64) -> bool {
-        now >= self.end
+        self.recurs.is_none() && now >= self.end
+    }
+
+    /// The occurrence of a recurring window open at `now`, or the next one (the window itself
+    /// when it does not recur). Pure.
+    pub fn at(&self, now: i64) -> Window {
+        let Some((flag, step)) = self
+            .recurs
+            .and_then(|r| RECURRING_FLAGS.iter().find(|(f, _)| *f == r).copied())
+        else {
+            return self.clone();
+        };
+        let length = self.end - self.start;
+        // The latest occurrence begun by `now`, then forward to one that is open or to come
+        // and falls on a day the flag names (at most a week of daily steps).
+        let first = if now < self.start {
+            0
+        } else {
+            (now - self.start) / step
+        };
+        for k in first..first + 8 {
+            let start = self.start + k * step;
+            let day = (start.div_euclid(86_400) + 4) % 7; // 0 = Sunday (1970-01-01 was a Thursday)
+            let on_day = match flag {
+                "WEEKDAY" => (1..=5).contains(&day),
+                "WEEKEND" => day == 0 || day == 6,
+                _ => true,
+            };
+            if on_day && start + length > now {
+                return Window {
+                    start,
+                    end: start + length,
+                    ..self.clone()
+                };
+            }
+        }
+        self.clone()
     }
 }
 
@@ -136,29 +187,51 @@ impl ScheduledUpdate {
             }
         };
         let mut flags: Vec<String> = REQUIRED_FLAGS.iter().map(|f| f.to_string()).collect();
+        let mut recurs: Option<(&'static str, i64)> = None;
         for (i, f) in self.flags.iter().flatten().enumerate() {
             let upper = f.trim().to_ascii_uppercase();
-            if ALLOWED_FLAGS.contains(&upper.as_str()) {
+            if let Some(&(flag, step)) = RECURRING_FLAGS.iter().find(|(r, _)| *r == upper) {
+                match recurs {
+                    Some((other, _)) if other != flag => problems.push(SpecProblem::new(
+                        format!("{FIELD}.flags[{i}]"),
+                        format!("{f:?}: the window already recurs {other}; give one recurring flag"),
+                    )),
+                    _ => {
+                        recurs = Some((flag, step));
+                        flags.push(upper);
+                    }
+                }
+            } else if ALLOWED_FLAGS.contains(&upper.as_str()) {
                 flags.push(upper);
             } else {
                 problems.push(SpecProblem::new(
                     format!("{FIELD}.flags[{i}]"),
                     format!(
-                        "{f:?} is not accepted: the reservation is one window over the NodeSet's nodes \
-                         (recurring, floating, node-selecting and purging flags would change that); \
-                         use {}",
-                        ALLOWED_FLAGS[2..].join(", ")
+                        "{f:?} is not accepted: the reservation is the declared window over the \
+                         NodeSet's nodes (floating, node-selecting and purging flags would change \
+                         that); use {}, or one of {}",
+                        ALLOWED_FLAGS[2..].join(", "),
+                        RECURRING_FLAGS.map(|(f, _)| f).join(", ")
                     ),
                 ));
             }
         }
         flags.sort();
         flags.dedup();
+        if let (Some((flag, step)), Some(secs)) = (recurs, secs)
+            && secs > step
+        {
+            problems.push(SpecProblem::new(
+                format!("{FIELD}.duration"),
+                format!("{text:?} is longer than the {step} s between two {flag} windows: shorten it"),
+            ));
+        }
         match (start, secs) {
             (Some(start), Some(secs)) if problems.is_empty() => Ok(Window {
                 start,
                 end: start.saturating_add(secs),
                 flags,
+                recurs: recurs.map(|(f, _)| f),
             }),
             _ => Err(problems),
         }
@@ -344,14 +417,61 @@ mod tests {
                 sched(
                     Some("2025-06-01T02:00:00Z"),
                     None,
-                    &["FLEX", "DAILY", "TIME_FLOAT"]
+                    &["FLEX", "DAILY", "TIME_FLOAT", "hourly"]
                 )
                 .window()
             ),
             [
-                "spec.updateStrategy.scheduledUpdate.flags[1]",
-                "spec.updateStrategy.scheduledUpdate.flags[2]"
-            ]
+                "spec.updateStrategy.scheduledUpdate.flags[2]",
+                "spec.updateStrategy.scheduledUpdate.flags[3]"
+            ],
+            "a floating start; a second recurring flag"
         );
+        assert_eq!(
+            fields(sched(Some("2025-06-01T02:00:00Z"), Some("2h"), &["HOURLY"]).window()),
+            ["spec.updateStrategy.scheduledUpdate.duration"],
+            "longer than an hour, hourly"
+        );
+    }
+
+    #[test]
+    fn a_recurring_window_is_the_occurrence_open_now_or_the_next() -> Result<(), Vec<SpecProblem>> {
+        // Sunday 2025-06-01 02:00 UTC, 30 minutes.
+        let first = 1_748_743_200;
+        let daily = sched(Some("2025-06-01T02:00:00Z"), None, &["daily"]).window()?;
+        assert_eq!(daily.recurs, Some("DAILY"));
+        assert!(daily.flags.contains(&"DAILY".to_string()));
+        assert!(
+            !daily.is_over(first + 10 * 86_400),
+            "a recurring window is never over"
+        );
+        let at = |w: &Window, now: i64| {
+            let o = w.at(now);
+            (o.start - first, o.end - o.start)
+        };
+        assert_eq!(at(&daily, first - 5), (0, 1800), "before the first: the first");
+        assert_eq!(at(&daily, first + 60), (0, 1800), "open now");
+        assert_eq!(at(&daily, first + 1800), (86_400, 1800), "just ended: the next");
+        assert_eq!(at(&daily, first + 3 * 86_400 + 100), (3 * 86_400, 1800));
+        let hourly = sched(Some("2025-06-01T02:00:00Z"), Some("10m"), &["HOURLY"]).window()?;
+        assert_eq!(at(&hourly, first + 7 * 3600 + 601), (8 * 3600, 600));
+        // WEEKDAY skips Saturday and Sunday: from Sunday the 1st, Monday the 2nd; from Friday
+        // the 6th after its window, Monday the 9th.
+        let weekday = sched(Some("2025-06-01T02:00:00Z"), None, &["WEEKDAY"]).window()?;
+        assert_eq!(at(&weekday, first - 5), (86_400, 1800));
+        assert_eq!(at(&weekday, first + 5 * 86_400 + 1800), (8 * 86_400, 1800));
+        let weekend = sched(Some("2025-06-01T02:00:00Z"), None, &["WEEKEND"]).window()?;
+        assert_eq!(
+            at(&weekend, first + 1800),
+            (6 * 86_400, 1800),
+            "Sunday, then Saturday the 7th"
+        );
+        let once = sched(Some("2025-06-01T02:00:00Z"), None, &[]).window()?;
+        assert_eq!(
+            at(&once, first + 86_400),
+            (0, 1800),
+            "a one-off window stays itself"
+        );
+        Ok(())
     }
 }

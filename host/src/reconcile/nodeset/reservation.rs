@@ -12,6 +12,10 @@
 //!   move, else it is deleted and created again; so are other flags or users.
 //! * A one-off window ends by itself: once Slurm removed it, the host does not make it again
 //!   (Slinky needs a status condition's transition time to know; the window's end is enough).
+//! * A recurring window (`HOURLY`, `DAILY`, `WEEKLY`, `WEEKDAY`, `WEEKEND`, as Slinky serves
+//!   them) is compared occurrence by occurrence: the host wants the occurrence open now or the
+//!   next ([`slinky_api::scheduled::Window::at`]), which is what Slurm's reservation shows once it
+//!   advanced it; one whose occurrence just ended is left for Slurm to advance.
 //! * It is deleted when the strategy changes away, when the NodeSet has no pod to update (scaled
 //!   to 0), and when the NodeSet is deleted. The finalizer
 //!   `nodeset.slinky.slurm.net/reservation` is on the NodeSet from before the reservation is
@@ -36,9 +40,14 @@ use slinky_slurm::{Reservation, ReservationRequest};
 use super::{Pass, finalizer, has_finalizer, slurm_view::SlurmView};
 use crate::reconcile::slurm::{Cluster, Reach, SLURM_USER, Unavailable, node_name};
 
-/// The flags the host sets or compares (Slurm adds others, e.g. `SPEC_NODES`, which are left
-/// out of the comparison).
-const COMPARED_FLAGS: [&str; 8] = slinky_api::scheduled::ALLOWED_FLAGS;
+/// Whether the host sets or compares the flag `f` (Slurm adds others, e.g. `SPEC_NODES`, which
+/// are left out of the comparison).
+fn compared(f: &str) -> bool {
+    slinky_api::scheduled::ALLOWED_FLAGS.contains(&f)
+        || slinky_api::scheduled::RECURRING_FLAGS
+            .iter()
+            .any(|(r, _)| *r == f)
+}
 
 /// The reservation the NodeSet should have now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +105,7 @@ fn decide(wanted: Option<&Wanted>, actual: Option<&Reservation>, now: i64) -> St
         .flags
         .iter()
         .map(|f| f.to_ascii_uppercase())
-        .filter(|f| COMPARED_FLAGS.contains(&f.as_str()))
+        .filter(|f| compared(f))
         .collect();
     flags.sort();
     flags.dedup();
@@ -108,6 +117,10 @@ fn decide(wanted: Option<&Wanted>, actual: Option<&Reservation>, now: i64) -> St
         .collect();
     if flags != w.window.flags || users != [SLURM_USER] {
         return Step::Delete(Some(create()));
+    }
+    if w.window.recurs.is_some() && a.end_time.is_some_and(|e| e <= now) {
+        // An occurrence just ended: Slurm moves the reservation to the next one itself.
+        return Step::Keep;
     }
     // A window that had begun when the reservation was made is reserved from then.
     let start_ok =
@@ -175,8 +188,10 @@ pub(super) async fn sync(
 ) -> Option<BTreeSet<String>> {
     let ns = pass.ns;
     let name = ns.reservation_name();
+    let now = Timestamp::now().as_second();
     let window = match ns.maintenance_window() {
-        Some(Ok(w)) => Some(w),
+        // A recurring window: the occurrence open now, or the next.
+        Some(Ok(w)) => Some(w.at(now)),
         // Checked before the pass got here.
         Some(Err(_)) => return Some(BTreeSet::new()),
         None => None,
@@ -225,7 +240,6 @@ pub(super) async fn sync(
         .as_ref()
         .filter(|_| has_pods)
         .map(|w| wanted_reservation(&name, w, owned, slurm_nodes));
-    let now = Timestamp::now().as_second();
     let step = decide(wanted.as_ref(), actual.as_ref(), now);
     tracing::debug!(reservation = %name, ?step, ?actual, "maintenance reservation");
     let Some(exists) = converge(pass, &cluster, &step, actual.is_some()).await else {

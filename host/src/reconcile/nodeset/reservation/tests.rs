@@ -19,6 +19,7 @@ fn window(flags: &[&str]) -> Window {
         start: START,
         end: START + 1800,
         flags,
+        recurs: None,
     }
 }
 
@@ -133,6 +134,7 @@ fn a_moved_window_is_updated_before_it_begins_and_replaced_after() {
             start: START + 7200,
             end: START + 9000,
             flags: window(&[]).flags,
+            recurs: None,
         },
         ..w.clone()
     };
@@ -196,4 +198,45 @@ fn the_window_lets_go_the_pods_of_the_nodes_it_holds_while_active() {
         ["w-0", "w-2"]
     );
     assert!(in_window(&r, &pods, START + 1800).is_empty(), "ended");
+}
+
+#[test]
+fn a_daily_window_follows_slurms_occurrences_without_churn() {
+    let daily = Window {
+        recurs: Some("DAILY"),
+        ..window(&["DAILY"])
+    };
+    let wanted_at = |now: i64| Wanted {
+        window: daily.at(now),
+        ..wanted(&["w-0"])
+    };
+    let flags = ["MAINT", "IGNORE_JOBS", "DAILY", "SPEC_NODES"];
+    // Created for the first occurrence, with its flag.
+    let Step::Create(r) = decide(Some(&wanted_at(START - 60)), None, START - 60) else {
+        panic!("not created");
+    };
+    assert_eq!(r.flags, ["DAILY", "IGNORE_JOBS", "MAINT"]);
+    // Open now: kept.
+    let first = slurm(START, START + 1800, "w-0", &flags);
+    assert_eq!(
+        decide(Some(&wanted_at(START + 60)), Some(&first), START + 60),
+        Step::Keep
+    );
+    // Just ended, Slurm has not advanced it yet: left to Slurm, not made again.
+    assert_eq!(
+        decide(Some(&wanted_at(START + 1805)), Some(&first), START + 1805),
+        Step::Keep
+    );
+    // Advanced by Slurm to the next day: that is the occurrence wanted.
+    let second = slurm(START + 86_400, START + 86_400 + 1800, "w-0", &flags);
+    assert_eq!(
+        decide(Some(&wanted_at(START + 1900)), Some(&second), START + 1900),
+        Step::Keep
+    );
+    // A one-off reservation where a daily one is wanted: made again with the flag.
+    let once = slurm(START + 86_400, START + 86_400 + 1800, "w-0", &FLAGS);
+    assert!(matches!(
+        decide(Some(&wanted_at(START + 1900)), Some(&once), START + 1900),
+        Step::Delete(Some(_))
+    ));
 }
