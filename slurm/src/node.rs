@@ -47,6 +47,19 @@ fn features<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Er
 }
 
 impl Node {
+    /// A node named `name` in the states `state` (base state and flags, e.g. `["IDLE",
+    /// "DRAIN"]`) with `reason`, as a list would show it (no comment, no features).
+    pub fn new(name: &str, state: &[&str], reason: &str) -> Node {
+        Node {
+            name: name.into(),
+            state: state.iter().map(|s| s.to_string()).collect(),
+            reason: reason.into(),
+            reason_set_by_user: String::new(),
+            comment: String::new(),
+            features: Vec::new(),
+        }
+    }
+
     fn has(&self, flag: &str) -> bool {
         self.state.iter().any(|s| s.eq_ignore_ascii_case(flag))
     }
@@ -188,14 +201,7 @@ mod tests {
     use super::*;
 
     fn node(state: &[&str], reason: &str) -> Node {
-        Node {
-            name: "n".into(),
-            state: state.iter().map(|s| s.to_string()).collect(),
-            reason: reason.into(),
-            reason_set_by_user: String::new(),
-            comment: String::new(),
-            features: Vec::new(),
-        }
+        Node::new("n", state, reason)
     }
 
     #[test]

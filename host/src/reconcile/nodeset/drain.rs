@@ -533,14 +533,7 @@ mod tests {
 
     #[test]
     fn a_pod_goes_only_when_its_node_runs_nothing_and_takes_nothing() {
-        let node = |state: &[&str]| Node {
-            name: "n".into(),
-            state: state.iter().map(|s| s.to_string()).collect(),
-            reason: String::new(),
-            reason_set_by_user: String::new(),
-            comment: String::new(),
-            features: Vec::new(),
-        };
+        let node = |state: &[&str]| Node::new("n", state, "");
         assert!(may_delete(&node(&["IDLE", "DRAIN"])));
         assert!(may_delete(&node(&["DOWN"])));
         assert!(

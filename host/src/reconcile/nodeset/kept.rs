@@ -228,14 +228,7 @@ mod tests {
     }
 
     fn node(state: &[&str], reason: &str) -> Node {
-        Node {
-            name: "slinky-1".into(),
-            state: state.iter().map(|s| s.to_string()).collect(),
-            reason: reason.into(),
-            reason_set_by_user: String::new(),
-            comment: String::new(),
-            features: Vec::new(),
-        }
+        Node::new("slinky-1", state, reason)
     }
 
     #[test]

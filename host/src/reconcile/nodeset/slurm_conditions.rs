@@ -104,14 +104,7 @@ mod tests {
     }
 
     fn node(state: &[&str]) -> Node {
-        serde_json::from_value(serde_json::json!({"name": "n", "state": state})).unwrap_or_else(|_| Node {
-            name: String::new(),
-            state: Vec::new(),
-            reason: String::new(),
-            reason_set_by_user: String::new(),
-            comment: String::new(),
-            features: Vec::new(),
-        })
+        Node::new("n", state, "")
     }
 
     fn types(c: &[PodCondition]) -> Vec<&str> {
