@@ -202,6 +202,8 @@ pub struct Steps {
     source: Arc<ModuleSource>,
     build: BuildContext,
     state: Mutex<State>,
+    /// Held while a [`PINNED`] record is read and written again.
+    pinned: Mutex<()>,
 }
 
 impl Steps {
@@ -212,12 +214,15 @@ impl Steps {
             source,
             build,
             state: Mutex::default(),
+            pinned: Mutex::default(),
         }
     }
 
     /// Record that the module `digest` was loaded from `cm` under a spec that pinned it, beside
     /// the other ConfigMaps recorded for it.
     fn remember_pinned(&self, digest: &str, cm: &slinky_api::ConfigMapModule) {
+        // One read-modify-write at a time (two BuilderPlugins may load the module at once).
+        let _one = self.pinned.lock();
         let store = self.source.store();
         let this = pinned_record(cm);
         let old = store.get_record(digest, PINNED).unwrap_or_default();

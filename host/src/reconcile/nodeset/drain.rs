@@ -248,23 +248,22 @@ pub(super) async fn sync_kept(
         }
         let ours = kept::ours(&node.reason, pod, pass.ns) && node.host_may_change();
         let ready = super::is_running_and_ready(pod);
-        let keep = kept::to_keep(node, pod, pass.ns);
         let stored = kept::stored(pass.ns, &name).cloned();
+        // After its predecessor's pre-stop hook: the node waits to get its drain back.
         let replaced = node.is_down() && node.reason == kept::PRESTOP_REASON;
-        let inherited = stored
+        if let Some(k) = stored
             .as_ref()
-            .is_some_and(|k| k.pod.is_some() && k.pod != pod.uid());
-        if inherited && !kept::pod_cordoned(pod) {
-            // Its predecessor was cordoned (`pod-cordon`): so is it.
-            kept::annotate_cordon(pass, pod).await;
-            pass.retry_soon();
+            .filter(|k| k.pod.as_deref() != pod.uid().as_deref())
+        {
+            // The record of the pod this one replaced.
+            let gone = !owned.iter().any(|p| p.uid().as_deref() == k.pod.as_deref());
+            kept::succeed(pass, cluster, &now, node, k, ready && gone).await;
             continue;
         }
-        if keep.is_some() && keep != stored {
+        let keep = kept::to_keep(node, pod, pass.ns);
+        if keep != stored && !(keep.is_none() && replaced) {
+            // Kept, changed, or back in service (or drained by the host since): forgotten.
             pass.remember(&name, keep.clone());
-        } else if keep.is_none() && stored.is_some() && !replaced {
-            // Back in service, or drained by the host since: nothing to give back.
-            pass.remember(&name, None);
         }
         let cordon = cordoned(&pass.ctx.caches.nodes, pod);
         tracing::debug!(pod = %pod.name_any(), uid = ?pod.uid(), k8s = ?pod.spec.as_ref().and_then(|s| s.node_name.clone()), node = %name, ?cordon, state = ?node.state, reason = %node.reason, "slurm node of a kept pod");
@@ -280,7 +279,7 @@ pub(super) async fn sync_kept(
             }
         } else if let (Some(k), true) = (&stored, replaced) {
             if ready {
-                kept::give_back(pass, cluster, pod, node, k).await;
+                kept::give_back(pass, cluster, &now, node, k).await;
             }
         } else if kept::pod_cordoned(pod) {
             if free {
@@ -492,7 +491,13 @@ pub(super) async fn prune_defunct(
     let mut pruned = Vec::new();
     for n in defunct {
         match cluster.delete_node(&n.name).await {
-            Ok(()) => pruned.push(n.name.clone()),
+            Ok(()) => {
+                if kept::stored(pass.ns, &n.name).is_some() {
+                    // Its drain has no node to go back to.
+                    pass.remember(&n.name, None);
+                }
+                pruned.push(n.name.clone());
+            }
             Err(u) => {
                 pass.slurm_failed(u).await;
                 break;

@@ -95,9 +95,13 @@ pub(super) fn ours(reason: &str, pod: &Pod, ns: &NodeSet) -> bool {
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
     let exact = [
-        drain_reason(ns, pod, DeleteReason::Update),
         drain_reason(ns, pod, DeleteReason::ScaleDown),
         format!("pod {name} is replaced by a rolling update"),
+        // Whatever the strategy is now (it may have changed since the drain).
+        format!(
+            "pod {name} is replaced in the maintenance window of reservation {}",
+            ns.reservation_name()
+        ),
         pod_cordon_reason(pod),
         deletion_reason(ns),
         // Slinky's operator, for this pod.
@@ -115,7 +119,9 @@ pub(super) fn to_keep(node: &Node, pod: &Pod, ns: &NodeSet) -> Option<KeptDrain>
     if !(node.is_drain() || node.is_down()) || node.reason.is_empty() {
         return None;
     }
-    if node.is_down() && (node.is_not_responding() || node.reason.eq_ignore_ascii_case("Not responding")) {
+    if node.is_down() && node.reason.eq_ignore_ascii_case("Not responding") {
+        // slurmctld's own: Slurm returns the node when its slurmd answers again. (An admin's
+        // DOWN on a node whose slurmd also stopped answering is someone else's all the same.)
         return None;
     }
     let cordon = pod_cordoned(pod) && node.reason == prefixed(&pod_cordon_reason(pod));
@@ -125,7 +131,7 @@ pub(super) fn to_keep(node: &Node, pod: &Pod, ns: &NodeSet) -> Option<KeptDrain>
     Some(KeptDrain {
         state: if node.is_down() { "DOWN" } else { "DRAIN" }.into(),
         reason: node.reason.clone(),
-        pod: cordon.then(|| pod.uid()).flatten(),
+        pod: pod.uid(),
     })
 }
 
@@ -142,6 +148,42 @@ pub(super) fn stored<'a>(ns: &'a NodeSet, node: &str) -> Option<&'a KeptDrain> {
     ns.status.as_ref()?.kept_drains.get(node)
 }
 
+/// `pod` replaced the pod whose node's drain `kept` records (`may`: it is ready and its
+/// predecessor is gone). While the node still has the drain, the record passes to `pod` once the
+/// predecessor is gone (its pre-stop hook, if it runs, comes first); a node marked DOWN by that
+/// hook, or back in service without the drain (`ReturnToService=2`, a give-back cut short), gets
+/// it back. The record names `pod` from then on.
+pub(super) async fn succeed(
+    pass: &mut Pass<'_>,
+    cluster: &Cluster,
+    pod: &Pod,
+    node: &Node,
+    kept: &KeptDrain,
+    may: bool,
+) {
+    if kept.reason == prefixed(&pod_cordon_reason(pod)) && !pod_cordoned(pod) {
+        // The wish passes to the replacement: the annotation first.
+        annotate_cordon(pass, pod).await;
+        pass.retry_soon();
+        return;
+    }
+    if !may {
+        return;
+    }
+    let has_it = node.reason == kept.reason && (node.is_down() || (kept.state == "DRAIN" && node.is_drain()));
+    if !has_it && !give_back(pass, cluster, pod, node, kept).await {
+        // Not given back (yet): the record stays the predecessor's, and is tried again.
+        return;
+    }
+    pass.remember(
+        &node.name,
+        Some(KeptDrain {
+            pod: pod.uid(),
+            ..kept.clone()
+        }),
+    );
+}
+
 /// Give the node of `pod` (ready, its predecessor's pre-stop hook having marked it DOWN) what
 /// it had: a DOWN set again with its reason, or a DRAIN. A `pod-cordon` drain is given back as
 /// the annotation on the pod first, then (on a pass whose cache shows it) the drain.
@@ -151,17 +193,20 @@ pub(super) async fn give_back(
     pod: &Pod,
     node: &Node,
     kept: &KeptDrain,
-) {
+) -> bool {
     let name = &node.name;
     if kept.reason == prefixed(&pod_cordon_reason(pod)) && !pod_cordoned(pod) {
         // The annotation first, the drain on a pass that sees it: a drain of the host's
         // text on a pod without it would be undone.
         annotate_cordon(pass, pod).await;
         pass.retry_soon();
-        return;
+        return false;
     }
-    let done = if kept.state == "DOWN" {
+    let done = if kept.state == "DOWN" && !node.is_busy() {
         cluster.down_as_is(name, &kept.reason).await
+    } else if node.is_busy() {
+        // Jobs landed meanwhile (a node back in service by itself): DOWN would kill them.
+        cluster.drain_as_is(name, &kept.reason).await
     } else {
         let resumed = if node.is_down() {
             cluster.undrain(name, true).await
@@ -175,7 +220,7 @@ pub(super) async fn give_back(
     };
     if let Err(u) = done {
         pass.slurm_failed(u).await;
-        return;
+        return false;
     }
     let what = if kept.state == "DOWN" { "DOWN" } else { "drain" };
     pass.core()
@@ -189,6 +234,7 @@ pub(super) async fn give_back(
             ),
         )
         .await;
+    true
 }
 
 /// `pod-cordon=true` on `pod` again (its predecessor had it).
@@ -243,6 +289,8 @@ mod tests {
             "slurm-operator: Pod (slurm/slinky-1) was cordoned",
             "slurm-operator: NodeSet slinky is being deleted",
             "slurm-operator: Pod (slurm/slinky-1) is pending termination for scale-in",
+            // A maintenance window's drain, after the strategy changed away.
+            "slurm-operator: pod slinky-1 is replaced in the maintenance window of reservation SlurmOperatorMaint-slinky",
         ] {
             assert!(ours(reason, &p, &ns), "{reason}");
         }
@@ -276,6 +324,11 @@ mod tests {
         assert_eq!(
             kept(&node(&["DOWN", "NOT_RESPONDING"], "Not responding"), &p),
             None
+        );
+        assert_eq!(
+            kept(&node(&["DOWN", "NOT_RESPONDING"], "bad-gpu"), &p),
+            Some(("DOWN".into(), "bad-gpu".into())),
+            "an admin's DOWN on a node whose slurmd stopped answering"
         );
         assert_eq!(kept(&node(&["IDLE"], ""), &p), None);
         let cordon = "slurm-operator: Pod (slurm/slinky-1) was cordoned";
