@@ -13,18 +13,22 @@
 //!   annotation removed, that drain is undone. It is the pod owner's wish, so it is kept like
 //!   someone else's: carried to the replacement (whose pod gets the annotation again).
 //! * **Kept durably.** Someone else's DRAIN or DOWN (and a `pod-cordon` drain) is written into
-//!   the NodeSet's `status.keptDrains` (node → state and reason) while the node has it, before its
+//!   the NodeSet's `status.keptDrains` (node → state, reason, pod) while the node has it, before its
 //!   pod is deleted (a pod waits a pass for it), so a host restart or a new leader still has it.
 //!   A pod's pre-stop hook marks its node DOWN with the host's reason; once the replacement pod
 //!   is ready, the node gets back what it had: a DOWN is set again with its reason (the node
 //!   never leaves DOWN), a DRAIN is given back by a RESUME and a DRAIN sent together: Slurm's
 //!   RESUME of a DOWN node waits for the node's slurmd to answer a ping (`NOT_RESPONDING` until
 //!   then) before the node may take a job, so the DRAIN, milliseconds later, lands first.
-//! * A record is forgotten once its node is back in service (someone resumed it) or its reason
-//!   changed to one of ours that is not the pre-stop hook's. A `pod-cordon` record names the
-//!   pod (UID) whose annotation made it: a pod of another UID on that node is its replacement
-//!   and is annotated at once (the replacement may show up before its predecessor's pre-stop
-//!   hook ran), so the drain is neither undone nor forgotten meanwhile.
+//! * A record names the pod (UID) it was taken from. A pod of another UID on that node is its
+//!   replacement ([`succeed`]): a `pod-cordon` one is annotated at once; the drain is given back
+//!   once the replacement is ready and its predecessor gone (the replacement may show up before
+//!   the predecessor's pre-stop hook ran), also to a node back in service by itself
+//!   (`ReturnToService=2`, a give-back cut short; a busy one is drained, never set DOWN); then the
+//!   record names the replacement. Until then the drain is neither undone nor forgotten.
+//! * A record is forgotten once the node of the pod it names is back in service (someone resumed
+//!   it) or its reason changed to one of ours that is not the pre-stop hook's, and when the host
+//!   deletes the node (DaemonSet mode's defunct nodes).
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
