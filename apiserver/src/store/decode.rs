@@ -31,6 +31,7 @@ impl Inner {
             ("", "secrets") => secret_defaults(obj),
             ("rbac.authorization.k8s.io", _) => validation::rbac_defaults(rt, obj),
             ("apps", "controllerrevisions") => revision_defaults(obj),
+            ("apps", "statefulsets") => statefulset_defaults(obj),
             ("", "services") => {
                 let ip = self.next_ip;
                 self.next_ip += 1;
@@ -130,6 +131,40 @@ fn secret_defaults(obj: &mut Value) {
     }
 }
 
+/// A StatefulSet's spec defaults as kube-apiserver 1.28 sets them (`SetDefaults_StatefulSet`,
+/// with `StatefulSetAutoDeletePVC` on, its default since 1.27): one replica, `OrderedReady`, a
+/// rolling update from partition 0, ten revisions kept, claims retained. A writer that leaves
+/// them out changes nothing; one that sends them as defaulted changes nothing either (so a
+/// StatefulSet another manager made without them keeps its generation under our apply).
+fn statefulset_defaults(obj: &mut Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.entry("replicas").or_insert(1.into());
+    spec.entry("podManagementPolicy").or_insert("OrderedReady".into());
+    spec.entry("revisionHistoryLimit").or_insert(10.into());
+    let strategy = spec.entry("updateStrategy").or_insert_with(|| json!({}));
+    if let Some(strategy) = strategy.as_object_mut() {
+        // A `rollingUpdate` only when the type was left out too.
+        if strategy.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+            strategy.insert("type".into(), "RollingUpdate".into());
+            strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
+        }
+        if strategy.get("type").and_then(Value::as_str) == Some("RollingUpdate")
+            && let Some(rolling) = strategy.get_mut("rollingUpdate").and_then(Value::as_object_mut)
+        {
+            rolling.entry("partition").or_insert(0.into());
+        }
+    }
+    let retention = spec
+        .entry("persistentVolumeClaimRetentionPolicy")
+        .or_insert_with(|| json!({}));
+    if let Some(retention) = retention.as_object_mut() {
+        retention.entry("whenDeleted").or_insert("Retain".into());
+        retention.entry("whenScaled").or_insert("Retain".into());
+    }
+}
+
 /// Defaults of an update: what create defaults, and a Service keeps the cluster IP it has
 /// when the update leaves it out.
 pub(super) fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
@@ -138,6 +173,7 @@ pub(super) fn update_defaults(rt: &ResourceType, new: &mut Value, old: &Value) {
         ("", "secrets") => secret_defaults(new),
         ("rbac.authorization.k8s.io", _) => validation::rbac_defaults(rt, new),
         ("apps", "controllerrevisions") => revision_defaults(new),
+        ("apps", "statefulsets") => statefulset_defaults(new),
         ("", "services") => {
             let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) else {
                 return;
