@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
-use serde_json::Value;
+use serde_json::{Value, json};
 use slinky_tests::{example, render_json, run, test_plugin, wat};
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -162,7 +162,7 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         assert!(
             tol.iter()
                 .any(|t| t.key.as_deref() == Some("nodeset.slinky.slurm.net/worker")
-                    && t.operator.as_deref() == Some("Exists")
+                    && t.operator.as_deref() == Some("Equal")
                     && t.effect.as_deref() == Some("NoExecute"))
         );
         let anti = spec
@@ -174,13 +174,9 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
         assert_eq!(anti.len(), 1);
         assert_eq!(anti[0].topology_key, "kubernetes.io/hostname");
         assert_eq!(
-            anti[0]
-                .label_selector
-                .as_ref()
-                .and_then(|s| s.match_labels.clone())
-                .unwrap_or_default(),
-            labels(&[("app.kubernetes.io/name", "slurmd")]),
-            "anti-affinity against any slurmd pod"
+            serde_json::to_value(&anti[0].label_selector)?,
+            json!({"matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In", "values": ["slurmd"]}]}),
+            "anti-affinity against any slurmd pod, in Slinky's words"
         );
 
         // Volumes: slurm-etc (projected, 0600, slurm key only) and slurm-logfile.
@@ -222,7 +218,7 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
                 "slurm-controller.slurm:6817",
                 "--conf",
                 // The NodeSet's Slurm name (hostname prefix `slinky-`), as slurm.conf's NodeSet line.
-                "'Features=slinky,gpu,ib Topology='\"$SLINKY_TOPOLOGY\"' Weight=10'",
+                "'Features=gpu,ib,slinky Topology='\"$SLINKY_TOPOLOGY\"' Weight=10'",
             ]
         );
         let env: BTreeMap<String, Value> = c
@@ -271,9 +267,10 @@ fn example_cluster_renders_slinky_shaped_service_and_pods() -> Result<()> {
             .and_then(|l| l.pre_stop.as_ref())
             .and_then(|p| p.exec.as_ref());
         let stop = stop.and_then(|e| e.command.clone()).unwrap_or_default().join(" ");
-        assert!(
-            stop.contains(&format!("scontrol update nodename={hostname} state=down")),
-            "{stop}"
+        assert_eq!(
+            stop,
+            "/usr/bin/sh -c scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating';",
+            "Slinky's command, word for word: the pod's node is its hostname ({hostname})"
         );
         assert!(stop.contains("slurm-operator: Pod is terminating"));
         let mounts: Vec<(String, bool)> = c
@@ -396,8 +393,8 @@ fn edge_cases_behave_as_a_user_expects() -> Result<()> {
         ["-Z", "--conf-server", "slurm-controller.slurm:6817", "--conf"]
     );
     assert_eq!(
-        args[4], "'Features=padded Topology='\"$SLINKY_TOPOLOGY\"' Weight=5'",
-        "the unparsable extraConf item is skipped, the valid one kept"
+        args[4], "'Features=padded Topology='\"$SLINKY_TOPOLOGY\"''",
+        "with an unparsable extraConf item none of extraConf is passed, as Slinky does"
     );
     assert!(!args[4].contains("NotAKeyValue"));
     Ok(())
@@ -601,18 +598,19 @@ fn one_shot_commands_fill_the_plugin_cache() -> Result<()> {
 
 /// The first `Features=` item of a slurmd pod's `--conf` argument: the feature its node registers
 /// with, which slurm.conf's `NodeSet=<n> Feature=<n>` line selects on.
-fn registered_feature(pod: &Value) -> Option<String> {
+/// The features a pod's slurmd registers with (`--conf`'s `Features=`).
+fn registered_features(pod: &Value) -> Option<Vec<String>> {
     let args = pod["spec"]["containers"][0]["args"].as_array()?;
     let conf = args.iter().skip_while(|a| *a != "--conf").nth(1)?.as_str()?;
     let features = conf
         .trim_matches('\'')
         .split_whitespace()
         .find_map(|i| i.strip_prefix("Features="))?;
-    features.split(',').next().map(str::to_string)
+    Some(features.split(',').map(str::to_string).collect())
 }
 
-/// Every pod's node joins its NodeSet in the slurm.conf built from the same objects: the pod's
-/// first feature is the `Feature=` of a `NodeSet=` line, and that NodeSet's partition lists it.
+/// Every pod's node joins its NodeSet in the slurm.conf built from the same objects: one of the
+/// pod's features is the `Feature=` of a `NodeSet=` line, and that NodeSet's partition lists it.
 /// Shape-by-shape parity never caught that the two disagreed for NodeSets with a hostname prefix
 /// (every example): nodes joined no NodeSet and the partitions had no nodes.
 #[test]
@@ -658,11 +656,11 @@ fn every_pod_registers_the_feature_its_nodeset_line_selects() -> Result<()> {
         ensure!(!pods.is_empty(), "{files:?} rendered no pods");
         for pod in pods {
             let name = pod["metadata"]["name"].as_str().unwrap_or_default();
-            let feature =
-                registered_feature(pod).with_context(|| format!("{name}: no Features= in --conf"))?;
-            let Some(nodeset) = features_of_nodesets.get(&feature) else {
+            let features =
+                registered_features(pod).with_context(|| format!("{name}: no Features= in --conf"))?;
+            let Some(nodeset) = features.iter().find_map(|f| features_of_nodesets.get(f)) else {
                 bail!(
-                    "{files:?}: pod {name} registers Features={feature}, but slurm.conf's NodeSet lines \
+                    "{files:?}: pod {name} registers Features={features:?}, but slurm.conf's NodeSet lines \
                      select {:?}: its node would join no NodeSet",
                     features_of_nodesets.keys().collect::<Vec<_>>()
                 );

@@ -141,15 +141,19 @@ async fn expected(c: &TestCluster, ns: &str, controller: &str) -> Result<Expecte
             .nth(1)
             .cloned()
             .unwrap_or_default();
-        let feature = conf_arg
+        // The node's features, sorted as Slinky sorts them: the one a NodeSet line selects.
+        let features: Vec<String> = conf_arg
             .split("Features=")
             .nth(1)
-            .and_then(|r| r.split([',', ' ', '\'']).next())
+            .and_then(|r| r.split([' ', '\'']).next())
             .with_context(|| format!("{}: no Features= in --conf {conf_arg:?}", p.name_any()))?
-            .to_string();
-        let nodeset = nodeset_of_feature
-            .get(&feature)
-            .with_context(|| format!("{}: no NodeSet line has Feature={feature}:\n{conf}", p.name_any()))?;
+            .split(',')
+            .map(String::from)
+            .collect();
+        let (feature, nodeset) = features
+            .iter()
+            .find_map(|f| nodeset_of_feature.get(f).map(|n| (f.clone(), n)))
+            .with_context(|| format!("{}: no NodeSet line has a Feature of {features:?}:\n{conf}", p.name_any()))?;
         let partition = partition_of_nodeset
             .get(nodeset)
             .with_context(|| format!("no partition of NodeSet {nodeset}:\n{conf}"))?;

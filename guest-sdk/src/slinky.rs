@@ -50,9 +50,10 @@ pub const SLURMD_PORT: i32 = 6818;
 pub const SSH_PORT: i32 = 22;
 /// Where Slurm logs go inside pods.
 pub const LOG_DIR: &str = "/var/log/slurm";
-/// The logfile sidecar's script: tail the daemon's log file into the sidecar's stdout.
-pub const LOGFILE_SCRIPT: &str = "set -eu\nmkdir -p \"$(dirname \"$SOCKET\")\"\n\
-    [ -e \"$SOCKET\" ] || touch \"$SOCKET\"\nexec tail -F \"$SOCKET\"\n";
+/// The logfile sidecar's script, Slinky's `logfile.sh` verbatim (its text is in every pod
+/// template: another text would restart an adopted slurmctld and replace adopted workers): a
+/// FIFO at `$SOCKET` the daemon logs into, copied to the sidecar's stdout.
+pub const LOGFILE_SCRIPT: &str = include_str!("slinky/scripts/logfile.sh");
 
 /// The annotation `kubectl apply` keeps the last applied object in: never copied to children.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

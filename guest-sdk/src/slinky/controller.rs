@@ -27,22 +27,11 @@ pub const STATESAVE_VOLUME: &str = "statesave";
 /// Where slurmctld's auth socket lives (shared with the reconfigure sidecar).
 pub const AUTH_SOCKET_DIR: &str = "/run/slurmctld";
 
-/// The reconfigure sidecar's script (in-place reconfigure): every few seconds, hash the files of
-/// `/etc/slurm` (skipping the kubelet's `..data` directories) and run `scontrol reconfigure`
-/// (until it succeeds) when the hash changed.
-pub const RECONFIGURE_SCRIPT: &str = r#"set -euo pipefail
-dir=/etc/slurm
-checksum() { find "$dir" -path '*/..*' -prune -o \( -type f -o -type l \) -exec sha256sum {} + | sort -k2 | sha256sum; }
-seen="$(checksum)"
-echo "watching $dir for configuration changes"
-while sleep 5; do
-  now="$(checksum)"
-  [ "$now" = "$seen" ] && continue
-  echo "$(date -Is) configuration changed: scontrol reconfigure"
-  until scontrol reconfigure; do echo "$(date -Is) scontrol reconfigure failed; retrying"; sleep 2; done
-  seen="$now"
-done
-"#;
+/// The reconfigure sidecar's script (in-place reconfigure), Slinky's `reconfigure.sh` verbatim
+/// (its text is in the pod template: another text would restart an adopted slurmctld): every
+/// few seconds, hash the files of `/etc/slurm` (skipping the kubelet's `..data` directories) and
+/// run `scontrol reconfigure` (until it succeeds) when the hash changed.
+pub const RECONFIGURE_SCRIPT: &str = include_str!("scripts/reconfigure.sh");
 
 /// Slinky's `CheckSumFromMap`, for the `*-hash` annotations of Secrets and ConfigMaps.
 pub use slinky_api::hash::checksum_of_map;

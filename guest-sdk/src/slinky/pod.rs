@@ -5,18 +5,20 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::{
     api::core::v1::{
-        Affinity, Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+        Affinity, Capabilities, ConfigMapProjection, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
         ExecAction, KeyToPath, Lifecycle, LifecycleHandler, ObjectFieldSelector, Pod, PodAffinityTerm,
-        PodAntiAffinity, PodDNSConfig, PodSpec, ProjectedVolumeSource, ResourceRequirements,
-        SecretKeySelector, SecretProjection, SecretVolumeSource, SecurityContext, Toleration, Volume,
-        VolumeProjection,
+        PodAntiAffinity, PodDNSConfig, PodSpec, ProjectedVolumeSource, SecretKeySelector, SecretProjection,
+        SecurityContext, Toleration, Volume, VolumeMount, VolumeProjection,
     },
-    apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta},
+    apimachinery::{
+        pkg::api::resource::Quantity,
+        pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta},
+    },
 };
 use slinky_api::{Controller, NodeSet, Ssh, keys};
 
 use super::{
-    LOG_DIR, SLURMD_PORT, SSH_PORT, conf_server, inherited_annotations, logfile_sidecar, mount, name_of,
+    LOG_DIR, SLURMD_PORT, SSH_PORT, conf, conf_server, inherited_annotations, logfile_sidecar, mount, name_of,
     plain_env, require_images,
 };
 use crate::{
@@ -25,53 +27,88 @@ use crate::{
     merge,
 };
 
-/// Parse `extraConf` (`Key=Value` items separated by white space). Items that are not
-/// `Key=Value` with a non-empty alphanumeric key are skipped.
-pub fn parse_extra_conf(extra: &str) -> BTreeMap<String, String> {
-    extra
-        .split_whitespace()
-        .filter_map(|item| item.split_once('='))
-        .filter(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// Parse `extraConf` as Slinky's `ParseExtraConf` does: white-space separated `Key=Value` items,
+/// each key title-cased (`weight` and `WEIGHT` are `Weight`, `RealMemory` is `Realmemory`: Slurm
+/// reads keys in any case), each value split on `,`, a repeated key's values gathered in order.
+/// `None` when an item is not `Key=Value`: Slinky then passes none of `extraConf` to slurmd (its
+/// webhook, when installed, refuses such a NodeSet).
+pub fn parse_extra_conf(extra: &str) -> Option<BTreeMap<String, Vec<String>>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in extra.split_whitespace() {
+        let (key, value) = item.split_once('=')?;
+        out.entry(title_case(key))
+            .or_default()
+            .extend(value.split(',').map(String::from));
+    }
+    Some(out)
 }
 
-/// slurmd's `--conf` value: sorted `Key=Value` items, always with `Features=<nodeset>[,extra]` and
-/// `nodeset` the NodeSet's Slurm name ([`NodeSet::slurm_name`], the feature slurm.conf's
-/// `NodeSet=` line selects on), and
-/// `Topology='"$SLINKY_TOPOLOGY"'`, wrapped in single quotes for the image's shell entrypoint.
+/// `cases.Title(language.English)` for the keys of `extraConf`: the first letter of each word
+/// upper case, the rest lower case; letters, digits, `_`, `.` and `'` keep a word going.
+fn title_case(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    let mut in_word = false;
+    for c in key.chars() {
+        if c.is_alphanumeric() {
+            if in_word {
+                out.extend(c.to_lowercase());
+            } else {
+                out.extend(c.to_uppercase());
+            }
+            in_word = true;
+        } else {
+            out.push(c);
+            in_word = matches!(c, '_' | '.' | '\'') && in_word;
+        }
+    }
+    out
+}
+
+/// slurmd's `--conf` value, as Slinky's `slurmdConfArgs` makes it: `Features=` the sorted,
+/// de-duplicated `nodeset` (the NodeSet's Slurm name, [`NodeSet::slurm_name`], the feature
+/// slurm.conf's `NodeSet=` line selects on) and every `Feature`/`Features` of `extraConf`;
+/// `Topology='"$SLINKY_TOPOLOGY"'` unless `extraConf` sets one; the other `extraConf` keys; the
+/// `Key=Value` items sorted and wrapped in single quotes for the image's shell entrypoint.
 pub fn slurmd_conf(nodeset: &str, extra_conf: Option<&str>) -> String {
-    let mut conf = parse_extra_conf(extra_conf.unwrap_or_default());
-    let features = match conf.get("Features").filter(|f| !f.is_empty()) {
-        Some(extra) => format!("{nodeset},{extra}"),
-        None => nodeset.to_string(),
-    };
-    conf.insert("Features".into(), features);
-    conf.insert("Topology".into(), "'\"$SLINKY_TOPOLOGY\"'".into());
-    let items: Vec<String> = conf.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let parsed = parse_extra_conf(extra_conf.unwrap_or_default()).unwrap_or_default();
+    let mut features: Vec<String> = std::iter::once(nodeset.to_string())
+        .chain(["Feature", "Features"].iter().flat_map(|k| parsed.get(*k).cloned().unwrap_or_default()))
+        .map(|f| f.trim().to_string())
+        .filter(|f| !f.is_empty())
+        .collect();
+    features.sort_unstable();
+    features.dedup();
+    let mut conf = BTreeMap::from([
+        ("Features".to_string(), features.join(",")),
+        ("Topology".to_string(), "'\"$SLINKY_TOPOLOGY\"'".to_string()),
+    ]);
+    for (key, values) in parsed {
+        if key != "Feature" && key != "Features" {
+            conf.insert(key, values.join(","));
+        }
+    }
+    let mut items: Vec<String> = conf.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    items.sort_unstable();
     format!("'{}'", items.join(" "))
 }
 
-/// `POD_CPUS` and `POD_MEMORY` (MiB) from the container's limits, else the pod-level limits.
-fn resource_env(container: &Container, pod: &PodSpec) -> Vec<EnvVar> {
-    let limit = |res: Option<&ResourceRequirements>, key: &str| {
-        res.and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get(key))
-            .and_then(helpers::quantity_value)
+/// `POD_CPUS` and `POD_MEMORY` (MiB), as Slinky sets them: the limits of `spec.slurmd` where
+/// non-zero, else the template's pod-level limits, else 0; CPUs rounded up, memory down.
+fn resource_env(slurmd: &serde_json::Value, pod: &serde_json::Value) -> [EnvVar; 2] {
+    let limit = |v: &serde_json::Value, key: &str| {
+        v.pointer(&format!("/resources/limits/{key}"))
+            .and_then(serde_json::Value::as_str)
+            .and_then(|q| helpers::quantity_value(&Quantity(q.to_string())))
+            .unwrap_or(0.0)
     };
-    let get =
-        |key: &str| limit(container.resources.as_ref(), key).or_else(|| limit(pod.resources.as_ref(), key));
-    let mut env = Vec::new();
-    if let Some(cpus) = get("cpu") {
-        env.push(plain_env("POD_CPUS", format!("{}", cpus.ceil() as i64)));
-    }
-    if let Some(bytes) = get("memory") {
-        env.push(plain_env(
+    let get = |key: &str| Some(limit(slurmd, key)).filter(|v| *v != 0.0).unwrap_or_else(|| limit(pod, key));
+    [
+        plain_env("POD_CPUS", format!("{}", get("cpu").ceil() as i64)),
+        plain_env(
             "POD_MEMORY",
-            format!("{}", (bytes / 1048576.0).floor() as i64),
-        ));
-    }
-    env
+            format!("{}", (get("memory").ceil() / 1048576.0).floor() as i64),
+        ),
+    ]
 }
 
 /// Slinky's StatefulSet-mode NodeSet pod, for `identity`.
@@ -100,7 +137,7 @@ pub fn build_nodeset_pod(
     ]);
     let annotations = pod_annotations(nodeset, ssh);
 
-    let slurmd = slurmd_container(nodeset, controller, identity, ssh.is_some())?;
+    let slurmd = slurmd_container(nodeset, controller, ssh.is_some())?;
     let volumes = pod_volumes(slurm_key, ssh, &ns_name);
     let base_spec = base_pod_spec(ctx, nodeset, &namespace, slurmd, volumes)?;
     let pod_spec = finish_pod_spec(nodeset, &base_spec, identity)?;
@@ -133,9 +170,13 @@ fn slurm_key_ref(controller: &Controller) -> Result<&SecretKeySelector, BuildErr
 }
 
 /// The pod's annotations: the NodeSet's (but kubectl's bookkeeping), the template's, the hashes
-/// of the sshd and sssd configuration, and slurmd as the default container.
+/// of the sshd configuration (the `sshd_config` the NodeSet's ConfigMap holds) and of the sssd
+/// one (its reference: the builder does not see the Secret), and slurmd as the default container.
 fn pod_annotations(nodeset: &NodeSet, ssh: Option<&Ssh>) -> Labels {
-    let sshd_conf = ssh.and_then(|s| s.extra_sshd_config.clone()).unwrap_or_default();
+    // Slinky hashes the `sshd_config` of the NodeSet's ConfigMap, which exists with SSH on.
+    let sshd_conf = ssh
+        .map(|s| conf::sshd_config(s.extra_sshd_config.as_deref().unwrap_or_default()))
+        .unwrap_or_default();
     let sssd_ref = ssh
         .and_then(|s| s.sssd_conf_ref.as_ref())
         .map(|r| format!("{}/{}", r.name, r.key))
@@ -159,12 +200,7 @@ fn pod_annotations(nodeset: &NodeSet, ssh: Option<&Ssh>) -> Labels {
 
 /// The slurmd container: Slinky's base merged with the user's `spec.slurmd`, whose `args` are
 /// appended to the operator's rather than replacing them.
-fn slurmd_container(
-    nodeset: &NodeSet,
-    controller: &Controller,
-    identity: &PodIdentity,
-    ssh: bool,
-) -> Result<Container, BuildError> {
+fn slurmd_container(nodeset: &NodeSet, controller: &Controller, ssh: bool) -> Result<Container, BuildError> {
     let spec = &nodeset.spec;
     let user_args = spec.slurmd.0.get("args").cloned();
     let args = vec![
@@ -176,7 +212,8 @@ fn slurmd_container(
         // `GetSlurmNodeSetName`): with a template hostname prefix it is not the object's name.
         slurmd_conf(&nodeset.slurm_name(), spec.extra_conf.as_deref()),
     ];
-    let base = slurmd_base(args, &identity.hostname, ssh);
+    let resources = resource_env(&spec.slurmd.0, &spec.template.spec.0);
+    let base = slurmd_base(args, resources, ssh);
     let mut slurmd_user = spec.slurmd.0.clone();
     if let Some(obj) = slurmd_user.as_object_mut() {
         obj.remove("args");
@@ -191,9 +228,9 @@ fn slurmd_container(
     Ok(slurmd)
 }
 
-/// Slinky's slurmd container before the user's: `args`, the topology from the pod annotation,
-/// the ports, probes, privileges, the drain on stop, and the mounts (the SSH ones with `ssh`).
-fn slurmd_base(args: Vec<String>, hostname: &str, ssh: bool) -> Container {
+/// Slinky's slurmd container before the user's: `args`, the topology from the pod annotation and
+/// the `resources` (`POD_CPUS`, `POD_MEMORY`), the ports, probes, privileges, the drain on stop, and the mounts (the SSH ones with `ssh`).
+fn slurmd_base(args: Vec<String>, resources: [EnvVar; 2], ssh: bool) -> Container {
     let mut ports = vec![helpers::container_port("slurmd", SLURMD_PORT)];
     let mut mounts = vec![
         mount("slurm-etc", "/etc/slurm", true),
@@ -201,29 +238,30 @@ fn slurmd_base(args: Vec<String>, hostname: &str, ssh: bool) -> Container {
     ];
     if ssh {
         ports.push(helpers::container_port("ssh", SSH_PORT));
-        mounts.push(mount("ssh-config", "/etc/ssh/sshd_config.d", true));
-        mounts.push(mount("sssd-conf", "/etc/sssd", true));
+        mounts.push(sub_path_mount("ssh-config", "/etc/ssh/sshd_config", conf::SSHD_CONFIG));
+        mounts.push(sub_path_mount("sssd-conf", "/etc/sssd/sssd.conf", "sssd.conf"));
     }
-    Container {
-        name: "slurmd".into(),
-        args: Some(args),
-        env: Some(vec![EnvVar {
-            name: "SLINKY_TOPOLOGY".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: format!("metadata.annotations['{}']", keys::ANNOTATION_TOPOLOGY),
-                    ..Default::default()
-                }),
+    let topology = EnvVar {
+        name: "SLINKY_TOPOLOGY".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: format!("metadata.annotations['{}']", keys::ANNOTATION_TOPOLOGY),
                 ..Default::default()
             }),
             ..Default::default()
-        }]),
+        }),
+        ..Default::default()
+    };
+    Container {
+        name: "slurmd".into(),
+        args: Some(args),
+        env: Some(std::iter::once(topology).chain(resources).collect()),
         ports: Some(ports),
         startup_probe: Some(helpers::http_probe("/livez", "slurmd", Some(6), Some(10))),
         liveness_probe: Some(helpers::http_probe("/livez", "slurmd", Some(6), Some(10))),
         readiness_probe: Some(helpers::http_probe("/readyz", "slurmd", None, None)),
         security_context: Some(slurmd_security_context()),
-        lifecycle: Some(drain_on_stop(hostname)),
+        lifecycle: Some(drain_on_stop()),
         volume_mounts: Some(mounts),
         ..Default::default()
     }
@@ -245,17 +283,25 @@ fn slurmd_security_context() -> SecurityContext {
     }
 }
 
-/// A pre-stop hook that sets the Slurm node `hostname` down before the pod terminates.
-fn drain_on_stop(hostname: &str) -> Lifecycle {
+/// A read-only mount of one file of a volume.
+fn sub_path_mount(volume: &str, path: &str, sub_path: &str) -> VolumeMount {
+    VolumeMount {
+        sub_path: Some(sub_path.into()),
+        ..mount(volume, path, true)
+    }
+}
+
+/// A pre-stop hook that sets the pod's Slurm node (its hostname) down before the pod
+/// terminates: Slinky's command, word for word (its text is part of the pod).
+fn drain_on_stop() -> Lifecycle {
     Lifecycle {
         pre_stop: Some(LifecycleHandler {
             exec: Some(ExecAction {
                 command: Some(vec![
                     "/usr/bin/sh".into(),
                     "-c".into(),
-                    format!(
-                        "scontrol update nodename={hostname} state=down reason=\"slurm-operator: Pod is terminating\""
-                    ),
+                    "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating';"
+                        .into(),
                 ]),
             }),
             ..Default::default()
@@ -298,22 +344,43 @@ fn pod_volumes(slurm_key: &SecretKeySelector, ssh: Option<&Ssh>, ns_name: &str) 
         },
     ];
     if let Some(ssh) = ssh {
+        let projected = |source: VolumeProjection| ProjectedVolumeSource {
+            default_mode: Some(0o600),
+            sources: Some(vec![source]),
+            ..Default::default()
+        };
+        let item = |key: &str, path: &str| {
+            Some(vec![KeyToPath {
+                key: key.into(),
+                path: path.into(),
+                mode: Some(0o600),
+                ..Default::default()
+            }])
+        };
         volumes.push(Volume {
             name: "ssh-config".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: format!("{ns_name}-ssh-config"),
+            projected: Some(projected(VolumeProjection {
+                config_map: Some(ConfigMapProjection {
+                    name: format!("{ns_name}-ssh-config"),
+                    items: item(conf::SSHD_CONFIG, conf::SSHD_CONFIG),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         });
+        // Slinky mounts it with no `sssdConfRef` too, and the pod is then refused.
         if let Some(sssd) = &ssh.sssd_conf_ref {
             volumes.push(Volume {
                 name: "sssd-conf".into(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(sssd.name.clone()),
-                    default_mode: Some(0o600),
+                projected: Some(projected(VolumeProjection {
+                    secret: Some(SecretProjection {
+                        name: sssd.name.clone(),
+                        items: item(&sssd.key, "sssd.conf"),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             });
         }
@@ -345,7 +412,7 @@ fn base_pod_spec(
         }),
         tolerations: Some(vec![Toleration {
             key: Some(keys::TAINT_WORKER.into()),
-            operator: Some("Exists".into()),
+            operator: Some("Equal".into()),
             effect: Some("NoExecute".into()),
             ..Default::default()
         }]),
@@ -358,8 +425,8 @@ fn base_pod_spec(
     })
 }
 
-/// The template merged over `base`, checked for images, with slurmd's resource environment, the
-/// one-slurmd-per-node anti-affinity (unless `oversubscribeNode`) and the identity's hostname.
+/// The template merged over `base`, checked for images, with the one-slurmd-per-node
+/// anti-affinity (unless `oversubscribeNode`) and the identity's hostname.
 fn finish_pod_spec(nodeset: &NodeSet, base: &PodSpec, identity: &PodIdentity) -> Result<PodSpec, BuildError> {
     let spec = &nodeset.spec;
     let mut pod_spec = merge::merge_pod_spec(base, &spec.template.spec.0)
@@ -369,9 +436,6 @@ fn finish_pod_spec(nodeset: &NodeSet, base: &PodSpec, identity: &PodIdentity) ->
         "logfile" => "spec.logfile.image".to_string(),
         other => format!("spec.template.spec.containers[name={other}].image"),
     })?;
-    let env = resource_env(&pod_spec.containers[0], &pod_spec);
-    pod_spec.containers[0].env.get_or_insert_default().extend(env);
-
     if !spec.oversubscribe_node {
         let affinity = pod_spec.affinity.get_or_insert_with(Affinity::default);
         let anti = affinity
@@ -391,10 +455,11 @@ fn one_slurmd_per_node() -> PodAffinityTerm {
     PodAffinityTerm {
         topology_key: "kubernetes.io/hostname".into(),
         label_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(
-                keys::LABEL_NAME.into(),
-                helpers::WORKER.name.into(),
-            )])),
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: keys::LABEL_NAME.into(),
+                operator: "In".into(),
+                values: Some(vec![helpers::WORKER.name.into()]),
+            }]),
             ..Default::default()
         }),
         ..Default::default()
@@ -404,8 +469,14 @@ fn one_slurmd_per_node() -> PodAffinityTerm {
 /// The labels naming the pod's ordinal (StatefulSet mode only: a DaemonSet-mode pod is its
 /// node's, as in Slinky), name, hostname, scaling mode and revision.
 fn identity_labels(nodeset: &NodeSet, identity: &PodIdentity) -> Vec<(String, String)> {
-    let index =
-        (!nodeset.is_daemon()).then(|| (keys::LABEL_POD_INDEX.to_string(), identity.ordinal.to_string()));
+    // Zero-padded to `ordinalPadding`, as the pod's name.
+    let index = (!nodeset.is_daemon()).then(|| {
+        let width = nodeset.ordinal_padding();
+        (
+            keys::LABEL_POD_INDEX.to_string(),
+            format!("{:0width$}", identity.ordinal),
+        )
+    });
     index
         .into_iter()
         .chain([
@@ -418,4 +489,37 @@ fn identity_labels(nodeset: &NodeSet, identity: &PodIdentity) -> Vec<(String, St
             (keys::LABEL_REVISION_HASH.to_string(), identity.revision.clone()),
         ])
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOPOLOGY: &str = "Topology='\"$SLINKY_TOPOLOGY\"'";
+
+    #[test]
+    fn slurmd_conf_is_slinkys() {
+        assert_eq!(
+            slurmd_conf("slinky", Some("Features=gpu,ib Weight=10")),
+            format!("'Features=gpu,ib,slinky {TOPOLOGY} Weight=10'"),
+            "features sorted with the NodeSet's"
+        );
+        assert_eq!(
+            slurmd_conf("w", Some(" weight=5  feature=b,w Features=a,,b realMemory=100 WEIGHT=6 ")),
+            format!("'Features=a,b,w Realmemory=100 {TOPOLOGY} Weight=5,6'"),
+            "keys title-cased, Feature and Features gathered, repeated keys joined"
+        );
+        assert_eq!(
+            slurmd_conf("w", Some("Weight=5 NotAKeyValue")),
+            format!("'Features=w {TOPOLOGY}'"),
+            "an item that is not Key=Value: none of extraConf"
+        );
+        assert_eq!(
+            slurmd_conf("w", Some("topology=x Port2=1 Port=2")),
+            "'Features=w Port2=1 Port=2 Topology=x'",
+            "the user's Topology wins; whole items sorted"
+        );
+        assert_eq!(title_case("gres-x"), "Gres-X");
+        assert_eq!(title_case("cpu_spec_list"), "Cpu_spec_list");
+    }
 }
