@@ -39,6 +39,44 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
+/// Container fields whose `false` is the API's own default: what a user's `false` there means
+/// when the base sets nothing.
+const CONTAINER_DEFAULT_FALSE: [&str; 6] = [
+    "/securityContext/privileged",
+    "/securityContext/readOnlyRootFilesystem",
+    "/securityContext/runAsNonRoot",
+    "/stdin",
+    "/stdinOnce",
+    "/tty",
+];
+/// The same for a pod spec.
+const POD_DEFAULT_FALSE: [&str; 5] = [
+    "/hostNetwork",
+    "/hostPID",
+    "/hostIPC",
+    "/shareProcessNamespace",
+    "/setHostnameAsFQDN",
+];
+
+/// Drop from `user` each `false` at `paths` that `base` does not set: it is the API's default
+/// and changes nothing, so leave it out as Slinky does (its merge drops every `false` and `0` a
+/// user writes; here only those that mean the default, so a `false` that overrides the base, or
+/// whose default is `true`, such as `allowPrivilegeEscalation`, still applies). A template that
+/// said `privileged: false` then equals the one Slinky made from it.
+fn drop_default_falses(user: &mut Value, base: &Value, paths: &[&str]) {
+    for path in paths {
+        if user.pointer(path) != Some(&Value::Bool(false)) || base.pointer(path).is_some() {
+            continue;
+        }
+        if let Some((parent, key)) = path.rsplit_once('/')
+            && let Some(Value::Object(m)) = user.pointer_mut(parent)
+        {
+            m.remove(key);
+        }
+    }
+    prune_empty(user);
+}
+
 /// Strategic-merge `patch` into `base` (both JSON), with list merge keys from [`patch_merge_key`].
 pub fn strategic_merge(base: &mut Value, patch: &Value, ctx: ListContext) {
     match (base, patch) {
@@ -96,6 +134,7 @@ pub fn merge_container(base: &Container, user: &Value) -> Result<Container, Buil
     let mut merged = to_value("container", base)?;
     let mut user = user.clone();
     prune_empty(&mut user);
+    drop_default_falses(&mut user, &merged, &CONTAINER_DEFAULT_FALSE);
     let Value::Object(user_map) = &mut user else {
         return if user.is_null() {
             Ok(base.clone())
@@ -133,6 +172,7 @@ pub fn merge_pod_spec(base: &PodSpec, user: &Value) -> Result<PodSpec, BuildErro
     let mut merged = to_value("pod spec", base)?;
     let mut user = user.clone();
     prune_empty(&mut user);
+    drop_default_falses(&mut user, &merged, &POD_DEFAULT_FALSE);
     if let Value::Object(user_map) = &mut user {
         for list in ["containers", "initContainers"] {
             if let Some(Value::Array(extra)) = user_map.remove(list)
@@ -200,6 +240,33 @@ mod tests {
         );
         assert!(probe.tcp_socket.is_some());
         assert_eq!(probe.failure_threshold, Some(6), "thresholds stay");
+        Ok(())
+    }
+
+    #[test]
+    fn a_false_that_means_the_default_is_left_out_and_one_that_overrides_stays() -> Result<(), BuildError> {
+        let bare = Container {
+            name: "login".into(),
+            ..Default::default()
+        };
+        let user = json!({"image": "img", "securityContext": {"privileged": false}});
+        let merged = merge_container(&bare, &user)?;
+        assert_eq!(merged.security_context, None, "privileged: false over nothing is nothing");
+        let user = json!({"securityContext": {"privileged": false, "allowPrivilegeEscalation": false}});
+        let merged = merge_container(&bare, &user)?;
+        assert_eq!(
+            to_value("sc", &merged.security_context)?,
+            json!({"allowPrivilegeEscalation": false}),
+            "a false whose default is true stays"
+        );
+        let privileged: Container = serde_json::from_value(json!({"name": "slurmd", "securityContext": {"privileged": true}}))
+            .map_err(|e| BuildError::Internal(e.to_string()))?;
+        let merged = merge_container(&privileged, &json!({"securityContext": {"privileged": false}}))?;
+        assert_eq!(
+            merged.security_context.and_then(|s| s.privileged),
+            Some(false),
+            "a false over the base's true applies"
+        );
         Ok(())
     }
 
