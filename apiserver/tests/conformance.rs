@@ -192,6 +192,54 @@ async fn generation_and_the_status_spec_split() -> Result<()> {
     Ok(())
 }
 
+/// A StatefulSet gets its spec defaults (so a writer that leaves them out and one that sends them
+/// agree), and its generation moves with its spec only; a Deployment's moves with its
+/// annotations too (kube-apiserver's `PrepareForUpdate`: the Deployment controller copies them
+/// to its ReplicaSets). The host's adoption of a cluster another operator made depends on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_defaults_and_what_moves_their_generation() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("workloads").await;
+    let template = json!({"metadata": {"labels": {"app": "x"}},
+                          "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+    let sets = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.client.clone(), &ns);
+    let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "s"},
+        "spec": {"selector": {"matchLabels": {"app": "x"}}, "serviceName": "s", "template": template}
+    }))?;
+    let set = serde_json::to_value(sets.create(&PostParams::default(), &set).await?)?;
+    assert_eq!(set["spec"]["replicas"], 1);
+    assert_eq!(set["spec"]["podManagementPolicy"], "OrderedReady");
+    assert_eq!(set["spec"]["revisionHistoryLimit"], 10);
+    assert_eq!(
+        set["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    );
+    assert_eq!(
+        set["spec"]["persistentVolumeClaimRetentionPolicy"],
+        json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+    );
+    let annotate = Patch::Merge(json!({"metadata": {"annotations": {"a": "b"}}}));
+    let set = sets.patch("s", &PatchParams::default(), &annotate).await?;
+    assert_eq!(set.metadata.generation, Some(1), "a StatefulSet's annotations are no spec");
+    let retain = Patch::Merge(json!({"spec": {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain"}}}));
+    let set = sets.patch("s", &PatchParams::default(), &retain).await?;
+    assert_eq!(set.metadata.generation, Some(1), "a default sent as it is changes nothing");
+
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.client.clone(), &ns);
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "d"},
+        "spec": {"selector": {"matchLabels": {"app": "x"}}, "template": template}
+    }))?;
+    deployments.create(&PostParams::default(), &deployment).await?;
+    let d = deployments.patch("d", &PatchParams::default(), &annotate).await?;
+    assert_eq!(d.metadata.generation, Some(2), "a Deployment's annotations count");
+    let label = Patch::Merge(json!({"metadata": {"labels": {"l": "m"}}}));
+    let d = deployments.patch("d", &PatchParams::default(), &label).await?;
+    assert_eq!(d.metadata.generation, Some(2), "its labels do not");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<()> {
     let c = TestCluster::start().await;

@@ -198,7 +198,14 @@ impl Inner {
         if let Some(schema) = &rt.schema {
             schema::default_and_validate(&rt, &name, schema, &mut new, Some(current))?;
         }
-        if spec_part(&new) != spec_part(current) && current.pointer("/metadata/generation").is_some() {
+        // A Deployment's annotations count too: kube-apiserver bumps its generation for them,
+        // since the Deployment controller copies them to its ReplicaSets (no pod restarts).
+        let annotations_count = rt.group == "apps" && rt.plural == "deployments";
+        let annotations_changed = annotations_count
+            && new.pointer("/metadata/annotations") != current.pointer("/metadata/annotations");
+        if (spec_part(&new) != spec_part(current) || annotations_changed)
+            && current.pointer("/metadata/generation").is_some()
+        {
             let g = current
                 .pointer("/metadata/generation")
                 .and_then(Value::as_i64)
