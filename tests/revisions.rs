@@ -18,7 +18,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 use slinky_api::NodeSet;
@@ -507,6 +507,223 @@ async fn upgrading_from_a_host_before_output_revisions_restarts_nothing() -> Res
         "the old template's provenance is kept"
     );
     assert_eq!(pod_uids(&c, &ns).await?, before, "no pod was replaced");
+    host.stop().await;
+    Ok(())
+}
+
+/// What Slinky's operator made for the example cluster, derived from its source: see the files.
+const SLINKY_MADE: [&str; 2] = [
+    include_str!("slinky-made/example-cluster.yaml"),
+    include_str!("slinky-made/login-accounting.yaml"),
+];
+
+/// The ssh host keys Slinky generated at random, as fixed bytes (the host never reads them).
+const SSH_HOST_KEYS: [(&str, &str); 6] = [
+    ("ECDSA", "ecdsa key\n"),
+    ("ECDSA_PUB", "ecdsa-sha2-nistp256 AAAA\n"),
+    ("ED25519", "ed25519 key\n"),
+    ("ED25519_PUB", "ssh-ed25519 AAAA\n"),
+    ("RSA", "rsa key\n"),
+    ("RSA_PUB", "ssh-rsa AAAA\n"),
+];
+
+/// Slinky's `CheckSumFromMap`: sha256 (hex) of the values in key order.
+fn checksum<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let bytes: Vec<u8> = values.into_iter().flatten().copied().collect();
+    slinky_guest_sdk::helpers::sha256_hex(&bytes)
+}
+
+/// The UID of the custom resource `kind`/`name` in `ns`.
+async fn uid_of(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Result<String> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("slinky.slurm.net", "v1beta1", kind));
+    let o = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar)
+        .get(name)
+        .await?;
+    o.uid().with_context(|| format!("{kind} {name} has no UID"))
+}
+
+/// Slinky's objects for `ns` and its owners' UIDs, written as its manager writes them (created
+/// by the field manager `manager`). Returns them by `Kind/name`.
+async fn write_slinky_made(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, Value>> {
+    let mut text = SLINKY_MADE.join("\n---\n").replace("@NS@", ns);
+    for (placeholder, kind, name) in [
+        ("CONTROLLER-UID", "Controller", "slurm"),
+        ("NODESET-UID", "NodeSet", NS_NAME),
+        ("RESTAPI-UID", "RestApi", "slurm"),
+        ("LOGINSET-UID", "LoginSet", "slurm-login-slinky"),
+        ("ACCOUNTING-UID", "Accounting", "slurm"),
+    ] {
+        text = text.replace(placeholder, &uid_of(c, ns, kind, name).await?);
+    }
+    // The keys in their Secret's key order (ecdsa, ecdsa.pub, ed25519, …): the order hashed.
+    for (key, value) in SSH_HOST_KEYS {
+        let data = serde_json::to_value(k8s_openapi::ByteString(value.as_bytes().to_vec()))?;
+        let data = data.as_str().unwrap_or_default().to_string();
+        text = text.replace(&format!("@SSH_HOST_KEY_{key}@"), &data);
+    }
+    text = text.replace(
+        "@SSH_HOST_KEYS_HASH@",
+        &checksum(SSH_HOST_KEYS.iter().map(|(_, v)| v.as_bytes())),
+    );
+    let docs: Vec<Value> = slinky_host::cmd::render::yaml_documents(&text)
+        .into_iter()
+        .map(serde_saphyr::from_str)
+        .collect::<Result<_, _>>()?;
+    // Slinky's `CheckSumFromMap` of the ConfigMap as stored.
+    let config = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "slurm-config")
+        .context("no ConfigMap slurm-config")?;
+    let data: BTreeMap<String, String> = serde_json::from_value(config["data"].clone())?;
+    let hash = checksum(data.values().map(String::as_bytes));
+    let mut out = BTreeMap::new();
+    for doc in docs {
+        let doc: Value = serde_json::from_str(&doc.to_string().replace("@SLURM_CONFIG_HASH@", &hash))?;
+        let (api_version, kind) = (
+            doc["apiVersion"].as_str().unwrap_or_default(),
+            doc["kind"].as_str().unwrap_or_default(),
+        );
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let object: DynamicObject = serde_json::from_value(doc.clone())?;
+        let pp = PostParams {
+            field_manager: Some("manager".into()),
+            ..Default::default()
+        };
+        Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar)
+            .create(&pp, &object)
+            .await
+            .with_context(|| format!("creating Slinky's {kind} {}", object.name_any()))?;
+        out.insert(format!("{kind}/{}", object.name_any()), doc);
+    }
+    Ok(out)
+}
+
+/// What restarts the pods of the workload `kind`/`name` when it changes: its pod template as
+/// stored, and a StatefulSet's `metadata.generation` (raised by a spec change only; a
+/// Deployment's is raised by its annotations too, which restarts nothing).
+async fn restart_inputs(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Result<(Value, Option<i64>)> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", kind));
+    let o = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar)
+        .get(name)
+        .await?;
+    let generation = (kind == "StatefulSet").then_some(o.metadata.generation).flatten();
+    Ok((o.data["spec"]["template"].clone(), generation))
+}
+
+/// A cluster Slinky's operator made is taken over with no restart: its Controller written by
+/// Slinky's chart (`jwtHs256KeyRef`) and reporting to an Accounting, its slurmctld StatefulSet,
+/// worker pods, slurmrestd and login Deployments and slurmdbd StatefulSet exactly as its builders
+/// make them. The host applies every child and relabels the workers with its own revision, and
+/// replaces no pod, changes no workload template (nor a StatefulSet's generation), and the
+/// slurmctld Service keeps selecting slurmctld's pod. On the embedded server (and on the cluster of `SLINKY_TEST_KUBECONFIG`, for
+/// the objects: no kubelet there makes slurmctld's pod).
+#[tokio::test]
+async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Result<()> {
+    let c = slinky_tests::host::cluster_with_statefulsets().await;
+    let ns = c.namespace("adopt").await;
+    for file in ["slurm-cluster.yaml", "restapi.yaml", "loginset.yaml", "accounting.yaml"] {
+        slinky_tests::host::apply_file(&c, &ns, file, |v| {
+            if v["kind"] == "Controller" {
+                let jwt = v["spec"]
+                    .as_object_mut()
+                    .and_then(|s| s.remove("jwtKeyRef"))
+                    .unwrap_or_default();
+                v["spec"]["jwtHs256KeyRef"] = jwt;
+                v["spec"]["persistence"]["accessModes"] = json!(["ReadWriteOnce"]);
+                v["spec"]["accountingRef"] = json!({"name": "slurm"});
+            }
+            if v["kind"] == "Accounting" {
+                // Slinky's chart's image: one before 25.11 gets the host's `initconf` step.
+                v["spec"]["slurmdbd"]["image"] = "ghcr.io/slinkyproject/slurmdbd:26.05-ubuntu24.04".into();
+            }
+        })
+        .await?;
+    }
+    let made = write_slinky_made(&c, &ns).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let sim = c
+        .embedded("slurmctld's pod (the simulated StatefulSet controller)")
+        .is_some();
+    if sim {
+        for pod in ["slurm-controller-0", "slurm-accounting-0"] {
+            eventually(60, || async { pods.get_opt(pod).await.ok()? })
+                .await
+                .with_context(|| format!("the simulated StatefulSet controller made no {pod}"))?;
+        }
+    }
+    let before = pod_uids(&c, &ns).await?;
+    ensure!(
+        before.len() == 3 + 2 * usize::from(sim),
+        "Slinky's pods: {before:?}"
+    );
+    let workloads = [
+        ("StatefulSet", "slurm-controller"),
+        ("StatefulSet", "slurm-accounting"),
+        ("Deployment", "slurm-restapi"),
+        ("Deployment", "slurm-login-slinky"),
+    ];
+    let mut templates = Vec::new();
+    for (kind, name) in workloads {
+        templates.push(restart_inputs(&c, &ns, kind, name).await?);
+    }
+
+    let host = Host::start(&c, &ns)?;
+    // The workers are compared with what the builders make, found equal and relabelled.
+    let relabelled = eventually(90, || workers_of_this_scheme(&c, &ns, 3, "")).await;
+    ensure!(
+        relabelled.is_some(),
+        "Slinky's workers were not taken as the builders' pods: {:?}",
+        pods.list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|p| (p.name_any(), p.labels().get("controller-revision-hash").cloned()))
+            .collect::<Vec<_>>()
+    );
+    // Every child applied by the host (the StatefulSet only once the Controller, with
+    // `jwtHs256KeyRef`, builds).
+    // (The ssh host keys Secret is the host's to make only when missing: it keeps Slinky's.)
+    let applied = |k: &&String| {
+        !k.starts_with("Pod/")
+            && !k.starts_with("ControllerRevision/")
+            && k.as_str() != "Secret/slurm-login-slinky-ssh-host-keys"
+    };
+    for key in made.keys().filter(applied) {
+        let (kind, name) = key.split_once('/').unwrap_or_default();
+        let doc = &made[key];
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), &ns, &ar);
+        eventually(60, || async {
+            let o = api.get(name).await.ok()?;
+            o.annotations().contains_key("slinky.slurm.net/applied-hash").then_some(())
+        })
+        .await
+        .with_context(|| format!("the host never applied {key}"))?;
+    }
+    settled_without_writes(&host).await?;
+    assert_eq!(pod_uids(&c, &ns).await?, before, "no pod was replaced");
+    for ((kind, name), before) in workloads.into_iter().zip(templates) {
+        assert_eq!(
+            restart_inputs(&c, &ns, kind, name).await?,
+            before,
+            "{kind} {name}: the template is Slinky's, no restart"
+        );
+    }
+    if sim {
+        let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns)
+            .get("slurm-controller")
+            .await?;
+        let pod = pods.get("slurm-controller-0").await?;
+        let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+        ensure!(
+            selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)),
+            "the slurmctld Service ({selector:?}) no longer selects its pod ({:?})",
+            pod.labels()
+        );
+    }
     host.stop().await;
     Ok(())
 }

@@ -18,7 +18,7 @@
 //! patched in place when only it changes.
 //!
 //! Pods labelled by another scheme (a host before output revisions: 10 hex digits of an input
-//! hash; Slinky: `<nodeset>-<hash>`) are compared one by one with what the builders make for
+//! hash; Slinky: its bare FNV hash, e.g. `76f8d46bff`) are compared one by one with what the builders make for
 //! their ordinal, and relabelled when equal ([`crate::reconcile::nodeset`]'s adoption): the
 //! upgrade to output revisions restarts nothing. An output revision is [`OUTPUT_REVISION_LEN`]
 //! hex digits, which tells it apart.

@@ -104,7 +104,7 @@ fn identity_of(ns: &NodeSet, pod: &Pod, revision: &str) -> Option<PodIdentity> {
 }
 
 /// Whether a live pod carries a revision of another scheme than this host's output revisions
-/// (an earlier host's input hash, Slinky's `<nodeset>-<hash>`, none): what it runs is known only
+/// (an earlier host's input hash, Slinky's bare FNV hash, none): what it runs is known only
 /// by comparing it with what the builders make.
 fn other_scheme(pod: &Pod, revision: &str) -> bool {
     let label = pod.labels().get(keys::LABEL_REVISION_HASH).map(String::as_str);
@@ -122,7 +122,7 @@ fn other_scheme_pods(ns: &NodeSet, owned: &[Arc<Pod>], revision: &str) -> Vec<(u
 }
 
 /// Owned pods labelled with another revision scheme (a host before output revisions, Slinky's
-/// `<nodeset>-<hash>`) whose content equals what the builders make for their identity get this
+/// bare FNV hash) whose content equals what the builders make for their identity get this
 /// revision's label instead of being replaced: upgrading the host, or switching from Slinky,
 /// does not roll the fleet. A pod found to differ is not built and compared again until it or
 /// the NodeSet changes ([`super::differing`]).
