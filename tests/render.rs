@@ -596,8 +596,6 @@ fn one_shot_commands_fill_the_plugin_cache() -> Result<()> {
     Ok(())
 }
 
-/// The first `Features=` item of a slurmd pod's `--conf` argument: the feature its node registers
-/// with, which slurm.conf's `NodeSet=<n> Feature=<n>` line selects on.
 /// The features a pod's slurmd registers with (`--conf`'s `Features=`).
 fn registered_features(pod: &Value) -> Option<Vec<String>> {
     let args = pod["spec"]["containers"][0]["args"].as_array()?;

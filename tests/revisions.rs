@@ -622,7 +622,12 @@ async fn restart_inputs(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Re
 async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Result<()> {
     let c = slinky_tests::host::cluster_with_statefulsets().await;
     let ns = c.namespace("adopt").await;
-    for file in ["slurm-cluster.yaml", "restapi.yaml", "loginset.yaml", "accounting.yaml"] {
+    for file in [
+        "slurm-cluster.yaml",
+        "restapi.yaml",
+        "loginset.yaml",
+        "accounting.yaml",
+    ] {
         slinky_tests::host::apply_file(&c, &ns, file, |v| {
             if v["kind"] == "Controller" {
                 let jwt = v["spec"]
@@ -698,7 +703,9 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
         let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), &ns, &ar);
         eventually(60, || async {
             let o = api.get(name).await.ok()?;
-            o.annotations().contains_key("slinky.slurm.net/applied-hash").then_some(())
+            o.annotations()
+                .contains_key("slinky.slurm.net/applied-hash")
+                .then_some(())
         })
         .await
         .with_context(|| format!("the host never applied {key}"))?;

@@ -153,7 +153,12 @@ async fn expected(c: &TestCluster, ns: &str, controller: &str) -> Result<Expecte
         let (feature, nodeset) = features
             .iter()
             .find_map(|f| nodeset_of_feature.get(f).map(|n| (f.clone(), n)))
-            .with_context(|| format!("{}: no NodeSet line has a Feature of {features:?}:\n{conf}", p.name_any()))?;
+            .with_context(|| {
+                format!(
+                    "{}: no NodeSet line has a Feature of {features:?}:\n{conf}",
+                    p.name_any()
+                )
+            })?;
         let partition = partition_of_nodeset
             .get(nodeset)
             .with_context(|| format!("no partition of NodeSet {nodeset}:\n{conf}"))?;

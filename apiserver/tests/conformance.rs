@@ -221,10 +221,19 @@ async fn workload_defaults_and_what_moves_their_generation() -> Result<()> {
     );
     let annotate = Patch::Merge(json!({"metadata": {"annotations": {"a": "b"}}}));
     let set = sets.patch("s", &PatchParams::default(), &annotate).await?;
-    assert_eq!(set.metadata.generation, Some(1), "a StatefulSet's annotations are no spec");
-    let retain = Patch::Merge(json!({"spec": {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain"}}}));
+    assert_eq!(
+        set.metadata.generation,
+        Some(1),
+        "a StatefulSet's annotations are no spec"
+    );
+    let retain =
+        Patch::Merge(json!({"spec": {"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain"}}}));
     let set = sets.patch("s", &PatchParams::default(), &retain).await?;
-    assert_eq!(set.metadata.generation, Some(1), "a default sent as it is changes nothing");
+    assert_eq!(
+        set.metadata.generation,
+        Some(1),
+        "a default sent as it is changes nothing"
+    );
 
     let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c.client.clone(), &ns);
     let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({

@@ -41,10 +41,10 @@ fn is_empty(v: &Value) -> bool {
 
 /// Container fields whose `false` is the API's own default: what a user's `false` there means
 /// when the base sets nothing.
-const CONTAINER_DEFAULT_FALSE: [&str; 6] = [
+/// (Not `runAsNonRoot`: a container's `false` overrides the pod's `true`.)
+const CONTAINER_DEFAULT_FALSE: [&str; 5] = [
     "/securityContext/privileged",
     "/securityContext/readOnlyRootFilesystem",
-    "/securityContext/runAsNonRoot",
     "/stdin",
     "/stdinOnce",
     "/tty",
@@ -251,7 +251,10 @@ mod tests {
         };
         let user = json!({"image": "img", "securityContext": {"privileged": false}});
         let merged = merge_container(&bare, &user)?;
-        assert_eq!(merged.security_context, None, "privileged: false over nothing is nothing");
+        assert_eq!(
+            merged.security_context, None,
+            "privileged: false over nothing is nothing"
+        );
         let user = json!({"securityContext": {"privileged": false, "allowPrivilegeEscalation": false}});
         let merged = merge_container(&bare, &user)?;
         assert_eq!(
@@ -259,8 +262,9 @@ mod tests {
             json!({"allowPrivilegeEscalation": false}),
             "a false whose default is true stays"
         );
-        let privileged: Container = serde_json::from_value(json!({"name": "slurmd", "securityContext": {"privileged": true}}))
-            .map_err(|e| BuildError::Internal(e.to_string()))?;
+        let privileged: Container =
+            serde_json::from_value(json!({"name": "slurmd", "securityContext": {"privileged": true}}))
+                .map_err(|e| BuildError::Internal(e.to_string()))?;
         let merged = merge_container(&privileged, &json!({"securityContext": {"privileged": false}}))?;
         assert_eq!(
             merged.security_context.and_then(|s| s.privileged),

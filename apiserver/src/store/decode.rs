@@ -146,7 +146,11 @@ fn statefulset_defaults(obj: &mut Value) {
     let strategy = spec.entry("updateStrategy").or_insert_with(|| json!({}));
     if let Some(strategy) = strategy.as_object_mut() {
         // A `rollingUpdate` only when the type was left out too.
-        if strategy.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+        if strategy
+            .get("type")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
             strategy.insert("type".into(), "RollingUpdate".into());
             strategy.entry("rollingUpdate").or_insert_with(|| json!({}));
         }

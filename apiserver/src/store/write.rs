@@ -201,8 +201,13 @@ impl Inner {
         // A Deployment's annotations count too: kube-apiserver bumps its generation for them,
         // since the Deployment controller copies them to its ReplicaSets (no pod restarts).
         let annotations_count = rt.group == "apps" && rt.plural == "deployments";
-        let annotations_changed = annotations_count
-            && new.pointer("/metadata/annotations") != current.pointer("/metadata/annotations");
+        let annotations = |o: &Value| {
+            o.pointer("/metadata/annotations")
+                .filter(|a| a.as_object().is_some_and(|m| !m.is_empty()))
+                .cloned()
+        };
+        // None and {} are the same annotations (kube-apiserver's semantic equality).
+        let annotations_changed = annotations_count && annotations(&new) != annotations(current);
         if (spec_part(&new) != spec_part(current) || annotations_changed)
             && current.pointer("/metadata/generation").is_some()
         {

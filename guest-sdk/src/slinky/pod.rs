@@ -18,8 +18,8 @@ use k8s_openapi::{
 use slinky_api::{Controller, NodeSet, Ssh, keys};
 
 use super::{
-    LOG_DIR, SLURMD_PORT, SSH_PORT, conf, conf_server, inherited_annotations, logfile_sidecar, mount, name_of,
-    plain_env, require_images,
+    LOG_DIR, SLURMD_PORT, SSH_PORT, conf, conf_server, inherited_annotations, logfile_sidecar, mount,
+    name_of, plain_env, require_images,
 };
 use crate::{
     BuildContext, BuildError, PodIdentity,
@@ -72,7 +72,11 @@ fn title_case(key: &str) -> String {
 pub fn slurmd_conf(nodeset: &str, extra_conf: Option<&str>) -> String {
     let parsed = parse_extra_conf(extra_conf.unwrap_or_default()).unwrap_or_default();
     let mut features: Vec<String> = std::iter::once(nodeset.to_string())
-        .chain(["Feature", "Features"].iter().flat_map(|k| parsed.get(*k).cloned().unwrap_or_default()))
+        .chain(
+            ["Feature", "Features"]
+                .iter()
+                .flat_map(|k| parsed.get(*k).cloned().unwrap_or_default()),
+        )
         .map(|f| f.trim().to_string())
         .filter(|f| !f.is_empty())
         .collect();
@@ -95,13 +99,20 @@ pub fn slurmd_conf(nodeset: &str, extra_conf: Option<&str>) -> String {
 /// `POD_CPUS` and `POD_MEMORY` (MiB), as Slinky sets them: the limits of `spec.slurmd` where
 /// non-zero, else the template's pod-level limits, else 0; CPUs rounded up, memory down.
 fn resource_env(slurmd: &serde_json::Value, pod: &serde_json::Value) -> [EnvVar; 2] {
+    // A quantity as text, or as a bare number (unquoted YAML: the field keeps unknown fields).
     let limit = |v: &serde_json::Value, key: &str| {
-        v.pointer(&format!("/resources/limits/{key}"))
-            .and_then(serde_json::Value::as_str)
-            .and_then(|q| helpers::quantity_value(&Quantity(q.to_string())))
-            .unwrap_or(0.0)
+        let text = match v.pointer(&format!("/resources/limits/{key}")) {
+            Some(serde_json::Value::String(q)) => q.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => return 0.0,
+        };
+        helpers::quantity_value(&Quantity(text)).unwrap_or(0.0)
     };
-    let get = |key: &str| Some(limit(slurmd, key)).filter(|v| *v != 0.0).unwrap_or_else(|| limit(pod, key));
+    let get = |key: &str| {
+        Some(limit(slurmd, key))
+            .filter(|v| *v != 0.0)
+            .unwrap_or_else(|| limit(pod, key))
+    };
     [
         plain_env("POD_CPUS", format!("{}", get("cpu").ceil() as i64)),
         plain_env(
@@ -238,7 +249,11 @@ fn slurmd_base(args: Vec<String>, resources: [EnvVar; 2], ssh: bool) -> Containe
     ];
     if ssh {
         ports.push(helpers::container_port("ssh", SSH_PORT));
-        mounts.push(sub_path_mount("ssh-config", "/etc/ssh/sshd_config", conf::SSHD_CONFIG));
+        mounts.push(sub_path_mount(
+            "ssh-config",
+            "/etc/ssh/sshd_config",
+            conf::SSHD_CONFIG,
+        ));
         mounts.push(sub_path_mount("sssd-conf", "/etc/sssd/sssd.conf", "sssd.conf"));
     }
     let topology = EnvVar {
@@ -505,7 +520,10 @@ mod tests {
             "features sorted with the NodeSet's"
         );
         assert_eq!(
-            slurmd_conf("w", Some(" weight=5  feature=b,w Features=a,,b realMemory=100 WEIGHT=6 ")),
+            slurmd_conf(
+                "w",
+                Some(" weight=5  feature=b,w Features=a,,b realMemory=100 WEIGHT=6 ")
+            ),
             format!("'Features=a,b,w Realmemory=100 {TOPOLOGY} Weight=5,6'"),
             "keys title-cased, Feature and Features gathered, repeated keys joined"
         );
@@ -520,6 +538,32 @@ mod tests {
             "the user's Topology wins; whole items sorted"
         );
         assert_eq!(title_case("gres-x"), "Gres-X");
+    }
+
+    #[test]
+    fn pod_cpus_and_memory_as_slinky_sets_them() {
+        let env = |slurmd: serde_json::Value, pod: serde_json::Value| {
+            resource_env(&slurmd, &pod).map(|e| e.value.unwrap_or_default())
+        };
+        let none = serde_json::json!({});
+        assert_eq!(
+            env(none.clone(), none.clone()),
+            ["0", "0"],
+            "always set, 0 without limits"
+        );
+        let numeric = serde_json::json!({"resources": {"limits": {"cpu": 4, "memory": 1073741824}}});
+        assert_eq!(
+            env(numeric, none.clone()),
+            ["4", "1024"],
+            "numbers are quantities too"
+        );
+        let slurmd = serde_json::json!({"resources": {"limits": {"cpu": "1500m", "memory": "0"}}});
+        let pod = serde_json::json!({"resources": {"limits": {"cpu": "8", "memory": "2Gi"}}});
+        assert_eq!(
+            env(slurmd, pod),
+            ["2", "2048"],
+            "the container's limit where non-zero (rounded up), else the pod's"
+        );
         assert_eq!(title_case("cpu_spec_list"), "Cpu_spec_list");
     }
 }
