@@ -511,28 +511,6 @@ async fn upgrading_from_a_host_before_output_revisions_restarts_nothing() -> Res
     Ok(())
 }
 
-/// What Slinky's operator made for the example cluster, derived from its source: see the files.
-const SLINKY_MADE: [&str; 2] = [
-    include_str!("slinky-made/example-cluster.yaml"),
-    include_str!("slinky-made/login-accounting.yaml"),
-];
-
-/// The ssh host keys Slinky generated at random, as fixed bytes (the host never reads them).
-const SSH_HOST_KEYS: [(&str, &str); 6] = [
-    ("ECDSA", "ecdsa key\n"),
-    ("ECDSA_PUB", "ecdsa-sha2-nistp256 AAAA\n"),
-    ("ED25519", "ed25519 key\n"),
-    ("ED25519_PUB", "ssh-ed25519 AAAA\n"),
-    ("RSA", "rsa key\n"),
-    ("RSA_PUB", "ssh-rsa AAAA\n"),
-];
-
-/// Slinky's `CheckSumFromMap`: sha256 (hex) of the values in key order.
-fn checksum<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> String {
-    let bytes: Vec<u8> = values.into_iter().flatten().copied().collect();
-    slinky_guest_sdk::helpers::sha256_hex(&bytes)
-}
-
 /// The UID of the custom resource `kind`/`name` in `ns`.
 async fn uid_of(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Result<String> {
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("slinky.slurm.net", "v1beta1", kind));
@@ -542,43 +520,15 @@ async fn uid_of(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Result<Str
     o.uid().with_context(|| format!("{kind} {name} has no UID"))
 }
 
-/// Slinky's objects for `ns` and its owners' UIDs, written as its manager writes them (created
-/// by the field manager `manager`). Returns them by `Kind/name`.
+/// Slinky's objects for `ns` and its owners' UIDs ([`slinky_tests::slinky_made`]), written as
+/// its manager writes them (created by the field manager `manager`). Returns them by `Kind/name`.
 async fn write_slinky_made(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, Value>> {
-    let mut text = SLINKY_MADE.join("\n---\n").replace("@NS@", ns);
-    for (placeholder, kind, name) in [
-        ("CONTROLLER-UID", "Controller", "slurm"),
-        ("NODESET-UID", "NodeSet", NS_NAME),
-        ("RESTAPI-UID", "RestApi", "slurm"),
-        ("LOGINSET-UID", "LoginSet", "slurm-login-slinky"),
-        ("ACCOUNTING-UID", "Accounting", "slurm"),
-    ] {
-        text = text.replace(placeholder, &uid_of(c, ns, kind, name).await?);
+    let mut uids = BTreeMap::new();
+    for (placeholder, kind, name) in slinky_tests::SLINKY_MADE_OWNERS {
+        uids.insert(placeholder, uid_of(c, ns, kind, name).await?);
     }
-    // The keys in their Secret's key order (ecdsa, ecdsa.pub, ed25519, …): the order hashed.
-    for (key, value) in SSH_HOST_KEYS {
-        let data = serde_json::to_value(k8s_openapi::ByteString(value.as_bytes().to_vec()))?;
-        let data = data.as_str().unwrap_or_default().to_string();
-        text = text.replace(&format!("@SSH_HOST_KEY_{key}@"), &data);
-    }
-    text = text.replace(
-        "@SSH_HOST_KEYS_HASH@",
-        &checksum(SSH_HOST_KEYS.iter().map(|(_, v)| v.as_bytes())),
-    );
-    let docs: Vec<Value> = slinky_host::cmd::render::yaml_documents(&text)
-        .into_iter()
-        .map(serde_saphyr::from_str)
-        .collect::<Result<_, _>>()?;
-    // Slinky's `CheckSumFromMap` of the ConfigMap as stored.
-    let config = docs
-        .iter()
-        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "slurm-config")
-        .context("no ConfigMap slurm-config")?;
-    let data: BTreeMap<String, String> = serde_json::from_value(config["data"].clone())?;
-    let hash = checksum(data.values().map(String::as_bytes));
     let mut out = BTreeMap::new();
-    for doc in docs {
-        let doc: Value = serde_json::from_str(&doc.to_string().replace("@SLURM_CONFIG_HASH@", &hash))?;
+    for doc in slinky_tests::slinky_made(ns, &uids)? {
         let (api_version, kind) = (
             doc["apiVersion"].as_str().unwrap_or_default(),
             doc["kind"].as_str().unwrap_or_default(),

@@ -356,3 +356,84 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&[u8]>) -> anyhow
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
+
+/// The objects Slinky's operator makes for the example cluster (`tests/slinky-made/`), derived
+/// from its source: see the files' headers.
+const SLINKY_MADE: [&str; 2] = [
+    include_str!("../slinky-made/example-cluster.yaml"),
+    include_str!("../slinky-made/login-accounting.yaml"),
+];
+
+/// The owners of [`slinky_made`]'s objects: (placeholder of its UID, kind, name).
+pub const SLINKY_MADE_OWNERS: [(&str, &str, &str); 5] = [
+    ("CONTROLLER-UID", "Controller", "slurm"),
+    ("NODESET-UID", "NodeSet", "slurm-worker-slinky"),
+    ("RESTAPI-UID", "RestApi", "slurm"),
+    ("LOGINSET-UID", "LoginSet", "slurm-login-slinky"),
+    ("ACCOUNTING-UID", "Accounting", "slurm"),
+];
+
+/// The ssh host keys Slinky generated at random, as fixed bytes (the host never reads them).
+pub const SSH_HOST_KEYS: [(&str, &str); 6] = [
+    ("ECDSA", "ecdsa key\n"),
+    ("ECDSA_PUB", "ecdsa-sha2-nistp256 AAAA\n"),
+    ("ED25519", "ed25519 key\n"),
+    ("ED25519_PUB", "ssh-ed25519 AAAA\n"),
+    ("RSA", "rsa key\n"),
+    ("RSA_PUB", "ssh-rsa AAAA\n"),
+];
+
+/// Slinky's `CheckSumFromMap`: sha256 (hex) of the values in key order.
+pub fn checksum<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let bytes: Vec<u8> = values.into_iter().flatten().copied().collect();
+    slinky_guest_sdk::helpers::sha256_hex(&bytes)
+}
+
+/// What Slinky's operator makes for the example cluster in namespace `ns`, its owners' UIDs
+/// taken from `uids` (placeholder → UID), its hashes computed as Slinky computes them.
+///
+/// # Errors
+/// A placeholder without a UID, or a document that does not parse.
+pub fn slinky_made(
+    ns: &str,
+    uids: &std::collections::BTreeMap<&str, String>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    use anyhow::Context;
+    let mut text = SLINKY_MADE.join("\n---\n").replace("@NS@", ns);
+    for (placeholder, kind, name) in SLINKY_MADE_OWNERS {
+        let uid = uids
+            .get(placeholder)
+            .with_context(|| format!("no UID for {kind} {name}"))?;
+        text = text.replace(placeholder, uid);
+    }
+    // The keys in their Secret's key order (ecdsa, ecdsa.pub, ed25519, …): the order hashed.
+    for (key, value) in SSH_HOST_KEYS {
+        let data = serde_json::to_value(k8s_openapi::ByteString(value.as_bytes().to_vec()))?;
+        text = text.replace(
+            &format!("@SSH_HOST_KEY_{key}@"),
+            data.as_str().unwrap_or_default(),
+        );
+    }
+    text = text.replace(
+        "@SSH_HOST_KEYS_HASH@",
+        &checksum(SSH_HOST_KEYS.iter().map(|(_, v)| v.as_bytes())),
+    );
+    let docs: Vec<serde_json::Value> = slinky_host::cmd::render::yaml_documents(&text)
+        .into_iter()
+        .map(serde_saphyr::from_str)
+        .collect::<Result<_, _>>()?;
+    // Slinky's `CheckSumFromMap` of the Controller's ConfigMap as stored.
+    let config = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "slurm-config")
+        .context("no ConfigMap slurm-config")?;
+    let data: std::collections::BTreeMap<String, String> = serde_json::from_value(config["data"].clone())?;
+    let hash = checksum(data.values().map(String::as_bytes));
+    docs.into_iter()
+        .map(|d| {
+            Ok(serde_json::from_str(
+                &d.to_string().replace("@SLURM_CONFIG_HASH@", &hash),
+            )?)
+        })
+        .collect()
+}
