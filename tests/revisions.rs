@@ -623,6 +623,22 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
         templates.push(restart_inputs(&c, &ns, kind, name).await?);
     }
 
+    // The check before a takeover (docs/migrating-from-slinky.md): nothing would roll.
+    let (kubeconfig, namespace) = (c.kubeconfig.display().to_string(), ns.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        slinky_tests::run(&["plugin", "diff", "--kubeconfig", &kubeconfig, "-n", &namespace])
+    })
+    .await?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    // (On kube-apiserver the apply replaces the slurmctld Service's selector, an atomic map, and
+    // drops `active`: a change, no restart, the pod keeps matching.)
+    ensure!(
+        out.status.success()
+            && report.contains(" 0 pod(s) would roll")
+            && !report.contains("its pods restart"),
+        "plugin diff before the takeover:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let host = Host::start(&c, &ns)?;
     // The workers are compared with what the builders make, found equal and relabelled.
     let relabelled = eventually(90, || workers_of_this_scheme(&c, &ns, 3, "")).await;

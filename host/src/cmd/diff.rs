@@ -33,8 +33,10 @@ use crate::plugins::{BuildContext, EngineHandle, Plugin, PluginRegistry, Step};
 /// Options of `plugin diff`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DiffArgs {
-    /// The plugin file (`.wasm` component).
-    pub path: PathBuf,
+    /// The plugin file (`.wasm` component). Without one: what the builders serving now would
+    /// change in the live cluster (before taking over a cluster another operator made: which
+    /// pods would roll, which objects would change).
+    pub path: Option<PathBuf>,
     /// The cluster's kubeconfig (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -69,7 +71,10 @@ pub fn execute(engine: &Arc<EngineHandle>, args: DiffArgs) -> anyhow::Result<()>
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let text = runtime.block_on(diff(engine, &args))?;
+    let text = match &args.path {
+        Some(path) => runtime.block_on(diff(engine, &args, path))?,
+        None => runtime.block_on(super::diff_live::against_live(engine, &args))?,
+    };
     print(&text)
 }
 
@@ -79,11 +84,12 @@ pub fn execute(engine: &Arc<EngineHandle>, args: DiffArgs) -> anyhow::Result<()>
 async fn registries(
     engine: &Arc<EngineHandle>,
     args: &DiffArgs,
+    path: &std::path::Path,
     client: &Client,
     ctx: &BuildContext,
 ) -> anyhow::Result<(Arc<PluginRegistry>, Arc<PluginRegistry>, Plugin, Vec<String>)> {
-    let plugin = Plugin::load_file(engine, &args.path)
-        .with_context(|| format!("cannot load {}", args.path.display()))?;
+    let plugin =
+        Plugin::load_file(engine, path).with_context(|| format!("cannot load {}", path.display()))?;
     serde_json::from_str::<Value>(&args.settings).context("--settings is not JSON")?;
     plugin
         .validate_settings(&args.settings)
@@ -91,7 +97,7 @@ async fn registries(
     let selector = args.selector.as_deref().map(parse_selector).transpose()?;
     let plain = Arc::new(PluginRegistry::new(engine, &[])?);
     let with = Arc::new(if args.replace {
-        PluginRegistry::new(engine, std::slice::from_ref(&args.path))?
+        PluginRegistry::new(engine, &[path.to_path_buf()])?
     } else {
         PluginRegistry::new(engine, &[])?
     });
@@ -118,7 +124,7 @@ async fn registries(
 
 /// Load the cluster's BuilderPlugins into `registry` as the host would (read-only: no status
 /// is written); the names of those serving.
-async fn cluster_steps(
+pub(super) async fn cluster_steps(
     client: &Client,
     registry: &Arc<PluginRegistry>,
     ctx: &BuildContext,
@@ -158,7 +164,7 @@ fn parse_selector(text: &str) -> anyhow::Result<LabelSelector> {
     })
 }
 
-async fn connect(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+pub(super) async fn connect(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -198,13 +204,13 @@ where
     Ok(out)
 }
 
-async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<String> {
+async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs, path: &std::path::Path) -> anyhow::Result<String> {
     let client = connect(args.kubeconfig.as_deref()).await?;
     let ctx = BuildContext {
         cluster_domain: args.cluster_domain.clone(),
         ..BuildContext::default()
     };
-    let (plain, with, plugin, installed) = registries(engine, args, &client, &ctx).await?;
+    let (plain, with, plugin, installed) = registries(engine, args, path, &client, &ctx).await?;
     let manifests = live_parents(&client, &args.namespaces).await?;
     let references = live_references(&client, &manifests).await;
     let before = render::render_with(&manifests, &references, &plain, &ctx)
@@ -247,7 +253,7 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<Str
 ///
 /// # Errors
 /// Controllers or NodeSets cannot be listed (the other kinds may not be served: absent is none).
-async fn live_parents(client: &Client, namespaces: &[String]) -> anyhow::Result<Vec<Manifest>> {
+pub(super) async fn live_parents(client: &Client, namespaces: &[String]) -> anyhow::Result<Vec<Manifest>> {
     let live = |at: &str, parent| Manifest {
         at: format!("live {at}"),
         parent,
@@ -279,7 +285,7 @@ async fn live_parents(client: &Client, namespaces: &[String]) -> anyhow::Result<
 
 /// The ConfigMaps and Secrets of the parents' namespaces. Only the Secrets' hashes are used (as
 /// the host does); without RBAC to read them the key hash annotations show as changes.
-async fn live_references(client: &Client, manifests: &[Manifest]) -> References {
+pub(super) async fn live_references(client: &Client, manifests: &[Manifest]) -> References {
     let namespaces: std::collections::BTreeSet<String> = manifests
         .iter()
         .filter_map(|m| match &m.parent {
@@ -390,7 +396,7 @@ impl Changes {
     }
 }
 
-fn namespace(c: &Child) -> String {
+pub(super) fn namespace(c: &Child) -> String {
     c.to_json()
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
@@ -400,7 +406,7 @@ fn namespace(c: &Child) -> String {
 
 /// The object without what always differs between two pipelines (builder annotations, the
 /// revision label): equal when the plugin changes nothing else.
-fn strip(mut v: Value) -> Value {
+pub(super) fn strip(mut v: Value) -> Value {
     for at in ["/metadata", "/spec/template/metadata"] {
         if let Some(meta) = v.pointer_mut(at).and_then(Value::as_object_mut) {
             for (field, key) in [
@@ -418,7 +424,7 @@ fn strip(mut v: Value) -> Value {
 }
 
 /// The live object of `child`, as JSON, if it exists.
-async fn live_object(client: &Client, child: &Child, ns: &str) -> anyhow::Result<Option<Value>> {
+pub(super) async fn live_object(client: &Client, child: &Child, ns: &str) -> anyhow::Result<Option<Value>> {
     let name = child.to_json()["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
@@ -454,7 +460,7 @@ async fn live_object(client: &Client, child: &Child, ns: &str) -> anyhow::Result
 /// `live` cut down to the fields `desired` sets (maps key by key, lists item by item when they
 /// have the same length): what applying `desired` would change, without the fields the API
 /// server and other controllers fill in.
-fn project(live: &Value, desired: &Value) -> Value {
+pub(super) fn project(live: &Value, desired: &Value) -> Value {
     match (live, desired) {
         (Value::Object(l), Value::Object(d)) => Value::Object(
             d.keys()
@@ -468,7 +474,7 @@ fn project(live: &Value, desired: &Value) -> Value {
     }
 }
 
-fn yaml(v: &Value) -> String {
+pub(super) fn yaml(v: &Value) -> String {
     serde_saphyr::to_string(v).unwrap_or_default()
 }
 

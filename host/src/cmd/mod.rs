@@ -9,6 +9,7 @@ pub mod check;
 pub mod crds;
 /// `plugin diff`: what a plugin would change in a live cluster.
 pub mod diff;
+mod diff_live;
 /// `manifests`: a complete install.
 pub mod manifests;
 /// `plugin`: its subcommands, and `plugin inspect`.
