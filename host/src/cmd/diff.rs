@@ -66,16 +66,17 @@ pub struct DiffArgs {
 ///
 /// # Errors
 /// The plugin does not load or refuses its settings, the cluster cannot be read, or a build fails.
-pub fn execute(engine: &Arc<EngineHandle>, args: DiffArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+pub fn execute(engine: &Arc<EngineHandle>, args: DiffArgs, path: &std::path::Path) -> anyhow::Result<()> {
+    let text = runtime()?.block_on(diff(engine, &args, path))?;
+    print(&text)
+}
+
+/// The runtime a one-shot `plugin diff` runs on.
+pub(super) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("cannot start the async runtime")?;
-    let text = match &args.path {
-        Some(path) => runtime.block_on(diff(engine, &args, path))?,
-        None => runtime.block_on(super::diff_live::against_live(engine, &args))?,
-    };
-    print(&text)
+        .context("cannot start the async runtime")
 }
 
 /// The registries to compare: the builders serving now (the bundled ones and the cluster's
@@ -234,18 +235,7 @@ async fn diff(engine: &Arc<EngineHandle>, args: &DiffArgs, path: &std::path::Pat
             namespace(gone)
         ));
     }
-    for (nodeset, pods) in &changes.rolling {
-        out.push_str(&format!(
-            "{nodeset}: {} pod(s) would roll: {}\n",
-            pods.len(),
-            pods.join(", ")
-        ));
-    }
-    out.push_str(&format!(
-        "{} object(s) would change; {} pod(s) would roll\n",
-        changes.changed,
-        changes.rolling.values().map(Vec::len).sum::<usize>()
-    ));
+    changes.summary(&mut out);
     Ok(out)
 }
 
@@ -333,9 +323,27 @@ fn header(args: &DiffArgs, plugin: &Plugin, parents: usize, installed: &[String]
 
 /// What changes: the count of objects, and the pods that would roll per NodeSet.
 #[derive(Default)]
-struct Changes {
-    changed: usize,
-    rolling: BTreeMap<String, Vec<String>>,
+pub(super) struct Changes {
+    pub(super) changed: usize,
+    pub(super) rolling: BTreeMap<String, Vec<String>>,
+}
+
+impl Changes {
+    /// The pods that would roll, per NodeSet, and the counts: the report's last lines.
+    pub(super) fn summary(&self, out: &mut String) {
+        for (nodeset, pods) in &self.rolling {
+            out.push_str(&format!(
+                "{nodeset}: {} pod(s) would roll: {}\n",
+                pods.len(),
+                pods.join(", ")
+            ));
+        }
+        out.push_str(&format!(
+            "{} object(s) would change; {} pod(s) would roll\n",
+            self.changed,
+            self.rolling.values().map(Vec::len).sum::<usize>()
+        ));
+    }
 }
 
 impl Changes {

@@ -7,7 +7,7 @@
 //! would leave (a dry-run server-side apply by the host's field manager); a workload whose pod
 //! template would change says its pods would restart. It writes nothing.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
@@ -20,8 +20,8 @@ use serde_json::Value;
 use super::{
     check::diff_lines,
     diff::{
-        DiffArgs, cluster_steps, connect, live_object, live_parents, live_references, namespace, project,
-        strip, yaml,
+        Changes, DiffArgs, cluster_steps, connect, live_object, live_parents, live_references, namespace,
+        project, strip, yaml,
     },
     render::{self, Child},
 };
@@ -97,11 +97,17 @@ fn pod_part(v: &Value) -> Value {
     })
 }
 
-/// The report of `plugin diff` without a plugin.
+/// `plugin diff` without a plugin.
 ///
 /// # Errors
 /// The cluster cannot be read, or a build fails.
-pub(super) async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<String> {
+pub(super) fn execute(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<()> {
+    let text = super::diff::runtime()?.block_on(against_live(engine, args))?;
+    super::print(&text)
+}
+
+/// The report of `plugin diff` without a plugin.
+async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Result<String> {
     let client = connect(args.kubeconfig.as_deref()).await?;
     let ctx = BuildContext {
         cluster_domain: args.cluster_domain.clone(),
@@ -122,7 +128,7 @@ pub(super) async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) ->
         },
         manifests.len()
     );
-    let (mut changed, mut rolling) = (0usize, BTreeMap::<String, Vec<String>>::new());
+    let mut changes = Changes::default();
     for child in &built {
         // Secrets: the host fills in what builders leave to it (slurmdbd's password) and keeps
         // the ssh host keys it finds; their data is not the builders' to judge.
@@ -131,7 +137,7 @@ pub(super) async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) ->
         }
         let ns = namespace(child);
         let Some(live) = live_object(&client, child, &ns).await? else {
-            changed += 1;
+            changes.changed += 1;
             out.push_str(&format!("{} in {ns}: would be created\n\n", child.describe()));
             continue;
         };
@@ -149,7 +155,8 @@ pub(super) async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) ->
                 .map(|o| o.name.clone())
                 .unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
-            rolling
+            changes
+                .rolling
                 .entry(format!("NodeSet {ns}/{owner}"))
                 .or_default()
                 .push(name);
@@ -167,7 +174,7 @@ pub(super) async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) ->
             if before == after {
                 continue;
             }
-            changed += 1;
+            changes.changed += 1;
             let restarts = before.pointer("/spec/template") != after.pointer("/spec/template");
             let d = diff_lines(&yaml(&before), &yaml(&after));
             out.push_str(&format!(
@@ -177,16 +184,6 @@ pub(super) async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) ->
             ));
         }
     }
-    for (nodeset, pods) in &rolling {
-        out.push_str(&format!(
-            "{nodeset}: {} pod(s) would roll: {}\n",
-            pods.len(),
-            pods.join(", ")
-        ));
-    }
-    out.push_str(&format!(
-        "{changed} object(s) would change; {} pod(s) would roll\n",
-        rolling.values().map(Vec::len).sum::<usize>()
-    ));
+    changes.summary(&mut out);
     Ok(out)
 }

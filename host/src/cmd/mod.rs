@@ -254,7 +254,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             insecure,
         }) => plugin::push(&engine()?, &path, &reference, sign_key.as_deref(), insecure),
         Command::Plugin(PluginCommand::Keygen { prefix }) => plugin::keygen(&prefix),
-        Command::Plugin(PluginCommand::Diff(args)) => diff::execute(&engine()?, args),
+        Command::Plugin(PluginCommand::Diff(args)) => match args.path.clone() {
+            Some(path) => diff::execute(&engine()?, args, &path),
+            None => diff_live::execute(&engine()?, &args),
+        },
         Command::Plugin(PluginCommand::New { name, kind, dir, sdk }) => {
             scaffold::execute(&name, kind, dir, sdk.as_deref())
         }
