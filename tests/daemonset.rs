@@ -255,3 +255,125 @@ async fn a_daemon_nodeset_follows_nodes_joining_leaving_cordoned_and_tainted() -
     }
     Ok(())
 }
+
+/// Slinky's worker pod for ordinal `i` (tests/slinky-made) as its DaemonSet mode makes it for
+/// `node` (slurm-operator `NewNodeSetDaemonSetPod`): a generated name, the node's hostname, no
+/// ordinal, bound to the node by one `matchFields` term, and no daemon tolerations (its #259).
+fn slinky_daemon_pod(mut pod: serde_json::Value, node: &str, name: &str, ns: &str) -> serde_json::Value {
+    let hostname = node.split('.').next().unwrap_or(node);
+    pod["metadata"]["name"] = name.into();
+    let labels = &mut pod["metadata"]["labels"];
+    if let Some(l) = labels.as_object_mut() {
+        l.remove(keys::LABEL_POD_INDEX);
+    }
+    labels[keys::LABEL_POD_NAME] = name.into();
+    labels[keys::LABEL_POD_HOSTNAME] = hostname.into();
+    labels[keys::LABEL_SCALING_MODE] = "DaemonSet".into();
+    let spec = &mut pod["spec"];
+    spec["hostname"] = hostname.into();
+    spec["nodeSelector"] = json!({LABEL: ns});
+    spec["affinity"]["nodeAffinity"] = json!({"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}});
+    pod
+}
+
+/// A DaemonSet-mode NodeSet Slinky's operator made is taken over without a restart: its pods,
+/// named by the API server, are compared (bound to their nodes) with what the builders make,
+/// found equal, relabelled and given the daemon tolerations in place; none is replaced and no
+/// second pod is made for their nodes. `plugin diff` says so before the takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_daemon_nodeset_slinkys_operator_made_is_taken_over_without_a_restart() -> Result<()> {
+    let c = cluster(true).await;
+    let ns = c.namespace("daemon-adopt").await;
+    let n: Vec<String> = (0..2).map(|i| node_name(&c, &ns, i)).collect();
+    for name in &n {
+        label_node(&c, &ns, name).await?;
+    }
+    apply_example_with(&c, &ns, 2, |v| {
+        v["spec"]["scalingMode"] = "DaemonSet".into();
+        v["spec"]["template"]["spec"]["nodeSelector"] = json!({LABEL: ns});
+    })
+    .await?;
+    let nodeset = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get(NS_NAME)
+        .await?;
+    let mut uids = BTreeMap::new();
+    for (placeholder, _, _) in slinky_tests::SLINKY_MADE_OWNERS {
+        uids.insert(placeholder, "not-made-here".to_string());
+    }
+    uids.insert("NODESET-UID", nodeset.uid().unwrap_or_default());
+    let made = slinky_tests::slinky_made(&ns, &uids)?;
+    let pods_api = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    for (i, (node, suffix)) in n.iter().zip(["x7k2p", "q9d4w"]).enumerate() {
+        let ordinal = made
+            .iter()
+            .find(|d| d["kind"] == "Pod" && d["metadata"]["name"] == format!("{NS_NAME}-{i}"))
+            .with_context(|| format!("tests/slinky-made has no {NS_NAME}-{i}"))?;
+        let pod = slinky_daemon_pod(ordinal.clone(), node, &format!("{NS_NAME}-{suffix}"), &ns);
+        let pp = PostParams {
+            field_manager: Some("manager".into()),
+            ..Default::default()
+        };
+        pods_api.create(&pp, &serde_json::from_value(pod)?).await?;
+    }
+    let before: BTreeMap<String, (String, String)> = pods_by_node(&c, &ns)
+        .await?
+        .into_iter()
+        .map(|(node, p)| (node, (p.name_any(), p.uid().unwrap_or_default())))
+        .collect();
+    ensure!(before.len() == 2, "Slinky's pods: {before:?}");
+
+    let (kubeconfig, namespace) = (c.kubeconfig.display().to_string(), ns.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        slinky_tests::run(&["plugin", "diff", "--kubeconfig", &kubeconfig, "-n", &namespace])
+    })
+    .await?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && report.contains(" 0 pod(s) would roll") && !report.contains("Pod "),
+        "plugin diff before the takeover:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let host = Host::start(&c, &ns)?;
+    let taken = eventually(90, || async {
+        let pods = pods_by_node(&c, &ns).await.ok()?;
+        let ours = pods.values().all(|p| {
+            p.labels()
+                .get(keys::LABEL_REVISION_HASH)
+                .is_some_and(|r| slinky_host::revision::is_output_revision(r))
+        });
+        (pods.len() == 2 && ours).then_some(pods)
+    })
+    .await;
+    let pods = taken.with_context(|| "Slinky's daemon pods were not taken as the builders' pods")?;
+    settled_without_writes(&host).await?;
+    let after: BTreeMap<String, (String, String)> = pods_by_node(&c, &ns)
+        .await?
+        .into_iter()
+        .map(|(node, p)| (node, (p.name_any(), p.uid().unwrap_or_default())))
+        .collect();
+    assert_eq!(after, before, "no pod replaced, none added");
+    for p in pods.values() {
+        let tolerations = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.clone())
+            .unwrap_or_default();
+        for t in slinky_api::placement::daemon_tolerations() {
+            ensure!(
+                tolerations.contains(&t),
+                "pod {} lacks the daemon toleration {t:?}: {tolerations:?}",
+                p.name_any()
+            );
+        }
+    }
+    host.stop().await;
+    if c.embedded("cleanup").is_none() {
+        let nodes: Api<Node> = Api::all(c.client.clone());
+        for name in &n {
+            let _ = nodes.delete(name, &DeleteParams::default()).await;
+        }
+    }
+    Ok(())
+}

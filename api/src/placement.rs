@@ -12,8 +12,9 @@
 //!   (Slinky's #259: its DaemonSet-mode pods lacked these, and a pod deleted on a cordoned node was
 //!   never recreated). The host drains the Slurm node of a cordoned Kubernetes node instead.
 //! * The pod is bound to its node by a required node affinity on `metadata.name`
-//!   ([`place_on_node`], the DaemonSet controller's `ReplaceDaemonSetPodNodeNameNodeAffinity`),
-//!   never by `nodeName`, so the scheduler and priority classes still apply.
+//!   ([`pin_to_node`], the DaemonSet controller's `ReplaceDaemonSetPodNodeNameNodeAffinity`),
+//!   never by `nodeName`, so the scheduler and priority classes still apply. As there (and in
+//!   Slinky), that term replaces the user's required terms, which decided the node's eligibility.
 
 use k8s_openapi::api::core::v1::{
     Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, Taint,
@@ -78,46 +79,62 @@ pub fn target_node(pod: &Pod) -> Option<String> {
     })
 }
 
-/// Bind `pod` to `node`: its required node affinity becomes one term per term it had (one when
-/// it had none), each with `matchFields: metadata.name In [node]` in place of any `metadata.name`
-/// field requirement (the other requirements kept); the daemon tolerations it lacks are added.
+/// Bind `pod` to `node` as the DaemonSet controller binds a daemon pod ([`pin_to_node`]) and
+/// give it the daemon tolerations ([`add_daemon_tolerations`]).
 pub fn place_on_node(pod: &mut Pod, node: &str) {
     let spec = pod.spec.get_or_insert_default();
-    let field = NodeSelectorRequirement {
-        key: "metadata.name".into(),
-        operator: "In".into(),
-        values: Some(vec![node.to_string()]),
+    pin_to_node(spec, node);
+    add_daemon_tolerations(spec);
+}
+
+/// The DaemonSet controller's `ReplaceDaemonSetPodNodeNameNodeAffinity`: the required node
+/// affinity becomes one term, `matchFields: metadata.name In [node]`, in place of the terms it
+/// had (which decided that the node is eligible: they are not needed to schedule it there);
+/// preferred terms and pod (anti-)affinity stay. Slinky's DaemonSet-mode pods are bound so.
+pub fn pin_to_node(spec: &mut PodSpec, node: &str) {
+    let term = NodeSelectorTerm {
+        match_fields: Some(vec![NodeSelectorRequirement {
+            key: "metadata.name".into(),
+            operator: "In".into(),
+            values: Some(vec![node.to_string()]),
+        }]),
+        ..Default::default()
     };
-    let affinity = spec.affinity.get_or_insert_default();
-    let node_affinity: &mut NodeAffinity = affinity.node_affinity.get_or_insert_default();
-    let required = node_affinity
-        .required_during_scheduling_ignored_during_execution
-        .get_or_insert_with(|| NodeSelector {
-            node_selector_terms: Vec::new(),
-        });
-    if required.node_selector_terms.is_empty() {
-        required.node_selector_terms.push(NodeSelectorTerm::default());
-    }
-    for term in &mut required.node_selector_terms {
-        let mut fields: Vec<NodeSelectorRequirement> = term
-            .match_fields
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|f| f.key != "metadata.name")
-            .collect();
-        fields.push(field.clone());
-        term.match_fields = Some(fields);
-    }
+    let node_affinity: &mut NodeAffinity = spec
+        .affinity
+        .get_or_insert_default()
+        .node_affinity
+        .get_or_insert_default();
+    node_affinity.required_during_scheduling_ignored_during_execution = Some(NodeSelector {
+        node_selector_terms: vec![term],
+    });
+}
+
+/// The DaemonSet controller's `AddOrUpdateDaemonPodTolerations`: each daemon toleration replaces
+/// a toleration of the same key, operator, value and effect (a `tolerationSeconds` the
+/// API server's `DefaultTolerationSeconds` admission added goes: a daemon pod is not evicted from
+/// a node that is not ready), or is added. Only additions and `tolerationSeconds` change, which
+/// a running pod accepts. Returns whether anything changed.
+pub fn add_daemon_tolerations(spec: &mut PodSpec) -> bool {
     let tolerations = spec.tolerations.get_or_insert_default();
+    let mut changed = false;
     for t in daemon_tolerations() {
-        let has = tolerations
-            .iter()
-            .any(|o| o.key == t.key && o.effect == t.effect && o.operator.as_deref() == Some("Exists"));
-        if !has {
-            tolerations.push(t);
+        let same = |o: &Toleration| {
+            o.key == t.key && o.operator == t.operator && o.value == t.value && o.effect == t.effect
+        };
+        match tolerations.iter_mut().find(|o| same(o)) {
+            Some(o) if *o == t => {}
+            Some(o) => {
+                *o = t;
+                changed = true;
+            }
+            None => {
+                tolerations.push(t);
+                changed = true;
+            }
         }
     }
+    changed
 }
 
 /// Whether the `tolerations` tolerate `taint` (Kubernetes' `Toleration.ToleratesTaint`).
@@ -286,26 +303,44 @@ mod tests {
     }
 
     #[test]
-    fn a_placed_pod_targets_its_node_and_keeps_its_other_requirements() {
+    fn a_placed_pod_targets_only_its_node_and_tolerates_its_troubles_for_ever() {
         let mut pod: Pod = serde_json::from_value(serde_json::json!({"spec": {"containers": [{"name": "s"}],
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                             "effect": "NoExecute", "tolerationSeconds": 300},
+                            {"key": "dedicated", "operator": "Equal", "value": "hpc"}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "accel", "operator": "In", "values": ["gpu"]}],
                  "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["old"]}]}]}}}}}))
         .unwrap_or_default();
         place_on_node(&mut pod, "n1");
         assert_eq!(target_node(&pod).as_deref(), Some("n1"));
-        let term = &pod
+        let terms = pod
             .spec
             .as_ref()
             .and_then(|s| s.affinity.clone())
             .and_then(|a| a.node_affinity)
             .and_then(|n| n.required_during_scheduling_ignored_during_execution)
             .map(|r| r.node_selector_terms)
-            .unwrap_or_default()[0];
-        assert_eq!(term.match_expressions.as_ref().map(Vec::len), Some(1));
-        assert_eq!(term.match_fields.as_ref().map(Vec::len), Some(1));
-        let tolerations = pod.spec.and_then(|s| s.tolerations).unwrap_or_default();
-        assert_eq!(tolerations.len(), daemon_tolerations().len());
+            .unwrap_or_default();
+        assert_eq!(
+            serde_json::to_value(&terms).unwrap_or_default(),
+            serde_json::json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]),
+            "one term naming the node, as the DaemonSet controller makes it"
+        );
+        let mut spec = pod.spec.unwrap_or_default();
+        let tolerations = spec.tolerations.clone().unwrap_or_default();
+        assert_eq!(tolerations.len(), daemon_tolerations().len() + 1);
+        assert_eq!(
+            tolerations[0],
+            daemon_tolerations()[0],
+            "its 300 s are gone, in place"
+        );
+        assert_eq!(
+            tolerations[1].key.as_deref(),
+            Some("dedicated"),
+            "the user's stays"
+        );
+        assert!(!add_daemon_tolerations(&mut spec), "nothing more to add");
         let mut bare = Pod::default();
         place_on_node(&mut bare, "n2");
         assert_eq!(target_node(&bare).as_deref(), Some("n2"));

@@ -249,6 +249,67 @@ async fn workload_defaults_and_what_moves_their_generation() -> Result<()> {
     Ok(())
 }
 
+/// A pod that does not tolerate a node's being not ready or unreachable tolerates it for 300 s
+/// (the `DefaultTolerationSeconds` admission); a running pod's tolerations take additions and
+/// other `tolerationSeconds` (the DaemonSet rule: forever), nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_tolerate_a_lost_node_for_300_s_and_take_only_added_tolerations() -> Result<()> {
+    let c = TestCluster::start().await;
+    let ns = c.namespace("tolerations").await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+    let pod = |name: &str, tolerations: serde_json::Value| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}], "tolerations": tolerations}}))?)
+    };
+    let plain = pods
+        .create(&PostParams::default(), &pod("plain", json!([]))?)
+        .await?;
+    let five_minutes = |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300});
+    assert_eq!(
+        serde_json::to_value(plain.spec.and_then(|s| s.tolerations))?,
+        json!([
+            five_minutes("node.kubernetes.io/not-ready"),
+            five_minutes("node.kubernetes.io/unreachable")
+        ])
+    );
+    let all = pods
+        .create(
+            &PostParams::default(),
+            &pod("all", json!([{"operator": "Exists"}]))?,
+        )
+        .await?;
+    assert_eq!(
+        serde_json::to_value(all.spec.and_then(|s| s.tolerations))?,
+        json!([{"operator": "Exists"}]),
+        "a pod tolerating every taint gets none"
+    );
+    let forever = |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute"});
+    let daemon = json!([forever("node.kubernetes.io/not-ready"), forever("node.kubernetes.io/unreachable"),
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]);
+    let patched = pods
+        .patch(
+            "plain",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"tolerations": daemon}})),
+        )
+        .await?;
+    assert_eq!(
+        serde_json::to_value(patched.spec.and_then(|s| s.tolerations))?,
+        daemon
+    );
+    let fewer = Patch::Merge(json!({"spec": {"tolerations": [forever("node.kubernetes.io/not-ready")]}}));
+    match pods.patch("plain", &PatchParams::default(), &fewer).await {
+        Err(kube::Error::Api(s)) if s.code == 422 => ensure!(
+            s.message
+                .contains("existing toleration can not be modified except its tolerationSeconds"),
+            "{}",
+            s.message
+        ),
+        other => bail!("removing a toleration: {other:?}"),
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_custom_resources_are_refused_and_defaults_applied() -> Result<()> {
     let c = TestCluster::start().await;

@@ -124,6 +124,32 @@ impl PodIdentity {
             revision: revision.into(),
         }
     }
+
+    /// The identity a live pod of `nodeset` was built with, for `revision`: its ordinal's, when
+    /// named as the NodeSet names one (StatefulSet mode); its node's, by its `pod-hostname` label
+    /// and under its own name (DaemonSet mode: Slinky's pods there have generated names, the
+    /// host's `<nodeset>-<hostname>`); `None` for a pod of no identity the NodeSet gives.
+    pub fn of_pod(nodeset: &NodeSet, pod: &k8s_openapi::api::core::v1::Pod, revision: &str) -> Option<Self> {
+        let name = pod.metadata.name.clone()?;
+        if nodeset.is_daemon() {
+            let hostname = pod
+                .metadata
+                .labels
+                .as_ref()?
+                .get(crate::keys::LABEL_POD_HOSTNAME)
+                .filter(|h| !h.is_empty())?;
+            Some(PodIdentity {
+                ordinal: 0,
+                name,
+                hostname: hostname.clone(),
+                revision: revision.to_string(),
+            })
+        } else {
+            nodeset
+                .pod_ordinal(&name)
+                .map(|o| Self::for_ordinal(nodeset, o, revision))
+        }
+    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ fn pod_defaults(obj: &mut Value) {
     spec.entry("dnsPolicy").or_insert("ClusterFirst".into());
     spec.entry("schedulerName").or_insert("default-scheduler".into());
     spec.entry("terminationGracePeriodSeconds").or_insert(30.into());
+    default_toleration_seconds(spec);
     for key in ["containers", "initContainers"] {
         for c in spec
             .get_mut(key)
@@ -102,6 +103,35 @@ fn pod_defaults(obj: &mut Value) {
                 .filter_map(Value::as_object_mut)
             {
                 p.entry("protocol").or_insert("TCP".into());
+            }
+        }
+    }
+}
+
+/// The `DefaultTolerationSeconds` admission plugin (on by default): a pod that does not
+/// tolerate a node being not ready or unreachable (`NoExecute`) tolerates it for 300 s, so it is
+/// evicted from such a node after five minutes.
+fn default_toleration_seconds(spec: &mut serde_json::Map<String, Value>) {
+    let tolerates = |spec: &serde_json::Map<String, Value>, key: &str| {
+        spec.get("tolerations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|t| {
+                let field = |f: &str| t.get(f).and_then(Value::as_str).unwrap_or_default();
+                (field("key") == key || field("key").is_empty())
+                    && (field("effect") == "NoExecute" || field("effect").is_empty())
+            })
+    };
+    for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+        if !tolerates(spec, key) {
+            let t =
+                json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300});
+            match spec.get_mut("tolerations").and_then(Value::as_array_mut) {
+                Some(list) => list.push(t),
+                None => {
+                    spec.insert("tolerations".into(), json!([t]));
+                }
             }
         }
     }

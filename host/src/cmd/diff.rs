@@ -287,9 +287,21 @@ pub(super) async fn live_references(client: &Client, manifests: &[Manifest]) -> 
         })
         .collect();
     let namespaces: Vec<String> = namespaces.into_iter().collect();
+    let daemon = manifests
+        .iter()
+        .any(|m| m.parent.as_nodeset().is_some_and(slinky_api::NodeSet::is_daemon));
     References {
         config_maps: list::<ConfigMap>(client, &namespaces).await.unwrap_or_default(),
         secrets: list::<Secret>(client, &namespaces).await.unwrap_or_default(),
+        // Not readable: rendered by ordinal, so the report shows them as pods to create.
+        daemon_pods: if daemon {
+            list::<Pod>(client, &namespaces)
+                .await
+                .inspect_err(|e| tracing::warn!(error = %e, "cannot list the DaemonSet-mode NodeSets' pods"))
+                .ok()
+        } else {
+            None
+        },
     }
 }
 

@@ -16,7 +16,7 @@ use crate::{
 /// children by kind (ConfigMaps, Services, StatefulSet) and name; for each NodeSet its children
 /// other than pods (the workers' Service and PodDisruptionBudget once per Controller and
 /// namespace, owned by every NodeSet of the input sharing them), then its pods for ordinals
-/// `0..replicas`. An external Controller has only its minimal ConfigMap.
+/// `0..replicas` (in DaemonSet mode, with the live pods read: for those pods). An external Controller has only its minimal ConfigMap.
 ///
 /// # Errors
 /// The first parent whose Controller is missing or whose builder fails.
@@ -178,14 +178,40 @@ impl<'a> Renderer<'a> {
         self.push(built);
         let plugin = self.plugins.pipeline(BuilderKind::NodesetPod, n.labels());
         let revision = pod_revision(&plugin, n, controller, self.ctx).map_err(Self::failed(m, &object))?;
-        for ordinal in 0..u32::try_from(n.replicas()).unwrap_or(0) {
-            let identity = PodIdentity::for_ordinal(n, ordinal, &revision);
-            let pod = plugin
+        for (identity, node) in self.pod_identities(n, &revision) {
+            let mut pod = plugin
                 .build_pod(self.ctx, n, controller, &identity)
                 .map_err(Self::failed(m, &object))?;
+            if let Some(node) = node {
+                slinky_api::placement::pin_to_node(pod.spec.get_or_insert_default(), &node);
+            }
             self.children.push(Child::Pod(Box::new(pod)));
         }
         Ok(())
+    }
+
+    /// The pods to build for `n`: its ordinals `0..replicas`; in DaemonSet mode, when the live
+    /// pods were read, each of its live pods, by its name and hostname, bound to its node (as the
+    /// host compares them).
+    fn pod_identities(&self, n: &NodeSet, revision: &str) -> Vec<(PodIdentity, Option<String>)> {
+        match (&self.references.daemon_pods, n.is_daemon()) {
+            (Some(pods), true) => pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| {
+                    p.owner_references()
+                        .iter()
+                        .any(|o| Some(&o.uid) == n.metadata.uid.as_ref())
+                })
+                .filter_map(|p| {
+                    let id = PodIdentity::of_pod(n, p, revision)?;
+                    Some((id, slinky_api::placement::target_node(p)))
+                })
+                .collect(),
+            _ => (0..u32::try_from(n.replicas()).unwrap_or(0))
+                .map(|o| (PodIdentity::for_ordinal(n, o, revision), None))
+                .collect(),
+        }
     }
 
     fn restapi(&mut self, m: &Manifest, r: &RestApi) -> Result<(), RenderError> {

@@ -189,6 +189,9 @@ pub struct References {
     pub secrets: Vec<Secret>,
     /// ConfigMaps (for the files they provide).
     pub config_maps: Vec<ConfigMap>,
+    /// The live pods of the DaemonSet-mode NodeSets, read from a cluster (`None`: not read; such
+    /// a NodeSet's pods are rendered by ordinal, as no node is known).
+    pub daemon_pods: Option<Vec<k8s_openapi::api::core::v1::Pod>>,
 }
 
 impl References {

@@ -1,7 +1,9 @@
 //! Pods that exist before this pass decides anything: orphans matching the NodeSet are adopted,
 //! owned pods that lost the selector labels are released, owned pods labelled by another
 //! revision scheme whose content equals what the builder makes are relabelled, not replaced, and
-//! pods whose only change is their builder get its annotations patched in place.
+//! pods whose only change is their builder get its annotations patched in place. A DaemonSet-mode
+//! pod is compared bound to its node, whatever its name (Slinky's are generated), and gets the
+//! daemon tolerations it lacks in place.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -13,7 +15,7 @@ use futures::future::join_all;
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::OwnerReference};
 use kube::{Api, ResourceExt, runtime::reflector::ObjectRef};
 use serde_json::Value;
-use slinky_api::{Controller, NodeSet, keys, owners::controller_ref};
+use slinky_api::{Controller, NodeSet, keys, owners::controller_ref, placement};
 
 use super::{Pass, classify::Claims, differing, plan, pods::build_pods};
 use crate::{
@@ -85,24 +87,6 @@ fn version(p: &Pod) -> (String, String) {
     )
 }
 
-/// The identity `pod` was built with, for `revision`: its ordinal's (StatefulSet mode) or its
-/// node's hostname's (DaemonSet mode); `None` for a pod of no identity the NodeSet gives.
-fn identity_of(ns: &NodeSet, pod: &Pod, revision: &str) -> Option<PodIdentity> {
-    let name = pod.name_any();
-    if ns.is_daemon() {
-        let hostname = pod.labels().get(keys::LABEL_POD_HOSTNAME)?;
-        (ns.daemon_pod_name(hostname) == name).then(|| PodIdentity {
-            ordinal: 0,
-            name,
-            hostname: hostname.clone(),
-            revision: revision.to_string(),
-        })
-    } else {
-        ns.pod_ordinal(&name)
-            .map(|o| PodIdentity::for_ordinal(ns, o, revision))
-    }
-}
-
 /// Whether a live pod carries a revision of another scheme than this host's output revisions
 /// (an earlier host's input hash, Slinky's bare FNV hash, none): what it runs is known only
 /// by comparing it with what the builders make.
@@ -117,7 +101,7 @@ fn other_scheme_pods(ns: &NodeSet, owned: &[Arc<Pod>], revision: &str) -> Vec<(u
         .iter()
         .enumerate()
         .filter(|(_, p)| p.metadata.deletion_timestamp.is_none() && other_scheme(p, revision))
-        .filter_map(|(i, p)| identity_of(ns, p, revision).map(|id| (i, id)))
+        .filter_map(|(i, p)| PodIdentity::of_pod(ns, p, revision).map(|id| (i, id)))
         .collect()
 }
 
@@ -190,6 +174,12 @@ pub(super) async fn relabel_equal_pods(
             }
         };
         let have = &have;
+        // DaemonSet mode: bound to its node as the pod is (the DaemonSet controller's rule).
+        let node = ns.is_daemon().then(|| placement::target_node(have)).flatten();
+        let mut want = want;
+        if let Some(node) = &node {
+            placement::pin_to_node(want.spec.get_or_insert_default(), node);
+        }
         // Compare with what the server would store of ours (its defaults, its dropped fields).
         let (stored, dry_run) = match core.writer.dry_run_pod(&want).await {
             Ok(stored) => (stored, true),
@@ -213,7 +203,21 @@ pub(super) async fn relabel_equal_pods(
             continue;
         }
         let labels = BTreeMap::from([(keys::LABEL_REVISION_HASH.to_string(), revision.to_string())]);
-        match core.writer.relabel_pod(have, &labels, &provenance(&want)).await {
+        // A daemon pod made without the daemon tolerations (Slinky's, its #259) gets them in
+        // place: it stays on a node that is cordoned or not ready, as the host's own pods do.
+        let mut spec = have.spec.clone().unwrap_or_default();
+        let tolerations =
+            (node.is_some() && placement::add_daemon_tolerations(&mut spec)).then_some(spec.tolerations);
+        match core
+            .writer
+            .relabel_pod(
+                have,
+                &labels,
+                &provenance(&want),
+                tolerations.flatten().as_deref(),
+            )
+            .await
+        {
             Ok(p) => {
                 unjudged.remove(&uid);
                 owned[i] = Arc::new(p);
@@ -258,7 +262,9 @@ pub(super) async fn refresh_provenance(
         async move {
             (
                 i,
-                core.writer.relabel_pod(&pod, &BTreeMap::new(), provenance).await,
+                core.writer
+                    .relabel_pod(&pod, &BTreeMap::new(), provenance, None)
+                    .await,
             )
         }
     }))

@@ -29,7 +29,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::{
     apps::v1::ControllerRevision,
-    core::v1::{PersistentVolumeClaim, Pod},
+    core::v1::{PersistentVolumeClaim, Pod, Toleration},
 };
 use kube::{
     Api, Client, Resource, ResourceExt,

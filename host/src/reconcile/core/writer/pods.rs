@@ -200,7 +200,8 @@ impl Writer {
     }
 
     /// Set a pod's revision label and builder annotations (a pod equal to what the builder
-    /// makes, labelled by another revision scheme), with a resourceVersion precondition.
+    /// makes, labelled by another revision scheme), and its `tolerations` when given (the whole
+    /// list: a running pod accepts additions only), with a resourceVersion precondition.
     ///
     /// # Errors
     /// The API error.
@@ -209,11 +210,15 @@ impl Writer {
         pod: &Pod,
         labels: &BTreeMap<String, String>,
         annotations: &BTreeMap<String, String>,
+        tolerations: Option<&[Toleration]>,
     ) -> Result<Pod, kube::Error> {
         self.fence("patch")?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = json!({"metadata": {"resourceVersion": pod.resource_version(),
+        let mut patch = json!({"metadata": {"resourceVersion": pod.resource_version(),
             "labels": labels, "annotations": annotations}});
+        if let Some(t) = tolerations {
+            patch["spec"] = json!({"tolerations": t});
+        }
         let pp = patch_params();
         self.write("patch", api.patch(&pod.name_any(), &pp, &Patch::Merge(patch)))
             .await
