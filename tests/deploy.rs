@@ -280,6 +280,19 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         })
         .await
         .context("the NodeSet of a Controller with a slurmrestd never got the host's finalizer")?;
+        // A Token: its JWT Secret applied (patch secrets), its status written.
+        let token: slinky_api::Token = serde_json::from_value(json!({
+            "metadata": {"name": "exporter"},
+            "spec": {"username": "slurm",
+                     "jwtKeyRef": {"name": "slurm-auth-jwths256", "key": "jwt_hs256.key"}}
+        }))?;
+        let tokens = Api::<slinky_api::Token>::namespaced(c.client.clone(), &ns);
+        tokens.create(&PostParams::default(), &token).await?;
+        eventually(30, || async {
+            tokens.get("exporter").await.ok()?.status?.issued_at.map(|_| ())
+        })
+        .await
+        .context("the Token never got its JWT")?;
         // A BuilderPlugin it refuses: its status is written (patch builderplugins/status).
         let bp_name = format!("{ns}-refused");
         let bp: slinky_api::BuilderPlugin = serde_json::from_value(json!({
@@ -370,6 +383,8 @@ async fn the_roles_grant_every_request_a_running_host_makes() -> Result<()> {
         ("patch", "slinky.slurm.net", "nodesets"),
         ("watch", "plugins.slinky.slurm.net", "builderplugins"),
         ("patch", "plugins.slinky.slurm.net", "builderplugins/status"),
+        ("watch", "slinky.slurm.net", "tokens"),
+        ("patch", "slinky.slurm.net", "tokens/status"),
     ] {
         ensure!(
             used.iter()

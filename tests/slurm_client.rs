@@ -102,3 +102,78 @@ async fn a_slurmrestd_that_does_not_answer_is_an_error_within_the_deadline() -> 
     ensure!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     Ok(())
 }
+
+/// A Token's JWT, as a tool such as slurm-exporter reads it from the Secret the host keeps, is
+/// accepted by the real slurmrestd; one a Token signs with a key slurmctld does not have is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_slurmrestd_accepts_the_jwt_a_token_keeps_in_its_secret() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "token", 1).await?;
+    let result = async {
+        nodes_idle(&h, &["slinky-0"]).await?;
+        let other: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "not-slurms-key"},
+            "stringData": {"jwt.key": "a key slurmctld never read, 32 bytes"}
+        }))?;
+        let secrets = Api::<Secret>::namespaced(c.client.clone(), &ns);
+        secrets.create(&Default::default(), &other).await?;
+        let tokens = Api::<slinky_api::Token>::namespaced(c.client.clone(), &ns);
+        for (name, key_ref) in [
+            (
+                "exporter",
+                serde_json::json!({"name": "slurm-auth-jwths256", "key": "jwt_hs256.key"}),
+            ),
+            (
+                "stranger",
+                serde_json::json!({"name": "not-slurms-key", "key": "jwt.key"}),
+            ),
+        ] {
+            let token: slinky_api::Token = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"username": "slurm", "jwtKeyRef": key_ref}
+            }))?;
+            tokens.create(&Default::default(), &token).await?;
+        }
+        let jwt = |name: &'static str| {
+            let secrets = secrets.clone();
+            async move {
+                let s = secrets.get_opt(name).await.ok()??;
+                let v = s.data?.get("SLURM_JWT")?.0.clone();
+                String::from_utf8(v).ok()
+            }
+        };
+        let good = slinky_tests::eventually(60, || jwt("exporter-jwt-slurm"))
+            .await
+            .context("the Token's Secret exporter-jwt-slurm never held SLURM_JWT")?;
+        let client = Client::new(
+            &h.restapi_url(),
+            Tokens::fixed(good, "slurm"),
+            Duration::from_secs(5),
+        )?;
+        let nodes = client.nodes().await?;
+        ensure!(
+            nodes.iter().any(|n| n.name == "slinky-0"),
+            "slurmrestd answered the Token's JWT without the node: {nodes:?}"
+        );
+        let stranger = slinky_tests::eventually(60, || jwt("stranger-jwt-slurm"))
+            .await
+            .context("no Secret for the second Token")?;
+        let refused = Client::new(
+            &h.restapi_url(),
+            Tokens::fixed(stranger, "slurm"),
+            Duration::from_secs(5),
+        )?;
+        match refused.nodes().await {
+            Err(Error::Unauthorized { .. }) => Ok(()),
+            other => anyhow::bail!("a JWT signed with another key: expected Unauthorized, got {other:?}"),
+        }
+    }
+    .await;
+    h.shutdown().await;
+    host.stop().await;
+    result
+}

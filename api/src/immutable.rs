@@ -121,6 +121,22 @@ fn jwt_alias(schema: &mut Schema) {
     }
 }
 
+/// The Token spec's rule (Slinky's, same message): a JWT key, by either name.
+pub(crate) fn token(schema: &mut Schema) {
+    add(
+        schema,
+        [Rule {
+            rule: format!(
+                "{} || {}",
+                set("self", "jwtKeyRef"),
+                set("self", "jwtHs256KeyRef")
+            ),
+            message: "jwtKeyRef or jwtHs256KeyRef must be set",
+            field: ".jwtKeyRef",
+        }],
+    );
+}
+
 /// The Controller spec's rules.
 pub(crate) fn controller(schema: &mut Schema) {
     jwt_alias(schema);

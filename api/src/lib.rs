@@ -27,6 +27,8 @@ pub mod failure;
 pub mod hash;
 /// The fields a change of which would destroy a cluster's state: CRD rules refuse the change.
 mod immutable;
+/// The Token kind (a JWT in a Secret).
+mod token;
 pub use immutable::{CONFIG_MAP_PIN, builder_plugin as builder_plugin_rules};
 /// Labels and annotations a builder or the host may set.
 pub mod keys;
@@ -74,6 +76,9 @@ pub use nodeset::{
 pub use restapi::{RestApi, RestApiSpec, RestApiStatus, SLURMRESTD_PORT, restapi_key};
 pub use scheduled::ScheduledUpdate;
 pub use spec_parts::{Metadata, PodTemplate, ServiceSpec};
+pub use token::{
+    TOKEN_LIFETIME_DEFAULT, TOKEN_LIFETIME_MAX, TOKEN_SECRET_KEY, Token, TokenSpec, TokenStatus,
+};
 pub use wrappers::{ContainerWrapper, PodSpecWrapper, ServiceSpecWrapper, WrapperError};
 
 /// The API group of every Slinky kind.

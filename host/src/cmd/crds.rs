@@ -2,7 +2,7 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use slinky_api::{Accounting, BuilderPlugin, Controller, LoginSet, NodeSet, RestApi};
+use slinky_api::{Accounting, BuilderPlugin, Controller, LoginSet, NodeSet, RestApi, Token};
 
 /// The CRDs, in install order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
@@ -12,6 +12,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         RestApi::crd(),
         LoginSet::crd(),
         Accounting::crd(),
+        Token::crd(),
         {
             let mut crd = BuilderPlugin::crd();
             slinky_api::builder_plugin_rules(&mut crd);

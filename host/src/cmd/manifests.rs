@@ -86,7 +86,14 @@ pub fn cluster_rules() -> Vec<Value> {
     vec![
         rule(
             &["slinky.slurm.net"],
-            &["controllers", "nodesets", "restapis", "loginsets", "accountings"],
+            &[
+                "controllers",
+                "nodesets",
+                "restapis",
+                "loginsets",
+                "accountings",
+                "tokens",
+            ],
             &["get", "list", "watch"],
         ),
         rule(
@@ -97,6 +104,7 @@ pub fn cluster_rules() -> Vec<Value> {
                 "restapis/status",
                 "loginsets/status",
                 "accountings/status",
+                "tokens/status",
             ],
             &["patch"],
         ),
@@ -161,7 +169,7 @@ pub fn cluster_rules() -> Vec<Value> {
         // database password, which the host writes into its `slurmdbd.conf`): `get`, never `list`
         // or `watch`, so the host cannot read the cluster's other Secrets. It creates the Secrets
         // it makes (a LoginSet's host keys, an Accounting's `slurmdbd.conf`) and applies the
-        // latter (patch).
+        // latter (patch), and a Token's JWT Secret (applied).
         rule(&[""], &["secrets"], &["get", "create", "patch"]),
         // A Controller's ServiceMonitor (Prometheus Operator), read by name, never watched (the
         // kind may not be served).

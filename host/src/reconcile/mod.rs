@@ -18,6 +18,7 @@ mod loginset;
 pub mod nodeset;
 mod restapi;
 pub mod slurm;
+pub mod token;
 
 pub use self::core::{
     Error, Metrics, WriteMetrics,
@@ -265,6 +266,8 @@ struct Contexts {
     component: Arc<ComponentContext>,
     /// With BuilderPlugins: their context and queue.
     builder_plugins: Option<(Arc<BuilderPluginContext>, KubeController<BuilderPlugin>)>,
+    /// The Tokens' context, and the one namespace their watch is narrowed to.
+    token: (Arc<token::TokenContext>, Option<String>),
 }
 
 /// Run the watches, and every controller once every cache has synced, until `shutdown`
@@ -317,11 +320,24 @@ async fn run(
         }
         None => futures::future::Either::Right(futures::future::ready(())),
     };
+    let (token_ctx, token_ns) = contexts.token;
+    // Subscribed now: a shutdown while the CRD is looked up still stops the queue.
+    let (tx_token, stop_token) = (tx_shutdown.clone(), on_signal(&tx_shutdown));
+    let tokens = async move {
+        let served = tokio::select! {
+            served = token::served(&token_ctx.core.client) => served,
+            () = stop_token => false,
+        };
+        if served {
+            let queue = token::queue(&token_ctx.core.client, token_ns.as_deref());
+            run_queue(queue, token::reconcile, token_ctx, &tx_token).await;
+        }
+    };
     let trigger = async move {
         shutdown.await;
         let _ = tx_shutdown.send(());
     };
-    tokio::join!(runs, builder_plugins, trigger);
+    tokio::join!(runs, builder_plugins, tokens, trigger);
     caches.abort();
     ready.store(false, Ordering::SeqCst);
 }
@@ -362,9 +378,14 @@ fn contexts(
     expectations: &Arc<Expectations>,
     slurm: &Arc<slurm::SlurmClients>,
     bp_triggers: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<BuilderPlugin>>,
+    one_namespace: Option<String>,
 ) -> Contexts {
     let applied = applied::applied_versions();
     Contexts {
+        token: (
+            Arc::new(token::TokenContext { core: core.clone() }),
+            one_namespace,
+        ),
         controller: Arc::new(ControllerContext {
             core: core.clone(),
             caches: caches.clone(),
@@ -492,7 +513,15 @@ pub fn start(
         resync: config.resync.unwrap_or(slinky_api::defaults::RESYNC),
         recreate_statefulsets: config.recreate_statefulsets,
     });
-    let contexts = contexts(&config, core, &caches, &expectations, &slurm, bp_triggers);
+    let contexts = contexts(
+        &config,
+        core,
+        &caches,
+        &expectations,
+        &slurm,
+        bp_triggers,
+        one_namespace,
+    );
     let ready = Arc::new(AtomicBool::new(false));
     let handles = Handles {
         ready: ready.clone(),

@@ -11,7 +11,8 @@ use kube::{Api, Client, Resource};
 use serde::{Serialize, de::DeserializeOwned};
 use slinky_api::{
     Accounting, AccountingStatus, BuilderPlugin, BuilderPluginStatus, Controller, ControllerStatus, LoginSet,
-    LoginSetStatus, NodeSet, NodeSetStatus, RestApi, RestApiStatus, conditions, failure::Failure,
+    LoginSetStatus, NodeSet, NodeSetStatus, RestApi, RestApiStatus, Token, TokenStatus, conditions,
+    failure::Failure,
 };
 
 use super::{Error, context::Core};
@@ -181,6 +182,7 @@ namespaced_status!(
     RestApi => RestApiStatus,
     LoginSet => LoginSetStatus,
     Accounting => AccountingStatus,
+    Token => TokenStatus,
 );
 
 impl HasStatus for BuilderPlugin {
