@@ -758,8 +758,58 @@ fn the_bundled_builders_make_exactly_what_slinkys_make() -> Result<()> {
         files.push(path);
     }
     let ours = slinky_tests::render_children(&files, |_| {})?;
+    let mut problems = differences_from(&slinky, &ours);
+    // The one deliberate difference: without HA the slurmctld Service does not select
+    // `active=true` (Slinky HEAD always does; v1.2 never did). The host labels the pod active
+    // anyway, so either selector finds it (docs/bundled-builders.md).
+    let allowed = ["Service/slurm-controller/body/spec/selector/controller.slinky.slurm.net/active:"];
+    problems.retain(|p| !allowed.iter().any(|a| p.starts_with(a)));
+    ensure!(
+        problems.is_empty(),
+        "differences from Slinky:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// The same with high availability: the HA Controller's objects of
+/// `tests/slinky-made/ha-controller.yaml` and the NodeSet's, with no difference allowed.
+#[test]
+fn the_bundled_builders_make_exactly_what_slinkys_make_with_ha() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut text = std::fs::read_to_string(example("slurm-cluster.yaml"))?;
+    for (from, to) in [
+        ("  jwtKeyRef:\n", "  jwtHs256KeyRef:\n"),
+        (
+            "  persistence:\n    enabled: true\n",
+            "  ha:\n    enabled: true\n    backups: 1\n  persistence:\n    enabled: true\n    existingClaim: slurm-statesave\n    accessModes:\n    - ReadWriteMany\n",
+        ),
+    ] {
+        ensure!(text.contains(from), "slurm-cluster.yaml has no {from:?}");
+        text = text.replace(from, to);
+    }
+    let path = dir.path().join("slurm-cluster.yaml");
+    std::fs::write(&path, text)?;
+    let uids: BTreeMap<&str, String> = slinky_tests::SLINKY_MADE_OWNERS
+        .iter()
+        .map(|(placeholder, _, name)| (*placeholder, format!("uid-{name}")))
+        .collect();
+    let slinky = slinky_tests::slinky_made_ha("slurm", &uids)?;
+    let ours = slinky_tests::render_children(&[path], |_| {})?;
+    let problems = differences_from(&slinky, &ours);
+    ensure!(
+        problems.is_empty(),
+        "differences from Slinky:\n{}",
+        problems.join("\n")
+    );
+    Ok(())
+}
+
+/// Each object of `slinky` against the one of the same kind and name in `ours` (but Slinky's
+/// revision object and the Secrets the host writes or keeps): the differences, both ways.
+fn differences_from(slinky: &[Value], ours: &BTreeMap<String, Value>) -> Vec<String> {
     let mut problems = Vec::new();
-    for want in &slinky {
+    for want in slinky {
         let key = format!(
             "{}/{}",
             want["kind"].as_str().unwrap_or_default(),
@@ -778,15 +828,5 @@ fn the_bundled_builders_make_exactly_what_slinkys_make() -> Result<()> {
         differences(&comparable(want), &comparable(have), &key, &mut diffs);
         problems.extend(diffs);
     }
-    // The one deliberate difference: without HA the slurmctld Service does not select
-    // `active=true` (Slinky HEAD always does; v1.2 never did). The host labels the pod active
-    // anyway, so either selector finds it (docs/bundled-builders.md).
-    let allowed = ["Service/slurm-controller/body/spec/selector/controller.slinky.slurm.net/active:"];
-    problems.retain(|p| !allowed.iter().any(|a| p.starts_with(a)));
-    ensure!(
-        problems.is_empty(),
-        "differences from Slinky:\n{}",
-        problems.join("\n")
-    );
-    Ok(())
+    problems
 }

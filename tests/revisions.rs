@@ -522,13 +522,23 @@ async fn uid_of(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Result<Str
 
 /// Slinky's objects for `ns` and its owners' UIDs ([`slinky_tests::slinky_made`]), written as
 /// its manager writes them (created by the field manager `manager`). Returns them by `Kind/name`.
-async fn write_slinky_made(c: &TestCluster, ns: &str) -> Result<BTreeMap<String, Value>> {
+async fn write_slinky_made(c: &TestCluster, ns: &str, ha: bool) -> Result<BTreeMap<String, Value>> {
     let mut uids = BTreeMap::new();
     for (placeholder, kind, name) in slinky_tests::SLINKY_MADE_OWNERS {
-        uids.insert(placeholder, uid_of(c, ns, kind, name).await?);
+        // The HA cluster has no RestApi, LoginSet nor Accounting: nothing of it names them.
+        let uid = match uid_of(c, ns, kind, name).await {
+            Err(_) if ha => "absent".to_string(),
+            uid => uid?,
+        };
+        uids.insert(placeholder, uid);
     }
+    let docs = if ha {
+        slinky_tests::slinky_made_ha(ns, &uids)?
+    } else {
+        slinky_tests::slinky_made(ns, &uids)?
+    };
     let mut out = BTreeMap::new();
-    for doc in slinky_tests::slinky_made(ns, &uids)? {
+    for doc in docs {
         let (api_version, kind) = (
             doc["apiVersion"].as_str().unwrap_or_default(),
             doc["kind"].as_str().unwrap_or_default(),
@@ -559,6 +569,90 @@ async fn restart_inputs(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Re
         .await?;
     let generation = (kind == "StatefulSet").then_some(o.metadata.generation).flatten();
     Ok((o.data["spec"]["template"].clone(), generation))
+}
+
+/// Slinky's objects `made` are in `ns` with `pods` pods: `plugin diff` finds nothing to roll, then
+/// the host takes them over: the workers relabelled, every child applied, a steady state, no pod
+/// replaced and no template of `workloads` (nor a StatefulSet's generation) changed. Returns the
+/// running host.
+async fn taken_over_without_a_restart(
+    c: &TestCluster,
+    ns: &str,
+    made: &BTreeMap<String, Value>,
+    pods: usize,
+    workloads: &[(&str, &str)],
+) -> Result<Host> {
+    let before = pod_uids(c, ns).await?;
+    ensure!(before.len() == pods, "Slinky's pods: {before:?}");
+    let mut templates = Vec::new();
+    for (kind, name) in workloads {
+        templates.push(restart_inputs(c, ns, kind, name).await?);
+    }
+    // The check before a takeover (docs/migrating-from-slinky.md): nothing would roll.
+    let (kubeconfig, namespace) = (c.kubeconfig.display().to_string(), ns.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        slinky_tests::run(&["plugin", "diff", "--kubeconfig", &kubeconfig, "-n", &namespace])
+    })
+    .await?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    // (On kube-apiserver the apply replaces the slurmctld Service's selector, an atomic map, and
+    // drops `active` without HA: a change, no restart, the pod keeps matching.)
+    ensure!(
+        out.status.success()
+            && report.contains(" 0 pod(s) would roll")
+            && !report.contains("its pods restart"),
+        "plugin diff before the takeover:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let host = Host::start(c, ns)?;
+    let pods_api = Api::<Pod>::namespaced(c.client.clone(), ns);
+    // The workers are compared with what the builders make, found equal and relabelled.
+    let relabelled = eventually(90, || workers_of_this_scheme(c, ns, 3, "")).await;
+    ensure!(
+        relabelled.is_some(),
+        "Slinky's workers were not taken as the builders' pods: {:?}",
+        pods_api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|p| (p.name_any(), p.labels().get("controller-revision-hash").cloned()))
+            .collect::<Vec<_>>()
+    );
+    // Every child applied by the host (the StatefulSet only once the Controller, with
+    // `jwtHs256KeyRef`, builds).
+    // (The ssh host keys Secret is the host's to make only when missing: it keeps Slinky's.)
+    let applied = |k: &&String| {
+        !k.starts_with("Pod/")
+            && !k.starts_with("ControllerRevision/")
+            && k.as_str() != "Secret/slurm-login-slinky-ssh-host-keys"
+    };
+    for key in made.keys().filter(applied) {
+        let (kind, name) = key.split_once('/').unwrap_or_default();
+        let doc = &made[key];
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+        let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), ns, &ar);
+        eventually(60, || async {
+            let o = api.get(name).await.ok()?;
+            o.annotations()
+                .contains_key("slinky.slurm.net/applied-hash")
+                .then_some(())
+        })
+        .await
+        .with_context(|| format!("the host never applied {key}"))?;
+    }
+    settled_without_writes(&host).await?;
+    assert_eq!(pod_uids(c, ns).await?, before, "no pod was replaced");
+    for ((kind, name), before) in workloads.iter().zip(templates) {
+        assert_eq!(
+            restart_inputs(c, ns, kind, name).await?,
+            before,
+            "{kind} {name}: the template is Slinky's, no restart"
+        );
+    }
+    Ok(host)
 }
 
 /// A cluster Slinky's operator made is taken over with no restart: its Controller written by
@@ -595,7 +689,7 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
         })
         .await?;
     }
-    let made = write_slinky_made(&c, &ns).await?;
+    let made = write_slinky_made(&c, &ns, false).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let sim = c
         .embedded("slurmctld's pod (the simulated StatefulSet controller)")
@@ -607,84 +701,13 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
                 .with_context(|| format!("the simulated StatefulSet controller made no {pod}"))?;
         }
     }
-    let before = pod_uids(&c, &ns).await?;
-    ensure!(
-        before.len() == 3 + 2 * usize::from(sim),
-        "Slinky's pods: {before:?}"
-    );
     let workloads = [
         ("StatefulSet", "slurm-controller"),
         ("StatefulSet", "slurm-accounting"),
         ("Deployment", "slurm-restapi"),
         ("Deployment", "slurm-login-slinky"),
     ];
-    let mut templates = Vec::new();
-    for (kind, name) in workloads {
-        templates.push(restart_inputs(&c, &ns, kind, name).await?);
-    }
-
-    // The check before a takeover (docs/migrating-from-slinky.md): nothing would roll.
-    let (kubeconfig, namespace) = (c.kubeconfig.display().to_string(), ns.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        slinky_tests::run(&["plugin", "diff", "--kubeconfig", &kubeconfig, "-n", &namespace])
-    })
-    .await?;
-    let report = String::from_utf8_lossy(&out.stdout);
-    // (On kube-apiserver the apply replaces the slurmctld Service's selector, an atomic map, and
-    // drops `active`: a change, no restart, the pod keeps matching.)
-    ensure!(
-        out.status.success()
-            && report.contains(" 0 pod(s) would roll")
-            && !report.contains("its pods restart"),
-        "plugin diff before the takeover:\n{report}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let host = Host::start(&c, &ns)?;
-    // The workers are compared with what the builders make, found equal and relabelled.
-    let relabelled = eventually(90, || workers_of_this_scheme(&c, &ns, 3, "")).await;
-    ensure!(
-        relabelled.is_some(),
-        "Slinky's workers were not taken as the builders' pods: {:?}",
-        pods.list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(|p| (p.name_any(), p.labels().get("controller-revision-hash").cloned()))
-            .collect::<Vec<_>>()
-    );
-    // Every child applied by the host (the StatefulSet only once the Controller, with
-    // `jwtHs256KeyRef`, builds).
-    // (The ssh host keys Secret is the host's to make only when missing: it keeps Slinky's.)
-    let applied = |k: &&String| {
-        !k.starts_with("Pod/")
-            && !k.starts_with("ControllerRevision/")
-            && k.as_str() != "Secret/slurm-login-slinky-ssh-host-keys"
-    };
-    for key in made.keys().filter(applied) {
-        let (kind, name) = key.split_once('/').unwrap_or_default();
-        let doc = &made[key];
-        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
-        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
-        let api = Api::<DynamicObject>::namespaced_with(c.client.clone(), &ns, &ar);
-        eventually(60, || async {
-            let o = api.get(name).await.ok()?;
-            o.annotations()
-                .contains_key("slinky.slurm.net/applied-hash")
-                .then_some(())
-        })
-        .await
-        .with_context(|| format!("the host never applied {key}"))?;
-    }
-    settled_without_writes(&host).await?;
-    assert_eq!(pod_uids(&c, &ns).await?, before, "no pod was replaced");
-    for ((kind, name), before) in workloads.into_iter().zip(templates) {
-        assert_eq!(
-            restart_inputs(&c, &ns, kind, name).await?,
-            before,
-            "{kind} {name}: the template is Slinky's, no restart"
-        );
-    }
+    let host = taken_over_without_a_restart(&c, &ns, &made, 3 + 2 * usize::from(sim), &workloads).await?;
     if sim {
         let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns)
             .get("slurm-controller")
@@ -695,6 +718,93 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
             selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)),
             "the slurmctld Service ({selector:?}) no longer selects its pod ({:?})",
             pod.labels()
+        );
+    }
+    host.stop().await;
+    Ok(())
+}
+
+/// The same with high availability (`tests/slinky-made/ha-controller.yaml`): two slurmctld pods
+/// of Slinky's StatefulSet on the existing claim, the one Slinky's operator found in control
+/// labelled `active=true`. Taken over with no restart, and the Service, which selects
+/// `active=true`, keeps exactly that endpoint.
+#[tokio::test]
+async fn an_ha_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Result<()> {
+    let c = slinky_tests::host::cluster_with_statefulsets().await;
+    let ns = c.namespace("adopt-ha").await;
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "slurm-statesave"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Gi"}}}
+    }))?;
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    slinky_tests::host::apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            let jwt = v["spec"]
+                .as_object_mut()
+                .and_then(|s| s.remove("jwtKeyRef"))
+                .unwrap_or_default();
+            v["spec"]["jwtHs256KeyRef"] = jwt;
+            v["spec"]["ha"] = json!({"enabled": true, "backups": 1});
+            v["spec"]["persistence"] = json!({"enabled": true, "existingClaim": "slurm-statesave",
+                "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Gi"}}});
+        }
+    })
+    .await?;
+    let made = write_slinky_made(&c, &ns, true).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let sim = c
+        .embedded("slurmctld's pods (the simulated StatefulSet controller)")
+        .is_some();
+    let active = format!("{}=true", slinky_api::keys::LABEL_CONTROLLER_ACTIVE);
+    if sim {
+        for pod in ["slurm-controller-0", "slurm-controller-1"] {
+            eventually(60, || async { pods.get_opt(pod).await.ok()? })
+                .await
+                .with_context(|| format!("the simulated StatefulSet controller made no {pod}"))?;
+        }
+        // Slinky's operator labels the slurmctld in control (its ping said so).
+        pods.patch(
+            "slurm-controller-0",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {slinky_api::keys::LABEL_CONTROLLER_ACTIVE: "true"}}}),
+            ),
+        )
+        .await?;
+    }
+    let host = taken_over_without_a_restart(
+        &c,
+        &ns,
+        &made,
+        3 + 2 * usize::from(sim),
+        &[("StatefulSet", "slurm-controller")],
+    )
+    .await?;
+    let svc = Api::<k8s_openapi::api::core::v1::Service>::namespaced(c.client.clone(), &ns)
+        .get("slurm-controller")
+        .await?;
+    let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+    ensure!(
+        selector
+            .get(slinky_api::keys::LABEL_CONTROLLER_ACTIVE)
+            .map(String::as_str)
+            == Some("true"),
+        "the HA Service no longer selects the active slurmctld: {selector:?}"
+    );
+    if sim {
+        let endpoints: Vec<String> = pods
+            .list(&ListParams::default().labels(&active))
+            .await?
+            .items
+            .iter()
+            .filter(|p| selector.iter().all(|(k, v)| p.labels().get(k) == Some(v)))
+            .map(|p| p.name_any())
+            .collect();
+        ensure!(
+            endpoints == ["slurm-controller-0"],
+            "the Service's endpoints: {endpoints:?}"
         );
     }
     host.stop().await;

@@ -398,8 +398,42 @@ pub fn slinky_made(
     ns: &str,
     uids: &std::collections::BTreeMap<&str, String>,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
+    slinky_made_from(&SLINKY_MADE, ns, uids)
+}
+
+/// What Slinky's operator makes for the example cluster with a high-availability Controller
+/// (`tests/slinky-made/ha-controller.yaml`: two slurmctld, the existing claim `slurm-statesave`)
+/// and its NodeSet (the workers of `example-cluster.yaml`), in namespace `ns`, as [`slinky_made`].
+///
+/// # Errors
+/// As [`slinky_made`].
+pub fn slinky_made_ha(
+    ns: &str,
+    uids: &std::collections::BTreeMap<&str, String>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let docs = slinky_made_from(
+        &[include_str!("../slinky-made/ha-controller.yaml"), SLINKY_MADE[0]],
+        ns,
+        uids,
+    )?;
+    // The HA Controller's objects first; the example's own Controller and RestApi objects go.
+    let mut seen = std::collections::BTreeSet::new();
+    Ok(docs
+        .into_iter()
+        .filter(|d| {
+            let key = format!("{}/{}", d["kind"], d["metadata"]["name"]);
+            seen.insert(key) && d["metadata"]["name"] != "slurm-restapi"
+        })
+        .collect())
+}
+
+fn slinky_made_from(
+    files: &[&str],
+    ns: &str,
+    uids: &std::collections::BTreeMap<&str, String>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     use anyhow::Context;
-    let mut text = SLINKY_MADE.join("\n---\n").replace("@NS@", ns);
+    let mut text = files.join("\n---\n").replace("@NS@", ns);
     for (placeholder, kind, name) in SLINKY_MADE_OWNERS {
         let uid = uids
             .get(placeholder)
