@@ -307,8 +307,7 @@ pub fn build_controller_statefulset(
     );
     let slurmctld = merge::merge_container(&slurmctld_container(controller), &spec.slurmctld.0)
         .map_err(|e| BuildError::invalid(format!("spec.slurmctld: {e}")))?;
-    let mut volumes = controller_volumes(controller)?;
-    volumes.extend(statesave_volume);
+    let volumes = controller_volumes(controller)?;
     let base = PodSpec {
         automount_service_account_token: Some(false),
         containers: vec![slurmctld],
@@ -325,6 +324,14 @@ pub fn build_controller_statefulset(
     };
     let mut pod_spec = merge::merge_pod_spec(&base, &spec.template.spec.0)
         .map_err(|e| BuildError::invalid(format!("spec.template.spec: {e}")))?;
+    // The state save volume last, after the user's template's volumes, as Slinky appends it (a
+    // volume of that name in the template is the user's).
+    let volumes = pod_spec.volumes.get_or_insert_default();
+    if let Some(v) = statesave_volume
+        && !volumes.iter().any(|have| have.name == v.name)
+    {
+        volumes.push(v);
+    }
     require_images(&pod_spec, |container| match container {
         "slurmctld" => "spec.slurmctld.image".to_string(),
         "logfile" => "spec.logfile.image".to_string(),

@@ -129,3 +129,37 @@ fn checksums_follow_slinky() {
     );
     assert_eq!(checksum_of_map(std::iter::empty()), "");
 }
+
+#[test]
+fn the_state_save_volume_comes_after_the_templates_volumes_as_in_slinky() {
+    let controller: Controller = serde_json::from_value(serde_json::json!({
+        "apiVersion": "slinky.slurm.net/v1beta1", "kind": "Controller",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {"slurmKeyRef": {"name": "k", "key": "slurm.key"},
+                 "jwtKeyRef": {"name": "j", "key": "jwt.key"},
+                 "slurmctld": {"image": "slurmctld:25.05"}, "logfile": {"image": "alpine"},
+                 "ha": {"enabled": true, "backups": 1},
+                 "persistence": {"enabled": true, "existingClaim": "state"},
+                 "template": {"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}}}
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let set = build_controller_statefulset(
+        &BuildContext::default(),
+        &controller,
+        &ControllerInputs::default(),
+        &k8s_openapi::api::core::v1::ConfigMap::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let names: Vec<String> = set
+        .spec
+        .template
+        .spec
+        .and_then(|s| s.volumes)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names.last().map(String::as_str), Some("statesave"), "{names:?}");
+    let scratch = names.iter().position(|n| n == "scratch");
+    assert!(scratch.is_some_and(|i| i + 1 < names.len()), "{names:?}");
+}
