@@ -1516,3 +1516,61 @@ async fn a_build_reaching_past_its_parent_changes_nothing_until_the_host_allows_
     host.stop().await;
     Ok(())
 }
+
+/// High availability on an existing claim that is not ReadWriteMany (Slinky refuses it): the
+/// Controller is `InvalidSpec` naming the claim and the access mode, and no StatefulSet is made;
+/// once the claim is ReadWriteMany, the StatefulSet is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn high_availability_on_a_claim_that_is_not_read_write_many_is_an_invalid_spec() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("ha-claim").await;
+    let claims = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(c.client.clone(), &ns);
+    let claim = |mode: &str| -> Result<k8s_openapi::api::core::v1::PersistentVolumeClaim> {
+        Ok(serde_json::from_value(
+            json!({"metadata": {"name": "slurm-state"},
+            "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}}}),
+        )?)
+    };
+    claims
+        .create(&PostParams::default(), &claim("ReadWriteOnce")?)
+        .await?;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["spec"]["ha"] = json!({"enabled": true, "backups": 1});
+            v["spec"]["persistence"] = json!({"enabled": true, "existingClaim": "slurm-state"});
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let invalid = eventually(30, || {
+        condition(&c, &ns, "Controller", "slurm", conditions::INVALID_SPEC)
+    })
+    .await
+    .context("no InvalidSpec for an HA claim that is ReadWriteOnce")?;
+    let message = invalid["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains("ReadWriteMany") && message.contains("slurm-state"),
+        "{invalid}"
+    );
+    ensure!(
+        object(&c, &ns, ChildKind::StatefulSet, "slurm-controller")
+            .await
+            .is_none(),
+        "a StatefulSet was made on a claim its backups cannot share"
+    );
+    // Access modes cannot change: the claim is made again, shared.
+    claims.delete("slurm-state", &DeleteParams::default()).await?;
+    eventually(60, || async {
+        claims.get_opt("slurm-state").await.ok()?.is_none().then_some(())
+    })
+    .await
+    .context("the claim was not deleted")?;
+    claims
+        .create(&PostParams::default(), &claim("ReadWriteMany")?)
+        .await?;
+    eventually(30, || object(&c, &ns, ChildKind::StatefulSet, "slurm-controller"))
+        .await
+        .context("no StatefulSet once the claim is ReadWriteMany")?;
+    host.stop().await;
+    Ok(())
+}

@@ -248,7 +248,11 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
         BTreeSet::new(),
     );
     let mut applied = Vec::new();
-    if let Some(problem) = checks::summary(&c.spec_problems()) {
+    let problem = match checks::summary(&c.spec_problems()) {
+        Some(p) => Some(p),
+        None => unshared_claim(core, c).await?,
+    };
+    if let Some(problem) = problem {
         pass.state.problem(Failure::invalid_spec(problem)).await;
     } else {
         let (desired, complete) = build(&mut pass).await?;
@@ -284,6 +288,32 @@ async fn reconcile_inner(c: &Controller, ctx: &ControllerContext) -> Result<Acti
         .unwrap_or(core.resync)
         .min(ha_recheck.unwrap_or(core.resync));
     Ok(Action::requeue(requeue))
+}
+
+/// With high availability, the existing claim every slurmctld mounts must be `ReadWriteMany`
+/// (Slinky refuses the StatefulSet otherwise): what is wrong, read from the API. A claim not made
+/// yet is no problem here (its pods wait for it).
+async fn unshared_claim(core: &crate::reconcile::Core, c: &Controller) -> Result<Option<String>, Error> {
+    let claim = c
+        .spec
+        .persistence
+        .as_ref()
+        .and_then(|p| p.existing_claim.as_deref());
+    let (true, Some(claim)) = (c.ha_enabled() && !c.spec.external, claim) else {
+        return Ok(None);
+    };
+    let ns = c.namespace().unwrap_or_default();
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(core.client.clone(), &ns);
+    let Some(pvc) = api.get_opt(claim).await? else {
+        return Ok(None);
+    };
+    let modes = pvc.spec.and_then(|s| s.access_modes).unwrap_or_default();
+    Ok((!modes.iter().any(|m| m == "ReadWriteMany")).then(|| {
+        format!(
+            "spec.persistence.existingClaim: high availability needs the PersistentVolumeClaim              {ns}/{claim} to have the access mode ReadWriteMany (every slurmctld mounts it; it has              {modes:?}): use a ReadWriteMany claim, or turn HA off"
+        )
+    }))
 }
 
 /// slurmctld's readiness, as its StatefulSet reports it.
