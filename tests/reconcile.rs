@@ -1059,3 +1059,57 @@ async fn another_controllers_condition_applied_server_side_merges_with_the_hosts
     host.stop().await;
     Ok(())
 }
+
+/// An `extraConf` item that is not `Key=Value`: the pods are built without extraConf, as Slinky's
+/// manager builds them, and the NodeSet says so (`ExtraConfIgnored` naming the item, a Warning
+/// Event) until it is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_extra_conf_item_is_a_condition_and_the_pods_are_built() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("extra-conf").await;
+    slinky_tests::host::apply_example_with(&c, &ns, 1, |v| {
+        v["spec"]["extraConf"] = "Weight=5 NotAKeyValue".into();
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let api = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let condition = || async {
+        api.get(NS_NAME)
+            .await
+            .ok()?
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == slinky_api::conditions::EXTRA_CONF_IGNORED)
+    };
+    let cond = eventually(30, || async { condition().await.filter(|c| c.status == "True") })
+        .await
+        .context("no ExtraConfIgnored condition")?;
+    ensure!(cond.message.contains("\"NotAKeyValue\""), "{}", cond.message);
+    let pods = eventually(30, || async {
+        let p = pod_names(&c, &ns).await.ok()?;
+        (!p.is_empty()).then_some(p)
+    })
+    .await
+    .context("no pod built")?;
+    ensure!(pods.len() == 1, "{pods:?}");
+    let warned = eventually(30, || async {
+        events(&c, &ns, NS_NAME)
+            .await
+            .ok()?
+            .into_iter()
+            .find(|(reason, _)| reason == "ExtraConfIgnored")
+    })
+    .await;
+    ensure!(warned.is_some(), "no ExtraConfIgnored Event");
+    api.patch(
+        NS_NAME,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"extraConf": "Weight=5"}})),
+    )
+    .await?;
+    let cleared = eventually(30, || async { condition().await.is_none().then_some(()) }).await;
+    ensure!(cleared.is_some(), "ExtraConfIgnored stayed after the fix");
+    host.stop().await;
+    Ok(())
+}

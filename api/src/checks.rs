@@ -104,6 +104,24 @@ impl MaxUnavailable {
 }
 
 impl NodeSet {
+    /// The first `extraConf` item that is not `Key=Value` (Slinky's `ParseExtraConf` error): then
+    /// none of `extraConf` reaches slurmd, as in Slinky's manager (its webhook refuses the
+    /// NodeSet). Not a spec problem: the pods are built, and a condition says what was left out.
+    pub fn extra_conf_problem(&self) -> Option<String> {
+        let item = self
+            .spec
+            .extra_conf
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .find(|item| !item.contains('='))?;
+        Some(format!(
+            "spec.extraConf: malformed --conf item {item:?}, expected Key=Value (space-separated \
+             Key=Value items, a value may be a comma-separated list): none of extraConf is passed to \
+             slurmd until it is fixed"
+        ))
+    }
+
     /// Problems that make the NodeSet's pods ones the API server refuses, or settings this host
     /// does not support. Checks the pod of the highest ordinal `replicas` asks for; pods of higher
     /// ordinals (when strangers hold some names) are checked with [`NodeSet::identity_problems`].

@@ -38,8 +38,12 @@ pub const LOADED: &str = "Loaded";
 /// clears it.
 #[deprecated(note = "replaced by CHILD_FAILURE; the host only clears it")]
 pub const SERVICE_FAILURE: &str = "ServiceFailure";
+/// A NodeSet's `extraConf` has an item that is not `Key=Value`: none of it reaches slurmd (as
+/// in Slinky's manager; its webhook refuses such a NodeSet). The pods are built without it.
+pub const EXTRA_CONF_IGNORED: &str = "ExtraConfIgnored";
 /// The condition types a NodeSet's status carries from the host.
-pub const NODESET: [&str; 8] = [
+pub const NODESET: [&str; 9] = [
+    EXTRA_CONF_IGNORED,
     READY,
     INVALID_SPEC,
     BUILDER_FAILED,

@@ -262,3 +262,17 @@ fn high_availability_needs_an_existing_claim() {
     c.spec.slurm_key_ref = None;
     assert_eq!(fields(&c.spec_problems()), ["spec.slurmKeyRef"]);
 }
+
+#[test]
+fn a_malformed_extra_conf_item_is_named() {
+    let mut ns = nodeset("w", 1);
+    ns.spec.extra_conf = Some("  Features=gpu  Weight=10 ".into());
+    assert_eq!(ns.extra_conf_problem(), None, "white space is tolerated");
+    ns.spec.extra_conf = Some("Features=gpu bogus Weight=10".into());
+    let problem = ns.extra_conf_problem().unwrap_or_default();
+    assert!(problem.contains("\"bogus\""), "{problem}");
+    assert!(
+        ns.spec_problems().is_empty(),
+        "the pods are still built, as Slinky's manager"
+    );
+}

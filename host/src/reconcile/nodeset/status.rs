@@ -45,6 +45,7 @@ pub(super) async fn write_status(
     let desired = pass.desired.unwrap_or_else(|| ns.replicas().max(0));
     let available = live.iter().filter(|p| is_available(p, min_ready, now)).count() as i32;
     set_conditions(pass, available, desired, reached);
+    extra_conf(pass).await;
     let old = ns.status.clone().unwrap_or_default();
     let counts = pass.slurm_counts.unwrap_or(slinky_slurm::Counts {
         idle: old.slurm_idle,
@@ -119,6 +120,34 @@ pub(super) async fn write_status(
     };
     status::write(pass.core(), ns, &pass.state.conditions, compute).await?;
     Ok(())
+}
+
+/// `ExtraConfIgnored` while `extraConf` has a malformed item (a Warning Event when it starts).
+async fn extra_conf(pass: &mut Pass<'_>) {
+    let ns = pass.ns;
+    match ns.extra_conf_problem() {
+        Some(message) => {
+            let was = pass
+                .state
+                .current()
+                .iter()
+                .any(|c| c.type_ == conditions::EXTRA_CONF_IGNORED && c.status == "True");
+            if !was {
+                pass.core()
+                    .event(
+                        ns,
+                        kube::runtime::events::EventType::Warning,
+                        "ExtraConfIgnored",
+                        message.clone(),
+                    )
+                    .await;
+            }
+            pass.state
+                .conditions
+                .set(conditions::EXTRA_CONF_IGNORED, true, "MalformedItem", message);
+        }
+        None => pass.state.conditions.clear(conditions::EXTRA_CONF_IGNORED),
+    }
 }
 
 /// The host's conditions after a pass: the problem that stopped it, `Ready` from the available
