@@ -611,6 +611,119 @@ async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
     result
 }
 
+/// `sbatch --exclusive` a job that waits for SIGUSR1, in the partition `slinky` (on `node` when
+/// given): its id.
+async fn submit_exclusive(h: &SlurmLocal, node: Option<&str>) -> Result<String> {
+    let mut args = vec!["sbatch", "--parsable", "--exclusive", "-p", "slinky"];
+    if let Some(node) = node {
+        args.extend(["-w", node]);
+    }
+    args.extend(["--wrap", "trap 'exit 0' USR1; while :; do sleep 1; done"]);
+    let out = h.exec_ok(&args).await?;
+    Ok(out.trim().split(';').next().unwrap_or_default().to_string())
+}
+
+/// A deleted NodeSet closes its partition first (no job is queued there any more), lets the job
+/// queued there before run on its node (not drained while it waits), then drains the node and
+/// goes once both jobs ended: no job lost, none new accepted.
+#[tokio::test]
+async fn a_deleted_nodesets_partition_takes_no_new_job_and_its_queued_job_still_runs() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "partition-closed", 1).await?;
+    nodes_idle(&h, &["slinky-0"]).await?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let result = async {
+        eventually(60, || async {
+            let n = nodesets.get(NS_NAME).await.ok()?;
+            n.finalizers()
+                .iter()
+                .any(|f| f == keys::FINALIZER_SLURM_NODES)
+                .then_some(())
+        })
+        .await
+        .context("the NodeSet never got the host's finalizer")?;
+        let running = submit_exclusive(&h, Some("slinky-0")).await?;
+        eventually(30, || async {
+            (job_state(&h, &running).await.ok()? == "RUNNING").then_some(())
+        })
+        .await
+        .context("the first job never ran")?;
+        let queued = submit_exclusive(&h, None).await?;
+        ensure!(
+            job_state(&h, &queued).await? == "PENDING",
+            "the second job is not queued"
+        );
+        nodesets.delete(NS_NAME, &Default::default()).await?;
+        // slurmctld reads the new slurm.conf (its pod rolls for the config hash).
+        let closed = eventually(180, || async {
+            let p = show(&h, "partition", "slinky").await.ok()?;
+            field(&p, "State").is_some_and(|s| s == "DRAIN").then_some(())
+        })
+        .await;
+        ensure!(
+            closed.is_some(),
+            "the partition was not closed: {}",
+            show(&h, "partition", "slinky").await.unwrap_or_default()
+        );
+        let refused = h
+            .exec(&["sbatch", "--parsable", "-p", "slinky", "--wrap", "true"])
+            .await?;
+        ensure!(
+            !refused.status.success(),
+            "a job was accepted into the closed partition: {}",
+            String::from_utf8_lossy(&refused.stdout)
+        );
+        // The node is where the queued job will run: not drained while it waits.
+        host.passes_later(3).await?;
+        let node = show(&h, "node", "slinky-0").await?;
+        ensure!(
+            !field(&node, "State").is_some_and(|s| s.contains("DRAIN")),
+            "the node was drained while a job waited for it: {node}"
+        );
+        ensure!(
+            job_state(&h, &running).await? == "RUNNING",
+            "the first job no longer runs"
+        );
+        end_job(&h, &running).await?;
+        eventually(60, || async {
+            (job_state(&h, &queued).await.ok()? == "RUNNING").then_some(())
+        })
+        .await
+        .context("the queued job never ran")?;
+        let drained = eventually(60, || async {
+            let node = show(&h, "node", "slinky-0").await.ok()?;
+            (field(&node, "State").is_some_and(|s| s.contains("DRAIN")) && node.contains("is being deleted"))
+                .then_some(())
+        })
+        .await;
+        ensure!(drained.is_some(), "node {}", show(&h, "node", "slinky-0").await?);
+        ensure!(
+            nodesets.get_opt(NS_NAME).await?.is_some(),
+            "the NodeSet went while its queued job ran"
+        );
+        end_job(&h, &queued).await?;
+        let gone = eventually(90, || async {
+            nodesets.get_opt(NS_NAME).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        ensure!(gone.is_some(), "the NodeSet never went after its jobs");
+        for job in [&running, &queued] {
+            ensure!(
+                job_state(&h, job).await? == "COMPLETED",
+                "job {job} did not complete"
+            );
+        }
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    h.shutdown().await;
+    result
+}
+
 /// A node slurmctld marked DOWN "Not responding" (its slurmd died, the pod stays) is left alone:
 /// the host neither resumes nor drains it, however many passes see it (an admin or Slurm decides).
 #[tokio::test]

@@ -20,6 +20,12 @@ pub struct Job {
     /// no limit or Slurm does not say.
     #[serde(default, deserialize_with = "number")]
     pub end_time: Option<i64>,
+    /// Its id.
+    #[serde(default)]
+    pub job_id: u64,
+    /// The partitions it may run in (`slinky`, or a comma-separated list while pending).
+    #[serde(default)]
+    pub partition: String,
 }
 
 /// When a busy node's jobs end.
@@ -32,6 +38,16 @@ pub enum Deadline {
 }
 
 impl Job {
+    /// Whether it waits to start (pending, or held: Slurm's state `PENDING`).
+    pub fn is_pending(&self) -> bool {
+        self.job_state.iter().any(|s| s == "PENDING")
+    }
+
+    /// Whether `partition` is one it may run in.
+    pub fn in_partition(&self, partition: &str) -> bool {
+        self.partition.split(',').any(|p| p.trim() == partition)
+    }
+
     /// Whether it holds its nodes (running, suspended or completing).
     pub fn holds_nodes(&self) -> bool {
         self.job_state

@@ -245,11 +245,25 @@ pub fn nodeset_lines(nodesets: &[NodeSet]) -> Vec<String> {
         let name = n.slurm_name();
         lines.push(format!("NodeSet={name} Feature={name}"));
         if let Some(p) = n.spec.partition.as_ref().filter(|p| p.enabled) {
+            let config = p.config.as_deref().unwrap_or_default();
+            // A NodeSet being deleted closes its partition first: no new job is queued there,
+            // the queued ones still run (its finalizer waits for them).
+            let config = if n.metadata.deletion_timestamp.is_some() {
+                config
+                    .split_whitespace()
+                    .filter(|item| {
+                        !item
+                            .split_once('=')
+                            .is_some_and(|(k, _)| k.eq_ignore_ascii_case("state"))
+                    })
+                    .chain(["State=DRAIN"])
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            } else {
+                config.to_string()
+            };
             // Joined with a space even when the config is empty, as Slinky does.
-            lines.push(format!(
-                "PartitionName={name} Nodes={name} {}",
-                p.config.as_deref().unwrap_or_default()
-            ));
+            lines.push(format!("PartitionName={name} Nodes={name} {config}"));
         }
     }
     lines
@@ -360,6 +374,37 @@ pub fn sshd_config(extra: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_nodesets_partition_is_drained_and_the_others_are_not() {
+        let nodeset = |name: &str, config: &str, deleted: bool| -> NodeSet {
+            let mut n: NodeSet = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"controllerRef": {"name": "slurm"},
+                         "partition": {"enabled": true, "config": config}}
+            }))
+            .unwrap_or_else(|e| panic!("{e}"));
+            if deleted {
+                n.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+            }
+            n
+        };
+        let lines = nodeset_lines(&[
+            nodeset("gone", "state=UP MaxTime=INFINITE", true),
+            nodeset("kept", "State=UP MaxTime=INFINITE", false),
+        ]);
+        assert_eq!(
+            lines,
+            [
+                "NodeSet=gone Feature=gone",
+                "PartitionName=gone Nodes=gone MaxTime=INFINITE State=DRAIN",
+                "NodeSet=kept Feature=kept",
+                "PartitionName=kept Nodes=kept State=UP MaxTime=INFINITE",
+            ]
+        );
+    }
 
     #[test]
     fn merged_config_unions_the_operators_values_into_the_users() {

@@ -179,6 +179,19 @@ impl Cluster {
         Ok(d)
     }
 
+    /// The ids of the jobs pending in `partition`, on a fresh job list.
+    ///
+    /// # Errors
+    /// Slurm could not be asked.
+    pub async fn pending_in(&self, partition: &str) -> Result<Vec<u64>, Unavailable> {
+        let jobs = self.client.jobs().await.map_err(|e| Unavailable::of(&e))?;
+        Ok(jobs
+            .iter()
+            .filter(|j| j.is_pending() && j.in_partition(partition))
+            .map(|j| j.job_id)
+            .collect())
+    }
+
     /// Forget the node list (after a change the next pass must see).
     pub async fn forget_nodes(&self) {
         *self.nodes.lock().await = None;

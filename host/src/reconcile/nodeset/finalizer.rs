@@ -8,7 +8,10 @@
 //!   slurmrestd is gone later (a RestApi deleted, a flag dropped), Slurm is unreachable for it,
 //!   not absent, and the finalizer stays while it is deleted (closed stays closed, see
 //!   [`super::drain`]), unless the NodeSet's annotation `delete-without-drain=true` gives up.
-//! * Deleted: every node of its pods is drained (reason `slurm-operator: NodeSet … is being
+//! * Deleted: its partition is closed first (the Controller's `slurm.conf` gives it
+//!   `State=DRAIN`: submissions to it are refused, the jobs queued there still run). While any
+//!   job waits in it, its nodes are not drained (they are where those jobs run). Then every node
+//!   of its pods is drained (reason `slurm-operator: NodeSet … is being
 //!   deleted`, so no job lands there) and the finalizer is removed once none is busy; the
 //!   garbage collector then deletes the pods and the Controller rewrites `slurm.conf`. Decided
 //!   on a fresh node list; a running pod's node that Slurm does not list counts as busy until it
@@ -84,6 +87,44 @@ pub(super) async fn ensure(pass: &mut Pass<'_>, view: &SlurmView) {
     add(pass, FINALIZER_SLURM_NODES).await;
 }
 
+/// A deleted NodeSet's partition is closed (`State=DRAIN` in `slurm.conf`: no job is queued
+/// there any more) but the jobs queued there before still run on its nodes: while any waits, its
+/// nodes are not drained, and this returns true (or when Slurm cannot be asked).
+async fn queued_first(pass: &mut Pass<'_>, cluster: &crate::reconcile::slurm::Cluster) -> bool {
+    if !pass.ns.spec.partition.as_ref().is_some_and(|p| p.enabled) {
+        return false;
+    }
+    let partition = pass.ns.slurm_name();
+    match cluster.pending_in(&partition).await {
+        Ok(pending) if pending.is_empty() => false,
+        Ok(pending) => {
+            pass.waits_for_slurm = true;
+            let ids: Vec<String> = pending.iter().map(u64::to_string).collect();
+            let note = format!(
+                "NodeSet {} is being deleted: its partition {partition} takes no new job, and the {} \
+                 job(s) queued there ({}) run first; then its nodes are drained (scancel them to go \
+                 sooner, or remove the finalizer {FINALIZER_SLURM_NODES} to give up on them)",
+                pass.ns.name_any(),
+                pending.len(),
+                crate::reconcile::core::events::name_list(&ids)
+            );
+            pass.core()
+                .event(
+                    pass.ns,
+                    kube::runtime::events::EventType::Normal,
+                    "QueuedJobsFirst",
+                    note,
+                )
+                .await;
+            true
+        }
+        Err(u) => {
+            pass.slurm_failed(u).await;
+            true
+        }
+    }
+}
+
 /// A deleted NodeSet: drain its nodes and remove the finalizer once no job runs there (at a
 /// pass that drained nothing: a job may have landed on a node between the list and its drain).
 /// Returns whether the finalizer was removed.
@@ -120,6 +161,9 @@ pub(super) async fn finalize(
         }
         SlurmView::Nodes(cluster, nodes) => {
             pass.slurm_asked = true;
+            if queued_first(pass, cluster).await {
+                return false;
+            }
             let mut busy = Vec::new();
             let mut drained = Vec::new();
             for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
