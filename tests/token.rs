@@ -217,11 +217,45 @@ async fn a_token_keeps_a_fresh_jwt_in_its_secret() -> Result<()> {
     Ok(())
 }
 
-/// A Token with no key is refused by the API server (the CRD's rule, Slinky's message).
+/// A Token with no key is refused by the API server (the CRD's rule, Slinky's message), and so
+/// is a change of its key (Slinky's webhook: another key would sign tokens slurmctld refuses),
+/// by either of its names; its other fields change.
 #[tokio::test]
-async fn a_token_without_a_key_is_refused() -> Result<()> {
+async fn a_token_without_a_key_or_changing_its_key_is_refused() -> Result<()> {
     let c = cluster(false).await;
     let ns = c.namespace("token-refused").await;
+    create_token(
+        &c,
+        &ns,
+        "keyed",
+        json!({"username": "slurm", "jwtHs256KeyRef": {"name": "jwt", "key": "jwt_hs256.key"}}),
+    )
+    .await?;
+    let tokens = Api::<Token>::namespaced(c.client.clone(), &ns);
+    let patch = |spec: Value| kube::api::Patch::Merge(json!({"spec": spec}));
+    let pp = kube::api::PatchParams::default();
+    for change in [
+        json!({"jwtHs256KeyRef": {"name": "other"}}),
+        json!({"jwtHs256KeyRef": {"key": "other.key"}}),
+        json!({"jwtHs256KeyRef": null, "jwtKeyRef": {"name": "other", "key": "jwt_hs256.key"}}),
+    ] {
+        match tokens.patch("keyed", &pp, &patch(change.clone())).await {
+            Ok(_) => bail!("{change} was accepted"),
+            Err(e) => ensure!(
+                e.to_string().contains("cannot be modified after deployment"),
+                "{change}: {e}"
+            ),
+        }
+    }
+    // The same key under its newer name, and another lifetime: accepted.
+    tokens
+        .patch(
+            "keyed",
+            &pp,
+            &patch(json!({"jwtHs256KeyRef": null, "lifetime": "1h",
+                          "jwtKeyRef": {"name": "jwt", "key": "jwt_hs256.key"}})),
+        )
+        .await?;
     match create_token(&c, &ns, "nokey", json!({"username": "slurm"})).await {
         Ok(_) => bail!("a Token without jwtKeyRef was accepted"),
         Err(e) => {

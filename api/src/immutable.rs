@@ -121,19 +121,47 @@ fn jwt_alias(schema: &mut Schema) {
     }
 }
 
-/// The Token spec's rule (Slinky's, same message): a JWT key, by either name.
+/// The Token spec's rules (Slinky's CRD rule and webhook, same messages): a JWT key, by either
+/// name, which does not change (name and key) once the Token exists.
 pub(crate) fn token(schema: &mut Schema) {
+    let key_of = |x: &str| {
+        let key = |field: &str| {
+            format!(
+                "({} && has({x}.{field}.key) ? {x}.{field}.key : '')",
+                set(x, field)
+            )
+        };
+        format!(
+            "({} ? {} : {})",
+            set(x, "jwtKeyRef"),
+            key("jwtKeyRef"),
+            key("jwtHs256KeyRef")
+        )
+    };
     add(
         schema,
-        [Rule {
-            rule: format!(
-                "{} || {}",
-                set("self", "jwtKeyRef"),
-                set("self", "jwtHs256KeyRef")
-            ),
-            message: "jwtKeyRef or jwtHs256KeyRef must be set",
-            field: ".jwtKeyRef",
-        }],
+        [
+            Rule {
+                rule: format!(
+                    "{} || {}",
+                    set("self", "jwtKeyRef"),
+                    set("self", "jwtHs256KeyRef")
+                ),
+                message: "jwtKeyRef or jwtHs256KeyRef must be set",
+                field: ".jwtKeyRef",
+            },
+            Rule {
+                rule: format!(
+                    "{} == {} && {} == {}",
+                    jwt_name("self"),
+                    jwt_name("oldSelf"),
+                    key_of("self"),
+                    key_of("oldSelf")
+                ),
+                message: "the value of JwtKeyRef or JwtHs256KeyRef cannot be modified after deployment",
+                field: ".jwtKeyRef",
+            },
+        ],
     );
 }
 
