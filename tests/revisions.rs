@@ -523,6 +523,16 @@ async fn uid_of(c: &TestCluster, ns: &str, kind: &str, name: &str) -> Result<Str
 /// Slinky's objects for `ns` and its owners' UIDs ([`slinky_tests::slinky_made`]), written as
 /// its manager writes them (created by the field manager `manager`). Returns them by `Kind/name`.
 async fn write_slinky_made(c: &TestCluster, ns: &str, ha: bool) -> Result<BTreeMap<String, Value>> {
+    write_slinky_made_with(c, ns, ha, |_| {}).await
+}
+
+/// [`write_slinky_made`], each object changed by `edit` first.
+async fn write_slinky_made_with(
+    c: &TestCluster,
+    ns: &str,
+    ha: bool,
+    edit: impl Fn(&mut Value),
+) -> Result<BTreeMap<String, Value>> {
     let mut uids = BTreeMap::new();
     for (placeholder, kind, name) in slinky_tests::SLINKY_MADE_OWNERS {
         // The HA cluster has no RestApi, LoginSet nor Accounting: nothing of it names them.
@@ -538,7 +548,8 @@ async fn write_slinky_made(c: &TestCluster, ns: &str, ha: bool) -> Result<BTreeM
         slinky_tests::slinky_made(ns, &uids)?
     };
     let mut out = BTreeMap::new();
-    for doc in docs {
+    for mut doc in docs {
+        edit(&mut doc);
         let (api_version, kind) = (
             doc["apiVersion"].as_str().unwrap_or_default(),
             doc["kind"].as_str().unwrap_or_default(),
@@ -690,6 +701,14 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
         .await?;
     }
     let made = write_slinky_made(&c, &ns, false).await?;
+    // Labelled after Slinky made its pods: what the pods would carry of it is no difference.
+    Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .patch(
+            NS_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"example.com/team": "hpc"}}})),
+        )
+        .await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let sim = c
         .embedded("slurmctld's pod (the simulated StatefulSet controller)")
@@ -808,5 +827,49 @@ async fn an_ha_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -
         );
     }
     host.stop().await;
+    Ok(())
+}
+
+/// Slinky v1.2 named slurmctld's StatefulSet's Service otherwise (`serviceName`, which cannot
+/// change): `plugin diff` does not fail on the refused apply, it says the host keeps the field.
+#[tokio::test]
+async fn plugin_diff_reports_an_immutable_statefulset_field_the_host_keeps() -> Result<()> {
+    let c = slinky_tests::host::cluster_with_statefulsets().await;
+    let ns = c.namespace("adopt-v12").await;
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "slurm-statesave"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Gi"}}}
+    }))?;
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &claim)
+        .await?;
+    slinky_tests::host::apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "Controller" {
+            v["spec"]["ha"] = json!({"enabled": true, "backups": 1});
+            v["spec"]["persistence"] = json!({"enabled": true, "existingClaim": "slurm-statesave",
+                "accessModes": ["ReadWriteMany"]});
+        }
+    })
+    .await?;
+    write_slinky_made_with(&c, &ns, true, |doc| {
+        if doc["kind"] == "StatefulSet" {
+            doc["spec"]["serviceName"] = "slurm-controller".into();
+        }
+    })
+    .await?;
+    let (kubeconfig, namespace) = (c.kubeconfig.display().to_string(), ns.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        slinky_tests::run(&["plugin", "diff", "--kubeconfig", &kubeconfig, "-n", &namespace])
+    })
+    .await?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success()
+            && report.contains("StatefulSet slurm-controller")
+            && report.contains("has another spec.serviceName")
+            && report.contains("ImmutableFieldChanged"),
+        "plugin diff:\n{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }

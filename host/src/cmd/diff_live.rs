@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{DynamicObject, Patch, PatchParams, PostParams},
 };
 use serde_json::Value;
@@ -27,7 +27,11 @@ use super::{
 };
 use crate::{
     plugins::{BuildContext, EngineHandle, PluginRegistry},
-    reconcile::core::{compare::contains, writer::FIELD_MANAGER},
+    reconcile::core::{
+        apply::{statefulset_recreate, with_live_immutables},
+        compare::contains,
+        writer::FIELD_MANAGER,
+    },
 };
 
 /// What the API server would store of the builders' pod: a dry-run create under a generated
@@ -47,9 +51,21 @@ async fn stored_pod(client: &Client, pod: &Pod, ns: &str) -> anyhow::Result<Valu
 }
 
 /// What the host's apply would leave of `child`'s live object: a dry-run server-side apply, forced,
-/// by the host's field manager.
-async fn applied(client: &Client, child: &Child, ns: &str) -> anyhow::Result<Value> {
-    let desired = child.to_json();
+/// by the host's field manager. A StatefulSet whose immutable fields differ keeps the live ones
+/// (as the host keeps them, without `--recreate-statefulsets`): their names are returned too.
+async fn applied(
+    client: &Client,
+    child: &Child,
+    ns: &str,
+    live: &Value,
+) -> anyhow::Result<(Value, Option<String>)> {
+    let mut desired = child.to_json();
+    let kept = matches!(child, Child::Object(o) if o.kind == slinky_runtime::ChildKind::StatefulSet)
+        .then(|| statefulset_recreate(live, &desired))
+        .flatten();
+    if kept.is_some() {
+        desired = with_live_immutables(live, &desired);
+    }
     let name = desired["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
@@ -63,7 +79,7 @@ async fn applied(client: &Client, child: &Child, ns: &str) -> anyhow::Result<Val
         .patch(&name, &pp, &Patch::Apply(&desired))
         .await
         .with_context(|| format!("a dry-run apply of {} failed", child.describe()))?;
-    Ok(serde_json::to_value(result)?)
+    Ok((serde_json::to_value(result)?, kept))
 }
 
 /// The part of an object an apply can change that matters: labels, annotations (but the host's
@@ -143,10 +159,6 @@ async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Re
         };
         let live = strip(live);
         if let Child::Pod(pod) = child {
-            let desired = strip(stored_pod(&client, pod, &ns).await?);
-            if contains(&pod_part(&live), &pod_part(&desired)) {
-                continue;
-            }
             let owner = pod
                 .metadata
                 .owner_references
@@ -154,22 +166,59 @@ async fn against_live(engine: &Arc<EngineHandle>, args: &DiffArgs) -> anyhow::Re
                 .and_then(|o| o.first())
                 .map(|o| o.name.clone())
                 .unwrap_or_default();
+            let mut desired = pod_part(&strip(stored_pod(&client, pod, &ns).await?));
+            // As the host judges a pod: what it carries from its NodeSet's own labels and
+            // annotations is no difference (a pod made before `kubectl label nodeset`).
+            if let Some(nodeset) = manifests
+                .iter()
+                .filter_map(|m| m.parent.as_nodeset())
+                .find(|n| n.name_any() == owner && n.namespace().as_deref() == Some(ns.as_str()))
+            {
+                for (field, own) in [
+                    ("labels", nodeset.labels()),
+                    ("annotations", nodeset.annotations()),
+                ] {
+                    if let Some(m) = desired["metadata"][field].as_object_mut() {
+                        m.retain(|k, v| own.get(k).map(String::as_str) != v.as_str());
+                    }
+                }
+            }
+            if contains(&pod_part(&live), &desired) {
+                continue;
+            }
             let name = pod.metadata.name.clone().unwrap_or_default();
             changes
                 .rolling
                 .entry(format!("NodeSet {ns}/{owner}"))
                 .or_default()
                 .push(name);
-            let d = diff_lines(
-                &yaml(&project(&pod_part(&live), &pod_part(&desired))),
-                &yaml(&pod_part(&desired)),
-            );
+            let d = diff_lines(&yaml(&project(&pod_part(&live), &desired)), &yaml(&desired));
             out.push_str(&format!(
                 "{} in {ns}: differs from what the builders make; would roll (- live, + built):\n{d}\n",
                 child.describe()
             ));
         } else {
-            let after = applied(&client, child, &ns).await?;
+            let (after, kept) = match applied(&client, child, &ns, &live).await {
+                Ok(a) => a,
+                // Refused: reported with the others, not the end of the report.
+                Err(e) => {
+                    changes.changed += 1;
+                    out.push_str(&format!(
+                        "{} in {ns}: the host's apply would be refused: {e:#}\n\n",
+                        child.describe()
+                    ));
+                    continue;
+                }
+            };
+            if let Some(fields) = &kept {
+                changes.changed += 1;
+                out.push_str(&format!(
+                    "{} in {ns}: has another {fields} than the builders make, which a StatefulSet \
+                     cannot change: the host keeps it and reports ImmutableFieldChanged (or, with \
+                     --recreate-statefulsets, deletes and recreates the StatefulSet, restarting its pods)\n\n",
+                    child.describe()
+                ));
+            }
             let (before, after) = (object_part(&live), object_part(&after));
             if before == after {
                 continue;

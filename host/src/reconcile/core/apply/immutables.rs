@@ -35,7 +35,7 @@ fn statefulset_immutable_keys(desired: &Value) -> BTreeSet<String> {
 /// The first immutable StatefulSet field that differs, which an update cannot change, as its exact
 /// path (`spec.volumeClaimTemplates[name=statesave].spec.resources.requests.storage`): the object
 /// must be deleted and created again to change it (Slinky does so when `serviceName` changed).
-pub(super) fn statefulset_recreate(live: &Value, desired: &Value) -> Option<String> {
+pub(crate) fn statefulset_recreate(live: &Value, desired: &Value) -> Option<String> {
     let get = |v: &Value, k: &str| v.pointer(&format!("/spec/{k}")).cloned().unwrap_or(Value::Null);
     let names = |v: &Value| -> Vec<String> {
         v.as_array()
@@ -73,7 +73,7 @@ pub(super) fn statefulset_recreate(live: &Value, desired: &Value) -> Option<Stri
 
 /// `desired` with the live object's immutable StatefulSet fields: what can still be applied while
 /// an immutable field differs (the image, the configuration hash, a rotated key's hash).
-pub(super) fn with_live_immutables(live: &Value, desired: &Value) -> Value {
+pub(crate) fn with_live_immutables(live: &Value, desired: &Value) -> Value {
     let mut out = desired.clone();
     for k in statefulset_immutable_keys(desired) {
         let l = live.pointer(&format!("/spec/{k}")).cloned();

@@ -36,7 +36,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use slinky_api::{failure::Failure, keys};
 
-use immutables::{statefulset_recreate, with_live_immutables};
+pub(crate) use immutables::{statefulset_recreate, with_live_immutables};
 pub use ownership::owned_by;
 use ownership::{holder, owners};
 
