@@ -828,5 +828,21 @@ fn differences_from(slinky: &[Value], ours: &BTreeMap<String, Value>) -> Vec<Str
         differences(&comparable(want), &comparable(have), &key, &mut diffs);
         problems.extend(diffs);
     }
+    // Nothing added: every object built here is one Slinky makes (but Secrets, as above).
+    let made: std::collections::BTreeSet<String> = slinky
+        .iter()
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap_or_default(),
+                d["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    for key in ours.keys().filter(|k| !k.starts_with("Secret/")) {
+        if !made.contains(key) {
+            problems.push(format!("{key}: built here, not by Slinky"));
+        }
+    }
     problems
 }
