@@ -222,10 +222,11 @@ async fn steady_state(handles: &reconcile::Handles, resync: Duration) {
         handles.slurm.requests() - s0,
     );
     println!(
-        "  steady state over {resyncs} resyncs of {} s: {:.2} NodeSet passes per resync, {:.2} Slurm requests per pass, {:.1} API writes per resync",
+        "  steady state over {resyncs} resyncs of {} s: {:.2} NodeSet passes per resync, {:.2} Slurm requests per pass ({:.1} per minute for the Controller, pod-protect refresh included), {:.1} API writes per resync",
         resync.as_secs_f64(),
         p as f64 / f64::from(resyncs),
         if p == 0 { 0.0 } else { s as f64 / p as f64 },
+        s as f64 * 60.0 / (resync.as_secs_f64() * f64::from(resyncs)),
         w as f64 / f64::from(resyncs)
     );
 }

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{HostPathVolumeSource, PodSpec, SecurityContext};
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, PodSpec, SecurityContext, ServiceAccountTokenProjection, Volume,
+};
 use slinky_api::{Accounting, ContainerWrapper, Controller, LoginSet, NodeSet, PodSpecWrapper, RestApi};
 
 use super::{Allow, Allowances, refused};
@@ -56,6 +58,9 @@ pub(crate) struct PodGrants {
     /// and merge the template over it).
     automount_token: bool,
     node_name: Option<String>,
+    /// The template's projected volumes that carry a service account token, by name, with their
+    /// token sources.
+    token_volumes: BTreeMap<String, Vec<ServiceAccountTokenProjection>>,
     host_paths: BTreeMap<String, HostPathVolumeSource>,
     containers: BTreeMap<String, ContainerGrant>,
 }
@@ -123,6 +128,15 @@ impl PodGrants {
             service_account: t.service_account_name.or(t.service_account),
             automount_token: t.automount_service_account_token == Some(true),
             node_name: t.node_name,
+            token_volumes: t
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| {
+                    let tokens = token_sources(v);
+                    (!tokens.is_empty()).then(|| (v.name.clone(), tokens))
+                })
+                .collect(),
             host_paths: t
                 .volumes
                 .into_iter()
@@ -155,6 +169,15 @@ impl PodGrants {
     fn not_asked(&self) -> String {
         format!("the {}'s spec.template.spec does not ask for it", self.whose)
     }
+}
+
+/// The service account token sources of a projected volume.
+fn token_sources(v: &Volume) -> Vec<ServiceAccountTokenProjection> {
+    v.projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+        .filter_map(|s| s.service_account_token.clone())
+        .collect()
 }
 
 /// A pod spec (a pod's, a StatefulSet's template's) within `grants`, unless `allow`ed. Fields are
@@ -220,6 +243,24 @@ pub(crate) fn pod_spec(spec: &PodSpec, grants: &PodGrants, allow: &Allowances) -
                 &not_asked,
                 Allow::ServiceAccount,
             ));
+        }
+        // A token projected into a volume reaches the pod whatever automountServiceAccountToken
+        // says: only the template's own (the same volume, the same sources) passes.
+        for v in spec.volumes.iter().flatten() {
+            let tokens = token_sources(v);
+            if !tokens.is_empty() && grants.token_volumes.get(&v.name) != Some(&tokens) {
+                return Err(refused(
+                    &format!(
+                        "spec.volumes[name={}].projected.sources[].serviceAccountToken",
+                        v.name
+                    ),
+                    "is set",
+                    "the pod would get an API token of its service account mounted, which \
+                     automountServiceAccountToken: false does not stop",
+                    &format!("the {}'s spec.template.spec has no such volume", grants.whose),
+                    Allow::ServiceAccount,
+                ));
+            }
         }
     }
     if !allow.allows(Allow::NodeName)

@@ -184,6 +184,34 @@ fn service_account_tokens_are_refused_unless_the_parent_asks() {
 }
 
 #[test]
+fn a_projected_service_account_token_is_refused_unless_the_template_has_it() {
+    let token_volume = json!({"name": "api", "projected": {"sources": [
+        {"configMap": {"name": "ca"}},
+        {"serviceAccountToken": {"path": "token", "audience": "vault"}}]}});
+    let pod = spec(json!({"containers": [{"name": "slurmd", "image": "x"}],
+        "volumes": [token_volume]}));
+    let workers = PodGrants::of_nodeset(&nodeset(json!({})));
+    refused_unless_allowed(
+        |a| pod_spec(&pod, &workers, a),
+        "spec.volumes[name=api].projected.sources[].serviceAccountToken is set",
+        Allow::ServiceAccount,
+    );
+    // The template's own volume passes; one with another audience does not.
+    let asked = PodGrants::of_nodeset(&nodeset(
+        json!({"template": {"spec": {"volumes": [token_volume]}}}),
+    ));
+    assert_eq!(pod_spec(&pod, &asked, &Allowances::default()), Ok(()));
+    let other = spec(json!({"containers": [{"name": "slurmd", "image": "x"}],
+        "volumes": [{"name": "api", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "audience": "kubernetes"}}]}}]}));
+    assert!(pod_spec(&other, &asked, &Allowances::default()).is_err());
+    // A projected volume without a token is no token.
+    let plain = spec(json!({"containers": [{"name": "slurmd", "image": "x"}],
+        "volumes": [{"name": "etc", "projected": {"sources": [{"configMap": {"name": "ca"}}]}}]}));
+    assert_eq!(pod_spec(&plain, &workers, &Allowances::default()), Ok(()));
+}
+
+#[test]
 fn privileges_beyond_a_containers_grant_are_refused() {
     let workers = PodGrants::of_nodeset(&nodeset(json!({})));
     let slurmctld = PodGrants::of_controller(&controller(json!({})));
