@@ -27,7 +27,7 @@ impl Oci {
             return Err(self.http_error(
                 &Method::POST,
                 &start,
-                format!("{status}: {}", String::from_utf8_lossy(&body)),
+                format!("{status}: {}", crate::registry::excerpt(&body)),
             ));
         }
         let location = headers
@@ -54,7 +54,7 @@ impl Oci {
             return Err(self.http_error(
                 &Method::PUT,
                 &url,
-                format!("{status}: {}", String::from_utf8_lossy(&body)),
+                format!("{status}: {}", crate::registry::excerpt(&body)),
             ));
         }
         Ok(digest)
@@ -81,7 +81,7 @@ impl Oci {
             return Err(self.http_error(
                 &Method::PUT,
                 &url,
-                format!("{status}: {}", String::from_utf8_lossy(&body)),
+                format!("{status}: {}", crate::registry::excerpt(&body)),
             ));
         }
         Ok(sha256(manifest))

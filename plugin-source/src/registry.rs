@@ -109,7 +109,7 @@ impl Oci {
                 && redirects == 0
                 && let Some(challenge) = parts.headers.get(header::WWW_AUTHENTICATE)
             {
-                token = Some(self.token(challenge).await?);
+                token = Some(self.token(url, challenge).await?);
                 continue;
             }
             if parts.status.is_redirection() && (method == Method::GET || method == Method::HEAD) {
@@ -120,17 +120,23 @@ impl Oci {
                     redirects += 1;
                     let next = absolute(url, location);
                     drop(body);
+                    may_follow(url, &next).map_err(|why| self.http_error(&method, url, why))?;
                     // The token is the registry's, not the blob store's.
                     token = None;
                     url_next = Some(next);
                     continue;
                 }
             }
-            let body = http_body_util::Limited::new(body, limit)
-                .collect()
-                .await
-                .map_err(|e| self.http_error(&method, url, e))?
-                .to_bytes();
+            // An answer that is no success is read only as far as its message needs.
+            let body = if parts.status.is_success() {
+                http_body_util::Limited::new(body, limit)
+                    .collect()
+                    .await
+                    .map_err(|e| self.http_error(&method, url, e))?
+                    .to_bytes()
+            } else {
+                prefix(body, ERROR_READ).await
+            };
             if parts.status == StatusCode::UNAUTHORIZED && token.is_some() {
                 return Err(self.http_error(&method, url, "still unauthorized with an anonymous token"));
             }
@@ -155,7 +161,11 @@ impl Oci {
     }
 
     /// An anonymous bearer token for a `WWW-Authenticate: Bearer realm=…,service=…,scope=…`.
-    pub(crate) async fn token(&self, challenge: &HeaderValue) -> Result<String, OciError> {
+    pub(crate) async fn token(
+        &self,
+        registry_url: &str,
+        challenge: &HeaderValue,
+    ) -> Result<String, OciError> {
         let text = challenge.to_str().unwrap_or_default();
         let params = text.strip_prefix("Bearer ").ok_or_else(|| {
             OciError::Content(format!(
@@ -164,18 +174,16 @@ impl Oci {
         })?;
         let mut realm = None;
         let mut query = Vec::new();
-        for part in params.split(',') {
-            let Some((k, v)) = part.trim().split_once('=') else {
-                continue;
-            };
-            let v = v.trim_matches('"');
-            match k {
-                "realm" => realm = Some(v.to_string()),
-                "service" | "scope" => query.push(format!("{k}={}", form_encode(v))),
+        for (k, v) in challenge_params(params) {
+            match k.as_str() {
+                "realm" => realm = Some(v),
+                "service" | "scope" => query.push(format!("{k}={}", form_encode(&v))),
                 _ => {}
             }
         }
         let realm = realm.ok_or_else(|| OciError::Content(format!("no realm in {text:?}")))?;
+        may_follow(registry_url, &realm)
+            .map_err(|why| OciError::Content(format!("the token realm: {why}")))?;
         let url = format!("{realm}?{}", query.join("&"));
         let req = Request::get(&url)
             .body(Full::new(Bytes::new()))
@@ -185,6 +193,11 @@ impl Oci {
             .request(req)
             .await
             .map_err(|e| self.http_error(&Method::GET, &url, e))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = prefix(resp.into_body(), ERROR_READ).await;
+            return Err(self.http_error(&Method::GET, &url, format!("{status}: {}", excerpt(&body))));
+        }
         let body = http_body_util::Limited::new(resp.into_body(), 1 << 16)
             .collect()
             .await
@@ -222,14 +235,95 @@ impl Oci {
             .request(Method::GET, url, &[(header::ACCEPT, accept)], Bytes::new(), limit)
             .await?;
         if !status.is_success() {
-            return Err(self.http_error(
-                &Method::GET,
-                url,
-                format!("{status}: {}", String::from_utf8_lossy(&body)),
-            ));
+            return Err(self.http_error(&Method::GET, url, format!("{status}: {}", excerpt(&body))));
         }
         Ok(body)
     }
+}
+
+/// How much of an answer that is no success is read.
+const ERROR_READ: usize = 4096;
+/// How much of it an error, an Event or a status may quote.
+const EXCERPT: usize = 300;
+
+/// The first `n` bytes of `body` (all of it when shorter); the rest is never read.
+async fn prefix(mut body: hyper::body::Incoming, n: usize) -> Bytes {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    out.extend_from_slice(&data[..data.len().min(n - out.len())]);
+                }
+            }
+            _ => break,
+        }
+    }
+    Bytes::from(out)
+}
+
+/// A registry's answer as an error may quote it: at most [`EXCERPT`] characters of its text, one
+/// line, controls replaced, and how much more there was.
+pub(crate) fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let mut out: String = text
+        .chars()
+        .take(EXCERPT)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let shown = out.len();
+    if body.len() > shown {
+        out.push_str(&format!("… ({} bytes)", body.len()));
+    }
+    out
+}
+
+/// The `key=value` parameters of a `WWW-Authenticate` challenge, quoted values whole
+/// (`scope="repository:x:pull,push"` keeps its comma).
+pub(crate) fn challenge_params(params: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = params.trim();
+    while !rest.is_empty() {
+        let Some((key, after)) = rest.split_once('=') else {
+            break;
+        };
+        let key = key.trim().trim_start_matches(',').trim().to_string();
+        let after = after.trim_start();
+        let (value, next) = match after.strip_prefix('"') {
+            Some(quoted) => match quoted.find('"') {
+                Some(end) => (quoted[..end].to_string(), &quoted[end + 1..]),
+                None => (quoted.to_string(), ""),
+            },
+            None => match after.find(',') {
+                Some(end) => (after[..end].trim().to_string(), &after[end..]),
+                None => (after.trim().to_string(), ""),
+            },
+        };
+        out.push((key, value));
+        rest = next.trim_start().trim_start_matches(',').trim_start();
+    }
+    out
+}
+
+/// Whether the registry at `from` may send the client to `to` (a redirect, a token realm): to
+/// `https`, or, from a registry reached over plain HTTP (loopback or `--insecure-registry`), to
+/// plain HTTP on that same host. Never to another scheme.
+pub(crate) fn may_follow(from: &str, to: &str) -> Result<(), String> {
+    let host = |u: &str| -> String {
+        let rest = u.split_once("://").map_or(u, |(_, r)| r);
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        authority.to_ascii_lowercase()
+    };
+    if to.starts_with("https://") {
+        return Ok(());
+    }
+    if to.starts_with("http://") && from.starts_with("http://") && host(from) == host(to) {
+        return Ok(());
+    }
+    Err(format!(
+        "{to:?} is not https (plain HTTP only to the same host of a registry reached over HTTP): not followed"
+    ))
 }
 
 /// `location` (a redirect's) made absolute against `url`.
@@ -259,4 +353,51 @@ fn form_encode(v: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_challenge_keeps_its_quoted_commas() {
+        let p = challenge_params(
+            r#"realm="https://auth.example/token",service="registry.example",scope="repository:x/y:pull,push""#,
+        );
+        assert_eq!(
+            p,
+            [
+                ("realm".to_string(), "https://auth.example/token".to_string()),
+                ("service".to_string(), "registry.example".to_string()),
+                ("scope".to_string(), "repository:x/y:pull,push".to_string()),
+            ]
+        );
+        let bare = challenge_params("realm=https://a/t, service=s");
+        assert_eq!(bare[1], ("service".to_string(), "s".to_string()));
+    }
+
+    #[test]
+    fn redirects_and_realms_go_to_https_or_the_same_plain_host() {
+        let reg = "https://registry.example/v2/x/blobs/sha256:0";
+        assert!(may_follow(reg, "https://cdn.example/blob").is_ok());
+        assert!(may_follow(reg, "http://cdn.example/blob").is_err(), "a downgrade");
+        assert!(may_follow(reg, "http://169.254.169.254/latest").is_err());
+        assert!(may_follow(reg, "file:///etc/passwd").is_err());
+        let local = "http://127.0.0.1:5000/v2/x/manifests/1";
+        assert!(may_follow(local, "http://127.0.0.1:5000/token").is_ok());
+        assert!(
+            may_follow(local, "http://10.0.0.1/token").is_err(),
+            "another plain host"
+        );
+        assert!(may_follow(local, "http://user@127.0.0.1:5000/t").is_ok());
+    }
+
+    #[test]
+    fn an_error_quotes_a_short_excerpt() {
+        let huge = vec![b'x'; 1 << 20];
+        let e = excerpt(&huge);
+        assert!(e.len() < 400, "{}", e.len());
+        assert!(e.ends_with(&format!("({} bytes)", 1 << 20)), "{e}");
+        assert_eq!(excerpt(b"not found\n"), "not found ");
+    }
 }
