@@ -698,6 +698,25 @@ fn a_new_plugin_serves_baseline_code_then_switches_to_optimized_code() -> Result
     Ok(())
 }
 
+/// The memory cap holds for a call's memories together: a component making 16 memories of
+/// 30 MiB each (480 MiB) under a 32 MiB cap is refused at load, as a memory cap, before its
+/// describe() runs.
+#[test]
+fn the_memory_cap_is_per_call_across_every_memory() -> Result<()> {
+    let engine = engine(Duration::from_secs(5), 32);
+    match Plugin::load_file(&engine, &slinky_tests::wat("many-memories")) {
+        Err(
+            e @ PluginError::Trap {
+                cause: TrapCause::MemoryCap(_),
+                ..
+            },
+        ) => assert!(e.to_string().contains("memory cap of 32 MiB"), "{e}"),
+        Err(other) => bail!("expected the memory cap, got {other}"),
+        Ok(_) => bail!("16 memories of 30 MiB loaded under a 32 MiB cap"),
+    }
+    Ok(())
+}
+
 /// A memory cap below what a plugin's memory starts with refuses the plugin with an error that
 /// names both sizes and the flag to raise, on every tier; the cached optimized artifact is kept
 /// (a pool slot fits it whatever the cap), so raising the cap again loads it from disk.

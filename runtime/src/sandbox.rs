@@ -32,9 +32,17 @@ impl WasiView for CallState {
     }
 }
 
-/// Caps linear memory (and tables) and remembers whether the cap was hit.
+/// The most linear memories (and core instances) one call may make: a builder has one or two.
+const MAX_MEMORIES: usize = 8;
+/// The most core instances one call may make (a component's modules, its adapters and shims).
+const MAX_INSTANCES: usize = 64;
+
+/// Caps linear memory (and tables), across every memory a call makes, and remembers whether the
+/// cap was hit.
 pub(crate) struct CallLimits {
     memory: usize,
+    /// Bytes of every memory of the call together.
+    total: usize,
     hit: bool,
     /// The size of a memory refused when it was created (its initial size above the cap).
     initial_above_cap: Option<usize>,
@@ -50,12 +58,24 @@ impl ResourceLimiter for CallLimits {
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
         self.grows += 1;
-        let ok = desired <= self.memory;
+        let total = self.total.saturating_sub(current).saturating_add(desired);
+        let ok = total <= self.memory;
         self.hit |= !ok;
-        if !ok && current == 0 {
+        if ok {
+            self.total = total;
+        } else if current == 0 && desired > self.memory {
+            // One memory alone starts above the cap (not many together).
             self.initial_above_cap = Some(desired);
         }
         Ok(ok)
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn instances(&self) -> usize {
+        MAX_INSTANCES
     }
 
     fn table_growing(
@@ -134,6 +154,7 @@ pub(crate) fn instantiate(
         table: ResourceTable::new(),
         limits: CallLimits {
             memory: limits.memory,
+            total: 0,
             hit: false,
             initial_above_cap: None,
             grows: 0,
