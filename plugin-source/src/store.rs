@@ -16,7 +16,13 @@ use crate::sha256;
 #[derive(Debug, Clone, Default)]
 pub struct DigestStore {
     dir: Option<PathBuf>,
+    /// The most bytes kept (0: [`DEFAULT_LIMIT`]).
+    limit: u64,
 }
+
+/// The most bytes a store keeps by default: within the chart's 256 MiB cache volume, with room
+/// for the compiled artifacts beside it.
+pub const DEFAULT_LIMIT: u64 = 128 << 20;
 
 /// The hex part of `sha256:<hex>`, when `digest` is one.
 fn hex_of(digest: &str) -> Option<&str> {
@@ -27,7 +33,13 @@ fn hex_of(digest: &str) -> Option<&str> {
 impl DigestStore {
     /// A store in `dir` (created on the first write); `None` keeps nothing.
     pub fn new(dir: Option<PathBuf>) -> DigestStore {
-        DigestStore { dir }
+        DigestStore { dir, limit: 0 }
+    }
+
+    /// A store in `dir` that keeps at most `limit` bytes: past it, what was read or written
+    /// least recently goes (content with its records), never what was just written.
+    pub fn with_limit(dir: Option<PathBuf>, limit: u64) -> DigestStore {
+        DigestStore { dir, limit }
     }
 
     /// Its directory, if it keeps anything.
@@ -46,8 +58,14 @@ impl DigestStore {
             dir.join("modules").join(format!("{hex}.wasm")),
         ]
         .into_iter()
-        .filter_map(|path| std::fs::read(path).ok())
-        .find(|bytes| sha256(bytes) == digest)
+        .find_map(|path| {
+            let bytes = std::fs::read(&path).ok()?;
+            (sha256(&bytes) == digest).then(|| {
+                // Read now: the last to go when the store is pruned.
+                touch(&path);
+                bytes
+            })
+        })
     }
 
     /// Keep `bytes`; their digest. A failure to write is logged: the content is fetched again
@@ -93,13 +111,95 @@ impl DigestStore {
         };
         if let Err(error) = write() {
             tracing::warn!(dir = %dir.display(), %error, "cannot keep a plugin file on disk; it is fetched again when needed");
+            return;
         }
+        self.prune(&dir, name);
+    }
+
+    /// Remove what was used least recently until the store holds at most its limit, but `kept`
+    /// (just written) and the records of what stays.
+    fn prune(&self, dir: &std::path::Path, kept: &str) {
+        let limit = if self.limit == 0 {
+            DEFAULT_LIMIT
+        } else {
+            self.limit
+        };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        // Content files with their records: (last use, bytes, names).
+        let mut groups: std::collections::BTreeMap<String, (std::time::SystemTime, u64, Vec<String>)> =
+            std::collections::BTreeMap::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            let hex = name.split('.').next().unwrap_or_default().to_string();
+            let g = groups
+                .entry(hex)
+                .or_insert((std::time::SystemTime::UNIX_EPOCH, 0, Vec::new()));
+            g.0 =
+                g.0.max(meta.modified().unwrap_or(std::time::SystemTime::UNIX_EPOCH));
+            g.1 += meta.len();
+            g.2.push(name);
+        }
+        let mut total: u64 = groups.values().map(|g| g.1).sum();
+        if total <= limit {
+            return;
+        }
+        let keep = kept.split('.').next().unwrap_or_default();
+        let mut oldest: Vec<(String, (std::time::SystemTime, u64, Vec<String>))> =
+            groups.into_iter().filter(|(hex, _)| hex != keep).collect();
+        oldest.sort_by_key(|(_, g)| g.0);
+        for (hex, (_, bytes, names)) in oldest {
+            if total <= limit {
+                break;
+            }
+            for n in &names {
+                let _ = std::fs::remove_file(dir.join(n));
+            }
+            total = total.saturating_sub(bytes);
+            tracing::info!(digest = %format!("sha256:{hex}"), bytes, "pruned from the plugin cache (least recently used)");
+        }
+    }
+}
+
+/// Mark `path` used now (its modification time), best effort.
+fn touch(path: &std::path::Path) {
+    if let Ok(f) = std::fs::File::options().append(true).open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_store_is_pruned_to_its_limit_least_recently_used_first() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = DigestStore::with_limit(Some(dir.path().to_path_buf()), 250);
+        let a = store.put(&[b'a'; 100]);
+        store.put_record(&a, "sig", b"r");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let b = store.put(&[b'b'; 100]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // `a` read again: `b` is now the least recently used.
+        assert!(store.get(&a).is_some());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let c = store.put(&[b'c'; 100]);
+        assert!(store.get(&c).is_some(), "just written: kept");
+        assert!(store.get(&a).is_some(), "read recently: kept");
+        assert!(store.get(&b).is_none(), "least recently used: pruned");
+        assert_eq!(
+            store.get_record(&a, "sig").as_deref(),
+            Some(&b"r"[..]),
+            "a record stays with its content"
+        );
+        Ok(())
+    }
 
     #[test]
     fn content_is_returned_only_while_it_hashes_to_its_digest() -> std::io::Result<()> {
