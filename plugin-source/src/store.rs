@@ -127,9 +127,7 @@ impl DigestStore {
         let Ok(entries) = std::fs::read_dir(dir) else {
             return;
         };
-        // Content files with their records: (last use, bytes, names).
-        let mut groups: std::collections::BTreeMap<String, (std::time::SystemTime, u64, Vec<String>)> =
-            std::collections::BTreeMap::new();
+        let mut groups: std::collections::BTreeMap<String, Group> = std::collections::BTreeMap::new();
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') {
@@ -150,8 +148,7 @@ impl DigestStore {
             return;
         }
         let keep = kept.split('.').next().unwrap_or_default();
-        let mut oldest: Vec<(String, (std::time::SystemTime, u64, Vec<String>))> =
-            groups.into_iter().filter(|(hex, _)| hex != keep).collect();
+        let mut oldest: Vec<(String, Group)> = groups.into_iter().filter(|(hex, _)| hex != keep).collect();
         oldest.sort_by_key(|(_, g)| g.0);
         for (hex, (_, bytes, names)) in oldest {
             if total <= limit {
@@ -165,6 +162,9 @@ impl DigestStore {
         }
     }
 }
+
+/// A content file with its records: its last use, their bytes, their names.
+type Group = (std::time::SystemTime, u64, Vec<String>);
 
 /// Mark `path` used now (its modification time), best effort.
 fn touch(path: &std::path::Path) {
