@@ -743,22 +743,17 @@ async fn a_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Re
     Ok(())
 }
 
-/// The same with high availability (`tests/slinky-made/ha-controller.yaml`): two slurmctld pods
-/// of Slinky's StatefulSet on the existing claim, the one Slinky's operator found in control
-/// labelled `active=true`. Taken over with no restart, and the Service, which selects
-/// `active=true`, keeps exactly that endpoint.
-#[tokio::test]
-async fn an_ha_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Result<()> {
-    let c = slinky_tests::host::cluster_with_statefulsets().await;
-    let ns = c.namespace("adopt-ha").await;
+/// The example cluster with Slinky's chart's HA Controller (`jwtHs256KeyRef`, one backup, the
+/// existing ReadWriteMany claim `slurm-statesave`, made here), applied into `ns`.
+async fn apply_ha_cluster(c: &TestCluster, ns: &str) -> Result<()> {
     let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
         "metadata": {"name": "slurm-statesave"},
         "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Gi"}}}
     }))?;
-    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(c.client.clone(), &ns)
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(c.client.clone(), ns)
         .create(&PostParams::default(), &claim)
         .await?;
-    slinky_tests::host::apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+    slinky_tests::host::apply_file(c, ns, "slurm-cluster.yaml", |v| {
         if v["kind"] == "Controller" {
             let jwt = v["spec"]
                 .as_object_mut()
@@ -770,7 +765,18 @@ async fn an_ha_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -
                 "accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Gi"}}});
         }
     })
-    .await?;
+    .await
+}
+
+/// The same with high availability (`tests/slinky-made/ha-controller.yaml`): two slurmctld pods
+/// of Slinky's StatefulSet on the existing claim, the one Slinky's operator found in control
+/// labelled `active=true`. Taken over with no restart, and the Service, which selects
+/// `active=true`, keeps exactly that endpoint.
+#[tokio::test]
+async fn an_ha_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -> Result<()> {
+    let c = slinky_tests::host::cluster_with_statefulsets().await;
+    let ns = c.namespace("adopt-ha").await;
+    apply_ha_cluster(&c, &ns).await?;
     let made = write_slinky_made(&c, &ns, true).await?;
     let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
     let sim = c
@@ -836,21 +842,7 @@ async fn an_ha_cluster_slinkys_operator_made_is_taken_over_without_a_restart() -
 async fn plugin_diff_reports_an_immutable_statefulset_field_the_host_keeps() -> Result<()> {
     let c = slinky_tests::host::cluster_with_statefulsets().await;
     let ns = c.namespace("adopt-v12").await;
-    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": {"name": "slurm-statesave"},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "4Gi"}}}
-    }))?;
-    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(c.client.clone(), &ns)
-        .create(&PostParams::default(), &claim)
-        .await?;
-    slinky_tests::host::apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
-        if v["kind"] == "Controller" {
-            v["spec"]["ha"] = json!({"enabled": true, "backups": 1});
-            v["spec"]["persistence"] = json!({"enabled": true, "existingClaim": "slurm-statesave",
-                "accessModes": ["ReadWriteMany"]});
-        }
-    })
-    .await?;
+    apply_ha_cluster(&c, &ns).await?;
     write_slinky_made_with(&c, &ns, true, |doc| {
         if doc["kind"] == "StatefulSet" {
             doc["spec"]["serviceName"] = "slurm-controller".into();

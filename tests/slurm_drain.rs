@@ -554,6 +554,19 @@ async fn pod_protect_is_on_exactly_the_busy_pods_and_goes_with_their_jobs() -> R
     result
 }
 
+/// Wait (60 s at most) until the example NodeSet carries the host's `slurm-nodes` finalizer.
+async fn finalized(nodesets: &Api<NodeSet>) -> Result<()> {
+    eventually(60, || async {
+        let n = nodesets.get(NS_NAME).await.ok()?;
+        n.finalizers()
+            .iter()
+            .any(|f| f == keys::FINALIZER_SLURM_NODES)
+            .then_some(())
+    })
+    .await
+    .context("the NodeSet never got the host's finalizer")
+}
+
 /// A deleted NodeSet stays (its finalizer), its node drained, while a job runs there; once the
 /// job ends it goes.
 #[tokio::test]
@@ -566,15 +579,7 @@ async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
     nodes_idle(&h, &["slinky-0"]).await?;
     let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     let result = async {
-        let finalized = eventually(60, || async {
-            let n = nodesets.get(NS_NAME).await.ok()?;
-            n.finalizers()
-                .iter()
-                .any(|f| f == keys::FINALIZER_SLURM_NODES)
-                .then_some(())
-        })
-        .await;
-        ensure!(finalized.is_some(), "the NodeSet never got the host's finalizer");
+        finalized(&nodesets).await?;
         let job = run_open_job(&h, "slinky-0").await?;
         nodesets.delete(NS_NAME, &Default::default()).await?;
         let drained = eventually(60, || async {
@@ -636,15 +641,7 @@ async fn a_deleted_nodesets_partition_takes_no_new_job_and_its_queued_job_still_
     nodes_idle(&h, &["slinky-0"]).await?;
     let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
     let result = async {
-        eventually(60, || async {
-            let n = nodesets.get(NS_NAME).await.ok()?;
-            n.finalizers()
-                .iter()
-                .any(|f| f == keys::FINALIZER_SLURM_NODES)
-                .then_some(())
-        })
-        .await
-        .context("the NodeSet never got the host's finalizer")?;
+        finalized(&nodesets).await?;
         let running = submit_exclusive(&h, Some("slinky-0")).await?;
         eventually(30, || async {
             (job_state(&h, &running).await.ok()? == "RUNNING").then_some(())
