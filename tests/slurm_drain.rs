@@ -528,7 +528,7 @@ async fn pod_protect_is_on_exactly_the_busy_pods_and_goes_with_their_jobs() -> R
             "protected pods {:?}, want {busy:?}",
             protected(&c).await
         );
-        // Still exactly that one over the next passes (one every 20 s here).
+        // Still exactly that one over the next passes (one every 15 s here).
         host.passes_later(2).await?;
         ensure!(
             protected(&c).await == Some(busy.clone()),

@@ -17,8 +17,8 @@
 //! * The tokens are HS256 JWTs signed with the Controller's `jwtKeyRef` (read by name, RBAC
 //!   `get`), for the Slurm user `slurm`, valid 15 minutes and renewed at 80 %. A client is
 //!   rebuilt when its URL or key changes, and the key is re-read at most once a minute.
-//! * At most one node list per Controller per [`NODES_TTL`]: the NodeSets of a Controller
-//!   reconciled together share it. A drain or undrain forgets it, so the next pass reads what it
+//! * At most one node list per Controller per [`NODES_TTL`] (10 s): every NodeSet of a Controller
+//!   shares it, so the steady request rate stays flat with the NodeSet count. A drain or undrain forgets it, so the next pass reads what it
 //!   did. A pass about to delete a pod reads a fresh one ([`Cluster::fresh_nodes`]): a delete is
 //!   never decided on a list older than the pass.
 
@@ -38,8 +38,10 @@ use slinky_slurm::{Client, Node, jwt::Tokens};
 
 use super::{Caches, core::locked};
 
-/// How long a node list is shared between passes.
-pub const NODES_TTL: Duration = Duration::from_secs(1);
+/// How long a node list is shared between passes: at steady state a Controller's slurmrestd is
+/// asked for its nodes at most once in this, whatever its NodeSet count (the passes of
+/// [`super::nodeset::PROTECT_INTERVAL`] share it); every decision to delete reads a fresh one.
+pub const NODES_TTL: Duration = Duration::from_secs(10);
 /// How long a job list (the busy nodes' deadlines) is used: jobs' end times change when jobs
 /// start and end, and only order which busy node a scale-in drains first.
 pub const JOBS_TTL: Duration = Duration::from_secs(10);

@@ -81,9 +81,9 @@ const SLURM_RETRY_CAP: Duration = Duration::from_secs(10);
 /// How soon a pass comes back while a pod waits for its Slurm node to drain.
 const DRAIN_RECHECK: Duration = Duration::from_secs(3);
 /// How soon a pass of a NodeSet whose pods are Slurm nodes comes back, whatever else it waits
-/// on: a job that starts on an idle pod gets `pod-protect` within this (plus the node list's
-/// age), as Slinky's 30 s refresh does.
-pub const PROTECT_INTERVAL: Duration = Duration::from_secs(20);
+/// on: a job that starts on an idle pod gets `pod-protect` within this plus the node list's age
+/// (at most [`crate::reconcile::slurm::NODES_TTL`]): 25 s, within Slinky's 30 s refresh.
+pub const PROTECT_INTERVAL: Duration = Duration::from_secs(15);
 use crate::plugins::{BuilderKind, Pipeline};
 
 /// What the NodeSet reconciler gets.
