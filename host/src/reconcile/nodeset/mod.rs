@@ -307,9 +307,10 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     let mut requeue = core.resync;
     let reached;
     if ns.metadata.deletion_timestamp.is_some() {
-        // The reservation's finalizer first (one finalizer write a pass).
-        if reservation::finalize(&mut pass, controller.as_deref()).await
-            && finalizer::finalize(&mut pass, controller.as_deref(), &owned).await
+        // Its Slurm nodes' finalizer first (their jobs end, slurmctld has read the closed
+        // partition), then the reservation's: deleted on a slurmctld that is not restarting.
+        if finalizer::finalize(&mut pass, controller.as_deref(), &owned).await
+            && reservation::finalize(&mut pass, controller.as_deref()).await
         {
             ctx.expectations.forget(&pass.uid);
             ctx.differing.forget(&pass.uid);

@@ -19,7 +19,9 @@
 //! * It is deleted when the strategy changes away, when the NodeSet has no pod to update (scaled
 //!   to 0), and when the NodeSet is deleted. The finalizer
 //!   `nodeset.slinky.slurm.net/reservation` is on the NodeSet from before the reservation is
-//!   created until the host saw it gone: a deleted NodeSet stays until its reservation is deleted.
+//!   created until the host saw it gone: a deleted NodeSet stays until its reservation is deleted,
+//!   which happens once its Slurm nodes are released (so not while slurmctld restarts for the
+//!   closed partition), and the finalizer goes at a later pass that sees it gone.
 //!   When Slurm cannot be asked the finalizer stays (fail closed), with `SlurmFailure` and an
 //!   Event; without any slurmrestd (or Controller) there is nothing to delete, and it goes.
 //! * While the reservation is active (its start and end, as Slurm reports them, around now),
@@ -452,9 +454,9 @@ fn set_condition(pass: &mut Pass<'_>, status: bool, reason: &str, message: Strin
         .set(conditions::RESERVATION_CREATED, status, reason, message);
 }
 
-/// A deleted NodeSet: delete its reservation, then remove the finalizer. Returns whether the
-/// NodeSet had no such finalizer when the pass began (after removing it, the pass stops: the
-/// next one sees the fresh NodeSet).
+/// A deleted NodeSet: delete its reservation, then, at a later pass that sees it gone, remove the
+/// finalizer. Returns whether the NodeSet had no such finalizer when the pass began (after
+/// removing it, the pass stops: the next one sees the fresh NodeSet).
 pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller>) -> bool {
     if !has_finalizer(pass.ns, keys::FINALIZER_RESERVATION) {
         return true;
@@ -466,16 +468,26 @@ pub(super) async fn finalize(pass: &mut Pass<'_>, controller: Option<&Controller
     };
     let result = match reach {
         // No Slurm the host could ask: nothing it could delete.
-        Reach::Off => Ok(()),
+        Reach::Off => Ok(true),
         Reach::Failed(u) => Err(u),
         Reach::On(cluster) => {
             pass.slurm_asked = true;
             match cluster.client().reservation(&name).await {
-                Ok(None) => Ok(()),
-                Ok(Some(_)) => apply(pass, &cluster, &Step::Delete(None)).await,
+                Ok(None) => Ok(true),
+                // Deleted now; the finalizer goes at a later pass that sees it gone (a slurmctld
+                // restored from an older state would show it again).
+                Ok(Some(_)) => apply(pass, &cluster, &Step::Delete(None)).await.map(|()| {
+                    pass.retry_soon();
+                    false
+                }),
                 Err(e) => Err(Unavailable::of(&e)),
             }
         }
+    };
+    let result = match result {
+        Ok(true) => Ok(()),
+        Ok(false) => return false,
+        Err(u) => Err(u),
     };
     match result {
         Ok(()) => {
