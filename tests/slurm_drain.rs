@@ -554,6 +554,18 @@ async fn pod_protect_is_on_exactly_the_busy_pods_and_goes_with_their_jobs() -> R
     result
 }
 
+/// Wait (60 s at most) until `slinky-0` is drained for its NodeSet's deletion.
+async fn drained_for_deletion(h: &SlurmLocal) -> Result<()> {
+    let drained = eventually(60, || async {
+        let node = show(h, "node", "slinky-0").await.ok()?;
+        (field(&node, "State").is_some_and(|s| s.contains("DRAIN")) && node.contains("is being deleted"))
+            .then_some(())
+    })
+    .await;
+    ensure!(drained.is_some(), "node {}", show(h, "node", "slinky-0").await?);
+    Ok(())
+}
+
 /// Wait (60 s at most) until the example NodeSet carries the host's `slurm-nodes` finalizer.
 async fn finalized(nodesets: &Api<NodeSet>) -> Result<()> {
     eventually(60, || async {
@@ -582,13 +594,7 @@ async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
         finalized(&nodesets).await?;
         let job = run_open_job(&h, "slinky-0").await?;
         nodesets.delete(NS_NAME, &Default::default()).await?;
-        let drained = eventually(60, || async {
-            let node = show(&h, "node", "slinky-0").await.ok()?;
-            (field(&node, "State").is_some_and(|s| s.contains("DRAIN")) && node.contains("is being deleted"))
-                .then_some(())
-        })
-        .await;
-        ensure!(drained.is_some(), "node {}", show(&h, "node", "slinky-0").await?);
+        drained_for_deletion(&h).await?;
         // Held over several passes while the job runs.
         host.passes_later(6).await?;
         ensure!(job_state(&h, &job).await? == "RUNNING", "the job no longer runs");
@@ -690,13 +696,7 @@ async fn a_deleted_nodesets_partition_takes_no_new_job_and_its_queued_job_still_
         })
         .await
         .context("the queued job never ran")?;
-        let drained = eventually(60, || async {
-            let node = show(&h, "node", "slinky-0").await.ok()?;
-            (field(&node, "State").is_some_and(|s| s.contains("DRAIN")) && node.contains("is being deleted"))
-                .then_some(())
-        })
-        .await;
-        ensure!(drained.is_some(), "node {}", show(&h, "node", "slinky-0").await?);
+        drained_for_deletion(&h).await?;
         ensure!(
             nodesets.get_opt(NS_NAME).await?.is_some(),
             "the NodeSet went while its queued job ran"

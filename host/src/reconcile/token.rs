@@ -270,11 +270,12 @@ async fn sync_secret(core: &Core, token: &Token, ns: &str, key: &[u8]) -> Result
         .apply_child(ChildKind::Secret, &secret, rv)
         .await
         .map_err(Failed::Api)?;
-    let claims = jwt::verify(key, &value).unwrap_or(jwt::Claims {
+    // The claims just signed (what `jwt::issue` writes).
+    let claims = jwt::Claims {
         iat: now,
-        exp: now + lifetime.as_secs(),
+        exp: now.saturating_add(lifetime.as_secs()),
         sun: token.spec.username.clone(),
-    });
+    };
     Ok(Found::Good {
         refresh: if token.refreshes() {
             refresh_at(&claims)
