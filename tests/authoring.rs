@@ -18,11 +18,15 @@ use serde_json::Value;
 use slinky_api::keys;
 use slinky_tests::{example, run, test_plugin, wat, workspace};
 
-/// Run `cargo` in `dir` with a target directory shared by these tests (kept between runs).
+/// Run `cargo` in `dir` with a target directory shared by these tests (kept between runs), without
+/// debug info: a scaffold's native test build would otherwise take GBs of CI's disk.
 fn cargo(dir: &Path, args: &[&str]) -> Result<()> {
     let target = workspace().join("target").join("scaffold-tests");
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(dir).args(args).env("CARGO_TARGET_DIR", &target);
+    cmd.current_dir(dir)
+        .args(args)
+        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_PROFILE_DEV_DEBUG", "false");
     for var in [
         "RUSTFLAGS",
         "CARGO_ENCODED_RUSTFLAGS",
