@@ -145,14 +145,23 @@ fn ready_or_no_kubelet(p: &Pod) -> bool {
     slinky_apiserver::testing::real_cluster() || pod_ready(p)
 }
 
-/// Create the ConfigMap `ns/name` holding `bytes` under `key` (binaryData).
-async fn module_config_map(c: &TestCluster, ns: &str, name: &str, key: &str, bytes: Vec<u8>) -> Result<()> {
+/// Create the ConfigMap `ns/name` holding `bytes` under `key` (binaryData) and, when given, its
+/// signature under `plugin.wasm.sig` (data, as `kubectl create configmap --from-file` puts it).
+async fn module_config_map(
+    c: &TestCluster,
+    ns: &str,
+    name: &str,
+    key: &str,
+    bytes: Vec<u8>,
+    sig: Option<String>,
+) -> Result<()> {
     let cm = ConfigMap {
         metadata: kube::api::ObjectMeta {
             name: Some(name.into()),
             ..Default::default()
         },
         binary_data: Some([(key.to_string(), ByteString(bytes))].into()),
+        data: sig.map(|sig| [("plugin.wasm.sig".to_string(), sig)].into()),
         ..Default::default()
     };
     Api::<ConfigMap>::namespaced(c.client.clone(), ns)
@@ -360,8 +369,11 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
     let ns = c.namespace("bp").await;
     let site = std::fs::read(test_plugin("site_pod"))?;
     let site_digest = slinky_host::oci::sha256(&site);
+    // Signed (this host verifies every module), as `plugin sign` does it.
+    let signer = slinky_host::oci::SigningKey::from_pem(&std::fs::read_to_string(&key)?)?;
+    let site_sig = signer.sign_blob(&site)?;
     let site = gzip(&site)?;
-    module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", site).await?;
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", site, Some(site_sig)).await?;
 
     let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
     let pem = std::fs::read_to_string(&public)?;
@@ -514,8 +526,10 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         );
 
         // The status is a hint, not a source of trust: a restart whose keys no longer include
-        // the one the GPU step was signed with restores the site step (a ConfigMap module its
-        // spec pinned) but not the GPU step; one with the old and the new key restores both; one
+        // the one both steps were signed with restores neither (the kept ConfigMap module's
+        // signature is checked again under today's keys too); one with the old and the new key
+        // restores both; one without keys restores the ConfigMap module (pinned, from its cache)
+        // and not the registry one (closed by default: no key, no registry module), and one
         // without keys and without the module in its cache restores nothing it cannot vouch for.
         let restart = |pem: Option<String>, cache: std::path::PathBuf| {
             let c = &c;
@@ -530,12 +544,18 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         let rotated = restart(Some(stranger_pem.clone()), cache.path().to_path_buf()).await?;
         let label = rotated.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
         ensure!(
-            !label.contains("gpu-nodeset-pod") && label.ends_with(" > site-pod@0.2.0"),
-            "after a restart with another key the pipeline is {label}: the GPU step's signature no longer verifies"
+            !label.contains("gpu-nodeset-pod") && !label.contains("site-pod"),
+            "after a restart with another key the pipeline is {label}: neither step's signature verifies"
         );
         let overlap = restart(Some(format!("{stranger_pem}{pem}")), cache.path().to_path_buf()).await?;
         let label = overlap.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
         ensure!(label == serving.label(), "with both keys the pipeline is {label}, before {}", serving.label());
+        let closed = restart(None, cache.path().to_path_buf()).await?;
+        let label = closed.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        ensure!(
+            !label.contains("gpu-nodeset-pod") && label.ends_with(" > site-pod@0.2.0"),
+            "after a restart without keys the pipeline is {label}: only the pinned ConfigMap step may serve"
+        );
         let empty = tempfile::tempdir()?;
         let unkeyed = restart(None, empty.path().to_path_buf()).await?;
         let label = unkeyed.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
@@ -550,8 +570,9 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         // SSH ConfigMap from every NodeSet, so it is refused too.
         let raw = std::fs::read(test_plugin("raw_v2"))?;
         let raw_digest = slinky_host::oci::sha256(&raw);
+        let raw_sig = signer.sign_blob(&raw)?;
         let raw = gzip(&raw)?;
-        module_config_map(&c, &ns, "raw-v2", "plugin.wasm", raw).await?;
+        module_config_map(&c, &ns, "raw-v2", "plugin.wasm", raw, Some(raw_sig)).await?;
         let nothing = json!({"matchLabels": {"bp-test": "nothing"}});
         put_plugin(
             &c,
@@ -700,7 +721,7 @@ async fn plugin_diff_shows_the_changes_and_the_pods_that_would_roll() -> Result<
         // With a BuilderPlugin serving (the site step), the diff of another plugin compares with
         // what serves: it shows the GPU changes, not the site step undone.
         let site_bytes = std::fs::read(&site)?;
-        module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site_bytes)?).await?;
+        module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site_bytes)?, None).await?;
         let selector = json!({"matchLabels": {"bp-test": ns}});
         put_plugin(
             &c,
@@ -774,7 +795,7 @@ async fn a_config_map_module_is_pinned_and_read_only_where_the_host_allows() -> 
 
     let site = std::fs::read(test_plugin("site_pod"))?;
     let digest = slinky_host::oci::sha256(&site);
-    module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site)?).await?;
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site)?, None).await?;
     let module: slinky_api::PluginModule = serde_json::from_value(json!(
         {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": digest}))?;
     let oci = Oci::new(DigestStore::new(None), Vec::new())?;
@@ -816,6 +837,122 @@ async fn a_config_map_module_is_pinned_and_read_only_where_the_host_allows() -> 
     Ok(())
 }
 
+/// Closed by default, and every module signed where the host has keys: a host without keys runs
+/// no registry module (refused `Unverified` before anything is pulled) unless its admin allows
+/// unsigned ones; a host with keys runs a ConfigMap module only with a `plugin.wasm.sig` that
+/// verifies (made by `plugin sign`) and trusts the module it kept again only under today's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_unverified_runs_registry_modules_need_a_key_and_config_map_modules_a_signature() -> Result<()>
+{
+    let c = cluster(false).await;
+    let ns = c.namespace("signed").await;
+    let source = |key: Option<&str>, cache: Option<&Path>| -> Result<ModuleSource> {
+        let oci = Oci::new(DigestStore::new(cache.map(Path::to_path_buf)), Vec::new())?;
+        let key = key.map(PublicKey::from_pem).transpose()?;
+        Ok(ModuleSource::new(
+            oci,
+            c.client.clone(),
+            key,
+            slinky_host::plugins::gunzip_if_gzipped,
+        )
+        .with_config_map_namespaces(vec![ns.clone()]))
+    };
+    // A registry module on a host without keys: refused as Unverified, naming both ways out; no
+    // request reaches the registry (nothing listens on this port).
+    let image: slinky_api::PluginModule = serde_json::from_value(json!(
+        {"image": format!("127.0.0.1:9/site/gpu@sha256:{}", "a".repeat(64))}))?;
+    let failure = source(None, None)?
+        .fetch(&image)
+        .await
+        .err()
+        .context("an unsigned registry module ran")?;
+    ensure!(
+        failure.reason == "Unverified"
+            && failure.message.contains("--plugin-public-key")
+            && failure.message.contains("--allow-unsigned-plugins"),
+        "{failure:?}"
+    );
+    ensure!(
+        failure.retry() == slinky_api::failure::Retry::OnChange,
+        "{failure:?}"
+    );
+    // Allowed by the admin: the module is pulled (and this registry is not there).
+    let failure = source(None, None)?
+        .allowing_unsigned(true)
+        .fetch(&image)
+        .await
+        .err()
+        .context("pulled from nowhere")?;
+    ensure!(failure.reason == "PullFailed", "{failure:?}");
+
+    // A ConfigMap module on a host with keys.
+    let keys = tempfile::tempdir()?;
+    host_cli(&["plugin", "keygen", path(&keys.path().join("signing"))])?;
+    host_cli(&["plugin", "keygen", path(&keys.path().join("stranger"))])?;
+    let public = std::fs::read_to_string(keys.path().join("signing.pub"))?;
+    let stranger = std::fs::read_to_string(keys.path().join("stranger.pub"))?;
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let gz = keys.path().join("site.wasm.gz");
+    std::fs::write(&gz, gzip(&site)?)?;
+    let printed = host_cli(&[
+        "plugin",
+        "sign",
+        path(&gz),
+        "--key",
+        path(&keys.path().join("signing.key")),
+    ])?;
+    let digest = slinky_host::oci::sha256(&site);
+    ensure!(
+        printed.contains(&digest),
+        "plugin sign printed {printed:?}, not the digest {digest}"
+    );
+    let sig = std::fs::read_to_string(keys.path().join("site.wasm.gz.sig"))?;
+    let module = |name: &str| -> Result<slinky_api::PluginModule> {
+        Ok(serde_json::from_value(json!(
+            {"configMap": {"namespace": ns, "name": name, "key": "plugin.wasm.gz"}, "digest": digest}))?)
+    };
+    module_config_map(&c, &ns, "unsigned", "plugin.wasm.gz", gzip(&site)?, None).await?;
+    module_config_map(&c, &ns, "signed", "plugin.wasm.gz", gzip(&site)?, Some(sig)).await?;
+    let cache = tempfile::tempdir()?;
+    let keyed = source(Some(&public), Some(cache.path()))?;
+    let failure = keyed
+        .fetch(&module("unsigned")?)
+        .await
+        .err()
+        .context("an unsigned ConfigMap module ran")?;
+    ensure!(
+        failure.reason == "BadSignature" && failure.message.contains("plugin sign"),
+        "{failure:?}"
+    );
+    let fetched = keyed
+        .fetch(&module("signed")?)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f:?}"))?;
+    ensure!(fetched.digest == digest, "{}", fetched.digest);
+    let failure = source(Some(&stranger), None)?
+        .fetch(&module("signed")?)
+        .await
+        .err()
+        .context("a module signed with another key ran")?;
+    ensure!(
+        failure.reason == "BadSignature" && failure.message.contains("does not verify"),
+        "{failure:?}"
+    );
+    // What the host kept is trusted again only under today's keys: after a rotation to the old
+    // and the new key, yes; to the new key alone, no; without keys, on its pin.
+    let both = format!("{stranger}{public}");
+    let kept = |key: Option<&str>| -> Result<Result<(), slinky_api::failure::Failure>> {
+        Ok(source(key, Some(cache.path()))?.vouch_kept(&module("signed")?, &digest, &fetched.bytes))
+    };
+    ensure!(kept(Some(&both))?.is_ok(), "{:?}", kept(Some(&both))?);
+    ensure!(
+        kept(Some(&stranger))?.is_err_and(|f| f.reason == "BadSignature"),
+        "a rotated-out key still vouches"
+    );
+    ensure!(kept(None)?.is_ok(), "{:?}", kept(None)?);
+    Ok(())
+}
+
 /// BuilderPlugin requests whose answers the test reads as text: a BuilderPlugin nested deeper
 /// than a JSON decoder goes cannot be read or written typed.
 fn bp_request() -> kube::core::Request {
@@ -848,7 +985,7 @@ async fn a_builder_plugin_too_deep_to_decode_is_refused_alone_and_the_others_ser
     let ns = c.namespace("deep").await;
     let site = std::fs::read(test_plugin("site_pod"))?;
     let digest = slinky_host::oci::sha256(&site);
-    module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", gzip(&site)?).await?;
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm.gz", gzip(&site)?, None).await?;
     let module = json!({"configMap": {"namespace": ns, "name": "site-pod", "key": "plugin.wasm.gz"}, "digest": digest});
     let selector = json!({"matchLabels": {"bp-test": ns}});
     let deep_settings = (1..120).fold(json!({"a": 1}), |v, _| json!({"a": v}));

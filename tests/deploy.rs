@@ -477,6 +477,7 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         watch_namespaces: Vec::new(),
         plugins_configmap: Some("slinky-plugins".into()),
         plugin_public_key_secret: None,
+        allow_unsigned_plugins: false,
         plugin_configmap_namespaces: Vec::new(),
         log_level: "info".into(),
         no_crds: true,
@@ -542,8 +543,43 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     let vargs = theirs["containers"][0]["args"].to_string();
     ensure!(
         vargs.contains("\"--plugin-public-key\",\"/etc/slinky-host/keys/cosign.pub\"")
-            && vargs.contains("\"--plugin-configmap-namespace\",\"slurm\""),
+            && vargs.contains("\"--plugin-configmap-namespace\",\"slurm\"")
+            && !vargs.contains("--allow-unsigned-plugins"),
         "{vargs}"
+    );
+    // Closed by default: the default install runs no unsigned registry module; allowing them is
+    // an explicit value, the same in both.
+    let default_args =
+        chart_objects["Deployment/slinky-host"]["spec"]["template"]["spec"]["containers"][0]["args"]
+            .to_string();
+    ensure!(
+        !default_args.contains("--allow-unsigned-plugins"),
+        "{default_args}"
+    );
+    let open = helm_template("slinky-host", &json!({"builderPlugins": {"allowUnsigned": true}}))?;
+    let open_args = manifests::ManifestsArgs {
+        allow_unsigned_plugins: true,
+        ..verified_args.clone()
+    };
+    let ours = manifests::objects(&manifests::ManifestsArgs {
+        plugin_public_key_secret: None,
+        plugin_configmap_namespaces: Vec::new(),
+        ..open_args
+    })?
+    .into_iter()
+    .find(|o| o["kind"] == "Deployment")
+    .context("no Deployment")?;
+    let mut theirs = open["Deployment/slinky-host"]["spec"]["template"]["spec"].clone();
+    theirs["containers"][0]["imagePullPolicy"] = Value::Null;
+    assert_eq!(
+        strip_nulls(theirs.clone()),
+        ours["spec"]["template"]["spec"],
+        "allowUnsigned: pod spec"
+    );
+    ensure!(
+        theirs["containers"][0]["args"]
+            .to_string()
+            .contains("\"--allow-unsigned-plugins\"")
     );
 
     // The admin endpoints are on loopback, and the metrics Service reaches only the metrics port.

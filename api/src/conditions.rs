@@ -31,8 +31,8 @@ pub const SLURM_FAILURE: &str = "SlurmFailure";
 /// `NoSlurmrestd`, or the Slurm failure's); absent with another strategy (Slinky's condition).
 pub const RESERVATION_CREATED: &str = "ReservationCreated";
 /// A BuilderPlugin's version serves (`True`), or why it was refused (`False`, reasons
-/// `InvalidSpec`, `InvalidSettings`, `PullFailed`, `UnknownDigest`, `BadSignature`,
-/// `ModuleUnreadable`, `Refused`): the version that served before keeps serving.
+/// `InvalidSpec`, `InvalidSettings`, `Unverified`, `PullFailed`, `UnknownDigest`,
+/// `BadSignature`, `ModuleUnreadable`, `Refused`): the version that served before keeps serving.
 pub const LOADED: &str = "Loaded";
 /// Set by hosts before `ChildFailure` replaced it (the Controller's Service only); the host
 /// clears it.

@@ -92,7 +92,10 @@ impl Failure {
             // A BuilderPlugin refused for what its spec says, or for what its module is: the same
             // inputs give the same answer. A registry, a signature pushed later, a ConfigMap being
             // written: tried again.
-            (conditions::LOADED, "InvalidSpec" | "InvalidSettings" | "Refused") => Retry::OnChange,
+            // `Unverified`: the host's own settings, which change only with a restart.
+            (conditions::LOADED, "InvalidSpec" | "InvalidSettings" | "Refused" | "Unverified") => {
+                Retry::OnChange
+            }
             _ => Retry::Backoff,
         }
     }

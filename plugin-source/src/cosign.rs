@@ -124,6 +124,31 @@ fn repository_name(name: &str) -> String {
     name.to_string()
 }
 
+/// Check a signature of a blob (`cosign sign-blob --key --output-signature`'s, or `slinky-host
+/// plugin sign`'s: ECDSA P-256 over SHA-256 of the bytes, ASN.1 DER, base64) with one of `key`'s
+/// keys.
+pub(crate) fn check_blob_signature(key: &PublicKey, sig_b64: &str, bytes: &[u8]) -> Result<(), String> {
+    let sig = base64::engine::general_purpose::STANDARD
+        .decode(sig_b64.trim())
+        .map_err(|e| {
+            format!("the signature is not base64 (cosign sign-blob --output-signature's format): {e}")
+        })?;
+    let verifies = key.points.iter().any(|point| {
+        signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_ASN1, point)
+            .verify(bytes, &sig)
+            .is_ok()
+    });
+    if verifies {
+        Ok(())
+    } else {
+        Err(format!(
+            "the signature does not verify with the configured key{} (signed with another key, or made for \
+             other bytes: sign the uncompressed component)",
+            if key.points.len() > 1 { "s" } else { "" }
+        ))
+    }
+}
+
 /// Check one cosign signature: it verifies over `payload` with one of `key`'s keys, and the
 /// payload names `manifest_digest` and `reference`'s repository (`docker-reference`: a signature
 /// made for another repository's copy of the same artifact is not this one's).

@@ -150,6 +150,15 @@ impl SigningKey {
         }
     }
 
+    /// A signature of `bytes` as `cosign sign-blob --key --output-signature` writes it (base64
+    /// ASN.1 DER ECDSA P-256 over SHA-256), for a ConfigMap module's `<key>.sig`.
+    ///
+    /// # Errors
+    /// The system's random source failed.
+    pub fn sign_blob(&self, bytes: &[u8]) -> Result<String, OciError> {
+        Ok(base64::engine::general_purpose::STANDARD.encode(self.sign(bytes)?))
+    }
+
     pub(crate) fn sign(&self, payload: &[u8]) -> Result<Vec<u8>, OciError> {
         self.pair
             .sign(&self.rng, payload)

@@ -130,12 +130,14 @@ pub(super) async fn cluster_steps(
     registry: &Arc<PluginRegistry>,
     ctx: &BuildContext,
 ) -> anyhow::Result<Vec<String>> {
-    // `plugin diff` shows what the cluster's BuilderPlugins build, wherever their modules are.
+    // `plugin diff` shows what the cluster's BuilderPlugins build, wherever their modules are
+    // (it runs them in its sandbox to compare, and serves nothing: unsigned ones too).
     let source = crate::cmd::module_source(
         client,
         None,
         Vec::new(),
         None,
+        true,
         vec![slinky_plugin_source::ANY_NAMESPACE.into()],
     )?;
     let steps = crate::reconcile::builder_plugin::Steps::new(registry.clone(), Arc::new(source), ctx.clone());

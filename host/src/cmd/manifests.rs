@@ -28,11 +28,16 @@ pub struct ManifestsArgs {
     /// Mount this ConfigMap (optional: it may not exist) as the plugins directory, hot-reloaded.
     #[arg(long)]
     pub plugins_configmap: Option<String>,
-    /// Verify every BuilderPlugin module pulled from a registry with the public key(s) in this
-    /// Secret (key `cosign.pub`; the old and the new key one after the other while rotating):
-    /// mounted and passed as `--plugin-public-key`. Without it, signatures are not checked.
+    /// Verify every BuilderPlugin module (a registry's cosign signature, a ConfigMap's
+    /// `<key>.sig`) with the public key(s) in this Secret (key `cosign.pub`; the old and the new
+    /// key one after the other while rotating): mounted and passed as `--plugin-public-key`.
+    /// Without it, no registry module runs (unless `--allow-unsigned-plugins`).
     #[arg(long)]
     pub plugin_public_key_secret: Option<String>,
+    /// Without a key, run registry modules on their pinned digest alone (`run
+    /// --allow-unsigned-plugins`).
+    #[arg(long)]
+    pub allow_unsigned_plugins: bool,
     /// The namespaces BuilderPlugin modules kept in ConfigMaps are read from (default: the
     /// install's namespace; `*`: any).
     #[arg(long = "plugin-configmap-namespace", value_delimiter = ',')]
@@ -298,6 +303,9 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
         // Not optional: a host told to verify never starts without its key.
         volumes.push(json!({"name": "plugin-keys", "secret": {"secretName": secret,
             "items": [{"key": PUBLIC_KEY_FILE, "path": PUBLIC_KEY_FILE}]}}));
+    }
+    if args.allow_unsigned_plugins {
+        run_args.push("--allow-unsigned-plugins".into());
     }
     for n in &args.plugin_configmap_namespaces {
         run_args.extend(["--plugin-configmap-namespace".into(), n.clone()]);

@@ -254,6 +254,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             insecure,
         }) => plugin::push(&engine()?, &path, &reference, sign_key.as_deref(), insecure),
         Command::Plugin(PluginCommand::Keygen { prefix }) => plugin::keygen(&prefix),
+        Command::Plugin(PluginCommand::Sign { path, key, output }) => plugin::sign(&path, &key, output),
         Command::Plugin(PluginCommand::Diff(args)) => match args.path.clone() {
             Some(path) => diff::execute(&engine()?, args, &path),
             None => diff_live::execute(&engine()?, &args),
@@ -289,7 +290,7 @@ pub fn print(text: &str) -> anyhow::Result<()> {
 /// `insecure` ones) kept in `cache` (default: inside the compiled-component cache, the install's
 /// writable emptyDir), ConfigMaps read with `client` from `config_map_namespaces` (empty: the
 /// client's default namespace, the host's own), signatures verified with the PEM public keys at
-/// `public_key` when given.
+/// `public_key` when given; without keys, registry modules run only with `allow_unsigned`.
 ///
 /// # Errors
 /// The key cannot be read or parsed; the system's root certificates cannot be read.
@@ -298,6 +299,7 @@ pub(crate) fn module_source(
     cache: Option<std::path::PathBuf>,
     insecure: Vec<String>,
     public_key: Option<&std::path::Path>,
+    allow_unsigned: bool,
     config_map_namespaces: Vec<String>,
 ) -> anyhow::Result<slinky_plugin_source::ModuleSource> {
     use anyhow::Context as _;
@@ -320,6 +322,7 @@ pub(crate) fn module_source(
         public_key,
         crate::plugins::gunzip_if_gzipped,
     )
+    .allowing_unsigned(allow_unsigned)
     .with_config_map_namespaces(config_map_namespaces))
 }
 

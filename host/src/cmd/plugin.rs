@@ -61,6 +61,20 @@ pub enum PluginCommand {
     /// Show what a plugin would change in a live cluster, before it is installed: per child the
     /// field diff against the live object, per NodeSet the pods that would roll. Writes nothing.
     Diff(super::diff::DiffArgs),
+    /// Sign a plugin for a ConfigMap module: writes `PLUGIN.sig` (`--output`), the signature of
+    /// the uncompressed component (as `cosign sign-blob --key --output-signature` writes it), and
+    /// prints the digest to pin. Put both in the ConfigMap: `--from-file=plugin.wasm=PLUGIN
+    /// --from-file=plugin.wasm.sig=PLUGIN.sig`.
+    Sign {
+        /// The plugin file (`.wasm` component, or gzipped).
+        path: PathBuf,
+        /// The ECDSA P-256 private key (PEM PKCS#8, `plugin keygen`'s `.key`).
+        #[arg(long, value_name = "PEM")]
+        key: PathBuf,
+        /// Where to write the signature (default: the plugin's path with `.sig` added).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
     /// Make an ECDSA P-256 key pair for signing plugins: `<prefix>.key` (keep it secret) and
     /// `<prefix>.pub` (give it to the host's `--plugin-public-key`).
     Keygen {
@@ -186,6 +200,33 @@ pub fn push(
         .with_context(|| format!("cannot push {} to {reference}", path.display()))?;
     tracing::info!(plugin = %plugin.label(), reference = %pinned, signed = key.is_some(), "plugin pushed");
     print(&format!("{pinned}\n"))
+}
+
+/// `plugin sign`: the signature of the component at `path` (gunzipped if gzipped), written to
+/// `output` (default `<path>.sig`); prints where, and the digest a BuilderPlugin pins.
+///
+/// # Errors
+/// A file cannot be read or written, the key is not a P-256 PKCS#8 key, the file is not gzip
+/// when it says so.
+pub fn sign(path: &std::path::Path, key: &std::path::Path, output: Option<PathBuf>) -> anyhow::Result<()> {
+    let pem =
+        std::fs::read_to_string(key).with_context(|| format!("cannot read the key {}", key.display()))?;
+    let key = crate::oci::SigningKey::from_pem(&pem).with_context(|| format!("the key {}", key.display()))?;
+    let raw = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let component =
+        crate::plugins::gunzip_if_gzipped(raw).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let output = output.unwrap_or_else(|| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".sig");
+        PathBuf::from(p)
+    });
+    std::fs::write(&output, key.sign_blob(&component)?)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    print(&format!(
+        "wrote {}; the component's digest (spec.module.digest): {}\n",
+        output.display(),
+        crate::oci::sha256(&component)
+    ))
 }
 
 /// `plugin keygen`: write `<prefix>.key` (mode 0600) and `<prefix>.pub`.

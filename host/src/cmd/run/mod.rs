@@ -129,11 +129,17 @@ pub struct RunArgs {
     /// without the CRD simply has none.
     #[arg(long, env = "SLINKY_HOST_BUILDER_PLUGINS", default_value_t = true, action = clap::ArgAction::Set)]
     pub builder_plugins: bool,
-    /// The public key (PEM, ECDSA P-256: `cosign.pub`, or `slinky-host plugin keygen`'s) every
-    /// BuilderPlugin module pulled from a registry must carry a cosign signature of. Without it,
-    /// signatures are not checked (modules are still pinned by digest).
+    /// The public key(s) (PEM, ECDSA P-256: `cosign.pub`, or `slinky-host plugin keygen`'s)
+    /// every BuilderPlugin module must carry a signature of: a cosign signature for a registry
+    /// module, `<key>.sig` beside a ConfigMap module. Without it, no registry module runs
+    /// (unless `--allow-unsigned-plugins`) and ConfigMap modules run on their pinned digest.
     #[arg(long, env = "SLINKY_HOST_PLUGIN_PUBLIC_KEY", value_name = "PEM")]
     pub plugin_public_key: Option<PathBuf>,
+    /// Without `--plugin-public-key`, run BuilderPlugin modules from registries on their pinned
+    /// digest alone (unsigned: whoever may create a BuilderPlugin chooses code every pod of its
+    /// step runs). Off by default: such modules are refused as `Unverified`.
+    #[arg(long, env = "SLINKY_HOST_ALLOW_UNSIGNED_PLUGINS")]
+    pub allow_unsigned_plugins: bool,
     /// The namespaces BuilderPlugin modules kept in ConfigMaps are read from; repeatable or
     /// comma-separated (default: the host's own namespace; `*`: any, which lets whoever may
     /// edit a ConfigMap there choose code that runs in every pod the step builds).
@@ -338,8 +344,20 @@ async fn builder_plugin_source(
         args.oci_cache.clone(),
         args.insecure_registries.clone(),
         args.plugin_public_key.as_deref(),
+        args.allow_unsigned_plugins,
         args.plugin_configmap_namespaces.clone(),
     )?;
+    match (&args.plugin_public_key, args.allow_unsigned_plugins) {
+        (Some(_), _) => tracing::info!("BuilderPlugin modules run only when their signature verifies"),
+        (None, true) => tracing::warn!(
+            "--allow-unsigned-plugins: BuilderPlugin modules from registries run on their pinned digest \
+             alone, unsigned (whoever may create a BuilderPlugin chooses code its pods run)"
+        ),
+        (None, false) => tracing::info!(
+            "no --plugin-public-key: BuilderPlugin modules from registries are refused (Unverified); \
+             ConfigMap modules run on their pinned digest"
+        ),
+    }
     Ok(Some(Arc::new(source)))
 }
 

@@ -475,13 +475,14 @@ impl Steps {
     /// * a registry module on a host with keys: fetched as every load is (from the cache or the
     ///   registry) and its signature verified under **today's** keys (a key turned on or
     ///   rotated since stops it);
-    /// * a registry module on a host without keys, or a ConfigMap module: only one this host
-    ///   loaded before (its disk cache holds it, checked by digest); a ConfigMap module only from
-    ///   a namespace the host allows today, and on a host with keys only if this host loaded it
-    ///   from that very ConfigMap under a spec that pinned its digest (recorded then).
+    /// * any other: only one this host loaded before (its disk cache holds it, checked by
+    ///   digest) and vouches for today ([`ModuleSource::vouch_kept`]: a registry module only on
+    ///   a host that allows unsigned ones; a ConfigMap module only from a namespace allowed
+    ///   today, with keys only if its signature verifies under today's keys and this host loaded
+    ///   it from that very ConfigMap under a spec that pinned its digest, recorded then).
     ///
     /// # Errors
-    /// Why it is not restored (a `Loaded` failure: `BadSignature`, `Refused`, …).
+    /// Why it is not restored (a `Loaded` failure: `BadSignature`, `Unverified`, `Refused`, …).
     async fn restorable(&self, serving: &ServingVersion) -> Result<Vec<u8>, Failure> {
         let refused = |m: String| Failure::new(LOADED, "Refused", m);
         let store = self.source.store();
@@ -502,19 +503,9 @@ impl Steps {
                 serving.digest
             ))
         })?;
+        self.source
+            .vouch_kept(&serving.spec.module, &serving.digest, &bytes)?;
         if let Some(cm) = &serving.spec.module.config_map {
-            let allowed = self.source.config_map_namespaces();
-            if !allowed
-                .iter()
-                .any(|n| n == slinky_plugin_source::ANY_NAMESPACE || *n == cm.namespace)
-            {
-                return Err(refused(format!(
-                    "status.serving names a ConfigMap module in namespace {:?}, from which this host \
-                     reads no modules (--plugin-configmap-namespace {})",
-                    cm.namespace,
-                    allowed.join(",")
-                )));
-            }
             let pinned = store.get_record(&serving.digest, PINNED);
             if self.source.verifies()
                 && (serving.spec.module.digest.as_deref() != Some(serving.digest.as_str())
