@@ -1061,3 +1061,108 @@ async fn a_builder_plugin_too_deep_to_decode_is_refused_alone_and_the_others_ser
     c.client.request_text(delete).await?;
     result
 }
+
+/// A registry that accepts and never answers delays only its own step: start-up waits for the
+/// BuilderPlugins at most its budget (2 s here), the ConfigMap step serves and the NodeSet's pods
+/// are built with it while the tarpit's three BuilderPlugins are still being pulled (their
+/// requests are still open: each is bounded at 60 s, so none is decided yet); before, the host
+/// loaded them one after the other before reconciling anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_that_never_answers_delays_only_its_own_steps() -> Result<()> {
+    let _turn = BP_HOSTS.lock().await;
+    let c = cluster(true).await;
+    let ns = c.namespace("tarpit").await;
+    let tarpit = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = tarpit.local_addr()?;
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let holder = {
+        let asked = asked.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = tarpit.accept().await {
+                asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(socket);
+            }
+        })
+    };
+    let selector = json!({"matchLabels": {"bp-test": ns}});
+    let tarpits: Vec<String> = (0..3).map(|i| format!("{ns}-tarpit-{i}")).collect();
+    for name in &tarpits {
+        let image = format!("{addr}/site/gpu@sha256:{}", "a".repeat(64));
+        put_plugin(
+            &c,
+            name,
+            json!({"module": {"image": image}, "kinds": ["nodeset-pod"], "order": 10, "selector": selector}),
+        )
+        .await?;
+    }
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let digest = slinky_host::oci::sha256(&site);
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site)?, None).await?;
+    put_plugin(
+        &c,
+        &format!("{ns}-site"),
+        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": digest},
+               "kinds": ["nodeset-pod"], "order": 20,
+               "settings": {"labels": {"site.example.com/rack": "a"}}, "selector": selector}),
+    )
+    .await?;
+    apply_example_with(&c, &ns, 1, |v| v["metadata"]["labels"]["bp-test"] = json!(ns)).await?;
+
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let oci = Oci::new(DigestStore::new(None), Vec::new())?;
+    let source = ModuleSource::new(
+        oci,
+        c.client.clone(),
+        None,
+        slinky_host::plugins::gunzip_if_gzipped,
+    )
+    .allowing_unsigned(true)
+    .with_config_map_namespaces(vec![ns.clone()]);
+    let config = RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(1)),
+        builder_plugins: Some(Arc::new(source)),
+        builder_plugins_startup: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    let host = Host::start_config(c.client.clone(), plugins.clone(), config);
+    let result = async {
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let built = eventually(60, || async {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|p| p.labels().get("site.example.com/rack").map(String::as_str) == Some("a"))
+                .then_some(())
+        })
+        .await;
+        ensure!(
+            built.is_some(),
+            "the NodeSet's pod was never built with the ConfigMap step"
+        );
+        ensure!(
+            asked.load(std::sync::atomic::Ordering::SeqCst) >= tarpits.len(),
+            "the tarpit was asked {} times: not every tarpit BuilderPlugin was being pulled",
+            asked.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        for name in &tarpits {
+            let bp = Api::<BuilderPlugin>::all(c.client.clone()).get(name).await?;
+            ensure!(
+                bp.status.as_ref().and_then(|s| s.phase.clone()).is_none(),
+                "{name} was decided before the pods were built: {:?}",
+                bp.status
+            );
+        }
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    holder.abort();
+    for name in tarpits.iter().chain([&format!("{ns}-site")]) {
+        let _ = Api::<BuilderPlugin>::all(c.client.clone())
+            .delete(name, &Default::default())
+            .await;
+    }
+    result
+}

@@ -581,6 +581,47 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
             .to_string()
             .contains("\"--allow-unsigned-plugins\"")
     );
+    // The supply chain's and Slurm's values reach the host as its flags; the cache may be a claim.
+    let set = helm_template(
+        "slinky-host",
+        &json!({"builderPlugins": {"insecureRegistries": ["registry.lab:5000"], "startupSeconds": 300},
+                "slurmrestdUrls": ["slurm/slurm=http://10.0.0.5:6820"],
+                "pluginCache": {"persistentVolumeClaim": "slinky-cache"},
+                "startupProbe": {"failureThreshold": 120}}),
+    )?;
+    let pod = &set["Deployment/slinky-host"]["spec"]["template"]["spec"];
+    let sargs = pod["containers"][0]["args"].to_string();
+    for pair in [
+        "\"--insecure-registry\",\"registry.lab:5000\"",
+        "\"--builder-plugins-startup-seconds\",\"300\"",
+        "\"--slurmrestd-url\",\"slurm/slurm=http://10.0.0.5:6820\"",
+    ] {
+        ensure!(sargs.contains(pair), "{pair} not in {sargs}");
+    }
+    ensure!(
+        pod["volumes"][0]
+            == json!({"name": "plugin-cache", "persistentVolumeClaim": {"claimName": "slinky-cache"}}),
+        "{}",
+        pod["volumes"][0]
+    );
+    let default_pod = &chart_objects["Deployment/slinky-host"]["spec"]["template"]["spec"];
+    ensure!(
+        pod["containers"][0]["startupProbe"]["failureThreshold"] == 120
+            && default_pod["containers"][0]["startupProbe"]["httpGet"]["path"] == "/healthz",
+        "{}",
+        pod["containers"][0]["startupProbe"]
+    );
+    // Every flag the chart passes is one `run` takes.
+    let help = slinky_tests::run(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--insecure-registry",
+        "--builder-plugins-startup-seconds",
+        "--slurmrestd-url",
+        "--allow-unsigned-plugins",
+    ] {
+        ensure!(help.contains(flag), "run has no {flag}");
+    }
 
     // The admin endpoints are on loopback, and the metrics Service reaches only the metrics port.
     let deploy = &chart_objects["Deployment/slinky-host"];

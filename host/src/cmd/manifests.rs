@@ -356,6 +356,10 @@ fn deployment(args: &ManifestsArgs) -> Value {
                             {"name": "MALLOC_ARENA_MAX", "value": "2"},
                         ],
                         "ports": [{"name": "http", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+                        // Until the host answers (its builders compiled, the API server reached),
+                        // the liveness probe waits: a cold cache on a slow node is no crash loop.
+                        "startupProbe": {"httpGet": {"path": "/healthz", "port": "http"},
+                            "periodSeconds": 5, "failureThreshold": 60},
                         "livenessProbe": probe("/healthz", 10),
                         "readinessProbe": probe("/readyz", 5),
                         "resources": {

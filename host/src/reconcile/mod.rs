@@ -85,6 +85,9 @@ pub struct RunConfig {
     /// Where BuilderPlugins' modules come from: the host watches and loads BuilderPlugins (the
     /// CRD must be served: [`builder_plugin::served`]); `None` runs without them.
     pub builder_plugins: Option<Arc<slinky_plugin_source::ModuleSource>>,
+    /// How long start-up waits for the BuilderPlugins before reconciling without those still
+    /// loading (default [`builder_plugin::STARTUP_BUDGET`]).
+    pub builder_plugins_startup: Option<Duration>,
 }
 
 /// Handles to the running host, for the HTTP endpoints, summaries and tests.
@@ -286,7 +289,7 @@ async fn run(
     // The BuilderPlugins' steps before any parent is built: a parent built without them would
     // roll its pods twice.
     if let (Some((ctx, _)), Some(store)) = (&contexts.builder_plugins, &ctx_store(&contexts)) {
-        builder_plugin::load_all(ctx, store).await;
+        builder_plugin::load_all(ctx, store, ctx.startup).await;
     }
     ready.store(true, Ordering::SeqCst);
     let (tx_shutdown, _) = tokio::sync::broadcast::channel::<()>(1);
@@ -435,6 +438,9 @@ fn builder_plugins_queue(
         core,
         steps,
         caches: caches.clone(),
+        startup: config
+            .builder_plugins_startup
+            .unwrap_or(builder_plugin::STARTUP_BUDGET),
     };
     Some((Arc::new(ctx), queue))
 }

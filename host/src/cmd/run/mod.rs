@@ -140,6 +140,15 @@ pub struct RunArgs {
     /// step runs). Off by default: such modules are refused as `Unverified`.
     #[arg(long, env = "SLINKY_HOST_ALLOW_UNSIGNED_PLUGINS")]
     pub allow_unsigned_plugins: bool,
+    /// How long start-up waits for the BuilderPlugins to load before reconciling without those
+    /// still loading (each joins its pipelines when it loads; its parents' pods may roll once
+    /// more). A registry that never answers delays only its own step.
+    #[arg(
+        long,
+        env = "SLINKY_HOST_BUILDER_PLUGINS_STARTUP_SECONDS",
+        default_value_t = 60
+    )]
+    pub builder_plugins_startup_seconds: u64,
     /// The namespaces BuilderPlugin modules kept in ConfigMaps are read from; repeatable or
     /// comma-separated (default: the host's own namespace; `*`: any, which lets whoever may
     /// edit a ConfigMap there choose code that runs in every pod the step builds).
@@ -235,6 +244,7 @@ pub async fn run(mut args: RunArgs, plugins: Arc<PluginRegistry>) -> anyhow::Res
         slurmrestd_urls: args.slurmrestd_urls.clone(),
         api_requests,
         builder_plugins: builder_plugin_source(&args, &client).await?,
+        builder_plugins_startup: Some(Duration::from_secs(args.builder_plugins_startup_seconds)),
     };
     let (handles, host) = reconcile::start(client, plugins.clone(), config, "slinky-host", shutdown);
     let endpoints = crate::serve::Endpoints::new(handles.clone(), plugins, reload_handle.clone());

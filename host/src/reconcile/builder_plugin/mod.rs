@@ -58,6 +58,8 @@ pub struct BuilderPluginContext {
     pub steps: Arc<Steps>,
     /// The caches (the parents, for `status.appliesTo`).
     pub caches: Caches,
+    /// How long start-up waits for the BuilderPlugins ([`load_all`]).
+    pub startup: Duration,
 }
 
 /// Whether the cluster serves BuilderPlugins (the CRD is installed).
@@ -85,14 +87,38 @@ pub async fn served(client: &Client) -> anyhow::Result<bool> {
     }
 }
 
+/// How long the host waits at start-up for the BuilderPlugins before it reconciles anything
+/// (default of `run --builder-plugins-startup-seconds`).
+pub const STARTUP_BUDGET: Duration = Duration::from_secs(60);
 /// Load every BuilderPlugin of the synced cache before anything else reconciles (Events and
 /// status as each reconcile writes them; the parents' caches may not count yet for
-/// `status.appliesTo`).
-pub(crate) async fn load_all(ctx: &BuilderPluginContext, store: &Store<BuilderPlugin>) {
+/// `status.appliesTo`), all at once (their compiles a few at a time), for at most `budget`: a registry that answers slowly or
+/// never (each request is bounded, a tarpit is not) delays only its own step. Those still loading
+/// then go on in the background, and join their pipelines when they load (their parents' pods
+/// may then roll once more).
+pub(crate) async fn load_all(
+    ctx: &Arc<BuilderPluginContext>,
+    store: &Store<BuilderPlugin>,
+    budget: Duration,
+) {
+    let mut loads = tokio::task::JoinSet::new();
     for bp in store.state() {
-        if let Err(error) = look(&bp, ctx, false).await {
-            tracing::warn!(builder_plugin = %bp.name_any(), %error, "cannot write the BuilderPlugin's status; its next reconcile tries again");
-        }
+        let ctx = ctx.clone();
+        loads.spawn(async move {
+            if let Err(error) = look(&bp, &ctx, false).await {
+                tracing::warn!(builder_plugin = %bp.name_any(), %error, "cannot write the BuilderPlugin's status; its next reconcile tries again");
+            }
+        });
+    }
+    let all = async { while loads.join_next().await.is_some() {} };
+    if tokio::time::timeout(budget, all).await.is_err() {
+        tracing::warn!(
+            still_loading = loads.len(),
+            budget_seconds = budget.as_secs(),
+            "BuilderPlugins still loading after the start-up budget: the host reconciles without them, \
+             and each joins its pipelines when it loads"
+        );
+        loads.detach_all();
     }
 }
 

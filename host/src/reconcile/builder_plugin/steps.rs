@@ -4,7 +4,7 @@
 //! runtime; it writes nothing to the API (the reconciler reports what it returns).
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -204,6 +204,12 @@ pub struct Steps {
     state: Mutex<State>,
     /// Held while a [`PINNED`] record is read and written again.
     pinned: Mutex<()>,
+    /// One look at a time per BuilderPlugin (a start-up load still under way and its queue's
+    /// reconcile), never one across BuilderPlugins: a slow registry delays only its own step.
+    looking: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// A few loads (compiles, example builds) at a time, whatever the BuilderPlugin count;
+    /// fetches are not held to it.
+    loads: tokio::sync::Semaphore,
 }
 
 impl Steps {
@@ -215,6 +221,8 @@ impl Steps {
             build,
             state: Mutex::default(),
             pinned: Mutex::default(),
+            looking: Mutex::default(),
+            loads: tokio::sync::Semaphore::new(4),
         }
     }
 
@@ -265,6 +273,8 @@ impl Steps {
     /// nothing when `bp` was deleted while it was looked at.
     pub(super) async fn sync(&self, bp: &BuilderPlugin) -> Option<Report> {
         let name = bp.name_any();
+        let turn = locked(&self.looking, |l| l.entry(name.clone()).or_default().clone());
+        let _turn = turn.lock().await;
         let deletions = locked(&self.state, |s| s.deletions(&name));
         let report = self.look(bp, deletions).await;
         let deleted = locked(&self.state, |s| {
@@ -394,6 +404,7 @@ impl Steps {
             wanted.kinds.clone(),
         );
         let refused = |reason, message: String| Failure::new(LOADED, reason, message);
+        let _turn = self.loads.acquire().await;
         let loaded = tokio::task::spawn_blocking(move || {
             let plugin = Plugin::load_unoptimized(registry.engine(), &bytes, source)
                 .map_err(|e| refused("Refused", e.to_string()))?;
