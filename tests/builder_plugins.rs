@@ -29,7 +29,7 @@ use serde_json::json;
 use slinky_api::BuilderPlugin;
 use slinky_host::{
     PluginRegistry,
-    oci::{DigestStore, ModuleSource, Oci, PublicKey},
+    oci::{Credentials, DigestStore, ModuleSource, Oci, PublicKey},
     plugins::{BuilderKind, Pipeline},
     reconcile::{RunConfig, builder_plugin},
 };
@@ -60,20 +60,27 @@ impl Drop for Registry {
 }
 
 impl Registry {
-    fn start() -> Result<Option<Registry>> {
+    /// One serving anonymously, or with `htpasswd` (a line `user:bcrypt-hash`): `Basic` auth.
+    fn start(htpasswd: Option<&str>) -> Result<Option<Registry>> {
         if !Path::new(REGISTRY).is_file() {
             return Ok(None);
         }
         let dir = tempfile::tempdir()?;
         let addr = slinky_tests::process::free_addr()?.to_string();
         let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
-                dir.path().join("data").display()
-            ),
-        )?;
+        let mut text = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+            dir.path().join("data").display()
+        );
+        if let Some(line) = htpasswd {
+            let file = dir.path().join("htpasswd");
+            std::fs::write(&file, format!("{line}\n"))?;
+            text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: slinky-test\n    path: {}\n",
+                file.display()
+            ));
+        }
+        std::fs::write(&config, text)?;
         let child = Command::new(REGISTRY)
             .arg("serve")
             .arg(&config)
@@ -107,8 +114,13 @@ impl Registry {
     /// A registry that answers (another port when one was taken meanwhile), or none when it is
     /// not installed.
     async fn start_answering() -> Result<Option<Registry>> {
+        Registry::start_answering_with(None).await
+    }
+
+    /// [`Registry::start_answering`], with `htpasswd` as [`Registry::start`] takes it.
+    async fn start_answering_with(htpasswd: Option<&str>) -> Result<Option<Registry>> {
         for _ in 0..3 {
-            let Some(mut registry) = Registry::start()? else {
+            let Some(mut registry) = Registry::start(htpasswd)? else {
                 return Ok(None);
             };
             if registry.wait().await.is_ok() {
@@ -1165,4 +1177,93 @@ async fn a_registry_that_never_answers_delays_only_its_own_steps() -> Result<()>
             .await;
     }
     result
+}
+
+/// A private registry (Debian's `docker-registry` with an htpasswd file: `Basic` auth) works with
+/// the credentials of a Docker config, as `kubectl create secret docker-registry` and `docker
+/// login` write it: `plugin push --registry-credentials` pushes, and the host's pull fetches the
+/// module; without them the push fails and the pull is refused, each naming the flag. Before,
+/// there were no credentials at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_registry_works_with_the_credentials_of_a_docker_config() -> Result<()> {
+    // The registry takes bcrypt hashes; Python's crypt makes one (as htpasswd -B would).
+    let hash = Command::new("python3")
+        .args([
+            "-W",
+            "ignore",
+            "-c",
+            "import crypt; print(crypt.crypt('s3cret', crypt.mksalt(crypt.METHOD_BLOWFISH)))",
+        ])
+        .output()
+        .context("cannot run python3 to hash the test password")?;
+    let hash = String::from_utf8_lossy(&hash.stdout).trim().to_string();
+    ensure!(hash.starts_with("$2"), "python3 made no bcrypt hash: {hash:?}");
+    let Some(registry) = Registry::start_answering_with(Some(&format!("alice:{hash}"))).await? else {
+        slinky_apiserver::testing::skip(
+            "a_private_registry_works_with_the_credentials_of_a_docker_config",
+            "registry",
+            &format!("{REGISTRY} is not installed (apt-get install docker-registry)"),
+        );
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("config.json");
+    let auth = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode("alice:s3cret")
+    };
+    std::fs::write(
+        &config,
+        json!({"auths": {registry.addr.clone(): {"auth": auth}}}).to_string(),
+    )?;
+    let gpu = test_plugin("gpu_nodeset_pod");
+    let target = format!("{}/site/gpu:1", registry.addr);
+
+    let refused = run(&["plugin", "push", path(&gpu), &target]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        !refused.status.success() && stderr.contains("--registry-credentials"),
+        "a push without credentials: {stderr}"
+    );
+    let pinned = host_cli(&[
+        "plugin",
+        "push",
+        path(&gpu),
+        &target,
+        "--registry-credentials",
+        path(&config),
+    ])?;
+    ensure!(pinned.contains("@sha256:"), "push printed {pinned:?}");
+
+    let c = cluster(false).await;
+    let module: slinky_api::PluginModule = serde_json::from_value(json!({"image": pinned}))?;
+    let source = |credentials: Credentials| -> Result<ModuleSource> {
+        let oci = Oci::new(DigestStore::new(None), Vec::new())?.with_credentials(credentials);
+        Ok(ModuleSource::new(
+            oci,
+            c.client.clone(),
+            None,
+            slinky_host::plugins::gunzip_if_gzipped,
+        )
+        .allowing_unsigned(true))
+    };
+    let failure = source(Credentials::none())?
+        .fetch(&module)
+        .await
+        .err()
+        .context("pulled from a private registry without credentials")?;
+    ensure!(
+        failure.reason == "PullFailed" && failure.message.contains("--registry-credentials"),
+        "{failure:?}"
+    );
+    let fetched = source(Credentials::from_file(config.clone())?)?
+        .fetch(&module)
+        .await
+        .map_err(|f| anyhow::anyhow!("{f:?}"))?;
+    ensure!(
+        fetched.digest == slinky_host::oci::sha256(&std::fs::read(&gpu)?),
+        "{}",
+        fetched.digest
+    );
+    Ok(())
 }

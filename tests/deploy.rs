@@ -478,6 +478,7 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         plugins_configmap: Some("slinky-plugins".into()),
         plugin_public_key_secret: None,
         allow_unsigned_plugins: false,
+        registry_credentials_secret: None,
         plugin_configmap_namespaces: Vec::new(),
         log_level: "info".into(),
         no_crds: true,
@@ -522,10 +523,12 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     // Verification on, as the chart's values and `manifests`' flags ask for it: the same pod.
     let verified = helm_template(
         "slinky-host",
-        &json!({"builderPlugins": {"publicKeySecret": "slinky-plugin-keys", "configMapNamespaces": ["slurm"]}}),
+        &json!({"builderPlugins": {"publicKeySecret": "slinky-plugin-keys", "configMapNamespaces": ["slurm"],
+                                   "registrySecret": "slinky-registry"}}),
     )?;
     let verified_args = manifests::ManifestsArgs {
         plugin_public_key_secret: Some("slinky-plugin-keys".into()),
+        registry_credentials_secret: Some("slinky-registry".into()),
         plugin_configmap_namespaces: vec!["slurm".into()],
         ..args
     };
@@ -544,6 +547,7 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     ensure!(
         vargs.contains("\"--plugin-public-key\",\"/etc/slinky-host/keys/cosign.pub\"")
             && vargs.contains("\"--plugin-configmap-namespace\",\"slurm\"")
+            && vargs.contains("\"--registry-credentials\",\"/etc/slinky-host/registry/config.json\"")
             && !vargs.contains("--allow-unsigned-plugins"),
         "{vargs}"
     );
@@ -563,6 +567,7 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     };
     let ours = manifests::objects(&manifests::ManifestsArgs {
         plugin_public_key_secret: None,
+        registry_credentials_secret: None,
         plugin_configmap_namespaces: Vec::new(),
         ..open_args
     })?
@@ -619,6 +624,7 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         "--builder-plugins-startup-seconds",
         "--slurmrestd-url",
         "--allow-unsigned-plugins",
+        "--registry-credentials",
     ] {
         ensure!(help.contains(flag), "run has no {flag}");
     }

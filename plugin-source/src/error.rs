@@ -25,4 +25,7 @@ pub enum OciError {
     /// A key does not parse.
     #[error("key: {0}")]
     Key(String),
+    /// The registry credentials cannot be read or parsed.
+    #[error("registry credentials: {0}")]
+    Credentials(String),
 }

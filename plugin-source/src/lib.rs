@@ -19,8 +19,11 @@
 //! * Signatures (`cosign sign --key`'s layout) are verified against the configured ECDSA P-256
 //!   key; only verified ones are kept, and they are checked again with today's key when read.
 //! * Plain HTTP only to a loopback registry or one listed in `--insecure-registry`.
+//! * Credentials (a Docker config, [`Credentials`]) only to the registry they are for and the
+//!   token realm it names.
 
 mod cosign;
+mod credentials;
 mod error;
 mod keys;
 mod module;
@@ -34,6 +37,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+pub use credentials::Credentials;
 pub use error::OciError;
 pub use keys::{PublicKey, SigningKey};
 pub use module::{ANY_NAMESPACE, Decode, Fetched, ModuleSource};

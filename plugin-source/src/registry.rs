@@ -1,5 +1,6 @@
 //! The registry client: HTTPS (plain HTTP only to loopback or `--insecure-registry`
-//! registries), anonymous bearer tokens on a `401` challenge, redirects for reads, a deadline on
+//! registries), on a `401` challenge a bearer token (anonymous, or for the registry's
+//! credentials) or the credentials themselves (`Basic`), redirects for reads, a deadline on
 //! every whole request and a bound on every body.
 
 use bytes::Bytes;
@@ -8,7 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde_json::Value;
 
-use crate::{DigestStore, MAX_REDIRECTS, OciError, REQUEST_TIMEOUT, sha256};
+use crate::{Credentials, DigestStore, MAX_REDIRECTS, OciError, REQUEST_TIMEOUT, sha256};
 
 /// A registry client whose pulls are kept in a [`DigestStore`].
 #[derive(Clone)]
@@ -17,6 +18,7 @@ pub struct Oci {
         Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>>,
     pub(crate) store: DigestStore,
     insecure: Vec<String>,
+    credentials: Credentials,
 }
 
 impl Oci {
@@ -38,7 +40,15 @@ impl Oci {
             http,
             store,
             insecure,
+            credentials: Credentials::none(),
         })
+    }
+
+    /// The same client, with `credentials` for the registries that ask for them.
+    #[must_use]
+    pub fn with_credentials(mut self, credentials: Credentials) -> Oci {
+        self.credentials = credentials;
+        self
     }
 
     pub(crate) fn base(&self, registry: &str) -> String {
@@ -82,7 +92,8 @@ impl Oci {
         body: Bytes,
         limit: usize,
     ) -> Result<(StatusCode, http::HeaderMap, Bytes), OciError> {
-        let mut token: Option<String> = None;
+        // What the registry asked for: `Bearer <token>` or `Basic <credentials>`.
+        let mut auth: Option<String> = None;
         let mut url_next: Option<String> = None;
         let mut redirects = 0;
         loop {
@@ -92,8 +103,8 @@ impl Oci {
             for (k, v) in headers {
                 req = req.header(k, *v);
             }
-            if let Some(t) = &token {
-                req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+            if let Some(a) = &auth {
+                req = req.header(header::AUTHORIZATION, a.as_str());
             }
             let req = req
                 .body(Full::new(body.clone()))
@@ -105,11 +116,11 @@ impl Oci {
                 .map_err(|e| self.http_error(&method, url, e))?;
             let (parts, body) = resp.into_parts();
             if parts.status == StatusCode::UNAUTHORIZED
-                && token.is_none()
+                && auth.is_none()
                 && redirects == 0
                 && let Some(challenge) = parts.headers.get(header::WWW_AUTHENTICATE)
             {
-                token = Some(self.token(url, challenge).await?);
+                auth = Some(self.authorization(url, challenge).await?);
                 continue;
             }
             if parts.status.is_redirection() && (method == Method::GET || method == Method::HEAD) {
@@ -121,8 +132,8 @@ impl Oci {
                     let next = absolute(url, location);
                     drop(body);
                     may_follow(url, &next).map_err(|why| self.http_error(&method, url, why))?;
-                    // The token is the registry's, not the blob store's.
-                    token = None;
+                    // The token and the credentials are the registry's, not the blob store's.
+                    auth = None;
                     url_next = Some(next);
                     continue;
                 }
@@ -137,8 +148,17 @@ impl Oci {
             } else {
                 prefix(body, ERROR_READ).await
             };
-            if parts.status == StatusCode::UNAUTHORIZED && token.is_some() {
-                return Err(self.http_error(&method, url, "still unauthorized with an anonymous token"));
+            if parts.status == StatusCode::UNAUTHORIZED && auth.is_some() {
+                let registry = registry_of(url);
+                let with = if self.credentials.basic(registry).is_some() {
+                    format!("the credentials for {registry}")
+                } else {
+                    format!(
+                        "an anonymous token (no credentials for {registry}: give them, as a Docker config, with \
+                         --registry-credentials; Helm: builderPlugins.registrySecret)"
+                    )
+                };
+                return Err(self.http_error(&method, url, format!("still unauthorized with {with}")));
             }
             return Ok((parts.status, parts.headers, body));
         }
@@ -160,7 +180,25 @@ impl Oci {
         }
     }
 
-    /// An anonymous bearer token for a `WWW-Authenticate: Bearer realm=…,service=…,scope=…`.
+    /// The `Authorization` a `WWW-Authenticate` challenge from `registry_url` asks for: `Basic`
+    /// with the registry's credentials, or `Bearer` with a token from its realm.
+    async fn authorization(&self, registry_url: &str, challenge: &HeaderValue) -> Result<String, OciError> {
+        let text = challenge.to_str().unwrap_or_default();
+        let registry = registry_of(registry_url);
+        if text.get(..6).is_some_and(|s| s.eq_ignore_ascii_case("basic ")) {
+            return self.credentials.basic(registry).ok_or_else(|| {
+                OciError::Content(format!(
+                    "{registry} asks for credentials ({text}) and this host has none for it: give them, as a \
+                     Docker config, with --registry-credentials (Helm: builderPlugins.registrySecret, a \
+                     kubernetes.io/dockerconfigjson Secret)"
+                ))
+            });
+        }
+        Ok(format!("Bearer {}", self.token(registry_url, challenge).await?))
+    }
+
+    /// A bearer token for a `WWW-Authenticate: Bearer realm=…,service=…,scope=…`: anonymous, or
+    /// for the registry's credentials when there are some.
     pub(crate) async fn token(
         &self,
         registry_url: &str,
@@ -169,7 +207,7 @@ impl Oci {
         let text = challenge.to_str().unwrap_or_default();
         let params = text.strip_prefix("Bearer ").ok_or_else(|| {
             OciError::Content(format!(
-                "the registry asks for {text:?}: only anonymous bearer tokens are supported"
+                "the registry asks for {text:?}: only bearer tokens and basic credentials are supported"
             ))
         })?;
         let mut realm = None;
@@ -185,7 +223,11 @@ impl Oci {
         may_follow(registry_url, &realm)
             .map_err(|why| OciError::Content(format!("the token realm: {why}")))?;
         let url = format!("{realm}?{}", query.join("&"));
-        let req = Request::get(&url)
+        let mut req = Request::get(&url);
+        if let Some(basic) = self.credentials.basic(registry_of(registry_url)) {
+            req = req.header(header::AUTHORIZATION, basic);
+        }
+        let req = req
             .body(Full::new(Bytes::new()))
             .map_err(|e| self.http_error(&Method::GET, &url, e))?;
         let resp = self
@@ -239,6 +281,12 @@ impl Oci {
         }
         Ok(body)
     }
+}
+
+/// The registry (`host[:port]`) of a URL.
+fn registry_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
 }
 
 /// How much of an answer that is no success is read.

@@ -139,6 +139,9 @@ pub(super) async fn cluster_steps(
         None,
         true,
         vec![slinky_plugin_source::ANY_NAMESPACE.into()],
+        std::env::var_os("SLINKY_HOST_REGISTRY_CREDENTIALS")
+            .map(std::path::PathBuf::from)
+            .as_deref(),
     )?;
     let steps = crate::reconcile::builder_plugin::Steps::new(registry.clone(), Arc::new(source), ctx.clone());
     crate::reconcile::builder_plugin::load_once(client, &steps).await?;

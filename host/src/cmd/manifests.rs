@@ -38,6 +38,11 @@ pub struct ManifestsArgs {
     /// --allow-unsigned-plugins`).
     #[arg(long)]
     pub allow_unsigned_plugins: bool,
+    /// Pull BuilderPlugin modules with the registry credentials of this
+    /// `kubernetes.io/dockerconfigjson` Secret (`kubectl create secret docker-registry`):
+    /// mounted and passed as `--registry-credentials`.
+    #[arg(long)]
+    pub registry_credentials_secret: Option<String>,
     /// The namespaces BuilderPlugin modules kept in ConfigMaps are read from (default: the
     /// install's namespace; `*`: any).
     #[arg(long = "plugin-configmap-namespace", value_delimiter = ',')]
@@ -56,6 +61,8 @@ pub const NAME: &str = "slinky-host";
 pub const PLUGINS_DIR: &str = "/etc/slinky-host/plugins";
 /// Where the BuilderPlugins' public key Secret is mounted.
 pub const KEYS_DIR: &str = "/etc/slinky-host/keys";
+/// Where the registry credentials Secret is mounted.
+pub const REGISTRY_DIR: &str = "/etc/slinky-host/registry";
 /// The key of the public key in its Secret (cosign's file name).
 pub const PUBLIC_KEY_FILE: &str = "cosign.pub";
 /// The precompiled-plugin cache (an emptyDir: the root file system is read-only).
@@ -306,6 +313,17 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
     }
     if args.allow_unsigned_plugins {
         run_args.push("--allow-unsigned-plugins".into());
+    }
+    if let Some(secret) = &args.registry_credentials_secret {
+        run_args.extend([
+            "--registry-credentials".into(),
+            format!("{REGISTRY_DIR}/config.json"),
+        ]);
+        mounts.push(json!({"name": "registry-credentials", "mountPath": REGISTRY_DIR, "readOnly": true}));
+        volumes.push(
+            json!({"name": "registry-credentials", "secret": {"secretName": secret,
+            "items": [{"key": ".dockerconfigjson", "path": "config.json"}]}}),
+        );
     }
     for n in &args.plugin_configmap_namespaces {
         run_args.extend(["--plugin-configmap-namespace".into(), n.clone()]);

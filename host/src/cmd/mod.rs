@@ -252,7 +252,15 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             reference,
             sign_key,
             insecure,
-        }) => plugin::push(&engine()?, &path, &reference, sign_key.as_deref(), insecure),
+            registry_credentials,
+        }) => plugin::push(
+            &engine()?,
+            &path,
+            &reference,
+            sign_key.as_deref(),
+            insecure,
+            registry_credentials.as_deref(),
+        ),
         Command::Plugin(PluginCommand::Keygen { prefix }) => plugin::keygen(&prefix),
         Command::Plugin(PluginCommand::Sign { path, key, output }) => plugin::sign(&path, &key, output),
         Command::Plugin(PluginCommand::Diff(args)) => match args.path.clone() {
@@ -290,7 +298,8 @@ pub fn print(text: &str) -> anyhow::Result<()> {
 /// `insecure` ones) kept in `cache` (default: inside the compiled-component cache, the install's
 /// writable emptyDir), ConfigMaps read with `client` from `config_map_namespaces` (empty: the
 /// client's default namespace, the host's own), signatures verified with the PEM public keys at
-/// `public_key` when given; without keys, registry modules run only with `allow_unsigned`.
+/// `public_key` when given; without keys, registry modules run only with `allow_unsigned`;
+/// registries that ask for credentials get those of the Docker config `credentials`.
 ///
 /// # Errors
 /// The key cannot be read or parsed; the system's root certificates cannot be read.
@@ -301,6 +310,7 @@ pub(crate) fn module_source(
     public_key: Option<&std::path::Path>,
     allow_unsigned: bool,
     config_map_namespaces: Vec<String>,
+    credentials: Option<&std::path::Path>,
 ) -> anyhow::Result<slinky_plugin_source::ModuleSource> {
     use anyhow::Context as _;
     let public_key = match public_key {
@@ -315,7 +325,8 @@ pub(crate) fn module_source(
         }
     };
     let cache = cache.or_else(|| crate::plugins::default_cache_dir().map(|d| d.join("oci")));
-    let oci = slinky_plugin_source::Oci::new(slinky_plugin_source::DigestStore::new(cache), insecure)?;
+    let oci = slinky_plugin_source::Oci::new(slinky_plugin_source::DigestStore::new(cache), insecure)?
+        .with_credentials(registry_credentials(credentials)?);
     Ok(slinky_plugin_source::ModuleSource::new(
         oci,
         client.clone(),
@@ -324,6 +335,19 @@ pub(crate) fn module_source(
     )
     .allowing_unsigned(allow_unsigned)
     .with_config_map_namespaces(config_map_namespaces))
+}
+
+/// The registry credentials in the Docker config `file`, or none.
+///
+/// # Errors
+/// The file cannot be read or is no Docker config.
+pub(crate) fn registry_credentials(
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<slinky_plugin_source::Credentials> {
+    Ok(match file {
+        Some(f) => slinky_plugin_source::Credentials::from_file(f.to_path_buf())?,
+        None => slinky_plugin_source::Credentials::none(),
+    })
 }
 
 #[cfg(test)]

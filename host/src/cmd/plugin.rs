@@ -57,6 +57,10 @@ pub enum PluginCommand {
         /// Reach this registry over plain HTTP (loopback registries always are).
         #[arg(long)]
         insecure: bool,
+        /// Credentials for the registry: a Docker config (`docker login`'s `config.json`, a
+        /// `.dockerconfigjson`).
+        #[arg(long, env = "SLINKY_HOST_REGISTRY_CREDENTIALS", value_name = "FILE")]
+        registry_credentials: Option<PathBuf>,
     },
     /// Show what a plugin would change in a live cluster, before it is installed: per child the
     /// field diff against the live object, per NodeSet the pods that would roll. Writes nothing.
@@ -156,6 +160,7 @@ pub fn push(
     reference: &str,
     sign_key: Option<&std::path::Path>,
     insecure: bool,
+    credentials: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     // Read once; a `.wasm.gz` is pushed as the component it holds (the layer is `application/wasm`).
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -183,7 +188,8 @@ pub fn push(
     } else {
         Vec::new()
     };
-    let oci = crate::oci::Oci::new(crate::oci::DigestStore::default(), insecure)?;
+    let oci = crate::oci::Oci::new(crate::oci::DigestStore::default(), insecure)?
+        .with_credentials(super::registry_credentials(credentials)?);
     let info = plugin.info();
     let annotations = serde_json::json!({
         "org.opencontainers.image.title": info.name,

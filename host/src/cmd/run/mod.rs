@@ -158,6 +158,12 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub plugin_configmap_namespaces: Vec<String>,
+    /// Registry credentials for BuilderPlugin modules: a Docker config (`{"auths": {…}}`, the
+    /// `.dockerconfigjson` of a `kubectl create secret docker-registry` Secret, or `docker
+    /// login`'s `config.json`), read again whenever a registry asks (a rotated Secret is used
+    /// without a restart). Sent only to the registry each is for and the token realm it names.
+    #[arg(long, env = "SLINKY_HOST_REGISTRY_CREDENTIALS", value_name = "FILE")]
+    pub registry_credentials: Option<PathBuf>,
     /// A registry (`host:port`) reached over plain HTTP; repeatable (loopback registries always
     /// are).
     #[arg(
@@ -356,6 +362,7 @@ async fn builder_plugin_source(
         args.plugin_public_key.as_deref(),
         args.allow_unsigned_plugins,
         args.plugin_configmap_namespaces.clone(),
+        args.registry_credentials.as_deref(),
     )?;
     match (&args.plugin_public_key, args.allow_unsigned_plugins) {
         (Some(_), _) => tracing::info!("BuilderPlugin modules run only when their signature verifies"),
