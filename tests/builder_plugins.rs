@@ -1267,3 +1267,121 @@ async fn a_private_registry_works_with_the_credentials_of_a_docker_config() -> R
     );
     Ok(())
 }
+
+/// `python tests/python/oras_check.py args…`; its stdout, or an error with its stderr.
+fn oras(args: &[&str]) -> Result<String> {
+    let python = slinky_tests::python::python()?;
+    let script = slinky_tests::workspace().join("tests/python/oras_check.py");
+    let out = Command::new(python).arg(script).args(args).output()?;
+    ensure!(
+        out.status.success(),
+        "oras_check.py {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Plugin artifacts as other tools see them, and signatures that add up: `plugin push` makes the
+/// CNCF Wasm artifact (config with `created`, `component` and its exports; the layer titled) that
+/// the ORAS project's client pulls to a file holding the component; a module pushed with oras,
+/// as an author might, loads; the same plugin pushed twice is the same artifact, and a second
+/// `--sign-key` adds its signature beside the first (both keys verify; before, the second push
+/// replaced the first signature).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> {
+    let Some(registry) = Registry::start_answering().await? else {
+        slinky_apiserver::testing::skip(
+            "artifacts_interoperate_with_oras_and_signatures_add_up",
+            "registry",
+            &format!("{REGISTRY} is not installed (apt-get install docker-registry)"),
+        );
+        return Ok(());
+    };
+    let keys = tempfile::tempdir()?;
+    for k in ["first", "second"] {
+        host_cli(&["plugin", "keygen", path(&keys.path().join(k))])?;
+    }
+    let gpu = test_plugin("gpu_nodeset_pod");
+    let component = std::fs::read(&gpu)?;
+    let target = format!("{}/site/gpu:1", registry.addr);
+    let push = |key: &str| {
+        host_cli(&[
+            "plugin",
+            "push",
+            path(&gpu),
+            &target,
+            "--sign-key",
+            path(&keys.path().join(format!("{key}.key"))),
+        ])
+    };
+    let first = push("first")?;
+    let second = push("second")?;
+    ensure!(
+        first == second,
+        "the same plugin pushed twice: {first} and {second}"
+    );
+
+    let c = cluster(false).await;
+    let module: slinky_api::PluginModule = serde_json::from_value(json!({"image": first}))?;
+    for k in ["first", "second"] {
+        let pem = std::fs::read_to_string(keys.path().join(format!("{k}.pub")))?;
+        let oci = Oci::new(DigestStore::new(None), Vec::new())?;
+        let source = ModuleSource::new(
+            oci,
+            c.client.clone(),
+            Some(PublicKey::from_pem(&pem)?),
+            slinky_host::plugins::gunzip_if_gzipped,
+        );
+        source
+            .fetch(&module)
+            .await
+            .map_err(|f| anyhow::anyhow!("the {k} key's signature: {f:?}"))?;
+    }
+
+    let config: serde_json::Value = serde_json::from_str(&oras(&["config", &first])?)?;
+    let exports = config["component"]["exports"].to_string();
+    ensure!(
+        config["created"].as_str().is_some_and(|t| t.ends_with('Z'))
+            && config["os"] == "wasip2"
+            && exports.contains("slinky:builder/plugin@"),
+        "{config}"
+    );
+    let out = tempfile::tempdir()?;
+    let files = oras(&["pull", &first, path(out.path())])?;
+    let pulled = out.path().join("gpu-nodeset-pod.wasm");
+    ensure!(
+        files.contains("gpu-nodeset-pod.wasm") && std::fs::read(&pulled)? == component,
+        "oras pulled {files:?}"
+    );
+
+    // Pushed by oras with the CNCF layout: it loads (unsigned, where the admin allows it).
+    let config_file = keys.path().join("config.json");
+    std::fs::write(&config_file, config.to_string())?;
+    let copy = keys.path().join("plugin.wasm");
+    std::fs::write(&copy, &component)?;
+    let digest = oras(&[
+        "push",
+        path(&copy),
+        path(&config_file),
+        &format!("{}/site/oras:1", registry.addr),
+    ])?;
+    let module: slinky_api::PluginModule =
+        serde_json::from_value(json!({"image": format!("{}/site/oras@{digest}", registry.addr)}))?;
+    let oci = Oci::new(DigestStore::new(None), Vec::new())?;
+    let fetched = ModuleSource::new(
+        oci,
+        c.client.clone(),
+        None,
+        slinky_host::plugins::gunzip_if_gzipped,
+    )
+    .allowing_unsigned(true)
+    .fetch(&module)
+    .await
+    .map_err(|f| anyhow::anyhow!("the module oras pushed: {f:?}"))?;
+    ensure!(
+        fetched.bytes == component,
+        "the module oras pushed came back different"
+    );
+    Ok(())
+}

@@ -411,6 +411,16 @@ impl Plugin {
         &self.inner.info
     }
 
+    /// The names the component imports and exports (WIT interfaces such as
+    /// `wasi:cli/environment@0.2.0`): the Wasm OCI config's `component`.
+    pub fn interfaces(&self) -> (Vec<String>, Vec<String>) {
+        let code = self.code();
+        let ty = code.pre.component().component_type();
+        let imports = ty.imports(&code.engine).map(|(n, _)| n.to_string()).collect();
+        let exports = ty.exports(&code.engine).map(|(n, _)| n.to_string()).collect();
+        (imports, exports)
+    }
+
     /// The sha256 of the component, hex.
     pub fn digest(&self) -> &str {
         &self.inner.digest

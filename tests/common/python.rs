@@ -1,5 +1,5 @@
 //! A Python environment for the tests that check our output with other projects' own code: the
-//! official Prometheus client's text and OpenMetrics parsers, and Helm (the `helm-python-sdk`
+//! official Prometheus client's text and OpenMetrics parsers, the ORAS client (oras-py), and Helm (the `helm-python-sdk`
 //! wheel embeds Helm's Go code, so `helm lint` and `helm template` run for real without a helm
 //! binary, which no package registry here ships). Created once per target directory, from PyPI,
 //! with pinned versions.
@@ -13,7 +13,11 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 
 /// What the environment holds.
-const REQUIREMENTS: &[&str] = &["helm-python-sdk==0.2.2", "prometheus-client==0.26.0"];
+const REQUIREMENTS: &[&str] = &[
+    "helm-python-sdk==0.2.2",
+    "prometheus-client==0.26.0",
+    "oras==0.2.43",
+];
 
 fn env_dir() -> PathBuf {
     crate::cache_dir()

@@ -197,12 +197,14 @@ pub fn push(
         "net.slurm.slinky.contract": info.contract_version,
         "net.slurm.slinky.kinds": info.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","),
     });
+    let (imports, exports) = plugin.interfaces();
+    let component = serde_json::json!({"imports": imports, "exports": exports});
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     let pinned = runtime
-        .block_on(oci.push(&reference, &bytes, annotations, key.as_ref()))
+        .block_on(oci.push(&reference, &bytes, annotations, component, key.as_ref()))
         .with_context(|| format!("cannot push {} to {reference}", path.display()))?;
     tracing::info!(plugin = %plugin.label(), reference = %pinned, signed = key.is_some(), "plugin pushed");
     print(&format!("{pinned}\n"))
