@@ -1383,5 +1383,34 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
         fetched.bytes == component,
         "the module oras pushed came back different"
     );
+    // oras's default layer type: not a plugin artifact, which what the digest pins never becomes,
+    // so it is refused until the spec changes, not pulled again every 10 s.
+    let tar = oras(&[
+        "push",
+        path(&copy),
+        path(&config_file),
+        &format!("{}/site/oras:tar", registry.addr),
+        "application/vnd.oci.image.layer.v1.tar",
+    ])?;
+    let module: slinky_api::PluginModule =
+        serde_json::from_value(json!({"image": format!("{}/site/oras@{tar}", registry.addr)}))?;
+    let oci = Oci::new(DigestStore::new(None), Vec::new())?;
+    let failure = ModuleSource::new(
+        oci,
+        c.client.clone(),
+        None,
+        slinky_host::plugins::gunzip_if_gzipped,
+    )
+    .allowing_unsigned(true)
+    .fetch(&module)
+    .await
+    .err()
+    .context("a tar layer loaded as a plugin")?;
+    ensure!(
+        failure.reason == "Refused"
+            && failure.retry() == slinky_api::failure::Retry::OnChange
+            && failure.message.contains("not a plugin artifact"),
+        "{failure:?}"
+    );
     Ok(())
 }

@@ -19,6 +19,10 @@ pub enum OciError {
     /// The registry sent something that is not what was asked for.
     #[error("{0}")]
     Content(String),
+    /// The artifact the digest pins is not a plugin (no or several `application/wasm` layers, not
+    /// JSON): it never will be, so it is not fetched again until the reference changes.
+    #[error("{0}")]
+    NotAPlugin(String),
     /// The signature is missing or does not verify.
     #[error("signature: {0}")]
     Signature(String),

@@ -246,6 +246,8 @@ impl ModuleSource {
             let reason = match &e {
                 OciError::Content(m) if m.starts_with("unknown digest") => "UnknownDigest",
                 OciError::Reference(..) => "InvalidSpec",
+                // What a digest pins never changes: not fetched again until the spec does.
+                OciError::NotAPlugin(..) => "Refused",
                 _ => "PullFailed",
             };
             refused(reason, format!("cannot pull {image}: {e}"))

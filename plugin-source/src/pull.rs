@@ -79,7 +79,7 @@ impl Oci {
 /// The digest of the one `application/wasm` layer of a plugin manifest.
 fn wasm_layer(manifest: &[u8]) -> Result<String, OciError> {
     let m: Value = serde_json::from_slice(manifest)
-        .map_err(|e| OciError::Content(format!("the manifest is not JSON: {e}")))?;
+        .map_err(|e| OciError::NotAPlugin(format!("the manifest is not JSON: {e}")))?;
     let layers: Vec<&Value> = m["layers"]
         .as_array()
         .into_iter()
@@ -91,8 +91,8 @@ fn wasm_layer(manifest: &[u8]) -> Result<String, OciError> {
             .as_str()
             .filter(|d| d.starts_with("sha256:"))
             .map(str::to_string)
-            .ok_or_else(|| OciError::Content("the wasm layer has no sha256 digest".into())),
-        _ => Err(OciError::Content(format!(
+            .ok_or_else(|| OciError::NotAPlugin("the wasm layer has no sha256 digest".into())),
+        _ => Err(OciError::NotAPlugin(format!(
             "not a plugin artifact: it has {} `{WASM_LAYER_TYPE}` layers, a plugin has one (push it with `slinky-host plugin push`)",
             layers.len()
         ))),

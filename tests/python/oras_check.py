@@ -4,8 +4,8 @@
         Pull REFERENCE (pinned by digest) with oras; print the files it wrote, one per line.
     oras_check.py config REFERENCE
         Print the config blob of the manifest REFERENCE (pinned by digest) names.
-    oras_check.py push FILE CONFIG REFERENCE
-        Push FILE as an `application/wasm` layer with CONFIG as the
+    oras_check.py push FILE CONFIG REFERENCE [LAYER_TYPE]
+        Push FILE as an `application/wasm` layer (or LAYER_TYPE) with CONFIG as the
         `application/vnd.wasm.config.v0+json` config, as an author pushing with oras does;
         print the pushed manifest's digest (the registry's Docker-Content-Digest).
 """
@@ -41,12 +41,13 @@ def main(argv):
         blob.raise_for_status()
         print(blob.text)
         return 0
-    if len(argv) == 5 and argv[1] == "push":
+    if len(argv) in (5, 6) and argv[1] == "push":
         path, config, reference = argv[2], argv[3], argv[4]
+        layer_type = argv[5] if len(argv) == 6 else "application/wasm"
         os.chdir(os.path.dirname(os.path.abspath(path)))
         response = client(reference).push(
             target=reference,
-            files=[os.path.basename(path) + ":application/wasm"],
+            files=[os.path.basename(path) + ":" + layer_type],
             manifest_config=os.path.abspath(config) + ":application/vnd.wasm.config.v0+json",
             disable_path_validation=True,
             quiet=True,
