@@ -428,7 +428,7 @@ impl Builder for Plugin {
         let ns_json = self.input(BUILD_POD, nodeset)?;
         let ctl_json = self.input(BUILD_POD, controller)?;
         let raw = self.build_pod_raw(ctx, &ns_json, &ctl_json, identity)?;
-        policy::pod(&raw, nodeset, identity, self, self.allowances())
+        policy::pod(&raw, nodeset, controller, identity, self, self.allowances())
             .map_err(|reason| self.rejected(BUILD_POD, reason))
     }
 
@@ -485,7 +485,7 @@ impl Builder for Plugin {
         let restapi_json = self.input(CALL, restapi)?;
         let ctl_json = self.input(CALL, controller)?;
         let raw = self.build_restapi_children_raw(ctx, &restapi_json, &ctl_json)?;
-        policy::restapi_children(&raw, restapi, self, self.allowances())
+        policy::restapi_children(&raw, restapi, controller, self, self.allowances())
             .map_err(|reason| self.rejected(CALL, reason))
     }
 
@@ -505,7 +505,7 @@ impl Builder for Plugin {
         let login_json = self.input(CALL, loginset)?;
         let ctl_json = self.input(CALL, controller)?;
         let raw = self.build_loginset_children_raw(ctx, &login_json, &ctl_json, inputs)?;
-        policy::loginset_children(&raw, loginset, self, self.allowances())
+        policy::loginset_children(&raw, loginset, controller, self, self.allowances())
             .map_err(|reason| self.rejected(CALL, reason))
     }
 

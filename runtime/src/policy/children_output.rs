@@ -57,6 +57,7 @@ const ACCOUNTING_KINDS: [ChildKind; 3] = [ChildKind::StatefulSet, ChildKind::Ser
 pub fn loginset_children(
     raw: &[String],
     loginset: &LoginSet,
+    controller: &Controller,
     plugin: &Plugin,
     allow: &Allowances,
 ) -> Result<Vec<Child>, String> {
@@ -64,7 +65,12 @@ pub fn loginset_children(
     let key = loginset.login_key();
     let rules = Rules {
         allow,
-        pods: PodGrants::of_loginset(loginset),
+        // The host's host-key Secret, and the Controller's keys (Slinky mounts its slurm.key).
+        pods: PodGrants::of_loginset(loginset).with_secrets(
+            [loginset.ssh_host_keys_name()]
+                .into_iter()
+                .chain(controller.key_secret_refs().map(|r| r.name.clone())),
+        ),
         service: Some((
             key.clone(),
             ServiceGrants::asked_by(&loginset.spec.service, "LoginSet"),
@@ -124,7 +130,8 @@ pub fn accounting_children(
     let pass = &accounting.spec.storage_config.password_key_ref;
     let rules = Rules {
         allow,
-        pods: PodGrants::of_accounting(accounting),
+        // Its `slurmdbd.conf` Secret, which the same output makes.
+        pods: PodGrants::of_accounting(accounting).with_secrets([accounting.accounting_key()]),
         service: Some((
             key.clone(),
             ServiceGrants::asked_by(&accounting.spec.service, "Accounting"),
@@ -215,13 +222,15 @@ fn component_child(
 pub fn restapi_children(
     raw: &[String],
     restapi: &RestApi,
+    controller: &Controller,
     plugin: &Plugin,
     allow: &Allowances,
 ) -> Result<Vec<Child>, String> {
     let name = restapi.name_any();
     let rules = Rules {
         allow,
-        pods: PodGrants::of_restapi(restapi),
+        pods: PodGrants::of_restapi(restapi)
+            .with_secrets(controller.key_secret_refs().map(|r| r.name.clone())),
         service: Some((
             restapi.restapi_key(),
             ServiceGrants::asked_by(&restapi.spec.service, "RestApi"),

@@ -75,6 +75,7 @@ pub fn service(
 pub fn pod(
     raw: &str,
     nodeset: &NodeSet,
+    controller: &Controller,
     identity: &PodIdentity,
     plugin: &Plugin,
     allow: &Allowances,
@@ -100,7 +101,11 @@ pub fn pod(
     }
     allowances::finalizers("metadata", &pod.metadata, allow)
         .and_then(|()| match &pod.spec {
-            Some(spec) => allowances::pod_spec(spec, &allowances::PodGrants::of_nodeset(nodeset), allow),
+            Some(spec) => allowances::pod_spec(
+                spec,
+                &allowances::PodGrants::of_worker(nodeset, controller),
+                allow,
+            ),
             None => Ok(()),
         })
         .map_err(|e| format!("Pod {name:?}: {e}"))?;

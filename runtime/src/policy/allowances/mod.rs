@@ -23,6 +23,7 @@
 //! [`pods`]: what a pod spec is granted and its checks; [`services`]: a Service's.
 
 mod pods;
+mod secrets;
 mod services;
 #[cfg(test)]
 mod tests;
@@ -62,11 +63,14 @@ pub enum Allow {
     /// A PodDisruptionBudget whose selector does not keep to its NodeSet's (or the Controller's
     /// protected workers') pods: it blocks evicting other pods.
     WidePdb,
+    /// A pod referencing a Secret its parent's spec does not name (and the output does not
+    /// create): a Secret of the namespace nothing asked for.
+    Secrets,
 }
 
 impl Allow {
     /// Every class, in order.
-    pub const ALL: [Allow; 8] = [
+    pub const ALL: [Allow; 9] = [
         Allow::Finalizers,
         Allow::HostNamespaces,
         Allow::HostPath,
@@ -75,6 +79,7 @@ impl Allow {
         Allow::Privileges,
         Allow::ServiceExposure,
         Allow::WidePdb,
+        Allow::Secrets,
     ];
 
     /// The class as `--allow` takes it (`host-path`).
@@ -88,6 +93,7 @@ impl Allow {
             Allow::Privileges => "privileges",
             Allow::ServiceExposure => "service-exposure",
             Allow::WidePdb => "wide-pdb",
+            Allow::Secrets => "secrets",
         }
     }
 }

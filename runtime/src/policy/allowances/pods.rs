@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
 };
 use slinky_api::{Accounting, ContainerWrapper, Controller, LoginSet, NodeSet, PodSpecWrapper, RestApi};
 
-use super::{Allow, Allowances, refused};
+use super::{Allow, Allowances, refused, secrets};
 
 /// Slinky's slurmd container: privileged, with the capabilities it needs for cgroups and
 /// networking (`slinky_guest_sdk::slinky::build_nodeset_pod`; a test keeps the two equal).
@@ -63,6 +63,8 @@ pub(crate) struct PodGrants {
     token_volumes: BTreeMap<String, Vec<ServiceAccountTokenProjection>>,
     host_paths: BTreeMap<String, HostPathVolumeSource>,
     containers: BTreeMap<String, ContainerGrant>,
+    /// The Secrets the pods may reference ([`secrets`]).
+    secrets: BTreeSet<String>,
 }
 
 impl PodGrants {
@@ -73,6 +75,8 @@ impl PodGrants {
         let spec = &nodeset.spec;
         let mut grants = Self::of_template("NodeSet", &spec.template.spec);
         grants.node_name = None;
+        let sssd = spec.ssh.iter().flat_map(|s| s.sssd_conf_ref.iter());
+        grants.secrets.extend(sssd.map(|r| r.name.clone()));
         let slurmd = grants.containers.entry(SLURMD.into()).or_default();
         slurmd.privileged = true;
         slurmd.capabilities.extend(SLURMD_CAPABILITIES.map(String::from));
@@ -81,11 +85,18 @@ impl PodGrants {
         grants
     }
 
+    /// A NodeSet's pods as its Controller's workers: [`PodGrants::of_nodeset`] and the
+    /// Controller's keys (Slinky's workers mount its `slurm.key`).
+    pub(crate) fn of_worker(nodeset: &NodeSet, controller: &Controller) -> Self {
+        Self::of_nodeset(nodeset).with_secrets(controller.key_secret_refs().map(|r| r.name.clone()))
+    }
+
     /// A Controller's slurmctld pods: its template, `spec.slurmctld`, `spec.reconfigure` and
     /// `spec.logfile`; Slinky grants them no privileges.
     pub(crate) fn of_controller(controller: &Controller) -> Self {
         let spec = &controller.spec;
-        let mut grants = Self::of_template("Controller", &spec.template.spec);
+        let mut grants = Self::of_template("Controller", &spec.template.spec)
+            .with_secrets(controller.key_secret_refs().map(|r| r.name.clone()));
         grants.container(&spec.slurmctld, "slurmctld");
         grants.container(&spec.reconfigure, "reconfigure");
         grants.container(&spec.logfile, "logfile");
@@ -103,7 +114,11 @@ impl PodGrants {
     /// A LoginSet's login pods: its template, `spec.login` and `spec.initconf`; Slinky grants
     /// them no privileges of its own (the login container's security context is the user's).
     pub(crate) fn of_loginset(loginset: &LoginSet) -> Self {
-        let mut grants = Self::of_template("LoginSet", &loginset.spec.template.spec);
+        let mut grants = Self::of_template("LoginSet", &loginset.spec.template.spec).with_secrets([loginset
+            .spec
+            .sssd_conf_ref
+            .name
+            .clone()]);
         grants.container(&loginset.spec.login, "login");
         grants.container(&loginset.spec.initconf, "initconf");
         grants
@@ -112,14 +127,20 @@ impl PodGrants {
     /// An Accounting's slurmdbd pods: its template and `spec.slurmdbd`; Slinky grants them no
     /// privileges (they run as `slurm`).
     pub(crate) fn of_accounting(accounting: &Accounting) -> Self {
-        let mut grants = Self::of_template("Accounting", &accounting.spec.template.spec);
-        grants.container(&accounting.spec.slurmdbd, "slurmdbd");
+        let spec = &accounting.spec;
+        let keys = [&spec.slurm_key_ref, &spec.jwt_key_ref].into_iter().flatten();
+        let mut grants = Self::of_template("Accounting", &spec.template.spec).with_secrets(
+            keys.chain([&spec.storage_config.password_key_ref])
+                .map(|r| r.name.clone()),
+        );
+        grants.container(&spec.slurmdbd, "slurmdbd");
         grants
     }
 
     fn of_template(whose: &'static str, template: &PodSpecWrapper) -> Self {
         // A template that does not parse fails the bundled builder: it grants nothing.
         let t = template.to_pod_spec().unwrap_or_default();
+        let secrets = secrets::in_pod(&t).into_iter().map(|(_, name)| name).collect();
         let mut grants = PodGrants {
             whose,
             host_network: t.host_network == Some(true),
@@ -144,6 +165,7 @@ impl PodGrants {
                 .filter_map(|v| v.host_path.map(|h| (v.name, h)))
                 .collect(),
             containers: BTreeMap::new(),
+            secrets,
         };
         for c in t.containers.iter().chain(t.init_containers.iter().flatten()) {
             grants
@@ -155,9 +177,19 @@ impl PodGrants {
         grants
     }
 
+    /// The pods may reference these Secrets too (the Controller's keys, Secrets the same output
+    /// creates).
+    #[must_use]
+    pub(crate) fn with_secrets(mut self, names: impl IntoIterator<Item = String>) -> Self {
+        self.secrets.extend(names);
+        self
+    }
+
     /// What the parent's container field (`spec.slurmd` …) asks for, for its container.
     fn container(&mut self, wrapper: &ContainerWrapper, name: &str) {
         if let Ok(c) = wrapper.to_container(name) {
+            self.secrets
+                .extend(secrets::in_container(&c, name).into_iter().map(|(_, n)| n));
             self.containers
                 .entry(c.name.clone())
                 .or_default()
@@ -186,6 +218,7 @@ fn token_sources(v: &Volume) -> Vec<ServiceAccountTokenProjection> {
 /// # Errors
 /// The first field past its grant.
 pub(crate) fn pod_spec(spec: &PodSpec, grants: &PodGrants, allow: &Allowances) -> Result<(), String> {
+    secrets::check(spec, &grants.secrets, grants.whose, allow)?;
     let not_asked = grants.not_asked();
     if !allow.allows(Allow::HostNamespaces) {
         for (field, set, granted, why) in [

@@ -111,6 +111,50 @@ fn host_paths_are_refused_unless_the_parent_has_that_volume() {
     assert!(pod_spec(&pod, &asked("/scratch"), &Allowances::default()).is_err());
 }
 
+/// A Secret the parent's spec does not name is refused wherever the pod would reference it (a
+/// volume, a projected source, a container's environment, an image pull secret); one the
+/// template names, or the Controller's key a worker mounts, passes.
+#[test]
+fn secrets_are_refused_unless_the_parent_names_them() {
+    let grants = PodGrants::of_worker(
+        &nodeset(json!({"template": {"spec": {"volumes": [
+            {"name": "site", "secret": {"secretName": "site-creds"}}]}}})),
+        &controller(json!({"slurmKeyRef": {"name": "slurm-auth", "key": "slurm.key"}})),
+    );
+    for (extra, field) in [
+        (
+            json!({"volumes": [{"name": "x", "secret": {"secretName": "other-tenant"}}]}),
+            "spec.volumes[name=x].secret.secretName is \"other-tenant\"",
+        ),
+        (
+            json!({"volumes": [{"name": "x", "projected": {"sources": [{"secret": {"name": "other-tenant"}}]}}]}),
+            "spec.volumes[name=x].projected.sources[0].secret.name",
+        ),
+        (
+            json!({"containers": [{"name": "slurmd", "image": "slurmd",
+                "securityContext": {"privileged": true},
+                "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "other-tenant", "key": "t"}}}]}]}),
+            "spec.containers[name=slurmd].env[name=T].valueFrom.secretKeyRef.name",
+        ),
+        (
+            json!({"containers": [{"name": "slurmd", "image": "slurmd",
+                "securityContext": {"privileged": true}, "envFrom": [{"secretRef": {"name": "other-tenant"}}]}]}),
+            "spec.containers[name=slurmd].envFrom[0].secretRef.name",
+        ),
+        (
+            json!({"imagePullSecrets": [{"name": "other-tenant"}]}),
+            "spec.imagePullSecrets[0].name",
+        ),
+    ] {
+        let pod = slurmd_pod(extra);
+        refused_unless_allowed(|a| pod_spec(&pod, &grants, a), field, Allow::Secrets);
+    }
+    let named = slurmd_pod(json!({"volumes": [
+        {"name": "site", "secret": {"secretName": "site-creds"}},
+        {"name": "key", "secret": {"secretName": "slurm-auth"}}]}));
+    assert_eq!(pod_spec(&named, &grants, &Allowances::default()), Ok(()));
+}
+
 #[test]
 fn node_names_are_refused_for_nodeset_pods_and_kept_to_the_controllers_template() {
     let pod = slurmd_pod(json!({"nodeName": "node-0"}));
@@ -387,7 +431,7 @@ fn classes_print_as_the_flag_takes_them() {
     let all: Allowances = Allow::ALL.into_iter().collect();
     assert_eq!(
         all.to_string(),
-        "finalizers,host-namespaces,host-path,node-name,service-account,privileges,service-exposure,wide-pdb"
+        "finalizers,host-namespaces,host-path,node-name,service-account,privileges,service-exposure,wide-pdb,secrets"
     );
     assert_eq!(Allowances::default().to_string(), "none");
 }
@@ -414,7 +458,11 @@ fn slinkys_own_pods_and_statefulset_are_within_their_grants() -> Result<(), Stri
         let pod = slinky::build_nodeset_pod(&ctx, &nodeset, &controller, &identity)
             .map_err(|e| format!("{e:?}"))?;
         let pod = pod.spec.ok_or("the pod has no spec")?;
-        pod_spec(&pod, &PodGrants::of_nodeset(&nodeset), &Allowances::default())?;
+        pod_spec(
+            &pod,
+            &PodGrants::of_worker(&nodeset, &controller),
+            &Allowances::default(),
+        )?;
 
         let inputs = example_inputs(std::slice::from_ref(&nodeset));
         let children =
