@@ -514,7 +514,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         let nodeset = Api::<slinky_api::NodeSet>::namespaced(c.client.clone(), &ns)
             .get("slurm-worker-slinky")
             .await?;
-        let serving = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+        let serving = plugins.pipeline(BuilderKind::NodesetPod, &nodeset.metadata);
         ensure!(
             serving.steps().len() == 2 && serving.label().ends_with(" > gpu-nodeset-pod@0.1.0 > site-pod@0.2.0"),
             "before the restart the pipeline is {}: both steps should serve",
@@ -527,7 +527,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             Default::default(),
         );
         builder_plugin::load_once(&c.client, &steps).await?;
-        let after = fresh.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+        let after = fresh.pipeline(BuilderKind::NodesetPod, &nodeset.metadata);
         ensure!(
             after.digest() == serving.digest() && after.label() == serving.label(),
             "after a restart the pipeline is {} ({}), before it {} ({})",
@@ -554,23 +554,23 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         };
         let stranger_pem = std::fs::read_to_string(keys.path().join("stranger.pub"))?;
         let rotated = restart(Some(stranger_pem.clone()), cache.path().to_path_buf()).await?;
-        let label = rotated.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        let label = rotated.pipeline(BuilderKind::NodesetPod, &nodeset.metadata).label().to_string();
         ensure!(
             !label.contains("gpu-nodeset-pod") && !label.contains("site-pod"),
             "after a restart with another key the pipeline is {label}: neither step's signature verifies"
         );
         let overlap = restart(Some(format!("{stranger_pem}{pem}")), cache.path().to_path_buf()).await?;
-        let label = overlap.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        let label = overlap.pipeline(BuilderKind::NodesetPod, &nodeset.metadata).label().to_string();
         ensure!(label == serving.label(), "with both keys the pipeline is {label}, before {}", serving.label());
         let closed = restart(None, cache.path().to_path_buf()).await?;
-        let label = closed.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        let label = closed.pipeline(BuilderKind::NodesetPod, &nodeset.metadata).label().to_string();
         ensure!(
             !label.contains("gpu-nodeset-pod") && label.ends_with(" > site-pod@0.2.0"),
             "after a restart without keys the pipeline is {label}: only the pinned ConfigMap step may serve"
         );
         let empty = tempfile::tempdir()?;
         let unkeyed = restart(None, empty.path().to_path_buf()).await?;
-        let label = unkeyed.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label().to_string();
+        let label = unkeyed.pipeline(BuilderKind::NodesetPod, &nodeset.metadata).label().to_string();
         ensure!(
             !label.contains("gpu-nodeset-pod") && !label.contains("site-pod"),
             "a host that never loaded them restored {label} on the status' word"
@@ -642,7 +642,7 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
         ensure!(unsited.is_some(), "the deleted site step still builds the pods");
         ensure!(
             !plugins
-                .pipeline(BuilderKind::NodesetPod, nodeset.labels())
+                .pipeline(BuilderKind::NodesetPod, &nodeset.metadata)
                 .label()
                 .contains("site-pod"),
             "the deleted step is still in the pipeline"
@@ -657,14 +657,14 @@ async fn two_steps_as_custom_resources_settings_roll_and_refusals_keep_the_previ
             server.faults().force_relist("builderplugins");
             server.faults().release_watch("builderplugins");
             let left = eventually(60, || async {
-                let pipeline = plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels());
+                let pipeline = plugins.pipeline(BuilderKind::NodesetPod, &nodeset.metadata);
                 (!pipeline.label().contains("gpu-nodeset-pod")).then_some(())
             })
             .await;
             ensure!(
                 left.is_some(),
                 "a BuilderPlugin deleted during a watch gap still serves: {}",
-                plugins.pipeline(BuilderKind::NodesetPod, nodeset.labels()).label()
+                plugins.pipeline(BuilderKind::NodesetPod, &nodeset.metadata).label()
             );
         }
         Ok(())
@@ -1413,4 +1413,88 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
         "{failure:?}"
     );
     Ok(())
+}
+
+/// A step scoped by namespace, without a selector, is mandatory there: every NodeSet of the
+/// namespace goes through it whatever its labels (a tenant relabelling its NodeSet does not leave
+/// it), and no NodeSet of another namespace does (`status.appliesTo` names only this one's, on a
+/// shared real cluster too). Before, only labels selected, and whoever may edit a NodeSet
+/// controls those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_scoped_by_namespace_is_mandatory_there_and_absent_elsewhere() -> Result<()> {
+    let _turn = BP_HOSTS.lock().await;
+    let c = cluster(true).await;
+    let ns = c.namespace("scoped").await;
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let digest = slinky_host::oci::sha256(&site);
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site)?, None).await?;
+    let name = format!("{ns}-mandatory");
+    put_plugin(
+        &c,
+        &name,
+        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": digest},
+               "kinds": ["nodeset-pod"], "namespaces": [ns],
+               "settings": {"labels": {"site.example.com/hardened": "yes"}}}),
+    )
+    .await?;
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let host = host_with_builder_plugins(&c, &ns, &plugins, source(&c, None, None)?);
+    let result = async {
+        wait_phase(&c, &name, "Loaded", "Loaded").await?;
+        // The tenant's NodeSet carries a label meant to opt out of label-selected steps.
+        apply_example_with(&c, &ns, 1, |v| {
+            v["metadata"]["labels"]["hardening"] = json!("off")
+        })
+        .await?;
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let hardened = eventually(60, || async {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|p| p.labels().get("site.example.com/hardened").map(String::as_str) == Some("yes"))
+                .then_some(())
+        })
+        .await;
+        ensure!(
+            hardened.is_some(),
+            "the namespace's NodeSet was built without the mandatory step"
+        );
+        let applies = eventually(30, || async {
+            let bp = Api::<BuilderPlugin>::all(c.client.clone())
+                .get(&name)
+                .await
+                .ok()?;
+            let s = bp.status?;
+            (s.applies_to == vec![format!("NodeSet {ns}/slurm-worker-slinky")]).then_some(())
+        })
+        .await;
+        ensure!(
+            applies.is_some(),
+            "status.appliesTo is not exactly this namespace's NodeSet: {:?}",
+            Api::<BuilderPlugin>::all(c.client.clone())
+                .get(&name)
+                .await?
+                .status
+        );
+        // Another namespace's parent: not in scope.
+        let elsewhere: slinky_api::NodeSet = serde_json::from_value(json!({
+            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+            "metadata": {"name": "w", "namespace": format!("{ns}-other")},
+            "spec": {"controllerRef": {"name": "slurm"}}}))?;
+        let label = plugins
+            .pipeline(BuilderKind::NodesetPod, &elsewhere.metadata)
+            .label()
+            .to_string();
+        ensure!(
+            !label.contains("site-pod"),
+            "a NodeSet of another namespace got {label}"
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    let _ = Api::<BuilderPlugin>::all(c.client.clone())
+        .delete(&name, &Default::default())
+        .await;
+    result
 }

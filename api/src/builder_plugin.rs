@@ -76,6 +76,13 @@ pub struct BuilderPluginSpec {
     /// (`{key: canary, operator: DoesNotExist}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
+    /// Only the parents in these namespaces (default: every namespace), and every one of them the
+    /// selector matches. Unlike labels, which whoever may edit a parent controls, a namespace is
+    /// the cluster admin's: a step scoped by namespace and without a selector is mandatory there
+    /// (a tenant cannot relabel its NodeSets out of a hardening step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub namespaces: Option<Vec<String>>,
 }
 
 /// Where a BuilderPlugin's module comes from.

@@ -1,13 +1,13 @@
 //! The registry of builders: one active plugin per builder kind (the bundled one, a `--plugin`
 //! file, or a plugins-directory override), the BuilderPlugin steps after it, and the pipeline a
-//! parent's labels select.
+//! parent's namespace and labels select.
 
 use std::{
-    collections::BTreeMap,
     path::PathBuf,
     sync::{Arc, Mutex, RwLock},
 };
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use super::{
@@ -204,9 +204,9 @@ impl PluginRegistry {
         Ok(previous)
     }
 
-    /// The pipeline that builds `kind` for a parent with `labels`: the active plugin, then the
-    /// steps whose selector matches.
-    pub fn pipeline(&self, kind: BuilderKind, labels: &BTreeMap<String, String>) -> Pipeline {
+    /// The pipeline that builds `kind` for the parent `parent` describes: the active plugin, then
+    /// the steps whose namespaces and selector take it.
+    pub fn pipeline(&self, kind: BuilderKind, parent: &ObjectMeta) -> Pipeline {
         let base = self.active(kind);
         let steps = match self.slot(kind).steps.read() {
             Ok(s) => s,
@@ -215,7 +215,7 @@ impl PluginRegistry {
         if steps.is_empty() {
             return Pipeline::from(base);
         }
-        let applying = steps.iter().filter(|s| s.applies_to(labels)).cloned().collect();
+        let applying = steps.iter().filter(|s| s.applies_to(parent)).cloned().collect();
         Pipeline::new(base, applying)
     }
 

@@ -116,6 +116,7 @@ async fn registries(
                 settings: args.settings.clone(),
                 order: args.order,
                 selector: selector.clone(),
+                namespaces: None,
             });
             with.set_steps(kind, steps);
         }

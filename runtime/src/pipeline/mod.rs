@@ -43,6 +43,8 @@ pub struct Step {
     pub order: i32,
     /// The parents it applies to (by their labels); `None` for every parent.
     pub selector: Option<LabelSelector>,
+    /// The namespaces of the parents it applies to; `None` for every namespace.
+    pub namespaces: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for Step {
@@ -56,11 +58,17 @@ impl std::fmt::Debug for Step {
 }
 
 impl Step {
-    /// Whether this step applies to a parent with `labels`.
-    pub fn applies_to(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.selector
-            .as_ref()
-            .is_none_or(|s| slinky_api::selectors::matches(s, labels))
+    /// Whether this step applies to the parent `meta` describes (its namespace and labels).
+    pub fn applies_to(&self, meta: &ObjectMeta) -> bool {
+        let in_scope = self.namespaces.as_ref().is_none_or(|list| {
+            meta.namespace
+                .as_deref()
+                .is_some_and(|ns| list.iter().any(|n| n == ns))
+        });
+        in_scope
+            && self.selector.as_ref().is_none_or(|s| {
+                slinky_api::selectors::matches(s, meta.labels.as_ref().unwrap_or(&BTreeMap::new()))
+            })
     }
 }
 

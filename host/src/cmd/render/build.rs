@@ -129,7 +129,7 @@ impl<'a> Renderer<'a> {
         } else {
             let svc = self
                 .plugins
-                .pipeline(BuilderKind::ControllerService, c.labels())
+                .pipeline(BuilderKind::ControllerService, &c.metadata)
                 .build_service(self.ctx, c)
                 .map_err(Self::failed(m, &object))?;
             built.push(crate::plugins::Child {
@@ -141,7 +141,7 @@ impl<'a> Renderer<'a> {
         let inputs = self.references.inputs(c, self.manifests);
         built.extend(
             self.plugins
-                .pipeline(BuilderKind::ControllerChildren, c.labels())
+                .pipeline(BuilderKind::ControllerChildren, &c.metadata)
                 .build_controller_children(self.ctx, c, &inputs)
                 .map_err(Self::failed(m, &object))?,
         );
@@ -157,7 +157,7 @@ impl<'a> Renderer<'a> {
         refuse_invalid(m, "NodeSet", &n.name_any(), &n.spec_problems())?;
         let mut built = self
             .plugins
-            .pipeline(BuilderKind::NodesetChildren, n.labels())
+            .pipeline(BuilderKind::NodesetChildren, &n.metadata)
             .build_nodeset_children(self.ctx, n, controller)
             .map_err(Self::failed(m, &object))?;
         let sharing: Vec<&NodeSet> = self
@@ -176,7 +176,7 @@ impl<'a> Renderer<'a> {
             c.set_owners(owners.clone());
         }
         self.push(built);
-        let plugin = self.plugins.pipeline(BuilderKind::NodesetPod, n.labels());
+        let plugin = self.plugins.pipeline(BuilderKind::NodesetPod, &n.metadata);
         let revision = pod_revision(&plugin, n, controller, self.ctx).map_err(Self::failed(m, &object))?;
         for (identity, node) in self.pod_identities(n, &revision) {
             let mut pod = plugin
@@ -221,7 +221,7 @@ impl<'a> Renderer<'a> {
         let controller = self.controller_of(m, &ns, &r.spec.controller_ref.name, &object)?;
         let built = self
             .plugins
-            .pipeline(BuilderKind::RestapiChildren, r.labels())
+            .pipeline(BuilderKind::RestapiChildren, &r.metadata)
             .build_restapi_children(self.ctx, r, controller)
             .map_err(Self::failed(m, &object))?;
         self.push(built);
@@ -236,7 +236,7 @@ impl<'a> Renderer<'a> {
         let inputs = self.references.loginset_inputs(l);
         let built = self
             .plugins
-            .pipeline(BuilderKind::LoginsetChildren, l.labels())
+            .pipeline(BuilderKind::LoginsetChildren, &l.metadata)
             .build_loginset_children(self.ctx, l, controller, &inputs)
             .map_err(Self::failed(m, &object))?;
         self.push(built);
@@ -250,7 +250,7 @@ impl<'a> Renderer<'a> {
         // The password placeholder stays: the host, not render, writes the value.
         let built = self
             .plugins
-            .pipeline(BuilderKind::AccountingChildren, a.labels())
+            .pipeline(BuilderKind::AccountingChildren, &a.metadata)
             .build_accounting_children(self.ctx, a, &inputs)
             .map_err(Self::failed(m, &object))?;
         self.push(built);

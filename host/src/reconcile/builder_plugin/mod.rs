@@ -28,6 +28,7 @@
 
 mod status;
 mod steps;
+mod wanted;
 
 use std::{sync::Arc, time::Duration};
 

@@ -2,7 +2,9 @@
 //! version that serves (`status.serving`: what a restart loads again when the current spec is
 //! refused) and the parents it applies to.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
@@ -104,36 +106,41 @@ pub(super) fn status(
 fn applies_to(loaded: &Loaded, caches: &Caches) -> Vec<String> {
     let mut out = BTreeSet::new();
     let step = &loaded.step;
-    let mut add = |kind: &str, ns: Option<String>, name: String, labels: &BTreeMap<String, String>| {
-        if step.applies_to(labels) {
-            out.insert(format!("{kind} {}/{name}", ns.unwrap_or_default()));
+    let mut add = |kind: &str, meta: &ObjectMeta| {
+        if step.applies_to(meta) {
+            let (ns, name) = (meta.namespace.as_deref(), meta.name.as_deref());
+            out.insert(format!(
+                "{kind} {}/{}",
+                ns.unwrap_or_default(),
+                name.unwrap_or_default()
+            ));
         }
     };
     for kind in &loaded.kinds {
         match kind {
             BuilderKind::ControllerService | BuilderKind::ControllerChildren => {
                 for o in caches.controllers.state() {
-                    add("Controller", o.namespace(), o.name_any(), o.labels());
+                    add("Controller", &o.metadata);
                 }
             }
             BuilderKind::NodesetPod | BuilderKind::NodesetChildren => {
                 for o in caches.nodesets.state() {
-                    add("NodeSet", o.namespace(), o.name_any(), o.labels());
+                    add("NodeSet", &o.metadata);
                 }
             }
             BuilderKind::RestapiChildren => {
                 for o in caches.restapis.state() {
-                    add("RestApi", o.namespace(), o.name_any(), o.labels());
+                    add("RestApi", &o.metadata);
                 }
             }
             BuilderKind::LoginsetChildren => {
                 for o in caches.loginsets.state() {
-                    add("LoginSet", o.namespace(), o.name_any(), o.labels());
+                    add("LoginSet", &o.metadata);
                 }
             }
             BuilderKind::AccountingChildren => {
                 for o in caches.accountings.state() {
-                    add("Accounting", o.namespace(), o.name_any(), o.labels());
+                    add("Accounting", &o.metadata);
                 }
             }
         }

@@ -8,15 +8,15 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use serde_json::json;
 use slinky_api::{
-    BuilderPlugin, BuilderPluginSpec, DEFAULT_ORDER, ServingVersion,
+    BuilderPlugin, BuilderPluginSpec, ServingVersion,
     conditions::LOADED,
     failure::{Failure, Retry},
 };
-use slinky_plugin_source::{ModuleSource, sha256};
+use slinky_plugin_source::ModuleSource;
+
+use super::wanted::{Wanted, invalid};
 
 use crate::{
     plugins::{BuildContext, BuilderKind, Plugin, PluginRegistry, PluginSource, Step, vet_step},
@@ -113,81 +113,6 @@ impl State {
                 .collect();
             registry.set_steps(kind, steps);
         }
-    }
-}
-
-/// What a spec asks for, checked: the kinds, the settings (JSON text), the order, the selector.
-struct Wanted {
-    kinds: Vec<BuilderKind>,
-    settings: String,
-    order: i32,
-    selector: Option<LabelSelector>,
-}
-
-fn invalid(message: String) -> Failure {
-    Failure::new(LOADED, "InvalidSpec", message)
-}
-
-impl Wanted {
-    fn of(spec: &BuilderPluginSpec) -> Result<Wanted, Failure> {
-        let mut kinds = Vec::new();
-        for (i, k) in spec.kinds.iter().enumerate() {
-            let kind = k
-                .parse::<BuilderKind>()
-                .map_err(|e| invalid(format!("spec.kinds[{i}]: {e}")))?;
-            if !kinds.contains(&kind) {
-                kinds.push(kind);
-            }
-        }
-        if kinds.is_empty() {
-            return Err(invalid(
-                "spec.kinds is empty: list the builder kinds it serves, like [nodeset-pod]".into(),
-            ));
-        }
-        if let Some(selector) = &spec.selector {
-            slinky_api::selectors::problem(selector).map_err(|e| invalid(format!("spec.selector.{e}")))?;
-        }
-        let order = match spec.order {
-            None => DEFAULT_ORDER,
-            Some(o) => i32::try_from(o).map_err(|_| {
-                invalid(format!(
-                    "spec.order: {o} is out of range: give an order from {} to {}",
-                    slinky_api::ORDER_MIN,
-                    slinky_api::ORDER_MAX
-                ))
-            })?,
-        };
-        let settings = match &spec.settings {
-            None => slinky_api::contract::NO_SETTINGS.to_string(),
-            // The value's own text: settings served before they were held as text keep their
-            // fingerprint (and their pods their revision).
-            Some(v) => v
-                .checked()
-                .and_then(|v| serde_json::to_string(&v).map_err(|e| e.to_string()))
-                .map_err(|e| invalid(format!("spec.settings: {e}")))?,
-        };
-        Ok(Wanted {
-            kinds,
-            settings,
-            order,
-            selector: spec.selector.clone(),
-        })
-    }
-
-    /// What identifies this version with the module `module` (its digest, or an immutable
-    /// reference).
-    fn fingerprint(&self, module: &str) -> String {
-        sha256(
-            serde_json::to_string(&json!([
-                module,
-                self.settings,
-                self.kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
-                self.order,
-                self.selector,
-            ]))
-            .unwrap_or_default()
-            .as_bytes(),
-        )
     }
 }
 
@@ -403,6 +328,7 @@ impl Steps {
             wanted.selector.clone(),
             wanted.kinds.clone(),
         );
+        let namespaces = wanted.namespaces.clone();
         let refused = |reason, message: String| Failure::new(LOADED, reason, message);
         let _turn = self.loads.acquire().await;
         let loaded = tokio::task::spawn_blocking(move || {
@@ -417,6 +343,7 @@ impl Steps {
                 settings,
                 order,
                 selector,
+                namespaces,
             };
             vet_step(&registry, &step, &kinds, &build).map_err(|e| refused("Refused", e.to_string()))?;
             step.plugin.optimize_in_background(&bytes);
@@ -565,32 +492,5 @@ impl Steps {
             message: format!("{}{}", failure.message, serving.unwrap_or_default()),
             ..failure
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An order the API server let through before the CRD bounded it (it does not enforce
-    /// `int32` on custom resources) decodes, and refuses this BuilderPlugin alone.
-    #[test]
-    fn an_order_out_of_range_refuses_only_its_builder_plugin() -> Result<(), serde_json::Error> {
-        let spec: BuilderPluginSpec = serde_json::from_value(json!({
-            "module": {"image": "registry.example/p@sha256:00"}, "kinds": ["nodeset-pod"],
-            "order": 2_147_483_648_i64
-        }))?;
-        let failure = Wanted::of(&spec).err();
-        assert!(
-            failure
-                .as_ref()
-                .is_some_and(|f| f.reason == "InvalidSpec"
-                    && f.message.contains("spec.order: 2147483648 is out of range")),
-            "{failure:?}"
-        );
-        let fine: BuilderPluginSpec =
-            serde_json::from_value(json!({"module": {}, "kinds": ["nodeset-pod"], "order": -7}))?;
-        assert!(Wanted::of(&fine).is_ok_and(|w| w.order == -7));
-        Ok(())
     }
 }

@@ -224,7 +224,7 @@ async fn build_and_apply<C: Component + 'static>(
     let (copy, read) = (p.clone(), inputs.clone());
     let built = ctx
         .core
-        .call_builder(C::BUILDER, p.labels(), move |builder, build| {
+        .call_builder(C::BUILDER, p.meta(), move |builder, build| {
             copy.build(builder, build, &read)
         })
         .await?;

@@ -180,7 +180,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
         let built = core
             .call_builder(
                 BuilderKind::ControllerService,
-                c.labels(),
+                &c.metadata,
                 move |plugin, build| plugin.build_service(build, &copy),
             )
             .await?;
@@ -210,7 +210,7 @@ async fn build(pass: &mut Pass<'_>) -> Result<(Vec<Child>, bool), Error> {
             let built = core
                 .call_builder(
                     BuilderKind::ControllerChildren,
-                    c.labels(),
+                    &c.metadata,
                     move |plugin, build| plugin.build_controller_children(build, &copy, &inputs),
                 )
                 .await?;

@@ -79,17 +79,18 @@ impl Core {
             .await;
     }
 
-    /// Call the pipeline of `kind` for a parent with `labels` off the async threads, counted and
-    /// timed under its kind: `call` gets the pipeline and the build context.
+    /// Call the pipeline of `kind` for the parent `parent` describes (its namespace and labels)
+    /// off the async threads, counted and timed under its kind: `call` gets the pipeline and the
+    /// build context.
     pub(crate) async fn call_builder<T: Send + 'static>(
         &self,
         kind: crate::plugins::BuilderKind,
-        labels: &std::collections::BTreeMap<String, String>,
+        parent: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
         call: impl FnOnce(&crate::plugins::Pipeline, &BuildContext) -> Result<T, crate::plugins::PluginError>
         + Send
         + 'static,
     ) -> Result<Result<T, crate::plugins::PluginError>, Error> {
-        let plugin = self.plugins.pipeline(kind, labels);
+        let plugin = self.plugins.pipeline(kind, parent);
         let build = self.build.clone();
         let metrics = self.metrics.clone();
         self.metrics.plugin_calls.inc_by(1);

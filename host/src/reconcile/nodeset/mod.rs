@@ -264,7 +264,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         .caches
         .controllers
         .get(&ObjectRef::<Controller>::new(&ns.spec.controller_ref.name).within(ns.controller_namespace()));
-    let plugin = core.plugins.pipeline(BuilderKind::NodesetPod, ns.labels());
+    let plugin = core.plugins.pipeline(BuilderKind::NodesetPod, &ns.metadata);
     // What the builders make decides the revision (see `crate::revision`): built for a NodeSet
     // that is to sync only (not one being deleted or invalid).
     let spec_problem = checks::summary(&ns.spec_problems());

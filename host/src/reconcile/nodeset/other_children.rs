@@ -31,7 +31,7 @@ const CHILD_KINDS: [ChildKind; 3] = [
 pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) -> Result<(), Error> {
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
-    let plugin = core.plugins.pipeline(BuilderKind::NodesetChildren, ns.labels());
+    let plugin = core.plugins.pipeline(BuilderKind::NodesetChildren, &ns.metadata);
     let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), core.build.clone());
     let metrics = core.metrics.clone();
     core.metrics.plugin_calls.inc_by(1);
