@@ -278,6 +278,29 @@ fn plugin_check_diffs_exactly_the_gpu_changes() -> Result<()> {
     ];
     let want: Vec<&str> = per_pod.iter().chain(per_pod.iter()).copied().collect();
     assert_eq!(added, want, "\n{text}");
+
+    // `--settings` asks the plugin's validate-settings, as the host does before a step serves.
+    let with = |settings: &str| {
+        run(&[
+            "plugin",
+            "check",
+            &gpu_plugin().display().to_string(),
+            "-f",
+            &input.display().to_string(),
+            "--settings",
+            settings,
+        ])
+    };
+    let fine = with(r#"{"gpusPerPod": 2}"#);
+    let text = String::from_utf8_lossy(&fine.stdout);
+    ensure!(fine.status.success() && text.starts_with("settings: accepted"), "{text}");
+    let refused = with(r#"{"gpusPerPod": 99}"#);
+    let text = String::from_utf8_lossy(&refused.stdout);
+    ensure!(
+        !refused.status.success() && text.contains("settings: REFUSED") && text.contains("gpusPerPod is 99"),
+        "{text}{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     Ok(())
 }
 

@@ -68,8 +68,9 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options shared by all commands.
+/// Options shared by all commands: shown under their own heading, after a command's own.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Log level or filter (`info`, `debug`, `slinky_host=debug,warn`); `RUST_LOG` wins.
     /// Default: `info` for `run`, `warn` for the other commands.
@@ -274,7 +275,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             path,
             files,
             cluster_domain,
-        }) => check::execute(&engine()?, &path, &files, cluster_domain),
+            settings,
+        }) => check::execute(&engine()?, &path, &files, cluster_domain, settings.as_deref()),
         Command::Apiserver(args) => apiserver::execute(args),
         Command::Run(args) => run::execute(&engine()?, *args),
         Command::Manifests(args) => print(&manifests::yaml(&args)?),

@@ -42,6 +42,10 @@ pub enum PluginCommand {
         /// The cluster DNS domain given to builders.
         #[arg(long, env = "SLINKY_HOST_CLUSTER_DOMAIN", default_value = "cluster.local")]
         cluster_domain: String,
+        /// A BuilderPlugin's `spec.settings` (JSON) to ask the plugin's `validate-settings`
+        /// about, as the host does before a step serves: refused settings fail the check.
+        #[arg(long, value_name = "JSON")]
+        settings: Option<String>,
     },
     /// Publish a plugin to an OCI registry (the Wasm artifact layout), signed with `--sign-key`
     /// (cosign-compatible), after loading it (a plugin that does not load is not pushed). Prints
