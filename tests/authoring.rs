@@ -112,8 +112,23 @@ fn plugin_new_builds_for_wasm_on_the_first_try_and_renders_like_the_bundled_buil
             "README.md",
             "src/lib.rs",
             "rust-toolchain.toml",
+            "cluster.yaml",
         ] {
             ensure!(dir.join(f).is_file(), "{name}: {f} is missing");
+        }
+        // Every file the "next" steps and the README name with -f exists in the crate.
+        let readme = std::fs::read_to_string(dir.join("README.md"))?;
+        for text in [stdout.as_ref(), readme.as_str()] {
+            for named in text
+                .split("-f ")
+                .skip(1)
+                .filter_map(|r| r.split_whitespace().next())
+            {
+                ensure!(
+                    dir.join(named).is_file(),
+                    "{name}: -f {named} names no file of the crate"
+                );
+            }
         }
         // The scaffold's own test passes, and it builds for wasm.
         cargo(&dir, &["test", "--offline"])?;
@@ -126,8 +141,9 @@ fn plugin_new_builds_for_wasm_on_the_first_try_and_renders_like_the_bundled_buil
             .join(format!("{}.wasm", name.replace('-', "_")));
         ensure!(wasm.is_file(), "{} was not built", wasm.display());
 
-        // It starts from the bundled builder's behaviour: the same objects.
-        let files = [example("slurm-cluster.yaml")];
+        // It starts from the bundled builder's behaviour: the same objects (for the crate's own
+        // cluster.yaml, which its README renders).
+        let files = [dir.join("cluster.yaml")];
         let ours = render(&files, Some(&wasm))?;
         let bundled = render(&files, None)?;
         assert_eq!(normalized(ours.clone()), normalized(bundled), "{name}");
@@ -293,7 +309,10 @@ fn plugin_check_diffs_exactly_the_gpu_changes() -> Result<()> {
     };
     let fine = with(r#"{"gpusPerPod": 2}"#);
     let text = String::from_utf8_lossy(&fine.stdout);
-    ensure!(fine.status.success() && text.starts_with("settings: accepted"), "{text}");
+    ensure!(
+        fine.status.success() && text.starts_with("settings: accepted"),
+        "{text}"
+    );
     let refused = with(r#"{"gpusPerPod": 99}"#);
     let text = String::from_utf8_lossy(&refused.stdout);
     ensure!(

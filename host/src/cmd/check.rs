@@ -558,8 +558,11 @@ pub fn execute(
     settings: Option<&str>,
 ) -> anyhow::Result<()> {
     if let Some(settings) = settings {
-        let value: Value = serde_json::from_str(settings)
-            .map_err(|e| anyhow::anyhow!("--settings is not JSON: {e} (give the spec.settings object, like '{{\"gpusPerPod\": 2}}')"))?;
+        let value: Value = serde_json::from_str(settings).map_err(|e| {
+            anyhow::anyhow!(
+                "--settings is not JSON: {e} (give the spec.settings object, like '{{\"gpusPerPod\": 2}}')"
+            )
+        })?;
         let plugin = Plugin::load_file(engine, path)
             .map_err(|e| anyhow::anyhow!("{} does not load: {e}", path.display()))?;
         match plugin.validate_settings(&value.to_string()) {

@@ -141,8 +141,12 @@ pub fn new_plugin(name: &str, kind: BuilderKind, dir: &Path, sdk: Option<&Path>)
     };
     std::fs::create_dir_all(dir.join(".cargo"))
         .with_context(|| format!("cannot create {}/.cargo", dir.display()))?;
-    let files: [(&str, String); 7] = [
+    let files: [(&str, String); 8] = [
         ("Cargo.toml", fill(CARGO_TOML)),
+        (
+            "cluster.yaml",
+            include_str!("../../../examples/slurm-cluster.yaml").to_string(),
+        ),
         (".cargo/config.toml", CARGO_CONFIG.to_string()),
         ("Cargo.lock", WORKSPACE_LOCK.to_string()),
         ("rust-toolchain.toml", RUST_TOOLCHAIN.to_string()),
@@ -200,26 +204,8 @@ channel = "1.95.0"
 targets = ["wasm32-wasip2"]
 "#;
 
-const README: &str = r#"# {name}
-
-A `{kind}` builder plugin for slinky-host, made by `slinky-host plugin new`. It starts from
-Slinky's own builder (`slinky_guest_sdk::slinky`); change `src/lib.rs`.
-
-```sh
-cargo test                                          # the builder, natively
-cargo build --target wasm32-wasip2 --release        # the component: {wasm}
-slinky-host plugin check {wasm}                     # describe, policy checks, diff vs the bundled builder
-slinky-host render -f cluster.yaml --plugin {wasm}  # what it builds for your manifests
-slinky-host plugin diff {wasm} --settings '{}'      # what it would change in the live cluster
-slinky-host plugin push {wasm} REGISTRY/REPO:TAG --sign-key KEY   # publish it, then a BuilderPlugin
-cp {wasm} PLUGINS_DIR/                              # or hot-reload into `slinky-host run --plugins-dir PLUGINS_DIR`
-```
-
-Rules (see docs/writing-plugins.md in the slinky-host repository): a builder is a pure function of
-its input (no file system, network, environment or clock), runs under a deadline and a memory cap,
-and its output must be the object asked for (kind, namespace, name, selector labels). Return a
-`BuildError` naming the field and the fix for bad input; a panic becomes a trap the host reports.
-"#;
+/// The new crate's README (`{name}`, `{kind}`, `{wasm}` filled in).
+const README: &str = include_str!("scaffold_templates/README.md");
 
 const NODESET_POD_LIB: &str = r#"//! {name}: a slinky-host `nodeset-pod` builder.
 //!
