@@ -1321,6 +1321,20 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
         first == second,
         "the same plugin pushed twice: {first} and {second}"
     );
+    // Pushed again with the first key: its earlier signature is replaced, not piled up.
+    ensure!(push("first")? == first, "a third push changed the digest");
+    let hex = first
+        .rsplit_once("@sha256:")
+        .map(|(_, h)| h.to_string())
+        .unwrap_or_default();
+    let signatures: serde_json::Value = serde_json::from_str(&oras(&[
+        "manifest",
+        &format!("{}/site/gpu:sha256-{hex}.sig", registry.addr),
+    ])?)?;
+    ensure!(
+        signatures["layers"].as_array().map(Vec::len) == Some(2),
+        "one signature per key: {signatures}"
+    );
 
     let c = cluster(false).await;
     let module: slinky_api::PluginModule = serde_json::from_value(json!({"image": first}))?;

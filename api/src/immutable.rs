@@ -256,8 +256,8 @@ pub(crate) fn accounting(schema: &mut Schema) {
     add(schema, jwt_rules());
 }
 
-/// The BuilderPlugin CRD's rule on `spec.module`: a ConfigMap module pins its digest (a
-/// ConfigMap carries no signature: the digest is what its author vouches for). On the spec only:
+/// The BuilderPlugin CRD's rule on `spec.module`: a ConfigMap module pins its digest (the digest
+/// is what its author vouches for; a host with keys also checks its signature). On the spec only:
 /// `status.serving` holds specs stored before the rule, and a status write must not fail on
 /// them.
 pub fn builder_plugin(
@@ -287,4 +287,4 @@ pub fn builder_plugin(
 }
 
 /// Why a ConfigMap module without a digest is refused.
-pub const CONFIG_MAP_PIN: &str = "a ConfigMap module must pin its digest: set spec.module.digest to the component's sha256:<hex> (`sha256sum plugin.wasm`, of the uncompressed component); a ConfigMap carries no signature, the digest is what its author vouches for";
+pub const CONFIG_MAP_PIN: &str = "a ConfigMap module must pin its digest: set spec.module.digest to the component's sha256:<hex> (`sha256sum plugin.wasm`, of the uncompressed component); the digest is what its author vouches for (a host with keys also wants its plugin.wasm.sig)";

@@ -165,9 +165,16 @@ impl Oci {
             "annotations": {COSIGN_SIGNATURE: base64::engine::general_purpose::STANDARD.encode(signature)},
         });
         let mut layers = self.signature_layers(&base, repo, &tag).await?;
-        // Every key signs the same payload (one blob); each signature is its own layer. At most
-        // the newest few are kept (a reader looks at the first `MAX_SIGNATURES`).
-        layers.retain(|l| *l != ours);
+        // Every key signs the same payload (one blob); each signature is its own layer. This
+        // key's earlier signature goes (ECDSA signatures differ every time: a re-push would pile
+        // them up and push other keys' out); at most the newest few are kept (a reader looks at
+        // the first `MAX_SIGNATURES`).
+        let public = key.public();
+        layers.retain(|l| {
+            let sig = l["annotations"][COSIGN_SIGNATURE].as_str().unwrap_or_default();
+            l["digest"] != ours["digest"]
+                || crate::cosign::check_blob_signature(&public, sig, &payload).is_err()
+        });
         layers.push(ours);
         let excess = layers.len().saturating_sub(crate::MAX_SIGNATURES);
         layers.drain(..excess);

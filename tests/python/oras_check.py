@@ -2,6 +2,8 @@
 
     oras_check.py pull REFERENCE OUTDIR
         Pull REFERENCE (pinned by digest) with oras; print the files it wrote, one per line.
+    oras_check.py manifest REFERENCE
+        Print the manifest REFERENCE names (a tag or a digest).
     oras_check.py config REFERENCE
         Print the config blob of the manifest REFERENCE (pinned by digest) names.
     oras_check.py push FILE CONFIG REFERENCE [LAYER_TYPE]
@@ -10,6 +12,7 @@
         print the pushed manifest's digest (the registry's Docker-Content-Digest).
 """
 
+import json
 import os
 import sys
 
@@ -29,6 +32,9 @@ def main(argv):
         files = client(argv[2]).pull(target=argv[2], outdir=argv[3], allowed_media_type=[])
         for f in files:
             print(f)
+        return 0
+    if len(argv) == 3 and argv[1] == "manifest":
+        print(json.dumps(client(argv[2]).get_manifest(argv[2])))
         return 0
     if len(argv) == 3 and argv[1] == "config":
         c = client(argv[2])

@@ -18,7 +18,7 @@ use slinky_api::{
 
 use super::{
     Allowances,
-    allowances::{PodGrants, ServiceGrants},
+    allowances::{PodGrants, ServiceGrants, slurm_key},
 };
 use crate::{Child, ChildKind, Ownership, Plugin};
 
@@ -65,11 +65,11 @@ pub fn loginset_children(
     let key = loginset.login_key();
     let rules = Rules {
         allow,
-        // The host's host-key Secret, and the Controller's keys (Slinky mounts its slurm.key).
+        // The host's host-key Secret, and the Controller's slurm.key (Slinky mounts it).
         pods: PodGrants::of_loginset(loginset).with_secrets(
             [loginset.ssh_host_keys_name()]
                 .into_iter()
-                .chain(controller.key_secret_refs().map(|r| r.name.clone())),
+                .chain(slurm_key(controller)),
         ),
         service: Some((
             key.clone(),
@@ -229,8 +229,8 @@ pub fn restapi_children(
     let name = restapi.name_any();
     let rules = Rules {
         allow,
-        pods: PodGrants::of_restapi(restapi)
-            .with_secrets(controller.key_secret_refs().map(|r| r.name.clone())),
+        // The Controller's slurm.key (Slinky mounts it).
+        pods: PodGrants::of_restapi(restapi).with_secrets(slurm_key(controller)),
         service: Some((
             restapi.restapi_key(),
             ServiceGrants::asked_by(&restapi.spec.service, "RestApi"),

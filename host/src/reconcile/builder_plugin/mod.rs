@@ -91,9 +91,8 @@ pub async fn served(client: &Client) -> anyhow::Result<bool> {
 /// How long the host waits at start-up for the BuilderPlugins before it reconciles anything
 /// (default of `run --builder-plugins-startup-seconds`).
 pub const STARTUP_BUDGET: Duration = Duration::from_secs(60);
-/// Load every BuilderPlugin of the synced cache before anything else reconciles (Events and
-/// status as each reconcile writes them; the parents' caches may not count yet for
-/// `status.appliesTo`), all at once (their compiles a few at a time), for at most `budget`: a registry that answers slowly or
+/// Load every BuilderPlugin of the synced cache before anything else reconciles (with their
+/// Events; their status is the queue's to write, right after), all at once (their compiles a few at a time), for at most `budget`: a registry that answers slowly or
 /// never (each request is bounded, a tarpit is not) delays only its own step. Those still loading
 /// then go on in the background, and join their pipelines when they load (their parents' pods
 /// may then roll once more).
@@ -141,8 +140,8 @@ pub(crate) async fn reconcile(
     r.map(|()| Action::requeue(RESYNC))
 }
 
-/// Look at `bp`, report what is new and write its status (`synced`: with the parents it applies
-/// to, from the caches).
+/// Look at `bp`, report what is new and, once the queue runs (`synced`), write its status with
+/// the parents it applies to, from the caches.
 async fn look(bp: &BuilderPlugin, ctx: &BuilderPluginContext, synced: bool) -> Result<(), Error> {
     let core = &ctx.core;
     match ctx.steps.sync(bp).await {
@@ -171,11 +170,14 @@ async fn look(bp: &BuilderPlugin, ctx: &BuilderPluginContext, synced: bool) -> R
         }
         None => {}
     }
-    if !core.leader.may_write() {
+    // At start-up no status is written: a load still going on after the budget would write what
+    // it saw of an older spec over the queue's status of the newer one. The queue's first
+    // reconcile of each BuilderPlugin, right after, writes it.
+    if !synced || !core.leader.may_write() {
         return Ok(());
     }
     let changes = status::conditions(bp, &ctx.steps);
-    let caches = synced.then_some(&ctx.caches);
+    let caches = Some(&ctx.caches);
     // Through the wire type, as the watch decodes: the write's answer (and a re-read after a
     // 409) decodes even for a BuilderPlugin nested too deep for the host's decoder.
     let api = Api::<WireBuilderPlugin>::all(core.client.clone());

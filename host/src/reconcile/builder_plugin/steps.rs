@@ -416,8 +416,9 @@ impl Steps {
     /// * any other: only one this host loaded before (its disk cache holds it, checked by
     ///   digest) and vouches for today ([`ModuleSource::vouch_kept`]: a registry module only on
     ///   a host that allows unsigned ones; a ConfigMap module only from a namespace allowed
-    ///   today, with keys only if its signature verifies under today's keys and this host loaded
-    ///   it from that very ConfigMap under a spec that pinned its digest, recorded then).
+    ///   today, with keys only if its signature verifies under today's keys, and only if this
+    ///   host loaded it from that very ConfigMap under a spec that pinned its digest, recorded
+    ///   then).
     ///
     /// # Errors
     /// Why it is not restored (a `Loaded` failure: `BadSignature`, `Unverified`, `Refused`, …).
@@ -444,15 +445,16 @@ impl Steps {
         self.source
             .vouch_kept(&serving.spec.module, &serving.digest, &bytes)?;
         if let Some(cm) = &serving.spec.module.config_map {
+            // With keys or without: else a status writer could name a cached registry module (one
+            // loaded while unsigned modules were allowed) as a ConfigMap module.
             let pinned = store.get_record(&serving.digest, PINNED);
-            if self.source.verifies()
-                && (serving.spec.module.digest.as_deref() != Some(serving.digest.as_str())
-                    || !pinned.is_some_and(|p| pinned_records(&p).any(|r| r == pinned_record(cm))))
+            if serving.spec.module.digest.as_deref() != Some(serving.digest.as_str())
+                || !pinned.is_some_and(|p| pinned_records(&p).any(|r| r == pinned_record(cm)))
             {
                 return Err(refused(format!(
                     "status.serving names the ConfigMap module {}, which this host never loaded from \
-                     that ConfigMap under a pinned spec.module.digest: a host with --plugin-public-key \
-                     restores a ConfigMap module only then",
+                     that ConfigMap under a pinned spec.module.digest: a ConfigMap module is restored \
+                     only then",
                     serving.digest
                 )));
             }

@@ -36,7 +36,7 @@ use std::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use slinky_api::labels::Labels;
 
-pub(crate) use pods::{PodGrants, pod_spec};
+pub(crate) use pods::{PodGrants, pod_spec, slurm_key};
 pub(crate) use services::{ServiceGrants, service_spec};
 
 /// A class of output the policy refuses unless the host allows it (`--allow <class>`): each

@@ -86,9 +86,9 @@ impl PodGrants {
     }
 
     /// A NodeSet's pods as its Controller's workers: [`PodGrants::of_nodeset`] and the
-    /// Controller's keys (Slinky's workers mount its `slurm.key`).
+    /// Controller's `slurm.key` (Slinky's workers mount it; not the JWT key).
     pub(crate) fn of_worker(nodeset: &NodeSet, controller: &Controller) -> Self {
-        Self::of_nodeset(nodeset).with_secrets(controller.key_secret_refs().map(|r| r.name.clone()))
+        Self::of_nodeset(nodeset).with_secrets(slurm_key(controller))
     }
 
     /// A Controller's slurmctld pods: its template, `spec.slurmctld`, `spec.reconfigure` and
@@ -201,6 +201,12 @@ impl PodGrants {
     fn not_asked(&self) -> String {
         format!("the {}'s spec.template.spec does not ask for it", self.whose)
     }
+}
+
+/// The Secret of a Controller's `slurm.key`, which the pods of its NodeSets, LoginSets and
+/// RestApis mount (Slinky's design).
+pub(crate) fn slurm_key(controller: &Controller) -> Option<String> {
+    controller.spec.slurm_key_ref.as_ref().map(|r| r.name.clone())
 }
 
 /// The service account token sources of a projected volume.

@@ -37,6 +37,65 @@ pub(super) fn in_pod(spec: &PodSpec) -> Vec<(String, String)> {
         if let Some(name) = v.secret.as_ref().and_then(|s| s.secret_name.clone()) {
             out.push((format!("spec.volumes[name={}].secret.secretName", v.name), name));
         }
+        // Secrets the kubelet reads and hands to a volume driver (a secrets-store CSI driver
+        // turns one into files).
+        let driver_refs = [
+            (
+                "csi.nodePublishSecretRef",
+                v.csi
+                    .as_ref()
+                    .and_then(|c| c.node_publish_secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
+            ),
+            (
+                "flexVolume.secretRef",
+                v.flex_volume
+                    .as_ref()
+                    .and_then(|f| f.secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
+            ),
+            (
+                "azureFile.secretName",
+                v.azure_file.as_ref().map(|a| a.secret_name.clone()),
+            ),
+            (
+                "cephfs.secretRef",
+                v.cephfs
+                    .as_ref()
+                    .and_then(|c| c.secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
+            ),
+            (
+                "rbd.secretRef",
+                v.rbd
+                    .as_ref()
+                    .and_then(|c| c.secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
+            ),
+            (
+                "iscsi.secretRef",
+                v.iscsi
+                    .as_ref()
+                    .and_then(|c| c.secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
+            ),
+            (
+                "scaleIO.secretRef",
+                v.scale_io.as_ref().map(|c| c.secret_ref.name.clone()),
+            ),
+            (
+                "storageos.secretRef",
+                v.storageos
+                    .as_ref()
+                    .and_then(|c| c.secret_ref.as_ref())
+                    .map(|r| r.name.clone()),
+            ),
+        ];
+        for (field, name) in driver_refs {
+            if let Some(name) = name {
+                out.push((format!("spec.volumes[name={}].{field}", v.name), name));
+            }
+        }
         let sources = v.projected.iter().flat_map(|p| p.sources.iter().flatten());
         for (i, s) in sources.enumerate() {
             if let Some(secret) = &s.secret {

@@ -145,6 +145,11 @@ fn secrets_are_refused_unless_the_parent_names_them() {
             json!({"imagePullSecrets": [{"name": "other-tenant"}]}),
             "spec.imagePullSecrets[0].name",
         ),
+        (
+            json!({"volumes": [{"name": "x", "csi": {"driver": "secrets-store.csi.k8s.io",
+                "nodePublishSecretRef": {"name": "other-tenant"}}}]}),
+            "spec.volumes[name=x].csi.nodePublishSecretRef",
+        ),
     ] {
         let pod = slurmd_pod(extra);
         refused_unless_allowed(|a| pod_spec(&pod, &grants, a), field, Allow::Secrets);
