@@ -1512,3 +1512,97 @@ async fn a_step_scoped_by_namespace_is_mandatory_there_and_absent_elsewhere() ->
         .await;
     result
 }
+
+/// `status.serving` is no source of trust on a host without keys either: a status writer who
+/// relabels a registry module this host once ran (cached while unsigned modules were allowed) as a
+/// ConfigMap module of an allowed namespace gets nothing restored: a ConfigMap module is restored
+/// only if this host loaded it from that very ConfigMap under a pinned digest. Before, a host
+/// without keys skipped that check and served the relabelled registry module although it now
+/// refuses registry modules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relabelled_status_restores_nothing_on_a_host_without_keys() -> Result<()> {
+    let Some(registry) = Registry::start_answering().await? else {
+        slinky_apiserver::testing::skip(
+            "a_relabelled_status_restores_nothing_on_a_host_without_keys",
+            "registry",
+            &format!("{REGISTRY} is not installed (apt-get install docker-registry)"),
+        );
+        return Ok(());
+    };
+    let _turn = BP_HOSTS.lock().await;
+    let gpu = test_plugin("gpu_nodeset_pod");
+    let digest = slinky_host::oci::sha256(&std::fs::read(&gpu)?);
+    let image = host_cli(&[
+        "plugin",
+        "push",
+        path(&gpu),
+        &format!("{}/site/gpu:1", registry.addr),
+    ])?;
+    let c = cluster(true).await;
+    let ns = c.namespace("relabel").await;
+    let name = format!("{ns}-gpu");
+    let cache = tempfile::tempdir()?;
+    let steps_with = |allow_unsigned: bool| -> Result<(Arc<PluginRegistry>, builder_plugin::Steps)> {
+        let oci = Oci::new(DigestStore::new(Some(cache.path().to_path_buf())), Vec::new())?;
+        let source = ModuleSource::new(
+            oci,
+            c.client.clone(),
+            None,
+            slinky_host::plugins::gunzip_if_gzipped,
+        )
+        .allowing_unsigned(allow_unsigned)
+        .with_config_map_namespaces(vec![ns.clone()]);
+        let registry = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+        let steps = builder_plugin::Steps::new(registry.clone(), Arc::new(source), Default::default());
+        Ok((registry, steps))
+    };
+    let result = async {
+        put_plugin(
+            &c,
+            &name,
+            json!({"module": {"image": image}, "kinds": ["nodeset-pod"]}),
+        )
+        .await?;
+        let (open, steps) = steps_with(true)?;
+        builder_plugin::load_once(&c.client, &steps).await?;
+        let parent = kube::api::ObjectMeta {
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        };
+        ensure!(
+            open.pipeline(BuilderKind::NodesetPod, &parent)
+                .label()
+                .contains("gpu-nodeset-pod"),
+            "the unsigned module did not load where it was allowed"
+        );
+        // Its spec now refused; its status relabelled by a status writer.
+        patch_spec(
+            &c,
+            &name,
+            json!({"module": {"image": format!("{}/site/gpu@sha256:{}", registry.addr, "0".repeat(64))}}),
+        )
+        .await?;
+        let relabelled = json!({"status": {"serving": {"digest": digest, "spec": {
+            "module": {"configMap": {"namespace": ns, "name": "anything"}, "digest": digest},
+            "kinds": ["nodeset-pod"]}}}});
+        Api::<BuilderPlugin>::all(c.client.clone())
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&relabelled))
+            .await?;
+        let (closed, steps) = steps_with(false)?;
+        builder_plugin::load_once(&c.client, &steps).await?;
+        let label = closed
+            .pipeline(BuilderKind::NodesetPod, &parent)
+            .label()
+            .to_string();
+        ensure!(
+            !label.contains("gpu-nodeset-pod"),
+            "a relabelled status restored {label}"
+        );
+        Ok(())
+    }
+    .await;
+    let _ = Api::<BuilderPlugin>::all(c.client.clone())
+        .delete(&name, &Default::default())
+        .await;
+    result
+}
