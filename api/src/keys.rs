@@ -64,7 +64,9 @@ pub const ANNOTATION_SLURM_CONFIG_HASH: &str = "slinky.slurm.net/slurm-config-ha
 pub const ANNOTATION_APPLIED_HASH: &str = "slinky.slurm.net/applied-hash";
 /// Set by the host on every child: `<plugin name>@<plugin version>`.
 pub const ANNOTATION_BUILDER: &str = "slinky.slurm.net/builder";
-/// Set by the host on every child: `sha256:<digest of the plugin component>`.
+/// Set by the host on every child: `sha256:<hex>` of the pipeline that built it (the base
+/// builder's component digest alone, or with steps a hash of every component digest and
+/// settings, in order).
 pub const ANNOTATION_BUILDER_DIGEST: &str = "slinky.slurm.net/builder-digest";
 /// The taint on Kubernetes nodes reserved for Slurm workers.
 pub const TAINT_WORKER: &str = "nodeset.slinky.slurm.net/worker";
