@@ -95,6 +95,62 @@ async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {
         ensure!(args.contains(&want), "{want} not in {args:?}");
     }
     assert_eq!(pod["volumes"][1]["configMap"]["optional"], true);
+    assert_eq!(ctr["startupProbe"]["httpGet"]["path"], "/healthz");
+
+    // With verification on and a private registry's credentials: the install applies too, the
+    // key and the credentials mounted from their Secrets and passed to `run`.
+    let out = run(&[
+        "manifests",
+        "--plugin-public-key-secret",
+        "slinky-plugin-keys",
+        "--registry-credentials-secret",
+        "slinky-registry",
+    ]);
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let kc = c.kubeconfig.clone();
+    let applied = tokio::task::spawn_blocking(move || {
+        kubectl(
+            &kc,
+            &["apply", "--server-side", "--field-manager", "platform", "-f", "-"],
+            Some(&out.stdout),
+        )
+    })
+    .await??;
+    ensure!(
+        applied.contains("deployment.apps/slinky-host serverside-applied"),
+        "{applied}"
+    );
+    let kc = c.kubeconfig.clone();
+    let deploy = tokio::task::spawn_blocking(move || {
+        kubectl(
+            &kc,
+            &[
+                "-n",
+                "slinky-system",
+                "get",
+                "deployment",
+                "slinky-host",
+                "-o",
+                "json",
+            ],
+            None,
+        )
+    })
+    .await??;
+    let d: Value = serde_json::from_str(&deploy)?;
+    let pod = &d["spec"]["template"]["spec"];
+    let args = pod["containers"][0]["args"].to_string();
+    ensure!(
+        args.contains("\"--plugin-public-key\",\"/etc/slinky-host/keys/cosign.pub\"")
+            && args.contains("\"--registry-credentials\",\"/etc/slinky-host/registry/config.json\""),
+        "{args}"
+    );
+    let volumes = pod["volumes"].to_string();
+    ensure!(
+        volumes.contains("\"secretName\":\"slinky-plugin-keys\"")
+            && volumes.contains("\"secretName\":\"slinky-registry\""),
+        "{volumes}"
+    );
     Ok(())
 }
 
