@@ -1380,19 +1380,25 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
         path(&config_file),
         &format!("{}/site/oras:1", registry.addr),
     ])?;
-    let module: slinky_api::PluginModule =
-        serde_json::from_value(json!({"image": format!("{}/site/oras@{digest}", registry.addr)}))?;
-    let oci = Oci::new(DigestStore::new(None), Vec::new())?;
-    let fetched = ModuleSource::new(
-        oci,
-        c.client.clone(),
-        None,
-        slinky_host::plugins::gunzip_if_gzipped,
-    )
-    .allowing_unsigned(true)
-    .fetch(&module)
-    .await
-    .map_err(|f| anyhow::anyhow!("the module oras pushed: {f:?}"))?;
+    // What the oras artifact `repo@digest` fetches as, on a host allowing unsigned modules.
+    let fetch_unsigned = |at: String| {
+        let c = &c;
+        async move {
+            let module: slinky_api::PluginModule = serde_json::from_value(json!({"image": at}))?;
+            let oci = Oci::new(DigestStore::new(None), Vec::new())?;
+            let source = ModuleSource::new(
+                oci,
+                c.client.clone(),
+                None,
+                slinky_host::plugins::gunzip_if_gzipped,
+            )
+            .allowing_unsigned(true);
+            anyhow::Ok(source.fetch(&module).await)
+        }
+    };
+    let fetched = fetch_unsigned(format!("{}/site/oras@{digest}", registry.addr))
+        .await?
+        .map_err(|f| anyhow::anyhow!("the module oras pushed: {f:?}"))?;
     ensure!(
         fetched.bytes == component,
         "the module oras pushed came back different"
@@ -1406,20 +1412,10 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
         &format!("{}/site/oras:tar", registry.addr),
         "application/vnd.oci.image.layer.v1.tar",
     ])?;
-    let module: slinky_api::PluginModule =
-        serde_json::from_value(json!({"image": format!("{}/site/oras@{tar}", registry.addr)}))?;
-    let oci = Oci::new(DigestStore::new(None), Vec::new())?;
-    let failure = ModuleSource::new(
-        oci,
-        c.client.clone(),
-        None,
-        slinky_host::plugins::gunzip_if_gzipped,
-    )
-    .allowing_unsigned(true)
-    .fetch(&module)
-    .await
-    .err()
-    .context("a tar layer loaded as a plugin")?;
+    let failure = fetch_unsigned(format!("{}/site/oras@{tar}", registry.addr))
+        .await?
+        .err()
+        .context("a tar layer loaded as a plugin")?;
     ensure!(
         failure.reason == "Refused"
             && failure.retry() == slinky_api::failure::Retry::OnChange

@@ -22,40 +22,21 @@ use slinky_tests::{
     kubectl, python, run, workspace,
 };
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {
-    // A fresh cluster: nothing installed yet.
-    let c = slinky_tests::TestCluster::start().await;
-    let out = run(&[
-        "manifests",
-        "--plugins-configmap",
-        "slinky-plugins",
-        "--watch-namespace",
-        "hpc",
-    ]);
+/// `slinky-host manifests args…` applied to `c` with kubectl (server-side); what kubectl printed
+/// and the Deployment as the API server then has it.
+async fn apply_manifests(c: &slinky_tests::TestCluster, args: &[&str]) -> Result<(String, Value)> {
+    let mut all = vec!["manifests"];
+    all.extend_from_slice(args);
+    let out = run(&all);
     ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let kc = c.kubeconfig.clone();
-    let applied = tokio::task::spawn_blocking(move || {
-        kubectl(
+    tokio::task::spawn_blocking(move || {
+        let applied = kubectl(
             &kc,
             &["apply", "--server-side", "--field-manager", "platform", "-f", "-"],
             Some(&out.stdout),
-        )
-    })
-    .await??;
-    for want in [
-        "customresourcedefinition.apiextensions.k8s.io/nodesets.slinky.slurm.net serverside-applied",
-        "namespace/slinky-system serverside-applied",
-        "clusterrole.rbac.authorization.k8s.io/slinky-host serverside-applied",
-        "role.rbac.authorization.k8s.io/slinky-host-leader-election serverside-applied",
-        "deployment.apps/slinky-host serverside-applied",
-        "service/slinky-host-metrics serverside-applied",
-    ] {
-        ensure!(applied.contains(want), "{want:?} not in:\n{applied}");
-    }
-    let kc = c.kubeconfig.clone();
-    let deploy = tokio::task::spawn_blocking(move || {
-        kubectl(
+        )?;
+        let deploy = kubectl(
             &kc,
             &[
                 "-n",
@@ -67,10 +48,36 @@ async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {
                 "json",
             ],
             None,
-        )
+        )?;
+        anyhow::Ok((applied, serde_json::from_str(&deploy)?))
     })
-    .await??;
-    let d: Value = serde_json::from_str(&deploy)?;
+    .await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {
+    // A fresh cluster: nothing installed yet.
+    let c = slinky_tests::TestCluster::start().await;
+    let (applied, d) = apply_manifests(
+        &c,
+        &[
+            "--plugins-configmap",
+            "slinky-plugins",
+            "--watch-namespace",
+            "hpc",
+        ],
+    )
+    .await?;
+    for want in [
+        "customresourcedefinition.apiextensions.k8s.io/nodesets.slinky.slurm.net serverside-applied",
+        "namespace/slinky-system serverside-applied",
+        "clusterrole.rbac.authorization.k8s.io/slinky-host serverside-applied",
+        "role.rbac.authorization.k8s.io/slinky-host-leader-election serverside-applied",
+        "deployment.apps/slinky-host serverside-applied",
+        "service/slinky-host-metrics serverside-applied",
+    ] {
+        ensure!(applied.contains(want), "{want:?} not in:\n{applied}");
+    }
     assert_eq!(d["spec"]["replicas"], 2);
     let pod = &d["spec"]["template"]["spec"];
     let ctr = &pod["containers"][0];
@@ -99,45 +106,20 @@ async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {
 
     // With verification on and a private registry's credentials: the install applies too, the
     // key and the credentials mounted from their Secrets and passed to `run`.
-    let out = run(&[
-        "manifests",
-        "--plugin-public-key-secret",
-        "slinky-plugin-keys",
-        "--registry-credentials-secret",
-        "slinky-registry",
-    ]);
-    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let kc = c.kubeconfig.clone();
-    let applied = tokio::task::spawn_blocking(move || {
-        kubectl(
-            &kc,
-            &["apply", "--server-side", "--field-manager", "platform", "-f", "-"],
-            Some(&out.stdout),
-        )
-    })
-    .await??;
+    let (applied, d) = apply_manifests(
+        &c,
+        &[
+            "--plugin-public-key-secret",
+            "slinky-plugin-keys",
+            "--registry-credentials-secret",
+            "slinky-registry",
+        ],
+    )
+    .await?;
     ensure!(
         applied.contains("deployment.apps/slinky-host serverside-applied"),
         "{applied}"
     );
-    let kc = c.kubeconfig.clone();
-    let deploy = tokio::task::spawn_blocking(move || {
-        kubectl(
-            &kc,
-            &[
-                "-n",
-                "slinky-system",
-                "get",
-                "deployment",
-                "slinky-host",
-                "-o",
-                "json",
-            ],
-            None,
-        )
-    })
-    .await??;
-    let d: Value = serde_json::from_str(&deploy)?;
     let pod = &d["spec"]["template"]["spec"];
     let args = pod["containers"][0]["args"].to_string();
     ensure!(

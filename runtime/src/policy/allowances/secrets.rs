@@ -6,14 +6,23 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, EnvFromSource, EnvVar, PodSpec};
 
 use super::{Allow, Allowances, refused};
 
 /// Every Secret `c` references in its environment: `(field, name)`.
 pub(super) fn in_container(c: &Container, at: &str) -> Vec<(String, String)> {
+    in_environment(c.env.as_deref(), c.env_from.as_deref(), at)
+}
+
+/// Every Secret an environment (`env`, `envFrom`) references: `(field, name)`.
+fn in_environment(
+    env: Option<&[EnvVar]>,
+    env_from: Option<&[EnvFromSource]>,
+    at: &str,
+) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for e in c.env.iter().flatten() {
+    for e in env.into_iter().flatten() {
         if let Some(r) = e.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()) {
             out.push((
                 format!("{at}.env[name={}].valueFrom.secretKeyRef.name", e.name),
@@ -21,7 +30,7 @@ pub(super) fn in_container(c: &Container, at: &str) -> Vec<(String, String)> {
             ));
         }
     }
-    for (i, f) in c.env_from.iter().flatten().enumerate() {
+    for (i, f) in env_from.into_iter().flatten().enumerate() {
         if let Some(r) = &f.secret_ref {
             out.push((format!("{at}.envFrom[{i}].secretRef.name"), r.name.clone()));
         }
@@ -121,19 +130,7 @@ pub(super) fn in_pod(spec: &PodSpec) -> Vec<(String, String)> {
     }
     for e in spec.ephemeral_containers.iter().flatten() {
         let at = format!("spec.ephemeralContainers[name={}]", e.name);
-        for env in e.env.iter().flatten() {
-            if let Some(r) = env.value_from.as_ref().and_then(|v| v.secret_key_ref.as_ref()) {
-                out.push((
-                    format!("{at}.env[name={}].valueFrom.secretKeyRef.name", env.name),
-                    r.name.clone(),
-                ));
-            }
-        }
-        for (i, f) in e.env_from.iter().flatten().enumerate() {
-            if let Some(r) = &f.secret_ref {
-                out.push((format!("{at}.envFrom[{i}].secretRef.name"), r.name.clone()));
-            }
-        }
+        out.extend(in_environment(e.env.as_deref(), e.env_from.as_deref(), &at));
     }
     for (i, r) in spec.image_pull_secrets.iter().flatten().enumerate() {
         out.push((format!("spec.imagePullSecrets[{i}].name"), r.name.clone()));
