@@ -545,7 +545,8 @@ impl<'a> Check<'a> {
 }
 
 /// `plugin check`: check the plugin at `path` on the manifests of `files` (the examples when
-/// none) and print the report; with `settings`, first ask its `validate-settings` about them.
+/// none) and print the report; with `settings`, first ask its `validate-settings` about them
+/// ([`super::plugin::check_settings`]).
 ///
 /// # Errors
 /// As [`check_with`], or an input file that does not read; a failed build fails the command
@@ -558,20 +559,7 @@ pub fn execute(
     settings: Option<&str>,
 ) -> anyhow::Result<()> {
     if let Some(settings) = settings {
-        let value: Value = serde_json::from_str(settings).map_err(|e| {
-            anyhow::anyhow!(
-                "--settings is not JSON: {e} (give the spec.settings object, like '{{\"gpusPerPod\": 2}}')"
-            )
-        })?;
-        let plugin = Plugin::load_file(engine, path)
-            .map_err(|e| anyhow::anyhow!("{} does not load: {e}", path.display()))?;
-        match plugin.validate_settings(&value.to_string()) {
-            Ok(()) => print(&format!("settings: accepted by {}\n", plugin.label()))?,
-            Err(e) => {
-                print(&format!("settings: REFUSED: {e}\n"))?;
-                anyhow::bail!("{} refuses the settings {settings}", path.display());
-            }
-        }
+        super::plugin::check_settings(engine, path, settings)?;
     }
     let manifests = render::read_manifests(files)?;
     let references = render::read_references(files)?;

@@ -241,6 +241,33 @@ pub fn sign(path: &std::path::Path, key: &std::path::Path, output: Option<PathBu
     ))
 }
 
+/// `plugin check --settings`: ask the plugin at `path` whether it accepts `settings` (a
+/// BuilderPlugin's `spec.settings`, JSON), as the host does before a step serves; print the
+/// verdict.
+///
+/// # Errors
+/// The settings are not JSON, the plugin does not load, or it refuses them.
+pub fn check_settings(
+    engine: &Arc<EngineHandle>,
+    path: &std::path::Path,
+    settings: &str,
+) -> anyhow::Result<()> {
+    let value: serde_json::Value = serde_json::from_str(settings).map_err(|e| {
+        anyhow::anyhow!(
+            "--settings is not JSON: {e} (give the spec.settings object, like '{{\"gpusPerPod\": 2}}')"
+        )
+    })?;
+    let plugin = Plugin::load_file(engine, path)
+        .map_err(|e| anyhow::anyhow!("{} does not load: {e}", path.display()))?;
+    match plugin.validate_settings(&value.to_string()) {
+        Ok(()) => print(&format!("settings: accepted by {}\n", plugin.label())),
+        Err(e) => {
+            print(&format!("settings: REFUSED: {e}\n"))?;
+            anyhow::bail!("{} refuses the settings {settings}", path.display())
+        }
+    }
+}
+
 /// `plugin keygen`: write `<prefix>.key` (mode 0600) and `<prefix>.pub`.
 ///
 /// # Errors
