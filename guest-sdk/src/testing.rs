@@ -40,13 +40,49 @@ pub fn call_pod<B: NodeSetPodBuilder>(
     controller: &Controller,
     ordinal: u32,
 ) -> Result<Pod, BuildError> {
-    let identity = PodIdentity::for_ordinal(nodeset, ordinal, "test");
+    call_pod_with::<B>(&BuildContext::default(), nodeset, controller, ordinal)
+}
+
+/// [`call_pod`] as a step of a pipeline: with `ctx` ([`step_context`]: its settings and what the
+/// step before it built).
+///
+/// # Errors
+/// What the builder returns, or a serialization failure.
+pub fn call_pod_with<B: NodeSetPodBuilder>(
+    ctx: &BuildContext,
+    nodeset: &NodeSet,
+    controller: &Controller,
+    ordinal: u32,
+) -> Result<Pod, BuildError> {
+    let identity = pod_identity(nodeset, ordinal);
     let nodeset = round_trip("NodeSet", nodeset)?;
     let controller = round_trip("Controller", controller)?;
-    round_trip(
-        "Pod",
-        &B::build_pod(&BuildContext::default(), &nodeset, &controller, &identity)?,
-    )
+    round_trip("Pod", &B::build_pod(ctx, &nodeset, &controller, &identity)?)
+}
+
+/// The identity the host gives pod `ordinal` of `nodeset` in these helpers (revision `test`).
+pub fn pod_identity(nodeset: &NodeSet, ordinal: u32) -> PodIdentity {
+    PodIdentity::for_ordinal(nodeset, ordinal, "test")
+}
+
+/// The context a step of a pipeline is called with: its BuilderPlugin's `spec.settings`, and
+/// what the step before it built (`previous`: a pod or a Service; the children, each as its own
+/// object, for `*-children`; nothing for the first step), as the host passes them.
+///
+/// # Errors
+/// Something of `previous` does not serialize.
+pub fn step_context<T: serde::Serialize>(
+    settings: &serde_json::Value,
+    previous: impl IntoIterator<Item = T>,
+) -> Result<BuildContext, BuildError> {
+    Ok(BuildContext {
+        settings: settings.to_string(),
+        previous: previous
+            .into_iter()
+            .map(|p| crate::to_json(&p))
+            .collect::<Result<_, _>>()?,
+        ..BuildContext::default()
+    })
 }
 
 fn round_trip_children(children: Vec<Child>) -> Result<Vec<Child>, BuildError> {

@@ -225,16 +225,9 @@ mod tests {
             "{unknown:?}"
         );
         let (nodeset, controller) = example(BTreeMap::new())?;
-        let ctx = BuildContext {
-            settings: r#"{"gpusPerPod": 3}"#.into(),
-            ..BuildContext::default()
-        };
-        let pod = GpuPods::build_pod(
-            &ctx,
-            &nodeset,
-            &controller,
-            &PodIdentity::for_ordinal(&nodeset, 0, "t"),
-        )?;
+        // As a BuilderPlugin step with `settings: {gpusPerPod: 3}`, the first of its pipeline.
+        let ctx = testing::step_context(&serde_json::json!({"gpusPerPod": 3}), [] as [Pod; 0])?;
+        let pod = testing::call_pod_with::<GpuPods>(&ctx, &nodeset, &controller, 0)?;
         let limits = pod
             .spec
             .and_then(|s| s.containers[0].resources.clone())
@@ -249,20 +242,15 @@ mod tests {
     #[test]
     fn a_later_step_starts_from_the_previous_pod() -> Result<(), BuildError> {
         let (nodeset, controller) = example(BTreeMap::new())?;
-        let identity = PodIdentity::for_ordinal(&nodeset, 0, "t");
-        let mut previous =
-            slinky::build_nodeset_pod(&BuildContext::default(), &nodeset, &controller, &identity)?;
+        let mut previous = testing::call_pod::<GpuPods>(&nodeset, &controller, 0)?;
         previous
             .metadata
             .labels
             .get_or_insert_default()
             .insert("from".into(), "before".into());
-        let ctx = BuildContext {
-            settings: r#"{"gpusPerPod": 1}"#.into(),
-            previous: vec![serde_json::to_string(&previous).map_err(BuildError::invalid)?],
-            ..BuildContext::default()
-        };
-        let pod = GpuPods::build_pod(&ctx, &nodeset, &controller, &identity)?;
+        // As a later step: the pod the step before it built comes along.
+        let ctx = testing::step_context(&serde_json::json!({"gpusPerPod": 1}), [&previous])?;
+        let pod = testing::call_pod_with::<GpuPods>(&ctx, &nodeset, &controller, 0)?;
         assert_eq!(
             pod.metadata
                 .labels
