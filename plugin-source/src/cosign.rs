@@ -74,30 +74,9 @@ impl Oci {
     ) -> Result<Vec<(String, Vec<u8>)>, OciError> {
         let base = self.base(&reference.registry);
         let tag = format!("{}.sig", manifest_digest.replace(':', "-"));
-        let url = format!("{base}/{}/manifests/{tag}", reference.repository);
-        let (status, _, body) = self
-            .request(
-                Method::GET,
-                &url,
-                &[(header::ACCEPT, MANIFEST_TYPE)],
-                Bytes::new(),
-                MAX_MANIFEST,
-            )
-            .await?;
-        if status == StatusCode::NOT_FOUND {
-            return Ok(Vec::new());
-        }
-        if !status.is_success() {
-            return Err(self.http_error(&Method::GET, &url, status));
-        }
-        let manifest: Value =
-            serde_json::from_slice(&body).map_err(|e| OciError::Signature(format!("{url}: {e}")))?;
+        let layers = self.signature_layers(&base, &reference.repository, &tag).await?;
         let mut out = Vec::new();
-        let layers = manifest["layers"].as_array().into_iter().flatten();
-        for layer in layers
-            .filter(|l| l["mediaType"] == COSIGN_PAYLOAD_TYPE)
-            .take(MAX_SIGNATURES)
-        {
+        for layer in layers.iter().take(MAX_SIGNATURES) {
             let (Some(sig), Some(digest)) = (
                 layer["annotations"][COSIGN_SIGNATURE].as_str(),
                 layer["digest"].as_str(),
@@ -111,6 +90,45 @@ impl Oci {
             out.push((sig.to_string(), payload.to_vec()));
         }
         Ok(out)
+    }
+
+    /// The cosign layers of the signature manifest `tag` of `repo` (none when there is none):
+    /// what a verify reads, and what a push adds its signature to.
+    pub(crate) async fn signature_layers(
+        &self,
+        base: &str,
+        repo: &str,
+        tag: &str,
+    ) -> Result<Vec<Value>, OciError> {
+        let url = format!("{base}/{repo}/manifests/{tag}");
+        let (status, _, body) = self
+            .request(
+                Method::GET,
+                &url,
+                &[(header::ACCEPT, MANIFEST_TYPE)],
+                Bytes::new(),
+                MAX_MANIFEST,
+            )
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(Vec::new());
+        }
+        if !status.is_success() {
+            return Err(self.http_error(
+                &Method::GET,
+                &url,
+                format!("{status}: {}", crate::registry::excerpt(&body)),
+            ));
+        }
+        let manifest: Value =
+            serde_json::from_slice(&body).map_err(|e| OciError::Signature(format!("{url}: {e}")))?;
+        Ok(manifest["layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|l| l["mediaType"] == COSIGN_PAYLOAD_TYPE)
+            .cloned()
+            .collect())
     }
 }
 

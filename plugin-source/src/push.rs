@@ -188,39 +188,6 @@ impl Oci {
         self.put_manifest(&base, repo, &tag, &manifest).await?;
         Ok(())
     }
-
-    /// The cosign layers of the signature manifest `tag`, if there is one.
-    async fn signature_layers(&self, base: &str, repo: &str, tag: &str) -> Result<Vec<Value>, OciError> {
-        let url = format!("{base}/{repo}/manifests/{tag}");
-        let (status, _, body) = self
-            .request(
-                Method::GET,
-                &url,
-                &[(header::ACCEPT, MANIFEST_TYPE)],
-                Bytes::new(),
-                crate::MAX_MANIFEST,
-            )
-            .await?;
-        if status == StatusCode::NOT_FOUND {
-            return Ok(Vec::new());
-        }
-        if !status.is_success() {
-            return Err(self.http_error(
-                &Method::GET,
-                &url,
-                format!("{status}: {}", crate::registry::excerpt(&body)),
-            ));
-        }
-        let manifest: Value = serde_json::from_slice(&body)
-            .map_err(|e| OciError::Content(format!("the signature manifest {url}: {e}")))?;
-        Ok(manifest["layers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|l| l["mediaType"] == COSIGN_PAYLOAD_TYPE)
-            .cloned()
-            .collect())
-    }
 }
 
 /// The config's `created`: `SOURCE_DATE_EPOCH` (seconds) as RFC 3339, or the Unix epoch.

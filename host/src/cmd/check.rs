@@ -545,8 +545,8 @@ impl<'a> Check<'a> {
 }
 
 /// `plugin check`: check the plugin at `path` on the manifests of `files` (the examples when
-/// none) and print the report; with `settings`, first ask its `validate-settings` about them
-/// ([`super::plugin::check_settings`]).
+/// none) and print the report (with `--settings`, the dispatcher first runs
+/// `plugin::check_settings`).
 ///
 /// # Errors
 /// As [`check_with`], or an input file that does not read; a failed build fails the command
@@ -556,11 +556,7 @@ pub fn execute(
     path: &std::path::Path,
     files: &[PathBuf],
     cluster_domain: String,
-    settings: Option<&str>,
 ) -> anyhow::Result<()> {
-    if let Some(settings) = settings {
-        super::plugin::check_settings(engine, path, settings)?;
-    }
     let manifests = render::read_manifests(files)?;
     let references = render::read_references(files)?;
     let ctx = crate::BuildContext {

@@ -276,7 +276,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<()> {
             files,
             cluster_domain,
             settings,
-        }) => check::execute(&engine()?, &path, &files, cluster_domain, settings.as_deref()),
+        }) => {
+            let engine = engine()?;
+            if let Some(settings) = settings.as_deref() {
+                plugin::check_settings(&engine, &path, settings)?;
+            }
+            check::execute(&engine, &path, &files, cluster_domain)
+        }
         Command::Apiserver(args) => apiserver::execute(args),
         Command::Run(args) => run::execute(&engine()?, *args),
         Command::Manifests(args) => print(&manifests::yaml(&args)?),
