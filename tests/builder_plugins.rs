@@ -1425,6 +1425,106 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
     Ok(())
 }
 
+/// `python tests/python/cosign3.py args…`; its stdout, or an error with its stderr.
+fn cosign3(args: &[&str]) -> Result<String> {
+    let python = slinky_tests::python::python()?;
+    let script = slinky_tests::workspace().join("tests/python/cosign3.py");
+    let out = Command::new(python).arg(script).args(args).output()?;
+    ensure!(
+        out.status.success(),
+        "cosign3.py {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// cosign 3's default signatures verify: a Sigstore bundle attached to the plugin as an OCI 1.1
+/// referrer (found through the referrers tag where the registry has no referrers API, as
+/// Debian's `docker-registry` has none), and a blob's bundle as a ConfigMap module's
+/// `plugin.wasm.sig`. Both are made by a second implementation of cosign 3's code (Python,
+/// `cryptography`). An attestation attached the same way (another predicate type) vouches for
+/// nothing, and a bundle of other bytes is refused. Before, only cosign 2's `.sig` tag and bare
+/// signatures verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cosign_3_bundles_verify_as_referrers_and_as_config_map_signatures() -> Result<()> {
+    let Some(registry) = Registry::start_answering().await? else {
+        slinky_apiserver::testing::skip(
+            "cosign_3_bundles_verify_as_referrers_and_as_config_map_signatures",
+            "registry",
+            &format!("{REGISTRY} is not installed (apt-get install docker-registry)"),
+        );
+        return Ok(());
+    };
+    let keys = tempfile::tempdir()?;
+    host_cli(&["plugin", "keygen", path(&keys.path().join("cosign"))])?;
+    let private = keys.path().join("cosign.key");
+    let public = std::fs::read_to_string(keys.path().join("cosign.pub"))?;
+    let gpu = test_plugin("gpu_nodeset_pod");
+    let pushed = host_cli(&[
+        "plugin",
+        "push",
+        path(&gpu),
+        &format!("{}/site/gpu3:1", registry.addr),
+    ])?;
+    let c = cluster(false).await;
+    let module: slinky_api::PluginModule = serde_json::from_value(json!({"image": pushed}))?;
+    // A fresh store each time: a verified signature is kept, and this is about finding one.
+    let fetch = |module: slinky_api::PluginModule| {
+        let c = &c;
+        let public = &public;
+        async move { anyhow::Ok(source(c, None, Some(public))?.fetch(&module).await) }
+    };
+    let unsigned = fetch(module.clone())
+        .await?
+        .err()
+        .context("an unsigned module loaded")?;
+    ensure!(
+        unsigned.reason == "BadSignature" && unsigned.message.contains("no cosign signature"),
+        "{unsigned:?}"
+    );
+    cosign3(&[
+        "attach",
+        &pushed,
+        path(&private),
+        "https://slsa.dev/provenance/v1",
+    ])?;
+    let attested = fetch(module.clone())
+        .await?
+        .err()
+        .context("an attestation vouched for a module")?;
+    ensure!(
+        attested.reason == "BadSignature" && attested.message.contains("attestation"),
+        "{attested:?}"
+    );
+    cosign3(&["attach", &pushed, path(&private)])?;
+    fetch(module.clone())
+        .await?
+        .map_err(|f| anyhow::anyhow!("the cosign 3 signature: {f:?}"))?;
+
+    // A ConfigMap module with the bundle `cosign sign-blob --key --bundle plugin.wasm.sig` writes.
+    let ns = c.namespace("bundle").await;
+    let component = std::fs::read(&gpu)?;
+    let blob_bundle = cosign3(&["sign-blob", path(&gpu), path(&private)])?;
+    let other = keys.path().join("other.wasm");
+    std::fs::write(&other, b"other bytes")?;
+    let other_bundle = cosign3(&["sign-blob", path(&other), path(&private)])?;
+    for (name, sig, ok) in [("signed", blob_bundle, true), ("other", other_bundle, false)] {
+        module_config_map(&c, &ns, name, "plugin.wasm.gz", gzip(&component)?, Some(sig)).await?;
+        let module: slinky_api::PluginModule = serde_json::from_value(json!({
+            "configMap": {"name": name, "namespace": ns, "key": "plugin.wasm.gz"},
+            "digest": slinky_host::oci::sha256(&component),
+        }))?;
+        let fetched = fetch(module).await?;
+        match (ok, fetched) {
+            (true, Ok(_)) => {}
+            (false, Err(f)) if f.reason == "BadSignature" && f.message.contains("signs other bytes") => {}
+            (_, other) => bail!("the ConfigMap module {name}: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
 /// A step scoped by namespace, without a selector, is mandatory there: every NodeSet of the
 /// namespace goes through it whatever its labels (a tenant relabelling its NodeSet does not leave
 /// it), and no NodeSet of another namespace does (`status.appliesTo` names only this one's, on a

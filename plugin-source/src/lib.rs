@@ -16,12 +16,14 @@
 //!   to it and the component's bytes to the layer digest; nothing else is trusted.
 //! * Kept: what was pulled (and the modules that served) is kept in a [`DigestStore`] and
 //!   re-verified on every read, so a host restarts with its plugins while the registry is down.
-//! * Signatures (`cosign sign --key`'s layout) are verified against the configured ECDSA P-256
+//! * Signatures (`cosign sign --key`'s layouts: cosign 2's `.sig` tag, cosign 3's Sigstore bundle
+//!   referrer) are verified against the configured ECDSA P-256
 //!   key; only verified ones are kept, and they are checked again with today's key when read.
 //! * Plain HTTP only to a loopback registry or one listed in `--insecure-registry`.
 //! * Credentials (a Docker config, [`Credentials`]) only to the registry they are for and the
 //!   token realm it names.
 
+mod bundle;
 mod cosign;
 mod credentials;
 mod error;
@@ -48,6 +50,8 @@ pub use store::DigestStore;
 
 /// The manifest media type of plugin artifacts.
 pub const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// The media type of an OCI image index (a referrers list is one).
+const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 /// The config media type of Wasm artifacts.
 pub const WASM_CONFIG_TYPE: &str = "application/vnd.wasm.config.v0+json";
 /// The layer media type of a Wasm component.

@@ -226,7 +226,7 @@ impl ModuleSource {
                     format!(
                         "the {label} has no signature (key {sig_key:?}), and this host runs only signed modules: \
                          `slinky-host plugin sign plugin.wasm --key signing.key` (or `cosign sign-blob --key \
-                         cosign.key --tlog-upload=false --output-signature {sig_key} plugin.wasm`), then add \
+                         cosign.key --tlog-upload=false --bundle {sig_key} plugin.wasm`), then add \
                          it: `--from-file={sig_key}`"
                     ),
                 )

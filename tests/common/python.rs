@@ -1,5 +1,5 @@
 //! A Python environment for the tests that check our output with other projects' own code: the
-//! official Prometheus client's text and OpenMetrics parsers, the ORAS client (oras-py), and Helm (the `helm-python-sdk`
+//! official Prometheus client's text and OpenMetrics parsers, the ORAS client (oras-py), `cryptography` (cosign 3's signature format made a second way), and Helm (the `helm-python-sdk`
 //! wheel embeds Helm's Go code, so `helm lint` and `helm template` run for real without a helm
 //! binary, which no package registry here ships). Created once per target directory, from PyPI,
 //! with pinned versions.
@@ -17,6 +17,7 @@ const REQUIREMENTS: &[&str] = &[
     "helm-python-sdk==0.2.2",
     "prometheus-client==0.26.0",
     "oras==0.2.43",
+    "cryptography==48.0.0",
 ];
 
 fn env_dir() -> PathBuf {
