@@ -29,7 +29,7 @@ use serde_json::json;
 use slinky_api::BuilderPlugin;
 use slinky_host::{
     PluginRegistry,
-    oci::{Credentials, DigestStore, ModuleSource, Oci, PublicKey},
+    oci::{Credentials, DigestStore, ModuleSource, Oci, Proxies, PublicKey},
     plugins::{BuilderKind, Pipeline},
     reconcile::{RunConfig, builder_plugin},
 };
@@ -1522,6 +1522,137 @@ async fn cosign_3_bundles_verify_as_referrers_and_as_config_map_signatures() -> 
             (_, other) => bail!("the ConfigMap module {name}: {other:?}"),
         }
     }
+    Ok(())
+}
+
+/// An HTTP proxy on a free loopback port, as corporate networks run them: `CONNECT host:port`
+/// with `Proxy-Authorization: Basic` (`user:secret`) opens a tunnel, anything else is refused
+/// with `407`. It records each tunnel's target.
+async fn connect_proxy() -> Result<(String, Arc<std::sync::Mutex<Vec<String>>>)> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let tunnels = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = tunnels.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut client = BufReader::new(stream);
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    if client.read_line(&mut line).await.unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    head.push(line.trim_end().to_string());
+                }
+                let target = head
+                    .first()
+                    .and_then(|l| l.strip_prefix("CONNECT "))
+                    .and_then(|l| l.split(' ').next())
+                    .map(str::to_string);
+                // base64("user:secret")
+                let authorized = head
+                    .iter()
+                    .any(|h| h.eq_ignore_ascii_case("proxy-authorization: Basic dXNlcjpzZWNyZXQ="));
+                let (Some(target), true) = (target, authorized) else {
+                    let _ = client
+                        .get_mut()
+                        .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                };
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(&target).await else {
+                    return;
+                };
+                if let Ok(mut log) = seen.lock() {
+                    log.push(target);
+                }
+                let mut client = client.into_inner();
+                if client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    Ok((addr, tunnels))
+}
+
+/// Behind an HTTP proxy, as `HTTPS_PROXY`/`NO_PROXY` name it: the manifest, the layer and the
+/// signature are pulled through `CONNECT` tunnels, with the proxy's credentials; wrong credentials
+/// fail the pull with the proxy's refusal; a registry `NO_PROXY` names is reached directly.
+/// Before, the client connected directly, so a pod behind a proxy reached no registry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registries_behind_an_http_proxy_are_reached_through_it() -> Result<()> {
+    let Some(registry) = Registry::start_answering().await? else {
+        slinky_apiserver::testing::skip(
+            "registries_behind_an_http_proxy_are_reached_through_it",
+            "registry",
+            &format!("{REGISTRY} is not installed (apt-get install docker-registry)"),
+        );
+        return Ok(());
+    };
+    let keys = tempfile::tempdir()?;
+    host_cli(&["plugin", "keygen", path(&keys.path().join("k"))])?;
+    let public = std::fs::read_to_string(keys.path().join("k.pub"))?;
+    let gpu = test_plugin("gpu_nodeset_pod");
+    let pushed = host_cli(&[
+        "plugin",
+        "push",
+        path(&gpu),
+        &format!("{}/site/proxied:1", registry.addr),
+        "--sign-key",
+        path(&keys.path().join("k.key")),
+    ])?;
+    let (proxy, tunnels) = connect_proxy().await?;
+    let c = cluster(false).await;
+    let module: slinky_api::PluginModule = serde_json::from_value(json!({"image": pushed}))?;
+    let fetch = |proxies: Proxies| {
+        let (c, module, public) = (&c, &module, &public);
+        async move {
+            let oci = Oci::with_proxies(DigestStore::new(None), Vec::new(), proxies)?;
+            let source = ModuleSource::new(
+                oci,
+                c.client.clone(),
+                Some(PublicKey::from_pem(public)?),
+                slinky_host::plugins::gunzip_if_gzipped,
+            );
+            anyhow::Ok(source.fetch(module).await)
+        }
+    };
+    let tunnelled = |tunnels: &std::sync::Mutex<Vec<String>>| tunnels.lock().map(|t| t.len()).unwrap_or(0);
+    fetch(Proxies::through(&format!("http://user:secret@{proxy}"), ""))
+        .await?
+        .map_err(|f| anyhow::anyhow!("through the proxy: {f:?}"))?;
+    let through = tunnels.lock().map(|t| t.clone()).unwrap_or_default();
+    ensure!(
+        !through.is_empty() && through.iter().all(|t| *t == registry.addr),
+        "the proxy tunnelled {through:?}"
+    );
+    let failure = fetch(Proxies::through(&format!("http://user:wrong@{proxy}"), ""))
+        .await?
+        .err()
+        .context("pulled through a proxy that refused the credentials")?;
+    ensure!(
+        failure.reason == "PullFailed" && failure.message.to_lowercase().contains("proxy"),
+        "{failure:?}"
+    );
+    let before = tunnelled(&tunnels);
+    fetch(Proxies::through(
+        &format!("http://user:secret@{proxy}"),
+        "127.0.0.1",
+    ))
+    .await?
+    .map_err(|f| anyhow::anyhow!("NO_PROXY=127.0.0.1: {f:?}"))?;
+    ensure!(
+        tunnelled(&tunnels) == before,
+        "a registry NO_PROXY names went through the proxy"
+    );
     Ok(())
 }
 

@@ -518,6 +518,13 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         allow_unsigned_plugins: false,
         registry_credentials_secret: None,
         plugin_configmap_namespaces: Vec::new(),
+        insecure_registries: Vec::new(),
+        registry_proxy: None,
+        no_proxy: None,
+        builder_plugins_startup_seconds: None,
+        slurmrestd_urls: Vec::new(),
+        plugin_cache_size: "256Mi".into(),
+        plugin_cache_claim: None,
         log_level: "info".into(),
         no_crds: true,
     };
@@ -568,7 +575,7 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         plugin_public_key_secret: Some("slinky-plugin-keys".into()),
         registry_credentials_secret: Some("slinky-registry".into()),
         plugin_configmap_namespaces: vec!["slurm".into()],
-        ..args
+        ..args.clone()
     };
     let ours = manifests::objects(&verified_args)?
         .into_iter()
@@ -627,12 +634,41 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
     // The supply chain's and Slurm's values reach the host as its flags; the cache may be a claim.
     let set = helm_template(
         "slinky-host",
-        &json!({"builderPlugins": {"insecureRegistries": ["registry.lab:5000"], "startupSeconds": 300},
+        &json!({"builderPlugins": {"insecureRegistries": ["registry.lab:5000"], "startupSeconds": 300,
+                                   "proxy": {"url": "http://proxy.lab:3128", "noProxy": ".svc,10.0.0.0/8"}},
                 "slurmrestdUrls": ["slurm/slurm=http://10.0.0.5:6820"],
                 "pluginCache": {"persistentVolumeClaim": "slinky-cache"},
                 "startupProbe": {"failureThreshold": 120}}),
     )?;
     let pod = &set["Deployment/slinky-host"]["spec"]["template"]["spec"];
+    // `manifests`' flags make the same pod (its startup probe is the chart's default).
+    let ours = manifests::objects(&manifests::ManifestsArgs {
+        insecure_registries: vec!["registry.lab:5000".into()],
+        builder_plugins_startup_seconds: Some(300),
+        registry_proxy: Some("http://proxy.lab:3128".into()),
+        no_proxy: Some(".svc,10.0.0.0/8".into()),
+        slurmrestd_urls: vec!["slurm/slurm=http://10.0.0.5:6820".into()],
+        plugin_cache_claim: Some("slinky-cache".into()),
+        ..args.clone()
+    })?
+    .into_iter()
+    .find(|o| o["kind"] == "Deployment")
+    .context("no Deployment")?;
+    let mut theirs = pod.clone();
+    theirs["containers"][0]["imagePullPolicy"] = Value::Null;
+    theirs["containers"][0]["startupProbe"] =
+        ours["spec"]["template"]["spec"]["containers"][0]["startupProbe"].clone();
+    assert_eq!(
+        strip_nulls(theirs),
+        ours["spec"]["template"]["spec"],
+        "registries, proxy, cache, slurmrestd: pod spec"
+    );
+    let env = pod["containers"][0]["env"].to_string();
+    ensure!(
+        env.contains(r#"{"name":"HTTPS_PROXY","value":"http://proxy.lab:3128"}"#)
+            && env.contains(r#"{"name":"NO_PROXY","value":".svc,10.0.0.0/8"}"#),
+        "{env}"
+    );
     let sargs = pod["containers"][0]["args"].to_string();
     for pair in [
         "\"--insecure-registry\",\"registry.lab:5000\"",

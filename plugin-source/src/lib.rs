@@ -20,6 +20,8 @@
 //!   referrer) are verified against the configured ECDSA P-256
 //!   key; only verified ones are kept, and they are checked again with today's key when read.
 //! * Plain HTTP only to a loopback registry or one listed in `--insecure-registry`.
+//! * Through the HTTP proxy the environment names (`HTTPS_PROXY`, `NO_PROXY`, …), by `CONNECT`
+//!   tunnels ([`Proxies`]).
 //! * Credentials (a Docker config, [`Credentials`]) only to the registry they are for and the
 //!   token realm it names.
 
@@ -29,6 +31,7 @@ mod credentials;
 mod error;
 mod keys;
 mod module;
+mod proxy;
 mod pull;
 mod push;
 mod reference;
@@ -43,6 +46,7 @@ pub use credentials::Credentials;
 pub use error::OciError;
 pub use keys::{PublicKey, SigningKey};
 pub use module::{ANY_NAMESPACE, Decode, Fetched, ModuleSource};
+pub use proxy::Proxies;
 pub use pull::Pulled;
 pub use reference::Reference;
 pub use registry::Oci;

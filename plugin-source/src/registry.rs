@@ -9,13 +9,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde_json::Value;
 
-use crate::{Credentials, DigestStore, MAX_REDIRECTS, OciError, REQUEST_TIMEOUT, sha256};
+use crate::{
+    Credentials, DigestStore, MAX_REDIRECTS, OciError, Proxies, REQUEST_TIMEOUT, proxy::ProxyConnector,
+    sha256,
+};
 
 /// A registry client whose pulls are kept in a [`DigestStore`].
 #[derive(Clone)]
 pub struct Oci {
-    http:
-        Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>>,
+    http: Client<hyper_rustls::HttpsConnector<ProxyConnector>, Full<Bytes>>,
     pub(crate) store: DigestStore,
     insecure: Vec<String>,
     credentials: Credentials,
@@ -23,18 +25,30 @@ pub struct Oci {
 
 impl Oci {
     /// A client keeping what it pulls in `store`; plain HTTP to the registries in `insecure`
-    /// (and loopback).
+    /// (and loopback); through the proxies the environment names.
     ///
     /// # Errors
     /// The system's root certificates cannot be read.
     pub fn new(store: DigestStore, insecure: Vec<String>) -> Result<Oci, OciError> {
+        Oci::with_proxies(store, insecure, Proxies::from_env())
+    }
+
+    /// [`Oci::new`] through `proxies`.
+    ///
+    /// # Errors
+    /// The system's root certificates cannot be read.
+    pub fn with_proxies(
+        store: DigestStore,
+        insecure: Vec<String>,
+        proxies: Proxies,
+    ) -> Result<Oci, OciError> {
         let provider = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_native_roots(provider)
             .map_err(|e| OciError::Content(format!("cannot read the system's root certificates: {e}")))?
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(ProxyConnector::new(proxies));
         let http = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Oci {
             http,
@@ -113,7 +127,7 @@ impl Oci {
                 .http
                 .request(req)
                 .await
-                .map_err(|e| self.http_error(&method, url, e))?;
+                .map_err(|e| self.http_error(&method, url, with_causes(&e)))?;
             let (parts, body) = resp.into_parts();
             if parts.status == StatusCode::UNAUTHORIZED
                 && auth.is_none()
@@ -281,6 +295,18 @@ impl Oci {
         }
         Ok(body)
     }
+}
+
+/// An error with its causes (a connection error says only "client error (Connect)" by itself).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// The registry (`host[:port]`) of a URL.

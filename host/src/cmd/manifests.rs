@@ -47,6 +47,32 @@ pub struct ManifestsArgs {
     /// install's namespace; `*`: any).
     #[arg(long = "plugin-configmap-namespace", value_delimiter = ',')]
     pub plugin_configmap_namespaces: Vec<String>,
+    /// Registries (`host:port`) reached over plain HTTP (`run --insecure-registry`).
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
+    /// Reach registries through this HTTP proxy (`http://[user:pass@]host:port`; the pods'
+    /// `HTTPS_PROXY` and `HTTP_PROXY`, read by the registry client only).
+    #[arg(long)]
+    pub registry_proxy: Option<String>,
+    /// Hosts reached without the proxy (the pods' `NO_PROXY`: names, `.domain`s, addresses,
+    /// CIDRs).
+    #[arg(long)]
+    pub no_proxy: Option<String>,
+    /// How long a starting host waits for the BuilderPlugins (`run
+    /// --builder-plugins-startup-seconds`).
+    #[arg(long)]
+    pub builder_plugins_startup_seconds: Option<u64>,
+    /// slurmrestd of the Controllers, when the Service name does not reach it (`run
+    /// --slurmrestd-url`, `[NAMESPACE/CONTROLLER=]URL`).
+    #[arg(long = "slurmrestd-url")]
+    pub slurmrestd_urls: Vec<String>,
+    /// The size of the plugin cache's emptyDir.
+    #[arg(long, default_value = "256Mi")]
+    pub plugin_cache_size: String,
+    /// Keep the plugin cache on this PersistentVolumeClaim instead (kept across restarts;
+    /// ReadWriteMany for several replicas).
+    #[arg(long)]
+    pub plugin_cache_claim: Option<String>,
     /// The host's log level.
     #[arg(long, default_value = "info")]
     pub log_level: String,
@@ -290,7 +316,10 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
         run_args.extend(["--namespace".into(), n.clone()]);
     }
     let mut mounts = vec![json!({"name": "plugin-cache", "mountPath": CACHE_DIR})];
-    let mut volumes = vec![json!({"name": "plugin-cache", "emptyDir": {"sizeLimit": "256Mi"}})];
+    let mut volumes = vec![match &args.plugin_cache_claim {
+        Some(claim) => json!({"name": "plugin-cache", "persistentVolumeClaim": {"claimName": claim}}),
+        None => json!({"name": "plugin-cache", "emptyDir": {"sizeLimit": args.plugin_cache_size}}),
+    }];
     if let Some(cm) = &args.plugins_configmap {
         run_args.extend([
             "--plugins-dir".into(),
@@ -328,6 +357,15 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
     for n in &args.plugin_configmap_namespaces {
         run_args.extend(["--plugin-configmap-namespace".into(), n.clone()]);
     }
+    for r in &args.insecure_registries {
+        run_args.extend(["--insecure-registry".into(), r.clone()]);
+    }
+    if let Some(s) = args.builder_plugins_startup_seconds {
+        run_args.extend(["--builder-plugins-startup-seconds".into(), s.to_string()]);
+    }
+    for u in &args.slurmrestd_urls {
+        run_args.extend(["--slurmrestd-url".into(), u.clone()]);
+    }
     (run_args, mounts, volumes)
 }
 
@@ -335,7 +373,6 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
 /// context, spread over nodes.
 fn deployment(args: &ManifestsArgs) -> Value {
     let (run_args, mounts, volumes) = run_args(args);
-    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
     let probe = |path: &str, period: u32| json!({"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": 3});
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -358,21 +395,7 @@ fn deployment(args: &ManifestsArgs) -> Value {
                         "name": NAME,
                         "image": args.image,
                         "args": run_args,
-                        "env": [
-                            {"name": "POD_NAME", "valueFrom": field("metadata.name")},
-                            {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
-                            {"name": "SLINKY_HOST_LOG_LEVEL", "value": args.log_level},
-                            {"name": "SLINKY_HOST_LOG_FORMAT", "value": "json"},
-                            {"name": "SLINKY_HOST_PLUGIN_CACHE", "value": CACHE_DIR},
-                            {"name": "SLINKY_HOST_PLUGIN_DEADLINE_MS", "value": "1000"},
-                            {"name": "SLINKY_HOST_PLUGIN_MEMORY_MIB", "value": "64"},
-                            {"name": "SLINKY_HOST_PLUGIN_CONCURRENCY", "value": "16"},
-                            {"name": "SLINKY_HOST_PLUGIN_KEEP_RESIDENT_MIB", "value": "4"},
-                            // glibc's malloc keeps an arena per thread up to 8 per core; the
-                            // plugin calls' threads each fragmented one (10,000 pods: 158 MiB
-                            // with the default, 134 MiB with 2).
-                            {"name": "MALLOC_ARENA_MAX", "value": "2"},
-                        ],
+                        "env": env(args),
                         "ports": [{"name": "http", "containerPort": METRICS_PORT, "protocol": "TCP"}],
                         // Until the host answers (its builders compiled, the API server reached),
                         // the liveness probe waits: a cold cache on a slow node is no crash loop.
@@ -401,6 +424,42 @@ fn deployment(args: &ManifestsArgs) -> Value {
             },
         },
     })
+}
+
+/// The host container's environment.
+fn env(args: &ManifestsArgs) -> Vec<Value> {
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let mut env = json!([
+        {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+        {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+        {"name": "SLINKY_HOST_LOG_LEVEL", "value": args.log_level},
+        {"name": "SLINKY_HOST_LOG_FORMAT", "value": "json"},
+        {"name": "SLINKY_HOST_PLUGIN_CACHE", "value": CACHE_DIR},
+        {"name": "SLINKY_HOST_PLUGIN_DEADLINE_MS", "value": "1000"},
+        {"name": "SLINKY_HOST_PLUGIN_MEMORY_MIB", "value": "64"},
+        {"name": "SLINKY_HOST_PLUGIN_CONCURRENCY", "value": "16"},
+        {"name": "SLINKY_HOST_PLUGIN_KEEP_RESIDENT_MIB", "value": "4"},
+        // glibc's malloc keeps an arena per thread up to 8 per core; the
+        // plugin calls' threads each fragmented one (10,000 pods: 158 MiB
+        // with the default, 134 MiB with 2).
+        {"name": "MALLOC_ARENA_MAX", "value": "2"},
+    ]);
+    let mut out: Vec<Value> = env.as_array_mut().map(std::mem::take).unwrap_or_default();
+    out.extend(proxy_env(args));
+    out
+}
+
+/// The proxy environment of the host's registry client (`--registry-proxy`, `--no-proxy`).
+fn proxy_env(args: &ManifestsArgs) -> Vec<Value> {
+    let mut env = Vec::new();
+    if let Some(proxy) = &args.registry_proxy {
+        env.push(json!({"name": "HTTPS_PROXY", "value": proxy}));
+        env.push(json!({"name": "HTTP_PROXY", "value": proxy}));
+    }
+    if let Some(no) = &args.no_proxy {
+        env.push(json!({"name": "NO_PROXY", "value": no}));
+    }
+    env
 }
 
 /// The metrics Service (the admin endpoints listen on the pods' loopback only).

@@ -202,7 +202,7 @@ pub enum Command {
     Crds,
     /// Print a complete install (CRDs, RBAC, Deployment with leader election, metrics Service)
     /// for `kubectl apply --server-side -f -`.
-    Manifests(manifests::ManifestsArgs),
+    Manifests(Box<manifests::ManifestsArgs>),
     /// Reconcile Controllers and NodeSets on a cluster, or on the embedded API server.
     #[command(after_help = RUN_EXAMPLES)]
     Run(Box<run::RunArgs>),
@@ -333,8 +333,20 @@ pub(crate) fn module_source(
         }
     };
     let cache = cache.or_else(|| crate::plugins::default_cache_dir().map(|d| d.join("oci")));
-    let oci = slinky_plugin_source::Oci::new(slinky_plugin_source::DigestStore::new(cache), insecure)?
-        .with_credentials(registry_credentials(credentials)?);
+    let proxies = slinky_plugin_source::Proxies::from_env();
+    if let Some(proxy) = "https://registry.invalid/"
+        .parse()
+        .ok()
+        .and_then(|u| proxies.route(&u))
+    {
+        tracing::info!(%proxy, "registries are reached through the environment's proxy (HTTPS_PROXY; NO_PROXY names exceptions)");
+    }
+    let oci = slinky_plugin_source::Oci::with_proxies(
+        slinky_plugin_source::DigestStore::new(cache),
+        insecure,
+        proxies,
+    )?
+    .with_credentials(registry_credentials(credentials)?);
     Ok(slinky_plugin_source::ModuleSource::new(
         oci,
         client.clone(),
