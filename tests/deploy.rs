@@ -101,7 +101,7 @@ async fn the_manifests_apply_cleanly_with_kubectl() -> Result<()> {
     ] {
         ensure!(args.contains(&want), "{want} not in {args:?}");
     }
-    assert_eq!(pod["volumes"][1]["configMap"]["optional"], true);
+    assert_eq!(pod["volumes"][2]["configMap"]["optional"], true);
     assert_eq!(ctr["startupProbe"]["httpGet"]["path"], "/healthz");
 
     // With verification on and a private registry's credentials: the install applies too, the
@@ -678,10 +678,10 @@ fn the_helm_chart_renders_and_lints_like_the_manifests() -> Result<()> {
         ensure!(sargs.contains(pair), "{pair} not in {sargs}");
     }
     ensure!(
-        pod["volumes"][0]
+        pod["volumes"][1]
             == json!({"name": "plugin-cache", "persistentVolumeClaim": {"claimName": "slinky-cache"}}),
         "{}",
-        pod["volumes"][0]
+        pod["volumes"][1]
     );
     let default_pod = &chart_objects["Deployment/slinky-host"]["spec"]["template"]["spec"];
     ensure!(

@@ -93,6 +93,8 @@ pub const REGISTRY_DIR: &str = "/etc/slinky-host/registry";
 pub const PUBLIC_KEY_FILE: &str = "cosign.pub";
 /// The precompiled-plugin cache (an emptyDir: the root file system is read-only).
 pub const CACHE_DIR: &str = "/var/cache/slinky-host";
+/// Where a pod's API credentials are (the in-cluster client reads them there).
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// The labels selecting the host's pods (the chart's, for a release named `slinky-host`).
 fn selector() -> Value {
@@ -315,11 +317,17 @@ fn run_args(args: &ManifestsArgs) -> (Vec<String>, Vec<Value>, Vec<Value>) {
     for n in &args.watch_namespaces {
         run_args.extend(["--namespace".into(), n.clone()]);
     }
-    let mut mounts = vec![json!({"name": "plugin-cache", "mountPath": CACHE_DIR})];
-    let mut volumes = vec![match &args.plugin_cache_claim {
-        Some(claim) => json!({"name": "plugin-cache", "persistentVolumeClaim": {"claimName": claim}}),
-        None => json!({"name": "plugin-cache", "emptyDir": {"sizeLimit": args.plugin_cache_size}}),
-    }];
+    let mut mounts = vec![
+        json!({"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": true}),
+        json!({"name": "plugin-cache", "mountPath": CACHE_DIR}),
+    ];
+    let mut volumes = vec![
+        kube_api_access(),
+        match &args.plugin_cache_claim {
+            Some(claim) => json!({"name": "plugin-cache", "persistentVolumeClaim": {"claimName": claim}}),
+            None => json!({"name": "plugin-cache", "emptyDir": {"sizeLimit": args.plugin_cache_size}}),
+        },
+    ];
     if let Some(cm) = &args.plugins_configmap {
         run_args.extend([
             "--plugins-dir".into(),
@@ -386,6 +394,7 @@ fn deployment(args: &ManifestsArgs) -> Value {
                 "metadata": {"labels": labels()},
                 "spec": {
                     "serviceAccountName": NAME,
+                    "automountServiceAccountToken": false,
                     "securityContext": {
                         "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
                         "seccompProfile": {"type": "RuntimeDefault"},
@@ -447,6 +456,18 @@ fn env(args: &ManifestsArgs) -> Vec<Value> {
     let mut out: Vec<Value> = env.as_array_mut().map(std::mem::take).unwrap_or_default();
     out.extend(proxy_env(args));
     out
+}
+
+/// The host's API credentials, mounted as the ServiceAccount admission plugin would mount them (a
+/// bound token, the cluster's CA, the namespace): the pod does not depend on that plugin, and
+/// `automountServiceAccountToken: false` keeps any other token out.
+fn kube_api_access() -> Value {
+    json!({"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}})
 }
 
 /// The proxy environment of the host's registry client (`--registry-proxy`, `--no-proxy`).

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# Builds the images a Slurm cluster of slinky-host runs in, without a registry, for the real node of
+# ../../../shared/tools/realnode (or any containerd: `ctr -n k8s.io images import`):
+#
+#   localhost/slinky/slurmctld:25.05   localhost/slinky/slurmd:25.05   localhost/slinky/slurmrestd:25.05
+#   localhost/slinky/slurm-tools:25.05 (busybox + the Slurm clients: the logfile sidecar, kubectl-exec checks)
+#   localhost/slinky/slinky-host:dev   (this checkout's target/debug/slinky-host)
+#
+# from the real Slurm 25.05 build of ../../../shared/tools/realslurm ($REALSLURM_DIR, default
+# ~/.cache/realslurm) and this machine's Debian libraries: each image holds the binaries, the shared
+# libraries `ldd` names for them and for every Slurm plugin, bash and busybox, in the layout of Slinky's
+# images (`fetch github:SlinkyProject/containers`): daemons and clients on PATH, `/etc/slurm` the
+# sysconfdir, the `slurm` user (uid/gid 401), and an entrypoint with the same interface: its arguments
+# join `SLURMCTLD_OPTIONS`/`SLURMD_OPTIONS` and a shell runs the daemon with them in the foreground (so
+# the `--conf '…'"$SLINKY_TOPOLOGY"…'` a NodeSet pod passes is expanded as Slinky's supervisord does).
+#
+# Idempotent and cached: an image is rebuilt only when what goes into it changed (a hash of its inputs
+# beside the archive). Usage: images.sh [--import]  (--import: also import into the node's containerd).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+S=${REALSLURM_DIR:-$HOME/.cache/realslurm}
+R=${REALNODE_DIR:-$HOME/realnode}
+OUT=${SLINKY_IMAGES_DIR:-$R/images/slinky}
+HOST_BIN=${SLINKY_HOST_BIN:-$repo/target/debug/slinky-host}
+MKIMAGE=${MKIMAGE:-$repo/../shared/tools/realnode/mkimage.py}
+TAG=25.05
+[ -x "$S/sbin/slurmctld" ] || { echo "no Slurm build in $S: run ../shared/tools/realslurm/setup.sh (REALSLURM_DIR=$S)" >&2; exit 1; }
+[ -f "$MKIMAGE" ] || { echo "no mkimage.py at $MKIMAGE (set MKIMAGE)" >&2; exit 1; }
+[ -x /bin/busybox ] || { echo "busybox-static is not installed (apt-get install busybox-static)" >&2; exit 1; }
+mkdir -p "$OUT"
+
+# Copy FILE… into ROOT at the same paths, with every shared library ldd names for them.
+with_libs() {
+  local root=$1; shift
+  local f lib
+  for f in "$@"; do
+    mkdir -p "$root$(dirname "$f")"
+    cp -a "$f" "$root$f"
+    { ldd "$f" 2>/dev/null || true; } | { grep -oE '/[^ ]+' || true; } | while read -r lib; do
+      [ -e "$root$lib" ] && continue
+      mkdir -p "$root$(dirname "$lib")"
+      cp -L "$lib" "$root$lib"
+    done
+  done
+}
+
+# The base every image starts from: merged /usr as in Ubuntu 24.04, bash as sh's neighbour, busybox
+# for the rest of the utilities, the users Slinky's images have.
+base() {
+  local root=$1
+  rm -rf "$root"; mkdir -p "$root"/{usr/bin,usr/sbin,usr/lib,usr/lib64,etc,tmp,root,proc,sys,dev,run,var/log,var/spool,usr/local/bin}
+  ln -s usr/bin "$root/bin"; ln -s usr/sbin "$root/sbin"; ln -s usr/lib "$root/lib"; ln -s usr/lib64 "$root/lib64"
+  chmod 1777 "$root/tmp"
+  cp /bin/busybox "$root/usr/bin/busybox"
+  local a
+  for a in $(/bin/busybox --list); do
+    [ -e "$root/usr/bin/$a" ] || ln -s busybox "$root/usr/bin/$a"
+  done
+  rm -f "$root/usr/bin/sh" "$root/usr/bin/bash"
+  with_libs "$root" /usr/bin/bash /usr/bin/dash
+  ln -s dash "$root/usr/bin/sh"
+  printf 'root:x:0:0:root:/root:/bin/bash\nslurm:x:401:401:slurm:/nonexistent:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nslurm:x:401:\nnogroup:x:65534:\n' >"$root/etc/group"
+  printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$root/etc/nsswitch.conf"
+}
+
+# The Slurm install tree at its build path (the plugins' directory is compiled in), its daemons and
+# clients on PATH, every plugin's libraries.
+slurm() {
+  local root=$1
+  mkdir -p "$root$S"
+  cp -a "$S/bin" "$S/sbin" "$root$S/"
+  mkdir -p "$root$S/lib"
+  cp -a "$S/lib/slurm" "$root$S/lib/"
+  cp -a "$S"/lib/libslurm*.so* "$root$S/lib/" 2>/dev/null || true
+  local f
+  for f in "$S"/sbin/* "$S"/bin/* "$S"/lib/slurm/*.so; do
+    [ -f "$f" ] || continue
+    { LD_LIBRARY_PATH="$S/lib:$S/lib/slurm" ldd "$f" 2>/dev/null || true; } | { grep -oE '/[^ ]+' || true; } |
+      while read -r lib; do
+      case $lib in "$S"/*) continue ;; esac
+      [ -e "$root$lib" ] && continue
+      mkdir -p "$root$(dirname "$lib")"
+      cp -L "$lib" "$root$lib"
+    done
+  done
+  for f in "$S"/sbin/*; do ln -sf "$f" "$root/usr/sbin/$(basename "$f")"; done
+  for f in "$S"/bin/*; do ln -sf "$f" "$root/usr/bin/$(basename "$f")"; done
+  mkdir -p "$root/etc/slurm" "$root/var/spool/slurmd" "$root/var/spool/slurmctld" "$root/run/slurm" "$root/var/log/slurm"
+}
+
+# image NAME ENTRYPOINT_JSON CMD_JSON BUILD_FN: build NAME's rootfs with BUILD_FN ROOT, archive it
+# (skipped when its inputs' hash has not changed).
+image() {
+  local name=$1 ep=$2 cmd=$3 build=$4
+  local archive="$OUT/${name//[\/:]/_}.tar"
+  local inputs
+  inputs=$( { declare -f base slurm with_libs "$build"; echo "$ep $cmd $S"; ls -l --time-style=+%s "$S/sbin" "$S/bin";
+              if [ "$name" = "localhost/slinky/slinky-host:dev" ]; then sha256sum "$HOST_BIN"; fi; } | sha256sum | cut -c1-16)
+  if [ -f "$archive" ] && [ "$(cat "$archive.inputs" 2>/dev/null)" = "$inputs" ]; then
+    echo "$name: unchanged ($archive)"; return
+  fi
+  local root="$OUT/rootfs"
+  "$build" "$root"
+  python3 "$MKIMAGE" "$archive" "$name" "$root" "$ep" "$cmd" >/dev/null
+  echo "$inputs" >"$archive.inputs"
+  rm -rf "$root"
+  echo "$name: built ($(du -h "$archive" | cut -f1))"
+}
+
+entrypoint() { # ROOT DAEMON VAR: Slinky's interface (arguments join VAR, a shell runs the daemon)
+  cat >"$1/usr/local/bin/entrypoint.sh" <<EOF
+#!/usr/bin/env bash
+# As Slinky's $2 image: the arguments join $3, and a shell runs the daemon with them, in the
+# foreground (Slinky's supervisord runs \`bash -xc "exec $2 --systemd \$$3"\`).
+set -euo pipefail
+export $3="\${$3:-} \$*"
+mkdir -p /run/slurm /run/$2 /var/spool/slurmd /var/log/slurm
+exec bash -xc "exec $2 -D \$$3"
+EOF
+  chmod 755 "$1/usr/local/bin/entrypoint.sh"
+}
+
+build_slurmctld() { base "$1"; slurm "$1"; entrypoint "$1" slurmctld SLURMCTLD_OPTIONS; }
+build_slurmd() { base "$1"; slurm "$1"; entrypoint "$1" slurmd SLURMD_OPTIONS; }
+build_slurmrestd() { base "$1"; slurm "$1"; }
+build_tools() { base "$1"; slurm "$1"; }
+build_host() {
+  base "$1"
+  with_libs "$1" "$HOST_BIN"
+  mv "$1$HOST_BIN" "$1/usr/bin/slinky-host"
+  printf 'root:x:0:0:root:/root:/bin/bash\nnonroot:x:65532:65532:nonroot:/home/nonroot:/usr/sbin/nologin\n' >"$1/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$1/etc/group"
+  # The system's root certificates (registries over https).
+  mkdir -p "$1/etc/ssl/certs"; cp -L /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/" 2>/dev/null || true
+}
+
+image "localhost/slinky/slurmctld:$TAG" '["/usr/local/bin/entrypoint.sh"]' 'null' build_slurmctld
+image "localhost/slinky/slurmd:$TAG" '["/usr/local/bin/entrypoint.sh"]' 'null' build_slurmd
+image "localhost/slinky/slurmrestd:$TAG" '["slurmrestd"]' '["0.0.0.0:6820"]' build_slurmrestd
+image "localhost/slinky/slurm-tools:$TAG" 'null' '["sh"]' build_tools
+if [ -x "$HOST_BIN" ]; then
+  image "localhost/slinky/slinky-host:dev" '["/usr/bin/slinky-host"]' 'null' build_host
+else
+  echo "no $HOST_BIN: build it (cargo build -p slinky-host --features embedded) for the host's image" >&2
+fi
+
+if [ "${1:-}" = --import ]; then
+  for a in "$OUT"/*.tar; do
+    ctr -n k8s.io images import --no-unpack=false "$a" >/dev/null
+  done
+  ctr -n k8s.io images ls -q | grep '^localhost/slinky/' || true
+fi
