@@ -1441,8 +1441,9 @@ fn cosign3(args: &[&str]) -> Result<String> {
 
 /// cosign 3's default signatures verify: a Sigstore bundle attached to the plugin as an OCI 1.1
 /// referrer (found through the referrers tag where the registry has no referrers API, as
-/// Debian's `docker-registry` has none), and a blob's bundle as a ConfigMap module's
-/// `plugin.wasm.sig`. Both are made by a second implementation of cosign 3's code (Python,
+/// Debian's `docker-registry` has none, with the entries go-containerregistry writes there: no
+/// bundle type; a referrer too big to be a bundle skipped), and a blob's bundle as a ConfigMap
+/// module's `plugin.wasm.sig`. Both are made by a second implementation of cosign 3's code (Python,
 /// `cryptography`). An attestation attached the same way (another predicate type) vouches for
 /// nothing, and a bundle of other bytes is refused. Before, only cosign 2's `.sig` tag and bare
 /// signatures verified.
@@ -1497,6 +1498,8 @@ async fn cosign_3_bundles_verify_as_referrers_and_as_config_map_signatures() -> 
         attested.reason == "BadSignature" && attested.message.contains("attestation"),
         "{attested:?}"
     );
+    // A referrer that cannot be read (a 100 KiB "bundle") does not hide the signature beside it.
+    cosign3(&["junk", &pushed, path(&private)])?;
     cosign3(&["attach", &pushed, path(&private)])?;
     fetch(module.clone())
         .await?
@@ -1585,7 +1588,8 @@ async fn connect_proxy() -> Result<(String, Arc<std::sync::Mutex<Vec<String>>>)>
 
 /// Behind an HTTP proxy, as `HTTPS_PROXY`/`NO_PROXY` name it: the manifest, the layer and the
 /// signature are pulled through `CONNECT` tunnels, with the proxy's credentials; wrong credentials
-/// fail the pull with the proxy's refusal; a registry `NO_PROXY` names is reached directly.
+/// fail the pull with the proxy's refusal, naming the proxy (never its credentials); an https://
+/// proxy is refused; a registry `NO_PROXY` names is reached directly.
 /// Before, the client connected directly, so a pod behind a proxy reached no registry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registries_behind_an_http_proxy_are_reached_through_it() -> Result<()> {
@@ -1639,7 +1643,22 @@ async fn registries_behind_an_http_proxy_are_reached_through_it() -> Result<()> 
         .err()
         .context("pulled through a proxy that refused the credentials")?;
     ensure!(
-        failure.reason == "PullFailed" && failure.message.to_lowercase().contains("proxy"),
+        failure.reason == "PullFailed"
+            && failure
+                .message
+                .contains(&format!("through proxy http://{proxy} to {}", registry.addr))
+            && !failure.message.contains("wrong"),
+        "{failure:?}"
+    );
+    // An https:// proxy would get the CONNECT and its credentials in the clear: refused.
+    let failure = fetch(Proxies::through(&format!("https://user:secret@{proxy}"), ""))
+        .await?
+        .err()
+        .context("pulled through an https:// proxy")?;
+    ensure!(
+        failure.reason == "PullFailed"
+            && failure.message.contains("only an http:// proxy")
+            && !failure.message.contains("secret"),
         "{failure:?}"
     );
     let before = tunnelled(&tunnels);

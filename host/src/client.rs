@@ -35,16 +35,24 @@ pub enum ClientError {
     /// The kubeconfig's TLS or authentication settings are unusable.
     #[error("cannot configure the Kubernetes client: {0}")]
     Config(#[from] kube::Error),
-    /// A proxy is configured (`proxy-url`, `HTTPS_PROXY`): the host's client does not go
-    /// through proxies.
+    /// The kubeconfig names a proxy (`proxy-url`): the host's client does not go through
+    /// proxies.
     #[error(
-        "the kubeconfig or HTTPS_PROXY names proxy {0}: slinky-host does not connect through a proxy; \
-         reach the API server directly (unset HTTPS_PROXY, add it to NO_PROXY, or drop proxy-url)"
+        "the kubeconfig names proxy-url {0}: slinky-host reaches the API server directly (drop proxy-url; \
+         HTTPS_PROXY is for registries only)"
     )]
     Proxy(String),
     /// The kubeconfig's `tls-server-name` is not a valid DNS name or IP address.
     #[error("tls-server-name {0:?} is not a valid DNS name or IP address")]
     ServerName(String),
+}
+
+/// A proxy URL as it may be shown: without the `user:password@` part.
+fn without_credentials(uri: &http::Uri) -> String {
+    let host = uri
+        .authority()
+        .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or(""));
+    format!("{}://{host}", uri.scheme_str().unwrap_or("http"))
 }
 
 /// API requests a client made, by verb and resource (`slinky_host_api_requests_total`).
@@ -108,9 +116,20 @@ fn resource_of(path: &str) -> String {
 ///
 /// # Errors
 /// The kubeconfig's TLS or authentication settings are unusable.
-pub fn client(config: kube::Config, requests: Arc<ApiRequests>) -> Result<kube::Client, ClientError> {
-    if let Some(proxy) = &config.proxy_url {
-        return Err(ClientError::Proxy(proxy.to_string()));
+pub fn client(mut config: kube::Config, requests: Arc<ApiRequests>) -> Result<kube::Client, ClientError> {
+    if let Some(proxy) = config.proxy_url.take() {
+        // kube reads HTTPS_PROXY into a kubeconfig's proxy: that one is the registries' (the
+        // in-cluster client never takes it), only a kubeconfig's own proxy-url is refused.
+        let from_env = ["HTTPS_PROXY", "https_proxy"].iter().any(|v| {
+            std::env::var(v)
+                .ok()
+                .and_then(|e| e.parse::<http::Uri>().ok())
+                .is_some_and(|e| e == proxy)
+        });
+        if !from_env {
+            return Err(ClientError::Proxy(without_credentials(&proxy)));
+        }
+        tracing::debug!("HTTPS_PROXY is for registries: the API server is reached directly");
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);

@@ -255,6 +255,39 @@ WK+8DzwCkLLPJHISIvsiS93PTVDPpmbAASOl2Y4ZHqRsxb3aPMaQmN4sew==
         Ok(())
     }
 
+    /// An image attestation the real cosign made, attached as an OCI referrer (cosign's
+    /// `pkg/cosign/testdata/oci-attestation.sigstore.json`, Apache-2.0, `fetch
+    /// github:sigstore/cosign`): keyless, so its key is its certificate's (extracted here). Its DSSE
+    /// signature verifies (this checks our DSSE encoding against cosign's own), and it is then
+    /// refused: an attestation (`https://cosign.sigstore.dev/attestation/v1`) vouches for nothing.
+    const COSIGN_ATTESTATION: &str = include_str!("testdata/cosign-oci-attestation.sigstore.json");
+    const COSIGN_ATTESTATION_KEY: &str = "-----BEGIN PUBLIC KEY-----
+MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEk/CiYRmA9zsa7ams/+fI+wGeXOFx
+ng4J0wSj1jub7kxArHhGwvgcVE3ubrGXNQB9X3ksG0F+MiXHG8gRzxrr0A==
+-----END PUBLIC KEY-----
+";
+
+    #[test]
+    fn an_attestation_the_real_cosign_made_verifies_and_is_refused_as_no_signature() -> R {
+        let key = parse_key(COSIGN_ATTESTATION_KEY)?;
+        let digest = "sha256:732112270d7e59418a8c080b134b24cabd67d250d0d0147a97ed95ba5c280aa4";
+        let e = refusal(check_manifest_bundle(&key, COSIGN_ATTESTATION.as_bytes(), digest));
+        assert!(
+            e.contains("attestation of \"https://cosign.sigstore.dev/attestation/v1\""),
+            "{e}"
+        );
+        // The same bundle altered by one byte of its payload does not verify at all.
+        let mut b: Value = serde_json::from_str(COSIGN_ATTESTATION)?;
+        let payload = b64("payload", &b["dsseEnvelope"]["payload"])?;
+        let mut altered = payload.clone();
+        altered[10] ^= 1;
+        b["dsseEnvelope"]["payload"] =
+            Value::String(base64::engine::general_purpose::STANDARD.encode(altered));
+        let e = refusal(check_manifest_bundle(&key, b.to_string().as_bytes(), digest));
+        assert!(e.contains("does not verify"), "{e}");
+        Ok(())
+    }
+
     /// A bundle as cosign 3's `signDigestBundle` makes it (the Statement as `protojson` writes
     /// it), signed here.
     fn image_bundle(key: &SigningKey, hex: &str, predicate: &str) -> Result<String, OciError> {

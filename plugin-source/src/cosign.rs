@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::{
     COSIGN_PAYLOAD_TYPE, COSIGN_SIGNATURE, INDEX_TYPE, MANIFEST_TYPE, MAX_MANIFEST, MAX_PAYLOAD,
-    MAX_SIGNATURES, Oci, OciError, PublicKey, Reference,
-    bundle::{check_blob_bundle, check_manifest_bundle, is_bundle, is_bundle_type},
+    MAX_SIGNATURES, Oci, OciError, PublicKey, REQUEST_TIMEOUT, Reference,
+    bundle::{SIGN_PREDICATE, check_blob_bundle, check_manifest_bundle, is_bundle, is_bundle_type},
     sha256,
 };
 
@@ -53,28 +53,43 @@ impl Oci {
         if kept_bundle.is_some_and(|b| check_manifest_bundle(public_key, &b, manifest_digest).is_ok()) {
             return Ok(());
         }
-        let signatures = self.fetch_signatures(reference, manifest_digest).await?;
         let mut why = Vec::new();
-        for (sig, payload) in &signatures {
-            match check_signature(public_key, sig, payload, manifest_digest, reference) {
-                Ok(()) => {
-                    if let Ok(bytes) = serde_json::to_vec(&[(sig, payload)]) {
-                        self.store.put_record(manifest_digest, SIGNATURES, &bytes);
+        // A registry that cannot be read is no bad signature: its error is returned (retried as a
+        // failed pull) when nothing verified.
+        let mut unreachable = None;
+        match self.fetch_signatures(reference, manifest_digest).await {
+            Ok(signatures) => {
+                for (sig, payload) in &signatures {
+                    match check_signature(public_key, sig, payload, manifest_digest, reference) {
+                        Ok(()) => {
+                            if let Ok(bytes) = serde_json::to_vec(&[(sig, payload)]) {
+                                self.store.put_record(manifest_digest, SIGNATURES, &bytes);
+                            }
+                            return Ok(());
+                        }
+                        Err(e) => why.push(e),
                     }
-                    return Ok(());
                 }
-                Err(e) => why.push(e),
             }
+            Err(e) => unreachable = Some(e),
         }
-        // cosign 3's bundles, looked for only when no cosign 2 signature verified.
-        for bundle in self.fetch_bundles(reference, manifest_digest).await? {
-            match check_manifest_bundle(public_key, &bundle, manifest_digest) {
-                Ok(()) => {
-                    self.store.put_record(manifest_digest, BUNDLE, &bundle);
-                    return Ok(());
-                }
-                Err(e) => why.push(e),
+        // cosign 3's bundles, looked for only when no cosign 2 signature verified, each checked as
+        // it comes, the whole look bounded in time.
+        let look = self.find_bundle(reference, manifest_digest, public_key, &mut why);
+        match tokio::time::timeout(REQUEST_TIMEOUT, look).await {
+            Ok(Ok(Some(bundle))) => {
+                self.store.put_record(manifest_digest, BUNDLE, &bundle);
+                return Ok(());
             }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => unreachable = unreachable.or(Some(e)),
+            Err(_) => why.push(format!(
+                "the referrers were not read within {} s",
+                REQUEST_TIMEOUT.as_secs()
+            )),
+        }
+        if let (Some(e), true) = (unreachable, why.is_empty()) {
+            return Err(e);
         }
         Err(OciError::Signature(if why.is_empty() {
             format!(
@@ -116,52 +131,94 @@ impl Oci {
         Ok(out)
     }
 
-    /// The Sigstore bundles attached to `manifest_digest` as referrers (at most
-    /// [`MAX_SIGNATURES`]), each from a referrer manifest that hashes to its digest and names
-    /// `manifest_digest` as its subject.
-    async fn fetch_bundles(
+    /// The first Sigstore bundle attached to `manifest_digest` as a referrer that verifies with
+    /// `public_key` (why each other one did not goes to `why`). At most [`MAX_SIGNATURES`]
+    /// referrers are read, attestations that say so in the index skipped first, each a small
+    /// manifest that hashes to its digest, names `manifest_digest` as its subject and holds one
+    /// bundle (cosign writes one per referrer); a referrer that cannot be read is skipped. The
+    /// index's `artifactType` is not trusted to say which is a bundle: go-containerregistry, which
+    /// cosign writes with, puts the config's media type there in the referrers tag.
+    async fn find_bundle(
         &self,
         reference: &Reference,
         manifest_digest: &str,
-    ) -> Result<Vec<Vec<u8>>, OciError> {
+        public_key: &PublicKey,
+        why: &mut Vec<String>,
+    ) -> Result<Option<Vec<u8>>, OciError> {
         let base = self.base(&reference.registry);
         let repo = &reference.repository;
         let index = self.referrers(&base, repo, manifest_digest).await?;
-        let mut out = Vec::new();
-        let listed = index["manifests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|m| m["artifactType"].as_str().is_some_and(is_bundle_type))
-            .filter_map(|m| m["digest"].as_str())
-            .take(MAX_SIGNATURES);
-        for digest in listed {
-            let url = format!("{base}/{repo}/manifests/{digest}");
-            let body = self.get(&url, MANIFEST_TYPE, MAX_MANIFEST).await?;
-            if sha256(&body) != digest {
-                return Err(OciError::Signature(format!(
-                    "{url}: the registry answered a manifest whose digest is {}",
-                    sha256(&body)
-                )));
+        let mut listed: Vec<(bool, &str)> = Vec::new();
+        let entries = index["manifests"].as_array().into_iter().flatten();
+        for m in entries.filter(|m| {
+            m["artifactType"]
+                .as_str()
+                .is_none_or(|t| is_bundle_type(t) || t == EMPTY_CONFIG_TYPE)
+        }) {
+            let Some(digest) = m["digest"].as_str().filter(|d| is_sha256(d)) else {
+                continue;
+            };
+            match m["annotations"][PREDICATE_ANNOTATION].as_str() {
+                // An attestation that says so is no signature: not even read.
+                Some(p) if p != SIGN_PREDICATE => {
+                    if why.len() < MAX_SIGNATURES {
+                        why.push(format!(
+                            "the referrer {digest} is an attestation of {p:?}, not a signature ({SIGN_PREDICATE})"
+                        ));
+                    }
+                }
+                predicate => listed.push((predicate.is_none(), digest)),
             }
-            let m: Value =
-                serde_json::from_slice(&body).map_err(|e| OciError::Signature(format!("{url}: {e}")))?;
+        }
+        // The ones that say they are signatures first.
+        listed.sort_by_key(|(unlabelled, _)| *unlabelled);
+        for (_, digest) in listed.into_iter().take(MAX_SIGNATURES) {
+            let url = format!("{base}/{repo}/manifests/{digest}");
+            let body = match self.get(&url, MANIFEST_TYPE, MAX_PAYLOAD).await {
+                Ok(b) => b,
+                Err(e) => {
+                    why.push(format!("the referrer {digest} cannot be read: {e}"));
+                    continue;
+                }
+            };
+            if sha256(&body) != digest {
+                why.push(format!(
+                    "the registry answered {url} with a manifest of another digest"
+                ));
+                continue;
+            }
+            let Ok(m) = serde_json::from_slice::<Value>(&body) else {
+                why.push(format!("the referrer {digest} is not JSON"));
+                continue;
+            };
             if m["subject"]["digest"] != manifest_digest {
                 continue;
             }
-            let layers = m["layers"].as_array().into_iter().flatten();
-            for layer in layers.filter(|l| l["mediaType"].as_str().is_some_and(is_bundle_type)) {
-                let Some(blob) = layer["digest"].as_str() else {
+            let layer = m["layers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|l| l["mediaType"].as_str().is_some_and(is_bundle_type));
+            let Some(blob) = layer.and_then(|l| l["digest"].as_str()).filter(|d| is_sha256(d)) else {
+                continue;
+            };
+            let bundle = match self.blob(&base, repo, blob, MAX_PAYLOAD).await {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
+                    why.push(e);
                     continue;
-                };
-                let bundle = self
-                    .blob(&base, repo, blob, MAX_PAYLOAD)
-                    .await?
-                    .map_err(OciError::Signature)?;
-                out.push(bundle.to_vec());
+                }
+                Err(e) => {
+                    why.push(format!("the bundle {blob} cannot be read: {e}"));
+                    continue;
+                }
+            };
+            match check_manifest_bundle(public_key, &bundle, manifest_digest) {
+                Ok(()) => return Ok(Some(bundle.to_vec())),
+                Err(e) => why.push(e),
             }
         }
-        Ok(out)
+        Ok(None)
     }
 
     /// The OCI 1.1 referrers index of `digest`: the registry's referrers API, or where it has
@@ -181,7 +238,9 @@ impl Oci {
                     MAX_MANIFEST,
                 )
                 .await?;
-            if status == StatusCode::NOT_FOUND {
+            // No referrers API: 404, or 400 where the route is not known (as go-containerregistry
+            // reads it).
+            if status == StatusCode::NOT_FOUND || status == StatusCode::BAD_REQUEST {
                 continue;
             }
             if !status.is_success() {
@@ -238,6 +297,20 @@ impl Oci {
             .cloned()
             .collect())
     }
+}
+
+/// The media type of an empty config (`{}`), cosign's referrers' config.
+const EMPTY_CONFIG_TYPE: &str = "application/vnd.oci.empty.v1+json";
+/// The annotation of a referrer naming the predicate type of its bundle.
+const PREDICATE_ANNOTATION: &str = "dev.sigstore.bundle.predicateType";
+
+/// Whether `digest` is a well-formed `sha256:<64 hex>` (it goes into URLs).
+fn is_sha256(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|h| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// A repository as cosign names it in `docker-reference`, Docker Hub's spellings made one.

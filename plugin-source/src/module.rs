@@ -256,7 +256,11 @@ impl ModuleSource {
             self.oci
                 .verify(&reference, &pulled.manifest_digest, key)
                 .await
-                .map_err(|e| refused("BadSignature", format!("{image}: {e}")))?;
+                .map_err(|e| match e {
+                    // The registry did not answer: a failed pull, retried.
+                    OciError::Http { .. } => refused("PullFailed", format!("{image}: {e}")),
+                    e => refused("BadSignature", format!("{image}: {e}")),
+                })?;
         }
         Ok((pulled.wasm, image.to_string()))
     }

@@ -42,16 +42,30 @@ impl Proxies {
     /// The proxy a connection to `dst` goes through (without its credentials), if any: what the
     /// host logs.
     pub fn route(&self, dst: &Uri) -> Option<String> {
-        self.0.intercept(dst).map(|i| {
-            let uri = i.uri();
-            format!(
-                "{}://{}",
-                uri.scheme_str().unwrap_or("http"),
-                uri.authority()
-                    .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or(""))
-            )
-        })
+        self.0.intercept(dst).map(|i| shown(i.uri()))
     }
+}
+
+/// A proxy's URL as errors and logs show it: without its credentials.
+fn shown(uri: &Uri) -> String {
+    format!(
+        "{}://{}",
+        uri.scheme_str().unwrap_or("http"),
+        uri.authority()
+            .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or(""))
+    )
+}
+
+/// An error with its causes.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// A connector opening plain TCP connections, direct or tunnelled through the proxy
@@ -85,6 +99,15 @@ impl tower::Service<Uri> for ProxyConnector {
             let connecting = self.http.call(dst);
             return Box::pin(async move { connecting.await.map_err(Into::into) });
         };
+        let proxy = shown(intercept.uri());
+        // The tunnel reaches the proxy over plain TCP: an https:// or socks proxy would get a
+        // CONNECT (and the credentials) in the clear, or not understand it.
+        if intercept.uri().scheme_str() != Some("http") {
+            return Box::pin(async move {
+                Err(format!("proxy {proxy}: only an http:// proxy is supported (CONNECT tunnels)").into())
+            });
+        }
+        let target = dst.authority().map(ToString::to_string).unwrap_or_default();
         let mut tunnel = Tunnel::new(intercept.uri().clone(), self.http.clone());
         if let Some(auth) = intercept.basic_auth() {
             tunnel = tunnel.with_auth(auth.clone());
@@ -98,6 +121,11 @@ impl tower::Service<Uri> for ProxyConnector {
                 .build(),
             _ => Ok(dst),
         };
-        Box::pin(async move { tunnel.call(dst?).await.map_err(Into::into) })
+        Box::pin(async move {
+            tunnel
+                .call(dst?)
+                .await
+                .map_err(|e| format!("through proxy {proxy} to {target}: {}", causes(&e)).into())
+        })
     }
 }

@@ -9,7 +9,10 @@ and what `cosign sign-blob --key --bundle` writes for a blob.
         `https://sigstore.dev/cosign/sign/v1` by default) and attach the bundle as an OCI 1.1
         referrer: a manifest pushed by digest whose subject is DIGEST; where the registry answers
         without `OCI-Subject` (no referrers API), the referrers tag `sha256-<hex>` index is
-        updated, as go-containerregistry does for cosign. Print the referrer's digest.
+        updated, as go-containerregistry does for cosign (remote/write.go: the entry's
+        artifactType is the config's media type). Print the referrer's digest.
+    cosign3.py junk REGISTRY/REPO@DIGEST KEY.pem
+        Attach a referrer as `attach` does whose bundle is 100 KiB of junk.
     cosign3.py sign-blob FILE KEY.pem
         Print the bundle of FILE (a messageSignature over its bytes).
 """
@@ -117,7 +120,7 @@ def put_blob(base, repo, data):
     return {"digest": digest, "size": len(data)}
 
 
-def attach(reference, key_path, predicate_type):
+def attach(reference, key_path, predicate_type, junk=False):
     registry, rest = reference.split("/", 1)
     repo, digest = rest.split("@", 1)
     base = f"http://{registry}/v2"
@@ -131,7 +134,9 @@ def attach(reference, key_path, predicate_type):
         "digest": digest,
         "size": int(head.headers["Content-Length"]),
     }
-    bundle = put_blob(base, repo, image_bundle(key, digest.split(":", 1)[1], predicate_type))
+    signed = image_bundle(key, digest.split(":", 1)[1], predicate_type)
+    # A referrer no verifier should read: 100 KiB where a bundle is a few.
+    bundle = put_blob(base, repo, b"{" + b" " * (100 << 10) + b"}" if junk else signed)
     config = put_blob(base, repo, b"{}")
     annotations = {
         "org.opencontainers.image.created": "2026-12-06T00:00:00Z",
@@ -158,19 +163,25 @@ def attach(reference, key_path, predicate_type):
         timeout=30,
     )
     put.raise_for_status()
-    if not put.headers.get("OCI-Subject"):
+    # go-containerregistry asks the referrers API; without one (not 200), it keeps the tag.
+    api = requests.get(f"{base}/{repo}/referrers/{digest}", headers={"Accept": INDEX}, timeout=30)
+    if api.status_code != 200:
         tag = digest.replace(":", "-")
         got = requests.get(f"{base}/{repo}/manifests/{tag}", headers={"Accept": INDEX}, timeout=30)
         index = got.json() if got.ok else {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
-        index["manifests"].append(
-            {
-                "mediaType": MANIFEST,
-                "digest": referrer,
-                "size": len(manifest),
-                "artifactType": BUNDLE,
-                "annotations": annotations,
-            }
-        )
+        # As go-containerregistry (cosign's registry library) writes the referrers tag
+        # (remote/write.go commitManifest): the entry's artifactType is the config's media type
+        # (it reads no top-level artifactType), no annotations, entries sorted by digest.
+        if all(m["digest"] != referrer for m in index["manifests"]):
+            index["manifests"].append(
+                {
+                    "artifactType": EMPTY,
+                    "mediaType": MANIFEST,
+                    "digest": referrer,
+                    "size": len(manifest),
+                }
+            )
+        index["manifests"].sort(key=lambda m: m["digest"])
         requests.put(
             f"{base}/{repo}/manifests/{tag}",
             data=json.dumps(index).encode(),
@@ -181,6 +192,9 @@ def attach(reference, key_path, predicate_type):
 
 
 def main(argv):
+    if len(argv) == 4 and argv[1] == "junk":
+        attach(argv[2], argv[3], SIGN, junk=True)
+        return 0
     if len(argv) in (4, 5) and argv[1] == "attach":
         attach(argv[2], argv[3], argv[4] if len(argv) == 5 else SIGN)
         return 0

@@ -48,7 +48,7 @@ pub struct ManifestsArgs {
     #[arg(long = "plugin-configmap-namespace", value_delimiter = ',')]
     pub plugin_configmap_namespaces: Vec<String>,
     /// Registries (`host:port`) reached over plain HTTP (`run --insecure-registry`).
-    #[arg(long = "insecure-registry")]
+    #[arg(long = "insecure-registry", value_delimiter = ',')]
     pub insecure_registries: Vec<String>,
     /// Reach registries through this HTTP proxy (`http://[user:pass@]host:port`; the pods'
     /// `HTTPS_PROXY` and `HTTP_PROXY`, read by the registry client only).
@@ -60,11 +60,11 @@ pub struct ManifestsArgs {
     pub no_proxy: Option<String>,
     /// How long a starting host waits for the BuilderPlugins (`run
     /// --builder-plugins-startup-seconds`).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub builder_plugins_startup_seconds: Option<u64>,
     /// slurmrestd of the Controllers, when the Service name does not reach it (`run
     /// --slurmrestd-url`, `[NAMESPACE/CONTROLLER=]URL`).
-    #[arg(long = "slurmrestd-url")]
+    #[arg(long = "slurmrestd-url", value_delimiter = ',')]
     pub slurmrestd_urls: Vec<String>,
     /// The size of the plugin cache's emptyDir.
     #[arg(long, default_value = "256Mi")]

@@ -177,6 +177,9 @@ crate-type = ["cdylib", "rlib"]
 
 [dependencies]
 slinky-guest-sdk = { path = "{sdk}" }
+# The Kubernetes API version the plugin's objects are typed for: k8s-openapi's `latest`, or your
+# cluster's (`v1_30`, …). The SDK picks none, so this is the one.
+k8s-openapi = { version = "0.29", default-features = false, features = ["latest"] }
 # The plugin's settings (a BuilderPlugin's `spec.settings`) are parsed with serde.
 serde = { version = "1", features = ["derive"] }
 
