@@ -33,6 +33,7 @@ impl EngineHandle {
             .map_err(|e| compile_error(name, &e))?;
         if let Some(path) = self.cache_path(digest) {
             store_cached(&path, &precompiled);
+            prune(&path, COMPILED_LIMIT);
         }
         let component = self.deserialize(&precompiled, name)?;
         self.remember(digest, &component)?;
@@ -86,6 +87,11 @@ impl EngineHandle {
     /// a mapping would crash the process (SIGBUS), a read copy can only fail to deserialize.
     fn load_cached(&self, path: &Path) -> Option<Component> {
         let bytes = std::fs::read(path).ok()?;
+        // Its modification time is its last use: what pruning keeps longest.
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         match self.deserialize(&bytes, &path.display().to_string()) {
             Ok(c) => Some(c),
             Err(error) => {
@@ -139,6 +145,49 @@ fn store_cached(path: &Path, bytes: &[u8]) {
     }
 }
 
+/// The most bytes of precompiled components the disk cache keeps (with the pulled modules'
+/// 128 MiB, within the install's 256 MiB cache volume).
+pub const COMPILED_LIMIT: u64 = 96 << 20;
+
+/// Prune the directory of `just_written` to `limit` bytes of precompiled components, least
+/// recently used first (another engine's, e.g. an older host's, are never used again), never
+/// `just_written`; temporary files a crash left behind (older than a minute) go too.
+pub(crate) fn prune(just_written: &Path, limit: u64) {
+    let Some(dir) = just_written.parent() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let mut kept = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let modified = meta.modified().unwrap_or(now);
+        if name.contains(".tmp.") {
+            if now.duration_since(modified).unwrap_or_default() > std::time::Duration::from_secs(60) {
+                let _ = std::fs::remove_file(&path);
+            }
+        } else if name.ends_with(".cwasm") && path != just_written {
+            kept.push((modified, meta.len(), path));
+        }
+    }
+    let mut total: u64 = kept.iter().map(|(_, len, _)| len).sum::<u64>()
+        + std::fs::metadata(just_written).map(|m| m.len()).unwrap_or(0);
+    kept.sort_by_key(|(modified, ..)| *modified);
+    for (_, len, path) in kept {
+        if total <= limit {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            tracing::debug!(path = %path.display(), "pruned a precompiled component from the cache");
+            total = total.saturating_sub(len);
+        }
+    }
+}
+
 fn compile_error(name: &str, error: &wasmtime::Error) -> PluginError {
     PluginError::Compile {
         plugin: name.to_string(),
@@ -148,4 +197,37 @@ fn compile_error(name: &str, error: &wasmtime::Error) -> PluginError {
 
 fn poisoned<T>(_: std::sync::PoisonError<T>) -> PluginError {
     PluginError::Engine("the compiled-component cache lock is poisoned".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_pruned_least_recently_used_first_never_the_new_one() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let file = |name: &str, len: usize, age: u64| -> std::io::Result<PathBuf> {
+            let p = dir.path().join(name);
+            std::fs::write(&p, vec![0u8; len])?;
+            std::fs::File::options()
+                .write(true)
+                .open(&p)?
+                .set_modified(old + std::time::Duration::from_secs(age))?;
+            Ok(p)
+        };
+        let oldest = file("a-1.cwasm", 400, 0)?;
+        let used = file("b-1.cwasm", 400, 100)?;
+        let stale_tmp = file("c-1.tmp.1.0", 50, 0)?;
+        let other = file("notes.txt", 10_000, 0)?;
+        let new = file("d-1.cwasm", 400, 0)?;
+        prune(&new, 900);
+        assert!(!oldest.exists(), "the least recently used one stays");
+        assert!(used.exists() && new.exists() && other.exists());
+        assert!(!stale_tmp.exists(), "a crash's temporary file stays");
+        // Even alone over the limit, the one just written stays.
+        prune(&new, 10);
+        assert!(new.exists() && !used.exists());
+        Ok(())
+    }
 }
