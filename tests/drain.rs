@@ -235,6 +235,34 @@ async fn a_nodeset_that_had_a_slurmrestd_deletes_nothing_undrained_once_it_is_go
     Ok(())
 }
 
+/// A pod that never started its slurmd (still Pending: no kubelet here, as a pod stuck in its
+/// init containers or its image pull on a real node) goes at a scale-in even while Slurm cannot be
+/// asked: no job can be on its node. Before, it was held with the live pods until slurmrestd
+/// answered, so a broken rollout could not be replaced (found on the real node: pods stuck in
+/// `Init` behind an unreachable slurmrestd that their own fix would have started).
+#[tokio::test]
+async fn with_slurm_unreachable_a_pod_that_never_started_still_goes() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("slurm-down-pending").await;
+    apply_example(&c, &ns, 3).await?;
+    let config = RunConfig {
+        namespaces: vec![ns.clone()],
+        resync: Some(Duration::from_secs(1)),
+        slurmrestd_urls: vec!["http://127.0.0.1:9".into()],
+        ..Default::default()
+    };
+    let host = Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    );
+    converge_current(&c, &ns, &names(&[0, 1, 2]), false).await?;
+    scale(&c, &ns, 1).await?;
+    converge_current(&c, &ns, &names(&[0]), false).await?;
+    host.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Result<()> {
     let c = cluster(true).await;

@@ -7,7 +7,8 @@
 //!   read from a fresh node list: its node is DRAIN or DOWN with no job (not ALLOCATED, MIXED or
 //!   COMPLETING). Otherwise the node is marked DRAIN with a reason starting `slurm-operator:` and
 //!   the pod waits; the pass comes back within seconds. A pod already Failed or Succeeded, or
-//!   still Pending (its slurmd never started), is deleted at once.
+//!   still Pending (its slurmd never started), is deleted at once, also when Slurm cannot be
+//!   asked.
 //! * Absence is not evidence: a running pod whose node Slurm does not list (slurmctld just
 //!   restarted and its dynamic nodes have not registered again, a partial answer) keeps its pod
 //!   until the node is listed again (and then drains as any other), or until it has been missing
@@ -106,7 +107,10 @@ pub(super) async fn gate(
     let mut withheld = 0;
     pass.slurm_asked = !matches!(view, SlurmView::Off);
     for (pod, reason) in deletes {
-        if reason == DeleteReason::Finished {
+        // A finished pod, or one still Pending (its slurmd never started: no job can be there),
+        // goes without asking Slurm, even when Slurm cannot be asked (a pod stuck in its init
+        // containers or its image pull is replaced, not held until slurmrestd answers).
+        if reason == DeleteReason::Finished || !slurmd_may_run(&pod) {
             now.push((pod, reason));
             continue;
         }
