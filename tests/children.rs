@@ -319,6 +319,70 @@ async fn two_nodesets_reconciling_at_once_share_one_service_and_pdb() -> Result<
     Ok(())
 }
 
+/// A slurmctld pod that never started (Pending: an image that cannot be pulled, an init
+/// container that never ends) on a revision its StatefulSet has left is replaced: the StatefulSet
+/// controller rolls a pod only once every pod is Ready, so it would wait for this one forever
+/// (kubernetes/kubernetes#67250) and the fixed spec would never reach it. Found on the real node,
+/// where the slurmctld pod hung in `Init` (Kubernetes 1.28 dropped its sidecar's restartPolicy)
+/// and stayed after the Controller was fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unstarted_slurmctld_pod_of_a_left_revision_is_replaced() -> Result<()> {
+    let c = cluster_with_statefulsets().await;
+    let Some(server) =
+        c.embedded("a slurmctld pod held Pending (the simulated kubelet and StatefulSet controller)")
+    else {
+        return Ok(());
+    };
+    let ns = c.namespace("stuck").await;
+    server
+        .lifecycle()
+        .context("no simulated kubelet")?
+        .hold_pending(&ns, "slurm-controller-0");
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = 0.into();
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let revision = |p: &Pod| p.labels().get("controller-revision-hash").cloned();
+    let first = eventually(60, || async { pods.get_opt("slurm-controller-0").await.ok()? })
+        .await
+        .context("no slurmctld pod")?;
+    // The Controller's spec changes (as a fix of the image would): a new template.
+    Api::<Controller>::namespaced(c.client.clone(), &ns)
+        .patch(
+            "slurm",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"slurmctld": {"image": "ghcr.io/slinkyproject/slurmctld:25.05-fixed"}}}),
+            ),
+        )
+        .await?;
+    let replaced = eventually(60, || async {
+        let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller").await?;
+        let update = sts.pointer("/status/updateRevision")?.as_str()?.to_string();
+        let pod = pods.get_opt("slurm-controller-0").await.ok()??;
+        (pod.uid() != first.uid() && revision(&pod).as_deref() == Some(update.as_str())).then_some(pod)
+    })
+    .await
+    .context("the unstarted slurmctld pod of the old revision was never replaced")?;
+    ensure!(
+        revision(&replaced) != revision(&first),
+        "{:?}",
+        revision(&replaced)
+    );
+    let evs = events(&c, &ns, "slurm").await?;
+    ensure!(
+        evs.iter()
+            .any(|(r, n)| r == "ReplacedUnstartedPod" && n.contains("slurm-controller-0")),
+        "{evs:?}"
+    );
+    host.stop().await;
+    Ok(())
+}
+
 /// The StatefulSet's template config hash and generation.
 async fn slurmctld_template(c: &TestCluster, ns: &str) -> Option<(Option<String>, i64)> {
     let sts = object(c, ns, ChildKind::StatefulSet, "slurm-controller").await?;

@@ -74,6 +74,7 @@ pub(super) async fn sync_active(ctx: &ControllerContext, c: &Controller) -> Opti
         return None;
     }
     let pods = slurmctld_pods(ctx, c);
+    super::stuck::replace_stuck(ctx, c, &pods).await;
     if !c.ha_enabled() {
         // A write that did not land is tried again soon, not at the next resync.
         let landed = match pods.first() {

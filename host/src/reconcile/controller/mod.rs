@@ -19,6 +19,7 @@
 //!   retried with the Controller's exponential backoff.
 
 mod active;
+mod stuck;
 
 use crate::plugins::Builder as _;
 use std::{
