@@ -52,6 +52,7 @@ base() {
   rm -rf "$root"; mkdir -p "$root"/{usr/bin,usr/sbin,usr/lib,usr/lib64,etc,tmp,root,proc,sys,dev,run,var/log,var/spool,usr/local/bin}
   ln -s usr/bin "$root/bin"; ln -s usr/sbin "$root/sbin"; ln -s usr/lib "$root/lib"; ln -s usr/lib64 "$root/lib64"
   chmod 1777 "$root/tmp"
+  ln -s /run "$root/var/run"
   cp /bin/busybox "$root/usr/bin/busybox"
   local a
   for a in $(/bin/busybox --list); do
