@@ -4,7 +4,7 @@
 #
 #   localhost/slinky/slurmctld:25.05   localhost/slinky/slurmd:25.05   localhost/slinky/slurmrestd:25.05
 #   localhost/slinky/slurm-tools:25.05 (busybox + the Slurm clients: the logfile sidecar, kubectl-exec checks)
-#   localhost/slinky/slinky-host:dev   (this checkout's target/debug/slinky-host)
+#   localhost/slinky/slinky-host:dev   (this checkout's target/release/slinky-host, or target/debug/)
 #
 # from the real Slurm 25.05 build of ../../../shared/tools/realslurm ($REALSLURM_DIR, default
 # ~/.cache/realslurm) and this machine's Debian libraries: each image holds the binaries, the shared
@@ -22,7 +22,8 @@ repo=$(cd "$here/../.." && pwd)
 S=${REALSLURM_DIR:-$HOME/.cache/realslurm}
 R=${REALNODE_DIR:-$HOME/realnode}
 OUT=${SLINKY_IMAGES_DIR:-$R/images/slinky}
-HOST_BIN=${SLINKY_HOST_BIN:-$repo/target/debug/slinky-host}
+# The release binary when there is one (what users run), else the debug one.
+HOST_BIN=${SLINKY_HOST_BIN:-$( [ -x "$repo/target/release/slinky-host" ] && echo "$repo/target/release/slinky-host" || echo "$repo/target/debug/slinky-host")}
 MKIMAGE=${MKIMAGE:-$repo/../shared/tools/realnode/mkimage.py}
 TAG=25.05
 [ -x "$S/sbin/slurmctld" ] || { echo "no Slurm build in $S: run ../shared/tools/realslurm/setup.sh (REALSLURM_DIR=$S)" >&2; exit 1; }
@@ -144,7 +145,7 @@ image "localhost/slinky/slurm-tools:$TAG" 'null' '["sh"]' build_tools
 if [ -x "$HOST_BIN" ]; then
   image "localhost/slinky/slinky-host:dev" '["/usr/bin/slinky-host"]' 'null' build_host
 else
-  echo "no $HOST_BIN: build it (cargo build -p slinky-host --features embedded) for the host's image" >&2
+  echo "no $HOST_BIN: build it (cargo build --release -p slinky-host) for the host's image" >&2
 fi
 
 if [ "${1:-}" = --import ]; then

@@ -9,19 +9,20 @@
 #   deploy/realnode/run.sh --stop     # stop the node (../shared/tools/realnode/stop.sh)
 #
 # Needs root, the realnode setup (../shared/tools/realnode/setup.sh), a real Slurm build
-# (../shared/tools/realslurm/setup.sh) and target/debug/slinky-host
-# (`cargo build -p slinky-host --features embedded`).
+# (../shared/tools/realslurm/setup.sh) and the host binary its image holds: target/release/slinky-host
+# (`cargo build --release -p slinky-host`, what users run) or target/debug/slinky-host.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 tools=${REALNODE_TOOLS:-$repo/../shared/tools/realnode}
 R=${REALNODE_DIR:-$HOME/realnode}
 export KUBECONFIG=$R/kube/kubeconfig
-HOST=${SLINKY_HOST_BIN:-$repo/target/debug/slinky-host}
+HOST=${SLINKY_HOST_BIN:-$( [ -x "$repo/target/release/slinky-host" ] && echo "$repo/target/release/slinky-host" || echo "$repo/target/debug/slinky-host")}
+export SLINKY_HOST_BIN=$HOST
 step() { printf '\n== %s (%ds)\n' "$*" "$SECONDS"; }
 
 if [ "${1:-}" = --stop ]; then exec bash "$tools/stop.sh"; fi
-[ -x "$HOST" ] || { echo "no $HOST: cargo build -p slinky-host --features embedded" >&2; exit 1; }
+[ -x "$HOST" ] || { echo "no $HOST: cargo build --release -p slinky-host" >&2; exit 1; }
 
 step "the node"
 if ! kubectl get nodes >/dev/null 2>&1; then bash "$tools/start.sh" --fresh; fi

@@ -221,6 +221,20 @@ fn base_config(runtime: &RuntimeConfig) -> Config {
     config
 }
 
+/// The Cranelift engine's configuration. With tiering, its compiles run in the background while
+/// the baseline code serves, so they run on one thread: a parallel compile of the bundled builders
+/// into an empty cache peaked at 608 MiB (release build, 2 cores), over the install's 512 MiB
+/// limit, and the pod was OOM-killed at every cold start (found on the real node); on one thread
+/// the peak was 399 MiB, and a core stays free for reconciles. Compiles a pass waits for
+/// (`Tiering::Optimized`) stay parallel.
+fn optimized_config(runtime: &RuntimeConfig) -> Config {
+    let mut config = base_config(runtime);
+    if runtime.tiering == Tiering::Tiered {
+        config.parallel_compilation(false);
+    }
+    config
+}
+
 impl EngineHandle {
     /// Create the engine.
     ///
@@ -243,7 +257,7 @@ impl EngineHandle {
                 } else {
                     wasmtime::Enabled::No
                 });
-            let mut pooled = base_config(&config);
+            let mut pooled = optimized_config(&config);
             pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
             match Engine::new(&pooled) {
                 Ok(engine) => (engine, Allocator::Pooling),
@@ -306,7 +320,7 @@ impl EngineHandle {
     }
 
     fn on_demand(config: &RuntimeConfig) -> Result<Engine, PluginError> {
-        Engine::new(&base_config(config)).map_err(|e| PluginError::Engine(format!("{e:#}")))
+        Engine::new(&optimized_config(config)).map_err(|e| PluginError::Engine(format!("{e:#}")))
     }
 
     /// The Winch engine, with on-demand allocation: it serves only until the optimized code is
