@@ -62,6 +62,25 @@ async fn a_scale_in_takes_an_idle_node_and_waits_for_the_job_on_a_busy_one() -> 
     let c = cluster_with_statefulsets().await;
     let (ns, h, host) = start(&c, &slurm, "scale-in", 3).await?;
     nodes_idle(&h, &["slinky-0", "slinky-1", "slinky-2"]).await?;
+    // What Slurm says of each worker is on its pod: `SlurmNodeStateIdle`, written over the
+    // conditions the kubelet wrote as a kubelet writes them (`lastProbeTime: null`: before, the
+    // patch tested those as read, never matched, and was refused at every pass).
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    eventually(60, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        let idle = |p: &Pod| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "SlurmNodeStateIdle" && c.status == "True")
+                })
+        };
+        (list.items.iter().filter(|p| idle(p)).count() == 3).then_some(())
+    })
+    .await
+    .context("the workers' pods never got SlurmNodeStateIdle")?;
     // The slurmrestd the host asks runs as the RestApi's Deployment says (the real slurmrestd
     // accepts the builder's args and environment).
     let restd = eventually(60, || async {

@@ -78,7 +78,10 @@ fn now() -> String {
 }
 
 fn condition(kind: &str, status: bool) -> Value {
-    json!({"type": kind, "status": if status { "True" } else { "False" }, "lastTransitionTime": now()})
+    // As the kubelet writes them: `lastProbeTime: null` included (a typed read drops it, so a
+    // client that tests the conditions it read against the stored ones never matches).
+    json!({"type": kind, "status": if status { "True" } else { "False" }, "lastProbeTime": null,
+           "lastTransitionTime": now()})
 }
 
 fn running_status(pod: &Value, ready: bool, ip: &str) -> Value {

@@ -43,9 +43,13 @@ step "the example cluster (cluster.yaml)"
 mkdir -p /var/lib/realnode-slurm/controller-state
 chown 401:401 /var/lib/realnode-slurm/controller-state
 kubectl apply --server-side --force-conflicts -f "$here/cluster.yaml"
+# The host makes them: wait until they exist, then until they are rolled out.
+exists() { for _ in $(seq 1 300); do kubectl "$@" >/dev/null 2>&1 && return 0; sleep 1; done; kubectl "$@"; }
 for what in "statefulset/slurm-controller" "deploy/slurm-restapi"; do
+  exists -n slurm get "$what"
   kubectl -n slurm rollout status "$what" --timeout=600s
 done
+for i in 0 1 2; do exists -n slurm get pod "slurm-worker-slinky-$i"; done
 kubectl -n slurm wait --for=condition=Ready pod -l app.kubernetes.io/name=slurmd --timeout=600s
 kubectl -n slurm get pods -o wide
 
@@ -60,6 +64,28 @@ ctld scontrol show nodes | grep -E "NodeName|State=" || true
 
 step "a job across every worker"
 ctld srun -p slurm-worker-slinky -N3 hostname | sort
+
+step "a scale-in while a job runs on the worker that goes"
+ctld sbatch -p slurm-worker-slinky -w slurm-worker-slinky-2 --chdir=/tmp -o /tmp/job-%j.out --wrap "sleep 30"
+for _ in $(seq 1 30); do
+  [ "$(ctld squeue -h -w slurm-worker-slinky-2 -t running -o %i)" != "" ] && break; sleep 1
+done
+job=$(ctld squeue -h -w slurm-worker-slinky-2 -o %i)
+kubectl -n slurm patch nodeset slurm-worker-slinky --type merge -p '{"spec":{"replicas":2}}' >/dev/null
+ended=""
+for _ in $(seq 1 120); do
+  node=$(ctld sinfo -h -n slurm-worker-slinky-2 -o %t 2>/dev/null || true)
+  state=$(ctld squeue -h -j "$job" -o %T 2>/dev/null || true)
+  pod=$(kubectl -n slurm get pod slurm-worker-slinky-2 -o jsonpath='{.metadata.name}{.metadata.deletionTimestamp}' 2>/dev/null || true)
+  printf '%s job %s %-9s node %-6s pod %s\n' "$(date +%T)" "$job" "${state:-done}" "${node:-gone}" "${pod:-gone}"
+  [ -z "$state" ] && [ -z "$ended" ] && ended=$(date +%s)
+  [ -z "$pod" ] && break
+  sleep 2
+done
+ctld scontrol show job "$job" | grep -E "JobState|RunTime"
+[ -n "$ended" ] || { echo "the worker's pod went while its job ran" >&2; exit 1; }
+ctld scontrol show job "$job" | grep -q "JobState=COMPLETED" || { echo "the job did not complete" >&2; exit 1; }
+kubectl -n slurm patch nodeset slurm-worker-slinky --type merge -p '{"spec":{"replicas":3}}' >/dev/null
 kubectl -n slurm get nodeset slurm-worker-slinky -o jsonpath='{.status}'; echo
 
 printf '\ndone in %ds; the node keeps running (deploy/realnode/run.sh --stop)\n' "$SECONDS"

@@ -58,20 +58,23 @@ pub fn desired(pod: &Pod, node: &Node, now: Timestamp) -> Option<Vec<PodConditio
     (out != current).then_some(out)
 }
 
-/// The JSON patch that replaces the pod's conditions with `conditions` only if they are still
-/// what `pod` shows. A pod read without conditions (just made) is tested by its
-/// `resourceVersion`: JSON patch cannot test that a member is absent, and an `add` would replace
-/// the conditions the kubelet wrote meanwhile (a pod left without `Ready` for good).
+/// The JSON patch that replaces the pod's conditions with `conditions` only if the pod is still
+/// as `pod` shows it: its `resourceVersion` is tested (the conditions the kubelet wrote meanwhile
+/// are never replaced). The conditions themselves are not what is tested: a real kubelet writes
+/// `lastProbeTime: null`, which a typed read drops, so a test of them never matched and the
+/// Slurm conditions were never written (found on the real node: a 422 at every pass). A pod read
+/// without a `resourceVersion` (never, from the API) is tested by its conditions.
 pub fn patch(pod: &Pod, conditions: &[PodCondition]) -> serde_json::Value {
     let current = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-    match (current, pod.metadata.resource_version.as_deref()) {
-        (Some(c), _) => serde_json::json!([
+    let op = if current.is_some() { "replace" } else { "add" };
+    match (pod.metadata.resource_version.as_deref(), current) {
+        (Some(rv), _) => serde_json::json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": op, "path": "/status/conditions", "value": conditions},
+        ]),
+        (None, Some(c)) => serde_json::json!([
             {"op": "test", "path": "/status/conditions", "value": c},
             {"op": "replace", "path": "/status/conditions", "value": conditions},
-        ]),
-        (None, Some(rv)) => serde_json::json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-            {"op": "add", "path": "/status/conditions", "value": conditions},
         ]),
         (None, None) => serde_json::json!([
             {"op": "add", "path": "/status/conditions", "value": conditions},
@@ -137,12 +140,15 @@ mod tests {
 
     #[test]
     fn the_patch_tests_what_was_read() {
-        let p = pod(&["Ready"]);
-        let v = patch(&p, &[]);
-        assert_eq!(v[0]["op"], "test");
-        assert_eq!(v[0]["value"][0]["type"], "Ready");
-        let v = patch(&Pod::default(), &[]);
-        assert_eq!(v[0]["op"], "add");
+        // Read from the API: its resourceVersion, whatever the conditions hold.
+        let mut read = pod(&["Ready"]);
+        read.metadata.resource_version = Some("41".into());
+        let v = patch(&read, &[]);
+        assert_eq!(
+            v[0],
+            serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": "41"})
+        );
+        assert_eq!(v[1]["op"], "replace");
         // Without conditions: the kubelet's first write must not be replaced.
         let mut fresh = Pod::default();
         fresh.metadata.resource_version = Some("42".into());
@@ -152,5 +158,10 @@ mod tests {
             serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
         );
         assert_eq!(v[1]["op"], "add");
+        let v = patch(&pod(&["Ready"]), &[]);
+        assert_eq!(v[0]["op"], "test");
+        assert_eq!(v[0]["value"][0]["type"], "Ready");
+        let v = patch(&Pod::default(), &[]);
+        assert_eq!(v[0]["op"], "add");
     }
 }
