@@ -281,10 +281,11 @@ impl Plugin {
                 return;
             };
             let plugin = Plugin { inner };
-            match compiled
+            let outcome = compiled
                 .and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time))
-                .and_then(|code| plugin.check_optimized(code))
-            {
+                .and_then(|code| plugin.check_optimized(code));
+            crate::engine::release_freed_memory();
+            match outcome {
                 Ok(code) => {
                     plugin.set_code(code);
                     tracing::info!(plugin = %label, digest = %&digest[..12], compile_ms = compile_time.as_millis() as u64,

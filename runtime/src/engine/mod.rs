@@ -221,6 +221,20 @@ fn base_config(runtime: &RuntimeConfig) -> Config {
     config
 }
 
+/// Give the heap a compile freed back to the system. A Cranelift compile allocates hundreds of
+/// MiB and frees them; glibc's malloc keeps freed memory for later use, so after the bundled
+/// builders' cold start the host stayed at 388 MiB resident where a warm start needs 89 (measured
+/// on the real node; 269 MiB after a trim). Called after each background compile.
+pub(crate) fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code, reason = "glibc's malloc_trim: no arguments but the padding, no pointers")]
+    // SAFETY: malloc_trim only returns free heap pages to the system; it takes the allocator's
+    // own locks and touches no memory of ours.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The Cranelift engine's configuration. With tiering, its compiles run in the background while
 /// the baseline code serves, so they run on one thread: a parallel compile of the bundled builders
 /// into an empty cache peaked at 608 MiB (release build, 2 cores), over the install's 512 MiB
