@@ -1268,18 +1268,23 @@ async fn a_private_registry_works_with_the_credentials_of_a_docker_config() -> R
     Ok(())
 }
 
-/// `python tests/python/oras_check.py args…`; its stdout, or an error with its stderr.
-fn oras(args: &[&str]) -> Result<String> {
+/// `python tests/python/SCRIPT args…`; its stdout, or an error with its stderr.
+fn python_script(script: &str, args: &[&str]) -> Result<String> {
     let python = slinky_tests::python::python()?;
-    let script = slinky_tests::workspace().join("tests/python/oras_check.py");
-    let out = Command::new(python).arg(script).args(args).output()?;
+    let path = slinky_tests::workspace().join("tests/python").join(script);
+    let out = Command::new(python).arg(path).args(args).output()?;
     ensure!(
         out.status.success(),
-        "oras_check.py {}: {}",
+        "{script} {}: {}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The ORAS project's client (`tests/python/oras_check.py`).
+fn oras(args: &[&str]) -> Result<String> {
+    python_script("oras_check.py", args)
 }
 
 /// Plugin artifacts as other tools see them, and signatures that add up: `plugin push` makes the
@@ -1425,18 +1430,9 @@ async fn artifacts_interoperate_with_oras_and_signatures_add_up() -> Result<()> 
     Ok(())
 }
 
-/// `python tests/python/cosign3.py args…`; its stdout, or an error with its stderr.
+/// cosign 3's formats made a second way (`tests/python/cosign3.py`).
 fn cosign3(args: &[&str]) -> Result<String> {
-    let python = slinky_tests::python::python()?;
-    let script = slinky_tests::workspace().join("tests/python/cosign3.py");
-    let out = Command::new(python).arg(script).args(args).output()?;
-    ensure!(
-        out.status.success(),
-        "cosign3.py {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    python_script("cosign3.py", args)
 }
 
 /// cosign 3's default signatures verify: a Sigstore bundle attached to the plugin as an OCI 1.1

@@ -235,6 +235,22 @@ async fn a_nodeset_that_had_a_slurmrestd_deletes_nothing_undrained_once_it_is_go
     Ok(())
 }
 
+/// A host serving `ns` whose slurmrestd nobody serves: every call fails at once (connection
+/// refused).
+fn host_without_slurm(c: &slinky_tests::TestCluster, ns: &str) -> Result<Host> {
+    let config = RunConfig {
+        namespaces: vec![ns.to_string()],
+        resync: Some(Duration::from_secs(1)),
+        slurmrestd_urls: vec!["http://127.0.0.1:9".into()],
+        ..Default::default()
+    };
+    Ok(Host::start_config(
+        c.client.clone(),
+        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
+        config,
+    ))
+}
+
 /// A pod that never started its slurmd (still Pending: no kubelet here, as a pod stuck in its
 /// init containers or its image pull on a real node) goes at a scale-in even while Slurm cannot be
 /// asked: no job can be on its node. Before, it was held with the live pods until slurmrestd
@@ -245,17 +261,7 @@ async fn with_slurm_unreachable_a_pod_that_never_started_still_goes() -> Result<
     let c = cluster(false).await;
     let ns = c.namespace("slurm-down-pending").await;
     apply_example(&c, &ns, 3).await?;
-    let config = RunConfig {
-        namespaces: vec![ns.clone()],
-        resync: Some(Duration::from_secs(1)),
-        slurmrestd_urls: vec!["http://127.0.0.1:9".into()],
-        ..Default::default()
-    };
-    let host = Host::start_config(
-        c.client.clone(),
-        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
-        config,
-    );
+    let host = host_without_slurm(&c, &ns)?;
     converge_current(&c, &ns, &names(&[0, 1, 2]), false).await?;
     scale(&c, &ns, 1).await?;
     converge_current(&c, &ns, &names(&[0]), false).await?;
@@ -268,18 +274,7 @@ async fn with_slurm_unreachable_a_scale_in_deletes_nothing_and_says_why() -> Res
     let c = cluster(true).await;
     let ns = c.namespace("slurm-down").await;
     apply_example(&c, &ns, 3).await?;
-    // A slurmrestd nobody serves: every call fails at once (connection refused).
-    let config = RunConfig {
-        namespaces: vec![ns.clone()],
-        resync: Some(Duration::from_secs(1)),
-        slurmrestd_urls: vec!["http://127.0.0.1:9".into()],
-        ..Default::default()
-    };
-    let host = Host::start_config(
-        c.client.clone(),
-        Arc::new(PluginRegistry::new(&default_engine(), &[])?),
-        config,
-    );
+    let host = host_without_slurm(&c, &ns)?;
     // Scale-up needs no Slurm: pods are created.
     converge_current(&c, &ns, &names(&[0, 1, 2]), true).await?;
     scale(&c, &ns, 1).await?;

@@ -74,14 +74,15 @@ kubectl -n slurm get pods -o wide
 step "Slurm's view"
 ctld() { kubectl -n slurm exec slurm-controller-0 -c slurmctld -- "$@"; }
 for i in $(seq 1 60); do
-  [ "$(ctld sinfo -h -o %D -t idle 2>/dev/null || echo 0)" -ge 3 ] && break
+  # Three idle nodes that respond (`idle*`: a record whose slurmd has not registered again).
+  [ "$(ctld sinfo -h -N -o %t 2>/dev/null | grep -cx idle)" -ge 3 ] && break
   sleep 2
 done
 ctld sinfo
 ctld scontrol show nodes | grep -E "NodeName|State=" || true
 
 step "a job across every worker"
-ctld srun -p slurm-worker-slinky -N3 hostname | sort
+ctld timeout 120 srun -p slurm-worker-slinky -N3 hostname | sort
 
 step "a scale-in while a job runs on every worker"
 # An idle worker would go first (as in Slinky): a job on all three makes the one that goes busy.
@@ -99,7 +100,8 @@ for _ in $(seq 1 120); do
     sed -E 's/20[0-9]{2}-[0-9T:-]+Z/(deleted)/g')
   printf '%s job %s %-9s | %s| pods %s\n' "$(date +%T)" "$job" "${state:-done}" "$nodes" "$pods"
   [ -z "$state" ] && [ -z "$ended" ] && ended=$(date +%s)
-  if grep -q "(deleted)" <<<"$pods"; then
+  # Deleted: marked, or already gone.
+  if grep -q "(deleted)" <<<"$pods" || [ "$(wc -w <<<"$pods")" -lt 3 ]; then
     [ -n "$ended" ] || { echo "a worker's pod was deleted while the job ran on it" >&2; exit 1; }
     deleted=$(date +%s); break
   fi

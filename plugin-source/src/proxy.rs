@@ -56,18 +56,6 @@ fn shown(uri: &Uri) -> String {
     )
 }
 
-/// An error with its causes.
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
-
 /// A connector opening plain TCP connections, direct or tunnelled through the proxy
 /// [`Proxies`] names for the destination.
 #[derive(Clone)]
@@ -122,10 +110,13 @@ impl tower::Service<Uri> for ProxyConnector {
             _ => Ok(dst),
         };
         Box::pin(async move {
-            tunnel
-                .call(dst?)
-                .await
-                .map_err(|e| format!("through proxy {proxy} to {target}: {}", causes(&e)).into())
+            tunnel.call(dst?).await.map_err(|e| {
+                format!(
+                    "through proxy {proxy} to {target}: {}",
+                    crate::registry::with_causes(&e)
+                )
+                .into()
+            })
         })
     }
 }

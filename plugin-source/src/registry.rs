@@ -298,7 +298,7 @@ impl Oci {
 }
 
 /// An error with its causes (a connection error says only "client error (Connect)" by itself).
-fn with_causes(e: &dyn std::error::Error) -> String {
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

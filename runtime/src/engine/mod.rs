@@ -227,7 +227,10 @@ fn base_config(runtime: &RuntimeConfig) -> Config {
 /// on the real node; 269 MiB after a trim). Called after each background compile.
 pub(crate) fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[allow(unsafe_code, reason = "glibc's malloc_trim: no arguments but the padding, no pointers")]
+    #[allow(
+        unsafe_code,
+        reason = "glibc's malloc_trim: no arguments but the padding, no pointers"
+    )]
     // SAFETY: malloc_trim only returns free heap pages to the system; it takes the allocator's
     // own locks and touches no memory of ours.
     unsafe {
