@@ -69,7 +69,14 @@ pub fn python() -> Result<PathBuf> {
             }
         }
     }
-    let result = create(&dir, &python, &marker);
+    // A waiter that got the lock just after its creator finished finds the marker: the
+    // environment others are using now is never removed and made again under them (a test's
+    // import failed midway: "No module named 'attrs'").
+    let result = if marker.exists() {
+        Ok(())
+    } else {
+        create(&dir, &python, &marker)
+    };
     let _ = std::fs::remove_file(&lock);
     result.map(|()| python)
 }
