@@ -47,14 +47,6 @@ pub enum ClientError {
     ServerName(String),
 }
 
-/// A proxy URL as it may be shown: without the `user:password@` part.
-fn without_credentials(uri: &http::Uri) -> String {
-    let host = uri
-        .authority()
-        .map_or("", |a| a.as_str().rsplit('@').next().unwrap_or(""));
-    format!("{}://{host}", uri.scheme_str().unwrap_or("http"))
-}
-
 /// API requests a client made, by verb and resource (`slinky_host_api_requests_total`).
 #[derive(Debug, Default)]
 pub struct ApiRequests {
@@ -127,7 +119,9 @@ pub fn client(mut config: kube::Config, requests: Arc<ApiRequests>) -> Result<ku
                 .is_some_and(|e| e == proxy)
         });
         if !from_env {
-            return Err(ClientError::Proxy(without_credentials(&proxy)));
+            return Err(ClientError::Proxy(
+                slinky_plugin_source::proxy_without_credentials(&proxy),
+            ));
         }
         tracing::debug!("HTTPS_PROXY is for registries: the API server is reached directly");
     }

@@ -33,3 +33,15 @@ pub enum OciError {
     #[error("registry credentials: {0}")]
     Credentials(String),
 }
+
+/// An error with its causes (a connection error says only "client error (Connect)" by itself).
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}

@@ -46,7 +46,7 @@ pub use credentials::Credentials;
 pub use error::OciError;
 pub use keys::{PublicKey, SigningKey};
 pub use module::{ANY_NAMESPACE, Decode, Fetched, ModuleSource};
-pub use proxy::Proxies;
+pub use proxy::{Proxies, shown as proxy_without_credentials};
 pub use pull::Pulled;
 pub use reference::Reference;
 pub use registry::Oci;

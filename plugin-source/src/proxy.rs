@@ -47,7 +47,7 @@ impl Proxies {
 }
 
 /// A proxy's URL as errors and logs show it: without its credentials.
-fn shown(uri: &Uri) -> String {
+pub fn shown(uri: &Uri) -> String {
     format!(
         "{}://{}",
         uri.scheme_str().unwrap_or("http"),
@@ -113,7 +113,7 @@ impl tower::Service<Uri> for ProxyConnector {
             tunnel.call(dst?).await.map_err(|e| {
                 format!(
                     "through proxy {proxy} to {target}: {}",
-                    crate::registry::with_causes(&e)
+                    crate::error::with_causes(&e)
                 )
                 .into()
             })

@@ -127,7 +127,7 @@ impl Oci {
                 .http
                 .request(req)
                 .await
-                .map_err(|e| self.http_error(&method, url, with_causes(&e)))?;
+                .map_err(|e| self.http_error(&method, url, crate::error::with_causes(&e)))?;
             let (parts, body) = resp.into_parts();
             if parts.status == StatusCode::UNAUTHORIZED
                 && auth.is_none()
@@ -295,18 +295,6 @@ impl Oci {
         }
         Ok(body)
     }
-}
-
-/// An error with its causes (a connection error says only "client error (Connect)" by itself).
-pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 /// The registry (`host[:port]`) of a URL.
