@@ -1638,3 +1638,71 @@ async fn high_availability_on_a_claim_that_is_not_read_write_many_is_an_invalid_
     host.stop().await;
     Ok(())
 }
+
+/// On a Kubernetes 1.28 API server (its `SidecarContainers` gate off, as by default), the
+/// example's logfile sidecar (`spec.logfile.image`) loses its `restartPolicy`: on a real kubelet
+/// it would hold the pod in `Init` for good (found on the real node). The host says so at once,
+/// in a `FieldsDropped` Warning on the Controller that names the field and what to do, and does
+/// not apply again for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sidecar_the_api_server_drops_is_a_warning_that_says_what_to_do() -> Result<()> {
+    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
+        sidecar_containers: false,
+        ..Default::default()
+    })
+    .await;
+    let version = c.client.apiserver_version().await?;
+    if version.minor != "28" {
+        eprintln!(
+            "SKIP a_sidecar_the_api_server_drops_…: the cluster is Kubernetes {}, which keeps native sidecars",
+            version.git_version
+        );
+        return Ok(());
+    }
+    c.install_crds(&slinky_host::cmd::crds::crds()).await;
+    let ns = c.namespace("sidecar-dropped").await;
+    apply_file(&c, &ns, "slurm-cluster.yaml", |v| {
+        if v["kind"] == "NodeSet" {
+            v["spec"]["replicas"] = 0.into();
+        }
+    })
+    .await?;
+    let host = Host::start(&c, &ns)?;
+    let warned = eventually(60, || async {
+        let evs = events(&c, &ns, "slurm").await.ok()?;
+        evs.into_iter().find(|(r, n)| {
+            r == "FieldsDropped"
+                && n.contains("restartPolicy")
+                && n.contains("spec.logfile.image")
+                && n.contains("1.29")
+        })
+    })
+    .await;
+    ensure!(
+        warned.is_some(),
+        "no FieldsDropped Warning naming the sidecar: {:?}",
+        events(&c, &ns, "slurm").await?
+    );
+    let sts = object(&c, &ns, ChildKind::StatefulSet, "slurm-controller")
+        .await
+        .context("no StatefulSet")?;
+    let inits = sts
+        .pointer("/spec/template/spec/initContainers")
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        inits
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["name"] == "logfile")
+                && cs.iter().all(|c| c.get("restartPolicy").is_none())),
+        "the server kept the sidecar's restartPolicy: {inits}"
+    );
+    // Remembered: no apply for the dropped field across the next passes.
+    let applies = || host.handles.writes.ok("apply");
+    host.passes_later(2).await?;
+    let before = applies();
+    host.passes_later(4).await?;
+    assert_eq!(applies(), before, "the dropped field was applied again");
+    host.stop().await;
+    Ok(())
+}

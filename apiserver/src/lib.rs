@@ -174,6 +174,12 @@ pub struct ApiServerConfig {
     pub tls: bool,
     /// Persist the store here (snapshot + write-ahead log); memory only when `None`.
     pub state_dir: Option<std::path::PathBuf>,
+    /// The `SidecarContainers` feature gate of Kubernetes 1.28 (alpha there, off by default; on
+    /// from 1.29). On by default here. Off, the server drops the `restartPolicy` of init
+    /// containers (native sidecars) from pods and pod templates, unless the object it updates
+    /// already had one, as kube-apiserver 1.28 does: a sidecar then runs as a plain init
+    /// container, which on a real kubelet never ends and holds the pod in `Init`.
+    pub sidecar_containers: bool,
 }
 
 impl Default for ApiServerConfig {
@@ -188,6 +194,7 @@ impl Default for ApiServerConfig {
             deployments: false,
             tls: true,
             state_dir: None,
+            sidecar_containers: true,
         }
     }
 }
@@ -260,8 +267,10 @@ impl ApiServer {
         } else {
             None
         };
+        let store = Store::open(config.watch_window, config.state_dir.as_deref())?;
+        store.set_sidecar_containers(config.sidecar_containers);
         let shared = Arc::new(Shared {
-            store: Store::open(config.watch_window, config.state_dir.as_deref())?,
+            store,
             faults: Arc::new(Faults::new(config.fault_seed)),
             token: config.token.clone(),
             addr,

@@ -2775,3 +2775,69 @@ async fn deployment_rollout(
     );
     Ok(())
 }
+
+/// Kubernetes 1.28 (its `SidecarContainers` gate is off by default) drops the `restartPolicy` of
+/// init containers, native sidecars, from a pod and from a StatefulSet's template, at create and
+/// at an update of an object that had none: the sidecar then runs as a plain init container. The
+/// embedded server does the same with the gate off. Found on the real node, where the
+/// slurmctld pod's logfile sidecar held it in `Init`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_sidecar_gate_init_containers_lose_their_restart_policy() -> Result<()> {
+    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
+        sidecar_containers: false,
+        ..Default::default()
+    })
+    .await;
+    let version = c.client.apiserver_version().await?;
+    if version.minor != "28" {
+        eprintln!(
+            "SKIP without_the_sidecar_gate_…: the cluster is Kubernetes {}, which keeps native sidecars",
+            version.git_version
+        );
+        return Ok(());
+    }
+    let ns = c.namespace("sidecars").await;
+    let spec = json!({
+        "initContainers": [{"name": "logfile", "image": "busybox:1", "restartPolicy": "Always"},
+                           {"name": "initconf", "image": "busybox:1"}],
+        "containers": [{"name": "main", "image": "busybox:1"}]
+    });
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec}))?;
+    let pod = serde_json::to_value(pods.create(&PostParams::default(), &pod).await?)?;
+    assert_eq!(
+        pod["spec"]["initContainers"][0].get("restartPolicy"),
+        None,
+        "{}",
+        pod["spec"]["initContainers"]
+    );
+    assert_eq!(pod["spec"]["initContainers"][0]["name"], "logfile");
+    let sets = Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(c.client.clone(), &ns);
+    let template = |spec: &serde_json::Value| json!({"metadata": {"labels": {"app": "x"}}, "spec": spec});
+    let plain = json!({"containers": [{"name": "main", "image": "busybox:1"}]});
+    let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "s"},
+        "spec": {"selector": {"matchLabels": {"app": "x"}}, "serviceName": "s", "template": template(&spec)}
+    }))?;
+    let set = serde_json::to_value(sets.create(&PostParams::default(), &set).await?)?;
+    let inits = &set["spec"]["template"]["spec"]["initContainers"];
+    assert_eq!(inits[0].get("restartPolicy"), None, "{inits}");
+    // An update of an object without one drops it too.
+    let other: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "t"},
+        "spec": {"selector": {"matchLabels": {"app": "x"}}, "serviceName": "t", "template": template(&plain)}
+    }))?;
+    sets.create(&PostParams::default(), &other).await?;
+    let set = sets
+        .patch(
+            "t",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"spec": spec}}})),
+        )
+        .await?;
+    let set = serde_json::to_value(set)?;
+    let inits = &set["spec"]["template"]["spec"]["initContainers"];
+    assert_eq!(inits[0]["name"], "logfile", "{inits}");
+    assert_eq!(inits[0].get("restartPolicy"), None, "{inits}");
+    Ok(())
+}

@@ -330,3 +330,40 @@ pub(super) fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
         _ => {}
     }
 }
+
+/// Where a pod spec is in an object of the type (a pod's own, or a workload's template).
+fn pod_spec_pointer(rt: &ResourceType) -> Option<&'static str> {
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "pods") => Some("/spec"),
+        ("", "podtemplates") => Some("/template/spec"),
+        ("", "replicationcontrollers")
+        | ("apps", "statefulsets" | "deployments" | "daemonsets" | "replicasets")
+        | ("batch", "jobs") => Some("/spec/template/spec"),
+        ("batch", "cronjobs") => Some("/spec/jobTemplate/spec/template/spec"),
+        _ => None,
+    }
+}
+
+/// With the `SidecarContainers` feature gate off, what kube-apiserver 1.28's
+/// `dropDisabledFields` does: the `restartPolicy` of every init container goes, unless the object
+/// updated (`old`) already has an init container with one.
+pub(super) fn drop_sidecars(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) {
+    let Some(at) = pod_spec_pointer(rt) else {
+        return;
+    };
+    let in_use = old
+        .and_then(|o| o.pointer(at))
+        .and_then(|spec| spec.get("initContainers"))
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c.get("restartPolicy").is_some()));
+    if in_use {
+        return;
+    }
+    let inits = obj
+        .pointer_mut(at)
+        .and_then(|spec| spec.get_mut("initContainers"))
+        .and_then(Value::as_array_mut);
+    for c in inits.into_iter().flatten().filter_map(Value::as_object_mut) {
+        c.remove("restartPolicy");
+    }
+}

@@ -75,6 +75,8 @@ struct Inner {
     next_ip: u32,
     /// The write-ahead log, with `--state-dir`.
     wal: Option<std::fs::File>,
+    /// The `SidecarContainers` feature gate (see `ApiServerConfig::sidecar_containers`).
+    sidecar_containers: bool,
 }
 
 /// The store. Cheap to share (`Arc`).
@@ -118,6 +120,7 @@ impl Store {
             compacted: 1,
             next_ip: 1,
             wal: None,
+            sidecar_containers: true,
         };
         if let Some(dir) = state_dir {
             inner.load(dir)?;
@@ -162,6 +165,12 @@ impl Store {
         let mut g = self.lock();
         g.window = window.max(1);
         g.trim();
+    }
+
+    /// Turn the `SidecarContainers` feature gate on or off (see
+    /// `ApiServerConfig::sidecar_containers`).
+    pub fn set_sidecar_containers(&self, on: bool) {
+        self.lock().sidecar_containers = on;
     }
 
     /// All served types.

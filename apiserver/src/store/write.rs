@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{
     EventKind, Inner, Op, Sub,
-    decode::{canonical_quantities, decodable, update_defaults},
+    decode::{canonical_quantities, decodable, drop_sidecars, update_defaults},
     managed::set_managed,
     meta_mut, meta_str, new_uid, now, same_content, spec_part, strip_server_fields,
 };
@@ -70,6 +70,9 @@ impl Inner {
         let owned = patch::field_set(&strip_server_fields(&obj), &rt.plural, false);
         decodable(&rt, &obj)?;
         self.defaults(&rt, &mut obj);
+        if !self.sidecar_containers {
+            drop_sidecars(&rt, &mut obj, None);
+        }
         let errs = validation::validate(&rt, &obj, None);
         if !errs.is_empty() {
             return Err(validation::invalid(&rt, &name, &errs));
@@ -189,6 +192,9 @@ impl Inner {
         if sub == Sub::Main && op != Op::Server {
             decodable(&rt, &new)?;
             update_defaults(&rt, &mut new, current);
+            if !self.sidecar_containers {
+                drop_sidecars(&rt, &mut new, Some(current));
+            }
             let errs = validation::validate(&rt, &new, Some(current));
             if !errs.is_empty() {
                 return Err(validation::invalid(&rt, &name, &errs));

@@ -43,6 +43,40 @@ pub struct ApiserverArgs {
     /// Keep the objects here across restarts (snapshot + write-ahead log); memory only by default.
     #[arg(long, env = "SLINKY_HOST_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Feature gates as kube-apiserver takes them. The one known: `SidecarContainers` (default
+    /// true); `SidecarContainers=false` serves as a default Kubernetes 1.28 does, dropping native
+    /// sidecars' `restartPolicy`.
+    #[arg(long, env = "SLINKY_HOST_FEATURE_GATES", value_delimiter = ',')]
+    pub feature_gates: Vec<String>,
+}
+
+/// The `SidecarContainers` gate from `--feature-gates` entries (true when not given).
+///
+/// # Errors
+/// An entry that is not `Name=true|false`, or a gate other than `SidecarContainers`.
+pub fn sidecar_containers(gates: &[String]) -> Result<bool, String> {
+    let mut on = true;
+    for gate in gates {
+        let value = match gate.trim().split_once('=') {
+            Some(("SidecarContainers", v)) => v,
+            Some((name, _)) => {
+                return Err(format!(
+                    "--feature-gates {gate}: unknown gate {name:?} (the embedded API server knows SidecarContainers)"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "--feature-gates {gate}: give it as Name=true or Name=false"
+                ));
+            }
+        };
+        on = match value {
+            "true" => true,
+            "false" => false,
+            _ => return Err(format!("--feature-gates {gate}: the value is true or false")),
+        };
+    }
+    Ok(on)
 }
 
 /// Without the `embedded` feature there is no embedded API server.
@@ -71,6 +105,7 @@ pub fn execute(args: ApiserverArgs) -> anyhow::Result<()> {
         .map(|f| FaultRule::parse(f))
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
+    let sidecar_containers = sidecar_containers(&args.feature_gates).map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let config = ApiServerConfig {
@@ -84,6 +119,7 @@ pub fn execute(args: ApiserverArgs) -> anyhow::Result<()> {
             state_dir: args.state_dir.clone(),
             statefulsets: args.simulate_nodes > 0,
             deployments: args.simulate_nodes > 0,
+            sidecar_containers,
             ..Default::default()
         };
         let server = ApiServer::start(config)
@@ -114,4 +150,20 @@ pub fn execute(args: ApiserverArgs) -> anyhow::Result<()> {
         server.shutdown().await;
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sidecar_containers;
+
+    #[test]
+    fn feature_gates_turn_sidecars_off_and_refuse_what_they_do_not_know() {
+        let gates = |g: &[&str]| sidecar_containers(&g.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(gates(&[]), Ok(true));
+        assert_eq!(gates(&["SidecarContainers=false"]), Ok(false));
+        assert_eq!(gates(&["SidecarContainers=true"]), Ok(true));
+        assert!(gates(&["SidecarContainers=no"]).is_err_and(|e| e.contains("true or false")));
+        assert!(gates(&["InPlacePodVerticalScaling=true"]).is_err_and(|e| e.contains("unknown gate")));
+        assert!(gates(&["SidecarContainers"]).is_err_and(|e| e.contains("Name=true")));
+    }
 }

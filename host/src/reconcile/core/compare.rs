@@ -124,7 +124,7 @@ pub fn dropped_note(what: &str, paths: &[String]) -> String {
     );
     if paths
         .iter()
-        .any(|p| p.starts_with("spec.initContainers") && p.ends_with(".restartPolicy"))
+        .any(|p| p.contains("spec.initContainers") && p.ends_with(".restartPolicy"))
     {
         note.push_str(
             "; native sidecar containers (initContainers with restartPolicy: Always) need \
@@ -148,6 +148,23 @@ fn is_empty(v: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    /// The hint reaches a template's sidecar (a StatefulSet's) as well as a pod's.
+    #[test]
+    fn a_dropped_sidecar_gets_the_hint_in_a_pod_and_in_a_template() {
+        for path in [
+            "spec.initContainers[name=logfile].restartPolicy",
+            "spec.template.spec.initContainers[name=logfile].restartPolicy",
+        ] {
+            let note = super::dropped_note("it", &[path.to_string()]);
+            assert!(note.contains("Kubernetes 1.29+"), "{path}: {note}");
+        }
+        let note = super::dropped_note(
+            "it",
+            &["spec.template.spec.containers[name=a].restartPolicy".into()],
+        );
+        assert!(!note.contains("1.29"), "{note}");
+    }
 
     use super::*;
 
