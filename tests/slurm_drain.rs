@@ -641,6 +641,41 @@ async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
     result
 }
 
+/// A deleted NodeSet whose node is idle goes within seconds: the pass that drains the node asks
+/// again soon, and the next one (draining nothing) removes the finalizer. Before, the release
+/// waited for the next resync (5 minutes by default; found on the real node). The host here
+/// resyncs every 10 minutes, so only the prompt recheck can release it.
+#[tokio::test]
+async fn a_deleted_idle_nodeset_goes_without_waiting_for_a_resync() -> Result<()> {
+    let Some(slurm) = slinky_tests::slurm_or_skip() else {
+        return Ok(());
+    };
+    let c = cluster_with_statefulsets().await;
+    let (ns, h, host) = start(&c, &slurm, "deleted-idle", 1).await?;
+    nodes_idle(&h, &["slinky-0"]).await?;
+    host.stop().await;
+    let host = slinky_tests::slurm::host_with_resync(&c, &ns, &h, std::time::Duration::from_secs(600))?;
+    let nodesets = Api::<NodeSet>::namespaced(c.client.clone(), &ns);
+    let result = async {
+        finalized(&nodesets).await?;
+        nodesets.delete(NS_NAME, &Default::default()).await?;
+        let gone = eventually(60, || async {
+            nodesets.get_opt(NS_NAME).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        ensure!(
+            gone.is_some(),
+            "the idle NodeSet was still there a minute after its deletion: {:?}",
+            events(&c, &ns, NS_NAME).await?
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    h.shutdown().await;
+    result
+}
+
 /// `sbatch --exclusive` a job that waits for SIGUSR1, in the partition `slinky` (on `node` when
 /// given): its id.
 async fn submit_exclusive(h: &SlurmLocal, node: Option<&str>) -> Result<String> {

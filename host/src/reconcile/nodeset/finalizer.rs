@@ -187,7 +187,9 @@ pub(super) async fn finalize(
                 }
             }
             pass.draining(&drained, "the NodeSet is deleted").await;
-            if !busy.is_empty() {
+            // Nodes still busy, or drained just now (the finalizer goes at a later pass that
+            // drains nothing): look again within seconds, not at the next resync.
+            if !busy.is_empty() || !drained.is_empty() {
                 pass.waits_for_slurm = true;
             }
             busy.is_empty() && drained.is_empty() && pass.slurm_failure.is_none()
