@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole product on a real node, as a user installs it: builds the images (images.sh), starts the
-# real single-node Kubernetes of ../shared/tools/realnode, installs slinky-host with
-# `slinky-host manifests` (its image, ServiceAccount, RBAC, leader election), applies the example
-# cluster for one node (cluster.yaml), waits for slurmctld, slurmd and slurmrestd to be Ready, runs a
-# job across every worker (`srun -N3 hostname` in the slurmctld pod) and prints what happened.
+# real single-node Kubernetes of ../shared/tools/realnode, installs slinky-host with its Helm chart
+# (its image, ServiceAccount, RBAC, leader election), applies the example cluster for one node
+# (cluster.yaml), waits for slurmctld, slurmd and slurmrestd to be Ready, runs a job across every
+# worker (`srun -N3 hostname` in the slurmctld pod), then the drains with a job running (drains.sh:
+# scale-in, rolling update, kubectl drain, NodeSet deletion), and prints what happened.
 #
-#   deploy/realnode/run.sh            # everything, then leaves the node running
+#   deploy/realnode/run.sh              # everything, then leaves the node running
+#   deploy/realnode/run.sh --manifests  # the same, installed with `slinky-host manifests` instead
 #   deploy/realnode/run.sh --stop     # stop the node (../shared/tools/realnode/stop.sh)
 #
 # Needs root, the realnode setup (../shared/tools/realnode/setup.sh), a real Slurm build
@@ -19,9 +21,15 @@ R=${REALNODE_DIR:-$HOME/realnode}
 export KUBECONFIG=$R/kube/kubeconfig
 HOST=${SLINKY_HOST_BIN:-$( [ -x "$repo/target/release/slinky-host" ] && echo "$repo/target/release/slinky-host" || echo "$repo/target/debug/slinky-host")}
 export SLINKY_HOST_BIN=$HOST
-step() { printf '\n== %s (%ds)\n' "$*" "$SECONDS"; }
+. "$here/lib.sh"
 
-if [ "${1:-}" = --stop ]; then exec bash "$tools/stop.sh"; fi
+install=helm
+case ${1:-} in
+  --stop) exec bash "$tools/stop.sh" ;;
+  --manifests) install=manifests ;;
+  "") ;;
+  *) fail "unknown option $1 (--manifests, --stop)" ;;
+esac
 [ -x "$HOST" ] || { echo "no $HOST: cargo build --release -p slinky-host" >&2; exit 1; }
 
 step "the node"
@@ -31,28 +39,32 @@ kubectl get nodes -o wide
 step "images (built from the real Slurm build and this checkout, imported into containerd)"
 bash "$here/images.sh" --import
 
-step "slinky-host, installed with its manifests"
-"$HOST" manifests --image localhost/slinky/slinky-host:dev | kubectl apply --server-side --force-conflicts -f - >/dev/null
-kubectl -n slinky-system rollout restart deploy/slinky-host >/dev/null
+# The image's tag stays `dev`: its inputs' hash, as a pod annotation, rolls the host's pods when
+# the binary changed (what a new tag does for users).
+image_inputs=$(sha256sum <"$R/images/slinky/localhost_slinky_slinky-host_dev.tar.inputs" | cut -c1-16)
+helm_managed=$(kubectl -n slinky-system get deploy slinky-host -o jsonpath='{.metadata.annotations.meta\.helm\.sh/release-name}' 2>/dev/null || true)
+if [ "$install" = helm ]; then
+  step "slinky-host, installed with its Helm chart (deploy/helm/slinky-host)"
+  if kubectl -n slinky-system get deploy slinky-host >/dev/null 2>&1 && [ -z "$helm_managed" ]; then
+    # Installed by `manifests` before: its objects go (not the CRDs, which keep the cluster's
+    # objects, and which Helm leaves alone when they exist), so that Helm owns the install.
+    echo "removing the install of \`slinky-host manifests\` first (CRDs kept)"
+    "$HOST" manifests | awk 'BEGIN{RS="\n---\n"; ORS="\n---\n"} !/\nkind: (CustomResourceDefinition|Namespace)\n/ && !/^kind: (CustomResourceDefinition|Namespace)\n/' |
+      kubectl delete --ignore-not-found --wait=true -f - >/dev/null
+  fi
+  py=$R/py-env/bin/python
+  # The same helm-python-sdk as the chart tests (tests/common/python.rs).
+  [ -x "$py" ] || { python3 -m venv "$R/py-env" && "$R/py-env/bin/pip" install -q helm-python-sdk==0.2.2; }
+  "$py" "$here/helm_install.py" "$repo/deploy/helm/slinky-host" slinky-host slinky-system \
+    "{\"image\":{\"repository\":\"localhost/slinky/slinky-host\",\"tag\":\"dev\"},\"podAnnotations\":{\"realnode/image-inputs\":\"$image_inputs\"}}" 600
+else
+  step "slinky-host, installed with its manifests"
+  [ -z "$helm_managed" ] || fail "slinky-host is installed with Helm here (release $helm_managed): uninstall it first"
+  "$HOST" manifests --image localhost/slinky/slinky-host:dev | kubectl apply --server-side --force-conflicts -f - >/dev/null
+  kubectl -n slinky-system rollout restart deploy/slinky-host >/dev/null
+fi
 kubectl -n slinky-system rollout status deploy/slinky-host --timeout=600s
 kubectl -n slinky-system get pods -o wide
-
-# This machine's PID 1 keeps a copy of the network namespaces' mounts, so the kubelet sometimes
-# cannot remove a deleted pod's namespace ("unlinkat /run/netns/cni-…: device or resource busy")
-# and the pod stays Terminating for good. Such a pod (a minute after its deletion) is removed by
-# force: what the host decided is done; only the node's teardown is helped.
-unstick() {
-  local pod since
-  for _ in $(seq 1 30); do
-    [ -z "$(kubectl -n slurm get pods -o jsonpath='{range .items[?(@.metadata.deletionTimestamp)]}{.metadata.name}{" "}{end}')" ] && return 0
-    sleep 2
-  done
-  for pod in $(kubectl -n slurm get pods -o jsonpath='{range .items[?(@.metadata.deletionTimestamp)]}{.metadata.name}{" "}{end}'); do
-    since=$(kubectl -n slurm get pod "$pod" -o jsonpath='{.metadata.deletionTimestamp}')
-    echo "pod $pod, deleted at $since, is still Terminating (the node could not remove its network namespace): removed by force"
-    kubectl -n slurm delete pod "$pod" --force --grace-period=0 >/dev/null 2>&1 || true
-  done
-}
 
 step "the example cluster (cluster.yaml)"
 kubectl get ns slurm >/dev/null 2>&1 && unstick
@@ -72,7 +84,6 @@ kubectl -n slurm wait --for=condition=Ready pod -l app.kubernetes.io/name=slurmd
 kubectl -n slurm get pods -o wide
 
 step "Slurm's view"
-ctld() { kubectl -n slurm exec slurm-controller-0 -c slurmctld -- "$@"; }
 for i in $(seq 1 60); do
   # Three idle nodes that respond (`idle*`: a record whose slurmd has not registered again).
   [ "$(ctld sinfo -h -N -o %t 2>/dev/null | grep -cx idle)" -ge 3 ] && break
@@ -84,35 +95,59 @@ ctld scontrol show nodes | grep -E "NodeName|State=" || true
 step "a job across every worker"
 ctld timeout 120 srun -p slurm-worker-slinky -N3 hostname | sort
 
-step "a scale-in while a job runs on every worker"
-# An idle worker would go first (as in Slinky): a job on all three makes the one that goes busy.
-job=$(ctld sbatch --parsable -p slurm-worker-slinky -N3 --chdir=/tmp -o /tmp/job-%j.out --wrap "srun sleep 30")
-for _ in $(seq 1 30); do [ "$(ctld squeue -h -j "$job" -o %T)" = RUNNING ] && break; sleep 1; done
-kubectl -n slurm patch nodeset slurm-worker-slinky --type merge -p '{"spec":{"replicas":2}}' >/dev/null
-ended=""; deleted=""
+step "login nodes: ssh in as root with a key, a job from there"
+key=$R/ssh/id_ed25519
+[ -f "$key" ] || { mkdir -p "$R/ssh"; ssh-keygen -q -t ed25519 -N "" -C realnode -f "$key"; }
+# login.yaml with root's authorized key at the end of the LoginSet's spec.
+{ cat "$here/login.yaml"; printf '  rootSshAuthorizedKeys: |\n    %s\n' "$(cat "$key.pub")"; } |
+  kubectl apply --server-side --force-conflicts -f - >/dev/null
+exists -n "$NS" get deploy/slurm-login-slinky
+kubectl -n "$NS" rollout status deploy/slurm-login-slinky --timeout=300s
+login_ip=$(kubectl -n "$NS" get pods -l app.kubernetes.io/name=login,app.kubernetes.io/instance=slurm-login-slinky \
+  --field-selector=status.phase=Running -o jsonpath='{.items[0].status.podIP}')
+# The host key the host made (the Secret no builder sees) is the one sshd serves.
+echo "$login_ip $(kubectl -n "$NS" get secret slurm-login-slinky-ssh-host-keys -o jsonpath='{.data.ssh_host_ed25519_key\.pub}' | base64 -d)" >"$R/ssh/known_hosts"
+ssh_login() {
+  ssh -i "$key" -o UserKnownHostsFile="$R/ssh/known_hosts" -o StrictHostKeyChecking=yes -o BatchMode=yes \
+    -o ConnectTimeout=10 "root@$login_ip" "$@"
+}
+for _ in $(seq 1 30); do ssh_login true 2>/dev/null && break; sleep 2; done
+ssh_login 'hostname; sinfo'
+ssh_login "timeout 120 srun -p $PARTITION -N3 hostname" | sort
+
+step "accounting: slurmdbd and its MariaDB, a job read back with sacct"
+kubectl apply --server-side --force-conflicts -f "$here/accounting.yaml" >/dev/null
+kubectl -n "$NS" rollout status deploy/mariadb --timeout=300s
+exists -n "$NS" get statefulset/slurm-accounting
+kubectl -n "$NS" rollout status statefulset/slurm-accounting --timeout=300s
+# Accounting added to a cluster that ran without it: slurmctld made itself a ClusterID at its first
+# start (StateSaveLocation/clustername), and slurmdbd gives the cluster another one at its first
+# registration; slurmctld then refuses to start ("fatal: CLUSTER ID MISMATCH") until that file is
+# removed. Slurm's own safety check, which no API can answer: remove the file first, as a user
+# must (docs/slurm.md). A cluster made with its accountingRef from the start needs none of it.
+if [ -z "$(kubectl -n "$NS" get controller slurm -o jsonpath='{.spec.accountingRef.name}')" ]; then
+  state_dir=$(ctld scontrol show config | awk '$1 == "StateSaveLocation" {print $3}')
+  ctld rm -f "$state_dir/clustername"
+  echo "removed $state_dir/clustername (the ClusterID slurmctld made without accounting)"
+fi
+kubectl -n "$NS" patch controller slurm --type merge -p '{"spec":{"accountingRef":{"name":"slurm"}}}' >/dev/null
+# slurmctld restarts on its new slurm.conf (without in-place reconfigure) and registers the cluster
+# with slurmdbd itself.
 for _ in $(seq 1 120); do
-  state=$(ctld squeue -h -j "$job" -o %T 2>/dev/null || true)
-  nodes=$(ctld sinfo -h -N -o '%N:%t' 2>/dev/null | tr '\n' ' ')
-  # A pod being deleted is marked `(deleted)`: the host's decision, whatever the kubelet's
-  # teardown takes.
-  pods=$(kubectl -n slurm get pods -l app.kubernetes.io/name=slurmd \
-    -o jsonpath='{range .items[*]}{.metadata.name}{.metadata.deletionTimestamp}{" "}{end}' 2>/dev/null |
-    sed -E 's/20[0-9]{2}-[0-9T:-]+Z/(deleted)/g')
-  printf '%s job %s %-9s | %s| pods %s\n' "$(date +%T)" "$job" "${state:-done}" "$nodes" "$pods"
-  [ -z "$state" ] && [ -z "$ended" ] && ended=$(date +%s)
-  # Deleted: marked, or already gone.
-  if grep -q "(deleted)" <<<"$pods" || [ "$(wc -w <<<"$pods")" -lt 3 ]; then
-    [ -n "$ended" ] || { echo "a worker's pod was deleted while the job ran on it" >&2; exit 1; }
-    deleted=$(date +%s); break
-  fi
-  sleep 2
+  ctld sacctmgr -n -P show cluster format=Cluster 2>/dev/null | grep -qx slurm && break; sleep 2
 done
-ctld scontrol show job "$job" | grep -E "JobState|RunTime"
-[ -n "$deleted" ] || { echo "no worker's pod was deleted" >&2; exit 1; }
-echo "the pod was deleted $((deleted - ended)) s after the job ended (polled every 2 s)"
-unstick
-ctld scontrol show job "$job" | grep -q "JobState=COMPLETED" || { echo "the job did not complete" >&2; exit 1; }
-kubectl -n slurm patch nodeset slurm-worker-slinky --type merge -p '{"spec":{"replicas":3}}' >/dev/null
-kubectl -n slurm get nodeset slurm-worker-slinky -o jsonpath='{.status}'; echo
+ctld scontrol show config | grep -E "^AccountingStorage(Type|Host) "
+ctld sacctmgr -n -P show cluster format=Cluster | grep -qx slurm || fail "the cluster is not registered in slurmdbd"
+ctld_answers
+for _ in $(seq 1 60); do [ "$(ctld sinfo -h -N -p "$PARTITION" -o %t 2>/dev/null | grep -cx idle)" -ge 3 ] && break; sleep 2; done
+job=$(ctld sbatch --parsable -p "$PARTITION" -N3 --chdir=/tmp -o /dev/null --wrap "srun true")
+for _ in $(seq 1 60); do
+  line=$(ctld sacct -X -n -P -j "$job" -o JobID,State,NodeList 2>/dev/null || true)
+  grep -q "|COMPLETED|" <<<"$line" && break; sleep 2
+done
+echo "sacct -X -n -P -j $job -o JobID,State,NodeList: $line"
+grep -q "|COMPLETED|" <<<"$line" || fail "sacct does not list job $job as COMPLETED"
+
+bash "$here/drains.sh"
 
 printf '\ndone in %ds; the node keeps running (deploy/realnode/run.sh --stop)\n' "$SECONDS"
