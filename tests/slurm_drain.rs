@@ -599,7 +599,8 @@ async fn finalized(nodesets: &Api<NodeSet>) -> Result<()> {
 }
 
 /// A deleted NodeSet stays (its finalizer), its node drained, while a job runs there; once the
-/// job ends it goes.
+/// job ends it goes, [`RELEASE_SETTLE`](slinky_host::reconcile::nodeset::RELEASE_SETTLE) after
+/// its node was seen idle.
 #[tokio::test]
 async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
     let Some(slurm) = slinky_tests::slurm_or_skip() else {
@@ -624,11 +625,20 @@ async fn a_deleted_nodeset_stays_while_a_job_runs_on_it() -> Result<()> {
             "the NodeSet went while its job ran"
         );
         end_job(&h, &job).await?;
+        let ended = std::time::Instant::now();
         let gone = eventually(90, || async {
             nodesets.get_opt(NS_NAME).await.ok()?.is_none().then_some(())
         })
         .await;
         ensure!(gone.is_some(), "the NodeSet never went after its job");
+        // Not before its node was seen idle for RELEASE_SETTLE: the finalizer's removal restarts
+        // slurmctld (slurm.conf), which must have saved the job's end first.
+        let settle = slinky_host::reconcile::nodeset::RELEASE_SETTLE;
+        ensure!(
+            ended.elapsed() >= settle,
+            "the NodeSet went {:?} after its job's end, before {settle:?}",
+            ended.elapsed()
+        );
         ensure!(
             job_state(&h, &job).await? == "COMPLETED",
             "the job did not complete"

@@ -355,7 +355,10 @@ pub(super) fn drop_sidecars(rt: &ResourceType, obj: &mut Value, old: Option<&Val
         .and_then(|o| o.pointer(at))
         .and_then(|spec| spec.get("initContainers"))
         .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| c.get("restartPolicy").is_some()));
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.get("restartPolicy").and_then(Value::as_str) == Some("Always"))
+        });
     if in_use {
         return;
     }

@@ -18,10 +18,18 @@
 //!   is listed again or has been missing for longer than `SlurmdTimeout` (absence is not evidence).
 //! * When Slurm cannot be asked the finalizer stays (fail closed), with the `SlurmFailure`
 //!   condition and an Event saying why; remove it by hand to give up on the jobs.
+//! * The finalizer goes only once the nodes have been seen idle and drained for
+//!   [`RELEASE_SETTLE`]: its removal rewrites `slurm.conf`, which restarts slurmctld (without
+//!   in-place reconfigure) a second or two later, and slurmctld must have saved the end of the
+//!   last job by then.
 //! * Only background deletion waits: `--cascade=foreground` deletes the pods first, as for any
 //!   owner.
 
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -125,6 +133,40 @@ async fn queued_first(pass: &mut Pass<'_>, cluster: &crate::reconcile::slurm::Cl
     }
 }
 
+/// How long a deleted NodeSet's nodes must have been seen idle and drained before its finalizer
+/// goes. On the real node, slurmctld restarted 1 s after a job's end (the finalizer's removal
+/// rewrote `slurm.conf`) and in 2 of 6 deletions recovered that job from its saved state as still
+/// running: `COMPLETING` on nodes then gone, requeued minutes later, to run again. slurmctld saves
+/// a changed job within 5 s (`SAVE_MAX_WAIT`): twice that.
+pub const RELEASE_SETTLE: Duration = Duration::from_secs(10);
+
+/// When each deleted NodeSet (by uid) was first seen with every node idle and drained.
+#[derive(Debug, Default)]
+pub(crate) struct Settling(Mutex<HashMap<String, Instant>>);
+
+impl Settling {
+    /// How long `uid` must still wait, first seen settled now if it was not (`None`: release).
+    fn remaining(&self, uid: &str, now: Instant) -> Option<Duration> {
+        let mut seen = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let since = *seen.entry(uid.to_string()).or_insert(now);
+        let waited = now.saturating_duration_since(since);
+        if waited >= RELEASE_SETTLE {
+            seen.remove(uid);
+            None
+        } else {
+            Some(RELEASE_SETTLE - waited)
+        }
+    }
+
+    /// `uid` is not settled (a node busy or drained just now, Slurm unreachable), or gone.
+    pub(crate) fn forget(&self, uid: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(uid);
+    }
+}
+
 /// A deleted NodeSet: drain its nodes and remove the finalizer once no job runs there (at a
 /// pass that drained nothing: a job may have landed on a node between the list and its drain).
 /// Returns whether the finalizer was removed.
@@ -192,7 +234,23 @@ pub(super) async fn finalize(
             if !busy.is_empty() || !drained.is_empty() {
                 pass.waits_for_slurm = true;
             }
-            busy.is_empty() && drained.is_empty() && pass.slurm_failure.is_none()
+            let settling = &pass.ctx.settling;
+            if busy.is_empty() && drained.is_empty() && pass.slurm_failure.is_none() {
+                match settling.remaining(&pass.uid, Instant::now()) {
+                    None => true,
+                    Some(wait) => {
+                        tracing::debug!(
+                            ?wait,
+                            "the deleted NodeSet's nodes are idle: its finalizer goes once they stay so"
+                        );
+                        pass.come_back_within(wait);
+                        false
+                    }
+                }
+            } else {
+                settling.forget(&pass.uid);
+                false
+            }
         }
     };
     if release {

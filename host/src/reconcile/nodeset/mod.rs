@@ -85,6 +85,7 @@ const DRAIN_RECHECK: Duration = Duration::from_secs(3);
 /// (at most [`crate::reconcile::slurm::NODES_TTL`]): 25 s, within Slinky's 30 s refresh.
 pub const PROTECT_INTERVAL: Duration = Duration::from_secs(15);
 use crate::plugins::{BuilderKind, Pipeline};
+pub use finalizer::RELEASE_SETTLE;
 
 /// What the NodeSet reconciler gets.
 pub struct NodeSetContext {
@@ -108,6 +109,8 @@ pub struct NodeSetContext {
     pub(crate) revisions: revisions::Revisions,
     /// DaemonSet mode: the per-node backoff of failed pods.
     pub(crate) daemon_backoff: daemon::DaemonBackoff,
+    /// Deleted NodeSets whose nodes were seen idle, waiting out [`finalizer::RELEASE_SETTLE`].
+    pub(crate) settling: finalizer::Settling,
 }
 
 impl NodeSetContext {
@@ -129,6 +132,7 @@ impl NodeSetContext {
             differing: differing::DifferingPods::default(),
             revisions: revisions::Revisions::default(),
             daemon_backoff: daemon::DaemonBackoff::default(),
+            settling: finalizer::Settling::default(),
         }
     }
 }
@@ -313,6 +317,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
             && reservation::finalize(&mut pass, controller.as_deref()).await
         {
             ctx.expectations.forget(&pass.uid);
+            ctx.settling.forget(&pass.uid);
             ctx.differing.forget(&pass.uid);
             ctx.revisions.forget(&pass.uid);
             return Ok(Action::await_change());
