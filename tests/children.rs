@@ -1646,19 +1646,12 @@ async fn high_availability_on_a_claim_that_is_not_read_write_many_is_an_invalid_
 /// not apply again for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sidecar_the_api_server_drops_is_a_warning_that_says_what_to_do() -> Result<()> {
-    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
-        sidecar_containers: false,
-        ..Default::default()
-    })
-    .await;
-    let version = c.client.apiserver_version().await?;
-    if version.minor != "28" {
-        eprintln!(
-            "SKIP a_sidecar_the_api_server_drops_…: the cluster is Kubernetes {}, which keeps native sidecars",
-            version.git_version
-        );
+    let Some(c) =
+        TestCluster::without_sidecars("a_sidecar_the_api_server_drops_is_a_warning_that_says_what_to_do")
+            .await
+    else {
         return Ok(());
-    }
+    };
     c.install_crds(&slinky_host::cmd::crds::crds()).await;
     let ns = c.namespace("sidecar-dropped").await;
     apply_file(&c, &ns, "slurm-cluster.yaml", |v| {

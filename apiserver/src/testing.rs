@@ -94,6 +94,37 @@ impl TestCluster {
         Self::start_with(ApiServerConfig::default()).await
     }
 
+    /// A cluster that drops native sidecars as Kubernetes 1.28 does by default: the embedded
+    /// server with its `SidecarContainers` gate off, or the real cluster when it is a 1.28 one.
+    /// `None` on a newer real cluster, which keeps them (the skip is said and listed).
+    ///
+    /// # Panics
+    /// When the cluster cannot start or does not say its version (the harness's way to fail).
+    pub async fn without_sidecars(test: &str) -> Option<Self> {
+        let c = Self::start_with(ApiServerConfig {
+            sidecar_containers: false,
+            ..Default::default()
+        })
+        .await;
+        let version = c
+            .client
+            .apiserver_version()
+            .await
+            .unwrap_or_else(|e| panic!("{test}: cannot read the API server's version: {e}"));
+        if version.minor.trim_end_matches('+') == "28" {
+            return Some(c);
+        }
+        skip(
+            test,
+            "kubernetes-1.28",
+            &format!(
+                "the cluster is Kubernetes {}, which keeps native sidecars",
+                version.git_version
+            ),
+        );
+        None
+    }
+
     /// Start with a given embedded-server configuration (ignored on a real cluster).
     pub async fn start_with(config: ApiServerConfig) -> Self {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));

@@ -2783,19 +2783,12 @@ async fn deployment_rollout(
 /// slurmctld pod's logfile sidecar held it in `Init`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_sidecar_gate_init_containers_lose_their_restart_policy() -> Result<()> {
-    let c = TestCluster::start_with(slinky_apiserver::ApiServerConfig {
-        sidecar_containers: false,
-        ..Default::default()
-    })
-    .await;
-    let version = c.client.apiserver_version().await?;
-    if version.minor != "28" {
-        eprintln!(
-            "SKIP without_the_sidecar_gate_…: the cluster is Kubernetes {}, which keeps native sidecars",
-            version.git_version
-        );
+    let Some(c) =
+        TestCluster::without_sidecars("without_the_sidecar_gate_init_containers_lose_their_restart_policy")
+            .await
+    else {
         return Ok(());
-    }
+    };
     let ns = c.namespace("sidecars").await;
     let spec = json!({
         "initContainers": [{"name": "logfile", "image": "busybox:1", "restartPolicy": "Always"},
