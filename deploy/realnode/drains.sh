@@ -8,7 +8,8 @@
 #                    it; afterwards every pod is on the new revision and its node idle again
 #   kubectl drain    `kubectl drain` of the node (the workers' pods only): every eviction is refused by
 #                    the pod-protect budget while the job runs, the drain goes through after it; the
-#                    node's cordon drains the Slurm nodes, its uncordon undrains them
+#                    node's cordon drains the Slurm nodes (printed: `drng`), and after its uncordon
+#                    the three are idle (undrained) again
 #   NodeSet deletion `kubectl delete nodeset`: the NodeSet stays (its finalizer), its pods too, until the
 #                    job ends; then both go; the NodeSet is applied again
 #
@@ -55,11 +56,16 @@ follow() {
   TOUCHED=""
   local start=$SECONDS
   while :; do
+    # The pods first, then the job: a deletion seen with the job still RUNNING after it happened
+    # before the job's end. A failed read of the pods is no evidence: read again.
+    if ! pods=$(workers -o jsonpath='{range .items[*]}{.metadata.uid}={.metadata.name}={.metadata.deletionTimestamp}={.metadata.deletionGracePeriodSeconds}{" "}{end}' 2>/dev/null); then
+      [ $((SECONDS - start)) -lt "$limit" ] || fail "the API server did not answer for $limit s"
+      sleep 2; continue
+    fi
     # `done`: the job left the queue; `?`: slurmctld did not answer (it restarts for a slurm.conf
     # change without in-place reconfigure).
     if out=$(ctld squeue -h -j "$JOB" -o %T 2>/dev/null); then state=${out:-done}; else state="?"; fi
     nodes=$({ ctld sinfo -h -N -p "$PARTITION" -o '%N:%t' 2>/dev/null || echo "?"; } | sed "s/^$NODESET-//" | tr '\n' ' ')
-    pods=$(workers -o jsonpath='{range .items[*]}{.metadata.uid}={.metadata.name}={.metadata.deletionTimestamp}={.metadata.deletionGracePeriodSeconds}{" "}{end}' 2>/dev/null || true)
     for uid in $uids; do
       line=$(tr ' ' '\n' <<<"$pods" | grep "^$uid=" || true)
       # Deleted at its deletionTimestamp less its grace period (the timestamp is when the kubelet's
@@ -79,7 +85,10 @@ follow() {
     sleep 2
   done
   ctld_answers
-  out=$(ctld scontrol show job "$JOB")
+  # slurmctld may restart again just now (the NodeSet's nodes leave slurm.conf): ask until it answers.
+  out=""
+  for _ in $(seq 1 60); do out=$(ctld scontrol show job "$JOB" 2>/dev/null) && break; sleep 2; done
+  [ -n "$out" ] || fail "slurmctld does not show job $JOB"
   grep -q "JobState=COMPLETED" <<<"$out" || fail "job $JOB did not complete: $(grep JobState <<<"$out")"
   # slurmctld's clock is UTC (the images have no zoneinfo).
   ended=$(date -u -d "$(grep -oE 'EndTime=[0-9T:-]+' <<<"$out" | cut -d= -f2)" +%s)
@@ -133,11 +142,14 @@ kubectl_drain() {
     fail "pod-protect is not on the three busy workers: $(workers --show-labels)"
   kubectl drain "$node" --pod-selector=app.kubernetes.io/name=slurmd --ignore-daemonsets \
     --delete-emptydir-data --timeout=300s >"$log" 2>&1 &
-  local drain=$!
-  follow "! kill -0 $drain 2>/dev/null" 360
-  wait "$drain" || { cat "$log"; fail "kubectl drain failed"; }
+  DRAIN_PID=$! DRAINED_NODE=$node
+  # Whatever happens next, the node does not stay cordoned (the next run would wait for ever).
+  trap 'kill "$DRAIN_PID" 2>/dev/null; kubectl uncordon "$DRAINED_NODE" >/dev/null 2>&1' EXIT
+  follow "! kill -0 $DRAIN_PID 2>/dev/null" 360
+  wait "$DRAIN_PID" || { cat "$log"; fail "kubectl drain failed"; }
   echo "kubectl drain: $(grep -c "disruption budget" "$log") evictions refused by the budget while the job ran; then: $(grep -c evicted "$log") pods evicted"
   kubectl uncordon "$node" >/dev/null
+  trap - EXIT
   three_idle
   echo "after the uncordon the three workers are back, idle (undrained) in Slurm"
 }

@@ -211,7 +211,7 @@ d=/var/lib/mysql
 mkdir -p "$d" /run/mysqld
 chown mysql:mysql "$d" /run/mysqld
 if [ ! -d "$d/mysql" ]; then
-  mariadb-install-db --no-defaults --datadir="$d" --user=mysql --auth-root-authentication-method=normal \
+  mariadb-install-db --no-defaults --datadir="$d" --user=mysql --auth-root-authentication-method=socket \
     --skip-test-db --skip-name-resolve >/dev/null
 fi
 q() { printf '%s' "$1" | sed "s/'/''/g"; }

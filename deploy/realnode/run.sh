@@ -3,8 +3,10 @@
 # real single-node Kubernetes of ../shared/tools/realnode, installs slinky-host with its Helm chart
 # (its image, ServiceAccount, RBAC, leader election), applies the example cluster for one node
 # (cluster.yaml), waits for slurmctld, slurmd and slurmrestd to be Ready, runs a job across every
-# worker (`srun -N3 hostname` in the slurmctld pod), then the drains with a job running (drains.sh:
-# scale-in, rolling update, kubectl drain, NodeSet deletion), and prints what happened.
+# worker (`srun -N3 hostname` in the slurmctld pod), logs into a login pod over ssh and runs one
+# from there (login.yaml), adds accounting (accounting.yaml: slurmdbd, a MariaDB, sacct), then the
+# drains with a job running (drains.sh: scale-in, rolling update, kubectl drain, NodeSet
+# deletion), and prints what happened.
 #
 #   deploy/realnode/run.sh              # everything, then leaves the node running
 #   deploy/realnode/run.sh --manifests  # the same, installed with `slinky-host manifests` instead
@@ -41,7 +43,7 @@ bash "$here/images.sh" --import
 
 # The image's tag stays `dev`: its inputs' hash, as a pod annotation, rolls the host's pods when
 # the binary changed (what a new tag does for users).
-image_inputs=$(sha256sum <"$R/images/slinky/localhost_slinky_slinky-host_dev.tar.inputs" | cut -c1-16)
+image_inputs=$(sha256sum <"${SLINKY_IMAGES_DIR:-$R/images/slinky}/localhost_slinky_slinky-host_dev.tar.inputs" | cut -c1-16)
 helm_managed=$(kubectl -n slinky-system get deploy slinky-host -o jsonpath='{.metadata.annotations.meta\.helm\.sh/release-name}' 2>/dev/null || true)
 if [ "$install" = helm ]; then
   step "slinky-host, installed with its Helm chart (deploy/helm/slinky-host)"
@@ -54,7 +56,9 @@ if [ "$install" = helm ]; then
   fi
   py=$R/py-env/bin/python
   # The same helm-python-sdk as the chart tests (tests/common/python.rs).
-  [ -x "$py" ] || { python3 -m venv "$R/py-env" && "$R/py-env/bin/pip" install -q helm-python-sdk==0.2.2; }
+  if ! { [ -x "$py" ] && "$py" -c 'import helm_python' 2>/dev/null; }; then
+    python3 -m venv "$R/py-env" && "$R/py-env/bin/pip" install -q helm-python-sdk==0.2.2
+  fi
   "$py" "$here/helm_install.py" "$repo/deploy/helm/slinky-host" slinky-host slinky-system \
     "{\"image\":{\"repository\":\"localhost/slinky/slinky-host\",\"tag\":\"dev\"},\"podAnnotations\":{\"realnode/image-inputs\":\"$image_inputs\"}}" 600
 else
@@ -89,6 +93,7 @@ for i in $(seq 1 60); do
   [ "$(ctld sinfo -h -N -o %t 2>/dev/null | grep -cx idle)" -ge 3 ] && break
   sleep 2
 done
+[ "$(ctld sinfo -h -N -o %t 2>/dev/null | grep -cx idle)" -ge 3 ] || { ctld sinfo -N; fail "the three workers are not idle in Slurm"; }
 ctld sinfo
 ctld scontrol show nodes | grep -E "NodeName|State=" || true
 
@@ -103,8 +108,11 @@ key=$R/ssh/id_ed25519
   kubectl apply --server-side --force-conflicts -f - >/dev/null
 exists -n "$NS" get deploy/slurm-login-slinky
 kubectl -n "$NS" rollout status deploy/slurm-login-slinky --timeout=300s
+# A Running pod that is not being deleted (an old one may stay Terminating on this machine).
 login_ip=$(kubectl -n "$NS" get pods -l app.kubernetes.io/name=login,app.kubernetes.io/instance=slurm-login-slinky \
-  --field-selector=status.phase=Running -o jsonpath='{.items[0].status.podIP}')
+  --field-selector=status.phase=Running \
+  -o jsonpath='{range .items[*]}{.metadata.deletionTimestamp}|{.status.podIP}{"\n"}{end}' | awk -F'|' '$1 == "" && $2 != "" {print $2; exit}')
+[ -n "$login_ip" ] || fail "no running login pod"
 # The host key the host made (the Secret no builder sees) is the one sshd serves.
 echo "$login_ip $(kubectl -n "$NS" get secret slurm-login-slinky-ssh-host-keys -o jsonpath='{.data.ssh_host_ed25519_key\.pub}' | base64 -d)" >"$R/ssh/known_hosts"
 ssh_login() {
