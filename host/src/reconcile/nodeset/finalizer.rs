@@ -158,7 +158,7 @@ impl Settling {
         }
     }
 
-    /// `uid` is not settled (a node busy or drained just now, Slurm unreachable), or gone.
+    /// `uid` is not settled (a node busy or drained just now), or gone.
     pub(crate) fn forget(&self, uid: &str) {
         self.0
             .lock()
@@ -235,7 +235,11 @@ pub(super) async fn finalize(
                 pass.waits_for_slurm = true;
             }
             let settling = &pass.ctx.settling;
-            if busy.is_empty() && drained.is_empty() && pass.slurm_failure.is_none() {
+            if busy.is_empty() && drained.is_empty() && pass.slurm_failure.is_some() {
+                // A call that failed (a drain refused, slurmrestd slow) is no sight of a job:
+                // the clock keeps running, the release waits for a pass without failure.
+                false
+            } else if busy.is_empty() && drained.is_empty() {
                 match settling.remaining(&pass.uid, Instant::now()) {
                     None => true,
                     Some(wait) => {
@@ -248,6 +252,7 @@ pub(super) async fn finalize(
                     }
                 }
             } else {
+                tracing::debug!(?busy, ?drained, "the deleted NodeSet's nodes are not settled");
                 settling.forget(&pass.uid);
                 false
             }
