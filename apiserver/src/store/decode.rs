@@ -302,11 +302,10 @@ pub(super) fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
     if rt.custom {
         return;
     }
+    pod_spec(pod_spec_pointer(rt).and_then(|at| obj.pointer_mut(at)));
     match rt.plural.as_str() {
-        "pods" => pod_spec(obj.get_mut("spec")),
         "persistentvolumeclaims" => claim(obj.get_mut("spec")),
         "statefulsets" => {
-            pod_spec(obj.pointer_mut("/spec/template/spec"));
             for t in obj
                 .pointer_mut("/spec/volumeClaimTemplates")
                 .and_then(Value::as_array_mut)
@@ -322,10 +321,6 @@ pub(super) fn canonical_quantities(rt: &ResourceType, obj: &mut Value) {
                     m.insert("kind".into(), "PersistentVolumeClaim".into());
                 }
             }
-        }
-        "deployments" | "replicasets" | "daemonsets" | "jobs" | "podtemplates" => {
-            pod_spec(obj.pointer_mut("/spec/template/spec"));
-            pod_spec(obj.pointer_mut("/template/spec"));
         }
         _ => {}
     }
