@@ -8,8 +8,11 @@
 //! alone. Needs root and a Slurm build; without them only the run without Slurm is printed.
 //!
 //! Printed per run: the scale-up 3 → N (creates need no Slurm), the steady state (NodeSet passes,
-//! Slurm requests per pass, API writes per resync), a scale-in of 100 pods, and with Slurm the
-//! latency of one node list.
+//! Slurm requests per pass and per minute for the Controller, API writes per resync), a scale-in
+//! of 100 pods (with Slurm their nodes are idle first, so it drains them), and with Slurm the
+//! steady state again with 9 more NodeSets on the Controller (the rate per Controller must not
+//! grow) and the latency of the node list, read whole and as the host reads it (since the last
+//! one's time).
 //!
 //! `cargo bench -p slinky-host --bench slurm` (`BENCH_PODS`, default 1000; `BENCH_RESYNCS`,
 //! default 5; resync 2 s).
@@ -246,28 +249,131 @@ async fn scale_in(nodesets: &Api<NodeSet>, handles: &reconcile::Handles, pods: i
     Ok(())
 }
 
-/// Prints the latency of one node list through `h`'s slurmrestd (20 of them: median and max).
-async fn node_list_latency(client: &kube::Client, h: &slinky_slurm_local::SlurmLocal) -> anyhow::Result<()> {
+/// NodeSets added to the Controller for the second steady state.
+const EXTRA_NODESETS: usize = 9;
+
+/// Adds `n` NodeSets of 10 pods each (hostnames `x<i>-<ordinal>`, which Slurm does not list) to
+/// the Controller and waits until their pods are available.
+async fn more_nodesets(client: &kube::Client, n: usize) -> anyhow::Result<()> {
+    let api: Api<NodeSet> = Api::namespaced(client.clone(), WORKERS);
+    let mut template = serde_json::to_value(api.get(NODESET).await?)?;
+    template["metadata"] = json!({"namespace": WORKERS});
+    template.as_object_mut().map(|o| o.remove("status"));
+    for i in 0..n {
+        let mut ns = template.clone();
+        ns["metadata"]["name"] = json!(format!("extra-{i}"));
+        ns["spec"]["replicas"] = json!(10);
+        ns["spec"]["template"]["spec"]["hostname"] = json!(format!("x{i}-"));
+        api.create(&Default::default(), &serde_json::from_value(ns)?)
+            .await?;
+    }
+    let t = Instant::now();
+    loop {
+        let done = api
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("extra-"))
+            })
+            .filter(|s| s.status.as_ref().is_some_and(|st| st.available_replicas == 10))
+            .count();
+        if done == n {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(120),
+            "only {done} of {n} extra NodeSets available"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A client of `h`'s slurmrestd with the example Controller's key.
+async fn slurm_client(
+    client: &kube::Client,
+    h: &slinky_slurm_local::SlurmLocal,
+) -> anyhow::Result<slinky_slurm::Client> {
     let key = jwt_key(client).await?;
-    let c = slinky_slurm::Client::new(
+    Ok(slinky_slurm::Client::new(
         &h.restapi_url(),
         slinky_slurm::jwt::Tokens::new(key, "slurm", slinky_slurm::jwt::LIFETIME),
         slinky_slurm::DEFAULT_TIMEOUT,
-    )?;
-    let mut times = Vec::new();
-    let mut listed = 0;
+    )?)
+}
+
+/// Median and max of `times` (ms).
+fn p50_max(mut times: Vec<f64>) -> (f64, f64) {
+    times.sort_by(f64::total_cmp);
+    (times[times.len() / 2], times[times.len() - 1])
+}
+
+/// Prints the latency of the node list through `h`'s slurmrestd, 20 reads each: read whole,
+/// and read since the last one's time as the host reads it (a 304 while nothing changed).
+async fn node_list_latency(client: &kube::Client, h: &slinky_slurm_local::SlurmLocal) -> anyhow::Result<()> {
+    use slinky_slurm::NodeList;
+    let c = slurm_client(client, h).await?;
+    let (mut whole, mut since) = (Vec::new(), Vec::new());
+    let (mut listed, mut last, mut unchanged) = (0, None, 0);
     for _ in 0..20 {
         let t = Instant::now();
-        listed = c.nodes().await?.len();
-        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        if let NodeList::Changed { nodes, last_update } = c.nodes_since(None).await? {
+            listed = nodes.len();
+            last = last_update;
+        }
+        whole.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    times.sort_by(f64::total_cmp);
+    for _ in 0..20 {
+        let t = Instant::now();
+        match c.nodes_since(last).await? {
+            NodeList::Unchanged => unchanged += 1,
+            NodeList::Changed { last_update, .. } => last = last_update,
+        }
+        since.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (w50, wmax) = p50_max(whole);
+    let (s50, smax) = p50_max(since);
     println!(
-        "  one node list ({listed} nodes) through slurmrestd: p50 {:.1} ms, max {:.1} ms",
-        times[times.len() / 2],
-        times[times.len() - 1]
+        "  node list ({listed} nodes) through slurmrestd: whole p50 {w50:.1} ms, max {wmax:.1} ms; since the last one's time (the host's steady read) p50 {s50:.1} ms, max {smax:.1} ms ({unchanged} of 20 answered 304, nothing changed)"
     );
     Ok(())
+}
+
+/// Marks the nodes `slinky-[0-last]` IDLE (no slurmd runs, so slurmctld has them UNKNOWN), so a
+/// scale-in must drain them, and waits until Slurm lists the 100 to go idle.
+async fn idle_nodes(h: &slinky_slurm_local::SlurmLocal, last: i32, first_gone: i32) -> anyhow::Result<()> {
+    // Slurm takes no IDLE for a node that never registered: DOWN, then RESUME (IDLE, not
+    // responding: no slurmd runs).
+    let nodes = format!("nodename=slinky-[0-{last}]");
+    h.exec_ok(&["scontrol", "update", &nodes, "state=down", "reason=bench"])
+        .await?;
+    h.exec_ok(&["scontrol", "update", &nodes, "state=resume"]).await?;
+    let t = Instant::now();
+    loop {
+        let nodes = h.nodes(Some("bench")).await?;
+        let idle = nodes
+            .iter()
+            .filter(|n| {
+                n.name
+                    .strip_prefix("slinky-")
+                    .and_then(|i| i.parse::<i32>().ok())
+                    .is_some_and(|i| i >= first_gone && i < first_gone + 100)
+                    && n.state.to_ascii_lowercase().starts_with("idle")
+            })
+            .count();
+        if idle >= 100 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(60),
+            "only {idle} of the 100 nodes to go are idle"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<()> {
@@ -301,9 +407,17 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
         t.elapsed().as_secs_f64()
     );
     steady_state(&host.handles, resync).await;
+    if let Some(h) = &harness {
+        // Idle nodes: the scale-in drains them (one request) before their pods go.
+        idle_nodes(h, pods + 9, pods - 100).await?;
+    }
     scale_in(&nodesets, &host.handles, pods).await?;
 
     if let Some(h) = &harness {
+        // The steady request rate stays flat with the NodeSet count (one shared node list).
+        more_nodesets(&client, EXTRA_NODESETS).await?;
+        println!("  with {} NodeSets on the Controller:", EXTRA_NODESETS + 1);
+        steady_state(&host.handles, resync).await;
         node_list_latency(&client, h).await?;
         h.shutdown().await;
     }

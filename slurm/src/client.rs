@@ -17,7 +17,6 @@ use serde_json::Value;
 use crate::{
     Error,
     jwt::Tokens,
-    node::Node,
     reservation::{Reservation, ReservationRequest},
 };
 
@@ -244,7 +243,7 @@ impl Client {
 
     /// A call in the agreed data parser; a 404 on the version itself renegotiates once (the
     /// server was replaced by another Slurm).
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         what: &str,
@@ -269,6 +268,10 @@ impl Client {
                 what: what.to_string(),
                 message,
             });
+        }
+        if status == StatusCode::NOT_MODIFIED {
+            // Only a read with `update_time` gets it: nothing changed since.
+            return Ok(Value::Null);
         }
         if status == StatusCode::NOT_FOUND && value.get("meta").is_none() {
             *self
@@ -295,15 +298,6 @@ impl Client {
         parse(&value, "pings", "ping")
     }
 
-    /// Every node (`GET /slurm/<v>/nodes`).
-    ///
-    /// # Errors
-    /// The call failed, or its answer is not a node list.
-    pub async fn nodes(&self) -> Result<Vec<Node>, Error> {
-        let value = self.call(Method::GET, "the node list", "/nodes", None).await?;
-        parse(&value, "nodes", "nodes")
-    }
-
     /// Every job (`GET /slurm/<v>/jobs`).
     ///
     /// # Errors
@@ -311,88 +305,6 @@ impl Client {
     pub async fn jobs(&self) -> Result<Vec<crate::Job>, Error> {
         let value = self.call(Method::GET, "the job list", "/jobs", None).await?;
         parse(&value, "jobs", "jobs")
-    }
-
-    /// Mark `node` DRAIN with `reason` (which should start with [`crate::REASON_PREFIX`]).
-    ///
-    /// # Errors
-    /// The call failed or Slurm refused it.
-    pub async fn drain(&self, node: &str, reason: &str) -> Result<(), Error> {
-        let body = serde_json::json!({"state": ["DRAIN"], "reason": reason});
-        self.call(
-            Method::POST,
-            &format!("draining node {node}"),
-            &format!("/node/{node}"),
-            Some(&body),
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Take the DRAIN flag off `node` (`UNDRAIN`: a DOWN node stays down).
-    ///
-    /// # Errors
-    /// The call failed or Slurm refused it.
-    pub async fn undrain(&self, node: &str) -> Result<(), Error> {
-        let body = serde_json::json!({"state": ["UNDRAIN"]});
-        self.call(
-            Method::POST,
-            &format!("undraining node {node}"),
-            &format!("/node/{node}"),
-            Some(&body),
-        )
-        .await
-        .map(drop)
-    }
-}
-
-impl Client {
-    /// Delete the record of `node` (a dynamic node whose worker is gone for good).
-    ///
-    /// # Errors
-    /// The call failed or Slurm refused it.
-    pub async fn delete_node(&self, node: &str) -> Result<(), Error> {
-        self.call(
-            Method::DELETE,
-            &format!("deleting node {node}"),
-            &format!("/node/{node}"),
-            None,
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Return a DOWN or DRAIN `node` to service (`RESUME`).
-    ///
-    /// # Errors
-    /// The call failed or Slurm refused it.
-    pub async fn resume(&self, node: &str) -> Result<(), Error> {
-        let body = serde_json::json!({"state": ["RESUME"]});
-        self.call(
-            Method::POST,
-            &format!("resuming node {node}"),
-            &format!("/node/{node}"),
-            Some(&body),
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Mark `node` DOWN with `reason` (a node already DOWN keeps its jobs' fate: it has none;
-    /// jobs on a node that is not down are killed, so the host sends this only to a DOWN node).
-    ///
-    /// # Errors
-    /// The call failed or Slurm refused it.
-    pub async fn down(&self, node: &str, reason: &str) -> Result<(), Error> {
-        let body = serde_json::json!({"state": ["DOWN"], "reason": reason});
-        self.call(
-            Method::POST,
-            &format!("marking node {node} down"),
-            &format!("/node/{node}"),
-            Some(&body),
-        )
-        .await
-        .map(drop)
     }
 }
 
@@ -466,7 +378,11 @@ impl Client {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(value: &Value, field: &str, what: &str) -> Result<Vec<T>, Error> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(
+    value: &Value,
+    field: &str,
+    what: &str,
+) -> Result<Vec<T>, Error> {
     let list = value.get(field).cloned().ok_or_else(|| Error::Parse {
         what: what.to_string(),
         why: format!("no `{field}` in the answer"),

@@ -14,6 +14,7 @@ pub mod hostlist;
 mod job;
 pub mod jwt;
 mod node;
+mod node_calls;
 mod reservation;
 
 use std::time::Duration;
@@ -21,6 +22,7 @@ use std::time::Duration;
 pub use client::{Client, DEFAULT_TIMEOUT, Ping, RESERVATION_WRITE_VERSION, VERSIONS, in_control};
 pub use job::{Deadline, Job, deadlines};
 pub use node::{Counts, Node, REASON_PREFIX};
+pub use node_calls::{NodeList, NodeUpdate};
 pub use reservation::{Reservation, ReservationRequest};
 
 /// Why a call to slurmrestd did not do what was asked.

@@ -20,7 +20,9 @@
 //! * At most one node list per Controller per [`NODES_TTL`] (10 s): every NodeSet of a Controller
 //!   shares it, so the steady request rate stays flat with the NodeSet count. A drain or undrain forgets it, so the next pass reads what it
 //!   did. A pass about to delete a pod reads a fresh one ([`Cluster::fresh_nodes`]): a delete is
-//!   never decided on a list older than the pass.
+//!   never decided on a list older than the pass. Every read after the first asks with the time
+//!   of the last (`update_time`): an unchanged list is a 304 without a body.
+//! * Drains and undrains of several nodes go in one request (a host list).
 
 use std::{
     collections::HashMap,
@@ -34,7 +36,7 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 use slinky_api::{Controller, RestApi};
-use slinky_slurm::{Client, Node, jwt::Tokens};
+use slinky_slurm::{Client, Node, NodeList, NodeUpdate, jwt::Tokens};
 
 use super::{Caches, core::locked};
 
@@ -93,12 +95,21 @@ pub enum Reach {
     On(Arc<Cluster>),
 }
 
+/// The shared node list: when it was read, and slurmctld's time of it.
+#[derive(Default)]
+struct Listed {
+    list: Option<(Instant, Arc<Vec<Node>>)>,
+    last_update: Option<i64>,
+    /// A drain or undrain since: read again (with the time: what changed comes back).
+    stale: bool,
+}
+
 /// One Controller's slurmrestd client and its shared node list.
 pub struct Cluster {
     client: Client,
     /// When its key was last read and found the same.
     checked: Mutex<Instant>,
-    nodes: tokio::sync::Mutex<Option<(Instant, Arc<Vec<Node>>)>>,
+    nodes: tokio::sync::Mutex<Listed>,
     /// When each busy node's jobs end, read at most once per [`JOBS_TTL`].
     deadlines: tokio::sync::Mutex<Option<(Instant, Arc<Deadlines>)>>,
     /// Nodes Slurm did not list while their pods ran: name → (the pod's UID, when first found
@@ -119,14 +130,39 @@ impl Cluster {
     /// Why Slurm could not be asked.
     pub async fn nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
         let mut held = self.nodes.lock().await;
-        if let Some((at, nodes)) = held.as_ref()
+        if let Some((at, nodes)) = held.list.as_ref()
             && at.elapsed() < NODES_TTL
+            && !held.stale
         {
             return Ok(nodes.clone());
         }
-        let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
-        self.listed(&nodes);
-        *held = Some((Instant::now(), nodes.clone()));
+        self.read_nodes(&mut held).await
+    }
+
+    /// Read the node list into `held`: with the time of the last one, so an unchanged list
+    /// costs a 304 (slurmctld's time is the packing time, so a change in the same second is
+    /// never missed).
+    async fn read_nodes(&self, held: &mut Listed) -> Result<Arc<Vec<Node>>, Unavailable> {
+        let since = held.list.as_ref().and(held.last_update);
+        let read = self
+            .client
+            .nodes_since(since)
+            .await
+            .map_err(|e| Unavailable::of(&e))?;
+        let nodes = match (read, held.list.take()) {
+            (NodeList::Unchanged, Some((_, nodes))) => nodes,
+            (NodeList::Changed { nodes, last_update }, _) => {
+                held.last_update = last_update;
+                let nodes = Arc::new(nodes);
+                self.listed(&nodes);
+                nodes
+            }
+            (NodeList::Unchanged, None) => {
+                Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?)
+            }
+        };
+        held.list = Some((Instant::now(), nodes.clone()));
+        held.stale = false;
         Ok(nodes)
     }
 
@@ -158,10 +194,7 @@ impl Cluster {
     /// Why Slurm could not be asked.
     pub async fn fresh_nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
         let mut held = self.nodes.lock().await;
-        let nodes = Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?);
-        self.listed(&nodes);
-        *held = Some((Instant::now(), nodes.clone()));
-        Ok(nodes)
+        self.read_nodes(&mut held).await
     }
 
     /// When each busy node's jobs end (the job list, at most once per [`JOBS_TTL`]).
@@ -196,7 +229,7 @@ impl Cluster {
 
     /// Forget the node list (after a change the next pass must see).
     pub async fn forget_nodes(&self) {
-        *self.nodes.lock().await = None;
+        self.nodes.lock().await.stale = true;
     }
 
     /// Delete the record of `node` (a worker gone for good).
@@ -214,10 +247,17 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn drain(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
+        self.drain_nodes(&[node.to_string()], reason).await
+    }
+
+    /// Drain every node of `nodes` with `reason` (prefixed with
+    /// [`slinky_slurm::REASON_PREFIX`]): one request for all of them.
+    ///
+    /// # Errors
+    /// Why Slurm did not do it.
+    pub async fn drain_nodes(&self, nodes: &[String], reason: &str) -> Result<(), Unavailable> {
         let reason = format!("{} {reason}", slinky_slurm::REASON_PREFIX);
-        let r = self.client.drain(node, &reason).await;
-        self.forget_nodes().await;
-        r.map_err(|e| Unavailable::of(&e))
+        self.update(nodes, NodeUpdate::Drain(&reason)).await
     }
 
     /// Mark `node` DRAIN with `reason` as it is (someone else's reason, given back).
@@ -225,9 +265,7 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn drain_as_is(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
-        let r = self.client.drain(node, reason).await;
-        self.forget_nodes().await;
-        r.map_err(|e| Unavailable::of(&e))
+        self.update(&[node.to_string()], NodeUpdate::Drain(reason)).await
     }
 
     /// Set the reason of `node`, DOWN, to `reason` as it is (someone else's, given back): only
@@ -236,9 +274,7 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn down_as_is(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
-        let r = self.client.down(node, reason).await;
-        self.forget_nodes().await;
-        r.map_err(|e| Unavailable::of(&e))
+        self.update(&[node.to_string()], NodeUpdate::Down(reason)).await
     }
 
     /// Undrain `node` (`resume` too when it is DOWN by the host's reason).
@@ -246,11 +282,26 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn undrain(&self, node: &str, resume: bool) -> Result<(), Unavailable> {
-        let r = if resume {
-            self.client.resume(node).await
+        self.undrain_nodes(&[node.to_string()], resume).await
+    }
+
+    /// Undrain every node of `nodes` (`resume` when they are DOWN by the host's reason): one
+    /// request for all of them.
+    ///
+    /// # Errors
+    /// Why Slurm did not do it.
+    pub async fn undrain_nodes(&self, nodes: &[String], resume: bool) -> Result<(), Unavailable> {
+        let update = if resume {
+            NodeUpdate::Resume
         } else {
-            self.client.undrain(node).await
+            NodeUpdate::Undrain
         };
+        self.update(nodes, update).await
+    }
+
+    /// `update` on `nodes` in one request; the node list is read again at the next ask.
+    async fn update(&self, nodes: &[String], update: NodeUpdate<'_>) -> Result<(), Unavailable> {
+        let r = self.client.update_nodes(nodes, update).await;
         self.forget_nodes().await;
         r.map_err(|e| Unavailable::of(&e))
     }
@@ -388,7 +439,7 @@ impl SlurmClients {
                 let cluster = Arc::new(Cluster {
                     client,
                     checked: Mutex::new(Instant::now()),
-                    nodes: tokio::sync::Mutex::new(None),
+                    nodes: tokio::sync::Mutex::default(),
                     deadlines: tokio::sync::Mutex::new(None),
                     missing: Mutex::new(HashMap::new()),
                 });

@@ -37,7 +37,7 @@
 //!   them, so an eviction (a node drain by `kubectl drain`, the cluster autoscaler) waits for their
 //!   jobs.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
@@ -102,8 +102,11 @@ pub(super) async fn gate(
 ) -> Vec<(Arc<Pod>, DeleteReason)> {
     let mut now = Vec::new();
     let mut drained = Vec::new();
-    let mut waiting = Vec::new();
+    let mut waiting: Vec<(Arc<Pod>, DeleteReason, String)> = Vec::new();
+    // A node drained now was idle: it is drained at once, so its pod may go in this pass.
+    let mut drains_idle = false;
     let mut unlisted = Vec::new();
+    let mut to_drain: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut withheld = 0;
     pass.slurm_asked = !matches!(view, SlurmView::Off);
     for (pod, reason) in deletes {
@@ -145,17 +148,24 @@ pub(super) async fn gate(
                     continue;
                 }
                 if !node.is_drain() {
-                    let why = kept::drain_reason(pass.ns, &pod, reason);
-                    match cluster.drain(&name, &why).await {
-                        Ok(()) => drained.push(name.clone()),
-                        Err(u) => {
-                            pass.slurm_failed(u).await;
-                            continue;
-                        }
-                    }
+                    let why = kept::drain_reason(pass.ns, reason);
+                    to_drain.entry(why).or_default().push(name.clone());
+                    drains_idle |= !node.is_busy();
                 }
-                waiting.push(name);
+                waiting.push((pod, reason, name));
             }
+        }
+    }
+    if let SlurmView::Nodes(cluster, _) = view {
+        // One request per reason: a scale-in of a hundred nodes is one drain.
+        for (why, names) in to_drain {
+            match cluster.drain_nodes(&names, &why).await {
+                Ok(()) => drained.extend(names),
+                Err(u) => pass.slurm_failed(u).await,
+            }
+        }
+        if drains_idle && !drained.is_empty() {
+            waiting = drained_now(pass, cluster, waiting, &mut now).await;
         }
     }
     if let SlurmView::Failed(u) = view {
@@ -182,6 +192,34 @@ pub(super) async fn gate(
         pass.wait_for_slurm();
     }
     now
+}
+
+/// After drains of idle nodes: a fresh list, and the waiting pods whose nodes are now drained
+/// with nothing running there go in this pass (`now`), not seconds later. Returns the pods that
+/// still wait (on a failed read, all of them: the next pass looks again).
+async fn drained_now(
+    pass: &mut Pass<'_>,
+    cluster: &Cluster,
+    waiting: Vec<(Arc<Pod>, DeleteReason, String)>,
+    now: &mut Vec<(Arc<Pod>, DeleteReason)>,
+) -> Vec<(Arc<Pod>, DeleteReason, String)> {
+    let nodes = match cluster.fresh_nodes().await {
+        Ok(n) => n,
+        Err(u) => {
+            tracing::debug!(message = %u.message, "no fresh node list after the drains; the next pass looks");
+            return waiting;
+        }
+    };
+    let mut still = Vec::new();
+    for (pod, reason, name) in waiting {
+        match nodes.iter().find(|n| n.name == name) {
+            Some(node) if may_delete(node) && kept::to_keep(node, &pod, pass.ns).is_none() => {
+                now.push((pod, reason));
+            }
+            _ => still.push((pod, reason, name)),
+        }
+    }
+    still
 }
 
 /// A Normal Event (and a warning in the log) naming the nodes just found missing from Slurm's
@@ -226,6 +264,9 @@ pub(super) async fn sync_kept(
     } else {
         None
     };
+    // Drains for cordons by reason; nodes to undrain ([0]) and to resume ([1]).
+    let mut cordons: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut back: [Vec<String>; 2] = Default::default();
     for pod in live() {
         let name = node_name(pod);
         let Some(node) = nodes.get(&name) else { continue };
@@ -279,7 +320,10 @@ pub(super) async fn sync_kept(
                     .as_ref()
                     .and_then(|s| s.node_name.clone())
                     .unwrap_or_default();
-                drain_for_cordon(pass, cluster, &name, &cordon_reason(&k8s_node, why.as_deref())).await;
+                cordons
+                    .entry(cordon_reason(&k8s_node, why.as_deref()))
+                    .or_default()
+                    .push(name);
             }
         } else if let (Some(k), true) = (&stored, replaced) {
             if ready {
@@ -287,40 +331,49 @@ pub(super) async fn sync_kept(
             }
         } else if kept::pod_cordoned(pod) {
             if free {
-                drain_for_cordon(pass, cluster, &name, &kept::pod_cordon_reason(pod)).await;
+                cordons
+                    .entry(kept::pod_cordon_reason(pod))
+                    .or_default()
+                    .push(name);
             }
         } else if ours && (node.is_drain() || (node.is_down() && ready)) {
-            match cluster.undrain(&name, node.is_down()).await {
-                Ok(()) => {
-                    pass.core()
-                        .event(
-                            pass.ns,
-                            EventType::Normal,
-                            "Undrained",
-                            format!(
-                                "Slurm node {name} returned to service: pod {} is kept",
-                                pod.name_any()
-                            ),
-                        )
-                        .await;
-                }
-                Err(u) => pass.slurm_failed(u).await,
+            // Resumed when the host also set it DOWN, else undrained.
+            back[usize::from(node.is_down())].push(name);
+        }
+    }
+    // One request per reason and per kind of return.
+    for (reason, names) in cordons {
+        drain_for_cordon(pass, cluster, &names, &reason).await;
+    }
+    for (names, resume) in back.into_iter().zip([false, true]) {
+        if names.is_empty() {
+            continue;
+        }
+        match cluster.undrain_nodes(&names, resume).await {
+            Ok(()) => {
+                let note = format!(
+                    "Slurm nodes {} returned to service: their pods are kept",
+                    crate::reconcile::core::events::name_list(&names)
+                );
+                pass.core()
+                    .event(pass.ns, EventType::Normal, "Undrained", note)
+                    .await;
             }
+            Err(u) => pass.slurm_failed(u).await,
         }
     }
 }
 
-/// Drain the node `name` of a kept pod with the host's `reason` (a cordon), with an Event.
-async fn drain_for_cordon(pass: &mut Pass<'_>, cluster: &Cluster, name: &str, reason: &str) {
-    match cluster.drain(name, reason).await {
+/// Drain the nodes `names` of kept pods with the host's `reason` (a cordon), with an Event.
+async fn drain_for_cordon(pass: &mut Pass<'_>, cluster: &Cluster, names: &[String], reason: &str) {
+    match cluster.drain_nodes(names, reason).await {
         Ok(()) => {
+            let note = format!(
+                "Draining Slurm nodes {}: {reason}",
+                crate::reconcile::core::events::name_list(names)
+            );
             pass.core()
-                .event(
-                    pass.ns,
-                    EventType::Normal,
-                    "Draining",
-                    format!("Draining Slurm node {name}: {reason}"),
-                )
+                .event(pass.ns, EventType::Normal, "Draining", note)
                 .await;
         }
         Err(u) => pass.slurm_failed(u).await,

@@ -207,7 +207,7 @@ pub(super) async fn finalize(
                 return false;
             }
             let mut busy = Vec::new();
-            let mut drained = Vec::new();
+            let (mut to_drain, mut drained) = (Vec::new(), Vec::new());
             for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
                 let name = node_name(pod);
                 let Some(node) = nodes.get(&name) else {
@@ -218,14 +218,18 @@ pub(super) async fn finalize(
                     continue;
                 };
                 if !node.is_drain() && !node.is_down() && node.host_may_change() {
-                    let why = super::kept::deletion_reason(pass.ns);
-                    match cluster.drain(&name, &why).await {
-                        Ok(()) => drained.push(name.clone()),
-                        Err(u) => pass.slurm_failed(u).await,
-                    }
+                    to_drain.push(name.clone());
                 }
                 if node.is_busy() {
                     busy.push(name);
+                }
+            }
+            if !to_drain.is_empty() {
+                // One request for every node of the NodeSet.
+                let why = super::kept::deletion_reason(pass.ns);
+                match cluster.drain_nodes(&to_drain, &why).await {
+                    Ok(()) => drained = to_drain,
+                    Err(u) => pass.slurm_failed(u).await,
                 }
             }
             pass.draining(&drained, "the NodeSet is deleted").await;

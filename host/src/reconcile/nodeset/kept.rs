@@ -4,8 +4,9 @@
 //! # Rules
 //! * **Ours is a known text, not a prefix.** The host's reasons for a pod are known exactly: its
 //!   scale-in, rolling-update, maintenance-window, Kubernetes-cordon, `pod-cordon` and
-//!   NodeSet-deletion drains, the pre-stop hook's DOWN (`slurm-operator: Pod is terminating`,
-//!   Slinky's text), and the drains Slinky's operator wrote for the very same pod (its scale-in
+//!   NodeSet-deletion drains (they name the NodeSet, so one request drains the nodes of a
+//!   scale-in; the per-pod texts of earlier versions are recognised too), the pre-stop hook's
+//!   DOWN (`slurm-operator: Pod is terminating`, Slinky's text), and the drains Slinky's operator wrote for the very same pod (its scale-in
 //!   and cordon texts, which name the pod). Any other reason, even one starting with
 //!   `slurm-operator:` (a GPU health checker's, an admin's copy), is someone else's: never undone.
 //! * **`pod-cordon`** (Slinky's `nodeset.slinky.slurm.net/pod-cordon=true` on a pod) drains the
@@ -63,16 +64,17 @@ pub(super) fn pod_cordon_reason(pod: &Pod) -> String {
     )
 }
 
-/// Why a pod's node is drained for its delete (the drain reason after the host's prefix).
-pub(super) fn drain_reason(ns: &NodeSet, pod: &Pod, reason: DeleteReason) -> String {
+/// Why a pod's node is drained for its delete (the drain reason after the host's prefix). It
+/// names the NodeSet, not the pod (the node is the pod's hostname), so the nodes of one
+/// scale-in or update step share it and are drained in one request.
+pub(super) fn drain_reason(ns: &NodeSet, reason: DeleteReason) -> String {
     match reason {
         DeleteReason::Update if ns.is_scheduled_update() => format!(
-            "pod {} is replaced in the maintenance window of reservation {}",
-            pod.name_any(),
+            "replaced in the maintenance window of reservation {}",
             ns.reservation_name()
         ),
-        DeleteReason::Update => format!("pod {} is replaced by a rolling update", pod.name_any()),
-        _ => format!("pod {} is removed by a scale-in", pod.name_any()),
+        DeleteReason::Update => format!("replaced by a rolling update of NodeSet {}", ns.name_any()),
+        _ => format!("removed by a scale-in of NodeSet {}", ns.name_any()),
     }
 }
 
@@ -99,9 +101,16 @@ pub(super) fn ours(reason: &str, pod: &Pod, ns: &NodeSet) -> bool {
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
     let exact = [
-        drain_reason(ns, pod, DeleteReason::ScaleDown),
-        format!("pod {name} is replaced by a rolling update"),
+        drain_reason(ns, DeleteReason::ScaleDown),
+        format!("replaced by a rolling update of NodeSet {}", ns.name_any()),
         // Whatever the strategy is now (it may have changed since the drain).
+        format!(
+            "replaced in the maintenance window of reservation {}",
+            ns.reservation_name()
+        ),
+        // This host before 2026-12 named the pod.
+        format!("pod {name} is removed by a scale-in"),
+        format!("pod {name} is replaced by a rolling update"),
         format!(
             "pod {name} is replaced in the maintenance window of reservation {}",
             ns.reservation_name()
@@ -287,6 +296,9 @@ mod tests {
         let p = pod("slinky-1", "k1");
         for reason in [
             PRESTOP_REASON,
+            "slurm-operator: removed by a scale-in of NodeSet slinky",
+            "slurm-operator: replaced by a rolling update of NodeSet slinky",
+            "slurm-operator: replaced in the maintenance window of reservation SlurmOperatorMaint-slinky",
             "slurm-operator: pod slinky-1 is removed by a scale-in",
             "slurm-operator: pod slinky-1 is replaced by a rolling update",
             "slurm-operator: Kubernetes node k1 is cordoned: disk failing",
@@ -301,6 +313,7 @@ mod tests {
         for reason in [
             "slurm-operator: GPU XID 79 (health check)",
             "slurm-operator: pod slinky-2 is removed by a scale-in",
+            "slurm-operator: removed by a scale-in of NodeSet other",
             "slurm-operator: Kubernetes node k2 is cordoned",
             "slurm-operator:pod slinky-1 is removed by a scale-in",
             "bad-gpu",
