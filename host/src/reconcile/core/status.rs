@@ -138,7 +138,7 @@ pub(crate) trait HasStatus:
 ///
 /// # Errors
 /// The API error (a 409 is retried from a fresh read by the writer).
-pub(crate) async fn write<P: HasStatus>(
+pub(crate) async fn write<P: HasStatus + 'static>(
     core: &Core,
     parent: &P,
     changes: &ConditionChanges,

@@ -134,6 +134,8 @@ pub struct Writer {
     client: Client,
     metrics: std::sync::Arc<WriteMetrics>,
     leader: super::leader::Leadership,
+    /// The last status write of each object (see [`status::Written`]).
+    written: std::sync::Arc<status::Written>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -153,6 +155,7 @@ impl Writer {
             client,
             metrics,
             leader,
+            written: Default::default(),
         }
     }
 

@@ -1,7 +1,73 @@
 //! Status, finalizers and a pod's conditions: status written only when it changed, as a merge
 //! patch carrying the resourceVersion it was computed from, a 409 retried from a fresh read.
+//! A status write is not sent over a version the host itself replaced: the object its last
+//! write returned stands in for a cached one still at the version that write was made over
+//! (the watch had not brought the write back yet), so passes in quick succession, as in a
+//! scale-up, do not meet their own 409s.
+
+use std::{
+    any::Any,
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use super::*;
+
+/// Objects kept before the memory is cleared (a bound, not a working size: one entry per
+/// object whose status the host wrote).
+const WRITTEN_MAX: usize = 20_000;
+
+/// The last status write of each object: `kind/namespace/name` → (the resourceVersion it was
+/// made over, the object it returned).
+#[derive(Default)]
+pub(crate) struct Written(Mutex<HashMap<String, (String, AnyObject)>>);
+
+/// An object of any kind, downcast by the kind asking.
+type AnyObject = Arc<dyn Any + Send + Sync>;
+
+impl Written {
+    fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+        format!(
+            "{}/{}/{}",
+            K::kind(&()),
+            obj.namespace().unwrap_or_default(),
+            obj.name_any()
+        )
+    }
+
+    /// The object to write over: what the last write of `cached` returned if `cached` is still
+    /// at the version that write replaced, else `cached`.
+    fn base<K>(&self, cached: &K) -> K
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match m.get(&Self::key(cached)) {
+            Some((over, after)) if cached.resource_version().as_deref() == Some(over.as_str()) => after
+                .downcast_ref::<K>()
+                .cloned()
+                .unwrap_or_else(|| cached.clone()),
+            _ => cached.clone(),
+        }
+    }
+
+    /// `after` was written over `over`.
+    fn remember<K>(&self, over: Option<String>, after: &K)
+    where
+        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = Self::key(after);
+        let Some(over) = over else {
+            m.remove(&key);
+            return;
+        };
+        if m.len() >= WRITTEN_MAX {
+            m.clear();
+        }
+        m.insert(key, (over, Arc::new(after.clone())));
+    }
+}
 
 impl Writer {
     /// Set a NodeSet's finalizers (a merge patch with the resourceVersion they were read at).
@@ -57,11 +123,18 @@ impl Writer {
         current: impl Fn(&K) -> Option<S>,
     ) -> Result<Option<K>, kube::Error>
     where
-        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + Serialize
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
         S: Serialize + PartialEq,
     {
         let name = cached.name_any();
-        let mut obj = cached.clone();
+        let mut obj = self.written.base(cached);
         let mut attempt = 0;
         loop {
             let status = compute(&obj);
@@ -81,7 +154,10 @@ impl Writer {
                 .write("status", api.patch_status(&name, &pp, &Patch::Merge(&patch)))
                 .await;
             match r {
-                Ok(o) => return Ok(Some(o)),
+                Ok(o) => {
+                    self.written.remember(obj.resource_version(), &o);
+                    return Ok(Some(o));
+                }
                 Err(e) if is_conflict(&e) && attempt + 1 < STATUS_ATTEMPTS => {
                     attempt += 1;
                     self.metrics.conflict_retries.inc();
@@ -113,6 +189,38 @@ fn null_removed(new: &mut Value, old: &Value) {
                 new.insert(key.clone(), Value::Null);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod written_tests {
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::Written;
+
+    fn pod(rv: &str, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "n", "resourceVersion": rv},
+            "status": {"phase": phase}
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_cached_object_still_at_the_version_written_over_gives_way_to_the_written_one() {
+        let w = Written::default();
+        let cached = pod("5", "Pending");
+        assert_eq!(w.base(&cached), cached, "nothing written yet");
+        w.remember(Some("5".into()), &pod("6", "Running"));
+        // The watch has not brought the write back: the written object is the base.
+        assert_eq!(w.base(&cached), pod("6", "Running"));
+        // The cache caught up, or someone else wrote since: the cached object is the base.
+        assert_eq!(w.base(&pod("6", "Running")), pod("6", "Running"));
+        assert_eq!(w.base(&pod("7", "Failed")), pod("7", "Failed"));
+        // Another object of the same name elsewhere is not confused with it.
+        let mut other = pod("5", "Pending");
+        other.metadata.namespace = Some("m".into());
+        assert_eq!(w.base(&other), other);
     }
 }
 
