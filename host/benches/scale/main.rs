@@ -1,11 +1,12 @@
 //! The scale benchmark: the host against kube-controller-manager's StatefulSet controller.
 //!
-//! Two scenarios, each in one run: one NodeSet scaled 0 → `BENCH_PODS` pods (default 1,000), and
+//! Three scenarios, each in one run: one NodeSet scaled 0 → `BENCH_PODS` pods (default 1,000),
 //! `BENCH_NODESETS` NodeSets (default 100) scaled 0 → `BENCH_PODS_EACH` pods each (default 100:
-//! 10,000 pods). For each it prints the seconds until every pod exists, pod POSTs per pod, the
-//! API requests of the scale-up, the steady state afterwards (API writes and requests per resync,
-//! passes per object per resync; for the one NodeSet also while another controller writes both
-//! parents' status) and the host's RSS.
+//! 10,000 pods), and one NodeSet scaled 0 → `BENCH_BIG_PODS` (default 5,000). For each it prints
+//! the seconds until every pod exists, pod POSTs per pod, the API requests of the scale-up, the
+//! steady state afterwards (API writes and requests per resync, passes per object per resync;
+//! for one NodeSet also while another controller writes both parents' status) and the host's
+//! RSS.
 //!
 //! With `REALKUBE_DIR` set (a real kube-apiserver from `shared/tools/realkube`, started), the
 //! host runs against it, and so does kube-controller-manager's StatefulSet controller
@@ -20,13 +21,12 @@
 //! `cargo bench -p slinky-host --bench scale`; a quick debug run: `BENCH_PODS=100
 //! BENCH_NODESETS=10 BENCH_PODS_EACH=10 cargo test -p slinky-host --bench scale`.
 //! `BENCH_RESYNC_SECONDS` (default 2) and `BENCH_RESYNCS` (default 5) set the steady state's
-//! window; `BENCH_SCENARIOS` (`one,many`) picks scenarios.
+//! window; `BENCH_SCENARIOS` (`one,many,big`) picks scenarios.
 //!
 //! kcm's own times vary by ±30 % from run to run on a small machine (etcd, kube-apiserver and
-//! both controllers share its cores), so with `REALKUBE_DIR` the one-NodeSet scenario runs
-//! `BENCH_ROUNDS` rounds (default 5; without it, 1): the host, then kcm, each in a namespace of
-//! its own, deleted before the other starts. It prints the medians. `BENCH_MANY_ROUNDS` (default
-//! 1) does the same for the other scenario.
+//! both controllers share its cores), so with `REALKUBE_DIR` every scenario runs 5 rounds
+//! (`BENCH_ROUNDS`, `BENCH_MANY_ROUNDS`, `BENCH_BIG_ROUNDS`; without it, 1): the host, then kcm,
+//! each in a namespace of its own, deleted before the other starts. It prints the medians.
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
@@ -161,22 +161,21 @@ impl Target {
 
 /// Scenario `which`'s NodeSets, pods per NodeSet and rounds (from the environment).
 fn scenario_shape(which: &str, target: &Target) -> anyhow::Result<(usize, i32, usize)> {
+    // Rounds compare with kcm: without it (the embedded server), one.
+    let rounds = if matches!(target, Target::Real(_)) { 5 } else { 1 };
     Ok(match which {
-        // Rounds compare with kcm: without it (the embedded server), one.
-        "one" => (
-            1,
-            env_or("BENCH_PODS", 1000),
-            env_or(
-                "BENCH_ROUNDS",
-                if matches!(target, Target::Real(_)) { 5 } else { 1 },
-            ),
-        ),
+        "one" => (1, env_or("BENCH_PODS", 1000), env_or("BENCH_ROUNDS", rounds)),
         "many" => (
             env_or("BENCH_NODESETS", 100),
             env_or("BENCH_PODS_EACH", 100),
-            env_or("BENCH_MANY_ROUNDS", 1),
+            env_or("BENCH_MANY_ROUNDS", rounds),
         ),
-        other => anyhow::bail!("unknown scenario {other:?} (one, many)"),
+        "big" => (
+            1,
+            env_or("BENCH_BIG_PODS", 5000),
+            env_or("BENCH_BIG_ROUNDS", rounds),
+        ),
+        other => anyhow::bail!("unknown scenario {other:?} (one, many, big)"),
     })
 }
 
@@ -258,7 +257,7 @@ async fn parent() -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs()
         % 100_000;
-    let scenarios: String = env_or("BENCH_SCENARIOS", "one,many".to_string());
+    let scenarios: String = env_or("BENCH_SCENARIOS", "one,many,big".to_string());
     for which in scenarios.split(',') {
         scenario(&target, &client, run, which).await?;
     }
