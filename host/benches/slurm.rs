@@ -204,15 +204,21 @@ async fn wait_slurmctld(h: &slinky_slurm_local::SlurmLocal) -> anyhow::Result<()
 /// Once nothing was written for a second, `BENCH_RESYNCS` resyncs of `resync` at steady state:
 /// NodeSet passes and API writes per resync, Slurm requests per pass.
 async fn steady_state(handles: &reconcile::Handles, resync: Duration) {
-    let mut last = handles.writes.total();
+    // Quiet for a pod-protect refresh (15 s, when the pods' Slurm conditions are written), so
+    // the window holds no write of the scale before it.
+    let quiet = slinky_host::reconcile::nodeset::PROTECT_INTERVAL + Duration::from_secs(1);
+    let mut last = (handles.writes.total(), Instant::now());
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        if handles.writes.total() == last {
+        let now = handles.writes.total();
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= quiet {
             break;
         }
-        last = handles.writes.total();
     }
     let resyncs: u32 = env_or("BENCH_RESYNCS", 5);
+    let writes_before = handles.writes.snapshot();
     let (w0, p0, s0) = (
         handles.writes.total(),
         nodeset_passes(handles),
@@ -224,6 +230,18 @@ async fn steady_state(handles: &reconcile::Handles, resync: Duration) {
         nodeset_passes(handles) - p0,
         handles.slurm.requests() - s0,
     );
+    let by_verb: Vec<String> = handles
+        .writes
+        .snapshot()
+        .into_iter()
+        .filter_map(|((verb, outcome), n)| {
+            let n = n - writes_before.get(&(verb.clone(), outcome.clone())).copied().unwrap_or(0);
+            (n > 0).then(|| format!("{verb}/{outcome} {n}"))
+        })
+        .collect();
+    if !by_verb.is_empty() {
+        println!("  writes at steady state: {}", by_verb.join(", "));
+    }
     println!(
         "  steady state over {resyncs} resyncs of {} s: {:.2} NodeSet passes per resync, {:.2} Slurm requests per pass ({:.1} per minute for the Controller, pod-protect refresh included), {:.1} API writes per resync",
         resync.as_secs_f64(),
@@ -343,6 +361,24 @@ async fn node_list_latency(client: &kube::Client, h: &slinky_slurm_local::SlurmL
     Ok(())
 }
 
+/// Prints how long one request draining 100 nodes and one undraining them take (the host
+/// stopped): `slinky-[first-first+99]`.
+async fn drain_latency(client: &kube::Client, h: &slinky_slurm_local::SlurmLocal, first: i32) -> anyhow::Result<()> {
+    let c = slurm_client(client, h).await?;
+    let names: Vec<String> = (first..first + 100).map(|i| format!("slinky-{i}")).collect();
+    let t = Instant::now();
+    c.update_nodes(&names, slinky_slurm::NodeUpdate::Drain("slurm-operator: bench"))
+        .await?;
+    let drain = t.elapsed().as_secs_f64() * 1000.0;
+    let t = Instant::now();
+    c.update_nodes(&names, slinky_slurm::NodeUpdate::Resume).await?;
+    println!(
+        "  one request draining 100 idle nodes: {drain:.1} ms; resuming them: {:.1} ms",
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+    Ok(())
+}
+
 /// Marks the nodes `slinky-[0-last]` IDLE (no slurmd runs, so slurmctld has them UNKNOWN), so a
 /// scale-in must drain them, and waits until Slurm lists the 100 to go idle.
 async fn idle_nodes(h: &slinky_slurm_local::SlurmLocal, last: i32, first_gone: i32) -> anyhow::Result<()> {
@@ -400,6 +436,12 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
     };
     println!("{label}:");
 
+    if let Some(h) = &harness {
+        // Idle nodes (no slurmd runs: slurmctld has them UNKNOWN): a scale-in drains them (one
+        // request) before their pods go. Done before the scale-up, so the pods' Slurm
+        // conditions are written during it, not in the steady state.
+        idle_nodes(h, pods + 9, pods - 100).await?;
+    }
     let t = scale(&nodesets, pods).await?;
     wait_available(&nodesets, pods).await?;
     println!(
@@ -407,10 +449,6 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
         t.elapsed().as_secs_f64()
     );
     steady_state(&host.handles, resync).await;
-    if let Some(h) = &harness {
-        // Idle nodes: the scale-in drains them (one request) before their pods go.
-        idle_nodes(h, pods + 9, pods - 100).await?;
-    }
     scale_in(&nodesets, &host.handles, pods).await?;
 
     if let Some(h) = &harness {
@@ -419,9 +457,12 @@ async fn run(with_slurm: Option<&std::path::Path>, pods: i32) -> anyhow::Result<
         println!("  with {} NodeSets on the Controller:", EXTRA_NODESETS + 1);
         steady_state(&host.handles, resync).await;
         node_list_latency(&client, h).await?;
+        host.stop().await;
+        drain_latency(&client, h, 0).await?;
         h.shutdown().await;
+    } else {
+        host.stop().await;
     }
-    host.stop().await;
     server.shutdown().await;
     Ok(())
 }
