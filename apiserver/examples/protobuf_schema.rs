@@ -1,4 +1,4 @@
-//! Generates `src/protobuf/schema.json`, the table the embedded server's protobuf codec reads:
+//! Generates `protobuf/src/schema.json`, the table the embedded server's protobuf codec reads:
 //! for every Kubernetes message, its fields' numbers, wire types and JSON names, and which
 //! message each `apiVersion`/`kind` is.
 //!
@@ -10,7 +10,7 @@
 //! cargo info k8s-pb@0.9.0                       # downloads the crate into cargo's cache
 //! mkdir -p /tmp/k8s-pb && tar xzf ~/.cargo/registry/cache/*/k8s-pb-0.9.0.crate -C /tmp/k8s-pb
 //! cargo run -p slinky-apiserver --example protobuf_schema -- /tmp/k8s-pb/k8s-pb-0.9.0/src \
-//!     > apiserver/src/protobuf/schema.json
+//!     > protobuf/src/schema.json
 //! ```
 
 #![allow(

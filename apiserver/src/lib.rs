@@ -15,7 +15,7 @@ mod faults;
 mod http;
 mod lifecycle;
 mod patch;
-mod protobuf;
+use slinky_protobuf as protobuf;
 mod recorder;
 mod resources;
 mod schema;

@@ -41,7 +41,9 @@ pub(super) fn decode_body(headers: &hyper::HeaderMap, bytes: &[u8], custom: bool
         "" | "application/json" => parse_json(bytes),
         "application/yaml" => serde_saphyr::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("the request body is not valid YAML: {e}"))),
-        protobuf::MEDIA_TYPE if !custom => protobuf::decode(bytes),
+        protobuf::MEDIA_TYPE if !custom => {
+            protobuf::decode(bytes).map_err(|e| ApiError::new(e.code, e.reason, e.message))
+        }
         _ => Err(ApiError::new(
             415,
             "UnsupportedMediaType",

@@ -9,8 +9,10 @@
 //!   entry is dropped from managedFields after the apply: the host's fields are owned by its
 //!   Apply entry alone, so a field a builder stops building is removed. They are deleted with a
 //!   UID precondition.
-//! * Pods are created, and deleted with a UID precondition (never a namesake); adoption, release
-//!   and relabelling patch with a resourceVersion precondition.
+//! * Pods are created (in Kubernetes' protobuf encoding, as kube-controller-manager creates
+//!   them, while the server takes it and the schema carries every field of the pod; else as
+//!   JSON), and deleted with a UID precondition (never a namesake); adoption, release and
+//!   relabelling patch with a resourceVersion precondition.
 //! * A NodeSet's ControllerRevisions are created (a 409 AlreadyExists when the name is taken),
 //!   patched (their `revision` number, owners, labels) with a resourceVersion precondition, and
 //!   deleted with a UID precondition.
@@ -136,6 +138,8 @@ pub struct Writer {
     leader: super::leader::Leadership,
     /// The last status write of each object (see [`status::Written`]).
     written: std::sync::Arc<status::Written>,
+    /// Pods are created in protobuf until the server refuses it.
+    protobuf: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -156,6 +160,7 @@ impl Writer {
             metrics,
             leader,
             written: Default::default(),
+            protobuf: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 

@@ -1,13 +1,13 @@
 //! The protobuf wire format: varints, keys, length-delimited and fixed-width fields.
 
-use crate::ApiError;
+use crate::{Error, bad};
 
-fn truncated() -> ApiError {
-    ApiError::bad_request("the protobuf body is truncated or malformed")
+fn truncated() -> Error {
+    bad("the protobuf body is truncated or malformed")
 }
 
 /// Read a varint at `pos`.
-fn varint(buf: &[u8], pos: &mut usize) -> Result<u64, ApiError> {
+fn varint(buf: &[u8], pos: &mut usize) -> Result<u64, Error> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let byte = *buf.get(*pos).ok_or_else(truncated)?;
@@ -39,10 +39,10 @@ enum Payload<'a> {
 
 impl<'a> Field<'a> {
     /// A length-delimited payload.
-    pub(super) fn bytes(&self) -> Result<&'a [u8], ApiError> {
+    pub(super) fn bytes(&self) -> Result<&'a [u8], Error> {
         match self.payload {
             Payload::Bytes(b) => Ok(b),
-            _ => Err(ApiError::bad_request(format!(
+            _ => Err(bad(format!(
                 "protobuf field {} is not length-delimited",
                 self.number
             ))),
@@ -50,30 +50,24 @@ impl<'a> Field<'a> {
     }
 
     /// A varint payload.
-    pub(super) fn varint(&self) -> Result<u64, ApiError> {
+    pub(super) fn varint(&self) -> Result<u64, Error> {
         match self.payload {
             Payload::Varint(v) => Ok(v),
-            _ => Err(ApiError::bad_request(format!(
-                "protobuf field {} is not a varint",
-                self.number
-            ))),
+            _ => Err(bad(format!("protobuf field {} is not a varint", self.number))),
         }
     }
 
     /// A fixed-width payload.
-    pub(super) fn fixed(&self) -> Result<u64, ApiError> {
+    pub(super) fn fixed(&self) -> Result<u64, Error> {
         match self.payload {
             Payload::Fixed(v) => Ok(v),
-            _ => Err(ApiError::bad_request(format!(
-                "protobuf field {} is not fixed-width",
-                self.number
-            ))),
+            _ => Err(bad(format!("protobuf field {} is not fixed-width", self.number))),
         }
     }
 }
 
 /// The fields of a message, in order.
-pub(super) fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field<'_>, ApiError>> {
+pub(super) fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field<'_>, Error>> {
     let mut pos = 0;
     let mut failed = false;
     std::iter::from_fn(move || {
@@ -120,7 +114,7 @@ pub(super) fn fields(buf: &[u8]) -> impl Iterator<Item = Result<Field<'_>, ApiEr
 }
 
 /// The last length-delimited field `number` of a message.
-pub(super) fn bytes_field(buf: &[u8], number: u32) -> Result<Option<Vec<u8>>, ApiError> {
+pub(super) fn bytes_field(buf: &[u8], number: u32) -> Result<Option<Vec<u8>>, Error> {
     let mut found = None;
     for f in fields(buf) {
         let f = f?;
@@ -132,7 +126,7 @@ pub(super) fn bytes_field(buf: &[u8], number: u32) -> Result<Option<Vec<u8>>, Ap
 }
 
 /// The last varint field `number` of a message.
-pub(super) fn varint_field(buf: &[u8], number: u32) -> Result<Option<u64>, ApiError> {
+pub(super) fn varint_field(buf: &[u8], number: u32) -> Result<Option<u64>, Error> {
     let mut found = None;
     for f in fields(buf) {
         let f = f?;
@@ -144,7 +138,7 @@ pub(super) fn varint_field(buf: &[u8], number: u32) -> Result<Option<u64>, ApiEr
 }
 
 /// The values of a packed repeated scalar field.
-pub(super) fn packed(buf: &[u8], fixed64: bool) -> Result<Vec<u64>, ApiError> {
+pub(super) fn packed(buf: &[u8], fixed64: bool) -> Result<Vec<u64>, Error> {
     let mut pos = 0;
     let mut out = Vec::new();
     while pos < buf.len() {

@@ -27,3 +27,27 @@ fn custom_kinds_have_no_protobuf_form() {
     assert_eq!(go_duration(3_723_500_000_000), "1h2m3.5s");
     assert_eq!(parse_go_duration("1h2m3.5s"), 3_723_500_000_000);
 }
+
+#[test]
+fn an_exact_encoding_refuses_what_the_schema_cannot_carry() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"a": "b"}},
+        "spec": {"containers": [{"name": "c", "image": "x:1",
+                                  "resources": {"limits": {"cpu": "500m"}},
+                                  "livenessProbe": {"tcpSocket": {"port": 6818}}}],
+                 "volumes": [{"name": "v", "configMap": {"name": "m", "defaultMode": 420}}]}});
+    assert_eq!(encode_exact(&pod), Ok(encode(&pod).unwrap_or_default()));
+    let mut newer = pod.clone();
+    newer["spec"]["containers"][0]["futureField"] = json!(true);
+    assert_eq!(
+        encode_exact(&newer),
+        Err("spec.containers[0].futureField".to_string())
+    );
+    let mut wrong = pod.clone();
+    wrong["spec"]["volumes"][0]["configMap"]["defaultMode"] = json!("420");
+    assert_eq!(
+        encode_exact(&wrong),
+        Err("spec.volumes[0].configMap.defaultMode".to_string())
+    );
+    assert!(encode_exact(&json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet"})).is_err());
+}

@@ -1,5 +1,6 @@
 //! Kubernetes' protobuf encoding (`application/vnd.kubernetes.protobuf`) of the built-in kinds,
-//! translated to and from the JSON form the store keeps: what kubectl's generators (`create
+//! translated to and from their JSON form: the host's pod creates (as kube-controller-manager
+//! sends them), and in the embedded API server what kubectl's generators (`create
 //! namespace|configmap|secret|service|deployment`, `run`, `expose`) and client-go's typed clients
 //! send, and what they may ask back.
 //!
@@ -22,10 +23,8 @@ use std::{collections::HashMap, sync::OnceLock};
 
 use serde_json::{Map, Value, json};
 
-use crate::ApiError;
-
 /// The protobuf media type.
-pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
 /// The four bytes every Kubernetes protobuf body starts with.
 const MAGIC: &[u8] = b"k8s\0";
@@ -147,8 +146,32 @@ fn message_of(api_version: &str, kind: &str) -> Option<String> {
     s.messages.contains_key(&list).then_some(list)
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
-    ApiError::bad_request(message)
+/// Why a body does not decode: an HTTP status (400, or 415 for a kind without a schema), its
+/// reason and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    /// 400 or 415.
+    pub code: u16,
+    /// `BadRequest` or `UnsupportedMediaType`.
+    pub reason: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+fn bad(message: impl Into<String>) -> Error {
+    Error {
+        code: 400,
+        reason: "BadRequest",
+        message: message.into(),
+    }
 }
 
 /// Decode a protobuf request body into the object's JSON form (with `apiVersion` and `kind`).
@@ -156,7 +179,7 @@ fn bad(message: impl Into<String>) -> ApiError {
 /// # Errors
 /// 400 when the body is not a Kubernetes protobuf envelope or its message does not decode;
 /// 415 for a kind this server has no protobuf schema of.
-pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
+pub fn decode(body: &[u8]) -> Result<Value, Error> {
     let raw = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| bad("the protobuf body does not start with the Kubernetes magic number"))?;
@@ -169,12 +192,10 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
         .pointer("/typeMeta/kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let message = message_of(api_version, kind).ok_or_else(|| {
-        ApiError::new(
-            415,
-            "UnsupportedMediaType",
-            format!("no protobuf schema for {api_version:?} {kind:?}: send application/json"),
-        )
+    let message = message_of(api_version, kind).ok_or_else(|| Error {
+        code: 415,
+        reason: "UnsupportedMediaType",
+        message: format!("no protobuf schema for {api_version:?} {kind:?}: send application/json"),
     })?;
     let inner = wire::bytes_field(raw, 2)?.unwrap_or_default();
     let mut obj = decode_message(&inner, &message)?;
@@ -188,11 +209,11 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
 /// The media type of an OpenAPI v2 document in protobuf (gnostic's `openapi_v2.Document`), the
 /// only form client-go's `OpenAPISchema()` reads. Clients ask for it as `…spec.v2@v1.0+protobuf`
 /// (kube-openapi's deprecated name); the answer is labelled with the name Go's `mime` parses.
-pub(crate) const OPENAPI_V2_MEDIA_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+pub const OPENAPI_V2_MEDIA_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
 /// An OpenAPI v2 `Document` (gnostic's `OpenAPIv2.proto`) with `swagger: "2.0"`, an `info`
 /// (`title`, `version`), and empty `paths` and `definitions`: no schemas, as the v3 documents.
-pub(crate) fn openapi_v2_document(title: &str, version: &str) -> Vec<u8> {
+pub fn openapi_v2_document(title: &str, version: &str) -> Vec<u8> {
     let mut info = Vec::new();
     wire::put_bytes(&mut info, 1, title.as_bytes());
     wire::put_bytes(&mut info, 2, version.as_bytes());
@@ -206,7 +227,7 @@ pub(crate) fn openapi_v2_document(title: &str, version: &str) -> Vec<u8> {
 
 /// Encode a JSON object (with `apiVersion` and `kind`) as a protobuf body, or `None` when its
 /// kind has no protobuf schema (custom resources).
-pub(crate) fn encode(obj: &Value) -> Option<Vec<u8>> {
+pub fn encode(obj: &Value) -> Option<Vec<u8>> {
     let api_version = obj.get("apiVersion").and_then(Value::as_str)?;
     let kind = obj.get("kind").and_then(Value::as_str)?;
     let message = message_of(api_version, kind)?;
@@ -222,7 +243,110 @@ pub(crate) fn encode(obj: &Value) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn decode_message(buf: &[u8], message: &str) -> Result<Value, ApiError> {
+/// Encode a JSON object as [`encode`] does, only when the schema holds every field it sets with
+/// the JSON type it has: else the path of the first field it would drop or misread (a field
+/// newer than the schema, a number where a string belongs), and the caller sends JSON. The
+/// host's creates go through this, so protobuf never loses what a builder built.
+///
+/// # Errors
+/// The path of the first field the schema cannot carry, or the kind has no schema.
+pub fn encode_exact(obj: &Value) -> Result<Vec<u8>, String> {
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let message = message_of(api_version, kind)
+        .ok_or_else(|| format!("no protobuf schema for {api_version} {kind}"))?;
+    let Value::Object(top) = obj else {
+        return Err("not an object".into());
+    };
+    for (key, value) in top {
+        if key == "apiVersion" || key == "kind" || value.is_null() {
+            continue;
+        }
+        let spec = find_spec(&message, key).ok_or_else(|| key.clone())?;
+        uncovered_field(value, spec, key).map_or(Ok(()), Err)?;
+    }
+    encode(obj).ok_or_else(|| format!("no protobuf schema for {api_version} {kind}"))
+}
+
+/// The field `json` of `message`, or of a message inlined into it (a Go embedded struct).
+fn find_spec<'s>(message: &str, json: &str) -> Option<&'s FieldSpec> {
+    let specs = schema().messages.get(message)?;
+    specs
+        .iter()
+        .find(|s| s.kind != Kind::Inline && s.json == json)
+        .or_else(|| {
+            specs
+                .iter()
+                .filter(|s| s.kind == Kind::Inline)
+                .find_map(|s| find_spec(s.message.as_deref().unwrap_or_default(), json))
+        })
+}
+
+/// The first path under `path` that field `spec` cannot carry from `v`.
+fn uncovered_field(v: &Value, spec: &FieldSpec, path: &str) -> Option<String> {
+    match (spec.kind, v) {
+        (Kind::Map, Value::Object(m)) => m.iter().find_map(|(k, item)| {
+            let at = format!("{path}.{k}");
+            uncovered_scalar_or_message(
+                item,
+                spec.map_value.unwrap_or(Kind::String),
+                spec.message.as_deref(),
+                &at,
+            )
+        }),
+        (Kind::Map, _) => Some(path.into()),
+        (_, Value::Array(items)) if spec.repeated => items.iter().enumerate().find_map(|(i, item)| {
+            uncovered_scalar_or_message(item, spec.kind, spec.message.as_deref(), &format!("{path}[{i}]"))
+        }),
+        (_, _) if spec.repeated => Some(path.into()),
+        _ => uncovered_scalar_or_message(v, spec.kind, spec.message.as_deref(), path),
+    }
+}
+
+fn uncovered_scalar_or_message(v: &Value, kind: Kind, message: Option<&str>, path: &str) -> Option<String> {
+    let fits = match kind {
+        Kind::String | Kind::Bytes => v.is_string(),
+        Kind::Bool => v.is_boolean(),
+        Kind::Int32 | Kind::Int64 => v.is_i64() || v.is_u64(),
+        Kind::Double => v.is_number(),
+        Kind::Message | Kind::Inline | Kind::Map => {
+            return uncovered_message(v, message.unwrap_or_default(), path);
+        }
+    };
+    (!fits).then(|| path.to_string())
+}
+
+/// The first path under `path` that `message` cannot carry from `v`.
+fn uncovered_message(v: &Value, message: &str, path: &str) -> Option<String> {
+    let fits = match message {
+        TIME | MICRO_TIME => v
+            .as_str()
+            .is_some_and(|s| s.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
+        DURATION => v.is_string(),
+        INT_OR_STRING => v.is_string() || v.is_i64(),
+        QUANTITY => v.is_string(),
+        RAW_EXTENSION | FIELDS_V1 | CRD_JSON => true,
+        CRD_OR_BOOL | CRD_OR_ARRAY | CRD_OR_STRINGS => false,
+        _ => {
+            let Value::Object(m) = v else {
+                return Some(path.into());
+            };
+            return m
+                .iter()
+                .filter(|(_, item)| !item.is_null())
+                .find_map(|(k, item)| {
+                    let at = format!("{path}.{k}");
+                    match find_spec(message, k) {
+                        Some(spec) => uncovered_field(item, spec, &at),
+                        None => Some(at),
+                    }
+                });
+        }
+    };
+    (!fits).then(|| path.to_string())
+}
+
+fn decode_message(buf: &[u8], message: &str) -> Result<Value, Error> {
     let specs = schema().messages.get(message).map_or(&[][..], Vec::as_slice);
     let mut out = Map::new();
     for field in wire::fields(buf) {
@@ -301,7 +425,7 @@ fn scalar_or_message(
     field: &wire::Field<'_>,
     kind: Kind,
     message: Option<&str>,
-) -> Result<Option<Value>, ApiError> {
+) -> Result<Option<Value>, Error> {
     use base64::Engine;
     Ok(match kind {
         Kind::String => {
@@ -320,7 +444,7 @@ fn scalar_or_message(
     })
 }
 
-fn raw_json(buf: &[u8], number: u32) -> Result<Option<Value>, ApiError> {
+fn raw_json(buf: &[u8], number: u32) -> Result<Option<Value>, Error> {
     let raw = wire::bytes_field(buf, number)?.unwrap_or_default();
     if raw.is_empty() {
         return Ok(None);
@@ -330,7 +454,7 @@ fn raw_json(buf: &[u8], number: u32) -> Result<Option<Value>, ApiError> {
         .map_err(|e| bad(format!("embedded JSON in a protobuf body does not parse: {e}")))
 }
 
-fn timestamp(buf: &[u8], micro: bool) -> Result<Option<Value>, ApiError> {
+fn timestamp(buf: &[u8], micro: bool) -> Result<Option<Value>, Error> {
     let secs = wire::varint_field(buf, 1)?.unwrap_or(0) as i64;
     let nanos = wire::varint_field(buf, 2)?.unwrap_or(0) as i64 as i32;
     if secs == 0 && nanos == 0 {
@@ -347,7 +471,7 @@ fn timestamp(buf: &[u8], micro: bool) -> Result<Option<Value>, ApiError> {
 }
 
 /// Kubernetes' types with a JSON form of their own, else the message as an object.
-fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, ApiError> {
+fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, Error> {
     Ok(match message {
         TIME => timestamp(buf, false)?,
         MICRO_TIME => timestamp(buf, true)?,
