@@ -374,14 +374,18 @@ async fn drain_latency(
     let c = slurm_client(client, h).await?;
     let names: Vec<String> = (first..first + 100).map(|i| format!("slinky-{i}")).collect();
     let t = Instant::now();
-    c.update_nodes(&names, slinky_slurm::NodeUpdate::Drain("slurm-operator: bench"))
-        .await?;
+    if let (_, Some(e)) = c
+        .update_nodes(&names, slinky_slurm::NodeUpdate::Drain("slurm-operator: bench"))
+        .await
+    {
+        return Err(e.into());
+    }
     let drain = t.elapsed().as_secs_f64() * 1000.0;
     let t = Instant::now();
     // No slurmd runs: slurmctld may have set nodes DOWN meanwhile, and refuses some returns.
     let resumed = match c.update_nodes(&names, slinky_slurm::NodeUpdate::Resume).await {
-        Ok(()) => String::new(),
-        Err(e) => format!(" ({e})"),
+        (_, None) => String::new(),
+        (done, Some(e)) => format!(" ({} resumed; {e})", done.len()),
     };
     println!(
         "  one request draining 100 nodes: {drain:.1} ms; resuming them: {:.1} ms{resumed}",

@@ -63,6 +63,8 @@ pub struct Client {
     version: Mutex<Option<&'static str>>,
     /// Requests sent.
     requests: std::sync::atomic::AtomicU64,
+    /// The server takes batched node updates (until it answers one with 404 or 405).
+    batches: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Client {
@@ -137,6 +139,7 @@ impl Client {
             http,
             version: Mutex::new(None),
             requests: std::sync::atomic::AtomicU64::new(0),
+            batches: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -148,6 +151,16 @@ impl Client {
     /// How many requests the client has sent.
     pub fn requests(&self) -> u64 {
         self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the server takes batched node updates (see [`Client::update_nodes`]).
+    pub(crate) fn batches(&self) -> bool {
+        self.batches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The server refused a batched node update as unknown: ask node by node from now on.
+    pub(crate) fn no_batches(&self) {
+        self.batches.store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The tokens the client signs with.

@@ -117,17 +117,32 @@ impl Client {
     }
 
     /// Set `update` on every node of `names` in one request (`POST /slurm/<v>/nodes` with their
-    /// host list; one node goes to `/node/<name>`). When the server refuses the batch (an older
-    /// slurmrestd without it, or a node Slurm refuses), each node is asked alone, so the others
-    /// are still done and the error names the node that failed.
-    ///
-    /// # Errors
-    /// The first node Slurm did not update.
-    pub async fn update_nodes(&self, names: &[String], update: NodeUpdate<'_>) -> Result<(), Error> {
-        match names {
-            [] => return Ok(()),
-            [one] => return self.update_node(one, update).await,
-            _ => {}
+    /// host list; one node goes to `/node/<name>`). When the server refuses the batch (a node
+    /// Slurm refuses, or an older slurmrestd without `POST /nodes`, which is then remembered),
+    /// each node is asked alone, so the others are still done. Returns the nodes updated and the
+    /// first error (naming the node that failed).
+    pub async fn update_nodes(
+        &self,
+        names: &[String],
+        update: NodeUpdate<'_>,
+    ) -> (Vec<String>, Option<Error>) {
+        let one_by_one = |names: &[String]| {
+            let names = names.to_vec();
+            async move {
+                let (mut done, mut first) = (Vec::new(), None);
+                for name in names {
+                    match self.update_node(&name, update).await {
+                        Ok(()) => done.push(name),
+                        Err(e) => {
+                            first.get_or_insert(e);
+                        }
+                    }
+                }
+                (done, first)
+            }
+        };
+        if names.len() < 2 || !self.batches() {
+            return one_by_one(names).await;
         }
         let list = hostlist::compress(names);
         let what = format!("{} nodes {list}", update.verb());
@@ -140,19 +155,21 @@ impl Client {
             )
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(_) => return (names.to_vec(), None),
+            Err(
+                e @ Error::Http {
+                    status: 404 | 405, ..
+                },
+            ) => {
+                tracing::info!(error = %e, "slurmrestd takes no batched node updates: asking node by node from now on");
+                self.no_batches();
+            }
             Err(e @ (Error::Slurm { .. } | Error::Http { .. })) => {
                 tracing::debug!(error = %e, "batched node update refused; asking node by node");
             }
-            Err(e) => return Err(e),
+            Err(e) => return (Vec::new(), Some(e)),
         }
-        let mut first = None;
-        for name in names {
-            if let Err(e) = self.update_node(name, update).await {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
+        one_by_one(names).await
     }
 
     /// Set `update` on `node` (`POST /slurm/<v>/node/<name>`).

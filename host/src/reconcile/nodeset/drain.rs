@@ -159,9 +159,10 @@ pub(super) async fn gate(
     if let SlurmView::Nodes(cluster, _) = view {
         // One request per reason: a scale-in of a hundred nodes is one drain.
         for (why, names) in to_drain {
-            match cluster.drain_nodes(&names, &why).await {
-                Ok(()) => drained.extend(names),
-                Err(u) => pass.slurm_failed(u).await,
+            let (done, error) = cluster.drain_nodes(&names, &why).await;
+            drained.extend(done);
+            if let Some(u) = error {
+                pass.slurm_failed(u).await;
             }
         }
         if drains_idle && !drained.is_empty() {
@@ -349,34 +350,36 @@ pub(super) async fn sync_kept(
         if names.is_empty() {
             continue;
         }
-        match cluster.undrain_nodes(&names, resume).await {
-            Ok(()) => {
-                let note = format!(
-                    "Slurm nodes {} returned to service: their pods are kept",
-                    crate::reconcile::core::events::name_list(&names)
-                );
-                pass.core()
-                    .event(pass.ns, EventType::Normal, "Undrained", note)
-                    .await;
-            }
-            Err(u) => pass.slurm_failed(u).await,
+        let (done, error) = cluster.undrain_nodes(&names, resume).await;
+        if !done.is_empty() {
+            let note = format!(
+                "Slurm nodes {} returned to service: their pods are kept",
+                crate::reconcile::core::events::name_list(&done)
+            );
+            pass.core()
+                .event(pass.ns, EventType::Normal, "Undrained", note)
+                .await;
+        }
+        if let Some(u) = error {
+            pass.slurm_failed(u).await;
         }
     }
 }
 
 /// Drain the nodes `names` of kept pods with the host's `reason` (a cordon), with an Event.
 async fn drain_for_cordon(pass: &mut Pass<'_>, cluster: &Cluster, names: &[String], reason: &str) {
-    match cluster.drain_nodes(names, reason).await {
-        Ok(()) => {
-            let note = format!(
-                "Draining Slurm nodes {}: {reason}",
-                crate::reconcile::core::events::name_list(names)
-            );
-            pass.core()
-                .event(pass.ns, EventType::Normal, "Draining", note)
-                .await;
-        }
-        Err(u) => pass.slurm_failed(u).await,
+    let (done, error) = cluster.drain_nodes(names, reason).await;
+    if !done.is_empty() {
+        let note = format!(
+            "Draining Slurm nodes {}: {reason}",
+            crate::reconcile::core::events::name_list(&done)
+        );
+        pass.core()
+            .event(pass.ns, EventType::Normal, "Draining", note)
+            .await;
+    }
+    if let Some(u) = error {
+        pass.slurm_failed(u).await;
     }
 }
 

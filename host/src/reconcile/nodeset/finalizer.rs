@@ -207,7 +207,7 @@ pub(super) async fn finalize(
                 return false;
             }
             let mut busy = Vec::new();
-            let (mut to_drain, mut drained) = (Vec::new(), Vec::new());
+            let (mut to_drain, mut drained) = (Vec::new(), Vec::<String>::new());
             for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
                 let name = node_name(pod);
                 let Some(node) = nodes.get(&name) else {
@@ -227,9 +227,10 @@ pub(super) async fn finalize(
             if !to_drain.is_empty() {
                 // One request for every node of the NodeSet.
                 let why = super::kept::deletion_reason(pass.ns);
-                match cluster.drain_nodes(&to_drain, &why).await {
-                    Ok(()) => drained = to_drain,
-                    Err(u) => pass.slurm_failed(u).await,
+                let (done, error) = cluster.drain_nodes(&to_drain, &why).await;
+                drained = done;
+                if let Some(u) = error {
+                    pass.slurm_failed(u).await;
                 }
             }
             pass.draining(&drained, "the NodeSet is deleted").await;

@@ -20,8 +20,10 @@
 //! * At most one node list per Controller per [`NODES_TTL`] (10 s): every NodeSet of a Controller
 //!   shares it, so the steady request rate stays flat with the NodeSet count. A drain or undrain forgets it, so the next pass reads what it
 //!   did. A pass about to delete a pod reads a fresh one ([`Cluster::fresh_nodes`]): a delete is
-//!   never decided on a list older than the pass. Every read after the first asks with the time
-//!   of the last (`update_time`): an unchanged list is a 304 without a body.
+//!   never decided on a list older than the pass. Once the nodes have not changed for
+//!   [`NODES_QUIET`], reads ask with the time of the last whole list (`update_time`): an
+//!   unchanged list is a 304 without a body; a whole list at least every [`NODES_WHOLE_EVERY`],
+//!   and within [`NODES_TTL`] before a delete.
 //! * Drains and undrains of several nodes go in one request (a host list).
 
 use std::{
@@ -36,14 +38,25 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 use slinky_api::{Controller, RestApi};
-use slinky_slurm::{Client, Node, NodeList, NodeUpdate, jwt::Tokens};
+use slinky_slurm::{Client, NodeUpdate, jwt::Tokens};
 
 use super::{Caches, core::locked};
+
+mod node_list;
+
+use node_list::Listed;
 
 /// How long a node list is shared between passes: at steady state a Controller's slurmrestd is
 /// asked for its nodes at most once in this, whatever its NodeSet count (the passes of
 /// [`super::nodeset::PROTECT_INTERVAL`] share it); every decision to delete reads a fresh one.
 pub const NODES_TTL: Duration = Duration::from_secs(10);
+/// How long the nodes must not have changed before a list is read with the time of the last
+/// one (a 304 while nothing changed).
+pub const NODES_QUIET: Duration = Duration::from_secs(30);
+/// A whole node list at least this often, whatever the 304s say (a failover to a slurmctld
+/// whose clock is behind must not hide changes for longer). A decision to delete a pod asks a
+/// 304 only within [`NODES_TTL`] of a whole list.
+pub const NODES_WHOLE_EVERY: Duration = Duration::from_secs(60);
 /// How long a job list (the busy nodes' deadlines) is used: jobs' end times change when jobs
 /// start and end, and only order which busy node a scale-in drains first.
 pub const JOBS_TTL: Duration = Duration::from_secs(10);
@@ -95,15 +108,6 @@ pub enum Reach {
     On(Arc<Cluster>),
 }
 
-/// The shared node list: when it was read, and slurmctld's time of it.
-#[derive(Default)]
-struct Listed {
-    list: Option<(Instant, Arc<Vec<Node>>)>,
-    last_update: Option<i64>,
-    /// A drain or undrain since: read again (with the time: what changed comes back).
-    stale: bool,
-}
-
 /// One Controller's slurmrestd client and its shared node list.
 pub struct Cluster {
     client: Client,
@@ -122,79 +126,6 @@ impl Cluster {
     /// The client.
     pub fn client(&self) -> &Client {
         &self.client
-    }
-
-    /// Every node, read at most once per [`NODES_TTL`] (callers at the same time share one read).
-    ///
-    /// # Errors
-    /// Why Slurm could not be asked.
-    pub async fn nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
-        let mut held = self.nodes.lock().await;
-        if let Some((at, nodes)) = held.list.as_ref()
-            && at.elapsed() < NODES_TTL
-            && !held.stale
-        {
-            return Ok(nodes.clone());
-        }
-        self.read_nodes(&mut held).await
-    }
-
-    /// Read the node list into `held`: with the time of the last one, so an unchanged list
-    /// costs a 304 (slurmctld's time is the packing time, so a change in the same second is
-    /// never missed).
-    async fn read_nodes(&self, held: &mut Listed) -> Result<Arc<Vec<Node>>, Unavailable> {
-        let since = held.list.as_ref().and(held.last_update);
-        let read = self
-            .client
-            .nodes_since(since)
-            .await
-            .map_err(|e| Unavailable::of(&e))?;
-        let nodes = match (read, held.list.take()) {
-            (NodeList::Unchanged, Some((_, nodes))) => nodes,
-            (NodeList::Changed { nodes, last_update }, _) => {
-                held.last_update = last_update;
-                let nodes = Arc::new(nodes);
-                self.listed(&nodes);
-                nodes
-            }
-            (NodeList::Unchanged, None) => {
-                Arc::new(self.client.nodes().await.map_err(|e| Unavailable::of(&e))?)
-            }
-        };
-        held.list = Some((Instant::now(), nodes.clone()));
-        held.stale = false;
-        Ok(nodes)
-    }
-
-    /// Forget the missing nodes a list names again.
-    fn listed(&self, nodes: &[Node]) {
-        locked(&self.missing, |m| {
-            if !m.is_empty() {
-                let names: std::collections::HashSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-                m.retain(|name, _| !names.contains(name.as_str()));
-            }
-        });
-    }
-
-    /// How long `node` has been missing from Slurm's lists while its pod (`pod_uid`) ran, and
-    /// whether this is the first time it is found missing (the clock starts now).
-    pub fn missing_for(&self, node: &str, pod_uid: &str) -> (Duration, bool) {
-        locked(&self.missing, |m| match m.get(node) {
-            Some((uid, since)) if uid == pod_uid => (since.elapsed(), false),
-            _ => {
-                m.insert(node.to_string(), (pod_uid.to_string(), Instant::now()));
-                (Duration::ZERO, true)
-            }
-        })
-    }
-
-    /// Every node, read now (whatever the shared list's age): what a delete is decided on.
-    ///
-    /// # Errors
-    /// Why Slurm could not be asked.
-    pub async fn fresh_nodes(&self) -> Result<Arc<Vec<Node>>, Unavailable> {
-        let mut held = self.nodes.lock().await;
-        self.read_nodes(&mut held).await
     }
 
     /// When each busy node's jobs end (the job list, at most once per [`JOBS_TTL`]).
@@ -227,11 +158,6 @@ impl Cluster {
             .collect())
     }
 
-    /// Forget the node list (after a change the next pass must see).
-    pub async fn forget_nodes(&self) {
-        self.nodes.lock().await.stale = true;
-    }
-
     /// Delete the record of `node` (a worker gone for good).
     ///
     /// # Errors
@@ -247,15 +173,13 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn drain(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
-        self.drain_nodes(&[node.to_string()], reason).await
+        only(self.drain_nodes(&[node.to_string()], reason).await)
     }
 
     /// Drain every node of `nodes` with `reason` (prefixed with
-    /// [`slinky_slurm::REASON_PREFIX`]): one request for all of them.
-    ///
-    /// # Errors
-    /// Why Slurm did not do it.
-    pub async fn drain_nodes(&self, nodes: &[String], reason: &str) -> Result<(), Unavailable> {
+    /// [`slinky_slurm::REASON_PREFIX`]): one request for all of them. Returns the nodes drained
+    /// and why the others were not.
+    pub async fn drain_nodes(&self, nodes: &[String], reason: &str) -> (Vec<String>, Option<Unavailable>) {
         let reason = format!("{} {reason}", slinky_slurm::REASON_PREFIX);
         self.update(nodes, NodeUpdate::Drain(&reason)).await
     }
@@ -265,7 +189,7 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn drain_as_is(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
-        self.update(&[node.to_string()], NodeUpdate::Drain(reason)).await
+        only(self.update(&[node.to_string()], NodeUpdate::Drain(reason)).await)
     }
 
     /// Set the reason of `node`, DOWN, to `reason` as it is (someone else's, given back): only
@@ -274,7 +198,7 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn down_as_is(&self, node: &str, reason: &str) -> Result<(), Unavailable> {
-        self.update(&[node.to_string()], NodeUpdate::Down(reason)).await
+        only(self.update(&[node.to_string()], NodeUpdate::Down(reason)).await)
     }
 
     /// Undrain `node` (`resume` too when it is DOWN by the host's reason).
@@ -282,15 +206,12 @@ impl Cluster {
     /// # Errors
     /// Why Slurm did not do it.
     pub async fn undrain(&self, node: &str, resume: bool) -> Result<(), Unavailable> {
-        self.undrain_nodes(&[node.to_string()], resume).await
+        only(self.undrain_nodes(&[node.to_string()], resume).await)
     }
 
     /// Undrain every node of `nodes` (`resume` when they are DOWN by the host's reason): one
-    /// request for all of them.
-    ///
-    /// # Errors
-    /// Why Slurm did not do it.
-    pub async fn undrain_nodes(&self, nodes: &[String], resume: bool) -> Result<(), Unavailable> {
+    /// request for all of them. Returns the nodes undrained and why the others were not.
+    pub async fn undrain_nodes(&self, nodes: &[String], resume: bool) -> (Vec<String>, Option<Unavailable>) {
         let update = if resume {
             NodeUpdate::Resume
         } else {
@@ -300,11 +221,16 @@ impl Cluster {
     }
 
     /// `update` on `nodes` in one request; the node list is read again at the next ask.
-    async fn update(&self, nodes: &[String], update: NodeUpdate<'_>) -> Result<(), Unavailable> {
-        let r = self.client.update_nodes(nodes, update).await;
+    async fn update(&self, nodes: &[String], update: NodeUpdate<'_>) -> (Vec<String>, Option<Unavailable>) {
+        let (done, error) = self.client.update_nodes(nodes, update).await;
         self.forget_nodes().await;
-        r.map_err(|e| Unavailable::of(&e))
+        (done, error.map(|e| Unavailable::of(&e)))
     }
+}
+
+/// The outcome of an update of one node.
+fn only((_, error): (Vec<String>, Option<Unavailable>)) -> Result<(), Unavailable> {
+    error.map_or(Ok(()), Err)
 }
 
 /// `--slurmrestd-url` values.
