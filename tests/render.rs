@@ -839,9 +839,29 @@ async fn a_pod_created_in_protobuf_is_stored_as_the_same_pod_created_as_json() -
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static(slinky_protobuf::MEDIA_TYPE),
         );
+        let again = req.clone();
         let by_proto: Pod = c.client.request(req).await?;
         let (j, p) = (comparable(&by_json), comparable(&by_proto));
         ensure!(j == p, "pod {i}: created as JSON\n{j:#}\nin protobuf\n{p:#}");
+        if i == 0 {
+            // The host asks for the answers to its creates in protobuf: an error comes back as
+            // a protobuf Status it reads (here: the name is taken).
+            let mut again = again;
+            again.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(slinky_protobuf::MEDIA_TYPE),
+            );
+            let res = c.client.send(again.map(kube::client::Body::from)).await?;
+            ensure!(res.status() == 409, "a second create answered {}", res.status());
+            let body = http_body_util::BodyExt::collect(res.into_body())
+                .await?
+                .to_bytes();
+            let status = slinky_protobuf::decode(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+            ensure!(
+                status["kind"] == "Status" && status["code"] == 409 && status["reason"] == "AlreadyExists",
+                "{status}"
+            );
+        }
     }
     Ok(())
 }

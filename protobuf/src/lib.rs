@@ -39,6 +39,7 @@ const QUANTITY: &str = "apimachinery.pkg.api.resource.Quantity";
 const RAW_EXTENSION: &str = "apimachinery.pkg.runtime.RawExtension";
 const FIELDS_V1: &str = "apimachinery.pkg.apis.meta.v1.FieldsV1";
 const DELETE_OPTIONS: &str = "apimachinery.pkg.apis.meta.v1.DeleteOptions";
+const STATUS: &str = "apimachinery.pkg.apis.meta.v1.Status";
 const CRD_JSON: &str = "apiextensions_apiserver.pkg.apis.apiextensions.v1.Json";
 const CRD_OR_ARRAY: &str = "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaPropsOrArray";
 const CRD_OR_BOOL: &str = "apiextensions_apiserver.pkg.apis.apiextensions.v1.JsonSchemaPropsOrBool";
@@ -137,6 +138,10 @@ fn message_of(api_version: &str, kind: &str) -> Option<String> {
     let s = schema();
     if kind == "DeleteOptions" {
         return Some(DELETE_OPTIONS.into());
+    }
+    if kind == "Status" && api_version == "v1" {
+        // The API server's errors, in protobuf for a client that prefers it.
+        return Some(STATUS.into());
     }
     if let Some(m) = s.kinds.get(&format!("{api_version} {kind}")) {
         return Some(m.clone());

@@ -51,3 +51,14 @@ fn an_exact_encoding_refuses_what_the_schema_cannot_carry() {
     );
     assert!(encode_exact(&json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet"})).is_err());
 }
+
+#[test]
+fn an_error_status_round_trips_through_protobuf() {
+    let status = json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+        "message": "pods \"p\" already exists", "reason": "AlreadyExists",
+        "details": {"name": "p", "kind": "pods"}, "code": 409});
+    assert_eq!(
+        decode(&encode(&status).unwrap_or_default()).unwrap_or_default(),
+        status
+    );
+}

@@ -85,9 +85,15 @@ pub(crate) fn full(code: StatusCode, body: Value) -> Response<Body> {
 }
 
 pub(crate) fn error(e: &ApiError) -> Response<Body> {
-    let mut r = full(
+    error_in(e, false)
+}
+
+/// The Status of `e`, in protobuf when `protobuf_wanted`.
+fn error_in(e: &ApiError, protobuf_wanted: bool) -> Response<Body> {
+    let mut r = body::respond(
         StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         e.status(),
+        protobuf_wanted,
     );
     if let Some(secs) = e.retry_after
         && let Ok(v) = HeaderValue::from_str(&secs.to_string())
@@ -275,8 +281,11 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
     else {
         return error(&not_found_resource());
     };
+    // An error answers in protobuf to a client that prefers it, as kube-apiserver's do.
+    let pb = body::wants_protobuf(req.headers());
     match serve_resource(&shared, req, &rt, target, &query).await {
         Ok(r) => r,
+        Err(e) if pb => error_in(&e, true),
         Err(e) => error(&e),
     }
 }
