@@ -144,8 +144,17 @@ pub async fn end_job(h: &SlurmLocal, id: &str) -> Result<()> {
 /// # Errors
 /// `scontrol` failed.
 pub async fn job_state(h: &SlurmLocal, id: &str) -> Result<String> {
-    let line = show(h, "job", id).await?;
-    Ok(field(&line, "JobState").unwrap_or_default().to_string())
+    // slurmctld restarts when slurm.conf changes (a NodeSet added or deleted): scontrol cannot
+    // reach it for some seconds ("slurm_get_port: Address family '0'"), so it is asked again
+    // for up to a minute.
+    let since = std::time::Instant::now();
+    loop {
+        match show(h, "job", id).await {
+            Ok(line) => return Ok(field(&line, "JobState").unwrap_or_default().to_string()),
+            Err(e) if since.elapsed() >= std::time::Duration::from_secs(60) => return Err(e),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
 }
 
 /// The Slurm build's version, `(major, minor)`, from `slurmctld -V` (`slurm 25.05.8`; slurmdbd
