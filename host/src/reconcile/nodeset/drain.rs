@@ -350,32 +350,35 @@ pub(super) async fn sync_kept(
         if names.is_empty() {
             continue;
         }
-        let (done, error) = cluster.undrain_nodes(&names, resume).await;
-        if !done.is_empty() {
-            let note = format!(
-                "Slurm nodes {} returned to service: their pods are kept",
-                crate::reconcile::core::events::name_list(&done)
-            );
-            pass.core()
-                .event(pass.ns, EventType::Normal, "Undrained", note)
-                .await;
-        }
-        if let Some(u) = error {
-            pass.slurm_failed(u).await;
-        }
+        let outcome = cluster.undrain_nodes(&names, resume).await;
+        report(pass, outcome, "Undrained", |list| {
+            format!("Slurm nodes {list} returned to service: their pods are kept")
+        })
+        .await;
     }
 }
 
 /// Drain the nodes `names` of kept pods with the host's `reason` (a cordon), with an Event.
 async fn drain_for_cordon(pass: &mut Pass<'_>, cluster: &Cluster, names: &[String], reason: &str) {
-    let (done, error) = cluster.drain_nodes(names, reason).await;
+    let outcome = cluster.drain_nodes(names, reason).await;
+    report(pass, outcome, "Draining", |list| {
+        format!("Draining Slurm nodes {list}: {reason}")
+    })
+    .await;
+}
+
+/// A Normal Event `reason` naming the nodes an update did (`note` of their list), and the
+/// failure of the others.
+async fn report(
+    pass: &mut Pass<'_>,
+    (done, error): (Vec<String>, Option<Unavailable>),
+    reason: &str,
+    note: impl FnOnce(&str) -> String,
+) {
     if !done.is_empty() {
-        let note = format!(
-            "Draining Slurm nodes {}: {reason}",
-            crate::reconcile::core::events::name_list(&done)
-        );
+        let list = crate::reconcile::core::events::name_list(&done);
         pass.core()
-            .event(pass.ns, EventType::Normal, "Draining", note)
+            .event(pass.ns, EventType::Normal, reason, note(&list))
             .await;
     }
     if let Some(u) = error {
