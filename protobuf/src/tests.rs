@@ -1,4 +1,5 @@
 use super::*;
+use decode::go_duration;
 
 #[test]
 fn objects_round_trip_through_protobuf() {

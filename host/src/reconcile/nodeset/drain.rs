@@ -18,11 +18,11 @@
 //!   is deleted: fail closed, never "treat as drained" (Slinky's PR #79), never wait on it
 //!   (#239): the pass records why, and the NodeSet retries with its backoff.
 //! * Closed stays closed: a NodeSet that had a slurmrestd (it carries the finalizer
-//!   [`keys::FINALIZER_SLURM_NODES`], added at its first pass with one) and has none now (its
-//!   RestApi deleted or being deleted, the Service gone, the `--slurmrestd-url` flag dropped) is
+//!   [`FINALIZER_SLURM_NODES`], added at its first pass with one) and has none now (its RestApi
+//!   deleted or being deleted, the Service gone, the `--slurmrestd-url` flag dropped) is
 //!   `SlurmUnreachable`, never "delete without a drain". Only the NodeSet's annotation
-//!   [`keys::ANNOTATION_DELETE_WITHOUT_DRAIN`]`=true` lets its pods go undrained again (a
-//!   Warning Event says so once).
+//!   [`ANNOTATION_DELETE_WITHOUT_DRAIN`]`=true` lets its pods go undrained again (a Warning Event
+//!   says so once).
 //! * A node the host drained (one of its own reason texts for the pod, see [`super::kept`])
 //!   whose pod is no longer to be deleted is undrained (resumed if the host also set it DOWN). A
 //!   drain or DOWN someone else set (whatever its prefix), and a DOWN "Not responding" node, are
@@ -35,19 +35,25 @@
 //! * `nodeset.slinky.slurm.net/pod-protect=true` is on exactly the pods whose node is busy
 //!   (with `workloadDisruptionProtection`, the default): the workers' PodDisruptionBudget selects
 //!   them, so an eviction (a node drain by `kubectl drain`, the cluster autoscaler) waits for their
-//!   jobs.
+//!   jobs. [`super::protect`] writes it, with the `SlurmNodeState*` conditions and `pod-deadline`.
+//!
+//! [`FINALIZER_SLURM_NODES`]: slinky_api::keys::FINALIZER_SLURM_NODES
+//! [`ANNOTATION_DELETE_WITHOUT_DRAIN`]: slinky_api::keys::ANNOTATION_DELETE_WITHOUT_DRAIN
 
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
-use slinky_api::keys;
 use slinky_slurm::Node;
 
-use super::{Pass, kept, plan::DeleteReason, slurm_conditions, slurm_view::SlurmView};
+use super::{
+    Pass, kept,
+    plan::DeleteReason,
+    protect::{set_deadline, set_protect, write_conditions},
+    slurm_view::SlurmView,
+};
 use crate::reconcile::{
     core::watch::nodes::cordoned,
-    core::writer,
     slurm::{Cluster, Unavailable, node_name},
 };
 
@@ -403,126 +409,6 @@ fn cordon_reason(k8s_node: &str, annotation: Option<&str>) -> String {
     }
     reason.truncate(end);
     reason
-}
-
-/// The pod's `SlurmNodeState*` conditions made to match its node. A refused `test` (the
-/// kubelet wrote meanwhile) is left to the next pass.
-async fn write_conditions(pass: &mut Pass<'_>, pod: &Pod, node: &Node) -> Option<Pod> {
-    let conditions = slurm_conditions::desired(pod, node, k8s_openapi::jiff::Timestamp::now())?;
-    let patch = slurm_conditions::patch(pod, &conditions);
-    match pass.core().writer.patch_pod_status(pod, patch).await {
-        Ok(p) => return Some(p),
-        Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 422 || s.code == 409) => {
-            tracing::debug!(pod = %pod.name_any(), "pod conditions changed meanwhile: {e}");
-        }
-        Err(e) => {
-            pass.failed(
-                "FailedUpdate",
-                format!(
-                    "Error writing the Slurm conditions of pod {}: {}",
-                    pod.name_any(),
-                    writer::message(&e)
-                ),
-            )
-            .await;
-        }
-    }
-    None
-}
-
-/// `pod-protect` on the busy pods and off the others, from the Controller's shared node list,
-/// for a pass that does not sync its pods (the NodeSet is `InvalidSpec`, waits on its
-/// expectations, or its builder fails): a job that starts meanwhile is protected all the same.
-pub(super) async fn refresh_protection(
-    pass: &mut Pass<'_>,
-    controller: &slinky_api::Controller,
-    owned: &[Arc<Pod>],
-) {
-    let view = SlurmView::read(pass, controller).await;
-    let SlurmView::Nodes(_, nodes) = &view else {
-        return;
-    };
-    pass.watches_slurm = true;
-    let protect = pass.ns.spec.workload_disruption_protection.unwrap_or(true);
-    for pod in owned.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-        if let Some(node) = nodes.get(&node_name(pod)) {
-            set_protect(pass, pod, protect && node.is_busy()).await;
-        }
-    }
-}
-
-/// `pod-deadline` on the pod: when its node's jobs end (Slinky's annotation, RFC 3339), none
-/// when the node is idle or a job has no end.
-async fn set_deadline(pass: &mut Pass<'_>, pod: &Pod, deadline: Option<slinky_slurm::Deadline>) {
-    let want = match deadline {
-        Some(slinky_slurm::Deadline::At(t)) => k8s_openapi::jiff::Timestamp::from_second(t)
-            .ok()
-            .map(|t| t.to_string()),
-        _ => None,
-    };
-    let have = pod.annotations().get(keys::ANNOTATION_POD_DEADLINE);
-    if have == want.as_ref() {
-        return;
-    }
-    match pass
-        .core()
-        .writer
-        .set_pod_annotation(pod, keys::ANNOTATION_POD_DEADLINE, want.as_deref())
-        .await
-    {
-        Ok(_) => {}
-        Err(e) if writer::is_conflict(&e) => pass.retry_soon = true,
-        Err(e) => {
-            pass.failed(
-                "FailedUpdate",
-                format!(
-                    "Error setting {} on pod {}: {}",
-                    keys::ANNOTATION_POD_DEADLINE,
-                    pod.name_any(),
-                    writer::message(&e)
-                ),
-            )
-            .await;
-        }
-    }
-}
-
-/// `pod-protect=true` on the pod when `want`, off otherwise.
-async fn set_protect(pass: &mut Pass<'_>, pod: &Pod, want: bool) -> Option<Pod> {
-    let has = pod
-        .labels()
-        .get(keys::LABEL_POD_PROTECT)
-        .is_some_and(|v| v == "true");
-    if want == has {
-        return None;
-    }
-    let value = want.then_some("true");
-    match pass
-        .core()
-        .writer
-        .set_pod_label(pod, keys::LABEL_POD_PROTECT, value)
-        .await
-    {
-        Ok(p) => Some(p),
-        Err(e) if writer::is_conflict(&e) => {
-            // The pod changed since the cache showed it: look again soon, not in 20 s.
-            pass.retry_soon = true;
-            None
-        }
-        Err(e) => {
-            pass.failed(
-                "FailedUpdate",
-                format!(
-                    "Error setting {} on pod {}: {}",
-                    keys::LABEL_POD_PROTECT,
-                    pod.name_any(),
-                    writer::message(&e)
-                ),
-            )
-            .await;
-            None
-        }
-    }
 }
 
 /// `pruneSlurmNodeRecords: NodeNotFound` in DaemonSet mode (as Slinky): delete the record of each

@@ -36,6 +36,7 @@ mod kept;
 mod other_children;
 mod plan;
 mod pods;
+mod protect;
 pub use pods::CREATES_IN_FLIGHT;
 mod reservation;
 pub(crate) mod revisions;
@@ -357,7 +358,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
     {
         // The pass did not get to its pods (an invalid spec, its expectations, a builder or
         // child problem): protection still follows the jobs.
-        drain::refresh_protection(&mut pass, controller, &owned).await;
+        protect::refresh_protection(&mut pass, controller, &owned).await;
     }
     // Without a revision this pass (no Controller, a failing builder), the last one counts.
     let shown = revision.or_else(|| ns.status.as_ref().and_then(|s| s.node_set_hash.clone()));
