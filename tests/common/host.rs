@@ -133,8 +133,38 @@ pub async fn cluster_with_statefulsets() -> TestCluster {
         ..Default::default()
     })
     .await;
+    needs_nodes(&c).await;
     c.install_crds(&slinky_host::cmd::crds::crds()).await;
     c
+}
+
+/// A test that needs pods to run (the embedded server's simulated lifecycle) fails at once, and
+/// says why, on a real cluster (`SLINKY_TEST_KUBECONFIG`) without a Ready node: there nothing
+/// schedules or runs its pods (realkube has no scheduler and no kubelet), and it would only time
+/// out later on a misleading assertion. With a real node (`docs/realnode.md`) it runs.
+async fn needs_nodes(c: &TestCluster) {
+    if c.server.is_some() {
+        return;
+    }
+    let ready = |n: &k8s_openapi::api::core::v1::Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    match Api::<k8s_openapi::api::core::v1::Node>::all(c.client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) if list.items.iter().any(ready) => {}
+        Ok(_) => panic!(
+            "this test needs its pods to run, and the real cluster at {} has no Ready node (no \
+             kubelet: realkube runs none): run it on the embedded server (unset the variable) or \
+             on a cluster with a node (docs/realnode.md)",
+            slinky_apiserver::testing::KUBECONFIG_ENV
+        ),
+        Err(e) => panic!("listing the real cluster's nodes: {e}"),
+    }
 }
 
 fn lifecycle_config() -> LifecycleConfig {
@@ -179,6 +209,9 @@ pub async fn cluster(lifecycle: bool) -> TestCluster {
         ..Default::default()
     })
     .await;
+    if lifecycle {
+        needs_nodes(&c).await;
+    }
     c.install_crds(&slinky_host::cmd::crds::crds()).await;
     c
 }
