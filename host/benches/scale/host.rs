@@ -27,7 +27,7 @@ use slinky_host::{
 
 use super::{
     HostResult, Scenario, client_from, create_namespace, env_or,
-    measure::{PodCount, cpu_note, cpu_now, passes, rss_mib},
+    measure::{PodCount, cpu_note, cpu_now, passes, pprof, rss_mib},
 };
 
 /// Set condition `SiteCheck` (message `message`) on the status of the Controller and the first
@@ -227,6 +227,7 @@ async fn scale_up(
     );
     let cpu_before = cpu_now("self");
     let passes_before = passes(handles);
+    let profile = pprof(&nodesets.clone().into_client(), &format!("{}-host", s.namespace));
     let t = Instant::now();
     futures::stream::iter(names.iter())
         .map(|name| {
@@ -256,6 +257,9 @@ async fn scale_up(
         cpu_note("self", "the host's", cpu_before)
     );
     print_other_requests(requests, &by_kind_before);
+    if let Some(p) = profile {
+        let _ = p.await;
+    }
     // Let the status writes settle before the steady state.
     let _ = handles.writes.total() - writes_before;
     Ok(seconds)

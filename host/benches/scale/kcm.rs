@@ -19,7 +19,7 @@ use slinky_api::{Controller, NodeSet};
 
 use super::{
     Scenario, create_namespace,
-    measure::{PodCount, cpu_note, cpu_now},
+    measure::{PodCount, cpu_note, cpu_now, pprof},
 };
 
 /// Runs kube-controller-manager's StatefulSet controller, unthrottled, until dropped.
@@ -74,6 +74,7 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), &s.namespace);
     let kcm_pid = kcm.0.id().to_string();
     let cpu_before = cpu_now(&kcm_pid);
+    let profile = pprof(client, &s.namespace);
     let t = Instant::now();
     futures::stream::iter(s.nodeset_names())
         .map(|name| {
@@ -99,6 +100,9 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
         s.total(),
         cpu_note(&kcm_pid, "kcm's", cpu_before)
     );
+    if let Some(p) = profile {
+        let _ = p.await;
+    }
     Ok(seconds)
 }
 

@@ -123,3 +123,32 @@ impl Drop for PodCount {
 pub(crate) fn passes(handles: &reconcile::Handles) -> u64 {
     handles.metrics.snapshot().values().sum()
 }
+
+/// A CPU profile of the real kube-apiserver while one side scales up (`BENCH_PPROF_DIR`): its
+/// `/debug/pprof/profile` over `BENCH_PPROF_SECONDS` (default 20) from now, written to
+/// `<dir>/<label>.pprof`; read it with `go tool pprof -top`. Awaited at the end of the scale-up,
+/// so each side's window holds its scale-up and then idle time, not the other's work.
+pub(crate) fn pprof(client: &Client, label: &str) -> Option<tokio::task::JoinHandle<()>> {
+    let dir = PathBuf::from(std::env::var_os("BENCH_PPROF_DIR")?);
+    apiserver_pid()?;
+    let seconds: u64 = std::env::var("BENCH_PPROF_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let (client, file) = (client.clone(), dir.join(format!("{label}.pprof")));
+    Some(tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let fetched = async {
+            let request = http::Request::get(format!("/debug/pprof/profile?seconds={seconds}"))
+                .body(kube::client::Body::empty())?;
+            let body = client.send(request).await?.into_body().collect().await?;
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(&file, body.to_bytes())?;
+            anyhow::Ok(())
+        };
+        match fetched.await {
+            Ok(()) => println!("  (kube-apiserver's CPU profile: {})", file.display()),
+            Err(e) => println!("  (no kube-apiserver CPU profile: {e})"),
+        }
+    }))
+}
