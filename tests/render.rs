@@ -865,3 +865,111 @@ async fn a_pod_created_in_protobuf_is_stored_as_the_same_pod_created_as_json() -
     }
     Ok(())
 }
+
+/// The host's pod watch reads kube-apiserver's protobuf stream (as kcm's informers do) and hands
+/// kube's watcher the same pods it would have read as JSON: on the embedded server and, with
+/// `SLINKY_TEST_KUBECONFIG`, on a real one.
+#[tokio::test]
+async fn the_hosts_pod_watch_reads_protobuf_and_sees_the_pods_as_json_shows_them() -> Result<()> {
+    use futures::StreamExt;
+    use kube::{Api, api::PostParams, runtime::watcher};
+    let c = slinky_tests::host::cluster(false).await;
+    let ns = c.namespace("proto-watch").await;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&c.kubeconfig)?,
+        &Default::default(),
+    )
+    .await?;
+    let host_client = slinky_host::client::client(config, Default::default())?;
+    let before = slinky_host::client::events_in_protobuf();
+    let watched: Api<Pod> = Api::namespaced(host_client, &ns);
+    let mut events = std::pin::pin!(watcher(watched, watcher::Config::default()));
+    // Listed (as JSON) first: the pod must come by the watch.
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(ev) = events.next().await {
+            if matches!(ev, Ok(watcher::Event::InitDone)) {
+                return Ok(());
+            }
+        }
+        Err(anyhow::anyhow!("the watch ended before its list"))
+    })
+    .await
+    .context("the watch never listed")??;
+    let items = render_json(&[&example("slurm-cluster.yaml")], &[])?;
+    let rendered = items
+        .into_iter()
+        .find(|i| i["kind"] == "Pod")
+        .context("the example renders no pod")?;
+    let mut pod: Pod = serde_json::from_value(rendered)?;
+    pod.metadata.namespace = Some(ns.clone());
+    pod.metadata.owner_references = None;
+    pod.metadata.name = Some("watched".into());
+    let created = Api::<Pod>::namespaced(c.client.clone(), &ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(ev) = events.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(p)) if p.metadata.name.as_deref() == Some("watched") => {
+                    return Ok(p);
+                }
+                Ok(_) => {}
+                Err(e) => return Err(anyhow::anyhow!("the watch failed: {e}")),
+            }
+        }
+        Err(anyhow::anyhow!("the watch ended"))
+    })
+    .await
+    .context("the watch never showed the pod")??;
+    let json = |p: &Pod| {
+        let mut v = serde_json::to_value(p).unwrap_or_default();
+        v["metadata"].as_object_mut().map(|m| m.remove("managedFields"));
+        v
+    };
+    // The same pod, but that Go writes every non-pointer field in protobuf: where JSON leaves an
+    // `omitempty` field out, protobuf may show it as 0 or false (the same value to Kubernetes).
+    let differences = go_zero_differences(&json(&seen), &json(&created), "");
+    ensure!(
+        differences.is_empty(),
+        "watched in protobuf and created (JSON) differ at {differences:?}\n{:#}",
+        json(&seen)
+    );
+    ensure!(
+        slinky_host::client::events_in_protobuf() > before,
+        "the watch was read as JSON: the server did not stream protobuf, or the host did not ask"
+    );
+    Ok(())
+}
+
+/// Where `watched` and `created` differ, but for fields only `watched` has that are `0` or
+/// `false` (Go's zero values, which its protobuf writes and its JSON leaves out).
+fn go_zero_differences(watched: &serde_json::Value, created: &serde_json::Value, at: &str) -> Vec<String> {
+    use serde_json::Value;
+    match (watched, created) {
+        (Value::Object(w), Value::Object(c)) => {
+            let mut out = Vec::new();
+            for (k, wv) in w {
+                let path = format!("{at}/{k}");
+                match c.get(k) {
+                    Some(cv) => out.extend(go_zero_differences(wv, cv, &path)),
+                    None if *wv == Value::Bool(false) || wv.as_f64() == Some(0.0) => {}
+                    None => out.push(format!("{path} (only watched)")),
+                }
+            }
+            out.extend(
+                c.keys()
+                    .filter(|k| !w.contains_key(*k))
+                    .map(|k| format!("{at}/{k} (only created)")),
+            );
+            out
+        }
+        (Value::Array(w), Value::Array(c)) if w.len() == c.len() => w
+            .iter()
+            .zip(c)
+            .enumerate()
+            .flat_map(|(i, (a, b))| go_zero_differences(a, b, &format!("{at}/{i}")))
+            .collect(),
+        (w, c) if w == c => Vec::new(),
+        _ => vec![at.to_string()],
+    }
+}

@@ -19,10 +19,12 @@
 
 mod decode;
 mod exact;
+mod watch;
 mod wire;
 
 pub use decode::decode;
 pub use exact::encode_exact;
+pub use watch::{Frames, WATCH_MEDIA_TYPE, decode_watch_event, encode_watch_event};
 
 use std::{collections::HashMap, sync::OnceLock};
 

@@ -63,3 +63,43 @@ fn an_error_status_round_trips_through_protobuf() {
         status
     );
 }
+
+#[test]
+fn watch_events_frame_and_decode_whatever_the_reads_cut() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "n", "resourceVersion": "7"},
+        "spec": {"nodeName": "a", "containers": [{"name": "c", "image": "x:1"}],
+                 "securityContext": {"supplementalGroups": [0, 5]}}});
+    let status = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 410,
+        "reason": "Expired", "message": "too old resource version: 1 (7)", "metadata": {}});
+    let mut stream = Vec::new();
+    for (kind, obj) in [("ADDED", &pod), ("ERROR", &status)] {
+        stream.extend(encode_watch_event(kind, obj).unwrap_or_default());
+    }
+    // Read one byte at a time, then all at once: the same two events.
+    for chunk in [1, stream.len()] {
+        let mut frames = Frames::default();
+        let mut events = Vec::new();
+        for piece in stream.chunks(chunk) {
+            frames.push(piece);
+            while let Ok(Some(message)) = frames.next_message() {
+                events.push(decode_watch_event(&message).unwrap_or_default());
+            }
+        }
+        assert!(!frames.is_partial());
+        assert_eq!(
+            events,
+            [
+                ("ADDED".to_string(), pod.clone()),
+                ("ERROR".to_string(), status.clone())
+            ]
+        );
+    }
+    let mut cut = Frames::default();
+    cut.push(&stream[..stream.len() - 1]);
+    assert!(matches!(cut.next_message(), Ok(Some(_))));
+    assert!(matches!(cut.next_message(), Ok(None)) && cut.is_partial());
+    let mut broken = Frames::default();
+    broken.push(&[0xff, 0xff, 0xff, 0xff]);
+    assert!(broken.next_message().is_err());
+}

@@ -166,7 +166,7 @@ pub(super) async fn serve_resource(
         fault_res,
     };
     if verb == Verb::Watch {
-        return watch(shared.clone(), rt.clone(), call.ns, query, call.table);
+        return watch(shared.clone(), rt.clone(), call.ns, query, call.table, call.pb);
     }
     let response = perform(shared, req, rt, verb, &call, query).await?;
     if let Some(d) = decision {
@@ -246,7 +246,7 @@ async fn perform(
         Ok::<_, ApiError>(read)
     };
     Ok(match verb {
-        Verb::Watch => return watch(shared.clone(), rt.clone(), ns.clone(), query, table),
+        Verb::Watch => return watch(shared.clone(), rt.clone(), ns.clone(), query, table, pb),
         Verb::List => list(shared, rt, ns, query, table, pb)?,
         Verb::Get => {
             let obj = store.get(&key, ns, name)?;

@@ -34,8 +34,14 @@ pub(super) fn watch(
     ns: String,
     query: &HashMap<String, String>,
     table: bool,
+    protobuf_wanted: bool,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = filters(&rt, query)?;
+    // In protobuf (as kube-apiserver streams to informers) when the client prefers it and the
+    // kind has a protobuf form; custom resources and Tables stream JSON.
+    let protobuf = protobuf_wanted
+        && !table
+        && crate::protobuf::encode(&json!({"apiVersion": rt.api_version(), "kind": rt.kind})).is_some();
     let params = Params::of(query)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     let forced_gone = shared.faults.take_gone(&rt.plural);
@@ -47,6 +53,7 @@ pub(super) fn watch(
         labels,
         fields,
         table,
+        protobuf,
         tx,
     };
     tokio::spawn(watcher.run(params, forced_gone));
@@ -54,8 +61,13 @@ pub(super) fn watch(
         rx.recv().await.map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
     });
     let mut r = Response::new(StreamBody::new(stream).boxed());
+    let media_type = if protobuf {
+        crate::protobuf::WATCH_MEDIA_TYPE
+    } else {
+        "application/json"
+    };
     r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(media_type));
     r.headers_mut()
         .insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
     Ok(r)
@@ -117,6 +129,8 @@ struct Watcher {
     fields: FieldSelector,
     /// Objects as Table rows.
     table: bool,
+    /// Events as protobuf frames ([`crate::protobuf::encode_watch_event`]), not JSON lines.
+    protobuf: bool,
     tx: tokio::sync::mpsc::Sender<Bytes>,
 }
 
@@ -140,13 +154,23 @@ impl Watcher {
         }
     }
 
+    /// One event in the stream's encoding.
+    fn event(&self, kind: &str, obj: Value) -> Bytes {
+        if self.protobuf
+            && let Some(frame) = crate::protobuf::encode_watch_event(kind, &obj)
+        {
+            return Bytes::from(frame);
+        }
+        watch_line(kind, obj)
+    }
+
     async fn send(&self, line: Bytes) -> Result<(), Closed> {
         self.tx.send(line).await.map_err(|_| Closed)
     }
 
     async fn send_gone(&self, rev: u64) {
         let status = ApiError::gone(format!("too old resource version: {rev}")).status();
-        let _ = self.send(watch_line("ERROR", status)).await;
+        let _ = self.send(self.event("ERROR", status)).await;
     }
 
     /// Stream events until the client goes, the timeout passes or the watches are closed.
@@ -183,7 +207,7 @@ impl Watcher {
                 _ = tokio::time::sleep(Duration::from_secs(5)), if params.bookmarks => {
                     let bm = json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(),
                                     "metadata": {"resourceVersion": pos.to_string()}});
-                    if self.send(watch_line("BOOKMARK", bm)).await.is_err() {
+                    if self.send(self.event("BOOKMARK", bm)).await.is_err() {
                         return;
                     }
                 }
@@ -198,7 +222,7 @@ impl Watcher {
         let filter = |o: &Value| self.matches(o);
         let (items, rev, _) = self.shared.store.list(&self.key, "", &filter, None, 0).ok()?;
         for item in items {
-            self.send(watch_line("ADDED", self.render(&item))).await.ok()?;
+            self.send(self.event("ADDED", self.render(&item))).await.ok()?;
         }
         Some(rev)
     }
@@ -230,8 +254,8 @@ impl Watcher {
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                let line = if self.table {
-                    watch_line(kind, self.render(&e.obj))
+                let line = if self.table || self.protobuf {
+                    self.event(kind, self.render(&e.obj))
                 } else {
                     let json = e.json.get_or_init(|| e.obj.to_string());
                     Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":{json}}}\n"))

@@ -83,7 +83,8 @@ impl Meta {
             deletion_timestamp: self.deletion_timestamp,
             finalizers: self.finalizers,
             generate_name: self.generate_name,
-            generation: self.generation,
+            // Pods have no generation in 1.28: a protobuf watch shows Go's zero, JSON none.
+            generation: self.generation.filter(|g| *g != 0),
             labels: self.labels,
             managed_fields: None,
             name: self.name,

@@ -15,6 +15,13 @@
 //! refreshed exec credentials, client certificates), its extra headers, its TLS settings
 //! (`tls-server-name` included) and connect timeout. Proxies are refused with a
 //! clear error (kube's own client needs a feature for them that the host does not enable).
+//!
+//! Pod watches are asked for in protobuf, as kcm's informers ask, and handed to kube's watcher
+//! as JSON lines (see [`protobuf_watch`]).
+
+mod protobuf_watch;
+
+pub use protobuf_watch::events_in_protobuf;
 
 use std::{
     collections::BTreeMap,
@@ -166,6 +173,8 @@ pub fn client(mut config: kube::Config, requests: Arc<ApiRequests>) -> Result<ku
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        .map_request(protobuf_watch::ask)
+        .map_response(protobuf_watch::answer)
         .map_err(BoxError::from)
         .service(hyper);
     Ok(ClientBuilder::new(service, default_ns).build())
