@@ -15,10 +15,42 @@ use super::{
 /// 400 when the body is not a Kubernetes protobuf envelope or its message does not decode;
 /// 415 for a kind this server has no protobuf schema of.
 pub fn decode(body: &[u8]) -> Result<Value, Error> {
+    decode_keeping(body, &Keep::All)
+}
+
+/// Which fields of an object to decode ([`decode_keeping`]): the others are skipped unread,
+/// which for a pod's containers and volumes is most of its bytes.
+#[derive(Debug)]
+pub enum Keep {
+    /// Every field, at every depth.
+    All,
+    /// Only these fields (by JSON name), each kept as its own [`Keep`] says.
+    Only(&'static [(&'static str, Keep)]),
+    /// Every field but these (by JSON name).
+    AllBut(&'static [&'static str]),
+}
+
+impl Keep {
+    /// What is kept of field `json`, or `None` when it is skipped.
+    fn child(&self, json: &str) -> Option<&Keep> {
+        match self {
+            Keep::All => Some(&Keep::All),
+            Keep::Only(fields) => fields.iter().find(|(n, _)| *n == json).map(|(_, k)| k),
+            Keep::AllBut(names) => (!names.contains(&json)).then_some(&Keep::All),
+        }
+    }
+}
+
+/// [`decode`], keeping only the fields `keep` names of the object (`apiVersion` and `kind`
+/// always).
+///
+/// # Errors
+/// As [`decode`].
+pub fn decode_keeping(body: &[u8], keep: &Keep) -> Result<Value, Error> {
     let raw = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| bad("the protobuf body does not start with the Kubernetes magic number"))?;
-    let envelope = decode_message(raw, UNKNOWN)?;
+    let envelope = decode_message(raw, UNKNOWN, &Keep::All)?;
     let api_version = envelope
         .pointer("/typeMeta/apiVersion")
         .and_then(Value::as_str)
@@ -33,7 +65,7 @@ pub fn decode(body: &[u8]) -> Result<Value, Error> {
         message: format!("no protobuf schema for {api_version:?} {kind:?}: send application/json"),
     })?;
     let inner = wire::bytes_field(raw, 2)?.unwrap_or_default();
-    let mut obj = decode_message(&inner, &message)?;
+    let mut obj = decode_message(&inner, &message, keep)?;
     if let Value::Object(m) = &mut obj {
         m.insert("apiVersion".into(), api_version.into());
         m.insert("kind".into(), kind.into());
@@ -41,13 +73,22 @@ pub fn decode(body: &[u8]) -> Result<Value, Error> {
     Ok(obj)
 }
 
-fn decode_message(buf: &[u8], message: &str) -> Result<Value, Error> {
+fn decode_message(buf: &[u8], message: &str, keep: &Keep) -> Result<Value, Error> {
     let specs = schema().messages.get(message).map_or(&[][..], Vec::as_slice);
     let mut out = Map::new();
     for field in wire::fields(buf) {
         let field = field?;
         let Some(spec) = specs.iter().find(|s| s.number == field.number) else {
             continue; // a field newer than our schema: ignored, like an unknown JSON field
+        };
+        // A Go embedded struct's fields are the object's own: the same `keep` applies.
+        let keep_field = if spec.kind == Kind::Inline {
+            keep
+        } else {
+            match keep.child(&spec.json) {
+                Some(k) => k,
+                None => continue,
+            }
         };
         match spec.kind {
             Kind::Map => {
@@ -60,7 +101,7 @@ fn decode_message(buf: &[u8], message: &str) -> Result<Value, Error> {
                     Some(v) if value_kind == Kind::String => {
                         Some(Value::String(String::from_utf8_lossy(v.bytes()?).into_owned()))
                     }
-                    Some(v) => scalar_or_message(&v, value_kind, spec.message.as_deref())?,
+                    Some(v) => scalar_or_message(&v, value_kind, spec.message.as_deref(), &Keep::All)?,
                     None if value_kind == Kind::Bytes || value_kind == Kind::String => {
                         Some(Value::String(String::new()))
                     }
@@ -73,7 +114,7 @@ fn decode_message(buf: &[u8], message: &str) -> Result<Value, Error> {
             }
             Kind::Inline => {
                 let msg = spec.message.as_deref().unwrap_or_default();
-                if let Value::Object(inner) = decode_message(field.bytes()?, msg)? {
+                if let Value::Object(inner) = decode_message(field.bytes()?, msg, keep_field)? {
                     out.extend(inner);
                 }
             }
@@ -87,7 +128,7 @@ fn decode_message(buf: &[u8], message: &str) -> Result<Value, Error> {
                         .map(|v| scalar(kind, v))
                         .collect()
                 } else {
-                    scalar_or_message(&field, kind, spec.message.as_deref())?
+                    scalar_or_message(&field, kind, spec.message.as_deref(), keep_field)?
                         .into_iter()
                         .collect::<Vec<_>>()
                 };
@@ -120,6 +161,7 @@ fn scalar_or_message(
     field: &wire::Field<'_>,
     kind: Kind,
     message: Option<&str>,
+    keep: &Keep,
 ) -> Result<Option<Value>, Error> {
     use base64::Engine;
     Ok(match kind {
@@ -132,7 +174,9 @@ fn scalar_or_message(
                 .encode(field.bytes()?)
                 .into(),
         ),
-        Kind::Message | Kind::Inline => special_or_message(field.bytes()?, message.unwrap_or_default())?,
+        Kind::Message | Kind::Inline => {
+            special_or_message(field.bytes()?, message.unwrap_or_default(), keep)?
+        }
         Kind::Double => Some(scalar(kind, field.fixed()?)),
         Kind::Map => None,
         _ => Some(scalar(kind, field.varint()?)),
@@ -166,7 +210,7 @@ fn timestamp(buf: &[u8], micro: bool) -> Result<Option<Value>, Error> {
 }
 
 /// Kubernetes' types with a JSON form of their own, else the message as an object.
-fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, Error> {
+fn special_or_message(buf: &[u8], message: &str, keep: &Keep) -> Result<Option<Value>, Error> {
     Ok(match message {
         TIME => timestamp(buf, false)?,
         MICRO_TIME => timestamp(buf, true)?,
@@ -193,6 +237,7 @@ fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, Error>
             Some(schema) => Some(decode_message(
                 &schema,
                 &format!("{}JsonSchemaProps", crd_prefix()),
+                &Keep::All,
             )?),
             None => Some(Value::Bool(wire::varint_field(buf, 1)?.unwrap_or(0) != 0)),
         },
@@ -200,6 +245,7 @@ fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, Error>
             Some(schema) => Some(decode_message(
                 &schema,
                 &format!("{}JsonSchemaProps", crd_prefix()),
+                &Keep::All,
             )?),
             None => {
                 let mut items = Vec::new();
@@ -207,7 +253,11 @@ fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, Error>
                     let f = f?;
                     if f.number == 2 {
                         items.push(if message == CRD_OR_ARRAY {
-                            decode_message(f.bytes()?, &format!("{}JsonSchemaProps", crd_prefix()))?
+                            decode_message(
+                                f.bytes()?,
+                                &format!("{}JsonSchemaProps", crd_prefix()),
+                                &Keep::All,
+                            )?
                         } else {
                             String::from_utf8_lossy(f.bytes()?).into_owned().into()
                         });
@@ -216,7 +266,7 @@ fn special_or_message(buf: &[u8], message: &str) -> Result<Option<Value>, Error>
                 Some(Value::Array(items))
             }
         },
-        _ => Some(decode_message(buf, message)?),
+        _ => Some(decode_message(buf, message, keep)?),
     })
 }
 

@@ -22,9 +22,11 @@ mod exact;
 mod watch;
 mod wire;
 
-pub use decode::decode;
+pub use decode::{Keep, decode, decode_keeping};
 pub use exact::encode_exact;
-pub use watch::{Frames, WATCH_MEDIA_TYPE, decode_watch_event, encode_watch_event};
+pub use watch::{
+    Frames, WATCH_MEDIA_TYPE, decode_watch_event, decode_watch_event_keeping, encode_watch_event,
+};
 
 use std::{collections::HashMap, sync::OnceLock};
 

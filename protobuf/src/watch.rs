@@ -38,11 +38,24 @@ pub fn encode_watch_event(kind: &str, obj: &Value) -> Option<Vec<u8>> {
 /// 400 when the message or its object does not decode; 415 for an object of a kind without a
 /// schema here.
 pub fn decode_watch_event(message: &[u8]) -> Result<(String, Value), Error> {
+    decode_watch_event_keeping(message, |_| &super::Keep::All)
+}
+
+/// [`decode_watch_event`], keeping of the object what `keep` says for its kind (`ERROR`
+/// events carry a `Status`, bookmarks the watched kind).
+///
+/// # Errors
+/// As [`decode_watch_event`].
+pub fn decode_watch_event_keeping(
+    message: &[u8],
+    keep: impl Fn(&str) -> &'static super::Keep,
+) -> Result<(String, Value), Error> {
     let kind = wire::bytes_field(message, 1)?.unwrap_or_default();
     let kind = String::from_utf8(kind).map_err(|_| bad("a watch event's type is not UTF-8"))?;
     let extension = wire::bytes_field(message, 2)?.unwrap_or_default();
     let raw = wire::bytes_field(&extension, 1)?.unwrap_or_default();
-    Ok((kind, super::decode(&raw)?))
+    let object_kind = kind_of(&raw)?;
+    Ok((kind, super::decode_keeping(&raw, keep(&object_kind))?))
 }
 
 /// The frames of a watch stream as its bytes arrive: [`Frames::push`] the bytes read, then take
@@ -96,4 +109,12 @@ impl Frames {
     pub fn is_partial(&self) -> bool {
         self.start < self.buf.len()
     }
+}
+
+/// The `kind` of an encoded object (its envelope's `typeMeta`), without decoding the object.
+fn kind_of(raw: &[u8]) -> Result<String, Error> {
+    let envelope = raw.strip_prefix(super::MAGIC).unwrap_or(raw);
+    let type_meta = wire::bytes_field(envelope, 1)?.unwrap_or_default();
+    let kind = wire::bytes_field(&type_meta, 2)?.unwrap_or_default();
+    Ok(String::from_utf8_lossy(&kind).into_owned())
 }

@@ -6,10 +6,11 @@
 //! kube's watcher reads JSON lines, so the client turns the stream back: a pod watch asks for
 //! `application/vnd.kubernetes.protobuf;stream=watch` (JSON still accepted), and an answer in
 //! protobuf has its frames decoded ([`slinky_protobuf::decode_watch_event`]) and handed on as the
-//! JSON lines the watcher expects. A server that answers JSON (a custom resource, an older or
-//! other server) is read as before. A stream that does not decode ends the watch with the error
-//! (the watcher starts again), and pod watches go back to JSON for the process's life, with a
-//! warning: a decoder gap never leaves the host blind.
+//! JSON lines the watcher expects, with only the fields the pod cache keeps (the rest, most of a
+//! pod's bytes, is skipped unread; see `reconcile::core::watch::slim`). A server that answers
+//! JSON (a custom resource, an older or other server) is read as before. A stream that does not
+//! decode ends the watch with the error (the watcher starts again), and pod watches go back to
+//! JSON for the process's life, with a warning: a decoder gap never leaves the host blind.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -17,7 +18,7 @@ use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::{Frame, Incoming};
-use slinky_protobuf::{Frames, WATCH_MEDIA_TYPE, decode_watch_event};
+use slinky_protobuf::{Frames, Keep, WATCH_MEDIA_TYPE, decode_watch_event_keeping};
 use tower::BoxError;
 
 /// Whether pod watches ask for protobuf (off after a stream that did not decode).
@@ -102,11 +103,21 @@ fn json_lines(body: Incoming) -> UnsyncBoxBody<Bytes, BoxError> {
     StreamBody::new(stream).boxed_unsync()
 }
 
+/// What is read of each object: of a pod, what the host's pod cache keeps (the pod watches
+/// through this client are the cache's); of anything else (an `ERROR`'s Status), all of it.
+fn kept(kind: &str) -> &'static Keep {
+    if kind == "Pod" {
+        &crate::reconcile::core::watch::slim::KEPT
+    } else {
+        &Keep::All
+    }
+}
+
 /// Each whole frame in `frames` as a JSON line `{"type":…,"object":…}`.
 fn lines(frames: &mut Frames) -> Result<Vec<u8>, slinky_protobuf::Error> {
     let mut out = Vec::new();
     while let Some(message) = frames.next_message()? {
-        let (kind, object) = decode_watch_event(&message)?;
+        let (kind, object) = decode_watch_event_keeping(&message, kept)?;
         out.extend_from_slice(b"{\"type\":");
         out.extend_from_slice(serde_json::Value::String(kind).to_string().as_bytes());
         out.extend_from_slice(b",\"object\":");
@@ -152,7 +163,7 @@ mod tests {
     }
 
     #[test]
-    fn frames_become_the_json_lines_of_the_same_events() -> anyhow::Result<()> {
+    fn frames_become_the_json_lines_of_the_same_events_with_the_kept_fields() -> anyhow::Result<()> {
         let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "n", "resourceVersion": "9", "labels": {"a": "b"}},
             "spec": {"nodeName": "w", "containers": [{"name": "c", "image": "x:1"}]},
@@ -162,6 +173,9 @@ mod tests {
             frames.push(&slinky_protobuf::encode_watch_event(kind, &pod).unwrap_or_default());
         }
         let out = lines(&mut frames)?;
+        // What the pod cache keeps of it (`slim::KEPT`): no containers.
+        let mut pod = pod;
+        pod["spec"].as_object_mut().map(|s| s.remove("containers"));
         let events: Vec<serde_json::Value> = out
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())

@@ -22,7 +22,7 @@
 mod listed;
 pub mod nodes;
 mod sightings;
-mod slim;
+pub(crate) mod slim;
 mod triggers;
 mod wire;
 

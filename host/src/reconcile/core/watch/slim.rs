@@ -14,6 +14,27 @@ use k8s_openapi::{
 };
 use serde::Deserialize;
 
+/// The kept fields, for a pod watch read in protobuf (`crate::client`): the rest of each pod is
+/// skipped unread there. Must name every field [`SlimPod`] reads (a test checks).
+pub(crate) const KEPT: slinky_protobuf::Keep = {
+    use slinky_protobuf::Keep::{All, AllBut, Only};
+    Only(&[
+        ("metadata", AllBut(&["managedFields", "selfLink"])),
+        (
+            "spec",
+            Only(&[
+                ("nodeName", All),
+                ("hostname", All),
+                ("affinity", Only(&[("nodeAffinity", All)])),
+            ]),
+        ),
+        (
+            "status",
+            Only(&[("phase", All), ("reason", All), ("conditions", All)]),
+        ),
+    ])
+};
+
 /// A pod as the watch decodes it (see the module): a [`Pod`] holding only the kept fields.
 #[derive(Clone, Debug, Default)]
 pub struct SlimPod(pub Pod);
@@ -206,6 +227,41 @@ mod tests {
         assert!(status.conditions.is_some());
         assert_eq!(status.conditions, whole_status.conditions);
         assert!(status.pod_ip.is_none() && status.container_statuses.is_none());
+        Ok(())
+    }
+
+    /// Read in protobuf with only [`KEPT`] decoded, the same pod reaches the cache as read whole
+    /// in JSON: `KEPT` names every field the slim pod reads.
+    #[test]
+    fn the_fields_kept_in_protobuf_are_all_the_slim_pod_reads() -> Result<(), serde_json::Error> {
+        let json = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "w-0", "namespace": "slurm", "uid": "u1", "resourceVersion": "7",
+                "generateName": "w-", "creationTimestamp": "2026-01-02T03:04:05Z",
+                "deletionTimestamp": "2026-01-02T03:05:05Z", "deletionGracePeriodSeconds": 0,
+                "labels": {"a": "b"}, "annotations": {"c": "d"}, "finalizers": ["f"],
+                "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                    "name": "w", "uid": "p1", "controller": true, "blockOwnerDeletion": true}],
+                "managedFields": [{"manager": "m", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:metadata": {}}}]},
+            "spec": {"nodeName": "n1", "hostname": "w-0", "subdomain": "s",
+                "containers": [{"name": "slurmd", "image": "i", "env": [{"name": "X", "value": "y"}]}],
+                "affinity": {"nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]},
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5,
+                        "preference": {"matchExpressions": [{"key": "k", "operator": "Exists"}]}}]}}},
+            "status": {"phase": "Running", "reason": "R", "podIP": "10.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True",
+                    "lastTransitionTime": "2026-01-02T03:04:06Z", "message": "m", "reason": "r"}]}
+        });
+        let bytes = slinky_protobuf::encode(&json).unwrap_or_default();
+        let kept = slinky_protobuf::decode_keeping(&bytes, &KEPT)
+            .map_err(|e| serde::de::Error::custom(e.to_string()))?;
+        assert!(kept["spec"].get("containers").is_none(), "{kept}");
+        let from_protobuf: Pod = serde_json::from_value::<SlimPod>(kept)?.into();
+        let from_json: Pod = serde_json::from_value::<SlimPod>(json)?.into();
+        assert_eq!(from_protobuf, from_json);
         Ok(())
     }
 
