@@ -982,14 +982,10 @@ async fn the_hosts_pod_watch_reads_protobuf_and_sees_the_pods_as_json_shows_them
     .await
     .context("no watch event in protobuf")??;
     let (_, whole) = slinky_protobuf::decode_watch_event(&message).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut created_json = serde_json::to_value(&created)?;
-    for v in [&mut created_json] {
+    let (mut whole, mut created_json) = (whole, serde_json::to_value(&created)?);
+    for v in [&mut whole, &mut created_json] {
         v["metadata"].as_object_mut().map(|m| m.remove("managedFields"));
     }
-    let mut whole = whole;
-    whole["metadata"]
-        .as_object_mut()
-        .map(|m| m.remove("managedFields"));
     let differences = go_zero_differences(&whole, &created_json, "");
     ensure!(
         differences.is_empty(),
