@@ -70,6 +70,18 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
             o.remove(field);
         }
     }
+    // The host's pod's labels and annotations too: their managed fields and validation are part
+    // of each create's cost. Its per-pod labels are left out: kcm adds its own (pod name, index,
+    // revision hash).
+    let per_pod = [
+        "controller-revision-hash",
+        "nodeset.slinky.slurm.net/pod-index",
+        "nodeset.slinky.slurm.net/pod-name",
+        "nodeset.slinky.slurm.net/pod-hostname",
+    ];
+    let mut labels = pod["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+    labels.retain(|k, _| !per_pod.contains(&k.as_str()));
+    let annotations = pod["metadata"]["annotations"].clone();
     let count = PodCount::start(client, &s.namespace).await;
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), &s.namespace);
     let kcm_pid = kcm.0.id().to_string();
@@ -78,11 +90,13 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
     let t = Instant::now();
     futures::stream::iter(s.nodeset_names())
         .map(|name| {
+            let mut labels = labels.clone();
+            labels.insert("bench".into(), name.clone().into());
             let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
                 "metadata": {"name": name},
                 "spec": {"replicas": s.pods, "podManagementPolicy": "Parallel", "serviceName": "bench",
                     "selector": {"matchLabels": {"bench": name}},
-                    "template": {"metadata": {"labels": {"bench": name}}, "spec": spec}}});
+                    "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": spec}}});
             let api = api.clone();
             async move {
                 let sts: StatefulSet = serde_json::from_value(sts)?;
