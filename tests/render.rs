@@ -1030,3 +1030,28 @@ fn go_zero_differences(watched: &serde_json::Value, created: &serde_json::Value,
         _ => vec![at.to_string()],
     }
 }
+
+/// A pod watch the API server refuses before it starts (here a bad label selector; on a cluster
+/// also a 403 of RBAC) answers in protobuf to the host's client, which asked for protobuf
+/// first: the host still reads the code and message of the `Status`, not bytes.
+#[tokio::test]
+async fn a_refused_pod_watch_in_protobuf_still_says_why() -> Result<()> {
+    use kube::{Api, api::WatchParams};
+    let c = slinky_tests::host::cluster(false).await;
+    let ns = c.namespace("proto-refused").await;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&c.kubeconfig)?,
+        &Default::default(),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(slinky_host::client::client(config, Default::default())?, &ns);
+    match pods.watch(&WatchParams::default().labels("a in ("), "0").await {
+        Err(kube::Error::Api(s)) => ensure!(
+            s.code == 400 && s.reason == "BadRequest" && !s.message.is_empty(),
+            "the refusal read as {s:?}"
+        ),
+        Err(e) => bail!("the refusal was not read as the API's Status: {e}"),
+        Ok(_) => bail!("a watch with a bad selector started"),
+    }
+    Ok(())
+}

@@ -50,7 +50,9 @@ pub fn decode_keeping(body: &[u8], keep: &Keep) -> Result<Value, Error> {
     let raw = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| bad("the protobuf body does not start with the Kubernetes magic number"))?;
-    let envelope = decode_message(raw, UNKNOWN, &Keep::All)?;
+    // Only the envelope's typeMeta: its `raw` (the object's bytes) is read below, not decoded
+    // as a bytes field (which would base64-encode the whole object first).
+    let envelope = decode_message(raw, UNKNOWN, &Keep::Only(&[("typeMeta", Keep::All)]))?;
     let api_version = envelope
         .pointer("/typeMeta/apiVersion")
         .and_then(Value::as_str)

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use http_body_util::{BodyExt, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::{Frame, Incoming};
-use slinky_protobuf::{Frames, Keep, WATCH_MEDIA_TYPE, decode_watch_event_keeping};
+use slinky_protobuf::{Frames, Keep, decode_watch_event_keeping};
 use tower::BoxError;
 
 /// Whether pod watches ask for protobuf (off after a stream that did not decode).
@@ -60,20 +60,41 @@ pub(super) fn ask<B>(mut req: http::Request<B>) -> http::Request<B> {
     req
 }
 
-/// The response, its protobuf watch stream turned into JSON lines.
+/// Whether a `Content-Type` is protobuf, and if so whether a watch stream (parameters compared
+/// loosely: case and spaces aside).
+fn protobuf_type(content_type: Option<&HeaderValue>) -> Option<bool> {
+    let t = content_type?.to_str().ok()?.to_ascii_lowercase();
+    let mut parts = t.split(';').map(str::trim);
+    (parts.next()? == slinky_protobuf::MEDIA_TYPE)
+        .then(|| parts.any(|p| p.replace(' ', "") == "stream=watch"))
+}
+
+/// The response, its protobuf watch stream turned into JSON lines, and an error answered in
+/// protobuf (before a watch starts: a 403 of RBAC, a 400 of a bad selector) into its JSON
+/// `Status`, which kube reads for the code and message.
 pub(super) fn answer(res: http::Response<Incoming>) -> http::Response<UnsyncBoxBody<Bytes, BoxError>> {
-    let watch_in_protobuf = res
-        .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().eq_ignore_ascii_case(WATCH_MEDIA_TYPE.as_bytes()));
+    let kind = protobuf_type(res.headers().get(CONTENT_TYPE));
     let (mut parts, body) = res.into_parts();
-    if !watch_in_protobuf {
-        return http::Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
-    }
+    let body = match kind {
+        None => return http::Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
+        Some(true) if parts.status.is_success() => json_lines(body),
+        Some(_) => json_status(body),
+    };
     parts
         .headers
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    http::Response::from_parts(parts, json_lines(body))
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    http::Response::from_parts(parts, body)
+}
+
+/// A protobuf body (an error's `Status`) as its JSON form.
+fn json_status(body: Incoming) -> UnsyncBoxBody<Bytes, BoxError> {
+    let json = async move {
+        let bytes = body.collect().await?.to_bytes();
+        let status = slinky_protobuf::decode(&bytes)?;
+        Ok::<_, BoxError>(Frame::data(Bytes::from(status.to_string())))
+    };
+    StreamBody::new(futures::stream::once(json)).boxed_unsync()
 }
 
 /// The watch events of a protobuf stream as JSON lines, a read's whole frames at a time.
@@ -131,6 +152,20 @@ fn lines(frames: &mut Frames) -> Result<Vec<u8>, slinky_protobuf::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protobuf_answers_are_known_whatever_their_spacing() {
+        let t = |s: &'static str| protobuf_type(Some(&HeaderValue::from_static(s)));
+        assert_eq!(t("application/vnd.kubernetes.protobuf;stream=watch"), Some(true));
+        assert_eq!(t("application/vnd.kubernetes.protobuf; stream=watch"), Some(true));
+        assert_eq!(
+            t("Application/VND.Kubernetes.Protobuf; Stream = Watch"),
+            Some(true)
+        );
+        assert_eq!(t("application/vnd.kubernetes.protobuf"), Some(false));
+        assert_eq!(t("application/json"), None);
+        assert_eq!(protobuf_type(None), None);
+    }
 
     #[test]
     fn only_a_pod_watch_of_whole_objects_asks_for_protobuf() {
