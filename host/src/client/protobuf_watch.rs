@@ -75,10 +75,12 @@ fn protobuf_type(content_type: Option<&HeaderValue>) -> Option<bool> {
 pub(super) fn answer(res: http::Response<Incoming>) -> http::Response<UnsyncBoxBody<Bytes, BoxError>> {
     let kind = protobuf_type(res.headers().get(CONTENT_TYPE));
     let (mut parts, body) = res.into_parts();
-    let body = match kind {
-        None => return http::Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
-        Some(true) if parts.status.is_success() => json_lines(body),
-        Some(_) => json_status(body),
+    let body = match (kind, parts.status.is_success()) {
+        (Some(true), true) => json_lines(body),
+        (Some(_), false) => json_status(body),
+        // JSON, and protobuf answers that succeeded (the pod creates' answers, which the host
+        // asks for in protobuf and does not read): as they came.
+        _ => return http::Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
     };
     parts
         .headers
@@ -87,12 +89,14 @@ pub(super) fn answer(res: http::Response<Incoming>) -> http::Response<UnsyncBoxB
     http::Response::from_parts(parts, body)
 }
 
-/// A protobuf body (an error's `Status`) as its JSON form.
+/// A protobuf body (an error's `Status`) as its JSON form; one that does not decode as it came.
 fn json_status(body: Incoming) -> UnsyncBoxBody<Bytes, BoxError> {
     let json = async move {
         let bytes = body.collect().await?.to_bytes();
-        let status = slinky_protobuf::decode(&bytes)?;
-        Ok::<_, BoxError>(Frame::data(Bytes::from(status.to_string())))
+        Ok::<_, BoxError>(Frame::data(match slinky_protobuf::decode(&bytes) {
+            Ok(status) => Bytes::from(status.to_string()),
+            Err(_) => bytes,
+        }))
     };
     StreamBody::new(futures::stream::once(json)).boxed_unsync()
 }
