@@ -875,12 +875,7 @@ async fn the_hosts_pod_watch_reads_protobuf_and_sees_the_pods_as_json_shows_them
     use kube::{Api, api::PostParams, runtime::watcher};
     let c = slinky_tests::host::cluster(false).await;
     let ns = c.namespace("proto-watch").await;
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&c.kubeconfig)?,
-        &Default::default(),
-    )
-    .await?;
-    let host_client = slinky_host::client::client(config, Default::default())?;
+    let host_client = host_client(&c).await?;
     let before = slinky_host::client::events_in_protobuf();
     let watched: Api<Pod> = Api::namespaced(host_client, &ns);
     let mut events = std::pin::pin!(watcher(watched, watcher::Config::default()));
@@ -1039,12 +1034,7 @@ async fn a_refused_pod_watch_in_protobuf_still_says_why() -> Result<()> {
     use kube::{Api, api::WatchParams};
     let c = slinky_tests::host::cluster(false).await;
     let ns = c.namespace("proto-refused").await;
-    let config = kube::Config::from_custom_kubeconfig(
-        kube::config::Kubeconfig::read_from(&c.kubeconfig)?,
-        &Default::default(),
-    )
-    .await?;
-    let pods: Api<Pod> = Api::namespaced(slinky_host::client::client(config, Default::default())?, &ns);
+    let pods: Api<Pod> = Api::namespaced(host_client(&c).await?, &ns);
     match pods.watch(&WatchParams::default().labels("a in ("), "0").await {
         Err(kube::Error::Api(s)) => ensure!(
             s.code == 400 && s.reason == "BadRequest" && !s.message.is_empty(),
@@ -1054,4 +1044,15 @@ async fn a_refused_pod_watch_in_protobuf_still_says_why() -> Result<()> {
         Ok(_) => bail!("a watch with a bad selector started"),
     }
     Ok(())
+}
+
+/// A client of `c` as the host makes its own (`slinky_host::client`: HTTP/2, protobuf pod
+/// watches).
+async fn host_client(c: &slinky_tests::TestCluster) -> Result<kube::Client> {
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&c.kubeconfig)?,
+        &Default::default(),
+    )
+    .await?;
+    Ok(slinky_host::client::client(config, Default::default())?)
 }
