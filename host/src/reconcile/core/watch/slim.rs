@@ -165,7 +165,16 @@ impl<'de> Deserialize<'de> for SlimPod {
         let status = w.status.map(|s| PodStatus {
             phase: s.phase,
             reason: s.reason,
-            conditions: s.conditions,
+            // Kubernetes 1.33+ sets a condition's observedGeneration; a protobuf watch shows Go's
+            // zero where JSON shows none (as for `generation` above).
+            conditions: s.conditions.map(|cs| {
+                cs.into_iter()
+                    .map(|c| PodCondition {
+                        observed_generation: c.observed_generation.filter(|g| *g != 0),
+                        ..c
+                    })
+                    .collect()
+            }),
             ..PodStatus::default()
         });
         Ok(Self(Pod {
@@ -262,6 +271,26 @@ mod tests {
         let from_protobuf: Pod = serde_json::from_value::<SlimPod>(kept)?.into();
         let from_json: Pod = serde_json::from_value::<SlimPod>(json)?.into();
         assert_eq!(from_protobuf, from_json);
+        Ok(())
+    }
+
+    /// A condition's `observedGeneration` of 0 (Go's zero, written in protobuf by Kubernetes
+    /// 1.33+ where JSON omits it) reads as none, so a condition compares equal whether the pod
+    /// came from a list in JSON or a watch in protobuf; a set one is kept.
+    #[test]
+    fn a_conditions_zero_observed_generation_reads_as_none() -> Result<(), serde_json::Error> {
+        let p: Pod = serde_json::from_value::<SlimPod>(serde_json::json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True", "observedGeneration": 0},
+            {"type": "PodScheduled", "status": "True", "observedGeneration": 3}]}}))?
+        .into();
+        let generations: Vec<Option<i64>> = p
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.observed_generation)
+            .collect();
+        assert_eq!(generations, [None, Some(3)]);
         Ok(())
     }
 
