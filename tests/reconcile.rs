@@ -706,6 +706,42 @@ async fn a_repeated_event_is_one_event_counted_and_a_new_note_a_new_event() -> R
     Ok(())
 }
 
+/// While every create is refused (a quota, an admission webhook), a pass sends one create, not one
+/// per missing pod: the slow-start window stops at its first refusal. Scaled to 20 with the next
+/// four creates refused, four passes each send only the first ordinal's create (one Event for
+/// it, counted 4; a pass that went on would have named other ordinals), and the fifth creates
+/// all 20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn while_creates_are_refused_each_pass_sends_only_one() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("fault injection") else {
+        return Ok(());
+    };
+    let ns = c.namespace("refused-window").await;
+    apply_example(&c, &ns, 0).await?;
+    let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
+    inject_fault(server, "create", "pods", FaultError::Invalid, Times::Count(4));
+    let g = scale(&c, &ns, 20).await?;
+    let all: Vec<u32> = (0..20).collect();
+    converge(&c, &ns, &names(&all), g, false).await?;
+    assert_eq!(server.faults().fired().len(), 4, "four refusals");
+    let found = eventually(30, || async {
+        let got = event_series(&c, &ns, "FailedCreate").await.ok()?;
+        let ok = matches!(got.as_slice(),
+            [(only, 4)] if only.starts_with(&format!("Error creating pod {NS_NAME}-0: ")));
+        ok.then_some(())
+    })
+    .await;
+    if found.is_none() {
+        bail!(
+            "expected one FailedCreate Event, for ordinal 0, counted 4\n got {:#?}",
+            event_series(&c, &ns, "FailedCreate").await?
+        );
+    }
+    host.stop().await;
+    Ok(())
+}
+
 /// The publisher itself, on any cluster (its series patches meet a real kube-apiserver's
 /// validation too): a repeat is a patch of the one Event's series, another note another Event, a
 /// repeat whose Event was deleted a new Event; every one counted `event/ok`.

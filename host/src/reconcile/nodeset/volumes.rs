@@ -6,8 +6,8 @@
 //! * A pod is created only once each of its claims exists and is not being deleted (a claim
 //!   being deleted would leave the pod Pending on it). A claim being deleted holds only its pod
 //!   (`FailedCreate` Event, `ReplicaFailure`, backoff; the other ordinals are created), and the
-//!   claim watch brings the NodeSet back when it is gone; a refused claim create stops the batch
-//!   like a refused pod create.
+//!   claim watch brings the NodeSet back when it is gone; a refused claim create stops the
+//!   pass's creates like a refused pod create.
 //! * `whenDeleted: Delete`: every claim of a kept pod carries a plain owner reference to the
 //!   NodeSet (the garbage collector deletes it with the NodeSet); `Retain` removes it.
 //! * `whenScaled: Delete`: just before a pod is deleted by a scale-in, its claims get a plain
@@ -55,7 +55,7 @@ fn nodeset_ref(ns: &NodeSet) -> Option<OwnerReference> {
 pub(super) struct Missing {
     /// What happened, naming the claim and the pod.
     pub(super) message: String,
-    /// A claim is being deleted: only this pod waits (the batch goes on), unlike a refused create.
+    /// A claim is being deleted: only this pod waits (the others go on), unlike a refused create.
     pub(super) deleting: bool,
 }
 
