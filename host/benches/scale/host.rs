@@ -27,7 +27,7 @@ use slinky_host::{
 
 use super::{
     HostResult, Scenario, client_from, create_namespace, env_or,
-    measure::{PodCount, cpu_note, cpu_now, passes, pprof, rss_mib},
+    measure::{PodCount, cpu_note, cpu_now, passes, pprof, rss_mib, servers_quiet},
 };
 
 /// Set condition `SiteCheck` (message `message`) on the status of the Controller and the first
@@ -53,6 +53,19 @@ async fn other_status_writes(client: &Client, ns: &str, nodeset: &str, message: 
     Ok(())
 }
 
+/// Returns once the host has made no write for a second.
+async fn writes_settled(handles: &reconcile::Handles) {
+    let mut last = handles.writes.total();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = handles.writes.total();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
 /// Once the host has made no write for a second, `resyncs` resync periods at steady state: API
 /// writes and requests per resync, passes per parent per resync; with `others`, while another
 /// controller writes two parents' status every 500 ms.
@@ -65,15 +78,7 @@ async fn steady_state(
 ) -> anyhow::Result<()> {
     let resync = Duration::from_secs(env_or("BENCH_RESYNC_SECONDS", 2));
     let resyncs: u32 = env_or("BENCH_RESYNCS", 5);
-    let mut last = handles.writes.total();
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = handles.writes.total();
-        if now == last {
-            break;
-        }
-        last = now;
-    }
+    writes_settled(handles).await;
     let (writes, passes_before, requests_before) =
         (handles.writes.total(), passes(handles), requests.total());
     let window = resync * resyncs;
@@ -225,6 +230,7 @@ async fn scale_up(
         requests.get("post", "pods"),
         requests.snapshot(),
     );
+    let quiet = servers_quiet().await;
     let cpu_before = cpu_now("self");
     let passes_before = passes(handles);
     let profile = pprof(&nodesets.clone().into_client(), &format!("{}-host", s.namespace));
@@ -250,11 +256,12 @@ async fn scale_up(
     let posts = requests.get("post", "pods") - posts_before;
     let asked = requests.total() - requests_before;
     println!(
-        "  host: {} pods in {seconds:.2} s; {posts} pod POSTs ({:.3} per pod); {asked} API requests; {} passes; {}",
+        "  host: {} pods in {seconds:.2} s; {posts} pod POSTs ({:.3} per pod); {asked} API requests; {} passes; {}{}",
         s.total(),
         posts as f64 / s.total().max(1) as f64,
         passes(handles) - passes_before,
-        cpu_note("self", "the host's", cpu_before)
+        cpu_note("self", "the host's", cpu_before),
+        quiet.map(|q| format!(" ({q} before it)")).unwrap_or_default()
     );
     print_other_requests(requests, &by_kind_before);
     if let Some(p) = profile {
@@ -314,8 +321,12 @@ pub(crate) async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf
     let host = Running::start(&client, &s, &requests)?;
     let handles = &host.handles;
     let nodesets: Api<NodeSet> = Api::namespaced(plain.clone(), &s.namespace);
-    // Every NodeSet reconciled at 0 replicas first, so the figures are for the scale-up alone.
+    // Every NodeSet reconciled at 0 replicas and the Controller's children made first, so the
+    // figures are for the scale-up alone (the Controller's first pass, which creates slurmctld's
+    // StatefulSet and the Services, ran into the scale-up of some rounds: a second of the host's
+    // CPU and a dozen requests that kcm's side does not have).
     wait_reconciled(&nodesets, s.nodeset_names().len()).await?;
+    writes_settled(handles).await;
     let count = PodCount::start(&plain, &s.namespace).await;
     let seconds = scale_up(&nodesets, &s, &count, handles, &requests).await?;
     steady_state(&plain, &s, handles, &requests, false).await?;

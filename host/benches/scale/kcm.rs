@@ -19,7 +19,7 @@ use slinky_api::{Controller, NodeSet};
 
 use super::{
     Scenario, create_namespace,
-    measure::{PodCount, cpu_note, cpu_now, pprof},
+    measure::{PodCount, cpu_note, cpu_now, pprof, servers_quiet},
 };
 
 /// Runs kube-controller-manager's StatefulSet controller, unthrottled, until dropped.
@@ -85,6 +85,7 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
     let count = PodCount::start(client, &s.namespace).await;
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), &s.namespace);
     let kcm_pid = kcm.0.id().to_string();
+    let quiet = servers_quiet().await;
     let cpu_before = cpu_now(&kcm_pid);
     let profile = pprof(client, &s.namespace);
     let t = Instant::now();
@@ -110,9 +111,10 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
     count.wait(s.total()).await;
     let seconds = t.elapsed().as_secs_f64();
     println!(
-        "  kube-controller-manager (StatefulSet controller, Parallel, --kube-api-qps 100000): {} pods in {seconds:.2} s; {}",
+        "  kube-controller-manager (StatefulSet controller, Parallel, --kube-api-qps 100000): {} pods in {seconds:.2} s; {}{}",
         s.total(),
-        cpu_note(&kcm_pid, "kcm's", cpu_before)
+        cpu_note(&kcm_pid, "kcm's", cpu_before),
+        quiet.map(|q| format!(" ({q} before it)")).unwrap_or_default()
     );
     if let Some(p) = profile {
         let _ = p.await;

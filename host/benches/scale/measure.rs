@@ -58,6 +58,31 @@ pub(crate) fn cpu_now(pid: &str) -> (f64, f64) {
     (cpu_seconds(pid), server)
 }
 
+/// Waits until kube-apiserver and etcd (of `REALKUBE_DIR`) have used under a tenth of a core
+/// over a second, at most 20 s: each side's scale-up starts on servers done with what came
+/// before it (the previous side's namespace deletion, its own start). Returns the note to print
+/// (nothing without a real API server).
+pub(crate) async fn servers_quiet() -> Option<String> {
+    let dir = PathBuf::from(std::env::var_os("REALKUBE_DIR")?);
+    let pid = |file: &str| std::fs::read_to_string(dir.join(file)).map(|p| p.trim().to_string());
+    let pids = [pid("apiserver.pid").ok()?, pid("etcd.pid").ok()?];
+    let used = || pids.iter().map(|p| cpu_seconds(p)).sum::<f64>();
+    let started = std::time::Instant::now();
+    let mut before = used();
+    while started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = used();
+        if now - before < 0.1 {
+            return Some(format!(
+                "servers quiet after {:.1} s",
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        before = now;
+    }
+    Some("servers still busy after 20 s".into())
+}
+
 /// Counts the pods of `namespace` as they appear (a metadata watch); `wait(n)` returns when `n`
 /// exist.
 pub(crate) struct PodCount {
