@@ -5,9 +5,9 @@
 //! The window starts at one create and grows by one for each pod created (so it doubles with each
 //! round trip, as the StatefulSet controller's slow-start batches 1, 2, 4, … do), up to
 //! [`CREATES_IN_FLIGHT`]. Unlike a batch, it has no barrier: a create that comes back makes room
-//! for the next at once, and the next pods are built while the creates already sent are being
-//! served, so the API server is never left idle waiting for the slowest create of a batch or for
-//! the builder.
+//! for the next at once, so the API server is not left waiting for the slowest create of a batch
+//! (the creates already sent are served while the next pods are built; their answers are read
+//! after the build, which a builder's per-pod deadline bounds).
 
 use futures::{StreamExt, stream::FuturesUnordered};
 use k8s_openapi::api::core::v1::Pod;
@@ -44,9 +44,8 @@ enum Refused {
     Api(kube::Error, Vec<String>),
 }
 
-/// What one create made: the pod as built and as stored (the first of a pass only, read back)
-/// and the claims made for it; or why it was refused.
-type Made = Result<(Option<(Pod, Pod)>, Vec<String>), Refused>;
+/// What one create made: the claims made for it; or why it was refused.
+type Made = Result<Vec<String>, Refused>;
 
 /// Whether an answer stops the pass's creates: any refusal but a name found taken (409
 /// AlreadyExists: that pod is skipped) or a claim still being deleted (it waits).
@@ -87,7 +86,9 @@ pub(super) async fn create_pods(
     let (ns, ctx) = (pass.ns, pass.ctx);
     ctx.expectations
         .expect_creations(&pass.uid, slots.iter().map(|s| s.identity.name.clone()));
-    let sent = send(pass, controller, slots, plugin).await;
+    let mut sent = send(pass, controller, slots, plugin).await;
+    // Events in ordinal order, whatever order the answers came in.
+    sent.answers.sort_by_key(|a| a.0);
     let mut done = Created::default();
     done.record(pass, sent.answers).await;
     if let Some(e) = &sent.builder {
@@ -97,39 +98,51 @@ pub(super) async fn create_pods(
     sent.error.map_or(Ok(()), Err)
 }
 
-/// What [`send`] did: every answer (name, what it made), and why it stopped sending, if it did
-/// for a builder's or the host's own error.
+/// What [`send`] did: every answer (the pod's place in the pass, its name, what it made), and
+/// why it stopped sending, if it did for a builder's or the host's own error.
 #[derive(Default)]
 struct Sent {
-    answers: Vec<(String, Made)>,
+    answers: Vec<(usize, String, Made)>,
     builder: Option<PluginError>,
     error: Option<Error>,
 }
 
-/// The window itself (see the module). Reads the pass only: what it decides is recorded after.
+/// The window itself (see the module). Reads the pass only: its Events and conditions are
+/// recorded after; expectations are lowered as each answer comes.
+///
+/// Permits: a pass takes those free now, up to its window's room; when none is free it queues
+/// for one (and, with creates in flight, reads an answer if that comes first). Queued passes are
+/// served one permit each in turn, so NodeSets scaling at once share the 64 evenly; a pass never
+/// waits for many permits at once (which would hold every other pass back until that many were
+/// free: a barrier across NodeSets).
 async fn send(pass: &Pass<'_>, controller: &Controller, slots: Vec<Slot>, plugin: &Pipeline) -> Sent {
     let (ctx, owner) = (pass.ctx, pass.uid.as_str());
     let permits = &ctx.create_permits;
     let mut pending = slots.into_iter();
     let mut in_flight = FuturesUnordered::new();
     let mut sent = Sent::default();
-    let (mut window, mut stopped, mut first) = (1usize, false, true);
+    let (mut window, mut stopped, mut next) = (1usize, false, 0usize);
     loop {
         let room = window.min(CREATES_IN_FLIGHT).saturating_sub(in_flight.len());
         let want = room.min(pending.len());
+        let mut answer = None;
         if !stopped && want > 0 {
-            let taken = if in_flight.is_empty() {
-                // None of ours holds a permit: wait for them (other NodeSets release theirs). The
-                // semaphore is never closed: an error cannot happen, and would only mean no bound.
-                permits.acquire_many(want as u32).await.ok()
-            } else {
-                // Ours hold permits and give them back only as their answers are read: take
-                // what is free now, or read an answer first.
-                let free = permits.available_permits().min(want);
-                (free > 0)
-                    .then(|| permits.try_acquire_many(free as u32).ok())
-                    .flatten()
-            };
+            let free = permits.available_permits().min(want);
+            let mut taken = (free > 0)
+                .then(|| permits.try_acquire_many(free as u32).ok())
+                .flatten();
+            if taken.is_none() {
+                // The semaphore is never closed: an error cannot happen, and would only mean no
+                // bound.
+                if in_flight.is_empty() {
+                    taken = permits.acquire().await.ok();
+                } else {
+                    tokio::select! {
+                        p = permits.acquire() => taken = p.ok(),
+                        a = in_flight.next() => answer = a,
+                    }
+                }
+            }
             if let Some(mut taken) = taken {
                 let slots: Vec<Slot> = pending.by_ref().take(taken.num_permits()).collect();
                 let names: Vec<String> = slots.iter().map(|s| s.identity.name.clone()).collect();
@@ -137,7 +150,8 @@ async fn send(pass: &Pass<'_>, controller: &Controller, slots: Vec<Slot>, plugin
                     Ok(built) => {
                         for pod in built {
                             let permit = taken.split(1);
-                            in_flight.push(create_one(pass, pod, std::mem::take(&mut first), permit));
+                            in_flight.push(create_one(pass, next, pod, permit));
+                            next += 1;
                         }
                     }
                     Err(stop) => {
@@ -153,15 +167,26 @@ async fn send(pass: &Pass<'_>, controller: &Controller, slots: Vec<Slot>, plugin
                 continue;
             }
         }
-        let Some((name, made)) = in_flight.next().await else {
-            break;
+        let answer = match answer {
+            Some(a) => a,
+            None => match in_flight.next().await {
+                Some(a) => a,
+                None => break,
+            },
         };
-        if stops(&made) {
+        let (_, name, made) = &answer;
+        // Lowered now, not at the end of the pass: a relist started meanwhile compares with the
+        // moment the create returned.
+        match made {
+            Ok(_) => ctx.expectations.creation_succeeded(owner, name),
+            Err(_) => ctx.expectations.creation_observed(owner, name),
+        }
+        if stops(made) {
             stopped = true;
         } else if made.is_ok() {
             window += 1;
         }
-        sent.answers.push((name, made));
+        sent.answers.push(answer);
     }
     // Creates never sent are released: nothing will ever observe them.
     release(&ctx.expectations, owner, pending.map(|s| s.identity.name));
@@ -198,33 +223,39 @@ async fn build(
     Ok(built)
 }
 
-/// Create one pod after its claims (as the StatefulSet controller: no pod without its storage),
-/// holding `_permit` until the answer. The pass's first pod is read back (`read_back`: what the
-/// server dropped of it is checked; the pods of a pass are built alike); the others' answers are
-/// not decoded.
+/// Create the pass's `index`th pod after its claims (as the StatefulSet controller: no pod
+/// without its storage), holding `_permit` until the answer. The pass's first pod is read back:
+/// what the server dropped of it is a Warning (the pods of a pass are built alike); the others'
+/// answers are not decoded.
 async fn create_one(
     pass: &Pass<'_>,
+    index: usize,
     pod: Pod,
-    read_back: bool,
     _permit: Option<SemaphorePermit<'_>>,
-) -> (String, Made) {
+) -> (usize, String, Made) {
     let name = pod.name_any();
     let made = match volumes::ensure(pass, &name).await {
         Err(missing) => Err(Refused::Claim(missing)),
         Ok(claims) => {
             let writer = &pass.core().writer;
-            let created = if read_back {
-                writer.create_pod(&pod).await.map(|stored| Some((pod, stored)))
+            let created = if index == 0 {
+                match writer.create_pod(&pod).await {
+                    Ok(stored) => {
+                        warn_dropped_fields(pass, &pod, &stored).await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
             } else {
-                writer.create_pod_unread(&pod).await.map(|()| None)
+                writer.create_pod_unread(&pod).await
             };
             match created {
-                Ok(stored) => Ok((stored, claims)),
+                Ok(()) => Ok(claims),
                 Err(e) => Err(Refused::Api(e, claims)),
             }
         }
     };
-    (name, made)
+    (index, name, made)
 }
 
 /// What the creates of a pass made: pods, names found taken, claims.
@@ -236,28 +267,18 @@ struct Created {
 }
 
 impl Created {
-    /// Record the answers (expectations lowered for every pod not created, a `FailedCreate` for
-    /// every refusal).
-    async fn record(&mut self, pass: &mut Pass<'_>, answers: Vec<(String, Made)>) {
-        let (ctx, owner) = (pass.ctx, pass.uid.clone());
-        for (name, r) in answers {
+    /// Record the answers (their expectations already lowered): a `FailedCreate` for every
+    /// refusal, the names for [`Created::announce`].
+    async fn record(&mut self, pass: &mut Pass<'_>, answers: Vec<(usize, String, Made)>) {
+        for (_, name, r) in answers {
             match r {
-                Err(Refused::Claim(missing)) => {
-                    ctx.expectations.creation_observed(&owner, &name);
-                    pass.failed("FailedCreate", missing.message).await;
-                }
-                Ok((stored, made)) => {
+                Err(Refused::Claim(missing)) => pass.failed("FailedCreate", missing.message).await,
+                Ok(made) => {
                     self.claims.extend(made);
-                    ctx.expectations.creation_succeeded(&owner, &name);
-                    // Pods of one pass are built alike: the first tells what the server drops.
-                    if let Some((built, stored)) = stored {
-                        warn_dropped_fields(pass, &built, &stored).await;
-                    }
                     self.pods.push(name);
                 }
                 Err(Refused::Api(e, made)) => {
                     self.claims.extend(made);
-                    ctx.expectations.creation_observed(&owner, &name);
                     if writer::is_already_exists(&e) {
                         self.taken.push(name);
                     } else {

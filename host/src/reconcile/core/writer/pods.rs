@@ -19,7 +19,7 @@ impl Writer {
     /// Create a pod without reading back what the server stored: its answer (the whole pod,
     /// managedFields included) is skipped over, not decoded (decoding it was about a tenth of
     /// the host's CPU in a scale-up). [`Writer::create_pod`] returns it, for the one pod of a
-    /// batch the dropped-fields check compares.
+    /// pass the dropped-fields check compares.
     ///
     /// # Errors
     /// The API error (409 AlreadyExists included).
