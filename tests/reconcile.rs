@@ -707,7 +707,7 @@ async fn a_repeated_event_is_one_event_counted_and_a_new_note_a_new_event() -> R
 }
 
 /// While every create is refused (a quota, an admission webhook), a pass sends one create, not one
-/// per missing pod: the slow-start window stops at its first refusal. Scaled to 20 with the next
+/// per missing pod: the slow-start batches stop after the first refused one (a batch of one). Scaled to 20 with the next
 /// four creates refused, four passes each send only the first ordinal's create (one Event for
 /// it, counted 4; a pass that went on would have named other ordinals), and the fifth creates
 /// all 20.

@@ -55,7 +55,7 @@ fn nodeset_ref(ns: &NodeSet) -> Option<OwnerReference> {
 pub(super) struct Missing {
     /// What happened, naming the claim and the pod.
     pub(super) message: String,
-    /// A claim is being deleted: only this pod waits (the others go on), unlike a refused create.
+    /// A claim is being deleted: only this pod waits (the batch goes on), unlike a refused create.
     pub(super) deleting: bool,
 }
 
