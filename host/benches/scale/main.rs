@@ -26,7 +26,9 @@
 //! kcm's own times vary by ±30 % from run to run on a small machine (etcd, kube-apiserver and
 //! both controllers share its cores), so with `REALKUBE_DIR` every scenario runs 5 rounds
 //! (`BENCH_ROUNDS`, `BENCH_MANY_ROUNDS`, `BENCH_BIG_ROUNDS`; without it, 1): the host, then kcm,
-//! each in a namespace of its own, deleted before the other starts. It prints the medians.
+//! each in a namespace of its own, deleted before the other starts. The host's scale-up starts
+//! once the host has made no write for a second, and each side's once kube-apiserver and etcd
+//! are quiet (`measure::servers_quiet`). It prints the medians.
 
 #![allow(clippy::expect_used, reason = "a benchmark aborts on a broken setup")]
 
