@@ -636,6 +636,29 @@ async fn event_series(c: &slinky_tests::TestCluster, ns: &str, reason: &str) -> 
         .collect())
 }
 
+/// Waits up to 30 s until the `reason` Events about the example NodeSet ([`event_series`])
+/// satisfy `ok`; else fails with `expected` and what there was.
+async fn await_event_series(
+    c: &slinky_tests::TestCluster,
+    ns: &str,
+    reason: &str,
+    expected: &str,
+    ok: impl Fn(&[(String, i32)]) -> bool,
+) -> Result<()> {
+    let found = eventually(30, || async {
+        let got = event_series(c, ns, reason).await.ok()?;
+        ok(&got).then_some(())
+    })
+    .await;
+    if found.is_none() {
+        bail!(
+            "expected {expected}\n got {:#?}",
+            event_series(c, ns, reason).await?
+        );
+    }
+    Ok(())
+}
+
 /// Two Events of one reason on one object with different notes are two Events, each with its
 /// own note: the second scale-up's `SuccessfulCreate` names only the pod it created (kube's
 /// recorder folded it into the first, which kept the first note and counted 2).
@@ -685,32 +708,25 @@ async fn a_repeated_event_is_one_event_counted_and_a_new_note_a_new_event() -> R
     let g = scale(&c, &ns, 1).await?;
     converge(&c, &ns, &names(&[0]), g, false).await?;
     assert_eq!(server.faults().fired().len(), 6, "six refusals");
-    let found = eventually(30, || async {
-        let got = event_series(&c, &ns, "FailedCreate").await.ok()?;
-        let ok = matches!(got.as_slice(),
+    let expected = "two FailedCreate Events (422, then 500), each counted 3";
+    await_event_series(&c, &ns, "FailedCreate", expected, |got| {
+        matches!(got,
             [(first, 3), (second, 3)]
                 if first.starts_with(&format!("Error creating pod {NS_NAME}-0: "))
                     && first.contains("invalid")
                     && second.starts_with(&format!("Error creating pod {NS_NAME}-0: "))
-                    && second.contains("Internal error"));
-        ok.then_some(())
+                    && second.contains("Internal error"))
     })
-    .await;
-    if found.is_none() {
-        bail!(
-            "expected two FailedCreate Events (422, then 500), each counted 3\n got {:#?}",
-            event_series(&c, &ns, "FailedCreate").await?
-        );
-    }
+    .await?;
     host.stop().await;
     Ok(())
 }
 
 /// While every create is refused (a quota, an admission webhook), a pass sends one create, not one
-/// per missing pod: the slow-start batches stop after the first refused one (a batch of one). Scaled to 20 with the next
-/// four creates refused, four passes each send only the first ordinal's create (one Event for
-/// it, counted 4; a pass that went on would have named other ordinals), and the fifth creates
-/// all 20.
+/// per missing pod: the slow-start batches stop after the first refused one (a batch of one).
+/// Scaled to 20 with the next four creates refused, four passes each send only the first
+/// ordinal's create (one Event for it, counted 4; a pass that went on would have named other
+/// ordinals), and the fifth creates all 20.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn while_creates_are_refused_each_pass_sends_only_one() -> Result<()> {
     let c = cluster(false).await;
@@ -725,19 +741,15 @@ async fn while_creates_are_refused_each_pass_sends_only_one() -> Result<()> {
     let all: Vec<u32> = (0..20).collect();
     converge(&c, &ns, &names(&all), g, false).await?;
     assert_eq!(server.faults().fired().len(), 4, "four refusals");
-    let found = eventually(30, || async {
-        let got = event_series(&c, &ns, "FailedCreate").await.ok()?;
-        let ok = matches!(got.as_slice(),
-            [(only, 4)] if only.starts_with(&format!("Error creating pod {NS_NAME}-0: ")));
-        ok.then_some(())
-    })
-    .await;
-    if found.is_none() {
-        bail!(
-            "expected one FailedCreate Event, for ordinal 0, counted 4\n got {:#?}",
-            event_series(&c, &ns, "FailedCreate").await?
-        );
-    }
+    let expected = "one FailedCreate Event, for ordinal 0, counted 4";
+    await_event_series(
+        &c,
+        &ns,
+        "FailedCreate",
+        expected,
+        |got| matches!(got, [(only, 4)] if only.starts_with(&format!("Error creating pod {NS_NAME}-0: "))),
+    )
+    .await?;
     host.stop().await;
     Ok(())
 }
