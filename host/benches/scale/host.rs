@@ -224,13 +224,14 @@ async fn scale_up(
     requests: &ApiRequests,
 ) -> anyhow::Result<f64> {
     let names = s.nodeset_names();
+    // Before the counts: what the host does while the servers quieten is not the scale-up's.
+    let quiet = servers_quiet().await;
     let (writes_before, requests_before, posts_before, by_kind_before) = (
         handles.writes.total(),
         requests.total(),
         requests.get("post", "pods"),
         requests.snapshot(),
     );
-    let quiet = servers_quiet().await;
     let cpu_before = cpu_now("self");
     let passes_before = passes(handles);
     let profile = pprof(&nodesets.clone().into_client(), &format!("{}-host", s.namespace));
@@ -323,8 +324,8 @@ pub(crate) async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf
     let nodesets: Api<NodeSet> = Api::namespaced(plain.clone(), &s.namespace);
     // Every NodeSet reconciled at 0 replicas and the Controller's children made first, so the
     // figures are for the scale-up alone (the Controller's first pass, which creates slurmctld's
-    // StatefulSet and the Services, ran into the scale-up of some rounds: a second of the host's
-    // CPU and a dozen requests that kcm's side does not have).
+    // StatefulSet and the Services, ran into the scale-up of some rounds: about half a second of
+    // the host's CPU and a dozen requests that kcm's side does not have).
     wait_reconciled(&nodesets, s.nodeset_names().len()).await?;
     writes_settled(handles).await;
     let count = PodCount::start(&plain, &s.namespace).await;
