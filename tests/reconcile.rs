@@ -733,7 +733,7 @@ async fn while_creates_are_refused_each_pass_sends_only_one() -> Result<()> {
     let Some(server) = c.embedded("fault injection") else {
         return Ok(());
     };
-    let ns = c.namespace("refused-window").await;
+    let ns = c.namespace("refused-batch").await;
     apply_example(&c, &ns, 0).await?;
     let host = Host::start_resync(&c, &ns, Duration::from_secs(300))?;
     inject_fault(server, "create", "pods", FaultError::Invalid, Times::Count(4));

@@ -167,13 +167,11 @@ impl<'de> Deserialize<'de> for SlimPod {
             reason: s.reason,
             // Kubernetes 1.33+ sets a condition's observedGeneration; a protobuf watch shows Go's
             // zero where JSON shows none (as for `generation` above).
-            conditions: s.conditions.map(|cs| {
-                cs.into_iter()
-                    .map(|c| PodCondition {
-                        observed_generation: c.observed_generation.filter(|g| *g != 0),
-                        ..c
-                    })
-                    .collect()
+            conditions: s.conditions.map(|mut cs| {
+                for c in &mut cs {
+                    c.observed_generation = c.observed_generation.filter(|g| *g != 0);
+                }
+                cs
             }),
             ..PodStatus::default()
         });
