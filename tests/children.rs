@@ -319,6 +319,92 @@ async fn two_nodesets_reconciling_at_once_share_one_service_and_pdb() -> Result<
     Ok(())
 }
 
+/// The NodeSet's children builder calls so far.
+fn children_builds(host: &Host) -> u64 {
+    host.handles
+        .metrics
+        .plugin_results()
+        .iter()
+        .filter(|((kind, _), _)| kind == "nodeset-children")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Label every pod of `ns` with `touch=<n>`: a pod event each, a NodeSet pass each.
+async fn touch_pods(c: &TestCluster, ns: &str, n: u32) -> Result<()> {
+    let pods = Api::<Pod>::namespaced(c.client.clone(), ns);
+    for p in pods.list(&ListParams::default()).await? {
+        let patch = json!({"metadata": {"labels": {"touch": n.to_string()}}});
+        pods.patch(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(())
+}
+
+/// A NodeSet's passes build its Service, PodDisruptionBudget and ConfigMap only when something
+/// they come from changed: the passes its pods' events make build none (with 100 NodeSets
+/// sharing the Service and the PDB, each such pass built both with 100 owners), and a child
+/// deleted by someone is made again at once, not at the resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pod_events_build_no_children_and_a_deleted_child_is_made_again_at_once() -> Result<()> {
+    let c = cluster(false).await;
+    let ns = c.namespace("memo").await;
+    apply_controller(&c, &ns).await?;
+    // No resync in the test's time: what is built again is built for a change, not a timer.
+    let host = Host::start_resync(&c, &ns, Duration::from_secs(3600))?;
+    apply(&c, &ns, &nodeset(&ns, "workers", "w", 2)).await?;
+    let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+    eventually(60, || async {
+        object(&c, &ns, ChildKind::PodDisruptionBudget, "slurm-workers-pdb-slurm").await?;
+        (pods.list(&ListParams::default()).await.ok()?.items.len() == 2).then_some(())
+    })
+    .await
+    .context("no PodDisruptionBudget or not 2 pods")?;
+    // Once the NodeSet's status has settled (a status write is a change of the NodeSet), a pass
+    // for a pod event builds nothing.
+    let mut n = 0;
+    let (cr, nsr, hr) = (&c, ns.as_str(), &host);
+    let settled = eventually(60, || {
+        n += 1;
+        let touch = n;
+        async move {
+            let before = children_builds(hr);
+            touch_pods(cr, nsr, touch).await.ok()?;
+            passes_of_later(hr, "nodeset", 1).await.ok()?;
+            (children_builds(hr) == before).then_some(())
+        }
+    })
+    .await;
+    ensure!(
+        settled.is_some(),
+        "every pass built the NodeSet's children again ({} builds)",
+        children_builds(&host)
+    );
+    let before = children_builds(&host);
+    for touch in 100..105 {
+        touch_pods(&c, &ns, touch).await?;
+        passes_of_later(&host, "nodeset", 1).await?;
+    }
+    assert_eq!(children_builds(&host), before, "passes for pod events built the children");
+
+    let pdbs = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(c.client.clone(), &ns);
+    let old = pdbs.get("slurm-workers-pdb-slurm").await?.uid();
+    pdbs.delete("slurm-workers-pdb-slurm", &DeleteParams::default())
+        .await?;
+    let again = eventually(30, || async {
+        let pdb = pdbs.get_opt("slurm-workers-pdb-slurm").await.ok()??;
+        (pdb.uid() != old).then_some(())
+    })
+    .await;
+    ensure!(
+        again.is_some(),
+        "the deleted PodDisruptionBudget was not made again within 30 s (resync 1 h)"
+    );
+    ensure!(children_builds(&host) > before, "made again without a build");
+    host.stop().await;
+    Ok(())
+}
+
 /// A slurmctld pod that never started (Pending: an image that cannot be pulled, an init
 /// container that never ends) on a revision its StatefulSet has left is replaced: the StatefulSet
 /// controller rolls a pod only once every pod is Ready, so it would wait for this one forever

@@ -314,6 +314,15 @@ async fn template_pod(plain: &Client, s: &Scenario, handles: &reconcile::Handles
 /// The host child: starts a host on `s.namespace`, scales, measures, writes its result to
 /// `BENCH_RESULT`.
 pub(crate) async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf) -> anyhow::Result<()> {
+    // `BENCH_LOG` (a `RUST_LOG` filter, e.g. `slinky_host::reconcile::nodeset=debug`): the host's
+    // log on stderr, with the time since start, to see where a scale-up spends its time.
+    if let Ok(filter) = std::env::var("BENCH_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let requests = Arc::new(ApiRequests::default());
     let client = client_from(&kubeconfig, requests.clone()).await?;
     let plain = client_from(&kubeconfig, Arc::default()).await?;

@@ -139,6 +139,27 @@ impl ChildCaches {
         }
     }
 
+    /// The cached object's resourceVersion (`None` when the cache has none), read without
+    /// copying the object.
+    pub fn resource_version(&self, kind: ChildKind, ns: &str, name: &str) -> Option<String> {
+        fn rv<K>(store: &Store<K>, ns: &str, name: &str) -> Option<String>
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            store
+                .get(&ObjectRef::new(name).within(ns))
+                .and_then(|o| o.meta().resource_version.clone())
+        }
+        match kind {
+            ChildKind::Service => rv(&self.services, ns, name),
+            ChildKind::ConfigMap => rv(&self.configmaps, ns, name),
+            ChildKind::StatefulSet => rv(&self.statefulsets, ns, name),
+            ChildKind::PodDisruptionBudget => rv(&self.pdbs, ns, name),
+            ChildKind::Deployment => rv(&self.deployments, ns, name),
+            ChildKind::Secret | ChildKind::ServiceMonitor => None,
+        }
+    }
+
     /// The cached objects of a kind in a namespace, as JSON.
     pub fn list(&self, kind: ChildKind, ns: &str) -> Vec<Value> {
         match kind {

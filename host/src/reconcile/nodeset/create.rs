@@ -74,6 +74,7 @@ pub(super) async fn create_pods(
     let owner = pass.uid.clone();
     ctx.expectations
         .expect_creations(&owner, slots.iter().map(|s| s.identity.name.clone()));
+    let (started, asked) = (std::time::Instant::now(), slots.len());
     let mut pending = slots.into_iter();
     let mut batch = 1;
     let mut done = Created::default();
@@ -120,6 +121,12 @@ pub(super) async fn create_pods(
         }
         batch *= 2;
     }
+    tracing::debug!(
+        asked,
+        created = done.pods.len(),
+        ms = started.elapsed().as_millis() as u64,
+        "creates of the pass"
+    );
     done.announce(core, ns).await;
     Ok(())
 }

@@ -109,6 +109,8 @@ pub struct NodeSetContext {
     pub(crate) daemon_backoff: daemon::DaemonBackoff,
     /// Deleted NodeSets whose nodes were seen idle, waiting out [`finalizer::RELEASE_SETTLE`].
     pub(crate) settling: finalizer::Settling,
+    /// Each NodeSet's children other than pods, when last found as built.
+    pub(crate) synced_children: other_children::SyncedChildren,
 }
 
 impl NodeSetContext {
@@ -131,6 +133,7 @@ impl NodeSetContext {
             revisions: revisions::Revisions::default(),
             daemon_backoff: daemon::DaemonBackoff::default(),
             settling: finalizer::Settling::default(),
+            synced_children: other_children::SyncedChildren::default(),
         }
     }
 }
@@ -160,6 +163,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
         ctx.differing.forget(&uid);
         ctx.revisions.forget(&uid);
         ctx.daemon_backoff.forget(&uid);
+        ctx.synced_children.forget(&uid);
         return Ok(Action::await_change());
     }
     // Expectations first, the cache second: when they are satisfied, every event they waited for
@@ -211,6 +215,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
             ctx.settling.forget(&pass.uid);
             ctx.differing.forget(&pass.uid);
             ctx.revisions.forget(&pass.uid);
+            ctx.synced_children.forget(&pass.uid);
             return Ok(Action::await_change());
         }
         reached = Reached::Waiting;

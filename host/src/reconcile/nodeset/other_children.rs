@@ -1,9 +1,22 @@
 //! A NodeSet's children other than pods: the workers' Service and PodDisruptionBudget shared by
 //! the Controller's NodeSets, and the NodeSet's own (the SSH ConfigMap), through the one child
 //! path.
+//!
+//! # Guarantees
+//! * A pass builds and compares them only when something they are made from may have changed
+//!   since the last pass that found them all as built ([`SyncedChildren`]): the NodeSet or its
+//!   Controller (another resourceVersion), the builder, the NodeSets sharing them, or one of the
+//!   children itself (another resourceVersion in the cache, or gone); and at least once a resync
+//!   period. A scale-up's passes (one per pod event) build no children: with 100 NodeSets sharing
+//!   the workers' Service and PodDisruptionBudget, each of those passes built both with 100 owner
+//!   references and compared them, a fifth of the host's CPU.
 
 use crate::plugins::Builder as _;
-use std::sync::Arc;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use kube::ResourceExt;
 use slinky_api::{Controller, NodeSet};
@@ -14,7 +27,7 @@ use crate::{
     reconcile::{
         Error,
         core::apply::{ChildSync, keys_of},
-        core::time_plugin_call,
+        core::{caches::ChildCaches, locked, time_plugin_call},
     },
 };
 
@@ -32,6 +45,26 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     let (ns, ctx) = (pass.ns, pass.ctx);
     let core = ctx.core.as_ref();
     let plugin = core.plugins.pipeline(BuilderKind::NodesetChildren, &ns.metadata);
+    let sharing: Vec<Arc<NodeSet>> = ctx
+        .caches
+        .nodesets
+        .state()
+        .into_iter()
+        .filter(|n| n.shares_workers_with(ns) && n.metadata.deletion_timestamp.is_none())
+        .collect();
+    // This NodeSet is a sharer even before the cache shows it (or after a recreate).
+    let mut sharers: Vec<&NodeSet> = sharing
+        .iter()
+        .map(|n| n.as_ref())
+        .filter(|n| n.uid() != ns.uid())
+        .collect();
+    sharers.push(ns);
+    let inputs = SyncedChildren::inputs(ns, controller, plugin.digest(), &sharers);
+    let caches = &ctx.caches.children;
+    if ctx.synced_children.still_as_built(&pass.uid, &inputs, caches, core.resync) {
+        pass.children_synced = true;
+        return Ok(());
+    }
     let (p, nsc, cc, build) = (plugin, ns.clone(), controller.clone(), core.build.clone());
     let metrics = core.metrics.clone();
     core.metrics.plugin_calls.inc_by(1);
@@ -49,20 +82,6 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
             return Ok(());
         }
     };
-    let sharing: Vec<Arc<NodeSet>> = ctx
-        .caches
-        .nodesets
-        .state()
-        .into_iter()
-        .filter(|n| n.shares_workers_with(ns) && n.metadata.deletion_timestamp.is_none())
-        .collect();
-    // This NodeSet is a sharer even before the cache shows it (or after a recreate).
-    let mut sharers: Vec<&NodeSet> = sharing
-        .iter()
-        .map(|n| n.as_ref())
-        .filter(|n| n.uid() != ns.uid())
-        .collect();
-    sharers.push(ns);
     let owners = slinky_api::owners::shared_refs(sharers.iter().copied());
     let uids = owners.iter().map(|o| o.uid.clone()).collect();
     for c in children.iter_mut().filter(|c| c.ownership == Ownership::Shared) {
@@ -71,8 +90,9 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     children.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
     let current = pass.state.current();
     let mut sync = ChildSync::new(core, &ctx.caches.children, &ctx.applied, ns, current, uids);
+    let mut as_built = true;
     for child in &children {
-        sync.ensure(child).await?;
+        as_built &= sync.ensure(child).await?;
     }
     let own: Vec<Child> = children
         .iter()
@@ -82,7 +102,106 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     sync.prune(&CHILD_KINDS, &keys_of(&own), &[]).await;
     pass.child_failures = sync.finish();
     pass.children_synced = true;
+    // Secrets and ServiceMonitors are not cached: a change to one would not be seen.
+    let seen = children
+        .iter()
+        .all(|c| !matches!(c.kind, ChildKind::Secret | ChildKind::ServiceMonitor));
+    if as_built && seen && pass.child_failures.is_empty() {
+        ctx.synced_children
+            .remember(&pass.uid, inputs, &children, caches);
+    } else {
+        ctx.synced_children.forget(&pass.uid);
+    }
     Ok(())
+}
+
+/// A NodeSet's last children sync that found every child as built (nothing refused, nothing
+/// left to prune): what it was made from and each child's resourceVersion in the cache then.
+#[derive(Debug)]
+struct Synced {
+    /// [`SyncedChildren::inputs`].
+    inputs: String,
+    /// Each child's kind, namespace, name and cached resourceVersion (`None`: not cached yet).
+    children: Vec<(ChildKind, String, String, Option<String>)>,
+    at: Instant,
+}
+
+/// The last children sync of each NodeSet that found them all as built, per NodeSet UID.
+///
+/// # Guarantees
+/// * One entry per NodeSet UID, forgotten when the NodeSet goes or a sync is not as built.
+/// * An entry stands only while its inputs, every child's cached resourceVersion and its age
+///   (under the resync period) do: then a pass would build and apply nothing. Children of kinds
+///   not cached (Secrets, ServiceMonitors) are never remembered.
+///
+/// # Caveats
+/// A child applied by that sync is cached at its new resourceVersion afterwards, unlike what
+/// was remembered: the next pass syncs once more (and, finding it as built, remembers it).
+#[derive(Debug, Default)]
+pub(crate) struct SyncedChildren {
+    entries: Mutex<HashMap<String, Synced>>,
+}
+
+impl SyncedChildren {
+    /// What a NodeSet's children are made from: the NodeSet and its Controller (UID and
+    /// resourceVersion: any change to either), the builder's digest and the UIDs of the NodeSets
+    /// sharing them (their owner references).
+    fn inputs(ns: &NodeSet, controller: &Controller, digest: &str, sharers: &[&NodeSet]) -> String {
+        let mut uids: Vec<&str> = sharers
+            .iter()
+            .map(|n| n.metadata.uid.as_deref().unwrap_or_default())
+            .collect();
+        uids.sort_unstable();
+        let version = |m: &kube::core::ObjectMeta| {
+            format!(
+                "{}@{}",
+                m.uid.as_deref().unwrap_or_default(),
+                m.resource_version.as_deref().unwrap_or_default()
+            )
+        };
+        format!(
+            "{} {} {digest} {}",
+            version(&ns.metadata),
+            version(&controller.metadata),
+            uids.join(",")
+        )
+    }
+
+    /// Whether the children of NodeSet `uid` were found as built under `inputs` less than
+    /// `max_age` ago, and none has changed in `caches` since.
+    fn still_as_built(&self, uid: &str, inputs: &str, caches: &ChildCaches, max_age: Duration) -> bool {
+        locked(&self.entries, |m| {
+            m.get(uid).is_some_and(|s| {
+                s.inputs == inputs
+                    && s.at.elapsed() < max_age
+                    && s.children
+                        .iter()
+                        .all(|(kind, ns, name, rv)| caches.resource_version(*kind, ns, name) == *rv)
+            })
+        })
+    }
+
+    fn remember(&self, uid: &str, inputs: String, children: &[Child], caches: &ChildCaches) {
+        let children = children
+            .iter()
+            .map(|c| {
+                let (ns, name) = (c.namespace().to_string(), c.name().to_string());
+                let rv = caches.resource_version(c.kind, &ns, &name);
+                (c.kind, ns, name, rv)
+            })
+            .collect();
+        let synced = Synced {
+            inputs,
+            children,
+            at: Instant::now(),
+        };
+        locked(&self.entries, |m| m.insert(uid.to_string(), synced));
+    }
+
+    /// Forget NodeSet `uid` (it is gone, or its children are not all as built).
+    pub fn forget(&self, uid: &str) {
+        locked(&self.entries, |m| m.remove(uid));
+    }
 }
 
 #[cfg(test)]
