@@ -385,7 +385,11 @@ async fn pod_events_build_no_children_and_a_deleted_child_is_made_again_at_once(
         touch_pods(&c, &ns, touch).await?;
         passes_of_later(&host, "nodeset", 1).await?;
     }
-    assert_eq!(children_builds(&host), before, "passes for pod events built the children");
+    assert_eq!(
+        children_builds(&host),
+        before,
+        "passes for pod events built the children"
+    );
 
     let pdbs = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(c.client.clone(), &ns);
     let old = pdbs.get("slurm-workers-pdb-slurm").await?.uid();

@@ -27,9 +27,38 @@ pub fn encode_exact(obj: &Value) -> Result<Vec<u8>, String> {
             continue;
         }
         let spec = find_spec(&message, key).ok_or_else(|| key.clone())?;
-        uncovered_field(value, spec, key).map_or(Ok(()), Err)?;
+        if let Some(mut path) = uncovered_field(value, spec) {
+            path.push(Step::Key(key));
+            return Err(path_text(path));
+        }
     }
     encode(obj).ok_or_else(|| format!("no protobuf schema for {api_version} {kind}"))
+}
+
+/// One step of a path into an object: a field or an item of an array.
+enum Step<'v> {
+    Key(&'v str),
+    Index(usize),
+}
+
+/// A path that cannot be carried, innermost step first: built only as a check fails, so the
+/// fields that fit (nearly all of them) cost no allocation.
+type Uncovered<'v> = Vec<Step<'v>>;
+
+/// `spec.containers[0].image` from the steps of `path` (innermost first).
+fn path_text(path: Uncovered<'_>) -> String {
+    let mut text = String::new();
+    for step in path.iter().rev() {
+        match step {
+            Step::Key(k) if text.is_empty() => text.push_str(k),
+            Step::Key(k) => {
+                text.push('.');
+                text.push_str(k);
+            }
+            Step::Index(i) => text.push_str(&format!("[{i}]")),
+        }
+    }
+    text
 }
 
 /// The field `json` of `message`, or of a message inlined into it (a Go embedded struct).
@@ -46,42 +75,44 @@ fn find_spec<'s>(message: &str, json: &str) -> Option<&'s FieldSpec> {
         })
 }
 
-/// The first path under `path` that field `spec` cannot carry from `v`.
-fn uncovered_field(v: &Value, spec: &FieldSpec, path: &str) -> Option<String> {
+/// The first path under `v` (the value of field `spec`) that the field cannot carry.
+fn uncovered_field<'v>(v: &'v Value, spec: &FieldSpec) -> Option<Uncovered<'v>> {
     match (spec.kind, v) {
         (Kind::Map, Value::Object(m)) => m.iter().find_map(|(k, item)| {
-            let at = format!("{path}.{k}");
-            uncovered_scalar_or_message(
+            let mut path = uncovered_scalar_or_message(
                 item,
                 spec.map_value.unwrap_or(Kind::String),
                 spec.message.as_deref(),
-                &at,
-            )
+            )?;
+            path.push(Step::Key(k));
+            Some(path)
         }),
-        (Kind::Map, _) => Some(path.into()),
+        (Kind::Map, _) => Some(Vec::new()),
         (_, Value::Array(items)) if spec.repeated => items.iter().enumerate().find_map(|(i, item)| {
-            uncovered_scalar_or_message(item, spec.kind, spec.message.as_deref(), &format!("{path}[{i}]"))
+            let mut path = uncovered_scalar_or_message(item, spec.kind, spec.message.as_deref())?;
+            path.push(Step::Index(i));
+            Some(path)
         }),
-        (_, _) if spec.repeated => Some(path.into()),
-        _ => uncovered_scalar_or_message(v, spec.kind, spec.message.as_deref(), path),
+        (_, _) if spec.repeated => Some(Vec::new()),
+        _ => uncovered_scalar_or_message(v, spec.kind, spec.message.as_deref()),
     }
 }
 
-fn uncovered_scalar_or_message(v: &Value, kind: Kind, message: Option<&str>, path: &str) -> Option<String> {
+fn uncovered_scalar_or_message<'v>(v: &'v Value, kind: Kind, message: Option<&str>) -> Option<Uncovered<'v>> {
     let fits = match kind {
         Kind::String | Kind::Bytes => v.is_string(),
         Kind::Bool => v.is_boolean(),
         Kind::Int32 | Kind::Int64 => v.is_i64() || v.is_u64(),
         Kind::Double => v.is_number(),
         Kind::Message | Kind::Inline | Kind::Map => {
-            return uncovered_message(v, message.unwrap_or_default(), path);
+            return uncovered_message(v, message.unwrap_or_default());
         }
     };
-    (!fits).then(|| path.to_string())
+    (!fits).then(Vec::new)
 }
 
-/// The first path under `path` that `message` cannot carry from `v`.
-fn uncovered_message(v: &Value, message: &str, path: &str) -> Option<String> {
+/// The first path under `v` that `message` cannot carry.
+fn uncovered_message<'v>(v: &'v Value, message: &str) -> Option<Uncovered<'v>> {
     let fits = match message {
         TIME | MICRO_TIME => v
             .as_str()
@@ -93,19 +124,20 @@ fn uncovered_message(v: &Value, message: &str, path: &str) -> Option<String> {
         CRD_OR_BOOL | CRD_OR_ARRAY | CRD_OR_STRINGS => false,
         _ => {
             let Value::Object(m) = v else {
-                return Some(path.into());
+                return Some(Vec::new());
             };
             return m
                 .iter()
                 .filter(|(_, item)| !item.is_null())
                 .find_map(|(k, item)| {
-                    let at = format!("{path}.{k}");
-                    match find_spec(message, k) {
-                        Some(spec) => uncovered_field(item, spec, &at),
-                        None => Some(at),
-                    }
+                    let mut path = match find_spec(message, k) {
+                        Some(spec) => uncovered_field(item, spec)?,
+                        None => Vec::new(),
+                    };
+                    path.push(Step::Key(k));
+                    Some(path)
                 });
         }
     };
-    (!fits).then(|| path.to_string())
+    (!fits).then(Vec::new)
 }

@@ -82,7 +82,7 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
     let mut labels = pod["metadata"]["labels"].as_object().cloned().unwrap_or_default();
     labels.retain(|k, _| !per_pod.contains(&k.as_str()));
     let annotations = pod["metadata"]["annotations"].clone();
-    let count = PodCount::start(client, &s.namespace).await;
+    let count = PodCount::start(&dir.join("kubeconfig"), &s.namespace).await?;
     let api: Api<StatefulSet> = Api::namespaced(client.clone(), &s.namespace);
     let kcm_pid = kcm.0.id().to_string();
     let quiet = servers_quiet().await;

@@ -92,7 +92,7 @@ struct HostResult {
 
 /// A client from `kubeconfig` (the host's: HTTP/2 where the server speaks it), its requests
 /// counted into `requests`.
-async fn client_from(kubeconfig: &Path, requests: Arc<ApiRequests>) -> anyhow::Result<Client> {
+pub(crate) async fn client_from(kubeconfig: &Path, requests: Arc<ApiRequests>) -> anyhow::Result<Client> {
     let kc = Kubeconfig::read_from(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(slinky_host::client::client(config, requests)?)

@@ -2,7 +2,12 @@
 //! the real kube-apiserver, a count of a namespace's pods as they appear ([`PodCount`]), and the
 //! passes of the host's reconcilers.
 
-use std::{collections::HashSet, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -85,42 +90,93 @@ pub(crate) async fn servers_quiet() -> Option<String> {
 
 /// Counts the pods of `namespace` as they appear (a metadata watch); `wait(n)` returns when `n`
 /// exist.
+///
+/// It watches from a thread of its own, with its own runtime and client: in the host's child
+/// process, a watch on the host's runtime would take turns on the host's two worker threads and
+/// count its JSON decoding as the host's CPU, while kcm's side is counted from another process.
+/// The thread's CPU is left out of the host's ([`PodCount::cpu_seconds`]).
 pub(crate) struct PodCount {
     seen: Arc<std::sync::Mutex<HashSet<String>>>,
     changed: Arc<tokio::sync::Notify>,
-    task: tokio::task::JoinHandle<()>,
+    /// `self/task/<tid>` of the watching thread (for its CPU).
+    thread: Arc<std::sync::OnceLock<String>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl PodCount {
-    pub(crate) async fn start(client: &Client, namespace: &str) -> Self {
+    pub(crate) async fn start(kubeconfig: &Path, namespace: &str) -> anyhow::Result<Self> {
         let seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
         let changed = Arc::new(tokio::sync::Notify::new());
-        let (s, c) = (seen.clone(), changed.clone());
-        let api: Api<kube::core::PartialObjectMeta<Pod>> = Api::namespaced(client.clone(), namespace);
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
-            while let Some(ev) = events.next().await {
-                match ev {
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                        s.lock().expect("lock").insert(p.name_any());
+        let thread = Arc::new(std::sync::OnceLock::new());
+        let (s, c, t) = (seen.clone(), changed.clone(), thread.clone());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (kubeconfig, namespace) = (kubeconfig.to_path_buf(), namespace.to_string());
+        std::thread::Builder::new()
+            .name("pod-count".into())
+            .spawn(move || {
+                if let Ok(link) = std::fs::read_link("/proc/thread-self") {
+                    // `<pid>/task/<tid>`
+                    if let Some(tid) = link.file_name() {
+                        let _ = t.set(format!("self/task/{}", tid.to_string_lossy()));
                     }
-                    Ok(watcher::Event::Delete(p)) => {
-                        s.lock().expect("lock").remove(&p.name_any());
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(r) = ready.take() {
-                            let _ = r.send(());
-                        }
-                    }
-                    Ok(watcher::Event::Init) | Err(_) => {}
                 }
-                c.notify_waiters();
-            }
-        });
-        let _ = ready_rx.await;
-        Self { seen, changed, task }
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let client = match crate::client_from(&kubeconfig, Arc::default()).await {
+                        Ok(client) => client,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let api: Api<kube::core::PartialObjectMeta<Pod>> = Api::namespaced(client, &namespace);
+                    let mut ready = Some(ready_tx);
+                    let mut events =
+                        std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+                    let mut stopped = std::pin::pin!(stopped);
+                    loop {
+                        let ev = tokio::select! {
+                            ev = events.next() => ev,
+                            _ = &mut stopped => None,
+                        };
+                        let Some(ev) = ev else { break };
+                        match ev {
+                            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                                s.lock().expect("lock").insert(p.name_any());
+                            }
+                            Ok(watcher::Event::Delete(p)) => {
+                                s.lock().expect("lock").remove(&p.name_any());
+                            }
+                            Ok(watcher::Event::InitDone) => {
+                                if let Some(r) = ready.take() {
+                                    let _ = r.send(Ok(()));
+                                }
+                            }
+                            Ok(watcher::Event::Init) | Err(_) => {}
+                        }
+                        c.notify_waiters();
+                    }
+                });
+            })?;
+        ready_rx.await??;
+        Ok(Self {
+            seen,
+            changed,
+            thread,
+            stop: Some(stop),
+        })
+    }
+
+    /// The CPU seconds its thread has used.
+    pub(crate) fn cpu_seconds(&self) -> f64 {
+        self.thread.get().map_or(0.0, |t| cpu_seconds(t))
     }
 
     fn now(&self) -> usize {
@@ -140,7 +196,9 @@ impl PodCount {
 
 impl Drop for PodCount {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 

@@ -61,7 +61,10 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     sharers.push(ns);
     let inputs = SyncedChildren::inputs(ns, controller, plugin.digest(), &sharers);
     let caches = &ctx.caches.children;
-    if ctx.synced_children.still_as_built(&pass.uid, &inputs, caches, core.resync) {
+    if ctx
+        .synced_children
+        .still_as_built(&pass.uid, &inputs, caches, core.resync)
+    {
         pass.children_synced = true;
         return Ok(());
     }
@@ -107,8 +110,7 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         .iter()
         .all(|c| !matches!(c.kind, ChildKind::Secret | ChildKind::ServiceMonitor));
     if as_built && seen && pass.child_failures.is_empty() {
-        ctx.synced_children
-            .remember(&pass.uid, inputs, &children, caches);
+        ctx.synced_children.remember(&pass.uid, inputs, &children, caches);
     } else {
         ctx.synced_children.forget(&pass.uid);
     }

@@ -24,6 +24,8 @@ use crate::{
 pub(crate) struct Known {
     /// [`build_key`] it was built under.
     key: String,
+    /// [`versions`] when `key` was last computed: while they stay, so does the key.
+    versions: Option<String>,
     /// The pod revision.
     pub revision: String,
     /// The probe's builder annotations (what pods of this revision carry).
@@ -36,10 +38,23 @@ impl Known {
     pub fn last(revision: String) -> Known {
         Known {
             key: String::new(),
+            versions: None,
             revision,
             provenance: BTreeMap::new(),
         }
     }
+}
+
+/// The NodeSet's and the Controller's resourceVersions and the builder's digest: what
+/// [`build_key`] is computed from cannot have changed while they stay (the build context is
+/// the host's, fixed for its life), so a pass computes the key only after a write to either.
+/// `None` for an object without a resourceVersion (never stored).
+fn versions(nodeset: &NodeSet, controller: &Controller, digest: &str) -> Option<String> {
+    Some(format!(
+        "{} {} {digest}",
+        nodeset.metadata.resource_version.as_deref()?,
+        controller.metadata.resource_version.as_deref()?
+    ))
 }
 
 /// The remembered revisions, per NodeSet UID.
@@ -71,8 +86,18 @@ impl Revisions {
         plugin: &Pipeline,
     ) -> Result<Result<Known, PluginError>, Error> {
         let uid = kube::ResourceExt::uid(nodeset).unwrap_or_default();
+        let versions = versions(nodeset, controller, plugin.digest());
+        let fresh = |k: &&Known| versions.is_some() && k.versions == versions;
+        if let Some(known) = self.with(|m| m.get(&uid).filter(fresh).cloned()) {
+            return Ok(Ok(known));
+        }
         let key = build_key(nodeset, controller, plugin.digest(), &core.build);
-        if let Some(known) = self.with(|m| m.get(&uid).filter(|k| k.key == key).cloned()) {
+        let same_key = |m: &mut HashMap<String, Known>| {
+            let k = m.get_mut(&uid).filter(|k| k.key == key)?;
+            k.versions.clone_from(&versions);
+            Some(k.clone())
+        };
+        if let Some(known) = self.with(same_key) {
             return Ok(Ok(known));
         }
         let built =
@@ -90,6 +115,7 @@ impl Revisions {
         };
         let known = Known {
             key,
+            versions,
             revision: output_revision(&pod, nodeset),
             provenance: provenance(&pod),
         };
