@@ -343,10 +343,10 @@ async fn touch_pods(c: &TestCluster, ns: &str, n: u32) -> Result<()> {
 
 /// A NodeSet's passes build its Service, PodDisruptionBudget and ConfigMap only when something
 /// they come from changed: the passes its pods' events make build none (with 100 NodeSets
-/// sharing the Service and the PDB, each such pass built both with 100 owners), and a child
-/// deleted by someone is made again at once, not at the resync.
+/// sharing the Service and the PDB, each such pass built both with 100 owners), while an object
+/// left to prune is pruned and a child deleted by someone made again at once, not at the resync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pod_events_build_no_children_and_a_deleted_child_is_made_again_at_once() -> Result<()> {
+async fn pod_events_build_no_children_and_what_changed_is_pruned_or_made_again_at_once() -> Result<()> {
     let c = cluster(false).await;
     let ns = c.namespace("memo").await;
     apply_controller(&c, &ns).await?;
@@ -389,6 +389,33 @@ async fn pod_events_build_no_children_and_a_deleted_child_is_made_again_at_once(
         children_builds(&host),
         before,
         "passes for pod events built the children"
+    );
+
+    // An object the NodeSet controls and the host built that its builder does not return (as
+    // one it stopped building, seen late by the watch) is pruned at once.
+    let nodeset_uid = Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+        .get("workers")
+        .await?
+        .uid()
+        .context("uid")?;
+    let stale: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "workers-left-over",
+            "annotations": {keys::ANNOTATION_BUILDER: "nodeset-children"},
+            "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "name": "workers", "uid": nodeset_uid, "controller": true}]}}))?;
+    let cms = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c.client.clone(), &ns);
+    cms.create(&PostParams::default(), &stale).await?;
+    let pruned = eventually(30, || async {
+        cms.get_opt("workers-left-over")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    ensure!(
+        pruned.is_some(),
+        "a ConfigMap the NodeSet controls and its builder does not return was not pruned within 30 s"
     );
 
     let pdbs = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(c.client.clone(), &ns);

@@ -160,6 +160,42 @@ impl ChildCaches {
         }
     }
 
+    /// The names of the cached objects of `kind` in `ns` that parent `uid` controls and the host
+    /// built (its builder annotation): what pruning looks at, read without copying them.
+    pub fn controlled(&self, kind: ChildKind, ns: &str, uid: &str) -> Vec<String> {
+        fn names<K>(store: &Store<K>, ns: &str, uid: &str) -> Vec<String>
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            store
+                .state()
+                .iter()
+                .map(|o| o.meta())
+                .filter(|m| m.namespace.as_deref() == Some(ns))
+                .filter(|m| {
+                    m.owner_references
+                        .iter()
+                        .flatten()
+                        .any(|r| r.controller == Some(true) && r.uid == uid)
+                })
+                .filter(|m| {
+                    m.annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(slinky_api::keys::ANNOTATION_BUILDER))
+                })
+                .filter_map(|m| m.name.clone())
+                .collect()
+        }
+        match kind {
+            ChildKind::Service => names(&self.services, ns, uid),
+            ChildKind::ConfigMap => names(&self.configmaps, ns, uid),
+            ChildKind::StatefulSet => names(&self.statefulsets, ns, uid),
+            ChildKind::PodDisruptionBudget => names(&self.pdbs, ns, uid),
+            ChildKind::Deployment => names(&self.deployments, ns, uid),
+            ChildKind::Secret | ChildKind::ServiceMonitor => Vec::new(),
+        }
+    }
+
     /// The cached objects of a kind in a namespace, as JSON.
     pub fn list(&self, kind: ChildKind, ns: &str) -> Vec<Value> {
         match kind {

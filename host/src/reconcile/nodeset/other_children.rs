@@ -60,10 +60,11 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
         .collect();
     sharers.push(ns);
     let inputs = SyncedChildren::inputs(ns, controller, plugin.digest(), &sharers);
+    let namespace = ns.namespace().unwrap_or_default();
     let caches = &ctx.caches.children;
     if ctx
         .synced_children
-        .still_as_built(&pass.uid, &inputs, caches, core.resync)
+        .still_as_built(&pass.uid, &namespace, &inputs, caches, core.resync)
     {
         pass.children_synced = true;
         return Ok(());
@@ -93,9 +94,15 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     children.sort_by(|a, b| (a.kind, a.name()).cmp(&(b.kind, b.name())));
     let current = pass.state.current();
     let mut sync = ChildSync::new(core, &ctx.caches.children, &ctx.applied, ns, current, uids);
+    // Each child's resourceVersion as the cache has it before its ensure compares it: a version
+    // written meanwhile (by the apply, or by someone else) is another, and the next pass syncs.
+    let mut checked = Vec::with_capacity(children.len());
     let mut as_built = true;
     for child in &children {
+        let (ns, name) = (child.namespace().to_string(), child.name().to_string());
+        let rv = caches.resource_version(child.kind, &ns, &name);
         as_built &= sync.ensure(child).await?;
+        checked.push((child.kind, ns, name, rv));
     }
     let own: Vec<Child> = children
         .iter()
@@ -105,12 +112,11 @@ pub(super) async fn sync_children(pass: &mut Pass<'_>, controller: &Controller) 
     sync.prune(&CHILD_KINDS, &keys_of(&own), &[]).await;
     pass.child_failures = sync.finish();
     pass.children_synced = true;
-    // Secrets and ServiceMonitors are not cached: a change to one would not be seen.
-    let seen = children
-        .iter()
-        .all(|c| !matches!(c.kind, ChildKind::Secret | ChildKind::ServiceMonitor));
+    // A child the cache does not show (Secrets and ServiceMonitors are never cached; one just
+    // created is not yet) would not be seen to change or go.
+    let seen = checked.iter().all(|(.., rv)| rv.is_some());
     if as_built && seen && pass.child_failures.is_empty() {
-        ctx.synced_children.remember(&pass.uid, inputs, &children, caches);
+        ctx.synced_children.remember(&pass.uid, inputs, checked);
     } else {
         ctx.synced_children.forget(&pass.uid);
     }
@@ -136,9 +142,12 @@ struct Synced {
 ///   (under the resync period) do: then a pass would build and apply nothing. Children of kinds
 ///   not cached (Secrets, ServiceMonitors) are never remembered.
 ///
-/// # Caveats
-/// A child applied by that sync is cached at its new resourceVersion afterwards, unlike what
-/// was remembered: the next pass syncs once more (and, finding it as built, remembers it).
+/// * A child's resourceVersion is the one the cache had before that sync compared it: a write
+///   meanwhile (the sync's own apply, or anyone's) makes the next pass sync again. A sync after
+///   which a child is not in the cache (just created; Secrets and ServiceMonitors are never
+///   cached) is not remembered.
+/// * The cache must show nothing else the NodeSet controls and the host built: such an object
+///   (one the builder no longer returns, seen late by the watch) is pruned by a full sync.
 #[derive(Debug, Default)]
 pub(crate) struct SyncedChildren {
     entries: Mutex<HashMap<String, Synced>>,
@@ -169,9 +178,17 @@ impl SyncedChildren {
         )
     }
 
-    /// Whether the children of NodeSet `uid` were found as built under `inputs` less than
-    /// `max_age` ago, and none has changed in `caches` since.
-    fn still_as_built(&self, uid: &str, inputs: &str, caches: &ChildCaches, max_age: Duration) -> bool {
+    /// Whether the children of NodeSet `uid` (in namespace `ns`) were found as built under
+    /// `inputs` less than `max_age` ago, none has changed in `caches` since, and the cache shows
+    /// nothing else the NodeSet controls and the host built (nothing to prune).
+    fn still_as_built(
+        &self,
+        uid: &str,
+        ns: &str,
+        inputs: &str,
+        caches: &ChildCaches,
+        max_age: Duration,
+    ) -> bool {
         locked(&self.entries, |m| {
             m.get(uid).is_some_and(|s| {
                 s.inputs == inputs
@@ -179,19 +196,23 @@ impl SyncedChildren {
                     && s.children
                         .iter()
                         .all(|(kind, ns, name, rv)| caches.resource_version(*kind, ns, name) == *rv)
+                    && CHILD_KINDS.iter().all(|&kind| {
+                        caches.controlled(kind, ns, uid).iter().all(|name| {
+                            s.children
+                                .iter()
+                                .any(|(k, n, c, _)| *k == kind && n == ns && c == name)
+                        })
+                    })
             })
         })
     }
 
-    fn remember(&self, uid: &str, inputs: String, children: &[Child], caches: &ChildCaches) {
-        let children = children
-            .iter()
-            .map(|c| {
-                let (ns, name) = (c.namespace().to_string(), c.name().to_string());
-                let rv = caches.resource_version(c.kind, &ns, &name);
-                (c.kind, ns, name, rv)
-            })
-            .collect();
+    fn remember(
+        &self,
+        uid: &str,
+        inputs: String,
+        children: Vec<(ChildKind, String, String, Option<String>)>,
+    ) {
         let synced = Synced {
             inputs,
             children,
