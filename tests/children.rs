@@ -330,15 +330,21 @@ fn children_builds(host: &Host) -> u64 {
         .sum()
 }
 
-/// Label every pod of `ns` with `touch=<n>`: a pod event each, a NodeSet pass each.
-async fn touch_pods(c: &TestCluster, ns: &str, n: u32) -> Result<()> {
+/// Label every pod of `ns` with `touch=<value>` (a pod event each) and wait for the NodeSet pass
+/// they make (passes counted from before the labels, so a quick pass is not missed).
+async fn touch_pods(c: &TestCluster, host: &Host, ns: &str, value: &str) -> Result<()> {
+    let before = passes_of(host, "nodeset");
     let pods = Api::<Pod>::namespaced(c.client.clone(), ns);
     for p in pods.list(&ListParams::default()).await? {
-        let patch = json!({"metadata": {"labels": {"touch": n.to_string()}}});
+        let patch = json!({"metadata": {"labels": {"touch": value}}});
         pods.patch(&p.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
-    Ok(())
+    eventually(60, || async {
+        (passes_of(host, "nodeset") > before).then_some(())
+    })
+    .await
+    .with_context(|| format!("no NodeSet pass after the pods were labelled touch={value}"))
 }
 
 /// A NodeSet's passes build its Service, PodDisruptionBudget and ConfigMap only when something
@@ -369,8 +375,7 @@ async fn pod_events_build_no_children_and_what_changed_is_pruned_or_made_again_a
         let touch = n;
         async move {
             let before = children_builds(hr);
-            touch_pods(cr, nsr, touch).await.ok()?;
-            passes_of_later(hr, "nodeset", 1).await.ok()?;
+            touch_pods(cr, hr, nsr, &format!("settle-{touch}")).await.ok()?;
             (children_builds(hr) == before).then_some(())
         }
     })
@@ -382,8 +387,7 @@ async fn pod_events_build_no_children_and_what_changed_is_pruned_or_made_again_a
     );
     let before = children_builds(&host);
     for touch in 100..105 {
-        touch_pods(&c, &ns, touch).await?;
-        passes_of_later(&host, "nodeset", 1).await?;
+        touch_pods(&c, &host, &ns, &format!("after-{touch}")).await?;
     }
     assert_eq!(
         children_builds(&host),
