@@ -1,7 +1,7 @@
 //! The caches the reconcilers read: one reflector store per kind, filled by the watches
 //! ([`super::watch`]) with managedFields stripped, and "synced" readiness.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, Deployment, StatefulSet},
@@ -103,108 +103,95 @@ pub struct ChildCaches {
     pub deployments: Store<Deployment>,
 }
 
-fn get<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Value>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
-{
-    store
-        .get(&ObjectRef::new(name).within(ns))
-        .and_then(|o| serde_json::to_value(o.as_ref()).ok())
+/// `$body` with `$store` bound to the store of child kind `$kind`; `$none` for the kinds never
+/// cached: Secrets (read from the API by name) and ServiceMonitors (the kind may not be served:
+/// a watch of it would never sync).
+macro_rules! with_store {
+    ($caches:expr, $kind:expr, |$store:ident| $body:expr, $none:expr) => {
+        match $kind {
+            ChildKind::Service => {
+                let $store = &$caches.services;
+                $body
+            }
+            ChildKind::ConfigMap => {
+                let $store = &$caches.configmaps;
+                $body
+            }
+            ChildKind::StatefulSet => {
+                let $store = &$caches.statefulsets;
+                $body
+            }
+            ChildKind::PodDisruptionBudget => {
+                let $store = &$caches.pdbs;
+                $body
+            }
+            ChildKind::Deployment => {
+                let $store = &$caches.deployments;
+                $body
+            }
+            ChildKind::Secret | ChildKind::ServiceMonitor => $none,
+        }
+    };
 }
 
-fn list<K>(store: &Store<K>, ns: &str) -> Vec<Value>
+fn get<K>(store: &Store<K>, ns: &str, name: &str) -> Option<Arc<K>>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::Serialize + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    store.get(&ObjectRef::new(name).within(ns))
+}
+
+/// The name and UID of each object of `store` in `ns` that parent `uid` controls and the host
+/// built (its builder annotation).
+fn controlled<K>(store: &Store<K>, ns: &str, uid: &str) -> Vec<(String, String)>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
     store
         .state()
-        .into_iter()
-        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
-        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+        .iter()
+        .map(|o| o.meta())
+        .filter(|m| m.namespace.as_deref() == Some(ns))
+        .filter(|m| {
+            m.owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.controller == Some(true) && r.uid == uid)
+        })
+        .filter(|m| {
+            m.annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(slinky_api::keys::ANNOTATION_BUILDER))
+        })
+        .filter_map(|m| Some((m.name.clone()?, m.uid.clone().unwrap_or_default())))
         .collect()
 }
 
 impl ChildCaches {
     /// The cached object, as JSON.
     pub fn get(&self, kind: ChildKind, ns: &str, name: &str) -> Option<Value> {
-        match kind {
-            ChildKind::Service => get(&self.services, ns, name),
-            ChildKind::ConfigMap => get(&self.configmaps, ns, name),
-            ChildKind::StatefulSet => get(&self.statefulsets, ns, name),
-            ChildKind::PodDisruptionBudget => get(&self.pdbs, ns, name),
-            ChildKind::Deployment => get(&self.deployments, ns, name),
-            // Secrets are never cached (read from the API by name), nor are ServiceMonitors (the
-            // kind may not be served: a watch of it would never sync).
-            ChildKind::Secret | ChildKind::ServiceMonitor => None,
-        }
+        with_store!(
+            self,
+            kind,
+            |s| get(s, ns, name).and_then(|o| serde_json::to_value(o.as_ref()).ok()),
+            None
+        )
     }
 
     /// The cached object's resourceVersion (`None` when the cache has none), read without
     /// copying the object.
     pub fn resource_version(&self, kind: ChildKind, ns: &str, name: &str) -> Option<String> {
-        fn rv<K>(store: &Store<K>, ns: &str, name: &str) -> Option<String>
-        where
-            K: kube::Resource<DynamicType = ()> + Clone + 'static,
-        {
-            store
-                .get(&ObjectRef::new(name).within(ns))
-                .and_then(|o| o.meta().resource_version.clone())
-        }
-        match kind {
-            ChildKind::Service => rv(&self.services, ns, name),
-            ChildKind::ConfigMap => rv(&self.configmaps, ns, name),
-            ChildKind::StatefulSet => rv(&self.statefulsets, ns, name),
-            ChildKind::PodDisruptionBudget => rv(&self.pdbs, ns, name),
-            ChildKind::Deployment => rv(&self.deployments, ns, name),
-            ChildKind::Secret | ChildKind::ServiceMonitor => None,
-        }
+        with_store!(
+            self,
+            kind,
+            |s| get(s, ns, name).and_then(|o| kube::Resource::meta(o.as_ref()).resource_version.clone()),
+            None
+        )
     }
 
-    /// The names of the cached objects of `kind` in `ns` that parent `uid` controls and the host
-    /// built (its builder annotation): what pruning looks at, read without copying them.
-    pub fn controlled(&self, kind: ChildKind, ns: &str, uid: &str) -> Vec<String> {
-        fn names<K>(store: &Store<K>, ns: &str, uid: &str) -> Vec<String>
-        where
-            K: kube::Resource<DynamicType = ()> + Clone + 'static,
-        {
-            store
-                .state()
-                .iter()
-                .map(|o| o.meta())
-                .filter(|m| m.namespace.as_deref() == Some(ns))
-                .filter(|m| {
-                    m.owner_references
-                        .iter()
-                        .flatten()
-                        .any(|r| r.controller == Some(true) && r.uid == uid)
-                })
-                .filter(|m| {
-                    m.annotations
-                        .as_ref()
-                        .is_some_and(|a| a.contains_key(slinky_api::keys::ANNOTATION_BUILDER))
-                })
-                .filter_map(|m| m.name.clone())
-                .collect()
-        }
-        match kind {
-            ChildKind::Service => names(&self.services, ns, uid),
-            ChildKind::ConfigMap => names(&self.configmaps, ns, uid),
-            ChildKind::StatefulSet => names(&self.statefulsets, ns, uid),
-            ChildKind::PodDisruptionBudget => names(&self.pdbs, ns, uid),
-            ChildKind::Deployment => names(&self.deployments, ns, uid),
-            ChildKind::Secret | ChildKind::ServiceMonitor => Vec::new(),
-        }
-    }
-
-    /// The cached objects of a kind in a namespace, as JSON.
-    pub fn list(&self, kind: ChildKind, ns: &str) -> Vec<Value> {
-        match kind {
-            ChildKind::Service => list(&self.services, ns),
-            ChildKind::ConfigMap => list(&self.configmaps, ns),
-            ChildKind::StatefulSet => list(&self.statefulsets, ns),
-            ChildKind::PodDisruptionBudget => list(&self.pdbs, ns),
-            ChildKind::Deployment => list(&self.deployments, ns),
-            ChildKind::Secret | ChildKind::ServiceMonitor => Vec::new(),
-        }
+    /// The name and UID of each cached object of `kind` in `ns` that parent `uid` controls and
+    /// the host built (its builder annotation): what pruning deletes unless it is still built.
+    pub fn controlled(&self, kind: ChildKind, ns: &str, uid: &str) -> Vec<(String, String)> {
+        with_store!(self, kind, |s| controlled(s, ns, uid), Vec::new())
     }
 }

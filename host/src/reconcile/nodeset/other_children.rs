@@ -197,7 +197,7 @@ impl SyncedChildren {
                         .iter()
                         .all(|(kind, ns, name, rv)| caches.resource_version(*kind, ns, name) == *rv)
                     && CHILD_KINDS.iter().all(|&kind| {
-                        caches.controlled(kind, ns, uid).iter().all(|name| {
+                        caches.controlled(kind, ns, uid).iter().all(|(name, _)| {
                             s.children
                                 .iter()
                                 .any(|(k, n, c, _)| *k == kind && n == ns && c == name)

@@ -66,21 +66,13 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
         let ns = self.parent.meta().namespace.clone().unwrap_or_default();
         let uid = self.parent_uid();
         for &kind in kinds {
-            let stale: Vec<Value> = self
+            let stale: Vec<(String, String)> = self
                 .caches
-                .list(kind, &ns)
+                .controlled(kind, &ns, &uid)
                 .into_iter()
-                .filter(|o| {
-                    !keep.contains(&(kind, field(o, "/metadata/name").unwrap_or_default().to_string()))
-                })
-                .filter(|o| owners(o).iter().any(|(u, ctl)| *ctl && *u == uid))
-                .filter(|o| {
-                    o.pointer("/metadata/annotations/slinky.slurm.net~1builder")
-                        .is_some()
-                })
+                .filter(|(name, _)| !keep.contains(&(kind, name.clone())))
                 .collect();
-            for o in stale {
-                let name = field(&o, "/metadata/name").unwrap_or_default().to_string();
+            for (name, object_uid) in stale {
                 self.about = Some(child_ref(kind, &ns, &name));
                 let what = format!("{kind} {name}");
                 if kept.contains(&kind) {
@@ -95,12 +87,7 @@ impl<'a, P: kube::Resource<DynamicType = ()>> ChildSync<'a, P> {
                     continue;
                 }
                 let key: ChildKey = (kind, ns.clone(), name.clone());
-                match self
-                    .core
-                    .writer
-                    .delete_child(kind, &ns, &name, field(&o, "/metadata/uid").unwrap_or_default())
-                    .await
-                {
+                match self.core.writer.delete_child(kind, &ns, &name, &object_uid).await {
                     Ok(deleted) => {
                         self.applied.forget(&key);
                         if deleted {
