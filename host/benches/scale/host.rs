@@ -27,7 +27,7 @@ use slinky_host::{
 
 use super::{
     HostResult, Scenario, client_from, create_namespace, env_or,
-    measure::{PodCount, cpu_note, cpu_now, passes, pprof, rss_mib, servers_quiet},
+    measure::{CpuBefore, PodCount, cpu_note, cpu_now, passes, pprof, rss_mib, servers_quiet},
 };
 
 /// Set condition `SiteCheck` (message `message`) on the status of the Controller and the first
@@ -257,7 +257,7 @@ async fn scale_up(
     let seconds = t.elapsed().as_secs_f64();
     // The pod count's thread is not the host's.
     let counting = count.cpu_seconds() - count_cpu_before;
-    let cpu_before = (cpu_before.0 + counting, cpu_before.1);
+    let cpu_before = CpuBefore { ours: cpu_before.ours + counting, ..cpu_before };
     let posts = requests.get("post", "pods") - posts_before;
     let asked = requests.total() - requests_before;
     println!(

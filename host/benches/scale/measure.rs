@@ -40,27 +40,65 @@ fn cpu_seconds(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// The kube-apiserver's pid, when it runs from `REALKUBE_DIR` (its CPU is printed beside ours).
-fn apiserver_pid() -> Option<String> {
+/// A pid file of `REALKUBE_DIR` (`apiserver.pid`, `etcd.pid`), when the bench runs against a
+/// real kube-apiserver (their CPU is printed beside ours).
+fn server_pid(file: &str) -> Option<String> {
     let dir = std::env::var_os("REALKUBE_DIR")?;
-    let pid = std::fs::read_to_string(PathBuf::from(dir).join("apiserver.pid")).ok()?;
+    let pid = std::fs::read_to_string(PathBuf::from(dir).join(file)).ok()?;
     Some(pid.trim().to_string())
 }
 
-/// The CPU seconds process `pid` (`who`) and the API server used since `cpu_before`
-/// ([`cpu_now`]).
-pub(crate) fn cpu_note(pid: &str, who: &str, cpu_before: (f64, f64)) -> String {
-    let server = apiserver_pid().map(|p| cpu_seconds(&p) - cpu_before.1);
-    let ours = cpu_seconds(pid) - cpu_before.0;
-    match server {
-        Some(s) => format!("CPU: {ours:.1} s {who}, {s:.1} s kube-apiserver's"),
-        None => format!("CPU: {ours:.1} s {who} (the embedded API server runs in the parent)"),
-    }
+/// The machine's idle and total CPU ticks so far (`/proc/stat`'s first line; idle counts
+/// iowait too).
+fn machine_ticks() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let idle = ticks.get(3).copied().unwrap_or(0.0) + ticks.get(4).copied().unwrap_or(0.0);
+    (idle, ticks.iter().sum())
 }
 
-pub(crate) fn cpu_now(pid: &str) -> (f64, f64) {
-    let server = apiserver_pid().map_or(0.0, |p| cpu_seconds(&p));
-    (cpu_seconds(pid), server)
+/// CPU counters at the start of a scale-up ([`cpu_now`]), for [`cpu_note`].
+#[derive(Clone, Copy)]
+pub(crate) struct CpuBefore {
+    /// The measured process's CPU seconds.
+    pub(crate) ours: f64,
+    pub(crate) server: f64,
+    pub(crate) etcd: f64,
+    pub(crate) machine: (f64, f64),
+}
+
+/// The CPU seconds process `pid` (`who`), the API server and etcd used since `before`, and how
+/// much of the machine's CPU stayed idle meanwhile: a side that leaves the cores idle while
+/// kube-apiserver is the bound has not kept it busy.
+pub(crate) fn cpu_note(pid: &str, who: &str, before: CpuBefore) -> String {
+    let ours = cpu_seconds(pid) - before.ours;
+    let Some(server) = server_pid("apiserver.pid").map(|p| cpu_seconds(&p) - before.server) else {
+        return format!("CPU: {ours:.1} s {who} (the embedded API server runs in the parent)");
+    };
+    let etcd = server_pid("etcd.pid").map_or(0.0, |p| cpu_seconds(&p) - before.etcd);
+    let (idle, total) = machine_ticks();
+    let idle_share = (idle - before.machine.0) / (total - before.machine.1).max(1.0);
+    format!(
+        "CPU: {ours:.1} s {who}, {server:.1} s kube-apiserver's, {etcd:.1} s etcd's; the machine {:.0} % idle",
+        idle_share * 100.0
+    )
+}
+
+pub(crate) fn cpu_now(pid: &str) -> CpuBefore {
+    let of = |file: &str| server_pid(file).map_or(0.0, |p| cpu_seconds(&p));
+    CpuBefore {
+        ours: cpu_seconds(pid),
+        server: of("apiserver.pid"),
+        etcd: of("etcd.pid"),
+        machine: machine_ticks(),
+    }
 }
 
 /// Waits until kube-apiserver and etcd (of `REALKUBE_DIR`) have used under a tenth of a core
@@ -213,7 +251,7 @@ pub(crate) fn passes(handles: &reconcile::Handles) -> u64 {
 /// so each side's window holds its scale-up and then idle time, not the other's work.
 pub(crate) fn pprof(client: &Client, label: &str) -> Option<tokio::task::JoinHandle<()>> {
     let dir = PathBuf::from(std::env::var_os("BENCH_PPROF_DIR")?);
-    apiserver_pid()?;
+    server_pid("apiserver.pid")?;
     let seconds: u64 = std::env::var("BENCH_PPROF_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())

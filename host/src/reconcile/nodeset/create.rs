@@ -1,14 +1,18 @@
 //! The creates of a pass: the missing pods built with the `nodeset-pod` builder and sent in
-//! slow-start batches (1, 2, 4, … [`CREATES_IN_FLIGHT`]), each after its volume claims,
-//! expectations raised before and lowered for every create that is refused or never sent.
+//! slow-start batches (1, 2, 4, … [`BATCH_MOST`]), two batches in flight after the first, each
+//! pod after its volume claims, expectations raised before and lowered for every create that is
+//! refused or never sent.
 //!
 //! Batches, not a window without barriers: on a 2-core machine with kube-apiserver and etcd
 //! beside it (the scale bench), a window that made room for each create as its answer came built
 //! pods in chunks of one or two and queued for permits one at a time: the host's CPU rose by a
 //! quarter (10,000 pods in 100 NodeSets: 9.5-12.0 s against 7.3-9.6 s) and the scale-ups were
-//! no faster, as kube-apiserver, not the batches' barrier, is the bound there.
+//! no faster. But one batch at a time left the server idle between batches (each waited for its
+//! slowest create, then the next was built): the machine was 5-9 % idle during the host's
+//! scale-ups against kcm's 1-2 %. Two batches overlap: one is built and sent while the other's
+//! last answers come.
 
-use futures::future::join_all;
+use futures::{StreamExt, future::join_all, stream::FuturesUnordered};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
 use slinky_api::{Controller, NodeSet};
@@ -19,7 +23,7 @@ use super::{
     volumes,
 };
 use crate::{
-    plugins::{Pipeline, PodIdentity},
+    plugins::{Pipeline, PluginError, PodIdentity},
     reconcile::{
         Error, Expectations,
         core::{events::name_list, writer},
@@ -35,13 +39,17 @@ enum Refused {
 }
 
 /// At most this many pods are built and being created at once, across all NodeSets (the
-/// semaphore [`super::NodeSetContext::create_permits`]; a slow-start batch takes at most this
-/// many).
+/// semaphore [`super::NodeSetContext::create_permits`]; a slow-start batch takes at most
+/// [`BATCH_MOST`] of them, so that two batches can be in flight).
 ///
 /// Below the HTTP/2 streams a kube-apiserver allows on one connection (100 since the fix of
 /// CVE-2023-44487, about 15 of them held by the watches): a create past them would wait in the
 /// client, and an elected host's write timeout (counted from the call) would abandon it.
 pub const CREATES_IN_FLIGHT: usize = 64;
+
+/// The largest slow-start batch: half of [`CREATES_IN_FLIGHT`], so a NodeSet's next batch is
+/// built and sent while its last one waits for its slowest answers.
+const BATCH_MOST: usize = CREATES_IN_FLIGHT / 2;
 
 /// Release the create expectations of pods that will not be created (nothing will observe them).
 fn release(expectations: &Expectations, owner: &str, names: impl Iterator<Item = String>) {
@@ -50,16 +58,16 @@ fn release(expectations: &Expectations, owner: &str, names: impl Iterator<Item =
     }
 }
 
-/// Create the pods of `slots` in slow-start batches (1, 2, 4, …), each built with the
-/// `nodeset-pod` builder just before it is sent, and each pod after its volume claims
-/// ([`volumes::ensure`]). A name taken meanwhile (409 AlreadyExists) skips that pod and the
-/// batch goes on; any other refusal (a claim's or the builder's included) stops after its batch,
-/// and every create not made is released.
+/// Create the pods of `slots` in slow-start batches (1, 2, 4, … [`BATCH_MOST`]), each built
+/// with the `nodeset-pod` builder just before it is sent, and each pod after its volume claims
+/// ([`volumes::ensure`]). After the first batch two are in flight: the next starts as one ends.
+/// A name taken meanwhile (409 AlreadyExists) skips that pod and the batches go on; any other
+/// refusal (a claim's or the builder's included) starts no batch after it, and every create not
+/// made is released.
 ///
 /// A batch holds [`super::NodeSetContext::create_permits`] (one a pod) while it is built and
-/// sent: however many
-/// NodeSets scale at once, at most that many built pods exist and that many creates are in
-/// flight (100 NodeSets building all their pods first held hundreds of MiB).
+/// sent: however many NodeSets scale at once, at most that many built pods exist and that many
+/// creates are in flight (100 NodeSets building all their pods first held hundreds of MiB).
 pub(super) async fn create_pods(
     pass: &mut Pass<'_>,
     controller: &Controller,
@@ -69,66 +77,121 @@ pub(super) async fn create_pods(
     if slots.is_empty() {
         return Ok(());
     }
-    let (ns, ctx) = (pass.ns, pass.ctx);
-    let core = ctx.core.as_ref();
-    let owner = pass.uid.clone();
+    let ctx = pass.ctx;
     ctx.expectations
-        .expect_creations(&owner, slots.iter().map(|s| s.identity.name.clone()));
+        .expect_creations(&pass.uid, slots.iter().map(|s| s.identity.name.clone()));
     let (started, asked) = (std::time::Instant::now(), slots.len());
-    let mut pending = slots.into_iter();
-    let mut batch = 1;
     let mut done = Created::default();
-    loop {
-        let this: Vec<Slot> = pending.by_ref().take(batch.min(CREATES_IN_FLIGHT)).collect();
-        if this.is_empty() {
-            break;
-        }
-        // The semaphore is never closed: an error here cannot happen, and would only mean no
-        // bound.
-        let _permits = pass.ctx.create_permits.acquire_many(this.len() as u32).await.ok();
-        let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
-        let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
-            this.into_iter().map(|s| (s.identity, s.place)).unzip();
-        let built = build_pods(core, ns, controller, plugin, identities).await;
-        if !matches!(built, Ok(Ok(_))) {
-            // A failed build creates nothing of this batch or after it: release them all.
-            release(
-                &ctx.expectations,
-                &owner,
-                names.into_iter().chain(pending.by_ref().map(|s| s.identity.name)),
-            );
-        }
-        let mut built = match built {
-            Ok(Ok(built)) => built,
-            Ok(Err(e)) => {
-                pass.state.builder_error(&e).await;
-                break;
-            }
-            Err(e) => return Err(e),
-        };
-        for (pod, place) in built.iter_mut().zip(&places) {
-            match place {
-                Some(Place::Pin(node)) => slinky_api::pods::pin_to_node(pod, node),
-                Some(Place::Node(node)) => slinky_api::placement::place_on_node(pod, node),
-                None => {}
-            }
-        }
-        let results = create_batch(pass, &built, batch == 1).await;
-        if done.record(pass, &built, results).await {
-            // Creates never attempted are released: nothing will ever observe them.
-            release(&ctx.expectations, &owner, pending.map(|s| s.identity.name));
-            break;
-        }
-        batch *= 2;
-    }
+    let stop = send(pass, controller, slots, plugin, &mut done).await;
     tracing::debug!(
         asked,
         created = done.pods.len(),
         ms = started.elapsed().as_millis() as u64,
         "creates of the pass"
     );
-    done.announce(core, ns).await;
+    // Reported once the batches are all answered (they borrow the pass meanwhile).
+    for message in std::mem::take(&mut done.failures) {
+        pass.failed("FailedCreate", message).await;
+    }
+    done.announce(ctx.core.as_ref(), pass.ns).await;
+    match stop {
+        Some(Stop::Builder(e)) => pass.state.builder_error(&e).await,
+        Some(Stop::Error(e)) => return Err(e),
+        Some(Stop::Refused) | None => {}
+    }
     Ok(())
+}
+
+/// Why no further batch was sent.
+enum Stop {
+    /// A create was refused (not a name taken, not a claim being deleted).
+    Refused,
+    /// The builder failed.
+    Builder(PluginError),
+    /// The build could not be run.
+    Error(Error),
+}
+
+/// What one batch came to: the pods built and each one's create, or the build's failure (the
+/// batch's names, none created).
+enum Batch {
+    Sent(Vec<Pod>, Vec<Made>),
+    NotBuilt(Vec<String>, Stop),
+}
+
+/// Send the batches of `slots` and record their answers in `done`; why they stopped early.
+async fn send(
+    pass: &Pass<'_>,
+    controller: &Controller,
+    slots: Vec<Slot>,
+    plugin: &Pipeline,
+    done: &mut Created,
+) -> Option<Stop> {
+    let (expectations, owner) = (&pass.ctx.expectations, pass.uid.as_str());
+    let mut pending = slots.into_iter();
+    let mut size = 1;
+    let mut in_flight = FuturesUnordered::new();
+    let first: Vec<Slot> = pending.by_ref().take(1).collect();
+    in_flight.push(batch(pass, controller, plugin, first, true));
+    let mut stop = None;
+    while let Some(answered) = in_flight.next().await {
+        let refused = match answered {
+            Batch::Sent(built, results) => {
+                if let Some((pod, Ok((Some(stored), _)))) = built.first().zip(results.first()) {
+                    // Pods of one pass are built alike: the first tells what the server drops.
+                    warn_dropped_fields(pass, pod, stored).await;
+                }
+                done.record(expectations, owner, &built, results)
+                    .then_some(Stop::Refused)
+            }
+            Batch::NotBuilt(names, why) => {
+                release(expectations, owner, names.into_iter());
+                Some(why)
+            }
+        };
+        // The first reason stops the batches; those in flight are still answered.
+        stop = stop.or(refused);
+        while stop.is_none() && in_flight.len() < 2 {
+            size = (size * 2).min(BATCH_MOST);
+            let this: Vec<Slot> = pending.by_ref().take(size).collect();
+            if this.is_empty() {
+                break;
+            }
+            in_flight.push(batch(pass, controller, plugin, this, false));
+        }
+    }
+    // Creates never attempted are released: nothing will ever observe them.
+    release(expectations, owner, pending.map(|s| s.identity.name));
+    stop
+}
+
+/// Build and create one batch, holding a permit per pod of it until its answers are in.
+async fn batch(
+    pass: &Pass<'_>,
+    controller: &Controller,
+    plugin: &Pipeline,
+    this: Vec<Slot>,
+    first_of_pass: bool,
+) -> Batch {
+    // The semaphore is never closed: an error here cannot happen, and would only mean no bound.
+    let _permits = pass.ctx.create_permits.acquire_many(this.len() as u32).await.ok();
+    let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
+    let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
+        this.into_iter().map(|s| (s.identity, s.place)).unzip();
+    let mut built = match build_pods(pass.core(), pass.ns, controller, plugin, identities).await {
+        Ok(Ok(built)) => built,
+        Ok(Err(e)) => return Batch::NotBuilt(names, Stop::Builder(e)),
+        Err(e) => return Batch::NotBuilt(names, Stop::Error(e)),
+    };
+    for (pod, place) in built.iter_mut().zip(&places) {
+        match place {
+            Some(Place::Pin(node)) => slinky_api::pods::pin_to_node(pod, node),
+            Some(Place::Node(node)) => slinky_api::placement::place_on_node(pod, node),
+            None => {}
+        }
+    }
+    let results = create_batch(pass, &built, first_of_pass).await;
+    Batch::Sent(built, results)
 }
 
 /// Create one batch of pods, each after its claims (as the StatefulSet controller: no pod
@@ -158,49 +221,49 @@ async fn create_batch(pass: &Pass<'_>, built: &[Pod], first_of_pass: bool) -> Ve
 /// for it; or why it was refused.
 type Made = Result<(Option<Pod>, Vec<String>), Refused>;
 
-/// What the creates of a pass made: pods, names found taken, claims.
+/// What the creates of a pass made: pods, names found taken, claims, and the refusals to report.
 #[derive(Default)]
 struct Created {
     pods: Vec<String>,
     taken: Vec<String>,
     claims: Vec<String>,
+    failures: Vec<String>,
 }
 
 impl Created {
     /// Record the answers of one batch (expectations lowered for every pod not created, a
-    /// `FailedCreate` for every refusal); whether a create was refused (the pass stops).
-    async fn record(&mut self, pass: &mut Pass<'_>, built: &[Pod], results: Vec<Made>) -> bool {
-        let (ctx, owner) = (pass.ctx, pass.uid.clone());
+    /// `FailedCreate` message for every refusal); whether a create was refused (no batch
+    /// follows).
+    fn record(
+        &mut self,
+        expectations: &Expectations,
+        owner: &str,
+        built: &[Pod],
+        results: Vec<Made>,
+    ) -> bool {
         let mut refused = false;
         for (pod, r) in built.iter().zip(results) {
             let name = pod.name_any();
             match r {
                 Err(Refused::Claim(missing)) => {
-                    ctx.expectations.creation_observed(&owner, &name);
+                    expectations.creation_observed(owner, &name);
                     refused |= !missing.deleting;
-                    pass.failed("FailedCreate", missing.message).await;
+                    self.failures.push(missing.message);
                 }
-                Ok((stored, made)) => {
+                Ok((_, made)) => {
                     self.claims.extend(made);
-                    ctx.expectations.creation_succeeded(&owner, &name);
-                    // Pods of one pass are built alike: the first tells what the server drops.
-                    if let Some(stored) = stored {
-                        warn_dropped_fields(pass, pod, &stored).await;
-                    }
+                    expectations.creation_succeeded(owner, &name);
                     self.pods.push(name);
                 }
                 Err(Refused::Api(e, made)) => {
                     self.claims.extend(made);
-                    ctx.expectations.creation_observed(&owner, &name);
+                    expectations.creation_observed(owner, &name);
                     if writer::is_already_exists(&e) {
                         self.taken.push(name);
                     } else {
                         refused = true;
-                        pass.failed(
-                            "FailedCreate",
-                            format!("Error creating pod {name}: {}", writer::message(&e)),
-                        )
-                        .await;
+                        self.failures
+                            .push(format!("Error creating pod {name}: {}", writer::message(&e)));
                     }
                 }
             }

@@ -230,6 +230,7 @@ async fn reconcile_inner(ns: &NodeSet, ctx: &NodeSetContext) -> Result<Action, E
             owned = sync(&mut pass, controller, known, claims, &plugin).await?;
             reached = Reached::Synced;
         } else {
+            tracing::debug!(nodeset = %ns.name_any(), "pass waits for its expectations");
             // The watch will trigger the next pass when it shows what we wait for.
             requeue = Duration::from_millis(500);
             reached = Reached::Waiting;
