@@ -12,6 +12,8 @@
 //! scale-ups against kcm's 1-2 %. Two batches overlap: one is built and sent while the other's
 //! last answers come.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use futures::{StreamExt, future::join_all, stream::FuturesUnordered};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::events::EventType};
@@ -112,11 +114,30 @@ enum Stop {
     Error(Error),
 }
 
+impl Stop {
+    /// Of two reasons (two batches in flight can both fail), the one to report: an error the
+    /// pass returns over the builder's failure (a condition) over a refused create (its Event is
+    /// reported either way).
+    fn graver(self, other: Option<Stop>) -> Stop {
+        let rank = |s: &Stop| match s {
+            Stop::Refused => 0,
+            Stop::Builder(_) => 1,
+            Stop::Error(_) => 2,
+        };
+        match other {
+            Some(o) if rank(&o) > rank(&self) => o,
+            _ => self,
+        }
+    }
+}
+
 /// What one batch came to: the pods built and each one's create, or the build's failure (the
 /// batch's names, none created).
 enum Batch {
     Sent(Vec<Pod>, Vec<Made>),
     NotBuilt(Vec<String>, Stop),
+    /// Not built nor sent: another batch had stopped the creates by the time it got its permits.
+    Skipped(Vec<String>),
 }
 
 /// Send the batches of `slots` and record their answers in `done`; why they stopped early.
@@ -130,10 +151,11 @@ async fn send(
     let (expectations, owner) = (&pass.ctx.expectations, pass.uid.as_str());
     let mut pending = slots.into_iter();
     let mut size = 1;
+    let stopped = AtomicBool::new(false);
     let mut in_flight = FuturesUnordered::new();
     let first: Vec<Slot> = pending.by_ref().take(1).collect();
-    in_flight.push(batch(pass, controller, plugin, first, true));
-    let mut stop = None;
+    in_flight.push(batch(pass, controller, plugin, first, true, &stopped));
+    let mut stop: Option<Stop> = None;
     while let Some(answered) = in_flight.next().await {
         let refused = match answered {
             Batch::Sent(built, results) => {
@@ -148,16 +170,24 @@ async fn send(
                 release(expectations, owner, names.into_iter());
                 Some(why)
             }
+            Batch::Skipped(names) => {
+                release(expectations, owner, names.into_iter());
+                None
+            }
         };
-        // The first reason stops the batches; those in flight are still answered.
-        stop = stop.or(refused);
+        // Any reason stops the batches: the one waiting for its permits is skipped, one already
+        // sent is still answered.
+        if let Some(why) = refused {
+            stopped.store(true, Ordering::Relaxed);
+            stop = Some(why.graver(stop));
+        }
         while stop.is_none() && in_flight.len() < 2 {
             size = (size * 2).min(BATCH_MOST);
             let this: Vec<Slot> = pending.by_ref().take(size).collect();
             if this.is_empty() {
                 break;
             }
-            in_flight.push(batch(pass, controller, plugin, this, false));
+            in_flight.push(batch(pass, controller, plugin, this, false, &stopped));
         }
     }
     // Creates never attempted are released: nothing will ever observe them.
@@ -165,17 +195,22 @@ async fn send(
     stop
 }
 
-/// Build and create one batch, holding a permit per pod of it until its answers are in.
+/// Build and create one batch, holding a permit per pod of it until its answers are in; skipped
+/// when `stopped` is set by the time it has its permits.
 async fn batch(
     pass: &Pass<'_>,
     controller: &Controller,
     plugin: &Pipeline,
     this: Vec<Slot>,
     first_of_pass: bool,
+    stopped: &AtomicBool,
 ) -> Batch {
     // The semaphore is never closed: an error here cannot happen, and would only mean no bound.
     let _permits = pass.ctx.create_permits.acquire_many(this.len() as u32).await.ok();
     let names: Vec<String> = this.iter().map(|s| s.identity.name.clone()).collect();
+    if stopped.load(Ordering::Relaxed) {
+        return Batch::Skipped(names);
+    }
     let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
         this.into_iter().map(|s| (s.identity, s.place)).unzip();
     let mut built = match build_pods(pass.core(), pass.ns, controller, plugin, identities).await {

@@ -48,8 +48,9 @@ impl Writer {
                 // answers the second choice, the pod in protobuf.
                 req.headers_mut().insert(http::header::ACCEPT, http::HeaderValue::from_static(UNREAD_ANSWER));
                 match self.send_unread(req).await {
-                    Err(kube::Error::Api(s)) if s.code == 415 => {
-                        tracing::info!(message = %s.message, "the API server takes no protobuf pods: creating them as JSON");
+                    // 415: it takes no protobuf body; 406: it answers in no protobuf.
+                    Err(kube::Error::Api(s)) if s.code == 415 || s.code == 406 => {
+                        tracing::info!(code = s.code, message = %s.message, "the API server takes or answers no protobuf pods: creating them as JSON");
                         self.protobuf.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
                     r => return r.map(|_| ()),
@@ -95,8 +96,8 @@ impl Writer {
 
     /// `pod` in Kubernetes' protobuf encoding, as kube-controller-manager creates pods (the API
     /// server decodes it for a fraction of the CPU JSON costs it): `None` once the server
-    /// refused it (415: the host then sends JSON), or when the schema cannot carry a field of
-    /// this pod (a field newer than the schema: JSON loses nothing).
+    /// refused it (415, or 406 for the answer: the host then sends JSON), or when the schema
+    /// cannot carry a field of this pod (a field newer than the schema: JSON loses nothing).
     fn protobuf_body(&self, pod: &Pod) -> Option<Vec<u8>> {
         if !self.protobuf.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
