@@ -257,7 +257,10 @@ async fn scale_up(
     let seconds = t.elapsed().as_secs_f64();
     // The pod count's thread is not the host's.
     let counting = count.cpu_seconds() - count_cpu_before;
-    let cpu_before = CpuBefore { ours: cpu_before.ours + counting, ..cpu_before };
+    let cpu_before = CpuBefore {
+        ours: cpu_before.ours + counting,
+        ..cpu_before
+    };
     let posts = requests.get("post", "pods") - posts_before;
     let asked = requests.total() - requests_before;
     println!(

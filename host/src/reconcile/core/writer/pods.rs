@@ -46,7 +46,10 @@ impl Writer {
                 // server encodes and sends a fifth of the pod (kube-apiserver's create answer
                 // was ~3.5 % of its CPU in a scale-up). A server that cannot transform it
                 // answers the second choice, the pod in protobuf.
-                req.headers_mut().insert(http::header::ACCEPT, http::HeaderValue::from_static(UNREAD_ANSWER));
+                req.headers_mut().insert(
+                    http::header::ACCEPT,
+                    http::HeaderValue::from_static(UNREAD_ANSWER),
+                );
                 match self.send_unread(req).await {
                     // 415: it takes no protobuf body; 406: it answers in no protobuf.
                     Err(kube::Error::Api(s)) if s.code == 415 || s.code == 406 => {
