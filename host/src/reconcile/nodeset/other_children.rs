@@ -195,7 +195,7 @@ impl SyncedChildren {
                     && s.at.elapsed() < max_age
                     && s.children
                         .iter()
-                        .all(|(kind, ns, name, rv)| caches.resource_version(*kind, ns, name) == *rv)
+                        .all(|(kind, at, name, rv)| caches.resource_version(*kind, at, name) == *rv)
                     && CHILD_KINDS.iter().all(|&kind| {
                         caches.controlled(kind, ns, uid).iter().all(|(name, _)| {
                             s.children

@@ -45,8 +45,8 @@ pub const BURST: usize = 250;
 
 /// Most creates in one pass. A scale-up of up to this many is one pass, as one sync of the
 /// StatefulSet controller: its slow-start batches (1, 2, 4, …, 32, two in flight) follow each
-/// other without waiting for the watch between them. Bounded so that a
-/// pass ends, and a spec changed meanwhile is seen, every few thousand pods.
+/// other without waiting for the watch between them. Bounded so that a pass ends, and a spec
+/// changed meanwhile is seen, every few thousand pods.
 pub const CREATE_BURST: usize = 2000;
 
 /// A pod's phase (`""` when it has none yet).
