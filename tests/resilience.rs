@@ -591,6 +591,42 @@ async fn relists_mid_scale_create_nothing_twice_and_release_what_they_show_gone(
     Ok(())
 }
 
+/// A spec changed while a pass is creating is seen before the pass's next batch: scaled 0 → 300
+/// with the first create held at the API server, then back to 3, the pass sends nothing after
+/// the held pod and the next pass makes the other two (not 300 pods, then 297 deletes; a scale-up
+/// is one pass of up to `CREATE_BURST` creates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spec_changed_mid_scale_up_stops_the_creates_at_the_next_batch() -> Result<()> {
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("mid-scale spec change") else {
+        return Ok(());
+    };
+    let (ns, host) = start_example(&c, "superseded", 0).await?;
+    host.wait_ready().await?;
+    server.faults().hold_requests("create", "pods");
+    scale(&c, &ns, 300).await?;
+    eventually(30, || async {
+        (server.faults().waiting_requests() == 1).then_some(())
+    })
+    .await
+    .context("the pass's first create never reached the API server")?;
+    let g = scale(&c, &ns, 3).await?;
+    let key = kube::runtime::reflector::ObjectRef::<NodeSet>::new(NS_NAME).within(&ns);
+    eventually(30, || async {
+        (host.handles.nodesets.get(&key)?.metadata.generation == Some(g)).then_some(())
+    })
+    .await
+    .context("the host's cache never showed the scale back to 3")?;
+    server.faults().release_requests("create", "pods");
+    converge(&c, &ns, &names(&[0, 1, 2]), g, false).await?;
+    let writes = host.handles.writes.snapshot();
+    assert_eq!(host.handles.writes.ok("create"), 3, "{writes:?}");
+    assert_eq!(host.handles.writes.ok("delete"), 0, "{writes:?}");
+    assert_eq!(host.handles.expectations.total_pending(), 0);
+    host.stop().await;
+    Ok(())
+}
+
 /// The leader loses the Lease while its pass is creating pods: the create it had sent is answered,
 /// and from then on the writer's and the Events' fence refuse everything the pass still tries
 /// (the next batch of creates, the `FailedCreate` Event, the status). Its successor creates the

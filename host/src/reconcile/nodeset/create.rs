@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::{StreamExt, future::join_all, stream::FuturesUnordered};
 use k8s_openapi::api::core::v1::Pod;
-use kube::{ResourceExt, runtime::events::EventType};
+use kube::{
+    ResourceExt,
+    runtime::{events::EventType, reflector::ObjectRef},
+};
 use slinky_api::{Controller, NodeSet};
 
 use super::{
@@ -182,6 +185,11 @@ async fn send(
             stop = Some(why.graver(stop));
         }
         while stop.is_none() && in_flight.len() < 2 {
+            if superseded(pass) {
+                // The next pass builds from the NodeSet as it is now; until then no batch.
+                tracing::debug!(nodeset = %pass.ns.name_any(), "creates stop: the NodeSet changed");
+                break;
+            }
             size = (size * 2).min(BATCH_MOST);
             let this: Vec<Slot> = pending.by_ref().take(size).collect();
             if this.is_empty() {
@@ -193,6 +201,19 @@ async fn send(
     // Creates never attempted are released: nothing will ever observe them.
     release(expectations, owner, pending.map(|s| s.identity.name));
     stop
+}
+
+/// The NodeSet changed since the pass began (its spec: a new generation; deleted or being
+/// deleted; replaced under its name): the pods still to create would be built from what it no
+/// longer is, so no further batch is sent.
+fn superseded(pass: &Pass<'_>) -> bool {
+    let (ns, namespace) = (pass.ns, pass.ns.namespace().unwrap_or_default());
+    let key = ObjectRef::<NodeSet>::new(&ns.name_any()).within(&namespace);
+    pass.ctx.caches.nodesets.get(&key).is_none_or(|now| {
+        now.uid() != ns.uid()
+            || now.metadata.generation != ns.metadata.generation
+            || now.metadata.deletion_timestamp.is_some()
+    })
 }
 
 /// Build and create one batch, holding a permit per pod of it until its answers are in; skipped

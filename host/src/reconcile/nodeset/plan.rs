@@ -45,9 +45,10 @@ pub const BURST: usize = 250;
 
 /// Most creates in one pass. A scale-up of up to this many is one pass, as one sync of the
 /// StatefulSet controller: its slow-start batches (1, 2, 4, …, 32, two in flight) follow each
-/// other without waiting for the watch between them. Bounded so that a pass ends, and a spec
-/// changed meanwhile is seen, every few thousand pods.
-pub const CREATE_BURST: usize = 2000;
+/// other without waiting for the watch between them, and slow start does not begin again at 1.
+/// A spec changed meanwhile is still seen at once: a pass sends no batch after its NodeSet's
+/// generation moved (`create::superseded`).
+pub const CREATE_BURST: usize = 10_000;
 
 /// A pod's phase (`""` when it has none yet).
 pub fn phase(p: &Pod) -> &str {
