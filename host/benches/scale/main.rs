@@ -25,8 +25,9 @@
 //!
 //! kcm's own times vary by ±30 % from run to run on a small machine (etcd, kube-apiserver and
 //! both controllers share its cores), so with `REALKUBE_DIR` every scenario runs 5 rounds
-//! (`BENCH_ROUNDS`, `BENCH_MANY_ROUNDS`, `BENCH_BIG_ROUNDS`; without it, 1): the host, then kcm,
-//! each in a namespace of its own, deleted before the other starts. The host's scale-up starts
+//! (`BENCH_ROUNDS`, `BENCH_MANY_ROUNDS`, `BENCH_BIG_ROUNDS`; without it, 1): the host and kcm,
+//! the host first in odd rounds and kcm first in even ones, each in a namespace of its own,
+//! deleted before the other starts. The host's scale-up starts
 //! once the host has made no write for a second, and each side's once kube-apiserver and etcd
 //! are quiet (`measure::servers_quiet`). It prints the medians.
 
@@ -181,8 +182,8 @@ fn scenario_shape(which: &str, target: &Target) -> anyhow::Result<(usize, i32, u
     })
 }
 
-/// Runs every round of scenario `which` (run `run`): the host, then with a real API server kcm;
-/// prints the medians of several rounds.
+/// Runs every round of scenario `which` (run `run`): the host and, with a real API server, kcm
+/// (first in every second round); prints the medians of several rounds.
 async fn scenario(target: &Target, client: &Client, run: u64, which: &str) -> anyhow::Result<()> {
     let kubeconfig = target.kubeconfig();
     let (nodesets, pods, rounds) = scenario_shape(which, target)?;
@@ -191,6 +192,8 @@ async fn scenario(target: &Target, client: &Client, run: u64, which: &str) -> an
         nodesets * pods.max(0) as usize
     );
     let mut figures = Vec::new();
+    // The host's pod, kcm's template (from the first round's host).
+    let mut template: Option<Value> = None;
     for round in 1..=rounds {
         if rounds > 1 {
             println!(" round {round}:");
@@ -201,20 +204,40 @@ async fn scenario(target: &Target, client: &Client, run: u64, which: &str) -> an
             pods,
             namespace: format!("scale-{run}-{which}-{round}"),
         };
-        let host = host::host_round(&kubeconfig, &s)?;
-        if let Target::Real(dir) = target {
-            // kcm, as the host, starts on an API server without the other's pods; so does
-            // the next round.
-            kcm::delete_namespace(client, &s.namespace).await;
-            let kcm = Scenario {
-                namespace: format!("{}-kcm", s.namespace),
-                ..s.clone()
-            };
-            let seconds = kcm::kcm_run(client, dir, &kcm, &host.pod).await?;
-            println!("  ratio host/kcm: {:.2}", host.seconds / seconds);
-            figures.push((host.seconds, seconds));
+        let Target::Real(dir) = target else {
+            host::host_round(&kubeconfig, &s)?;
+            continue;
+        };
+        let kcm = Scenario {
+            namespace: format!("{}-kcm", s.namespace),
+            ..s.clone()
+        };
+        // Rounds alternate which side goes first (host, kcm; kcm, host; …): a machine that
+        // drifts within a round, or a first side that pays for what the last round left, favours
+        // neither. Each side starts on an API server without the other's pods.
+        let kcm_first = round % 2 == 0 && template.is_some();
+        let mut kcm_seconds = None;
+        if kcm_first && let Some(pod) = &template {
+            kcm_seconds = Some(kcm::kcm_run(client, dir, &kcm, pod).await?);
             kcm::delete_namespace(client, &kcm.namespace).await;
         }
+        let host = host::host_round(&kubeconfig, &s)?;
+        kcm::delete_namespace(client, &s.namespace).await;
+        let template = template.get_or_insert(host.pod);
+        let seconds = match kcm_seconds {
+            Some(seconds) => seconds,
+            None => {
+                let seconds = kcm::kcm_run(client, dir, &kcm, template).await?;
+                kcm::delete_namespace(client, &kcm.namespace).await;
+                seconds
+            }
+        };
+        println!(
+            "  ratio host/kcm: {:.2}{}",
+            host.seconds / seconds,
+            if kcm_first { " (kcm first)" } else { "" }
+        );
+        figures.push((host.seconds, seconds));
     }
     if figures.len() > 1 {
         print_medians(&figures);

@@ -72,6 +72,51 @@ pub(crate) struct CpuBefore {
     pub(crate) server: f64,
     pub(crate) etcd: f64,
     pub(crate) machine: (f64, f64),
+    /// etcd's puts and WAL fsyncs so far ([`etcd_writes`]).
+    pub(crate) etcd_writes: Option<(f64, f64)>,
+}
+
+/// etcd's puts and WAL fsyncs so far (its `/metrics`, at the client URL kube-apiserver was
+/// started with): how many puts a fsync carried. etcd syncs its log once per batch of
+/// proposals, so the same puts arriving more evenly cost it more syncs and more CPU.
+fn etcd_writes() -> Option<(f64, f64)> {
+    use std::io::{Read, Write};
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", server_pid("apiserver.pid")?)).ok()?;
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let servers = args
+        .iter()
+        .position(|a| a == "--etcd-servers")
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| {
+            args.iter()
+                .find_map(|a| a.strip_prefix("--etcd-servers=").map(str::to_string))
+        })?;
+    let addr = servers
+        .split(',')
+        .next()?
+        .strip_prefix("http://")?
+        .trim_end_matches('/');
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text).ok()?;
+    let value = |name: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    Some((
+        value("etcd_mvcc_put_total")?,
+        value("etcd_disk_wal_fsync_duration_seconds_count")?,
+    ))
 }
 
 /// The CPU seconds process `pid` (`who`), the API server and etcd used since `before`, and how
@@ -85,8 +130,19 @@ pub(crate) fn cpu_note(pid: &str, who: &str, before: CpuBefore) -> String {
     let etcd = server_pid("etcd.pid").map_or(0.0, |p| cpu_seconds(&p) - before.etcd);
     let (idle, total) = machine_ticks();
     let idle_share = (idle - before.machine.0) / (total - before.machine.1).max(1.0);
+    let syncs = before
+        .etcd_writes
+        .zip(etcd_writes())
+        .map(|((p0, f0), (p1, f1))| {
+            let (puts, fsyncs) = (p1 - p0, f1 - f0);
+            format!(
+                "; etcd's {puts:.0} puts in {fsyncs:.0} log syncs ({:.1} a sync)",
+                puts / fsyncs.max(1.0)
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "CPU: {ours:.1} s {who}, {server:.1} s kube-apiserver's, {etcd:.1} s etcd's; the machine {:.0} % idle",
+        "CPU: {ours:.1} s {who}, {server:.1} s kube-apiserver's, {etcd:.1} s etcd's; the machine {:.0} % idle{syncs}",
         idle_share * 100.0
     )
 }
@@ -98,6 +154,7 @@ pub(crate) fn cpu_now(pid: &str) -> CpuBefore {
         server: of("apiserver.pid"),
         etcd: of("etcd.pid"),
         machine: machine_ticks(),
+        etcd_writes: etcd_writes(),
     }
 }
 
