@@ -28,7 +28,7 @@ use super::{
     volumes,
 };
 use crate::{
-    plugins::{Pipeline, PluginError, PodIdentity},
+    plugins::{BuilderKind, Pipeline, PluginError, PodIdentity},
     reconcile::{
         Error, Expectations,
         core::{events::name_list, writer},
@@ -185,9 +185,9 @@ async fn send(
             stop = Some(why.graver(stop));
         }
         while stop.is_none() && in_flight.len() < 2 {
-            if superseded(pass) {
-                // The next pass builds from the NodeSet as it is now; until then no batch.
-                tracing::debug!(nodeset = %pass.ns.name_any(), "creates stop: the NodeSet changed");
+            if superseded(pass, plugin) {
+                // The next pass builds from the NodeSet (and builder) as it is now.
+                tracing::debug!(nodeset = %pass.ns.name_any(), "creates stop: the NodeSet or its builder changed");
                 break;
             }
             size = (size * 2).min(BATCH_MOST);
@@ -204,15 +204,22 @@ async fn send(
 }
 
 /// The NodeSet changed since the pass began (its spec: a new generation; deleted or being
-/// deleted; replaced under its name): the pods still to create would be built from what it no
-/// longer is, so no further batch is sent.
-fn superseded(pass: &Pass<'_>) -> bool {
+/// deleted; replaced under its name), or its pods' builder did (a plugin reloaded, a pipeline
+/// step that its labels now select or no longer do): the pods still to create would be built
+/// from what no longer is, so no further batch is sent.
+fn superseded(pass: &Pass<'_>, plugin: &Pipeline) -> bool {
     let (ns, namespace) = (pass.ns, pass.ns.namespace().unwrap_or_default());
     let key = ObjectRef::<NodeSet>::new(&ns.name_any()).within(&namespace);
     pass.ctx.caches.nodesets.get(&key).is_none_or(|now| {
         now.uid() != ns.uid()
             || now.metadata.generation != ns.metadata.generation
             || now.metadata.deletion_timestamp.is_some()
+            || pass
+                .core()
+                .plugins
+                .pipeline(BuilderKind::NodesetPod, &now.metadata)
+                .digest()
+                != plugin.digest()
     })
 }
 
