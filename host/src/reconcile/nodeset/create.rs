@@ -241,7 +241,10 @@ async fn batch(
     }
     let (identities, places): (Vec<PodIdentity>, Vec<Option<Place>>) =
         this.into_iter().map(|s| (s.identity, s.place)).unzip();
-    let mut built = match build_pods(pass.core(), pass.ns, controller, plugin, identities).await {
+    let building = pass.ctx.build_permits.acquire().await.ok();
+    let built = build_pods(pass.core(), pass.ns, controller, plugin, identities).await;
+    drop(building);
+    let mut built = match built {
         Ok(Ok(built)) => built,
         Ok(Err(e)) => return Batch::NotBuilt(names, Stop::Builder(e)),
         Err(e) => return Batch::NotBuilt(names, Stop::Error(e)),

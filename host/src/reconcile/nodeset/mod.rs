@@ -100,6 +100,9 @@ pub struct NodeSetContext {
     pub slurm: Arc<SlurmClients>,
     /// Pods being built or created, across NodeSets (at most [`CREATES_IN_FLIGHT`]).
     pub create_permits: tokio::sync::Semaphore,
+    /// Batches of pods being built at once, across NodeSets: one a core (builds are CPU work;
+    /// more at once only add blocking threads, warm plugin instances and pods held built).
+    pub build_permits: tokio::sync::Semaphore,
     /// Pods labelled by Slinky found to differ from what the builder makes (not compared again
     /// until they or the NodeSet change).
     pub(crate) differing: differing::DifferingPods,
@@ -129,6 +132,9 @@ impl NodeSetContext {
             expectations,
             slurm,
             create_permits: tokio::sync::Semaphore::new(CREATES_IN_FLIGHT),
+            build_permits: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            ),
             differing: differing::DifferingPods::default(),
             revisions: revisions::Revisions::default(),
             daemon_backoff: daemon::DaemonBackoff::default(),
