@@ -780,7 +780,9 @@ async fn sigkill_while_creates_are_in_flight_then_a_restart_converges_without_ex
         .await
         .context("the first host never wrote")?;
     server.faults().set_latency(Duration::from_millis(100));
-    let g = scale(&c, &ns, 20).await?;
+    // Enough pods that the kill lands mid-scale-up however late it comes: at 100 ms a create,
+    // the batches in flight when it lands (two, after the first) reach a few dozen, not 100.
+    let g = scale(&c, &ns, 100).await?;
     eventually(30, || async {
         (pod_names(&c, &ns).await.ok()?.len() >= 3).then_some(())
     })
@@ -788,13 +790,13 @@ async fn sigkill_while_creates_are_in_flight_then_a_restart_converges_without_ex
     .context("no pods before the kill")?;
     first.kill(); // SIGKILL: creates in flight, expectations lost with the process
     let at_kill = pod_names(&c, &ns).await?.len();
-    ensure!(at_kill < 20, "the kill came too late to matter ({at_kill} pods)");
+    ensure!(at_kill < 100, "the kill came too late to matter ({at_kill} pods)");
     server.faults().set_latency(Duration::ZERO);
     let second = HostProcess::start(&c, &ns, "second", &[])?;
-    let all: Vec<u32> = (0..20).collect();
+    let all: Vec<u32> = (0..100).collect();
     converge(&c, &ns, &names(&all), g, false).await?;
     // Two more passes of the second host (a resync of the Controller and the NodeSet): no pod
-    // beyond the 20 follows.
+    // beyond the 100 follows.
     let start = process_passes(&second).await?;
     eventually(60, || async {
         (process_passes(&second).await.ok()? >= start + 2.0).then_some(())
@@ -803,7 +805,7 @@ async fn sigkill_while_creates_are_in_flight_then_a_restart_converges_without_ex
     .context("the second host made no more passes")?;
     recorder.abort();
     let seen = seen.lock().map(|s| s.clone()).unwrap_or_default();
-    assert_eq!(seen, names(&all), "no pod beyond the 20 ordinals ever existed");
+    assert_eq!(seen, names(&all), "no pod beyond the 100 ordinals ever existed");
     let pending = second
         .metrics()
         .await?
