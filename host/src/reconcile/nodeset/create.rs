@@ -184,7 +184,7 @@ async fn send(
             stopped.store(true, Ordering::Relaxed);
             stop = Some(why.graver(stop));
         }
-        while stop.is_none() && in_flight.len() < 2 {
+        while stop.is_none() && in_flight.len() < 2 && pending.len() > 0 {
             if superseded(pass, plugin) {
                 // The next pass builds from the NodeSet (and builder) as it is now.
                 tracing::debug!(nodeset = %pass.ns.name_any(), "creates stop: the NodeSet or its builder changed");
@@ -192,9 +192,6 @@ async fn send(
             }
             size = (size * 2).min(BATCH_MOST);
             let this: Vec<Slot> = pending.by_ref().take(size).collect();
-            if this.is_empty() {
-                break;
-            }
             in_flight.push(batch(pass, controller, plugin, this, false, &stopped));
         }
     }
