@@ -26,7 +26,7 @@ use kube::{
     api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-use slinky_api::BuilderPlugin;
+use slinky_api::{BuilderPlugin, NodeSet};
 use slinky_host::{
     PluginRegistry,
     oci::{Credentials, DigestStore, ModuleSource, Oci, Proxies, PublicKey},
@@ -35,7 +35,7 @@ use slinky_host::{
 };
 use slinky_tests::{
     TestCluster, default_engine, eventually,
-    host::{Host, apply_example_with, cluster, pod_ready},
+    host::{Host, NS_NAME, apply_example_with, cluster, pod_ready, scale},
     run, test_plugin,
 };
 
@@ -1744,6 +1744,91 @@ async fn a_step_scoped_by_namespace_is_mandatory_there_and_absent_elsewhere() ->
         ensure!(
             !label.contains("site-pod"),
             "a NodeSet of another namespace got {label}"
+        );
+        Ok(())
+    }
+    .await;
+    host.stop().await;
+    let _ = Api::<BuilderPlugin>::all(c.client.clone())
+        .delete(&name, &Default::default())
+        .await;
+    result
+}
+
+/// A pass stops creating when its pods' builder changes mid-scale-up: here a step that the
+/// NodeSet's new label selects (a metadata change: no new generation). Scaled 0 → 30 with the
+/// first create held at the API server, then labelled: the held pod is the only one built
+/// without the step, the pass sends nothing after it, and the next pass builds the other 29
+/// with it. (Without the check the pass created all 30 with the builder it began with, to be
+/// rolled one by one after.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_selected_mid_scale_up_builds_the_pods_still_to_create() -> Result<()> {
+    let _turn = BP_HOSTS.lock().await;
+    let c = cluster(false).await;
+    let Some(server) = c.embedded("mid-scale-up builder change") else {
+        return Ok(());
+    };
+    let ns = c.namespace("midstep").await;
+    let site = std::fs::read(test_plugin("site_pod"))?;
+    let digest = slinky_host::oci::sha256(&site);
+    module_config_map(&c, &ns, "site-pod", "plugin.wasm", gzip(&site)?, None).await?;
+    let name = format!("{ns}-midstep");
+    let rack = "site.example.com/rack";
+    put_plugin(
+        &c,
+        &name,
+        json!({"module": {"configMap": {"namespace": ns, "name": "site-pod"}, "digest": digest},
+               "kinds": ["nodeset-pod"], "selector": {"matchLabels": {"mid-step": ns}},
+               "settings": {"labels": {rack: "a"}}}),
+    )
+    .await?;
+    let plugins = Arc::new(PluginRegistry::new(&default_engine(), &[])?);
+    let host = host_with_builder_plugins(&c, &ns, &plugins, source(&c, None, None)?);
+    let result = async {
+        wait_phase(&c, &name, "Loaded", "Loaded").await?;
+        apply_example_with(&c, &ns, 0, |_| {}).await?;
+        host.wait_ready().await?;
+        server.faults().hold_requests("create", "pods");
+        scale(&c, &ns, 30).await?;
+        eventually(30, || async {
+            (server.faults().waiting_requests() == 1).then_some(())
+        })
+        .await
+        .context("the pass's first create never reached the API server")?;
+        Api::<NodeSet>::namespaced(c.client.clone(), &ns)
+            .patch(
+                NS_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"mid-step": ns}}})),
+            )
+            .await?;
+        let key = kube::runtime::reflector::ObjectRef::<NodeSet>::new(NS_NAME).within(&ns);
+        eventually(30, || async {
+            host.handles
+                .nodesets
+                .get(&key)?
+                .labels()
+                .contains_key("mid-step")
+                .then_some(())
+        })
+        .await
+        .context("the host's cache never showed the label")?;
+        server.faults().release_requests("create", "pods");
+        let pods = Api::<Pod>::namespaced(c.client.clone(), &ns);
+        let all = eventually(60, || async {
+            let list = pods.list(&ListParams::default()).await.ok()?;
+            (list.items.len() >= 30).then_some(list.items)
+        })
+        .await
+        .context("the 30 pods were never made")?;
+        let without: Vec<String> = all
+            .iter()
+            .filter(|p| !p.labels().contains_key(rack))
+            .map(|p| p.name_any())
+            .collect();
+        ensure!(
+            without.len() <= 1,
+            "pods built with the builder the pass began with, after it changed: {without:?}"
         );
         Ok(())
     }
