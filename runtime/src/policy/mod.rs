@@ -306,6 +306,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn output_is_read_once_and_its_errors_name_what_is_wrong() {
+        let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"containers":[{"name":"c","image":"x"}]}}"#;
+        let parsed: Result<Pod, String> = parse(pod);
+        assert_eq!(parsed.ok().and_then(|p| p.metadata.name), Some("p".to_string()));
+        // An escaped head reads as its text.
+        let escaped = r#"{"kind":"P\u006fd","apiVersion":"v1","metadata":{"name":"e"}}"#;
+        assert!(parse::<Pod>(escaped).is_ok(), "{:?}", parse::<Pod>(escaped).err());
+        let err = |raw: &str| parse::<Pod>(raw).err().unwrap_or_default();
+        assert!(
+            err(r#"{"apiVersion":"v1","metadata":{}}"#).contains("got apiVersion v1 kind <missing>"),
+            "{}",
+            err(r#"{"apiVersion":"v1","metadata":{}}"#)
+        );
+        assert!(err(r#"{"apiVersion":"v1","kind":"ConfigMap"}"#).contains("kind ConfigMap"));
+        assert!(err("not json").contains("the output is not JSON"));
+        assert!(err(r#"{"apiVersion":"v1","kind":"Pod"} x"#).contains("the output is not JSON"));
+        let wrong = err(r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":"c"}}"#);
+        assert!(wrong.contains("the output is not a valid Pod"), "{wrong}");
+    }
+
+    #[test]
     fn pod_output_is_checked_like_the_api_server_would() {
         let meta = |labels: &[(&str, &str)]| ObjectMeta {
             labels: Some(
