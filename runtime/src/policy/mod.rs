@@ -184,25 +184,32 @@ pub(crate) fn pod_spec_problems(spec: &k8s_openapi::api::core::v1::PodSpec) -> R
 ///
 /// Read straight into `K` (a pod's output once went through a `serde_json::Value` first: a
 /// tenth of the host's CPU in a 10,000-pod scale-up was that double read); the head is read
-/// first without allocating, for the errors that name what is wrong.
+/// first (its two fields alone), for the errors that name what is wrong.
 fn parse<K: Resource + serde::de::DeserializeOwned>(raw: &str) -> Result<K, String> {
-    /// The output's `apiVersion` and `kind`; every other field skipped unread.
+    /// The output's `apiVersion` and `kind` (whatever their JSON type: one that is not a string
+    /// is named missing); every other field skipped unread.
     #[derive(serde::Deserialize)]
-    struct Head<'a> {
-        #[serde(rename = "apiVersion", borrow, default)]
-        api_version: Option<std::borrow::Cow<'a, str>>,
-        #[serde(borrow, default)]
-        kind: Option<std::borrow::Cow<'a, str>>,
+    struct Head {
+        #[serde(rename = "apiVersion", default)]
+        api_version: Option<serde_json::Value>,
+        #[serde(default)]
+        kind: Option<serde_json::Value>,
     }
-    let head: Head<'_> = serde_json::from_str(raw).map_err(|e| {
+    let head: Head = serde_json::from_str(raw).map_err(|e| {
         format!(
             "the output is not JSON ({e}): return the object serialized with serde_json \
              (`slinky_guest_sdk::export_plugin!` does this for you)"
         )
     })?;
     let (api_version, kind) = (
-        head.api_version.as_deref().unwrap_or("<missing>"),
-        head.kind.as_deref().unwrap_or("<missing>"),
+        head.api_version
+            .as_ref()
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("<missing>"),
+        head.kind
+            .as_ref()
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("<missing>"),
     );
     if api_version != K::API_VERSION || kind != K::KIND {
         return Err(format!(
@@ -320,6 +327,7 @@ mod tests {
             err(r#"{"apiVersion":"v1","metadata":{}}"#)
         );
         assert!(err(r#"{"apiVersion":"v1","kind":"ConfigMap"}"#).contains("kind ConfigMap"));
+        assert!(err(r#"{"apiVersion":1,"kind":"Pod"}"#).contains("got apiVersion <missing> kind Pod"));
         assert!(err("not json").contains("the output is not JSON"));
         assert!(err(r#"{"apiVersion":"v1","kind":"Pod"} x"#).contains("the output is not JSON"));
         let wrong = err(r#"{"apiVersion":"v1","kind":"Pod","spec":{"containers":"c"}}"#);
