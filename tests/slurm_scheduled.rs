@@ -389,8 +389,9 @@ async fn a_begun_window_rolls_the_pods_and_a_job_keeps_its_pod() -> Result<()> {
         }
         ensure!(
             tokio::time::Instant::now() < deadline,
-            "the NodeSet stays: finalizers {f:?}, reservation {}",
-            show_reservation(&h).await
+            "the NodeSet stays: finalizers {f:?}, reservation {}; nodes {:?}",
+            show_reservation(&h).await,
+            h.nodes(None).await
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

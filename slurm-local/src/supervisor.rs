@@ -74,6 +74,7 @@ impl Shared {
             attached: None,
             pods: BTreeMap::new(),
             others: BTreeMap::new(),
+            successors: BTreeMap::new(),
             services: BTreeMap::new(),
             init_pods: None,
             init_services: None,

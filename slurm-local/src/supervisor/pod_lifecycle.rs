@@ -41,12 +41,16 @@ impl Shared {
                         self.pod_gone(st, &uid);
                     }
                     st.others.retain(|u, _| seen.contains(u));
+                    st.successors
+                        .retain(|_, p| p.metadata.uid.as_ref().is_some_and(|u| seen.contains(u)));
                 }
             }
             watcher::Event::Apply(p) => self.pod_applied(st, p),
             watcher::Event::Delete(p) => {
                 if let Some(uid) = p.metadata.uid.clone() {
                     st.others.remove(&uid);
+                    st.successors
+                        .retain(|_, p| p.metadata.uid.as_deref() != Some(uid.as_str()));
                     if let Some(e) = st.pods.get_mut(&uid) {
                         e.pod = p;
                     }
@@ -90,6 +94,8 @@ impl Shared {
             tracing::warn!(pod = %pod.name_any(), "a Slurm pod without a spec or containers is not run");
             return;
         };
+        // This copy is newer than one kept waiting for its predecessor.
+        let waited = st.successors.remove(&plan.name).is_some();
         // A pod re-created under a name whose deletion the watch did not show: the old one goes.
         let replaced: Vec<String> = st
             .pods
@@ -99,6 +105,19 @@ impl Shared {
             .collect();
         for old in replaced {
             self.pod_gone(st, &old);
+        }
+        // Its predecessor's daemon is still stopping: a kubelet never meets this (the API keeps a
+        // pod until its kubelet has stopped the containers, and a StatefulSet makes the next one
+        // only then), but the embedded API server's simulated kubelet ends grace periods early.
+        // Two slurmctlds on one state directory lose what the last one saves at its exit (a
+        // dynamic node registered meanwhile, unlisted then until SlurmdTimeout): the new daemon
+        // starts once the old one has stopped.
+        if st.pods.values().any(|e| e.plan.name == plan.name) {
+            if !waited {
+                tracing::info!(pod = %plan.name, "waits for the daemon of its predecessor of the same name to stop");
+            }
+            st.successors.insert(plan.name.clone(), pod);
+            return;
         }
         let Some(host) = allocate(st, &plan.name) else {
             tracing::error!(pod = %plan.name, "{}", Error::NoAddress { subnet: prefix_str(&self.net) });
@@ -215,6 +234,9 @@ impl Shared {
         }
         st.used_hosts.remove(&e.host);
         tracing::info!(pod = %e.plan.name, "the pod is gone: its sandbox is removed");
+        if let Some(next) = st.successors.remove(&e.plan.name) {
+            self.pod_applied(st, next);
+        }
     }
 
     pub(super) fn exited(&self, st: &mut State, key: ProcKey, incarnation: u64, status: Option<ExitStatus>) {

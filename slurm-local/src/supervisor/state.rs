@@ -167,6 +167,9 @@ pub(crate) struct State {
     /// The namespace's other pods, by UID (one becomes a pod the harness runs when the
     /// Controller's `accountingRef` comes to name its Accounting).
     pub(super) others: BTreeMap<String, Pod>,
+    /// Pods that came under the name of one whose daemon is still stopping, by name: each is
+    /// taken up once its predecessor is torn down (see `pod_applied`).
+    pub(super) successors: BTreeMap<String, Pod>,
     pub services: BTreeMap<String, Service>,
     /// UIDs and names seen during a watch's initial list.
     pub(super) init_pods: Option<BTreeSet<String>>,
