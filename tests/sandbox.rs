@@ -868,3 +868,58 @@ fn calls_past_the_concurrency_limit_wait_for_a_slot_on_either_tier() -> Result<(
     }
     Ok(())
 }
+
+/// A freed pool slot keeps the pages its call touched: with two call slots, calls of five
+/// components one after another come to hold two idle memory slots, not one each (wasmtime's
+/// default takes a never-used slot before one another component used: over a long run every
+/// slot of the pool stays resident).
+#[test]
+fn the_plugin_pool_keeps_no_more_idle_slots_resident_than_calls_may_run_at_once() -> Result<()> {
+    let engine = EngineHandle::new(RuntimeConfig {
+        max_concurrent_calls: 2,
+        tiering: Tiering::Optimized,
+        cache_dir: Some(slinky_tests::cache_dir()),
+        ..RuntimeConfig::default()
+    })?;
+    let Some(before) = engine.pool_resident() else {
+        bail!(
+            "the pooling allocator is unavailable on this machine ({:?}): nothing to test",
+            engine.allocator()
+        );
+    };
+    ensure!(before.warm_memories == 0, "a new pool holds {before:?}");
+    let registry = slinky_host::PluginRegistry::new(&engine, &[])?;
+    let (nodeset, controller) = example_objects()?;
+    let (ns, ctl) = (
+        serde_json::to_string(&nodeset)?,
+        serde_json::to_string(&controller)?,
+    );
+    let restapi = serde_json::to_string(
+        &slinky_api::contract::example_restapi().map_err(|e| anyhow::anyhow!("{e:?}"))?,
+    )?;
+    let ctx = BuildContext::default();
+    for _ in 0..3 {
+        registry
+            .active(BuilderKind::ControllerService)
+            .build_service_raw(&ctx, &ctl)?;
+        registry
+            .active(BuilderKind::NodesetPod)
+            .build_pod_raw(&ctx, &ns, &ctl, &identity(&nodeset))?;
+        registry
+            .active(BuilderKind::ControllerChildren)
+            .build_controller_children_raw(&ctx, &ctl, &Default::default())?;
+        registry
+            .active(BuilderKind::NodesetChildren)
+            .build_nodeset_children_raw(&ctx, &ns, &ctl)?;
+        registry
+            .active(BuilderKind::RestapiChildren)
+            .build_restapi_children_raw(&ctx, &restapi, &ctl)?;
+    }
+    let after = engine.pool_resident().context("the pool is gone")?;
+    ensure!(
+        after.warm_memories == 2 && after.memory_bytes > 0,
+        "15 calls of 5 components, one at a time, hold {after:?}: two slots (the calls' own), reused, \
+         were expected"
+    );
+    Ok(())
+}

@@ -50,7 +50,7 @@ pub use builder::Builder;
 pub use child::{Child, ChildKind, MAX_CHILDREN, Ownership};
 pub use engine::{
     Allocator, CallStats, CompileSource, DEFAULT_CONCURRENT_CALLS, DEFAULT_KEEP_RESIDENT, EngineHandle,
-    RuntimeConfig, Tier, Tiering, default_cache_dir,
+    PoolResident, RuntimeConfig, Tier, Tiering, default_cache_dir,
 };
 pub use error::{GuestError, PluginError, TrapCause};
 pub use module_bytes::{digest, gunzip, gunzip_if_gzipped, with_custom_section};

@@ -156,8 +156,8 @@ struct Running {
     handles: reconcile::Handles,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
-    /// Kept for as long as the host runs.
-    _engine: Arc<EngineHandle>,
+    /// Kept for as long as the host runs (its plugin pool is read at the end).
+    engine: Arc<EngineHandle>,
 }
 
 impl Running {
@@ -183,7 +183,7 @@ impl Running {
             handles,
             stop,
             task,
-            _engine: engine,
+            engine,
         })
     }
 
@@ -359,6 +359,14 @@ pub(crate) async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf
         handles.pods.state().len(),
         std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "unset".into())
     );
+    if let Some(pool) = host.engine.pool_resident() {
+        println!(
+            "  plugin pool: {} idle memory slots holding {:.1} MiB, tables {:.1} MiB",
+            pool.warm_memories,
+            pool.memory_bytes as f64 / f64::from(1 << 20),
+            pool.table_bytes as f64 / f64::from(1 << 20)
+        );
+    }
     let pod = template_pod(&plain, &s, handles).await?;
     std::fs::write(&result, serde_json::to_vec(&HostResult { seconds, pod })?)?;
     host.stop().await;

@@ -192,6 +192,17 @@ pub struct EngineHandle {
     optimizer: Mutex<Option<std::sync::mpsc::Sender<OptimizeJob>>>,
 }
 
+/// The pooling allocator's memory held in slots no call uses ([`EngineHandle::pool_resident`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolResident {
+    /// Linear-memory slots freed with pages still resident.
+    pub warm_memories: u32,
+    /// Bytes resident in those linear memories.
+    pub memory_bytes: usize,
+    /// Bytes resident in freed tables.
+    pub table_bytes: usize,
+}
+
 /// Work for the background optimizer thread.
 pub(crate) type OptimizeJob = Box<dyn FnOnce() + Send>;
 
@@ -269,6 +280,14 @@ impl EngineHandle {
                 .max_memory_size(config.memory_limit.max(MIN_POOLED_MEMORY))
                 .linear_memory_keep_resident(config.keep_resident)
                 .table_keep_resident(config.keep_resident.min(1 << 20))
+                // A slot freed keeps what its call touched of the resident part (above).
+                // wasmtime's default (100 idle "warm" slots, more than the pool has) takes a
+                // never-used slot before one another component used, so over a long run every
+                // memory slot of the pool ends up resident. With as many warm slots as calls, a
+                // call takes its own component's idle slot, else a fresh one while fewer than
+                // `slots` idle ones are kept, else the least recently used: at most twice the
+                // calls' slots are ever resident, and each bundled builder keeps a slot its own.
+                .max_unused_warm_slots(slots)
                 .pagemap_scan(if config.pagemap_scan {
                     wasmtime::Enabled::Auto
                 } else {
@@ -432,6 +451,16 @@ impl EngineHandle {
     /// The allocator in use.
     pub fn allocator(&self) -> Allocator {
         self.allocator
+    }
+
+    /// What the pooling allocator keeps resident in slots no call uses now (`None` on demand).
+    pub fn pool_resident(&self) -> Option<PoolResident> {
+        let m = self.engine.pooling_allocator_metrics()?;
+        Some(PoolResident {
+            warm_memories: m.unused_warm_memories(),
+            memory_bytes: m.unused_memory_bytes_resident(),
+            table_bytes: m.unused_table_bytes_resident(),
+        })
     }
 
     /// Counters of the calls made.
