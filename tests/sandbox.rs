@@ -496,11 +496,24 @@ fn precompiled_artifacts_are_reused_and_keyed_by_digest() -> Result<()> {
         files[0].starts_with(first.digest()) && files[0].ends_with(".cwasm"),
         "{files:?}"
     );
+    // Served mapped from the file, once stored as once loaded (its code pages are the file's:
+    // only those a call runs are resident).
+    let stored = dir.path().join(&files[0]);
+    let mappings = std::fs::read_to_string("/proc/self/maps")?
+        .lines()
+        .filter(|l| l.ends_with(&*stored.to_string_lossy()))
+        .count();
+    ensure!(mappings > 0, "{} is not mapped", stored.display());
 
     // A corrupt artifact is discarded and recompiled, not trusted.
     let garbage = dir.path().join("garbage.tmp");
     std::fs::write(&garbage, b"garbage")?;
-    std::fs::rename(&garbage, dir.path().join(&files[0]))?;
+    std::fs::rename(&garbage, &stored)?;
+    // What the file held before stays mapped, whole: a rename over it (as the host stores an
+    // artifact) leaves the mapped file as it was.
+    let (nodeset, controller) = example_objects()?;
+    build(&first, &nodeset, &controller)?;
+    build(&second, &nodeset, &controller)?;
     let fourth_engine = slinky_host::plugins::EngineHandle::new(slinky_host::plugins::RuntimeConfig {
         cache_dir: Some(dir.path().to_path_buf()),
         tiering: Tiering::Optimized,

@@ -353,8 +353,10 @@ pub(crate) async fn host_child(s: Scenario, kubeconfig: PathBuf, result: PathBuf
         steady_state(&plain, &s, handles, &requests, true).await?;
     }
     println!(
-        "  host RSS: {:.0} MiB now, {:.0} MiB peak ({} pods cached; MALLOC_ARENA_MAX={})",
+        "  host RSS: {:.0} MiB now ({:.0} anonymous, {:.0} file), {:.0} MiB peak ({} pods cached; MALLOC_ARENA_MAX={})",
         rss_mib("VmRSS:"),
+        rss_mib("RssAnon:"),
+        rss_mib("RssFile:"),
         rss_mib("VmHWM:"),
         handles.pods.state().len(),
         std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "unset".into())

@@ -17,7 +17,7 @@ use kube::{
 };
 use slinky_host::reconcile;
 
-/// The process's RSS field (`VmRSS:`, `VmHWM:`) in MiB.
+/// A size field of the process's `/proc/self/status` (`VmRSS:`, `VmHWM:`, `RssAnon:` …) in MiB.
 pub(crate) fn rss_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
