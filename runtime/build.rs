@@ -27,7 +27,15 @@ fn main() {
         ("SLINKY_BUNDLED_LOGINSET_CHILDREN", "loginset_children.wasm"),
         ("SLINKY_BUNDLED_ACCOUNTING_CHILDREN", "accounting_children.wasm"),
     ] {
-        println!("cargo:rustc-env={var}={}", out.join(file).display());
+        let path = out.join(file);
+        println!("cargo:rustc-env={var}={}", path.display());
+        // Its sha256, as `slinky_runtime::digest` gives it (an unreadable file fails at
+        // `include_bytes!` with its path).
+        use sha2::Digest as _;
+        let digest = std::fs::read(&path)
+            .map(|b| hex::encode(sha2::Sha256::digest(&b)))
+            .unwrap_or_default();
+        println!("cargo:rustc-env={var}_SHA256={digest}");
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=wasm_build.rs");

@@ -182,8 +182,33 @@ impl Plugin {
         bytes: &[u8],
         source: PluginSource,
     ) -> Result<Plugin, PluginError> {
+        Self::load_unoptimized_as(engine, bytes, digest(bytes), source)
+    }
+
+    /// A bundled builder (its digest computed by the build): with its optimized code in the
+    /// cache, none of its bytes but the header are read.
+    ///
+    /// # Errors
+    /// As [`Plugin::load_file`].
+    pub(crate) fn load_bundled(
+        engine: &Arc<EngineHandle>,
+        kind: crate::BuilderKind,
+    ) -> Result<Plugin, PluginError> {
+        let bytes = crate::bundled::bundled_bytes(kind);
+        let digest = crate::bundled::bundled_digest(kind).to_string();
+        let plugin = Self::load_unoptimized_as(engine, bytes, digest, PluginSource::Bundled)?;
+        plugin.optimize_in_background(bytes);
+        Ok(plugin)
+    }
+
+    /// [`Plugin::load_unoptimized`] of bytes whose sha256 is `digest`.
+    fn load_unoptimized_as(
+        engine: &Arc<EngineHandle>,
+        bytes: &[u8],
+        digest: String,
+        source: PluginSource,
+    ) -> Result<Plugin, PluginError> {
         let label = source.to_string();
-        let digest = digest(bytes);
         let refused = |reason: String| PluginError::Refused {
             plugin: label.clone(),
             reason,

@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use super::{
-    BuilderKind, EngineHandle, Plugin, PluginError, PluginSource,
-    bundled::{KINDS, bundled_bytes},
+    BuilderKind, EngineHandle, Plugin, PluginError,
+    bundled::KINDS,
     metrics::ReloadMetrics,
     pipeline::{Pipeline, Step},
 };
@@ -128,7 +128,7 @@ impl PluginRegistry {
         let slot = |chosen: Option<Plugin>, kind| -> Result<Slot, PluginError> {
             let base = match chosen {
                 Some(p) => p,
-                None => Plugin::load(engine, bundled_bytes(kind), PluginSource::Bundled)?,
+                None => Plugin::load_bundled(engine, kind)?,
             };
             Ok(Slot {
                 active: RwLock::new((base.clone(), now_rfc3339())),
@@ -338,6 +338,7 @@ impl PluginRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundled::bundled_bytes;
 
     fn contains(haystack: &[u8], needle: &[u8]) -> bool {
         !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
