@@ -27,14 +27,21 @@ fn main() {
         ("SLINKY_BUNDLED_LOGINSET_CHILDREN", "loginset_children.wasm"),
         ("SLINKY_BUNDLED_ACCOUNTING_CHILDREN", "accounting_children.wasm"),
     ] {
-        let path = out.join(file);
-        println!("cargo:rustc-env={var}={}", path.display());
-        // Its sha256, as `slinky_runtime::digest` gives it (an unreadable file fails at
-        // `include_bytes!` with its path).
+        // A copy of this build's own, embedded and hashed: the guests' directory is shared by
+        // every profile, and another build could rewrite a file between the hash and
+        // `include_bytes!`. Its sha256 is hex, as `slinky_runtime::digest` gives it.
+        let copy = PathBuf::from(env::var("OUT_DIR").unwrap_or_default()).join(file);
+        let bytes = std::fs::read(out.join(file)).unwrap_or_else(|e| {
+            eprintln!("cannot read the bundled plugin {}: {e}", out.join(file).display());
+            std::process::exit(1);
+        });
+        if let Err(e) = std::fs::write(&copy, &bytes) {
+            eprintln!("cannot write {}: {e}", copy.display());
+            std::process::exit(1);
+        }
         use sha2::Digest as _;
-        let digest = std::fs::read(&path)
-            .map(|b| hex::encode(sha2::Sha256::digest(&b)))
-            .unwrap_or_default();
+        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        println!("cargo:rustc-env={var}={}", copy.display());
         println!("cargo:rustc-env={var}_SHA256={digest}");
     }
     println!("cargo:rerun-if-changed=build.rs");

@@ -101,12 +101,15 @@ impl EngineHandle {
             .write(true)
             .open(path)
             .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-        let mapped = match self.deserialize_file(path) {
-            Ok(c) => return Some(c),
-            Err(e) => e,
-        };
-        // A file system mounted `noexec` refuses executable mappings: a read copy serves.
-        tracing::debug!(path = %path.display(), error = %mapped, "cannot map the precompiled component: reading it");
+        if path.parent().is_some_and(local_file_system) {
+            match self.deserialize_file(path) {
+                Ok(c) => return Some(c),
+                // A file system mounted `noexec` refuses executable mappings: a read copy serves.
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "cannot map the precompiled component: reading it");
+                }
+            }
+        }
         let bytes = std::fs::read(path).ok()?;
         match self.deserialize(&bytes, &path.display().to_string()) {
             Ok(c) => Some(c),
@@ -126,9 +129,10 @@ impl EngineHandle {
         // SAFETY: as `deserialize` for the contents. Mapped, the file must also not be truncated
         // or written in place while the component lives (a page past a truncation is SIGBUS).
         // The host never does either: an artifact is written to a unique temporary file and
-        // renamed over (the mapped inode stays as it was), and pruning unlinks (the same). Who
-        // else can write the host's private cache directory can already give it native code to
-        // run: mapping widens no trust.
+        // renamed over (the mapped inode stays as it was), and pruning unlinks (the same; on a
+        // local file system only, see `local_file_system`). Who else can write the host's
+        // private cache directory can already give it native code to run: mapping widens no
+        // trust.
         unsafe { Component::deserialize_file(&self.engine, path) }.map_err(|e| PluginError::Compile {
             plugin: path.display().to_string(),
             reason: format!("{e:#}"),
@@ -149,6 +153,43 @@ impl EngineHandle {
             reason: format!("{e:#}"),
         })
     }
+}
+
+/// Whether artifacts in `dir` may be mapped: only on a local file system. On a network one (NFS,
+/// SMB, Ceph, FUSE: the chart's ReadWriteMany cache shared by replicas on several nodes) another
+/// node's unlink or rename drops the file at the server, and a later page-in of a mapped page is
+/// SIGBUS; a read copy is served there.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code, reason = "statfs(2) into a zeroed struct it fills")]
+#[allow(clippy::useless_conversion, reason = "`f_type` is an i32 on 32-bit targets")]
+fn local_file_system(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    /// ext2/3/4, XFS, Btrfs, tmpfs, overlayfs (a container's own file system), ZFS, F2FS.
+    const LOCAL: [i64; 7] = [
+        0xEF53,
+        0x5846_5342,
+        0x9123_683E,
+        0x0102_1994,
+        0x794C_7630,
+        0x2FC1_2FC1,
+        0xF2F5_2010,
+    ];
+    let Ok(c_path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `statfs` reads the NUL-terminated path and writes only into `st`, a plain C struct
+    // for which all zeroes is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    LOCAL.contains(&i64::from(st.f_type))
+}
+
+/// Elsewhere, artifacts are read, never mapped.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn local_file_system(_dir: &Path) -> bool {
+    false
 }
 
 /// Where a compiled component came from.
@@ -267,5 +308,18 @@ mod tests {
         prune(&new, 10);
         assert!(new.exists() && !used.exists());
         Ok(())
+    }
+
+    /// Only a local file system's artifacts are mapped: procfs and sysfs stand in for the
+    /// network ones (NFS, SMB, FUSE), which a test cannot mount.
+    #[test]
+    fn artifacts_are_mapped_from_local_file_systems_only() {
+        assert!(!local_file_system(Path::new("/proc")));
+        assert!(!local_file_system(Path::new("/sys")));
+        assert!(!local_file_system(Path::new("/no/such/directory")));
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            // Where the tests are built: ext4, XFS, Btrfs or overlayfs on every machine here.
+            assert!(local_file_system(Path::new(env!("CARGO_MANIFEST_DIR"))));
+        }
     }
 }

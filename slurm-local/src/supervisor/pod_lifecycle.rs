@@ -35,14 +35,15 @@ impl Shared {
             }
             watcher::Event::InitDone => {
                 if let Some(seen) = st.init_pods.take() {
+                    // Before the gone ones are torn down: their teardown starts a successor.
+                    st.successors
+                        .retain(|_, p| p.metadata.uid.as_ref().is_some_and(|u| seen.contains(u)));
                     let missing: Vec<String> =
                         st.pods.keys().filter(|u| !seen.contains(*u)).cloned().collect();
                     for uid in missing {
                         self.pod_gone(st, &uid);
                     }
                     st.others.retain(|u, _| seen.contains(u));
-                    st.successors
-                        .retain(|_, p| p.metadata.uid.as_ref().is_some_and(|u| seen.contains(u)));
                 }
             }
             watcher::Event::Apply(p) => self.pod_applied(st, p),
@@ -67,6 +68,12 @@ impl Shared {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
+        // This copy is newer than one kept waiting for its predecessor (and when it is deleted,
+        // finished or no Slurm pod, the waiting one must not start).
+        let before = st.successors.len();
+        st.successors
+            .retain(|_, p| p.metadata.uid.as_deref() != Some(uid.as_str()));
+        let waited = st.successors.len() != before;
         let Some(role) = podspec::role_of(&pod, &a.controller, st.accounting.as_deref()) else {
             if !st.pods.contains_key(&uid) {
                 st.others.insert(uid, pod);
@@ -94,8 +101,8 @@ impl Shared {
             tracing::warn!(pod = %pod.name_any(), "a Slurm pod without a spec or containers is not run");
             return;
         };
-        // This copy is newer than one kept waiting for its predecessor.
-        let waited = st.successors.remove(&plan.name).is_some();
+        // One of another UID waiting under this name was deleted meanwhile.
+        st.successors.remove(&plan.name);
         // A pod re-created under a name whose deletion the watch did not show: the old one goes.
         let replaced: Vec<String> = st
             .pods
