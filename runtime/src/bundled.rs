@@ -18,19 +18,6 @@ pub const LOGINSET_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_LOGINSE
 /// The bundled `accounting-children` component.
 pub const ACCOUNTING_CHILDREN: &[u8] = include_bytes!(env!("SLINKY_BUNDLED_ACCOUNTING_CHILDREN"));
 
-/// The sha256 of each bundled component (hex, as [`crate::digest`] gives it), computed by the
-/// build script: loading a bundled builder whose compiled code is in the cache reads none of its
-/// bytes (hashing them at each start kept their ~8 MiB of the binary resident).
-const DIGESTS: [&str; 7] = [
-    env!("SLINKY_BUNDLED_CONTROLLER_SERVICE_SHA256"),
-    env!("SLINKY_BUNDLED_NODESET_POD_SHA256"),
-    env!("SLINKY_BUNDLED_CONTROLLER_CHILDREN_SHA256"),
-    env!("SLINKY_BUNDLED_NODESET_CHILDREN_SHA256"),
-    env!("SLINKY_BUNDLED_RESTAPI_CHILDREN_SHA256"),
-    env!("SLINKY_BUNDLED_LOGINSET_CHILDREN_SHA256"),
-    env!("SLINKY_BUNDLED_ACCOUNTING_CHILDREN_SHA256"),
-];
-
 /// Every builder kind.
 pub const KINDS: [BuilderKind; 7] = BuilderKind::ALL;
 
@@ -47,18 +34,19 @@ pub fn bundled_bytes(kind: BuilderKind) -> &'static [u8] {
     }
 }
 
-/// The sha256 of the bundled component for a kind (see [`DIGESTS`]).
+/// The sha256 of the bundled component for a kind (hex, as [`crate::digest`] gives it), computed
+/// by the build script: loading a bundled builder whose compiled code is in the cache reads none of
+/// its bytes (hashing them at each start kept their ~8 MiB of the binary resident).
 pub fn bundled_digest(kind: BuilderKind) -> &'static str {
-    let i = match kind {
-        BuilderKind::ControllerService => 0,
-        BuilderKind::NodesetPod => 1,
-        BuilderKind::ControllerChildren => 2,
-        BuilderKind::NodesetChildren => 3,
-        BuilderKind::RestapiChildren => 4,
-        BuilderKind::LoginsetChildren => 5,
-        BuilderKind::AccountingChildren => 6,
-    };
-    DIGESTS[i]
+    match kind {
+        BuilderKind::ControllerService => env!("SLINKY_BUNDLED_CONTROLLER_SERVICE_SHA256"),
+        BuilderKind::NodesetPod => env!("SLINKY_BUNDLED_NODESET_POD_SHA256"),
+        BuilderKind::ControllerChildren => env!("SLINKY_BUNDLED_CONTROLLER_CHILDREN_SHA256"),
+        BuilderKind::NodesetChildren => env!("SLINKY_BUNDLED_NODESET_CHILDREN_SHA256"),
+        BuilderKind::RestapiChildren => env!("SLINKY_BUNDLED_RESTAPI_CHILDREN_SHA256"),
+        BuilderKind::LoginsetChildren => env!("SLINKY_BUNDLED_LOGINSET_CHILDREN_SHA256"),
+        BuilderKind::AccountingChildren => env!("SLINKY_BUNDLED_ACCOUNTING_CHILDREN_SHA256"),
+    }
 }
 
 #[cfg(test)]
