@@ -232,6 +232,14 @@ fn base_config(runtime: &RuntimeConfig) -> Config {
     config
 }
 
+/// `engine`'s compatibility hash, as the cache files' names carry it: artifacts one engine
+/// compiled load on another with the same hash.
+pub(crate) fn compat_of(engine: &Engine) -> String {
+    let mut hasher = DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
 /// Give the heap a compile freed back to the system. A Cranelift compile allocates hundreds of
 /// MiB and frees them; glibc's malloc keeps freed memory for later use, so after the bundled
 /// builders' cold start the host stayed at 388 MiB resident where a warm start needs 89 (measured
@@ -309,9 +317,7 @@ impl EngineHandle {
             Tiering::Optimized => None,
             Tiering::Tiered | Tiering::Baseline => Self::baseline_engine(&config),
         };
-        let mut hasher = DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut hasher);
-        let compat = format!("{:016x}", hasher.finish());
+        let compat = compat_of(&engine);
 
         let ticker_stop = Arc::new(AtomicBool::new(false));
         let weak_engines: Vec<_> = std::iter::once(&engine)
