@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::{apps::v1::StatefulSet, core::v1::Pod};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -122,25 +122,61 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
     Ok(seconds)
 }
 
-/// Deletes namespace `ns` of a real API server (the finalizers of its NodeSets, Controllers and
-/// claims dropped first: no host runs any more) and waits up to two minutes for it to be gone.
+/// Deletes namespace `ns` of a real API server and waits until it is gone, so the next side
+/// starts on an API server without it. Its NodeSets', Controllers' and claims' finalizers are
+/// dropped (no host runs any more), and its pods are deleted here, 32 at a time, before the
+/// namespace: the namespace controller deletes them one by one (kube-apiserver's single
+/// delete-collection worker), which took minutes for 10,000, and rounds ran beside it. No
+/// controller is left to replace them (the host child has ended, kcm was stopped).
 pub(crate) async fn delete_namespace(client: &Client, ns: &str) {
+    let t = Instant::now();
+    drop_finalizers::<NodeSet>(client, ns).await;
+    drop_finalizers::<Controller>(client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let names: Vec<String> = match pods.list_metadata(&Default::default()).await {
+        Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),
+        Err(e) => {
+            println!("  (cannot list the pods of {ns}: {e}; the namespace controller deletes them)");
+            Vec::new()
+        }
+    };
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    futures::stream::iter(names)
+        .map(|name| {
+            let (pods, now) = (pods.clone(), now.clone());
+            async move { pods.delete(&name, &now).await.err().map(|e| (name, e)) }
+        })
+        .buffer_unordered(32)
+        .filter_map(futures::future::ready)
+        .for_each(|(name, e)| {
+            if !matches!(&e, kube::Error::Api(s) if s.code == 404) {
+                println!("  (cannot delete pod {name}: {e})");
+            }
+            futures::future::ready(())
+        })
+        .await;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
     let _ = namespaces.delete(ns, &DeleteParams::default()).await;
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(120) {
+    let limit = Duration::from_secs(600);
+    while t.elapsed() < limit {
         // Again each time: a StatefulSet's claim may appear after the delete.
         drop_finalizers::<NodeSet>(client, ns).await;
         drop_finalizers::<Controller>(client, ns).await;
-        // No pvc-protection controller runs beside realkube: its finalizer would hold the
-        // namespace.
+        // A claim's pvc-protection finalizer: dropped rather than waited for (a realkube
+        // started without that controller never removes it).
         drop_finalizers::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(client, ns).await;
         if let Ok(None) = namespaces.get_opt(ns).await {
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!("  (namespace {ns} is still there after 120 s: the next round runs beside it)");
+    println!(
+        "  (namespace {ns} is still there after {} s: the next round runs beside it)",
+        limit.as_secs()
+    );
 }
 
 /// Drops the finalizers of every `K` in namespace `ns`.

@@ -15,6 +15,9 @@
 //! as their template) to the same pods in the same run: the ratio host/kcm is printed. Without
 //! it, the embedded API server (simulated pod readiness) serves, and there is no ratio.
 //!
+//! The bundled builders' optimized code is put in the plugin cache first (compiled when it is
+//! missing), so every round's host starts warm, as a host with its cache does.
+//!
 //! Each host runs in a child process of its own (this binary again, `BENCH_CHILD`), so its RSS
 //! is the host's alone (with the embedded server, the server runs in the parent).
 //!
@@ -271,7 +274,28 @@ fn print_medians(figures: &[(f64, f64)]) {
     );
 }
 
+/// Compiles the bundled builders with Cranelift into the plugin cache the host children load
+/// from (`default_cache_dir`), so that every round's host starts as a host with its cache does.
+/// On an empty cache (a fresh machine) the first round's host compiled them in the background
+/// during its scale-up: 13.8 s of its CPU instead of ~3, and 295 MiB resident instead of 85.
+fn warm_plugin_cache() -> anyhow::Result<()> {
+    use slinky_host::plugins::{EngineHandle, PluginRegistry, RuntimeConfig, Tiering, default_cache_dir};
+    let t = std::time::Instant::now();
+    let engine = EngineHandle::new(RuntimeConfig {
+        tiering: Tiering::Optimized,
+        ..RuntimeConfig::default()
+    })?;
+    drop(PluginRegistry::new(&engine, &[])?);
+    println!(
+        "plugin cache {}: the bundled builders' optimized code ready in {:.1} s",
+        default_cache_dir().map_or_else(|| "(none)".into(), |d| d.display().to_string()),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 async fn parent() -> anyhow::Result<()> {
+    warm_plugin_cache()?;
     let target = Target::start().await?;
     let kubeconfig = target.kubeconfig();
     let client = client_from(&kubeconfig, Arc::default()).await?;

@@ -48,9 +48,18 @@ fn server_pid(file: &str) -> Option<String> {
     Some(pid.trim().to_string())
 }
 
-/// The machine's idle and total CPU ticks so far (`/proc/stat`'s first line; idle counts
-/// iowait too).
-fn machine_ticks() -> (f64, f64) {
+/// The machine's CPU ticks so far (`/proc/stat`'s first line, every core, 100 a second).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct MachineTicks {
+    /// Idle (iowait included).
+    idle: f64,
+    /// Taken by the hypervisor for other guests (`steal`): time this machine's cores lost.
+    steal: f64,
+    /// All of them.
+    total: f64,
+}
+
+fn machine_ticks() -> MachineTicks {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let ticks: Vec<f64> = stat
         .lines()
@@ -60,8 +69,13 @@ fn machine_ticks() -> (f64, f64) {
         .skip(1)
         .filter_map(|v| v.parse().ok())
         .collect();
-    let idle = ticks.get(3).copied().unwrap_or(0.0) + ticks.get(4).copied().unwrap_or(0.0);
-    (idle, ticks.iter().sum())
+    let at = |i: usize| ticks.get(i).copied().unwrap_or(0.0);
+    MachineTicks {
+        idle: at(3) + at(4),
+        steal: at(7),
+        // guest and guest_nice (8, 9) are already counted in user and nice.
+        total: ticks.iter().take(8).sum(),
+    }
 }
 
 /// CPU counters at the start of a scale-up ([`cpu_now`]), for [`cpu_note`].
@@ -71,7 +85,7 @@ pub(crate) struct CpuBefore {
     pub(crate) ours: f64,
     pub(crate) server: f64,
     pub(crate) etcd: f64,
-    pub(crate) machine: (f64, f64),
+    pub(crate) machine: MachineTicks,
     /// etcd's puts and WAL fsyncs so far ([`etcd_writes`]).
     pub(crate) etcd_writes: Option<(f64, f64)>,
 }
@@ -128,8 +142,14 @@ pub(crate) fn cpu_note(pid: &str, who: &str, before: CpuBefore) -> String {
         return format!("CPU: {ours:.1} s {who} (the embedded API server runs in the parent)");
     };
     let etcd = server_pid("etcd.pid").map_or(0.0, |p| cpu_seconds(&p) - before.etcd);
-    let (idle, total) = machine_ticks();
-    let idle_share = (idle - before.machine.0) / (total - before.machine.1).max(1.0);
+    let now = machine_ticks();
+    let total = (now.total - before.machine.total).max(1.0);
+    let idle_share = (now.idle - before.machine.idle) / total;
+    // What else ran meanwhile (the pod count, the bench, the other controllers, the kernel's
+    // interrupts), and what the hypervisor took: a round's time moves with both.
+    let busy = (total - (now.idle - before.machine.idle) - (now.steal - before.machine.steal)) / 100.0;
+    let rest = busy - ours - server - etcd;
+    let steal = (now.steal - before.machine.steal) / 100.0;
     let syncs = before
         .etcd_writes
         .zip(etcd_writes())
@@ -142,7 +162,7 @@ pub(crate) fn cpu_note(pid: &str, who: &str, before: CpuBefore) -> String {
         })
         .unwrap_or_default();
     format!(
-        "CPU: {ours:.1} s {who}, {server:.1} s kube-apiserver's, {etcd:.1} s etcd's; the machine {:.0} % idle{syncs}",
+        "CPU: {ours:.1} s {who}, {server:.1} s kube-apiserver's, {etcd:.1} s etcd's, {rest:.1} s the rest's; the machine {:.0} % idle, {steal:.1} s stolen{syncs}",
         idle_share * 100.0
     )
 }
