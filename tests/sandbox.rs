@@ -1001,8 +1001,8 @@ fn a_compile_leaves_no_compiler_memory_in_the_serving_engine() -> Result<()> {
         .parse()?;
     ensure!(
         growth < 64.0,
-        "compiling the pod builder left {line} MiB more anonymous memory resident: the serving \
-         engine kept the compiler's buffers"
+        "compiling the pod builder left {growth:.1} MiB more anonymous memory resident ({line}): the \
+         serving engine kept the compiler's buffers, or the freed heap was not handed back"
     );
     Ok(())
 }

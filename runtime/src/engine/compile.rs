@@ -58,15 +58,23 @@ impl EngineHandle {
     /// warm cache). Where no such engine can be made, or its hash differs, the serving engine
     /// compiles.
     fn precompile(&self, name: &str, bytes: &[u8]) -> Result<Vec<u8>, PluginError> {
-        let apart = Engine::new(&optimized_config(&self.config))
-            .ok()
-            .filter(|e| compat_of(e) == self.compat);
-        if apart.is_none() {
-            tracing::debug!(
-                plugin = name,
-                "compiling on the serving engine (no engine of the same configuration apart)"
-            );
-        }
+        let apart = match Engine::new(&optimized_config(&self.config)) {
+            Ok(e) if compat_of(&e) == self.compat => Some(e),
+            Ok(_) => {
+                tracing::warn!(
+                    plugin = name,
+                    "an engine made for the compile has another compatibility hash: compiling on the \
+                     serving engine, which keeps the compiler's buffers afterwards"
+                );
+                None
+            }
+            Err(error) => {
+                tracing::warn!(plugin = name, error = %format!("{error:#}"),
+                    "cannot make an engine for the compile: compiling on the serving engine, which keeps \
+                     the compiler's buffers afterwards");
+                None
+            }
+        };
         apart
             .as_ref()
             .unwrap_or(&self.engine)

@@ -381,8 +381,8 @@ impl EngineHandle {
         }
     }
 
-    /// Queue `job` for the background optimizer: one thread, one Cranelift compile at a time (it
-    /// compiles in parallel itself), so versions landing together do not pile up compiles that
+    /// Queue `job` for the background optimizer: one thread, one Cranelift compile at a time (on one
+    /// thread with tiering: see `optimized_config`), so versions landing together do not pile up compiles that
     /// fight each other and the reconciles for two cores; a job whose plugin is gone by its turn
     /// does nothing. The thread starts with the first job; a job that panics is logged and the
     /// thread goes on with the next (and is started again should it ever be gone).
