@@ -309,7 +309,6 @@ impl Plugin {
             let outcome = compiled
                 .and_then(|(component, from)| plugin.optimized_code(&component, from, compile_time))
                 .and_then(|code| plugin.check_optimized(code));
-            crate::engine::release_freed_memory();
             match outcome {
                 Ok(code) => {
                     plugin.set_code(code);

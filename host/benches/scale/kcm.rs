@@ -123,15 +123,14 @@ pub(crate) async fn kcm_run(client: &Client, dir: &Path, s: &Scenario, pod: &Val
 }
 
 /// Deletes namespace `ns` of a real API server and waits until it is gone, so the next side
-/// starts on an API server without it. Its NodeSets', Controllers' and claims' finalizers are
-/// dropped (no host runs any more), and its pods are deleted here, 32 at a time, before the
+/// starts on an API server without it. Its pods are deleted here, 32 at a time, before the
 /// namespace: the namespace controller deletes them one by one (kube-apiserver's single
 /// delete-collection worker), which took minutes for 10,000, and rounds ran beside it. No
-/// controller is left to replace them (the host child has ended, kcm was stopped).
+/// controller is left to replace them (the host child has ended, kcm was stopped). The
+/// finalizers of its NodeSets, Controllers and claims are dropped while it goes (no host runs
+/// any more).
 pub(crate) async fn delete_namespace(client: &Client, ns: &str) {
     let t = Instant::now();
-    drop_finalizers::<NodeSet>(client, ns).await;
-    drop_finalizers::<Controller>(client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let names: Vec<String> = match pods.list_metadata(&Default::default()).await {
         Ok(list) => list.items.iter().map(ResourceExt::name_any).collect(),

@@ -49,7 +49,7 @@ fn server_pid(file: &str) -> Option<String> {
 }
 
 /// The machine's CPU ticks so far (`/proc/stat`'s first line, every core, 100 a second).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 pub(crate) struct MachineTicks {
     /// Idle (iowait included).
     idle: f64,

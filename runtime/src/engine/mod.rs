@@ -243,7 +243,7 @@ pub(crate) fn compat_of(engine: &Engine) -> String {
 /// Give the heap a compile freed back to the system. A Cranelift compile allocates hundreds of
 /// MiB and frees them; glibc's malloc keeps freed memory for later use, so after the bundled
 /// builders' cold start the host stayed at 388 MiB resident where a warm start needs 89 (measured
-/// on the real node; 269 MiB after a trim). Called after each background compile.
+/// on the real node; 269 MiB after a trim). Called after each Cranelift compile.
 pub(crate) fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[allow(
@@ -381,9 +381,9 @@ impl EngineHandle {
         }
     }
 
-    /// Queue `job` for the background optimizer: one thread, one Cranelift compile at a time (on one
-    /// thread with tiering: see `optimized_config`), so versions landing together do not pile up compiles that
-    /// fight each other and the reconciles for two cores; a job whose plugin is gone by its turn
+    /// Queue `job` for the background optimizer: one thread, one Cranelift compile at a time (on
+    /// one thread with tiering: see `optimized_config`; the compile hands its freed heap back),
+    /// so versions landing together do not pile up compiles that fight each other and the reconciles for two cores; a job whose plugin is gone by its turn
     /// does nothing. The thread starts with the first job; a job that panics is logged and the
     /// thread goes on with the next (and is started again should it ever be gone).
     ///
