@@ -198,9 +198,11 @@ impl PluginRegistry {
             if active.0.digest() == plugin.digest() && active.0.source() == plugin.source() {
                 return Ok(plugin);
             }
-            std::mem::replace(&mut *active, (plugin, now_rfc3339())).0
+            let previous = std::mem::replace(&mut *active, (plugin, now_rfc3339())).0;
+            // Counted before the lock is released: whoever sees the new version sees its swap.
+            slot.changes.send_modify(|n| *n += 1);
+            previous
         };
-        slot.changes.send_modify(|n| *n += 1);
         Ok(previous)
     }
 
